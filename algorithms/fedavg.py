@@ -1,0 +1,6 @@
+"""FedAvg (McMahan et al., 2017): sample clients, train locally, average weighted by data size."""
+from fedlight.algorithm import Algorithm
+
+
+class FedAvg(Algorithm):
+    """The base class's behaviour, under its own name."""

@@ -1,0 +1,160 @@
+"""The federated data module: a pool of samples cut into clients, kept as tensors on the device.
+
+A subclass only says how to load its pool (`load_pool`); the base class holds out the server's public
+data, partitions the rest with a `PartitionScheme`, applies the scheme's per-cluster transform, splits
+each client's samples into train/val/test, and stores every split as one tensor with per-client row
+ranges, so that a client's data is a slice and batches are gathers on the device (DESIGN.md section 5).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.datamodules.partition import IID, PartitionScheme
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class ClientSplit:
+    """One split of every client: client k owns rows `bounds[k]:bounds[k+1]` of `x` and `y`."""
+
+    x: Tensor
+    y: Tensor
+    bounds: list[int]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.bounds) - 1
+
+    def client(self, k: int) -> tuple[Tensor, Tensor]:
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        return self.x[lo:hi], self.y[lo:hi]
+
+    def size(self, k: int) -> int:
+        return self.bounds[k + 1] - self.bounds[k]
+
+    def sizes(self) -> np.ndarray:
+        return np.diff(np.asarray(self.bounds))
+
+    def to(self, device: torch.device | str) -> "ClientSplit":
+        return ClientSplit(self.x.to(device), self.y.to(device), self.bounds)
+
+
+@dataclass
+class FederatedData:
+    """Everything the federation needs from the data: per-client splits, public data, ground truth."""
+
+    train: ClientSplit
+    val: ClientSplit
+    test: ClientSplit
+    num_classes: int
+    cluster_labels: np.ndarray | None = None
+    public_x: Tensor | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_clients(self) -> int:
+        return self.train.num_clients
+
+    def to(self, device: torch.device | str) -> "FederatedData":
+        public = None if self.public_x is None else self.public_x.to(device)
+        return FederatedData(self.train.to(device), self.val.to(device), self.test.to(device),
+                             self.num_classes, self.cluster_labels, public, self.info)
+
+
+class FederatedDataModule(L.LightningDataModule):
+    """Base class of every federated data set.
+
+    Args:
+        num_clients: how many clients the pool is cut into.
+        partition: the partition scheme (IID by default); cluster schemes define true clusters.
+        val_fraction: share of each client's samples kept for its validation split.
+        test_fraction: share of each client's samples kept for its test split.
+        public_size: samples held out (before partitioning) as the server's unlabelled public data.
+        split_seed: seed of the split; None uses the run's seed.
+    """
+
+    def __init__(self, num_clients: int = 10, partition: PartitionScheme | None = None,
+                 val_fraction: float = 0.1, test_fraction: float = 0.2, public_size: int = 0,
+                 split_seed: int | None = None) -> None:
+        super().__init__()
+        if num_clients < 1:
+            raise ValueError(f"num_clients must be at least 1, got {num_clients}")
+        if not 0 <= val_fraction + test_fraction < 1:
+            raise ValueError("val_fraction + test_fraction must be in [0, 1): each client needs training data")
+        self.num_clients = num_clients
+        self.partition = partition if partition is not None else IID()
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.public_size = public_size
+        self.split_seed = split_seed
+        self.seed = 0
+        self.federated: FederatedData | None = None
+        self.pool_owners: np.ndarray | None = None  # set by load_pool of data sets with natural owners
+
+    # -- what a subclass provides ------------------------------------------------------------------
+    def load_pool(self) -> tuple[Tensor, Tensor]:
+        """Return all samples (x, integer labels y) this data set offers. Data sets with natural owners
+        (FEMNIST writers, WISDM users) also set `self.pool_owners`, one owner id per sample."""
+        raise NotImplementedError
+
+    @property
+    def num_classes(self) -> int:
+        raise NotImplementedError
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
+        """Per-batch conversion on the device (e.g. uint8 images to normalized floats)."""
+        return batch
+
+    # -- building the clients ----------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.federated is None:
+            self.federated = self.build()
+
+    def build(self) -> FederatedData:
+        seed = self.seed if self.split_seed is None else self.split_seed
+        rng = np.random.default_rng(seed)
+        x, y = self.load_pool()
+        labels = y.numpy()
+        public_x = None
+        owners = self.pool_owners
+        keep = np.arange(len(labels))
+        if self.public_size:
+            if self.public_size >= len(labels):
+                raise ValueError(f"public_size={self.public_size} leaves no data for the clients "
+                                 f"(the pool has {len(labels)} samples)")
+            perm = rng.permutation(len(labels))
+            public_x, keep = x[np.sort(perm[: self.public_size])], np.sort(perm[self.public_size:])
+        parts = self.partition.assign(labels[keep], self.num_clients, rng,
+                                      None if owners is None else np.asarray(owners)[keep])
+        if len(parts) != self.num_clients:
+            raise ValueError(f"{type(self.partition).__name__} made {len(parts)} clients, expected {self.num_clients}")
+        clusters = self.partition.cluster_labels(self.num_clients)
+        pieces: dict[str, list[tuple[Tensor, Tensor]]] = {s: [] for s in SPLITS}
+        for k, part in enumerate(parts):
+            idx = torch.from_numpy(keep[part])
+            xk, yk = x[idx], y[idx]
+            if clusters is not None:
+                xk, yk = self.partition.transform(xk, yk, int(clusters[k]))
+            order = torch.from_numpy(rng.permutation(len(idx)))
+            n_val, n_test = int(round(self.val_fraction * len(idx))), int(round(self.test_fraction * len(idx)))
+            cuts = {"val": order[:n_val], "test": order[n_val:n_val + n_test], "train": order[n_val + n_test:]}
+            if len(cuts["train"]) == 0:
+                raise ValueError(f"client {k} has no training samples ({len(idx)} in all): use fewer clients "
+                                 "or a partition with a larger minimum size")
+            for split, rows in cuts.items():
+                rows = rows.sort().values
+                pieces[split].append((xk[rows], yk[rows]))
+        return FederatedData(*(self._stack(pieces[s]) for s in SPLITS), num_classes=self.num_classes,
+                             cluster_labels=clusters, public_x=public_x,
+                             info={"pool_size": len(labels), "public_size": self.public_size})
+
+    @staticmethod
+    def _stack(pieces: list[tuple[Tensor, Tensor]]) -> ClientSplit:
+        bounds = np.concatenate([[0], np.cumsum([len(p[1]) for p in pieces])]).tolist()
+        return ClientSplit(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]), bounds)

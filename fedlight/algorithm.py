@@ -1,0 +1,166 @@
+"""The plugin boundary: an `Algorithm` decides what each client starts from and how updates are combined.
+
+The base class is FedAvg, written in the general form most algorithms share (DESIGN.md section 4): the
+server holds K cluster models as rows of one matrix, an assignment of every client to a cluster, and, when
+some layers are personal, each client's personal part. A clustered algorithm changes the assignment in
+`pre_aggregation`; a personalized one names its personal layers in `personal_layers`; everything else
+(cluster-wise weighted averaging, merging shared and personal parts, checkpointing) is inherited.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from fedlight.federation import Federation
+
+
+@dataclass
+class Updates:
+    """What the selected clients sent back in one round, stacked: row i belongs to `clients[i]`."""
+
+    clients: Tensor      # (m,) long, client ids
+    params: Tensor       # (m, d) trained flat models
+    starts: Tensor       # (m, d) the flat models each client started from
+    num_samples: Tensor  # (m,) training-set sizes
+    train_loss: Tensor   # (m,) mean training loss of the last local epoch
+
+    @property
+    def deltas(self) -> Tensor:
+        """Each client's change to its starting model (trained minus start)."""
+        return self.params - self.starts
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+
+class Algorithm:
+    """FedAvg, and the base class of every algorithm. Override only the hooks an algorithm changes.
+
+    Args:
+        participation: share of clients selected each round (at least one), drawn from a per-round stream
+            that depends only on (seed, round), so resumed and uninterrupted runs select the same clients.
+    """
+
+    def __init__(self, participation: float = 1.0) -> None:
+        if not 0 < participation <= 1:
+            raise ValueError(f"participation must be in (0, 1], got {participation}")
+        self.participation = participation
+        self.fed: Federation | None = None
+        self.models = torch.empty(0)
+        self.assignment = torch.empty(0, dtype=torch.long)
+        self.personal_mask: Tensor | None = None
+        self.personal: Tensor | None = None
+
+    # -- set-up ------------------------------------------------------------------------------------
+    def setup(self, fed: "Federation") -> None:
+        """Called once before the first round: one global model, every client in cluster 0."""
+        self.fed = fed
+        self.models = fed.initial_params.unsqueeze(0).clone()
+        self.assignment = torch.zeros(fed.num_clients, dtype=torch.long, device=fed.device)
+        layers = self.personal_layers(fed.flat.layers())
+        if layers:
+            self.personal_mask = fed.flat.layer_mask(layers)
+            self.personal = fed.initial_params[self.personal_mask].repeat(fed.num_clients, 1)
+
+    def personal_layers(self, layers: list[str]) -> list[str]:
+        """Names of the layers each client keeps for itself (none by default), chosen from `layers`."""
+        return []
+
+    # -- one round ---------------------------------------------------------------------------------
+    def select_clients(self, round: int) -> list[int]:
+        """The clients that train this round: a `participation` share, sampled without replacement."""
+        n = self.fed.num_clients
+        m = max(1, math.ceil(self.participation * n))
+        if m == n:
+            return list(range(n))
+        return sorted(self.fed.rng(round, "select").choice(n, size=m, replace=False).tolist())
+
+    def client_start(self, round: int, client: int) -> Tensor:
+        """The flat model a client starts local training from: its cluster's model with its personal part."""
+        return self.client_model(client)
+
+    def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
+        """Change the local objective by editing the flat gradient in place after each backward pass
+        (e.g. a proximal term). `params` is the current flat model, `start` the one training began from.
+        The engine calls it only when a subclass overrides it."""
+
+    def pre_aggregation(self, round: int, updates: Updates) -> None:
+        """Look at the updates before averaging: cluster clients, update similarity, fire triggers."""
+
+    def aggregate(self, round: int, updates: Updates) -> None:
+        """Average the shared part of the updates within each cluster (weighted by training-set size) and keep
+        each client's personal part."""
+        self.average_into_clusters(updates, self.aggregation_weights(updates))
+        self.store_personal(updates)
+
+    def post_aggregation(self, round: int) -> None:
+        """After averaging: schedules (learning rates, how many layers are shared) and bookkeeping."""
+
+    # -- what is evaluated -------------------------------------------------------------------------
+    def client_model(self, client: int) -> Tensor:
+        """The flat model a client is evaluated with: its cluster's model, merged with its personal part."""
+        model = self.models[self.assignment[client]]
+        if self.personal_mask is None:
+            return model
+        model = model.clone()
+        model[self.personal_mask] = self.personal[client]
+        return model
+
+    def evaluation_models(self) -> tuple[Tensor, Tensor]:
+        """(models, group of each client): clients of one group share one model, so the engine evaluates each
+        model once over its clients' data. Personalized algorithms give every client its own model."""
+        if self.personal_mask is None:
+            return self.models, self.assignment
+        n = self.fed.num_clients
+        return torch.stack([self.client_model(c) for c in range(n)]), torch.arange(n, device=self.fed.device)
+
+    def cluster_labels(self) -> np.ndarray | None:
+        """The current client-to-cluster assignment, scored against the true clusters when the split has
+        them; None when the algorithm does not cluster."""
+        return None
+
+    def round_metrics(self) -> dict[str, float]:
+        """Extra scalars to log this round (thresholds, temperatures, cluster counts)."""
+        return {}
+
+    # -- services for subclasses ---------------------------------------------------------------------
+    def aggregation_weights(self, updates: Updates) -> Tensor:
+        """Weights of the clients in an average: their training-set sizes (normalized per cluster later)."""
+        return updates.num_samples.to(self.models.dtype)
+
+    def average_into_clusters(self, updates: Updates, weights: Tensor, values: Tensor | None = None) -> None:
+        """Set each cluster's shared parameters to the weighted mean of its clients' `values` (default: the
+        trained models), as one matrix product; clusters with no client this round are unchanged."""
+        values = updates.params if values is None else values
+        clusters = self.assignment[updates.clients]
+        member = torch.zeros(len(self.models), len(updates), dtype=values.dtype, device=values.device)
+        member[clusters, torch.arange(len(updates), device=values.device)] = weights.to(values.dtype)
+        totals = member.sum(dim=1)
+        active = totals > 0
+        means = (member[active] / totals[active, None]) @ values
+        if self.personal_mask is None:
+            self.models[active] = means
+        else:
+            shared = ~self.personal_mask
+            self.models[active] = torch.where(shared, means, self.models[active])
+
+    def store_personal(self, updates: Updates) -> None:
+        """Keep each client's trained personal part for its next round."""
+        if self.personal_mask is not None:
+            self.personal[updates.clients] = updates.params[:, self.personal_mask]
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that must survive a restart. Subclasses add their own keys with `super()`."""
+        return {"models": self.models, "assignment": self.assignment, "personal": self.personal}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.models = state["models"]
+        self.assignment = state["assignment"]
+        self.personal = state["personal"]

@@ -1,0 +1,48 @@
+"""Per-client test metrics for every client at once, and their summary across clients.
+
+Accuracy, macro-F1 and loss of n clients come from three `bincount`s over (client, class) pairs instead of
+n calls into torchmetrics: same definitions (macro-F1 averages over the classes a client has in its labels
+or predictions, as torchmetrics does), tested against torchmetrics client by client.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+HIGHER_IS_BETTER = {"acc": True, "f1": True, "loss": False}
+
+
+def per_client_classification(logits: Tensor, target: Tensor, client: Tensor, num_clients: int,
+                              num_classes: int) -> dict[str, Tensor]:
+    """Accuracy, macro-F1 and mean cross-entropy of each client; rows of `logits` belong to `client`."""
+    preds = logits.argmax(dim=1)
+    flat_target = client * num_classes + target
+    cells = num_clients * num_classes
+    correct = preds == target
+    tp = torch.bincount(flat_target[correct], minlength=cells).view(num_clients, num_classes)
+    predicted = torch.bincount(client * num_classes + preds, minlength=cells).view(num_clients, num_classes)
+    actual = torch.bincount(flat_target, minlength=cells).view(num_clients, num_classes)
+    denominator = predicted + actual  # = 2tp + fp + fn
+    present = denominator > 0
+    f1 = torch.where(present, 2 * tp / denominator.clamp(min=1), torch.zeros_like(denominator, dtype=torch.float))
+    size = actual.sum(dim=1).clamp(min=1)
+    losses = F.cross_entropy(logits.float(), target, reduction="none")
+    return {
+        "acc": tp.sum(dim=1) / size,
+        "f1": f1.sum(dim=1) / present.sum(dim=1).clamp(min=1),
+        "loss": torch.bincount(client, weights=losses, minlength=num_clients) / size,
+    }
+
+
+def summarize(per_client: dict[str, np.ndarray], prefix: str) -> dict[str, float]:
+    """Mean, population standard deviation and worst client of each metric (worst = min for accuracy and
+    F1, max for loss)."""
+    out: dict[str, float] = {}
+    for name, values in per_client.items():
+        worst = values.min() if HIGHER_IS_BETTER.get(name, True) else values.max()
+        out[f"{prefix}/{name}_mean"] = float(values.mean())
+        out[f"{prefix}/{name}_std"] = float(values.std())
+        out[f"{prefix}/{name}_worst"] = float(worst)
+    return out

@@ -1,0 +1,199 @@
+"""The federated loop: select, train each client on the shared module, hand updates to the algorithm,
+evaluate every client's own model (DESIGN.md section 3).
+
+Every random choice is a pure function of (seed, round, client, purpose), so a run resumed from a round
+checkpoint repeats exactly what the uninterrupted run does, and the order clients are trained in does not
+matter.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+from lightning.fabric.utilities.apply_func import move_data_to_device
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.algorithm import Algorithm, Updates
+from fedlight.datamodules.base import ClientSplit, FederatedData, FederatedDataModule
+from fedlight.evaluation import per_client_classification, summarize
+from fedlight.flat import FlatModel
+from fedlight.worker import ClientTrainer
+
+
+@dataclass
+class FederationConfig:
+    """How the federation runs.
+
+    Args:
+        rounds: communication rounds.
+        local_epochs: passes over its training data each selected client makes per round.
+        batch_size: local mini-batch size.
+        accelerator: "auto", "cpu", "cuda", ... (Lightning Fabric's names).
+        precision: Fabric precision; None picks bf16-mixed (or 16-mixed) on a GPU and 32-true on a CPU.
+        eval_every: evaluate every client's model every this many rounds (and always after the last).
+        eval_split: the per-client split evaluated ("test" or "val").
+        eval_batch_size: rows per forward pass during evaluation and inference.
+    """
+
+    rounds: int = 20
+    local_epochs: int = 1
+    batch_size: int = 32
+    accelerator: str = "auto"
+    precision: str | None = None
+    eval_every: int = 1
+    eval_split: str = "test"
+    eval_batch_size: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"federation.{name} must be at least 1, got {getattr(self, name)}")
+        if self.eval_split not in ("test", "val"):
+            raise ValueError(f"federation.eval_split must be 'test' or 'val', got {self.eval_split!r}")
+
+
+def default_precision(accelerator: str) -> str:
+    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
+        return "32-true"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+
+
+def stream_seed(*parts: int | str) -> list[int]:
+    """An integer key for numpy/torch generators from a tuple of ints and names."""
+    return [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
+
+
+class Federation:
+    """One federated run in memory: data on the device, one module, an algorithm, and the round loop."""
+
+    def __init__(self, data: FederatedDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
+                 config: FederationConfig | None = None, seed: int = 0) -> None:
+        self.config = config or FederationConfig()
+        self.seed = seed
+        self.algorithm = algorithm if algorithm is not None else Algorithm()
+        self.datamodule = data
+        precision = self.config.precision or default_precision(self.config.accelerator)
+        self.fabric = L.Fabric(accelerator=self.config.accelerator, devices=1, precision=precision)
+        self.precision = precision
+        data.seed = seed
+        data.prepare_data()
+        data.setup("fit")
+        self.data: FederatedData = data.federated.to(self.device)
+        self.module = model
+        self.fabric.setup_module(model)
+        model._fabric = None  # per-step self.log through Fabric would sync the device; training logs per round
+        self.flat = FlatModel(model)
+        self.initial_params = self.flat.read()
+        self.trainer = ClientTrainer(self.fabric, model, self.flat, data.on_after_batch_transfer,
+                                     self.config.batch_size, self.config.local_epochs)
+        self.train_sizes = torch.as_tensor(self.data.train.sizes(), device=self.device)
+        self._eval_rows = {s: self._client_of_row(getattr(self.data, s)) for s in ("train", "val", "test")}
+        self.round = 0
+        self.algorithm.setup(self)
+
+    # -- services for algorithms -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.fabric.device
+
+    @property
+    def num_clients(self) -> int:
+        return self.data.num_clients
+
+    def rng(self, round: int, purpose: str) -> np.random.Generator:
+        """A numpy generator that depends only on (seed, round, purpose)."""
+        return np.random.default_rng(stream_seed(self.seed, round, purpose))
+
+    def client_seed(self, round: int, client: int) -> int:
+        return int(np.random.SeedSequence(stream_seed(self.seed, round, client, "train")).generate_state(1)[0])
+
+    def split(self, name: str) -> ClientSplit:
+        return getattr(self.data, name)
+
+    @torch.no_grad()
+    def predict(self, params: Tensor, x: Tensor) -> Tensor:
+        """The outputs (logits) of the model `params` on inputs `x`, in evaluation mode, batched."""
+        self.flat.load(params)
+        self.module.eval()
+        size = self.config.eval_batch_size
+        outputs = []
+        for begin in range(0, len(x), size):
+            batch, _ = self.datamodule.on_after_batch_transfer((x[begin: begin + size], None), 0)
+            with self.fabric.autocast():
+                outputs.append(self.module(batch).float())
+        return torch.cat(outputs)
+
+    def client_loss(self, params: Tensor, client: int, split: str = "train") -> float:
+        """Mean cross-entropy of the model `params` on one client's split (model selection by loss)."""
+        x, y = self.split(split).client(client)
+        return float(torch.nn.functional.cross_entropy(self.predict(params, x), y))
+
+    # -- one round ---------------------------------------------------------------------------------
+    def train_clients(self, round: int, clients: list[int]) -> Updates:
+        """Local training of the selected clients, one after another on the shared module."""
+        alg = self.algorithm
+        overrides_gradient = type(alg).local_gradient is not Algorithm.local_gradient
+        params, starts, losses = [], [], []
+        for client in clients:
+            start = alg.client_start(round, client)
+            hook = (lambda p, g, s, c=client: alg.local_gradient(c, p, g, s)) if overrides_gradient else None
+            x, y = self.data.train.client(client)
+            trained, loss = self.trainer.fit(start, x, y, self.client_seed(round, client), hook)
+            params.append(trained)
+            starts.append(start)
+            losses.append(loss)
+        ids = torch.tensor(clients, device=self.device)
+        return Updates(ids, torch.stack(params), torch.stack(starts), self.train_sizes[ids], torch.stack(losses))
+
+    def run_round(self, round: int) -> dict[str, Any]:
+        """Run round `round` (1-based) and return its metrics (and per-client values under 'clients')."""
+        alg = self.algorithm
+        clients = alg.select_clients(round)
+        updates = self.train_clients(round, clients)
+        alg.pre_aggregation(round, updates)
+        alg.aggregate(round, updates)
+        alg.post_aggregation(round)
+        self.round = round
+        metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients),
+                                   "train/loss": float(updates.train_loss.mean())}
+        metrics.update(alg.round_metrics())
+        if round % self.config.eval_every == 0 or round == self.config.rounds:
+            metrics.update(self.evaluate())
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, split: str | None = None) -> dict[str, Any]:
+        """Every client's own model on its split: summaries across clients, plus per-client values."""
+        split = split or self.config.eval_split
+        data, client_of_row = self.split(split), self._eval_rows[split]
+        models, group_of_client = self.algorithm.evaluation_models()
+        group_of_row = group_of_client[client_of_row]
+        order = torch.argsort(group_of_row, stable=True)
+        counts = torch.bincount(group_of_row, minlength=len(models)).tolist()
+        logits = torch.empty(len(order), self.data.num_classes, device=self.device)
+        begin = 0
+        for group, count in enumerate(counts):
+            if count:
+                rows = order[begin: begin + count]
+                logits[rows] = self.predict(models[group], data.x[rows])
+                begin += count
+        per_client = per_client_classification(logits, data.y, client_of_row, self.num_clients,
+                                               self.data.num_classes)
+        values = {k: v.cpu().numpy() for k, v in per_client.items()}
+        return {**summarize(values, split), "clients": values}
+
+    def _client_of_row(self, split: ClientSplit) -> Tensor:
+        sizes = torch.as_tensor(split.sizes(), device=self.device)
+        return torch.repeat_interleave(torch.arange(split.num_clients, device=self.device), sizes)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "algorithm": self.algorithm.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = state["round"]
+        self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))

@@ -1,0 +1,141 @@
+"""One flat vector per model: every floating-point parameter and buffer is a view into it.
+
+Loading a client's or a cluster's model is then one `copy_` and reading it back one `clone`, aggregation is
+a matrix product over stacked vectors, and a personalization rule is a boolean mask over the vector. The
+gradients get the same treatment, so that a local-objective correction (FedProx's proximal term) is one
+fused operation over the whole model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one named tensor of the model lives in the flat vector."""
+
+    name: str
+    start: int
+    shape: torch.Size
+    is_parameter: bool
+    layer: str
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.numel
+
+
+def _floating_tensors(module: nn.Module) -> list[tuple[str, nn.Module, str, Tensor, bool]]:
+    """(qualified name, owner module, attribute, tensor, is_parameter) in registration order."""
+    found, seen = [], set()
+    for prefix, owner in module.named_modules():
+        for attr, tensor in list(owner._parameters.items()) + list(owner._buffers.items()):
+            if tensor is None or not tensor.is_floating_point() or id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            found.append((f"{prefix}.{attr}" if prefix else attr, owner, attr, tensor, attr in owner._parameters))
+    return found
+
+
+def _layer_of(name: str, layer_names: list[str]) -> str:
+    """The layer a tensor belongs to: the longest declared layer prefix, else its owning module."""
+    best = ""
+    for layer in layer_names:
+        if (name == layer or name.startswith(layer + ".")) and len(layer) > len(best):
+            best = layer
+    return best or name.rpartition(".")[0]
+
+
+class FlatModel:
+    """Binds a module's floating tensors (parameters and buffers) to views of one flat vector.
+
+    The module keeps working as usual (optimizers, autograd, BatchNorm's in-place statistics), but its
+    state can be read and written in one operation. Integer buffers (BatchNorm's batch counter) are left
+    alone: they are not federated.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        tensors = _floating_tensors(module)
+        if not tensors:
+            raise ValueError(f"{type(module).__name__} has no floating-point parameters or buffers to federate")
+        network_layers = _declared_layers(module)
+        ref = tensors[0][3]
+        total = sum(t.numel() for *_, t, _ in tensors)
+        self.vector = torch.empty(total, dtype=ref.dtype, device=ref.device)
+        self.grad = torch.zeros(total, dtype=ref.dtype, device=ref.device)
+        entries, offset = [], 0
+        for name, owner, attr, tensor, is_param in tensors:
+            if tensor.dtype != ref.dtype or tensor.device != ref.device:
+                raise ValueError(f"{name} is {tensor.dtype} on {tensor.device}; every floating tensor must share "
+                                 f"{ref.dtype} on {ref.device}")
+            view = self.vector[offset: offset + tensor.numel()].view_as(tensor)
+            view.copy_(tensor.detach())
+            if is_param:
+                tensor.data = view
+                tensor.grad = self.grad[offset: offset + tensor.numel()].view_as(tensor)
+            else:
+                owner._buffers[attr] = view
+            entries.append(Entry(name, offset, tensor.shape, is_param, _layer_of(name, network_layers)))
+            offset += tensor.numel()
+        self.entries: list[Entry] = entries
+        self.module = module
+
+    @property
+    def numel(self) -> int:
+        return self.vector.numel()
+
+    def load(self, vector: Tensor) -> None:
+        """Make the module's state equal to `vector` (one copy)."""
+        self.vector.copy_(vector)
+
+    def read(self) -> Tensor:
+        """A copy of the module's current state."""
+        return self.vector.clone()
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    def layers(self) -> list[str]:
+        """Layer names in model order (from the network's `layer_names()` when it has one)."""
+        return list(dict.fromkeys(e.layer for e in self.entries))
+
+    def mask(self, select: Callable[[Entry], bool]) -> Tensor:
+        """A boolean mask over the flat vector, True where `select(entry)` holds."""
+        mask = torch.zeros(self.numel, dtype=torch.bool, device=self.vector.device)
+        for e in self.entries:
+            if select(e):
+                mask[e.start: e.stop] = True
+        return mask
+
+    def parameter_mask(self) -> Tensor:
+        """True on trainable parameters, False on buffers (running statistics)."""
+        return self.mask(lambda e: e.is_parameter)
+
+    def layer_mask(self, layers: list[str]) -> Tensor:
+        """True on every tensor of the named layers."""
+        unknown = set(layers) - set(self.layers())
+        if unknown:
+            raise ValueError(f"unknown layers {sorted(unknown)}; the model's layers are {self.layers()}")
+        chosen = set(layers)
+        return self.mask(lambda e: e.layer in chosen)
+
+    def to_state_dict(self, vector: Tensor) -> dict[str, Tensor]:
+        """Named tensors of a flat vector (for saving a model in the usual form)."""
+        return {e.name: vector[e.start: e.stop].view(e.shape) for e in self.entries}
+
+
+def _declared_layers(module: nn.Module) -> list[str]:
+    """The layer names a network declares through `layer_names()`, looked up on the module or its children."""
+    for prefix, sub in module.named_modules():
+        names = getattr(sub, "layer_names", None)
+        if callable(names):
+            return [f"{prefix}.{n}" if prefix else n for n in names()]
+    return []

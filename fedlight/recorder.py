@@ -1,0 +1,126 @@
+"""Where a run's numbers go: metrics.csv (one row a round), clients.csv (one row a client and evaluated
+round), summary.json, and Weights & Biases (offline when no API key is set)."""
+from __future__ import annotations
+
+import csv
+import json
+import netrc
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+
+@dataclass
+class LoggerConfig:
+    """Logging settings.
+
+    Args:
+        wandb: log to Weights & Biases.
+        project: W&B project.
+        entity: W&B entity (team or user); None uses the default.
+        mode: "auto" is online when an API key is set (WANDB_API_KEY or a netrc login) and offline otherwise.
+        tags: W&B tags.
+        per_client_max: log each client's metrics as its own W&B series when there are at most this many
+            clients (histograms and clients.csv always hold them).
+    """
+
+    wandb: bool = True
+    project: str = "fedlight"
+    entity: str | None = None
+    mode: Literal["auto", "online", "offline"] = "auto"
+    tags: list[str] = field(default_factory=list)
+    per_client_max: int = 100
+
+
+def wandb_mode(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1]
+        return "online" if netrc.netrc().authenticators(host) else "offline"
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return "offline"
+
+
+class CsvTable:
+    """A CSV file rewritten whole (atomically) on every append, so new columns can appear and a resumed run
+    can drop the rows the crashed run wrote after its last checkpoint."""
+
+    def __init__(self, path: Path, keep_until_round: int | None = None) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        if keep_until_round is not None and path.is_file():
+            with path.open(newline="") as f:
+                self.rows = [r for r in csv.DictReader(f) if int(r["round"]) <= keep_until_round]
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        self.rows.extend(rows)
+        columns = list(dict.fromkeys(k for r in self.rows for k in r))
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        os.replace(tmp, self.path)
+
+
+class RunRecorder:
+    """Writes a run's metrics to its folder and to W&B. `resume_round` keeps the rows up to that round."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any], settings: LoggerConfig, run_name: str,
+                 wandb_id: str | None = None, resume_round: int | None = None) -> None:
+        self.run_dir = run_dir
+        self.settings = settings
+        self.metrics = CsvTable(run_dir / "metrics.csv", resume_round)
+        self.clients = CsvTable(run_dir / "clients.csv", resume_round)
+        self.wandb_run = None
+        self.wandb_id = wandb_id
+        if settings.wandb:
+            self._start_wandb(config, run_name)
+
+    def _start_wandb(self, config: dict[str, Any], run_name: str) -> None:
+        import wandb
+
+        mode = wandb_mode(self.settings.mode)
+        self.wandb_id = self.wandb_id or secrets.token_hex(4)
+        self.wandb_run = wandb.init(project=self.settings.project, entity=self.settings.entity, name=run_name,
+                                    id=self.wandb_id, resume="allow", dir=str(self.run_dir), mode=mode,
+                                    config=config, tags=self.settings.tags,
+                                    settings=wandb.Settings(console="off", silent=True))
+
+    def log_round(self, metrics: dict[str, Any]) -> None:
+        """One round's scalars, and the per-client values under metrics['clients'] when it was evaluated."""
+        round = metrics["round"]
+        per_client: dict[str, np.ndarray] = metrics.get("clients", {})
+        scalars = {k: v for k, v in metrics.items() if k != "clients"}
+        self.metrics.append([scalars])
+        if per_client:
+            n = len(next(iter(per_client.values())))
+            self.clients.append([{"round": round, "client": c, **{k: float(v[c]) for k, v in per_client.items()}}
+                                 for c in range(n)])
+        if self.wandb_run is not None:
+            self.wandb_run.log(self._wandb_payload(scalars, per_client), step=round)
+
+    def _wandb_payload(self, scalars: dict[str, Any], per_client: dict[str, np.ndarray]) -> dict[str, Any]:
+        import wandb
+
+        payload = {k: v for k, v in scalars.items() if k != "round" and isinstance(v, (int, float))}
+        for name, values in per_client.items():
+            payload[f"clients/{name}_hist"] = wandb.Histogram(values)
+            if len(values) <= self.settings.per_client_max:
+                payload.update({f"clients/{name}/{c:03d}": float(v) for c, v in enumerate(values)})
+        return payload
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        if self.wandb_run is not None:
+            self.wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+            self.wandb_run.finish()

@@ -1,0 +1,70 @@
+"""Finding plugins: algorithms by entry point (group `fedlight.algorithms`) and by import path, data modules
+and models among the installed fedlight packages (and their own entry-point groups)."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from importlib.metadata import entry_points
+from typing import Any
+
+ALGORITHMS = "fedlight.algorithms"
+DATAMODULES = "fedlight.datamodules"
+MODELS = "fedlight.models"
+
+
+def short_names(group: str = ALGORITHMS) -> dict[str, str]:
+    """Entry-point name -> dotted class path, for every installed plugin of `group`."""
+    return {ep.name: ep.value.replace(":", ".") for ep in entry_points(group=group)}
+
+
+def resolve_class_paths(value: Any, names: dict[str, str] | None = None) -> Any:
+    """Replace every `class_path` (and a bare `algorithm: name`) that is an entry-point name by its full
+    path, anywhere in a parsed config document."""
+    names = short_names() if names is None else names
+    if isinstance(value, dict):
+        out = {k: resolve_class_paths(v, names) for k, v in value.items()}
+        if isinstance(out.get("class_path"), str):
+            out["class_path"] = names.get(out["class_path"], out["class_path"])
+        if isinstance(out.get("algorithm"), str):
+            out["algorithm"] = names.get(out["algorithm"], out["algorithm"])
+        return out
+    if isinstance(value, list):
+        return [resolve_class_paths(v, names) for v in value]
+    return value
+
+
+def _classes_in_package(package: str, base: type) -> dict[str, str]:
+    """Concrete subclasses of `base` defined in the modules of `package`: name -> dotted path."""
+    found: dict[str, str] = {}
+    pkg = importlib.import_module(package)
+    for info in pkgutil.iter_modules(pkg.__path__):
+        module = importlib.import_module(f"{package}.{info.name}")
+        for name, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, base) and obj.__module__ == module.__name__ and not inspect.isabstract(obj):
+                found[name] = f"{obj.__module__}.{name}"
+    return found
+
+
+def components() -> dict[str, dict[str, str]]:
+    """Everything `fedlight list` shows: algorithms, data modules, partition schemes, models, networks."""
+    import lightning as L
+    from torch import nn
+
+    from fedlight.datamodules.base import FederatedDataModule
+    from fedlight.datamodules.partition import PartitionScheme
+
+    def with_plugins(found: dict[str, str], group: str) -> dict[str, str]:
+        return {**found, **{f"{name} (entry point)": path for name, path in short_names(group).items()}}
+
+    lightning_modules = _classes_in_package(MODELS, L.LightningModule)
+    networks = {k: v for k, v in _classes_in_package(MODELS, nn.Module).items() if k not in lightning_modules}
+    return {
+        "algorithms": short_names(ALGORITHMS),
+        "data modules": with_plugins({k: v for k, v in _classes_in_package(DATAMODULES, FederatedDataModule).items()
+                                      if k != "FederatedDataModule"}, DATAMODULES),
+        "partition schemes": {k: v for k, v in _classes_in_package(DATAMODULES, PartitionScheme).items()
+                              if k != "PartitionScheme"},
+        "models": with_plugins(lightning_modules, MODELS),
+        "networks": networks,
+    }

@@ -1,0 +1,96 @@
+"""Runs a `Federation` round by round with progress, logging, round checkpoints and a final summary."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from fedlight import checkpoint
+from fedlight.federation import Federation
+from fedlight.recorder import LoggerConfig, RunRecorder
+
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
+
+
+def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: LoggerConfig | None = None,
+        run_name: str = "run", checkpoint_every: int = 1, resume: bool = False,
+        console: Console | None = None) -> dict[str, Any]:
+    """Run the remaining rounds of `federation` and return the summary written to summary.json.
+
+    With `resume`, the state of the last round checkpoint in `run_dir` is loaded first; the metrics files
+    keep the rows up to that round, so the run ends exactly as an uninterrupted one would."""
+    console = console or Console()
+    logger = logger or LoggerConfig()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state: dict[str, Any] = {"elapsed": 0.0, "wandb_id": None, "last_eval": {}, "best": {}}
+    if resume:
+        state = checkpoint.load(run_dir / CHECKPOINT)
+        federation.load_state_dict(state["federation"])
+        console.print(f"Resuming {run_dir} after round {federation.round}")
+    recorder = RunRecorder(run_dir, config, logger, run_name, state["wandb_id"],
+                           federation.round if resume else None)
+    rounds = federation.config.rounds
+    with _progress(console) as progress:
+        task = progress.add_task("rounds", total=rounds, completed=federation.round, status="")
+        for round in range(federation.round + 1, rounds + 1):
+            started = time.perf_counter()
+            metrics = federation.run_round(round)
+            metrics["time/round_s"] = time.perf_counter() - started
+            state["elapsed"] += metrics["time/round_s"]
+            recorder.log_round(metrics)
+            if "clients" in metrics:
+                state["last_eval"] = {k: v for k, v in metrics.items() if k != "clients"}
+                _track_best(state["best"], state["last_eval"], federation.config.eval_split)
+                progress.update(task, status=_status(state["last_eval"], federation.config.eval_split))
+                progress.console.print(f"round {round:>4}  {_status(state['last_eval'], federation.config.eval_split)}")
+            progress.update(task, completed=round)
+            if round % checkpoint_every == 0 or round == rounds:
+                checkpoint.save_atomic({**state, "federation": federation.state_dict(),
+                                        "wandb_id": recorder.wandb_id}, run_dir / CHECKPOINT)
+    summary = _summary(federation, state, run_name)
+    recorder.finish(summary)
+    console.print(_summary_table(summary, federation.config.eval_split))
+    return summary
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console, transient=False)
+
+
+def _status(metrics: dict[str, Any], split: str) -> str:
+    return (f"{split} acc {metrics[f'{split}/acc_mean']:.4f} ± {metrics[f'{split}/acc_std']:.4f}  "
+            f"worst {metrics[f'{split}/acc_worst']:.4f}  f1 {metrics[f'{split}/f1_mean']:.4f}")
+
+
+def _track_best(best: dict[str, Any], metrics: dict[str, Any], split: str) -> None:
+    key = f"{split}/acc_mean"
+    if key not in best or metrics[key] > best[key]:
+        best.clear()
+        best.update({key: metrics[key], "round": metrics["round"]})
+
+
+def _summary(federation: Federation, state: dict[str, Any], run_name: str) -> dict[str, Any]:
+    final = {k: v for k, v in state["last_eval"].items() if k != "round" and not k.startswith("time/")}
+    return {"run": run_name, "algorithm": type(federation.algorithm).__name__, "rounds": federation.round,
+            "num_clients": federation.num_clients, "seed": federation.seed, "precision": federation.precision,
+            "device": str(federation.device), "wall_time_s": round(state["elapsed"], 3), **final,
+            **{f"best/{k}": v for k, v in state["best"].items()}}
+
+
+def _summary_table(summary: dict[str, Any], split: str) -> Table:
+    table = Table(title=f"{summary['run']}: {summary['algorithm']}, {summary['rounds']} rounds, "
+                        f"{summary['num_clients']} clients, {summary['wall_time_s']:.1f} s")
+    for column in ("metric", "mean", "std", "worst client"):
+        table.add_column(column, justify="right" if column != "metric" else "left")
+    for name in ("acc", "f1", "loss"):
+        if f"{split}/{name}_mean" in summary:
+            table.add_row(f"{split} {name}", *(f"{summary[f'{split}/{name}_{s}']:.4f}" for s in ("mean", "std", "worst")))
+    extra = {k: v for k, v in summary.items() if k.startswith("cluster/")}
+    for key, value in extra.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value), "", "")
+    return table

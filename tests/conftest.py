@@ -1,0 +1,36 @@
+"""Shared test set-up: W&B offline with its folders in a temporary directory, small federations."""
+import os
+import tempfile
+
+_wandb_home = tempfile.mkdtemp(prefix="fedlight-wandb-")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+for _var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+    os.environ.setdefault(_var, _wandb_home)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from fedlight.datamodules import DigitsFederated, Rotations  # noqa: E402
+from fedlight.federation import Federation, FederationConfig  # noqa: E402
+from fedlight.models import Classifier, SmallCNN  # noqa: E402
+
+
+def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed: int = 0, partition=None,
+                     lr: float = 0.1, momentum: float = 0.0, **config) -> Federation:
+    """A fast federation on digits: a narrow SmallCNN, few clients, one local epoch."""
+    torch.manual_seed(seed)
+    model = Classifier(SmallCNN(1, 10, 8, width=8), lr=lr, momentum=momentum)
+    data = DigitsFederated(num_clients=num_clients, partition=partition or Rotations(2))
+    settings = {"rounds": rounds, "local_epochs": 1, "batch_size": 32, "accelerator": "cpu", **config}
+    return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed)
+
+
+@pytest.fixture
+def tiny_run_args(tmp_path):
+    """CLI arguments of a 3-round digits run writing into tmp_path, W&B off."""
+    return ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
+            "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.SmallCNN",
+            "--model.network.init_args.width", "8", "--model.lr", "0.1",
+            "--federation.rounds", "3", "--federation.batch_size", "32", "--federation.accelerator", "cpu",
+            "--logger.wandb", "false", "--output_dir", str(tmp_path)]

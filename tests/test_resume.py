@@ -1,0 +1,50 @@
+"""A run that crashes after some rounds and is resumed ends with exactly the numbers of an uninterrupted run."""
+import csv
+import json
+
+import pytest
+
+from fedlight.cli import main
+from fedlight.federation import Federation
+
+
+def rows(path, drop=("time/round_s",)):
+    with path.open() as f:
+        return [{k: v for k, v in r.items() if k not in drop} for r in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize("algorithm", [["--algorithm", "fedprox", "--algorithm.init_args.mu", "0.1",
+                                         "--algorithm.init_args.participation", "0.5"], ["--algorithm", "local"]])
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch, algorithm):
+    args = tiny_run_args + algorithm + ["--federation.rounds", "4"]
+    assert main(args + ["--run_name", "whole"]) == 0
+
+    real_run_round = Federation.run_round
+
+    def crash_in_round_3(self, round):
+        if round == 3:
+            raise KeyboardInterrupt("killed")
+        return real_run_round(self, round)
+
+    monkeypatch.setattr(Federation, "run_round", crash_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        main(args + ["--run_name", "crashed"])
+    monkeypatch.setattr(Federation, "run_round", real_run_round)
+    crashed = tmp_path / "crashed"
+    assert len(rows(crashed / "metrics.csv")) == 2
+    assert main(args + ["--run_name", "crashed", "--resume", str(crashed)]) == 0
+
+    whole = tmp_path / "whole"
+    assert rows(crashed / "metrics.csv") == rows(whole / "metrics.csv")
+    assert rows(crashed / "clients.csv") == rows(whole / "clients.csv")
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, crashed))
+    for s in (a, b):
+        s.pop("wall_time_s"), s.pop("run")
+    assert a == b
+
+
+def test_resume_needs_a_checkpoint(tmp_path, tiny_run_args, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(tiny_run_args + ["--resume", str(empty)]) == 2
+    assert "last.ckpt" in capsys.readouterr().out
