@@ -85,6 +85,12 @@ class Algorithm:
         """The flat model a client starts local training from: its cluster's model with its personal part."""
         return self.client_model(client)
 
+    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
+        """Local training of one client from `start`; returns (trained flat model, mean training loss).
+        The default runs the module's own `training_step` with its optimizer (through `local_gradient`);
+        an algorithm whose local objective is not a gradient step (local k-means) overrides this."""
+        return self.fed.fit_client(round, client, start)
+
     def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
         """Change the local objective by editing the flat gradient in place after each backward pass
         (e.g. a proximal term). `params` is the current flat model, `start` the one training began from.

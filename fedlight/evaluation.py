@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-HIGHER_IS_BETTER = {"acc": True, "f1": True, "loss": False}
+HIGHER_IS_BETTER = {"acc": True, "f1": True, "loss": False, "cost": False}
 
 
 def per_client_classification(logits: Tensor, target: Tensor, client: Tensor, num_clients: int,
@@ -36,12 +36,16 @@ def per_client_classification(logits: Tensor, target: Tensor, client: Tensor, nu
     }
 
 
+def higher_is_better(name: str) -> bool:
+    return HIGHER_IS_BETTER.get(name, not ("loss" in name or "cost" in name))
+
+
 def summarize(per_client: dict[str, np.ndarray], prefix: str) -> dict[str, float]:
     """Mean, population standard deviation and worst client of each metric (worst = min for accuracy and
-    F1, max for loss)."""
+    F1, max for losses and costs; a metric named `*loss*` or `*cost*` counts as lower-is-better)."""
     out: dict[str, float] = {}
     for name, values in per_client.items():
-        worst = values.min() if HIGHER_IS_BETTER.get(name, True) else values.max()
+        worst = values.min() if higher_is_better(name) else values.max()
         out[f"{prefix}/{name}_mean"] = float(values.mean())
         out[f"{prefix}/{name}_std"] = float(values.std())
         out[f"{prefix}/{name}_worst"] = float(worst)

@@ -35,7 +35,8 @@ class FederationConfig:
         accelerator: "auto", "cpu", "cuda", ... (Lightning Fabric's names).
         precision: Fabric precision; None picks bf16-mixed (or 16-mixed) on a GPU and 32-true on a CPU.
         eval_every: evaluate every client's model every this many rounds (and always after the last).
-        eval_split: the per-client split evaluated ("test" or "val").
+        eval_split: the per-client split evaluated ("test", "val", or "train" for methods such as data
+            clustering that are scored on the data they fit).
         eval_batch_size: rows per forward pass during evaluation and inference.
     """
 
@@ -52,8 +53,8 @@ class FederationConfig:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"federation.{name} must be at least 1, got {getattr(self, name)}")
-        if self.eval_split not in ("test", "val"):
-            raise ValueError(f"federation.eval_split must be 'test' or 'val', got {self.eval_split!r}")
+        if self.eval_split not in ("test", "val", "train"):
+            raise ValueError(f"federation.eval_split must be 'test', 'val' or 'train', got {self.eval_split!r}")
 
 
 def default_precision(accelerator: str) -> str:
@@ -133,16 +134,22 @@ class Federation:
         return float(torch.nn.functional.cross_entropy(self.predict(params, x), y))
 
     # -- one round ---------------------------------------------------------------------------------
+    def fit_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
+        """Train the shared module from `start` on one client's training split with its own optimizer."""
+        alg = self.algorithm
+        hook = None
+        if type(alg).local_gradient is not Algorithm.local_gradient:
+            def hook(params: Tensor, grad: Tensor, begin: Tensor) -> None:
+                alg.local_gradient(client, params, grad, begin)
+        x, y = self.data.train.client(client)
+        return self.trainer.fit(start, x, y, self.client_seed(round, client), hook)
+
     def train_clients(self, round: int, clients: list[int]) -> Updates:
         """Local training of the selected clients, one after another on the shared module."""
-        alg = self.algorithm
-        overrides_gradient = type(alg).local_gradient is not Algorithm.local_gradient
         params, starts, losses = [], [], []
         for client in clients:
-            start = alg.client_start(round, client)
-            hook = (lambda p, g, s, c=client: alg.local_gradient(c, p, g, s)) if overrides_gradient else None
-            x, y = self.data.train.client(client)
-            trained, loss = self.trainer.fit(start, x, y, self.client_seed(round, client), hook)
+            start = self.algorithm.client_start(round, client)
+            trained, loss = self.algorithm.train_client(round, client, start)
             params.append(trained)
             starts.append(start)
             losses.append(loss)
@@ -174,15 +181,22 @@ class Federation:
         group_of_row = group_of_client[client_of_row]
         order = torch.argsort(group_of_row, stable=True)
         counts = torch.bincount(group_of_row, minlength=len(models)).tolist()
-        logits = torch.empty(len(order), self.data.num_classes, device=self.device)
+        outputs: Tensor | None = None
         begin = 0
         for group, count in enumerate(counts):
             if count:
                 rows = order[begin: begin + count]
-                logits[rows] = self.predict(models[group], data.x[rows])
+                out = self.predict(models[group], data.x[rows])
+                if outputs is None:
+                    outputs = out.new_empty((len(order), *out.shape[1:]))
+                outputs[rows] = out
                 begin += count
-        per_client = per_client_classification(logits, data.y, client_of_row, self.num_clients,
-                                               self.data.num_classes)
+        metric_fn = getattr(self.module, "client_metrics", None)
+        if metric_fn is not None:
+            per_client = metric_fn(outputs, data.y, client_of_row, self.num_clients)
+        else:
+            per_client = per_client_classification(outputs, data.y, client_of_row, self.num_clients,
+                                                   self.data.num_classes)
         values = {k: v.cpu().numpy() for k, v in per_client.items()}
         return {**summarize(values, split), "clients": values}
 

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedlight import checkpoint
+from fedlight.evaluation import higher_is_better
 from fedlight.federation import Federation
 from fedlight.recorder import LoggerConfig, RunRecorder
 
@@ -33,7 +34,7 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
         console.print(f"Resuming {run_dir} after round {federation.round}")
     recorder = RunRecorder(run_dir, config, logger, run_name, state["wandb_id"],
                            federation.round if resume else None)
-    rounds = federation.config.rounds
+    rounds, split = federation.config.rounds, federation.config.eval_split
     with _progress(console) as progress:
         task = progress.add_task("rounds", total=rounds, completed=federation.round, status="")
         for round in range(federation.round + 1, rounds + 1):
@@ -43,17 +44,19 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
             state["elapsed"] += metrics["time/round_s"]
             recorder.log_round(metrics)
             if "clients" in metrics:
+                names = list(metrics["clients"])
                 state["last_eval"] = {k: v for k, v in metrics.items() if k != "clients"}
-                _track_best(state["best"], state["last_eval"], federation.config.eval_split)
-                progress.update(task, status=_status(state["last_eval"], federation.config.eval_split))
-                progress.console.print(f"round {round:>4}  {_status(state['last_eval'], federation.config.eval_split)}")
+                _track_best(state["best"], state["last_eval"], f"{split}/{names[0]}")
+                status = _status(state["last_eval"], split, names)
+                progress.update(task, status=status)
+                progress.console.print(f"round {round:>4}  {status}")
             progress.update(task, completed=round)
             if round % checkpoint_every == 0 or round == rounds:
                 checkpoint.save_atomic({**state, "federation": federation.state_dict(),
                                         "wandb_id": recorder.wandb_id}, run_dir / CHECKPOINT)
     summary = _summary(federation, state, run_name)
     recorder.finish(summary)
-    console.print(_summary_table(summary, federation.config.eval_split))
+    console.print(_summary_table(summary, split))
     return summary
 
 
@@ -62,16 +65,19 @@ def _progress(console: Console) -> Progress:
                     TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console, transient=False)
 
 
-def _status(metrics: dict[str, Any], split: str) -> str:
-    return (f"{split} acc {metrics[f'{split}/acc_mean']:.4f} ± {metrics[f'{split}/acc_std']:.4f}  "
-            f"worst {metrics[f'{split}/acc_worst']:.4f}  f1 {metrics[f'{split}/f1_mean']:.4f}")
+def _status(metrics: dict[str, Any], split: str, names: list[str]) -> str:
+    """'acc 0.9120 ± 0.0510 (worst 0.8000)  f1 ...' for every per-client metric."""
+    return "  ".join(f"{name} {metrics[f'{split}/{name}_mean']:.4f} ± {metrics[f'{split}/{name}_std']:.4f} "
+                     f"(worst {metrics[f'{split}/{name}_worst']:.4f})" for name in names)
 
 
-def _track_best(best: dict[str, Any], metrics: dict[str, Any], split: str) -> None:
-    key = f"{split}/acc_mean"
-    if key not in best or metrics[key] > best[key]:
+def _track_best(best: dict[str, Any], metrics: dict[str, Any], key: str) -> None:
+    """Remember the round with the best mean of the primary (first) metric."""
+    mean = f"{key}_mean"
+    better = higher_is_better(key.rsplit("/", 1)[-1])
+    if mean not in best or (metrics[mean] > best[mean] if better else metrics[mean] < best[mean]):
         best.clear()
-        best.update({key: metrics[key], "round": metrics["round"]})
+        best.update({mean: metrics[mean], "round": metrics["round"]})
 
 
 def _summary(federation: Federation, state: dict[str, Any], run_name: str) -> dict[str, Any]:
@@ -87,9 +93,9 @@ def _summary_table(summary: dict[str, Any], split: str) -> Table:
                         f"{summary['num_clients']} clients, {summary['wall_time_s']:.1f} s")
     for column in ("metric", "mean", "std", "worst client"):
         table.add_column(column, justify="right" if column != "metric" else "left")
-    for name in ("acc", "f1", "loss"):
-        if f"{split}/{name}_mean" in summary:
-            table.add_row(f"{split} {name}", *(f"{summary[f'{split}/{name}_{s}']:.4f}" for s in ("mean", "std", "worst")))
+    names = [k[len(split) + 1: -len("_mean")] for k in summary if k.startswith(f"{split}/") and k.endswith("_mean")]
+    for name in names:
+        table.add_row(f"{split} {name}", *(f"{summary[f'{split}/{name}_{s}']:.4f}" for s in ("mean", "std", "worst")))
     extra = {k: v for k, v in summary.items() if k.startswith("cluster/")}
     for key, value in extra.items():
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value), "", "")
