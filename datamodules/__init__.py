@@ -4,3 +4,9 @@ from fedlight.datamodules.digits import DigitsFederated
 from fedlight.datamodules.npz import NpzFederated
 from fedlight.datamodules.partition import (IID, ClassesPerClient, Dirichlet, LabelPermutations, MissingClasses,
                                             Natural, PartitionScheme, QuantitySkew, Rotations, Shards)
+from fedlight.datamodules.femnist import FEMNISTFederated
+from fedlight.datamodules.medmnist import MedMNISTFederated
+from fedlight.datamodules.uci import AdultFederated, BankMarketingFederated, DiabetesFederated, UCITableFederated
+from fedlight.datamodules.vision import (CIFAR10Federated, CIFAR100Federated, EMNISTFederated, FashionMNISTFederated,
+                                         MNISTFederated, SVHNFederated, TorchvisionFederated)
+from fedlight.datamodules.wisdm import WISDMFederated

@@ -4,6 +4,14 @@ A subclass only says how to load its pool (`load_pool`); the base class holds ou
 data, partitions the rest with a `PartitionScheme`, applies the scheme's per-cluster transform, splits
 each client's samples into train/val/test, and stores every split as one tensor with per-client row
 ranges, so that a client's data is a slice and batches are gathers on the device (DESIGN.md section 5).
+
+Official splits (optional): a data set with its own train/val/test split (MedMNIST, torchvision sets, LEAF)
+may set `self.pool_splits` in `load_pool`, one code per sample (`OFFICIAL_TRAIN`, `OFFICIAL_VAL`,
+`OFFICIAL_TEST`). Then the partition still cuts the whole pool (so a client's test data follows its own
+distribution), but each client's official test samples form its test split, its official val samples its
+val split (when the set has a val split; otherwise `val_fraction` of its official training samples), and
+`test_fraction` is not used; the public data is drawn from official training samples only. Without
+`pool_splits` nothing changes.
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from torch import Tensor
 from fedlight.datamodules.partition import IID, PartitionScheme
 
 SPLITS = ("train", "val", "test")
+OFFICIAL_TRAIN, OFFICIAL_VAL, OFFICIAL_TEST = 0, 1, 2  # codes of `pool_splits`
 
 
 @dataclass
@@ -75,7 +84,8 @@ class FederatedDataModule(L.LightningDataModule):
         partition: the partition scheme (IID by default); cluster schemes define true clusters.
         val_fraction: share of each client's samples kept for its validation split.
         test_fraction: share of each client's samples kept for its test split.
-        public_size: samples held out (before partitioning) as the server's unlabelled public data.
+        public_size: samples held out (before partitioning) as the server's unlabelled public data (drawn from
+            the official training split when the data set sets `pool_splits`).
         split_seed: seed of the split; None uses the run's seed.
     """
 
@@ -96,11 +106,13 @@ class FederatedDataModule(L.LightningDataModule):
         self.seed = 0
         self.federated: FederatedData | None = None
         self.pool_owners: np.ndarray | None = None  # set by load_pool of data sets with natural owners
+        self.pool_splits: np.ndarray | None = None  # set by load_pool of data sets with official splits
 
     # -- what a subclass provides ------------------------------------------------------------------
     def load_pool(self) -> tuple[Tensor, Tensor]:
         """Return all samples (x, integer labels y) this data set offers. Data sets with natural owners
-        (FEMNIST writers, WISDM users) also set `self.pool_owners`, one owner id per sample."""
+        (FEMNIST writers, WISDM users) also set `self.pool_owners`, one owner id per sample; data sets with
+        official splits may set `self.pool_splits`, one OFFICIAL_* code per sample (see the module doc)."""
         raise NotImplementedError
 
     @property
@@ -123,13 +135,19 @@ class FederatedDataModule(L.LightningDataModule):
         labels = y.numpy()
         public_x = None
         owners = self.pool_owners
+        official = None if self.pool_splits is None else np.asarray(self.pool_splits)
+        if official is not None and len(official) != len(labels):
+            raise ValueError(f"pool_splits has {len(official)} entries for {len(labels)} samples")
         keep = np.arange(len(labels))
         if self.public_size:
-            if self.public_size >= len(labels):
+            # public data comes from training samples only (all samples when there is no official split)
+            candidates = keep if official is None else np.flatnonzero(official == OFFICIAL_TRAIN)
+            if self.public_size >= len(candidates):
                 raise ValueError(f"public_size={self.public_size} leaves no data for the clients "
-                                 f"(the pool has {len(labels)} samples)")
-            perm = rng.permutation(len(labels))
-            public_x, keep = x[np.sort(perm[: self.public_size])], np.sort(perm[self.public_size:])
+                                 f"(the pool has {len(candidates)} training samples)")
+            perm = rng.permutation(len(candidates))
+            public = np.sort(candidates[perm[: self.public_size]])
+            public_x, keep = x[public], np.setdiff1d(keep, public)
         parts = self.partition.assign(labels[keep], self.num_clients, rng,
                                       None if owners is None else np.asarray(owners)[keep])
         if len(parts) != self.num_clients:
@@ -141,9 +159,12 @@ class FederatedDataModule(L.LightningDataModule):
             xk, yk = x[idx], y[idx]
             if clusters is not None:
                 xk, yk = self.partition.transform(xk, yk, int(clusters[k]))
-            order = torch.from_numpy(rng.permutation(len(idx)))
-            n_val, n_test = int(round(self.val_fraction * len(idx))), int(round(self.test_fraction * len(idx)))
-            cuts = {"val": order[:n_val], "test": order[n_val:n_val + n_test], "train": order[n_val + n_test:]}
+            if official is None:
+                order = torch.from_numpy(rng.permutation(len(idx)))
+                n_val, n_test = int(round(self.val_fraction * len(idx))), int(round(self.test_fraction * len(idx)))
+                cuts = {"val": order[:n_val], "test": order[n_val:n_val + n_test], "train": order[n_val + n_test:]}
+            else:
+                cuts = self._official_cuts(official[keep[part]], bool((official == OFFICIAL_VAL).any()), rng)
             if len(cuts["train"]) == 0:
                 raise ValueError(f"client {k} has no training samples ({len(idx)} in all): use fewer clients "
                                  "or a partition with a larger minimum size")
@@ -152,7 +173,20 @@ class FederatedDataModule(L.LightningDataModule):
                 pieces[split].append((xk[rows], yk[rows]))
         return FederatedData(*(self._stack(pieces[s]) for s in SPLITS), num_classes=self.num_classes,
                              cluster_labels=clusters, public_x=public_x,
-                             info={"pool_size": len(labels), "public_size": self.public_size})
+                             info={"pool_size": len(labels), "public_size": self.public_size,
+                                   "official_splits": official is not None})
+
+    def _official_cuts(self, codes: np.ndarray, has_val: bool, rng: np.random.Generator) -> dict[str, Tensor]:
+        """One client's rows by official split; val is cut from training rows when the set has no val split."""
+        train = np.flatnonzero(codes == OFFICIAL_TRAIN)
+        if has_val:
+            val = np.flatnonzero(codes == OFFICIAL_VAL)
+        else:
+            order = rng.permutation(len(train))
+            n_val = int(round(self.val_fraction * len(train)))
+            val, train = train[order[:n_val]], train[order[n_val:]]
+        return {"val": torch.from_numpy(val), "test": torch.from_numpy(np.flatnonzero(codes == OFFICIAL_TEST)),
+                "train": torch.from_numpy(train)}
 
     @staticmethod
     def _stack(pieces: list[tuple[Tensor, Tensor]]) -> ClientSplit:

@@ -38,6 +38,11 @@ class Updates:
     def __len__(self) -> int:
         return len(self.clients)
 
+    def subset(self, rows: Tensor) -> "Updates":
+        """The updates of the rows selected by a boolean mask or an index tensor."""
+        return Updates(self.clients[rows], self.params[rows], self.starts[rows], self.num_samples[rows],
+                       self.train_loss[rows])
+
 
 class Algorithm:
     """FedAvg, and the base class of every algorithm. Override only the hooks an algorithm changes.
@@ -140,28 +145,35 @@ class Algorithm:
         """Weights of the clients in an average: their training-set sizes (normalized per cluster later)."""
         return updates.num_samples.to(self.models.dtype)
 
-    def average_into_clusters(self, updates: Updates, weights: Tensor, values: Tensor | None = None) -> None:
-        """Set each cluster's shared parameters to the weighted mean of its clients' `values` (default: the
-        trained models), as one matrix product; clusters with no client this round are unchanged."""
+    def cluster_means(self, updates: Updates, weights: Tensor, values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(clusters with at least one client this round, weighted mean of their clients' `values`), as one
+        matrix product over a weighted membership matrix. `values` defaults to the trained models."""
         values = updates.params if values is None else values
         clusters = self.assignment[updates.clients]
         member = torch.zeros(len(self.models), len(updates), dtype=values.dtype, device=values.device)
         member[clusters, torch.arange(len(updates), device=values.device)] = weights.to(values.dtype)
         totals = member.sum(dim=1)
-        active = totals > 0
-        means = (member[active] / totals[active, None]) @ values
+        active = (totals > 0).nonzero().flatten()
+        return active, (member[active] / totals[active, None]) @ values
+
+    def average_into_clusters(self, updates: Updates, weights: Tensor, values: Tensor | None = None) -> None:
+        """Set each cluster's shared parameters to the weighted mean of its clients' `values` (default: the
+        trained models); clusters with no client this round are unchanged."""
+        active, means = self.cluster_means(updates, weights, values)
+        self.set_shared(active, means)
+
+    def set_shared(self, clusters: Tensor, values: Tensor) -> None:
+        """Write `values` into the shared (non-personal) parameters of the given cluster models."""
         if self.personal_mask is None:
-            self.models[active] = means
+            self.models[clusters] = values
         else:
-            shared = ~self.personal_mask
-            self.models[active] = torch.where(shared, means, self.models[active])
+            self.models[clusters] = torch.where(~self.personal_mask, values, self.models[clusters])
 
     def store_personal(self, updates: Updates) -> None:
         """Keep each client's trained personal part for its next round."""
         if self.personal_mask is not None:
             self.personal[updates.clients] = updates.params[:, self.personal_mask]
 
-    # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything that must survive a restart. Subclasses add their own keys with `super()`."""
         return {"models": self.models, "assignment": self.assignment, "personal": self.personal}

@@ -15,12 +15,14 @@ import lightning as L
 from lightning.fabric.utilities.apply_func import move_data_to_device
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fedlight.algorithm import Algorithm, Updates
 from fedlight.datamodules.base import ClientSplit, FederatedData, FederatedDataModule
 from fedlight.evaluation import per_client_classification, summarize
 from fedlight.flat import FlatModel
+from fedlight.scores import clustering_scores
 from fedlight.worker import ClientTrainer
 
 
@@ -128,21 +130,42 @@ class Federation:
                 outputs.append(self.module(batch).float())
         return torch.cat(outputs)
 
-    def client_loss(self, params: Tensor, client: int, split: str = "train") -> float:
-        """Mean cross-entropy of the model `params` on one client's split (model selection by loss)."""
-        x, y = self.split(split).client(client)
-        return float(torch.nn.functional.cross_entropy(self.predict(params, x), y))
+    @torch.no_grad()
+    def client_losses(self, models: Tensor, split: str = "train") -> Tensor:
+        """(K, n) mean cross-entropy of each of K flat models on each client's split: one batched pass over
+        the whole split per model (for selecting a model by loss, as IFCA and FLIS do)."""
+        data, client = self.split(split), self._eval_rows[split]
+        sizes = torch.bincount(client, minlength=self.num_clients).clamp(min=1)
+        losses = torch.empty(len(models), self.num_clients, device=self.device)
+        for j, params in enumerate(models):
+            per_row = F.cross_entropy(self.predict(params, data.x), data.y, reduction="none")
+            losses[j] = torch.bincount(client, weights=per_row, minlength=self.num_clients) / sizes
+        return losses
+
+    def random_params(self, seed: int) -> Tensor:
+        """A fresh random initialization of the model (every submodule's `reset_parameters`), as a flat vector;
+        for algorithms whose cluster models start from independent initializations."""
+        saved = self.flat.read()
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            for sub in self.module.modules():
+                if callable(getattr(sub, "reset_parameters", None)):
+                    sub.reset_parameters()
+        fresh = self.flat.read()
+        self.flat.load(saved)
+        return fresh
 
     # -- one round ---------------------------------------------------------------------------------
-    def fit_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
-        """Train the shared module from `start` on one client's training split with its own optimizer."""
+    def fit_client(self, round: int, client: int, start: Tensor, epochs: int | None = None) -> tuple[Tensor, Tensor]:
+        """Train the shared module from `start` on one client's training split with its own optimizer, for
+        `epochs` local epochs (default: the federation's)."""
         alg = self.algorithm
         hook = None
         if type(alg).local_gradient is not Algorithm.local_gradient:
             def hook(params: Tensor, grad: Tensor, begin: Tensor) -> None:
                 alg.local_gradient(client, params, grad, begin)
         x, y = self.data.train.client(client)
-        return self.trainer.fit(start, x, y, self.client_seed(round, client), hook)
+        return self.trainer.fit(start, x, y, self.client_seed(round, client), hook, epochs=epochs)
 
     def train_clients(self, round: int, clients: list[int]) -> Updates:
         """Local training of the selected clients, one after another on the shared module."""
@@ -168,9 +191,20 @@ class Federation:
         metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients),
                                    "train/loss": float(updates.train_loss.mean())}
         metrics.update(alg.round_metrics())
+        metrics.update(self.score_clusters())
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             metrics.update(self.evaluate())
         return metrics
+
+    def score_clusters(self) -> dict[str, float]:
+        """The algorithm's client clusters against the split's true clusters (when both exist)."""
+        predicted = self.algorithm.cluster_labels()
+        if predicted is None:
+            return {}
+        scores = {"cluster/count": float(len(np.unique(predicted)))}
+        if self.data.cluster_labels is not None:
+            scores.update({f"cluster/{k}": v for k, v in clustering_scores(self.data.cluster_labels, predicted).items()})
+        return scores
 
     @torch.no_grad()
     def evaluate(self, split: str | None = None) -> dict[str, Any]:

@@ -72,9 +72,9 @@ class ClientTrainer:
             group["lr"] = initial["lr"] * scale
 
     def fit(self, start: Tensor, x: Tensor, y: Tensor, seed: int, gradient_hook: GradientHook | None = None,
-            lr_scale: float = 1.0) -> tuple[Tensor, Tensor]:
-        """Train from `start` on (x, y) for the configured local epochs; return (trained flat model, mean
-        loss of the last epoch). All randomness (batch order, dropout) derives from `seed`."""
+            lr_scale: float = 1.0, epochs: int | None = None) -> tuple[Tensor, Tensor]:
+        """Train from `start` on (x, y) for `epochs` (default: the configured local epochs); return (trained
+        flat model, mean loss of the last epoch). All randomness (batch order, dropout) derives from `seed`."""
         module, flat = self.module, self.flat
         flat.load(start)
         flat.zero_grad()
@@ -86,7 +86,7 @@ class ClientTrainer:
         generator = torch.Generator(device=x.device).manual_seed(seed)
         n, b = len(y), self.batch_size
         loss_sum = torch.zeros((), device=x.device)
-        for _ in range(self.local_epochs):
+        for _ in range(self.local_epochs if epochs is None else epochs):
             order = torch.randperm(n, generator=generator, device=x.device)
             loss_sum.zero_()
             for step, begin in enumerate(range(0, n, b)):

@@ -11,17 +11,19 @@ for _var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+torch.set_num_threads(1)  # tiny models: no gain from intra-op threads, and no stalls on a loaded machine
+
 from fedlight.datamodules import DigitsFederated, Rotations  # noqa: E402
 from fedlight.federation import Federation, FederationConfig  # noqa: E402
 from fedlight.models import Classifier, SmallCNN  # noqa: E402
 
 
 def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed: int = 0, partition=None,
-                     lr: float = 0.1, momentum: float = 0.0, **config) -> Federation:
+                     lr: float = 0.1, momentum: float = 0.0, public_size: int = 0, **config) -> Federation:
     """A fast federation on digits: a narrow SmallCNN, few clients, one local epoch."""
     torch.manual_seed(seed)
     model = Classifier(SmallCNN(1, 10, 8, width=8), lr=lr, momentum=momentum)
-    data = DigitsFederated(num_clients=num_clients, partition=partition or Rotations(2))
+    data = DigitsFederated(num_clients=num_clients, partition=partition or Rotations(2), public_size=public_size)
     settings = {"rounds": rounds, "local_epochs": 1, "batch_size": 32, "accelerator": "cpu", **config}
     return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed)
 

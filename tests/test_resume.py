@@ -13,8 +13,12 @@ def rows(path, drop=("time/round_s",)):
         return [{k: v for k, v in r.items() if k not in drop} for r in csv.DictReader(f)]
 
 
-@pytest.mark.parametrize("algorithm", [["--algorithm", "fedprox", "--algorithm.init_args.mu", "0.1",
-                                         "--algorithm.init_args.participation", "0.5"], ["--algorithm", "local"]])
+@pytest.mark.parametrize("algorithm", [
+    ["--algorithm", "fedprox", "--algorithm.init_args.mu", "0.1", "--algorithm.init_args.participation", "0.5"],
+    ["--algorithm", "local"],
+    ["--algorithm", "ocfl", "--algorithm.init_args.strict", "false"],
+    ["--algorithm", "flis_dc", "--algorithm.init_args.participation", "0.5", "--data.public_size", "60"],
+], ids=["fedprox", "local", "ocfl", "flis_dc"])
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch, algorithm):
     args = tiny_run_args + algorithm + ["--federation.rounds", "4"]
     assert main(args + ["--run_name", "whole"]) == 0

@@ -1,0 +1,165 @@
+"""FLIS: clustered FL by inference similarity (Morafah, Vahidian, Wang, Lin), spec 002_117f2228ef9e6d60.
+
+The server runs each trained client model on its unlabelled public data; two clients are similar when their
+models predict the same class on many public samples (the spec's corrected similarity: the Frobenius cosine of
+one-hot prediction matrices, i.e. the agreement rate; `soft` uses softmax outputs).
+
+- `FlisDC`: every round, each participant i gets the cluster {j : A_ij >= beta} (overlapping, one per
+  participant), averaged by data size into a pool of models that replaces the last one. A client starts from
+  the pool model with the lowest loss on its own data.
+- `FlisHC`: once, all clients train from the initial model (phase 0); complete-linkage agglomerative
+  clustering of 1 - A with threshold tau = 1 - beta fixes disjoint clusters, whose models all restart from
+  the initial model; then cluster-wise FedAvg.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.algorithm import Algorithm, Updates
+from fedlight.clustering import Agglomerative
+from fedlight.similarity import agreement_similarity
+
+
+class InferenceSimilarity(Algorithm):
+    """What both variants share: inference on the server's public data and the similarity matrix."""
+
+    def __init__(self, beta: float = 0.3, soft: bool = False, participation: float = 1.0) -> None:
+        super().__init__(participation)
+        if not 0 <= beta <= 1:
+            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        self.beta, self.soft = beta, soft
+
+    def setup(self, fed) -> None:
+        if fed.data.public_x is None:
+            raise ValueError(f"{type(self).__name__} needs server public data: set data.init_args.public_size "
+                             "(the paper uses 2500 samples)")
+        super().setup(fed)
+
+    def similarity(self, params: Tensor) -> Tensor:
+        """(m, m) inference similarity of m flat models on the public data."""
+        outputs = torch.stack([self.fed.predict(p, self.fed.data.public_x) for p in params])
+        return agreement_similarity(outputs.softmax(dim=-1) if self.soft else outputs.argmax(dim=-1), soft=self.soft)
+
+
+class FlisDC(InferenceSimilarity):
+    """FLIS with dynamic overlapping clusters.
+
+    Args:
+        beta: similarity threshold of cluster membership (0 = FedAvg over participants, 1 = alone).
+        soft: similarity of softmax outputs instead of one-hot predictions.
+        selection_split: the client data that picks the starting pool model by lowest loss ("val" by default,
+            which keeps the choice off the test data; the paper's code used "test").
+        evaluate: "local" evaluates each client's own latest trained model (the paper's metric); "pool" the
+            pool model it would start from now. A client that has not trained yet is evaluated with the pool
+            model in both cases.
+        participation: share of clients per round (the paper: 0.1 of 100).
+    """
+
+    def __init__(self, beta: float = 0.3, soft: bool = False, selection_split: Literal["train", "val", "test"] = "val",
+                 evaluate: Literal["local", "pool"] = "local", participation: float = 1.0) -> None:
+        super().__init__(beta, soft, participation)
+        self.selection_split, self.evaluate = selection_split, evaluate
+        self.local_models: Tensor | None = None
+        self.trained = torch.empty(0, dtype=torch.bool)
+
+    def setup(self, fed) -> None:
+        super().setup(fed)
+        self.trained = torch.zeros(fed.num_clients, dtype=torch.bool, device=fed.device)
+        if self.evaluate == "local":
+            self.local_models = fed.initial_params.repeat(fed.num_clients, 1)
+
+    def select_clients(self, round: int) -> list[int]:
+        clients = super().select_clients(round)
+        self.assign_to_pool(clients)
+        return clients
+
+    def assign_to_pool(self, clients: list[int] | None = None) -> None:
+        """Each client (all by default) starts from the pool model with the lowest loss on its selection split."""
+        best = self.fed.client_losses(self.models, self.selection_split).argmin(dim=0)
+        if clients is None:
+            self.assignment = best
+        else:
+            self.assignment[clients] = best[clients]
+
+    def aggregate(self, round: int, updates: Updates) -> None:
+        """The new pool: for each participant i, the size-weighted mean of the models of {j : A_ij >= beta}."""
+        member = (self.similarity(updates.params) >= self.beta).to(updates.params.dtype)
+        weights = member * updates.num_samples.to(updates.params.dtype)[None, :]
+        self.models = (weights / weights.sum(dim=1, keepdim=True)) @ updates.params
+        self.assignment = torch.zeros_like(self.assignment)
+        self.trained[updates.clients] = True
+        if self.local_models is not None:
+            self.local_models[updates.clients] = updates.params
+
+    def evaluation_models(self) -> tuple[Tensor, Tensor]:
+        self.assign_to_pool()
+        if self.local_models is None:
+            return self.models, self.assignment
+        n = self.fed.num_clients
+        models = torch.where(self.trained[:, None], self.local_models, self.models[self.assignment])
+        return models, torch.arange(n, device=models.device)
+
+    def round_metrics(self) -> dict[str, float]:
+        return {"cluster/pool_size": float(len(self.models))}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "local_models": self.local_models, "trained": self.trained}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.local_models, self.trained = state["local_models"], state["trained"]
+
+
+class FlisHC(InferenceSimilarity):
+    """FLIS with one hierarchical clustering after an all-client phase 0 (run in round 1, as part of it).
+
+    Args:
+        beta: the DC threshold; the clustering distance threshold is tau = 1 - beta unless `tau` is given.
+        tau: distance threshold of the agglomerative clustering of 1 - A.
+        linkage: "complete" (every pair in a cluster has A >= 1 - tau, matching DC's rule) or "average".
+        soft: similarity of softmax outputs instead of one-hot predictions.
+        phase_zero_epochs: local epochs of the phase-0 training (default: the federation's). Phase 0 is a
+            set-up step outside the round budget (spec A5); its models must be trained enough for their
+            predictions to differ by data (the paper trains E = 10 epochs).
+        participation: share of clients per round after phase 0.
+    """
+
+    def __init__(self, beta: float = 0.3, tau: float | None = None,
+                 linkage: Literal["complete", "average", "single"] = "complete", soft: bool = False,
+                 phase_zero_epochs: int | None = None, participation: float = 1.0) -> None:
+        super().__init__(beta, soft, participation)
+        self.tau = 1 - beta if tau is None else tau
+        self.linkage, self.phase_zero_epochs = linkage, phase_zero_epochs
+        self.clustered = False
+
+    def select_clients(self, round: int) -> list[int]:
+        if not self.clustered:
+            self.phase_zero()
+        return super().select_clients(round)
+
+    def phase_zero(self) -> None:
+        """Every client trains the initial model once (round index 0); the similarity of the results fixes the
+        clusters; every cluster model restarts from the initial model."""
+        start = self.fed.initial_params
+        trained = torch.stack([self.fed.fit_client(0, c, start, self.phase_zero_epochs)[0]
+                               for c in range(self.fed.num_clients)])
+        distance = 1 - self.similarity(trained).cpu().numpy()
+        labels = Agglomerative(distance_threshold=self.tau, linkage=self.linkage).fit_predict(distance,
+                                                                                             kind="distance")
+        self.assignment = torch.as_tensor(labels, device=self.models.device)
+        self.models = self.fed.initial_params.repeat(int(labels.max()) + 1, 1)
+        self.clustered = True
+
+    def cluster_labels(self) -> np.ndarray | None:
+        return self.assignment.cpu().numpy() if self.clustered else None
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "clustered": self.clustered}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.clustered = state["clustered"]

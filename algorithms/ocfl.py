@@ -1,0 +1,131 @@
+"""OCFL: one-shot clustered FL (Zuziak, Pellungrini, Rinzivillo), spec 003_78446f99cde0380b.spec.md.
+
+Every round, while no clustering has happened, the server computes the cosine-distance matrix Gamma of the
+clients' updates and its temperature T = ||Gamma||_p / (n(n-1)2^p)^(1/p) (in [0, 1]). The first round whose
+temperature does not fall (T_t > T_{t-1}, the code's strict rule; `strict=False` gives the paper's >=) fires
+the one shot: a clustering component splits the clients, every child cluster starts from the parent's model,
+and from then on each cluster averages its members' deltas (unweighted) with a server learning rate.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.algorithm import Algorithm, Updates
+from fedlight.clustering import HDBSCAN, Clusterer
+from fedlight.similarity import cosine_distance_matrix
+
+
+def temperature(gamma: Tensor, p: float = 2.0) -> float:
+    """||Gamma||_p (entry-wise) divided by its largest possible value, all off-diagonal entries equal to 2."""
+    n = gamma.shape[0]
+    if n < 2:
+        return 0.0
+    norm = gamma.abs().pow(p).sum().pow(1.0 / p)
+    return float(norm / (n * (n - 1) * 2.0**p) ** (1.0 / p))
+
+
+class OCFL(Algorithm):
+    """One-shot clustering on the temperature of the update cosine distances.
+
+    Args:
+        clusterer: any clustering component on a distance matrix; default HDBSCAN with min_cluster_size 20%
+            of the clients (the paper's setting).
+        p: the entry-wise norm of the temperature (2, as in the authors' code).
+        strict: fire on T_t > T_{t-1} (code) rather than >= (paper).
+        window: compare moving averages of the last `window` temperatures (1 = the paper's rule).
+        min_rounds: never fire before this round (a guard the spec suggests; 1 = off).
+        include_buffers: cluster on parameters and buffers (the authors' state_dict) instead of parameters.
+        server_lr: step of the cluster model along its members' mean delta (1 = FedAvg).
+        weighted: weight deltas by training-set size (the paper averages unweighted).
+        participation: share of clients per round (the paper trains all; with fewer, a client not present
+            at the shot joins the cluster whose mean delta is closest to its own when it first trains).
+    """
+
+    def __init__(self, clusterer: Clusterer | None = None, p: float = 2.0, strict: bool = True, window: int = 1,
+                 min_rounds: int = 1, include_buffers: bool = False, server_lr: float = 1.0,
+                 weighted: bool = False, participation: float = 1.0) -> None:
+        super().__init__(participation)
+        if window < 1 or p <= 0 or server_lr <= 0:
+            raise ValueError("OCFL needs window >= 1, p > 0 and server_lr > 0")
+        self.clusterer = clusterer if clusterer is not None else HDBSCAN(min_cluster_size=0.2)
+        self.p, self.strict, self.window, self.min_rounds = p, strict, window, min_rounds
+        self.include_buffers, self.server_lr, self.weighted = include_buffers, server_lr, weighted
+        self.temperatures: list[float] = []
+        self.clustered_round = 0
+        self.unassigned = torch.empty(0, dtype=torch.bool)
+
+    def setup(self, fed) -> None:
+        super().setup(fed)
+        self.mask = None if self.include_buffers else fed.flat.parameter_mask()
+        self.unassigned = torch.zeros(fed.num_clients, dtype=torch.bool, device=fed.device)
+
+    def triggered(self) -> bool:
+        """Whether the latest temperature (its moving average over `window` rounds) did not fall: T_t > T_{t-1}
+        (strict) or >=, with T_0 = +inf, so the first round never fires."""
+        t, w = self.temperatures, self.window
+        current = float(np.mean(t[-w:]))
+        previous = float(np.mean(t[-w - 1:-1])) if len(t) > 1 else math.inf
+        return current > previous if self.strict else current >= previous
+
+    def pre_aggregation(self, round: int, updates: Updates) -> None:
+        deltas = updates.deltas if self.mask is None else updates.deltas[:, self.mask]
+        if self.clustered_round:
+            self._place_newcomers(updates, deltas)
+            return
+        gamma = cosine_distance_matrix(deltas)
+        self.temperatures.append(temperature(gamma, self.p))
+        if self.triggered() and round >= self.min_rounds and len(updates) > 1:
+            self._split(round, updates, gamma)
+
+    def _split(self, round: int, updates: Updates, gamma: Tensor) -> None:
+        labels = torch.as_tensor(self.clusterer.fit_predict(gamma.cpu().numpy(), kind="distance"),
+                                 device=self.models.device)
+        parent = self.models[0]
+        self.models = parent.repeat(int(labels.max()) + 1, 1)
+        self.unassigned[:] = True
+        self.unassigned[updates.clients] = False
+        self.assignment[updates.clients] = labels
+        self.clustered_round = round
+
+    def _place_newcomers(self, updates: Updates, deltas: Tensor) -> None:
+        """Clients absent at the shot join the cluster whose members' mean delta is nearest in cosine."""
+        new = self.unassigned[updates.clients]
+        if not new.any():
+            return
+        known = ~new
+        if not known.any():
+            return
+        active, centers = self.cluster_means(updates.subset(known), torch.ones(int(known.sum()), device=deltas.device),
+                                             deltas[known])
+        distances = cosine_distance_matrix(torch.cat([deltas[new], centers]))[: int(new.sum()), int(new.sum()):]
+        chosen = updates.clients[new]
+        self.assignment[chosen] = active[distances.argmin(dim=1)]
+        self.unassigned[chosen] = False
+
+    def aggregate(self, round: int, updates: Updates) -> None:
+        """Each cluster moves by server_lr times its members' mean delta (unweighted by default)."""
+        weights = self.aggregation_weights(updates) if self.weighted else torch.ones_like(updates.num_samples,
+                                                                                          dtype=self.models.dtype)
+        active, mean_delta = self.cluster_means(updates, weights, updates.deltas)
+        self.set_shared(active, self.models[active] + self.server_lr * mean_delta)
+
+    def cluster_labels(self) -> np.ndarray | None:
+        return self.assignment.cpu().numpy()
+
+    def round_metrics(self) -> dict[str, float]:
+        return {"cluster/temperature": self.temperatures[-1] if self.temperatures else float("nan"),
+                "cluster/clustered_round": float(self.clustered_round)}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "temperatures": list(self.temperatures),
+                "clustered_round": self.clustered_round, "unassigned": self.unassigned}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.temperatures = list(state["temperatures"])
+        self.clustered_round = state["clustered_round"]
+        self.unassigned = state["unassigned"]

@@ -1,0 +1,191 @@
+"""OCFL, FLIS, IFCA and CFL against hand computations and constructed cases."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import small_federation
+from fedlight.algorithm import Updates
+from fedlight.algorithms.cfl import CFL
+from fedlight.algorithms.flis import FlisDC, FlisHC
+from fedlight.algorithms.ifca import IFCA
+from fedlight.algorithms.ocfl import OCFL, temperature
+from fedlight.datamodules import ClassesPerClient, Rotations
+
+
+def updates_from_deltas(deltas: torch.Tensor, start: torch.Tensor, sizes=None) -> Updates:
+    n = len(deltas)
+    starts = start.repeat(n, 1)
+    sizes = torch.ones(n, dtype=torch.long) if sizes is None else torch.as_tensor(sizes)
+    return Updates(torch.arange(n), starts + deltas, starts, sizes, torch.zeros(n))
+
+
+# -- OCFL -------------------------------------------------------------------------------------------
+def test_temperature_by_hand():
+    # n = 2, p = 2: ||G|| = sqrt(1 + 1), lambda = sqrt(2 * 1 * 2^2) -> 0.5
+    assert temperature(torch.tensor([[0.0, 1.0], [1.0, 0.0]])) == pytest.approx(0.5)
+    # n = 3 with off-diagonal entries 0.5, 1, 2: sqrt(2 * (0.25 + 1 + 4)) / sqrt(3 * 2 * 4)
+    g = torch.tensor([[0.0, 0.5, 1.0], [0.5, 0.0, 2.0], [1.0, 2.0, 0.0]])
+    assert temperature(g) == pytest.approx(math.sqrt(10.5) / math.sqrt(24))
+    # p = 1: (2 * 3.5) / (3 * 2 * 2)
+    assert temperature(g, p=1) == pytest.approx(7 / 12)
+    assert temperature(torch.full((4, 4), 2.0).fill_diagonal_(0)) == pytest.approx(1.0)
+
+
+def first_firing_round(temps, **kwargs):
+    alg = OCFL(**kwargs)
+    for t, value in enumerate(temps, start=1):
+        alg.temperatures.append(value)
+        if alg.triggered():
+            return t
+    return None
+
+
+def test_trigger_fires_at_the_first_round_whose_temperature_does_not_fall():
+    temps = [0.9, 0.8, 0.7, 0.75, 0.6]
+    assert first_firing_round(temps) == 4
+    assert first_firing_round([0.9, 0.8, 0.8, 0.9]) == 4            # strict: a tie does not fire
+    assert first_firing_round([0.9, 0.8, 0.8, 0.9], strict=False) == 3
+    assert first_firing_round([0.5, 0.6]) == 2                      # the earliest possible round
+    # window 2: averages 0.9, 0.85, 0.75, 0.725, 0.675 (0.65+0.7)/2... computed by hand below
+    temps = [0.9, 0.8, 0.7, 0.75, 0.6, 0.9]
+    # moving averages of 2: r2 .85 (prev .9), r3 .75, r4 .725, r5 .675, r6 .75 -> first rise at round 6
+    assert first_firing_round(temps, window=2) == 6
+
+
+def test_ocfl_splits_on_a_block_structure_and_starts_children_from_the_parent():
+    fed = small_federation(OCFL(min_rounds=1), num_clients=6)
+    alg = fed.algorithm
+    d = fed.flat.numel
+    g = torch.Generator().manual_seed(0)
+    direction = torch.randn(2, d, generator=g)
+    deltas = torch.cat([direction[0] + 0.01 * torch.randn(3, d, generator=g),
+                        direction[1] + 0.01 * torch.randn(3, d, generator=g)])
+    parent = alg.models[0].clone()
+    alg.temperatures = [0.0]  # any temperature now is a rise: the shot fires
+    alg.pre_aggregation(2, updates_from_deltas(deltas, parent))
+    labels = alg.cluster_labels()
+    assert alg.clustered_round == 2 and len(set(labels[:3])) == 1 and len(set(labels[3:])) == 1
+    assert labels[0] != labels[3]
+    assert all(torch.equal(m, parent) for m in alg.models)
+
+
+def test_ocfl_aggregates_unweighted_mean_deltas_with_the_server_lr():
+    fed = small_federation(OCFL(server_lr=0.5), num_clients=3)
+    alg = fed.algorithm
+    d = fed.flat.numel
+    start = alg.models[0].clone()
+    deltas = torch.stack([torch.full((d,), 1.0), torch.full((d,), 2.0), torch.full((d,), 6.0)])
+    alg.aggregate(1, updates_from_deltas(deltas, start, sizes=[100, 1, 1]))  # sizes are ignored
+    assert torch.allclose(alg.models[0], start + 0.5 * 3.0)
+
+
+# -- CFL --------------------------------------------------------------------------------------------
+def opposed_deltas(d: int, scale: float = 1.0) -> torch.Tensor:
+    v = torch.zeros(d)
+    v[0] = scale
+    w = torch.zeros(d)
+    w[1] = 0.01
+    return torch.stack([v + w, v - w, -v + w, -v - w])  # mean 0; two opposite pairs
+
+
+def test_cfl_splits_when_the_mean_update_is_small_and_some_update_is_large():
+    fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0), num_clients=4)
+    alg = fed.algorithm
+    alg.pre_aggregation(1, updates_from_deltas(opposed_deltas(fed.flat.numel), alg.models[0]))
+    labels = alg.cluster_labels()
+    assert labels[0] == labels[1] != labels[2] == labels[3]
+    assert len(alg.models) == 2 and torch.equal(alg.models[0], alg.models[1])
+    assert alg.split_rounds == [1]
+
+
+@pytest.mark.parametrize("settings, why", [
+    ({"eps1": 0.1, "eps2": 5.0, "warmup_rounds": 0}, "no update exceeds eps2"),
+    ({"eps1": 0.1, "eps2": 0.5, "warmup_rounds": 3}, "still warming up"),
+    ({"eps1": 0.1, "eps2": 0.5, "warmup_rounds": 0, "min_cluster_size": 4}, "cluster too small"),
+])
+def test_cfl_does_not_split(settings, why):
+    fed = small_federation(CFL(**settings), num_clients=4)
+    alg = fed.algorithm
+    alg.pre_aggregation(1, updates_from_deltas(opposed_deltas(fed.flat.numel), alg.models[0]))
+    assert len(alg.models) == 1, why
+
+
+def test_cfl_does_not_split_when_clients_agree():
+    fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0), num_clients=4)
+    alg = fed.algorithm
+    same = opposed_deltas(fed.flat.numel).abs()  # all pointing the same way: mean norm ~1 > eps1
+    alg.pre_aggregation(1, updates_from_deltas(same, alg.models[0]))
+    assert len(alg.models) == 1
+
+
+# -- IFCA -------------------------------------------------------------------------------------------
+def constant_logit_model(fed, bias: torch.Tensor) -> torch.Tensor:
+    """A flat model whose output is `bias` for every input: every weight zero, the last bias = `bias`."""
+    params = torch.zeros(fed.flat.numel)
+    last = [e for e in fed.flat.entries if e.name.endswith("bias")][-1]
+    params[last.start:last.stop] = bias
+    return params
+
+
+def test_ifca_assigns_each_client_to_the_model_with_the_lowest_loss_computed_by_hand():
+    fed = small_federation(IFCA(num_clusters=2), num_clients=5, partition=ClassesPerClient(2))
+    alg = fed.algorithm
+    biases = torch.stack([torch.linspace(2, -2, 10), torch.linspace(-2, 2, 10)])  # favour low / high digits
+    alg.models = torch.stack([constant_logit_model(fed, b) for b in biases])
+    expected_losses = np.zeros((2, 5))
+    for k in range(5):
+        _, y = fed.data.train.client(k)
+        for j in range(2):
+            log_p = biases[j] - torch.logsumexp(biases[j], 0)
+            expected_losses[j, k] = -log_p[y].double().mean()
+    assert np.allclose(fed.client_losses(alg.models, "train").double().numpy(), expected_losses, atol=1e-5)
+    alg.assign_by_loss()
+    assert alg.assignment.tolist() == expected_losses.argmin(axis=0).tolist()
+
+
+def test_ifca_cluster_models_start_from_different_initializations():
+    fed = small_federation(IFCA(num_clusters=3), num_clients=3)
+    m = fed.algorithm.models
+    assert torch.equal(m[0], fed.initial_params) and not torch.equal(m[1], m[2])
+
+
+# -- FLIS -------------------------------------------------------------------------------------------
+def test_flis_dc_pool_is_the_size_weighted_mean_over_thresholded_similarity():
+    fed = small_federation(FlisDC(beta=0.5), num_clients=3, public_size=30)
+    alg = fed.algorithm
+    d = fed.flat.numel
+    params = torch.stack([torch.full((d,), v) for v in (1.0, 2.0, 4.0)])
+    sizes = torch.tensor([1, 3, 1])
+    similarity = torch.tensor([[1.0, 0.6, 0.1], [0.6, 1.0, 0.5], [0.1, 0.5, 1.0]])
+    alg.similarity = lambda p: similarity
+    alg.aggregate(1, Updates(torch.arange(3), params, params, sizes, torch.zeros(3)))
+    # cluster 0 = {0, 1}: (1*1 + 3*2)/4; cluster 1 = {0, 1, 2} (0.5 >= beta joins): (1 + 6 + 4)/5; cluster 2 = {1, 2}
+    expected = [(1 + 6) / 4, (1 + 6 + 4) / 5, (6 + 4) / 4]
+    assert torch.allclose(alg.models, torch.tensor(expected)[:, None].expand(3, d))
+
+
+def test_flis_needs_public_data():
+    with pytest.raises(ValueError, match="public_size"):
+        small_federation(FlisHC(), num_clients=3)
+
+
+def test_flis_similarity_is_the_prediction_agreement_of_the_models():
+    fed = small_federation(FlisDC(), num_clients=3, public_size=40)
+    alg = fed.algorithm
+    biases = [torch.eye(10)[c] * 5 for c in (3, 3, 7)]  # models predicting class 3, 3 and 7 everywhere
+    models = torch.stack([constant_logit_model(fed, b) for b in biases])
+    assert torch.allclose(alg.similarity(models), torch.tensor([[1.0, 1, 0], [1, 1, 0], [0, 0, 1]]))
+
+
+def test_flis_hc_recovers_rotation_clusters_after_phase_zero():
+    fed = small_federation(FlisHC(beta=0.3, phase_zero_epochs=10), num_clients=8, public_size=150,
+                           partition=Rotations(2), lr=0.05, momentum=0.9)
+    fed.run_round(1)
+    labels = fed.algorithm.cluster_labels()
+    truth = fed.data.cluster_labels
+    from sklearn.metrics import adjusted_rand_score
+
+    assert adjusted_rand_score(truth, labels) == 1.0
+    assert not any(torch.equal(m, fed.initial_params) for m in fed.algorithm.models)  # trained in round 1
