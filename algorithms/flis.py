@@ -65,6 +65,7 @@ class FlisDC(InferenceSimilarity):
         self.selection_split, self.evaluate = selection_split, evaluate
         self.local_models: Tensor | None = None
         self.trained = torch.empty(0, dtype=torch.bool)
+        self.last_similarity: np.ndarray | None = None
 
     def setup(self, fed) -> None:
         super().setup(fed)
@@ -87,7 +88,9 @@ class FlisDC(InferenceSimilarity):
 
     def aggregate(self, round: int, updates: Updates) -> None:
         """The new pool: for each participant i, the size-weighted mean of the models of {j : A_ij >= beta}."""
-        member = (self.similarity(updates.params) >= self.beta).to(updates.params.dtype)
+        similarity = self.similarity(updates.params)
+        self.last_similarity = similarity.cpu().numpy()
+        member = (similarity >= self.beta).to(updates.params.dtype)
         weights = member * updates.num_samples.to(updates.params.dtype)[None, :]
         self.models = (weights / weights.sum(dim=1, keepdim=True)) @ updates.params
         self.assignment = torch.zeros_like(self.assignment)
@@ -105,6 +108,10 @@ class FlisDC(InferenceSimilarity):
 
     def round_metrics(self) -> dict[str, float]:
         return {"cluster/pool_size": float(len(self.models))}
+
+    def round_matrices(self) -> dict[str, np.ndarray]:
+        """This round's inference similarity of the participants."""
+        return {} if self.last_similarity is None else {"inference_similarity": self.last_similarity}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "local_models": self.local_models, "trained": self.trained}
@@ -135,6 +142,7 @@ class FlisHC(InferenceSimilarity):
         self.tau = 1 - beta if tau is None else tau
         self.linkage, self.phase_zero_epochs = linkage, phase_zero_epochs
         self.clustered = False
+        self.phase_zero_similarity: np.ndarray | None = None
 
     def select_clients(self, round: int) -> list[int]:
         if not self.clustered:
@@ -147,7 +155,8 @@ class FlisHC(InferenceSimilarity):
         start = self.fed.initial_params
         trained = torch.stack([self.fed.fit_client(0, c, start, self.phase_zero_epochs)[0]
                                for c in range(self.fed.num_clients)])
-        distance = 1 - self.similarity(trained).cpu().numpy()
+        self.phase_zero_similarity = self.similarity(trained).cpu().numpy()
+        distance = 1 - self.phase_zero_similarity
         labels = Agglomerative(distance_threshold=self.tau, linkage=self.linkage).fit_predict(distance,
                                                                                              kind="distance")
         self.assignment = torch.as_tensor(labels, device=self.models.device)
@@ -156,6 +165,11 @@ class FlisHC(InferenceSimilarity):
 
     def cluster_labels(self) -> np.ndarray | None:
         return self.assignment.cpu().numpy() if self.clustered else None
+
+    def round_matrices(self) -> dict[str, np.ndarray]:
+        """The phase-0 inference similarity, once, in the round the clusters were fixed."""
+        similarity, self.phase_zero_similarity = self.phase_zero_similarity, None
+        return {} if similarity is None else {"inference_similarity": similarity}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "clustered": self.clustered}

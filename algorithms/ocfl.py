@@ -57,6 +57,7 @@ class OCFL(Algorithm):
         self.temperatures: list[float] = []
         self.clustered_round = 0
         self.unassigned = torch.empty(0, dtype=torch.bool)
+        self.last_gamma: np.ndarray | None = None
 
     def setup(self, fed) -> None:
         super().setup(fed)
@@ -77,6 +78,7 @@ class OCFL(Algorithm):
             self._place_newcomers(updates, deltas)
             return
         gamma = cosine_distance_matrix(deltas)
+        self.last_gamma = gamma.cpu().numpy()
         self.temperatures.append(temperature(gamma, self.p))
         if self.triggered() and round >= self.min_rounds and len(updates) > 1:
             self._split(round, updates, gamma)
@@ -119,6 +121,11 @@ class OCFL(Algorithm):
     def round_metrics(self) -> dict[str, float]:
         return {"cluster/temperature": self.temperatures[-1] if self.temperatures else float("nan"),
                 "cluster/clustered_round": float(self.clustered_round)}
+
+    def round_matrices(self) -> dict[str, np.ndarray]:
+        """The update cosine-distance matrix, in the rounds it was computed (until the shot)."""
+        gamma, self.last_gamma = self.last_gamma, None
+        return {} if gamma is None else {"update_cosine_distance": gamma}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "temperatures": list(self.temperatures),

@@ -140,6 +140,11 @@ class Algorithm:
         """Extra scalars to log this round (thresholds, temperatures, cluster counts)."""
         return {}
 
+    def round_matrices(self) -> dict[str, np.ndarray]:
+        """Matrices computed this round worth keeping (client similarity or distance matrices): saved in the
+        run folder and shown as heatmaps in W&B. Empty by default."""
+        return {}
+
     # -- services for subclasses ---------------------------------------------------------------------
     def aggregation_weights(self, updates: Updates) -> Tensor:
         """Weights of the clients in an average: their training-set sizes (normalized per cluster later)."""

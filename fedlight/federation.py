@@ -180,7 +180,8 @@ class Federation:
         return Updates(ids, torch.stack(params), torch.stack(starts), self.train_sizes[ids], torch.stack(losses))
 
     def run_round(self, round: int) -> dict[str, Any]:
-        """Run round `round` (1-based) and return its metrics (and per-client values under 'clients')."""
+        """Run round `round` (1-based) and return its metrics, with per-client values under 'clients' (and
+        each client's cluster) when it was evaluated, and the algorithm's matrices under 'matrices'."""
         alg = self.algorithm
         clients = alg.select_clients(round)
         updates = self.train_clients(round, clients)
@@ -194,6 +195,12 @@ class Federation:
         metrics.update(self.score_clusters())
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             metrics.update(self.evaluate())
+            clusters = alg.cluster_labels()
+            if clusters is not None:
+                metrics["clients"]["cluster"] = np.asarray(clusters)
+        matrices = alg.round_matrices()
+        if matrices:
+            metrics["matrices"] = matrices
         return metrics
 
     def score_clusters(self) -> dict[str, float]:

@@ -50,6 +50,13 @@ def wandb_mode(requested: str) -> str:
         return "offline"
 
 
+def heatmap(matrix: np.ndarray, scale: int = 8) -> np.ndarray:
+    """A matrix as a grayscale uint8 image (min black, max white), each entry a scale x scale block."""
+    low, high = np.nanmin(matrix), np.nanmax(matrix)
+    unit = (matrix - low) / (high - low) if high > low else np.zeros_like(matrix)
+    return np.kron(np.round(255 * unit).astype(np.uint8), np.ones((scale, scale), dtype=np.uint8))
+
+
 class CsvTable:
     """A CSV file rewritten whole (atomically) on every append, so new columns can appear and a resumed run
     can drop the rows the crashed run wrote after its last checkpoint."""
@@ -100,19 +107,32 @@ class RunRecorder:
         """One round's scalars, and the per-client values under metrics['clients'] when it was evaluated."""
         round = metrics["round"]
         per_client: dict[str, np.ndarray] = metrics.get("clients", {})
-        scalars = {k: v for k, v in metrics.items() if k != "clients"}
+        matrices: dict[str, np.ndarray] = metrics.get("matrices", {})
+        scalars = {k: v for k, v in metrics.items() if k not in ("clients", "matrices")}
+        self._save_matrices(round, matrices)
         self.metrics.append([scalars])
         if per_client:
             n = len(next(iter(per_client.values())))
             self.clients.append([{"round": round, "client": c, **{k: float(v[c]) for k, v in per_client.items()}}
                                  for c in range(n)])
         if self.wandb_run is not None:
-            self.wandb_run.log(self._wandb_payload(scalars, per_client), step=round)
+            self.wandb_run.log(self._wandb_payload(scalars, per_client, matrices), step=round)
 
-    def _wandb_payload(self, scalars: dict[str, Any], per_client: dict[str, np.ndarray]) -> dict[str, Any]:
+    def _save_matrices(self, round: int, matrices: dict[str, np.ndarray]) -> None:
+        """matrices/<name>_round<NNNN>.npy for each matrix an algorithm reported."""
+        if matrices:
+            folder = self.run_dir / "matrices"
+            folder.mkdir(exist_ok=True)
+            for name, matrix in matrices.items():
+                np.save(folder / f"{name.replace('/', '_')}_round{round:04d}.npy", np.asarray(matrix))
+
+    def _wandb_payload(self, scalars: dict[str, Any], per_client: dict[str, np.ndarray],
+                       matrices: dict[str, np.ndarray]) -> dict[str, Any]:
         import wandb
 
         payload = {k: v for k, v in scalars.items() if k != "round" and isinstance(v, (int, float))}
+        for name, matrix in matrices.items():
+            payload[f"matrices/{name}"] = wandb.Image(heatmap(np.asarray(matrix, dtype=float)), caption=name)
         for name, values in per_client.items():
             payload[f"clients/{name}_hist"] = wandb.Histogram(values)
             if len(values) <= self.settings.per_client_max:

@@ -44,8 +44,8 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
             state["elapsed"] += metrics["time/round_s"]
             recorder.log_round(metrics)
             if "clients" in metrics:
-                names = list(metrics["clients"])
-                state["last_eval"] = {k: v for k, v in metrics.items() if k != "clients"}
+                names = [name for name in metrics["clients"] if f"{split}/{name}_mean" in metrics]
+                state["last_eval"] = {k: v for k, v in metrics.items() if k not in ("clients", "matrices")}
                 _track_best(state["best"], state["last_eval"], f"{split}/{names[0]}")
                 status = _status(state["last_eval"], split, names)
                 progress.update(task, status=status)

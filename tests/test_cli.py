@@ -139,3 +139,19 @@ def test_an_installed_plugin_is_found_by_its_entry_point_and_runs(tmp_path, tiny
     assert main(args + ["--algorithm", "halfstep", "--algorithm.init_args.step", "0.25", "--run_name", "p"]) == 0
     config = (tmp_path / "runs" / "p" / "config.yaml").read_text()
     assert "halfstep_plugin.HalfStep" in config and "step: 0.25" in config
+
+
+def test_a_clustered_run_records_assignments_scores_and_matrices(tmp_path, tiny_run_args):
+    args = [a if a != "false" else "true" for a in tiny_run_args]  # with W&B, so heatmaps are logged too
+    data = ["--data.partition", "fedlight.datamodules.Rotations", "--data.partition.init_args.num_clusters", "2"]
+    assert main(args + data + ["--algorithm", "ocfl", "--run_name", "o"]) == 0
+    folder = tmp_path / "o"
+    with (folder / "clients.csv").open() as f:
+        header = f.readline().strip().split(",")
+    assert {"round", "client", "acc", "f1", "loss", "cluster"} <= set(header)
+    metrics_header = (folder / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"cluster/ari", "cluster/temperature", "cluster/count"} <= set(metrics_header)
+    matrices = sorted((folder / "matrices").glob("update_cosine_distance_round*.npy"))
+    assert matrices, "no similarity matrices saved"
+    gamma = np.load(matrices[0])
+    assert gamma.shape == (6, 6) and np.allclose(np.diag(gamma), 0) and np.allclose(gamma, gamma.T)
