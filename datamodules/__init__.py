@@ -10,3 +10,5 @@ from fedlight.datamodules.uci import AdultFederated, BankMarketingFederated, Dia
 from fedlight.datamodules.vision import (CIFAR10Federated, CIFAR100Federated, EMNISTFederated, FashionMNISTFederated,
                                          MNISTFederated, SVHNFederated, TorchvisionFederated)
 from fedlight.datamodules.wisdm import WISDMFederated
+from fedlight.datamodules.synthetic import SyntheticGaussians
+from fedlight.datamodules.heterogeneity import Heterogeneity

@@ -95,6 +95,7 @@ def print_components(console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    registry.short_names.cache_clear()
     argv = expand_short_names(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     cfg = parser.parse_args(argv)

@@ -7,6 +7,7 @@ matter.
 """
 from __future__ import annotations
 
+import warnings
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from fedlight.datamodules.base import ClientSplit, FederatedData, FederatedDataM
 from fedlight.evaluation import per_client_classification, summarize
 from fedlight.flat import FlatModel
 from fedlight.scores import clustering_scores
+from fedlight.vectorized import VectorizedTrainer, unsupported_reason
 from fedlight.worker import ClientTrainer
 
 
@@ -40,6 +42,9 @@ class FederationConfig:
         eval_split: the per-client split evaluated ("test", "val", or "train" for methods such as data
             clustering that are scored on the data they fit).
         eval_batch_size: rows per forward pass during evaluation and inference.
+        vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: all
+            of a round's clients on a CPU, as many as half the free memory holds on a GPU). Modules that cannot
+            be vectorized (BatchNorm in training mode, other optimizers) fall back to sequential training.
     """
 
     rounds: int = 20
@@ -50,11 +55,14 @@ class FederationConfig:
     eval_every: int = 1
     eval_split: str = "test"
     eval_batch_size: int = 4096
+    vectorize: int = 0
 
     def __post_init__(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"federation.{name} must be at least 1, got {getattr(self, name)}")
+        if self.vectorize < -1:
+            raise ValueError(f"federation.vectorize must be -1 (auto), 0 (off) or a client count, got {self.vectorize}")
         if self.eval_split not in ("test", "val", "train"):
             raise ValueError(f"federation.eval_split must be 'test', 'val' or 'train', got {self.eval_split!r}")
 
@@ -93,6 +101,7 @@ class Federation:
         self.initial_params = self.flat.read()
         self.trainer = ClientTrainer(self.fabric, model, self.flat, data.on_after_batch_transfer,
                                      self.config.batch_size, self.config.local_epochs)
+        self.vectorized = self._vectorized_trainer(model, data)
         self.train_sizes = torch.as_tensor(self.data.train.sizes(), device=self.device)
         self._eval_rows = {s: self._client_of_row(getattr(self.data, s)) for s in ("train", "val", "test")}
         self.round = 0
@@ -168,16 +177,53 @@ class Federation:
         return self.trainer.fit(start, x, y, self.client_seed(round, client), hook, epochs=epochs)
 
     def train_clients(self, round: int, clients: list[int]) -> Updates:
-        """Local training of the selected clients, one after another on the shared module."""
-        params, starts, losses = [], [], []
-        for client in clients:
-            start = self.algorithm.client_start(round, client)
-            trained, loss = self.algorithm.train_client(round, client, start)
-            params.append(trained)
-            starts.append(start)
-            losses.append(loss)
+        """Local training of the selected clients: one after another on the shared module, or in groups
+        through the vectorized trainer when it is on and the algorithm keeps the default local training."""
+        alg = self.algorithm
+        starts = torch.stack([alg.client_start(round, c) for c in clients])
+        if self.vectorized is not None and type(alg).train_client is Algorithm.train_client:
+            params, losses = self._train_vectorized(round, clients, starts)
+        else:
+            results = [alg.train_client(round, c, start) for c, start in zip(clients, starts)]
+            params, losses = torch.stack([r[0] for r in results]), torch.stack([r[1] for r in results])
         ids = torch.tensor(clients, device=self.device)
-        return Updates(ids, torch.stack(params), torch.stack(starts), self.train_sizes[ids], torch.stack(losses))
+        return Updates(ids, params, starts, self.train_sizes[ids], losses)
+
+    def _train_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor]:
+        alg = self.algorithm
+        size = self._vector_group_size(len(clients))
+        params, losses = [], []
+        for begin in range(0, len(clients), size):
+            group = clients[begin: begin + size]
+            hook = None
+            if type(alg).local_gradient is not Algorithm.local_gradient:
+                def hook(row: int, p: Tensor, g: Tensor, s: Tensor, group=group) -> None:
+                    alg.local_gradient(group[row], p, g, s)
+            trained, loss = self.vectorized.fit_many(
+                starts[begin: begin + size], [self.data.train.client(c) for c in group],
+                [self.client_seed(round, c) for c in group], hook)
+            params.append(trained)
+            losses.append(loss)
+        return torch.cat(params), torch.cat(losses)
+
+    def _vector_group_size(self, clients: int) -> int:
+        if self.config.vectorize > 0:
+            return self.config.vectorize
+        if self.device.type != "cuda":
+            return clients
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_client = self.flat.numel * self.flat.vector.element_size() * 8  # params, grads, state, temporaries
+        return max(1, min(clients, int(0.5 * free // per_client)))
+
+    def _vectorized_trainer(self, model: L.LightningModule, data: FederatedDataModule):
+        if not self.config.vectorize:
+            return None
+        reason = unsupported_reason(model, self.trainer.raw_optimizer, self.trainer.scaler)
+        if reason:
+            warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)
+            return None
+        return VectorizedTrainer(self.fabric, model, self.flat, self.trainer.raw_optimizer,
+                                 data.on_after_batch_transfer, self.config.batch_size, self.config.local_epochs)
 
     def run_round(self, round: int) -> dict[str, Any]:
         """Run round `round` (1-based) and return its metrics, with per-client values under 'clients' (and

@@ -2,6 +2,7 @@
 and models among the installed fedlight packages (and their own entry-point groups)."""
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -13,8 +14,10 @@ DATAMODULES = "fedlight.datamodules"
 MODELS = "fedlight.models"
 
 
+@functools.lru_cache(maxsize=None)
 def short_names(group: str = ALGORITHMS) -> dict[str, str]:
-    """Entry-point name -> dotted class path, for every installed plugin of `group`."""
+    """Entry-point name -> dotted class path, for every installed plugin of `group` (cached: the config loader
+    asks once per value; `cli.main` clears the cache so that each invocation sees newly installed plugins)."""
     return {ep.name: ep.value.replace(":", ".") for ep in entry_points(group=group)}
 
 

@@ -5,3 +5,4 @@ from fedlight.models.conv1d import Conv1DNet
 from fedlight.models.lenet import LeNet5
 from fedlight.models.mlp import MLP
 from fedlight.models.resnet import ResNet9, ResNet18, ResNet34
+from fedlight.models.centroids import CentroidModel

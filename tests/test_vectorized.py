@@ -1,0 +1,87 @@
+"""Vectorized client training gives the parameters sequential training gives, with the same seeds."""
+import pytest
+import torch
+from torch import nn
+
+from conftest import small_federation
+from fedlight.algorithm import Algorithm
+from fedlight.algorithms.fedavg import FedAvg
+from fedlight.algorithms.fedprox import FedProx
+from fedlight.datamodules import DigitsFederated, QuantitySkew
+from fedlight.federation import Federation, FederationConfig
+from fedlight.models import MLP, Classifier
+
+
+def mlp_federation(algorithm, vectorize=-1, optimizer="sgd", momentum=0.9, lr=0.05, num_clients=5, partition=None,
+                   batch_size=32, weight_decay=0.0):
+    """An MLP on digits: no max-pool ties, whose tie-breaking (a valid subgradient either way) can differ
+    between the batched and the single-model kernels and would blur an exact comparison."""
+    torch.manual_seed(0)
+    model = Classifier(MLP(64, [32], 10), optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    config = FederationConfig(rounds=2, local_epochs=2, batch_size=batch_size, accelerator="cpu", vectorize=vectorize)
+    return Federation(DigitsFederated(num_clients=num_clients, partition=partition), model, algorithm, config)
+
+
+class LastLayerPersonal(Algorithm):
+    def personal_layers(self, layers):
+        return layers[-1:]
+
+
+@pytest.mark.parametrize("make_algorithm", [FedAvg, lambda: FedProx(mu=0.5), LastLayerPersonal],
+                         ids=["fedavg", "fedprox", "personal"])
+def test_each_round_matches_sequential_training_from_the_same_server_state(make_algorithm):
+    """Both trainers start every round from the same server state (training at lr 0.1 with momentum 0.9
+    amplifies float rounding, so runs that drift apart for rounds are not compared)."""
+    fed = mlp_federation(make_algorithm())
+    alg, clients = fed.algorithm, list(range(5))
+    assert fed.vectorized is not None
+    hook_needed = type(alg).local_gradient is not Algorithm.local_gradient
+    for r in (1, 2):
+        vectorized = fed.train_clients(r, clients)
+        sequential = torch.stack([alg.train_client(r, c, vectorized.starts[c])[0] for c in clients])
+        assert torch.allclose(vectorized.params, sequential, atol=1e-6), r
+        if r == 2 and alg.personal is not None:
+            assert not torch.equal(vectorized.starts[0], vectorized.starts[1])  # clients start apart
+        vectorized.params = sequential
+        alg.pre_aggregation(r, vectorized), alg.aggregate(r, vectorized), alg.post_aggregation(r)
+    assert hook_needed == isinstance(alg, FedProx)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_matches(optimizer):
+    fed = mlp_federation(FedAvg(), optimizer=optimizer, lr=0.01, weight_decay=0.01, num_clients=4)
+    vectorized = fed.train_clients(1, [0, 1, 2, 3])
+    sequential = [fed.algorithm.train_client(1, c, vectorized.starts[c]) for c in range(4)]
+    # Adam divides by sqrt(v): rounding in near-zero gradients is amplified, hence 1e-5 rather than 1e-6
+    assert torch.allclose(vectorized.params, torch.stack([p for p, _ in sequential]), atol=1e-5)
+    assert torch.allclose(vectorized.train_loss, torch.stack([l for _, l in sequential]), atol=1e-6)
+
+
+def test_unequal_clients_take_their_own_number_of_steps_in_groups():
+    fed = mlp_federation(FedAvg(), vectorize=4, num_clients=6, partition=QuantitySkew(alpha=0.5, min_size=20),
+                         batch_size=16)  # groups of 4 and 2 clients
+    sizes = fed.data.train.sizes()
+    assert len(set(sizes.tolist())) > 3 and len(set((sizes % 16).tolist())) > 1
+    vectorized = fed.train_clients(1, list(range(6)))
+    sequential = torch.stack([fed.algorithm.train_client(1, c, vectorized.starts[c])[0] for c in range(6)])
+    assert torch.allclose(vectorized.params, sequential, atol=1e-6)
+
+
+def test_a_cnn_matches_up_to_max_pool_tie_breaking():
+    """With max pooling, ties between equal activations may be broken differently by the batched kernel;
+    the parameters still agree closely."""
+    fed = small_federation(FedAvg(), num_clients=4, momentum=0.9, lr=0.02, vectorize=-1)
+    vectorized = fed.train_clients(1, [0, 1, 2, 3])
+    sequential = torch.stack([fed.algorithm.train_client(1, c, vectorized.starts[c])[0] for c in range(4)])
+    assert (vectorized.params - sequential).abs().max() < 1e-3
+    assert (vectorized.params - sequential).abs().mean() < 1e-6
+
+
+def test_batchnorm_falls_back_to_sequential_training_and_says_so():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 10))
+    config = FederationConfig(rounds=1, accelerator="cpu", vectorize=-1)
+    with pytest.warns(UserWarning, match="BatchNorm2d"):
+        fed = Federation(DigitsFederated(num_clients=3), Classifier(net), FedAvg(), config)
+    assert fed.vectorized is None
+    fed.run_round(1)
