@@ -96,6 +96,11 @@ class Algorithm:
         an algorithm whose local objective is not a gradient step (local k-means) overrides this."""
         return self.fed.fit_client(round, client, start)
 
+    def learning_rate_scale(self, round: int) -> float:
+        """Factor on the clients' configured learning rate in this round (a server-side schedule such as a
+        per-round decay); 1 by default. Applied by sequential and vectorized training alike."""
+        return 1.0
+
     def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
         """Change the local objective by editing the flat gradient in place after each backward pass
         (e.g. a proximal term). `params` is the current flat model, `start` the one training began from.
@@ -179,6 +184,43 @@ class Algorithm:
         if self.personal_mask is not None:
             self.personal[updates.clients] = updates.params[:, self.personal_mask]
 
+    def set_personal_mask(self, mask: Tensor | None, updates: Updates | None = None) -> None:
+        """Make the entries where `mask` is True the personal part from now on (a schedule of how many layers
+        are shared, or a part that is not whole layers; see `fedlight.personalization`), re-slicing every
+        client's stored personal values. A mask with no True entry, or None, makes everything shared.
+
+        An entry that becomes personal starts, for a client in `updates`, from its trained value there, and
+        for every other client from its current model (`client_model`). An entry that stops being personal is
+        set, in each cluster model, to the training-set-size weighted mean of its members' personal values.
+        Storage stays (clients, personal entries)."""
+        device, dtype = self.models.device, self.models.dtype
+        new = None if mask is None or not bool(mask.any()) else mask.to(device=device, dtype=torch.bool)
+        nothing = torch.zeros(self.models.shape[1], dtype=torch.bool, device=device)
+        old_m = nothing if self.personal_mask is None else self.personal_mask
+        new_m = nothing if new is None else new
+        leaving = old_m & ~new_m
+        if leaving.any():
+            n = self.fed.num_clients
+            member = torch.zeros(len(self.models), n, dtype=dtype, device=device)
+            member[self.assignment, torch.arange(n, device=device)] = self.fed.train_sizes.to(dtype)
+            totals = member.sum(dim=1)
+            active = (totals > 0).nonzero().flatten()
+            rows = self.models[active]
+            rows[:, leaving] = (member[active] / totals[active, None]) @ self.personal[:, leaving[old_m]]
+            self.models[active] = rows
+        personal = None
+        if new is not None:
+            personal = self.models[:, new][self.assignment]  # shared until now: the cluster model's values
+            kept = old_m[new]
+            if kept.any():
+                personal[:, kept] = self.personal[:, new[old_m]]
+            if updates is not None and (~kept).any():
+                rows = personal[updates.clients]
+                rows[:, ~kept] = updates.params[:, new][:, ~kept]
+                personal[updates.clients] = rows
+        self.personal_mask, self.personal = new, personal
+
+    # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything that must survive a restart. Subclasses add their own keys with `super()`."""
         return {"models": self.models, "assignment": self.assignment, "personal": self.personal}

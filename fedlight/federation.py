@@ -55,7 +55,7 @@ class FederationConfig:
     eval_every: int = 1
     eval_split: str = "test"
     eval_batch_size: int = 4096
-    vectorize: int = 0
+    vectorize: int = -1
 
     def __post_init__(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
@@ -174,20 +174,35 @@ class Federation:
             def hook(params: Tensor, grad: Tensor, begin: Tensor) -> None:
                 alg.local_gradient(client, params, grad, begin)
         x, y = self.data.train.client(client)
-        return self.trainer.fit(start, x, y, self.client_seed(round, client), hook, epochs=epochs)
+        return self.trainer.fit(start, x, y, self.client_seed(round, client), hook,
+                                lr_scale=alg.learning_rate_scale(round), epochs=epochs)
 
     def train_clients(self, round: int, clients: list[int]) -> Updates:
         """Local training of the selected clients: one after another on the shared module, or in groups
         through the vectorized trainer when it is on and the algorithm keeps the default local training."""
         alg = self.algorithm
         starts = torch.stack([alg.client_start(round, c) for c in clients])
+        vectorized = None
         if self.vectorized is not None and type(alg).train_client is Algorithm.train_client:
-            params, losses = self._train_vectorized(round, clients, starts)
+            vectorized = self._try_vectorized(round, clients, starts)
+        if vectorized is not None:
+            params, losses = vectorized
         else:
             results = [alg.train_client(round, c, start) for c, start in zip(clients, starts)]
             params, losses = torch.stack([r[0] for r in results]), torch.stack([r[1] for r in results])
         ids = torch.tensor(clients, device=self.device)
         return Updates(ids, params, starts, self.train_sizes[ids], losses)
+
+    def _try_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Vectorized training, or None (and sequential training from then on) when the module's training
+        step fails under torch.func, e.g. because it reads values back with .item()."""
+        try:
+            return self._train_vectorized(round, clients, starts)
+        except Exception as error:  # any failure inside vmap: the module is not vectorizable
+            warnings.warn(f"vectorized training is off: training_step failed under torch.func ({error!r}); "
+                          "clients train one after another", stacklevel=2)
+            self.vectorized = None
+            return None
 
     def _train_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor]:
         alg = self.algorithm
@@ -201,7 +216,7 @@ class Federation:
                     alg.local_gradient(group[row], p, g, s)
             trained, loss = self.vectorized.fit_many(
                 starts[begin: begin + size], [self.data.train.client(c) for c in group],
-                [self.client_seed(round, c) for c in group], hook)
+                [self.client_seed(round, c) for c in group], hook, lr_scale=alg.learning_rate_scale(round))
             params.append(trained)
             losses.append(loss)
         return torch.cat(params), torch.cat(losses)

@@ -41,6 +41,8 @@ class _TrainingStep(nn.Module):
 
 def unsupported_reason(module: nn.Module, optimizer: torch.optim.Optimizer, scaler) -> str | None:
     """Why this module/optimizer cannot be trained vectorized, or None when it can."""
+    if not getattr(module, "automatic_optimization", True):
+        return "the module uses manual optimization"
     for name, sub in module.named_modules():
         if getattr(sub, "track_running_stats", False) and getattr(sub, "running_mean", None) is not None:
             return f"{name} ({type(sub).__name__}) updates running statistics in training mode"

@@ -85,3 +85,23 @@ def test_batchnorm_falls_back_to_sequential_training_and_says_so():
         fed = Federation(DigitsFederated(num_clients=3), Classifier(net), FedAvg(), config)
     assert fed.vectorized is None
     fed.run_round(1)
+
+
+class ReadsBackLoss(Classifier):
+    """A training_step that reads a value back (.item()), which torch.func cannot trace."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.last_loss = loss.item()
+        return loss
+
+
+def test_a_training_step_that_fails_under_vmap_falls_back_and_still_trains():
+    torch.manual_seed(0)
+    config = FederationConfig(rounds=1, accelerator="cpu", vectorize=-1)
+    fed = Federation(DigitsFederated(num_clients=3), ReadsBackLoss(MLP(64, [16], 10)), FedAvg(), config)
+    assert fed.vectorized is not None
+    with pytest.warns(UserWarning, match="training_step failed under torch.func"):
+        fed.run_round(1)
+    assert fed.vectorized is None and fed.module.last_loss > 0
+    assert not torch.equal(fed.algorithm.models[0], fed.initial_params)

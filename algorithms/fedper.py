@@ -1,0 +1,28 @@
+"""FedPer (Arivazhagan et al., 2019): base layers are federated, the last layers stay with each client."""
+from __future__ import annotations
+
+from fedlight.algorithm import Algorithm
+from fedlight.personalization import layer_count_mask
+
+
+class FedPer(Algorithm):
+    """FedAvg on the base (first) layers; every client keeps its own personalization layers (the last
+    `personal_layers` of the network's layer list), trains them with the base and is evaluated with them. The
+    server never averages or sends them. With `personal_layers=0` it is FedAvg.
+
+    Args:
+        personal_layers: how many layers, counted from the output, are personal; a half count (1.5) makes the
+            second half of the boundary layer personal as well (see `fedlight.personalization`). Default 2,
+            our choice following the FedTSDP spec's baseline (its CNN: fc1 + fc2); FedPer's paper varies it.
+        participation: share of clients selected each round.
+    """
+
+    def __init__(self, personal_layers: float = 2, participation: float = 1.0) -> None:
+        super().__init__(participation)
+        if personal_layers < 0:
+            raise ValueError(f"personal_layers must be >= 0, got {personal_layers}")
+        self.num_personal = personal_layers
+
+    def setup(self, fed) -> None:
+        super().setup(fed)
+        self.set_personal_mask(layer_count_mask(fed.flat, self.num_personal, "last"))
