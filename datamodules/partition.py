@@ -72,7 +72,21 @@ def _check_room(n: int, num_clients: int, min_size: int, scheme: str) -> None:
 
 
 # -- label and quantity skew -------------------------------------------------------------------------
-class Dirichlet(PartitionScheme):
+class _RedrawnScheme(PartitionScheme):
+    """A scheme drawing Dirichlet(alpha) proportions, redrawn until every client has `min_size` samples."""
+
+    def __init__(self, alpha: float = 0.5, min_size: int = 2, max_tries: int = _MAX_TRIES) -> None:
+        _check_positive("alpha", alpha)
+        _check_min_size(min_size)
+        self.alpha, self.min_size, self.max_tries = alpha, min_size, max_tries
+
+    def _give_up(self, num_clients: int) -> ValueError:
+        return ValueError(f"{type(self).__name__}(alpha={self.alpha}) could not give every one of {num_clients} "
+                          f"clients min_size={self.min_size} samples in {self.max_tries} draws: raise alpha, "
+                          "lower min_size, or use fewer clients")
+
+
+class Dirichlet(_RedrawnScheme):
     """Label skew by class-wise Dirichlet proportions (NIID-Bench "distribution-based label imbalance",
     as used by FLIS with Dir(0.1)).
 
@@ -86,11 +100,6 @@ class Dirichlet(PartitionScheme):
         min_size: the fewest samples any client may end with.
         max_tries: draws attempted before giving up with an error.
     """
-
-    def __init__(self, alpha: float = 0.5, min_size: int = 2, max_tries: int = _MAX_TRIES) -> None:
-        _check_positive("alpha", alpha)
-        _check_min_size(min_size)
-        self.alpha, self.min_size, self.max_tries = alpha, min_size, max_tries
 
     def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
                owners: np.ndarray | None = None) -> list[np.ndarray]:
@@ -110,9 +119,7 @@ class Dirichlet(PartitionScheme):
                     sizes[j] += len(chunk)
             if sizes.min() >= self.min_size:
                 return _sorted([np.concatenate(p) for p in parts])
-        raise ValueError(f"Dirichlet(alpha={self.alpha}) could not give every one of {num_clients} clients "
-                         f"min_size={self.min_size} samples in {self.max_tries} draws: raise alpha, lower "
-                         "min_size, or use fewer clients")
+        raise self._give_up(num_clients)
 
 
 class ClassesPerClient(PartitionScheme):
@@ -203,7 +210,7 @@ class Shards(PartitionScheme):
         return _sorted([np.concatenate([shards[s] for s in row]) for row in deal])
 
 
-class QuantitySkew(PartitionScheme):
+class QuantitySkew(_RedrawnScheme):
     """Quantity skew (NIID-Bench): client sizes follow Dir(alpha) proportions, samples are uniform, so
     label distributions stay IID while sizes differ. Redrawn until every client has `min_size` samples.
 
@@ -212,11 +219,6 @@ class QuantitySkew(PartitionScheme):
         min_size: the fewest samples any client may end with.
         max_tries: draws attempted before giving up with an error.
     """
-
-    def __init__(self, alpha: float = 0.5, min_size: int = 2, max_tries: int = _MAX_TRIES) -> None:
-        _check_positive("alpha", alpha)
-        _check_min_size(min_size)
-        self.alpha, self.min_size, self.max_tries = alpha, min_size, max_tries
 
     def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
                owners: np.ndarray | None = None) -> list[np.ndarray]:
@@ -227,9 +229,7 @@ class QuantitySkew(PartitionScheme):
             parts = _split_by_proportions(rng.permutation(n), p)
             if min(len(part) for part in parts) >= self.min_size:
                 return _sorted(parts)
-        raise ValueError(f"QuantitySkew(alpha={self.alpha}) could not give every one of {num_clients} clients "
-                         f"min_size={self.min_size} samples in {self.max_tries} draws: raise alpha, lower "
-                         "min_size, or use fewer clients")
+        raise self._give_up(num_clients)
 
 
 class Natural(PartitionScheme):

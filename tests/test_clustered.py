@@ -112,6 +112,30 @@ def test_cfl_does_not_split(settings, why):
     assert len(alg.models) == 1, why
 
 
+def opposed_within_clusters(assignment: torch.Tensor, d: int) -> torch.Tensor:
+    """Deltas whose mean is zero inside every cluster: members alternate between +v and -v (plus a small
+    distinct component), so every cluster of more than two members meets the split criterion."""
+    deltas = torch.zeros(len(assignment), d)
+    for cluster in assignment.unique():
+        members = (assignment == cluster).nonzero().flatten()
+        for rank, i in enumerate(members.tolist()):
+            deltas[i, 0] = 1.0 if rank % 2 == 0 else -1.0
+            deltas[i, 1] = 0.01 if rank % 4 < 2 else -0.01
+    return deltas
+
+
+def test_cfl_cooldown_keeps_fresh_children_from_splitting_again():
+    fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0, split_cooldown=3), num_clients=8)
+    alg = fed.algorithm
+    d = fed.flat.numel
+    alg.pre_aggregation(1, updates_from_deltas(opposed_within_clusters(alg.assignment, d), alg.models[0]))
+    assert len(alg.models) == 2
+    for round, expected in ((2, 2), (3, 2), (4, 4)):  # children born in round 1 may split from round 4 on
+        deltas = opposed_within_clusters(alg.assignment, d)
+        alg.pre_aggregation(round, updates_from_deltas(deltas, alg.models[0]))
+        assert len(alg.models) == expected, round
+
+
 def test_cfl_does_not_split_when_clients_agree():
     fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0), num_clients=4)
     alg = fed.algorithm
