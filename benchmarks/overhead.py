@@ -2,7 +2,9 @@
 
 Same network, same initial weights, same client data, same batch order (the plain loop draws its permutations
 from the same per-client seeds), same optimizer and steps. The script checks that both end with the same
-global model, then times rounds of each, interleaved, and prints the median times and their ratio.
+global model, then times rounds of each, interleaved, and prints the median times and their ratio. fedlight
+trains clients one after another here (`vectorize=0`), as the plain loop does; a third column times the same
+round with fedlight's vectorized client training (the default), which is not the same computation order.
 
     python benchmarks/overhead.py                      # CPU, 20 digits clients, SmallCNN
     python benchmarks/overhead.py --accelerator cuda --precision bf16-mixed
@@ -23,11 +25,12 @@ from fedlight.federation import Federation, FederationConfig
 from fedlight.models import Classifier, SmallCNN
 
 
-def build(args: argparse.Namespace) -> Federation:
+def build(args: argparse.Namespace, vectorize: int = 0) -> Federation:
     torch.manual_seed(0)
     model = Classifier(SmallCNN(1, 10, 8), optimizer="sgd", lr=0.05, momentum=0.9)
     config = FederationConfig(rounds=10**6, local_epochs=args.local_epochs, batch_size=args.batch_size,
-                              accelerator=args.accelerator, precision=args.precision, eval_every=10**6)
+                              accelerator=args.accelerator, precision=args.precision, eval_every=10**6,
+                              vectorize=vectorize)
     return Federation(DigitsFederated(num_clients=args.clients), model, FedAvg(), config, seed=0)
 
 
@@ -83,15 +86,17 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
 
-    fed, plain = build(args), None
+    fed = build(args)
     plain = PlainLoop(fed)
     fed.run_round(1), plain.round(1)  # warm-up, and the equivalence check below
     ours = fed.algorithm.models[0]
     theirs = torch.cat([plain.global_state[e.name.removeprefix("network.")].flatten() for e in fed.flat.entries])
     max_diff = float((ours - theirs).abs().max())
-    times: dict[str, list[float]] = {"fedlight": [], "plain": []}
+    vectorized = build(args, vectorize=-1)
+    vectorized.run_round(1)
+    times: dict[str, list[float]] = {"fedlight": [], "plain": [], "vectorized": []}
     for r in range(2, args.rounds + 2):
-        for name, step in (("fedlight", fed.run_round), ("plain", plain.round)):
+        for name, step in (("fedlight", fed.run_round), ("plain", plain.round), ("vectorized", vectorized.run_round)):
             sync(fed.device)
             started = time.perf_counter()
             step(r)
@@ -102,11 +107,14 @@ def main() -> None:
               "local_epochs": args.local_epochs, "batch_size": args.batch_size, "rounds_timed": args.rounds,
               "fedlight_round_s": median["fedlight"], "plain_round_s": median["plain"],
               "ratio": median["fedlight"] / median["plain"], "max_param_diff_after_round_1": max_diff,
+              "vectorized_round_s": median["vectorized"], "vectorized_speedup_vs_plain": median["plain"] / median["vectorized"],
               "torch_threads": torch.get_num_threads()}
-    print("| device | precision | clients | fedlight s/round | plain s/round | ratio | max param diff |")
-    print("|---|---|---|---|---|---|---|")
+    print("| device | precision | clients | fedlight s/round | plain s/round | ratio | max param diff | "
+          "vectorized s/round | vectorized speed-up |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print(f"| {result['device']} | {result['precision']} | {args.clients} | {median['fedlight']:.4f} | "
-          f"{median['plain']:.4f} | {result['ratio']:.3f} | {max_diff:.2e} |")
+          f"{median['plain']:.4f} | {result['ratio']:.3f} | {max_diff:.2e} | {median['vectorized']:.4f} | "
+          f"{result['vectorized_speedup_vs_plain']:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
