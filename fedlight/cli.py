@@ -22,7 +22,8 @@ from fedlight.federation import Federation, FederationConfig
 from fedlight.recorder import LoggerConfig
 
 PARSER_MODE = "fedlight_yaml"
-set_loader(PARSER_MODE, lambda text: registry.resolve_class_paths(yaml.safe_load(text)), (yaml.YAMLError,))
+set_loader(PARSER_MODE, lambda text: registry.resolve_class_paths(registry.check_dotted_keys(yaml.safe_load(text))),
+           (yaml.YAMLError,))
 
 
 def fit_parser() -> ArgumentParser:
@@ -98,8 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     registry.short_names.cache_clear()
     argv = expand_short_names(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    cfg = parser.parse_args(argv)
     console = Console()
+    try:
+        cfg = parser.parse_args(argv)
+    except ValueError as error:  # raised by the config loader (jsonargparse reports its own errors itself)
+        console.print(f"[red]fedlight: error:[/red] {error}")
+        return 2
     if cfg.command == "list":
         print_components(console)
         return 0

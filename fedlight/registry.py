@@ -37,6 +37,21 @@ def resolve_class_paths(value: Any, names: dict[str, str] | None = None) -> Any:
     return value
 
 
+def check_dotted_keys(document: Any) -> Any:
+    """Refuse `section.key: value` beside `section:` in the same YAML mapping: jsonargparse would replace the
+    whole section (with the bare base class when `section` names a file) instead of merging the key."""
+    if isinstance(document, dict):
+        for key in document:
+            head = key.split(".", 1)[0] if isinstance(key, str) and "." in key else None
+            if head is not None and head in document:
+                raise ValueError(f"config key {key!r} sits beside {head!r} in the same mapping, which would replace "
+                                 f"{head!r} rather than change it: nest it under {head!r}, or pass "
+                                 f"--{key} on the command line")
+        for value in document.values():
+            check_dotted_keys(value)
+    return document
+
+
 def _classes_in_package(package: str, base: type) -> dict[str, str]:
     """Concrete subclasses of `base` defined in the modules of `package`: name -> dotted path."""
     found: dict[str, str] = {}

@@ -155,3 +155,17 @@ def test_a_clustered_run_records_assignments_scores_and_matrices(tmp_path, tiny_
     assert matrices, "no similarity matrices saved"
     gamma = np.load(matrices[0])
     assert gamma.shape == (6, 6) and np.allclose(np.diag(gamma), 0) and np.allclose(gamma, gamma.T)
+
+
+def test_a_dotted_key_beside_its_section_is_refused_instead_of_replacing_it(tmp_path, capsys):
+    (tmp_path / "data.yaml").write_text("class_path: fedlight.datamodules.DigitsFederated\n"
+                                        "init_args: {num_clients: 7, public_size: 50}\n")
+    (tmp_path / "run.yaml").write_text(textwrap.dedent("""\
+        data: data.yaml
+        data.init_args.num_clients: 30
+        model: {class_path: fedlight.models.Classifier, init_args: {network: fedlight.models.SmallCNN}}
+        """))
+    assert main(["fit", "--config", str(tmp_path / "run.yaml"), "--output_dir", str(tmp_path / "runs")]) == 2
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "data.init_args.num_clients" in out and "--data.init_args.num_clients" in out
+    assert not (tmp_path / "runs").exists()
