@@ -20,6 +20,7 @@ from fedlight.algorithm import Algorithm
 from fedlight.datamodules.base import FederatedDataModule
 from fedlight.federation import Federation, FederationConfig
 from fedlight.recorder import LoggerConfig
+from fedlight.runner import fit
 
 PARSER_MODE = "fedlight_yaml"
 set_loader(PARSER_MODE, lambda text: registry.resolve_class_paths(registry.check_dotted_keys(yaml.safe_load(text))),
@@ -46,7 +47,8 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fedlight", description="Clustered and personalized federated learning.",
                             parser_mode=PARSER_MODE)
     commands = parser.add_subcommands(dest="command")
-    commands.add_subcommand("fit", fit_parser(), help="run one federated training")
+    parser.fit_parser = fit_parser()  # kept for dumping and instantiating the `fit` section
+    commands.add_subcommand("fit", parser.fit_parser, help="run one federated training")
     commands.add_subcommand("list", ArgumentParser(description="List algorithms, data and models."),
                             help="list algorithms, data modules and models, entry points included")
     return parser
@@ -82,8 +84,6 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     (run_dir / "config.yaml").write_text(config_text)
     init = parser.instantiate_classes(cfg)
     federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed)
-    from fedlight.runner import fit
-
     return fit(federation, run_dir, yaml.safe_load(config_text), init.logger, run_dir.name,
                cfg.checkpoint_every, resume=bool(cfg.resume), console=console)
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         print_components(console)
         return 0
     try:
-        run_fit(parser._subcommands_action._name_parser_map["fit"], cfg.fit, console)
+        run_fit(parser.fit_parser, cfg.fit, console)
     except (FileNotFoundError, ValueError) as error:
         if os.environ.get("FEDLIGHT_DEBUG"):
             raise

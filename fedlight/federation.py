@@ -253,10 +253,10 @@ class Federation:
         metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients),
                                    "train/loss": float(updates.train_loss.mean())}
         metrics.update(alg.round_metrics())
-        metrics.update(self.score_clusters())
+        clusters = alg.cluster_labels()
+        metrics.update(self.score_clusters(clusters))
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             metrics.update(self.evaluate())
-            clusters = alg.cluster_labels()
             if clusters is not None:
                 metrics["clients"]["cluster"] = np.asarray(clusters)
         matrices = alg.round_matrices()
@@ -264,9 +264,8 @@ class Federation:
             metrics["matrices"] = matrices
         return metrics
 
-    def score_clusters(self) -> dict[str, float]:
-        """The algorithm's client clusters against the split's true clusters (when both exist)."""
-        predicted = self.algorithm.cluster_labels()
+    def score_clusters(self, predicted: np.ndarray | None) -> dict[str, float]:
+        """A client clustering against the split's true clusters (when both exist)."""
         if predicted is None:
             return {}
         scores = {"cluster/count": float(len(np.unique(predicted)))}

@@ -127,10 +127,6 @@ class FlatModel:
         chosen = set(layers)
         return self.mask(lambda e: e.layer in chosen)
 
-    def to_state_dict(self, vector: Tensor) -> dict[str, Tensor]:
-        """Named tensors of a flat vector (for saving a model in the usual form)."""
-        return {e.name: vector[e.start: e.stop].view(e.shape) for e in self.entries}
-
 
 def _declared_layers(module: nn.Module) -> list[str]:
     """The layer names a network declares through `layer_names()`, looked up on the module or its children."""

@@ -213,3 +213,15 @@ def test_flis_hc_recovers_rotation_clusters_after_phase_zero():
 
     assert adjusted_rand_score(truth, labels) == 1.0
     assert not any(torch.equal(m, fed.initial_params) for m in fed.algorithm.models)  # trained in round 1
+
+
+def test_the_logged_cluster_of_each_client_is_the_clustering_that_was_scored():
+    """IFCA assigns only the selected clients during a round and every client when it is evaluated; the
+    cluster column logged with the per-client metrics must still be the assignment the ARI was computed from."""
+    from sklearn.metrics import adjusted_rand_score
+
+    fed = small_federation(IFCA(num_clusters=3, participation=0.5), num_clients=8, partition=Rotations(2))
+    for round in (1, 2, 3):
+        metrics = fed.run_round(round)
+        logged = metrics["clients"]["cluster"]
+        assert adjusted_rand_score(fed.data.cluster_labels, logged) == pytest.approx(metrics["cluster/ari"])

@@ -1,5 +1,6 @@
 """A regular (non-editable) install gives fedlight, fedlight.algorithms, fedlight.models and
 fedlight.datamodules, and no top-level `models`, `algorithms` or `datamodules` package."""
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +9,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_install_maps_the_top_level_folders_under_fedlight(tmp_path):
+    source = tmp_path / "source"  # pip builds in the source tree: build a copy, not the checkout
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "runs", "*.egg-info",
+                                                                "__pycache__", "wandb"))
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-compile", "--target", str(target), str(ROOT)], check=True, capture_output=True)
+                    "--no-compile", "--target", str(target), str(source)], check=True, capture_output=True)
     assert (target / "fedlight" / "algorithms" / "fedavg.py").is_file()
     assert (target / "fedlight" / "models" / "classifier.py").is_file()
     assert (target / "fedlight" / "datamodules" / "digits.py").is_file()
