@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
-import torch.nn.functional as F
+
+from plain_loop import PlainLoop
+from timing import interleaved_medians
 
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.datamodules import DigitsFederated
@@ -34,47 +34,6 @@ def build(args: argparse.Namespace, vectorize: int = 0) -> Federation:
     return Federation(DigitsFederated(num_clients=args.clients), model, FedAvg(), config, seed=0)
 
 
-class PlainLoop:
-    """The same FedAvg round written directly in PyTorch: state dicts, a fresh optimizer per client."""
-
-    def __init__(self, fed: Federation) -> None:
-        torch.manual_seed(0)
-        self.net = SmallCNN(1, 10, 8).to(fed.device)
-        self.global_state = {k: v.clone() for k, v in self.net.state_dict().items()}
-        self.fed = fed
-        self.autocast = fed.fabric.autocast
-
-    def round(self, round: int) -> None:
-        fed, net = self.fed, self.net
-        states, sizes = [], []
-        for client in range(fed.num_clients):
-            net.load_state_dict(self.global_state)
-            optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-            x, y = fed.data.train.client(client)
-            seed = fed.client_seed(round, client)
-            torch.manual_seed(seed)
-            generator = torch.Generator(device=x.device).manual_seed(seed)
-            net.train()
-            for _ in range(fed.config.local_epochs):
-                order = torch.randperm(len(y), generator=generator, device=x.device)
-                for begin in range(0, len(y), fed.config.batch_size):
-                    rows = order[begin: begin + fed.config.batch_size]
-                    with self.autocast():
-                        loss = F.cross_entropy(net(x[rows]), y[rows])
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
-            states.append({k: v.clone() for k, v in net.state_dict().items()})
-            sizes.append(len(y))
-        total = sum(sizes)
-        self.global_state = {k: sum(s[k] * (n / total) for s, n in zip(states, sizes)) for k in states[0]}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=20)
@@ -87,22 +46,14 @@ def main() -> None:
     args = parser.parse_args()
 
     fed = build(args)
-    plain = PlainLoop(fed)
+    plain = PlainLoop(fed, lambda: SmallCNN(1, 10, 8), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
     fed.run_round(1), plain.round(1)  # warm-up, and the equivalence check below
-    ours = fed.algorithm.models[0]
-    theirs = torch.cat([plain.global_state[e.name.removeprefix("network.")].flatten() for e in fed.flat.entries])
-    max_diff = float((ours - theirs).abs().max())
+    theirs = plain.flat_global([e.name for e in fed.flat.entries])
+    max_diff = float((fed.algorithm.models[0] - theirs).abs().max())
     vectorized = build(args, vectorize=-1)
     vectorized.run_round(1)
-    times: dict[str, list[float]] = {"fedlight": [], "plain": [], "vectorized": []}
-    for r in range(2, args.rounds + 2):
-        for name, step in (("fedlight", fed.run_round), ("plain", plain.round), ("vectorized", vectorized.run_round)):
-            sync(fed.device)
-            started = time.perf_counter()
-            step(r)
-            sync(fed.device)
-            times[name].append(time.perf_counter() - started)
-    median = {k: statistics.median(v) for k, v in times.items()}
+    median = interleaved_medians({"fedlight": fed.run_round, "plain": plain.round, "vectorized": vectorized.run_round},
+                                 args.rounds, fed.device)
     result = {"device": str(fed.device), "precision": fed.precision, "clients": args.clients,
               "local_epochs": args.local_epochs, "batch_size": args.batch_size, "rounds_timed": args.rounds,
               "fedlight_round_s": median["fedlight"], "plain_round_s": median["plain"],

@@ -15,7 +15,7 @@ parameter groups, a gradient scaler) are reported by `unsupported_reason` and tr
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -59,44 +59,73 @@ def unsupported_reason(module: nn.Module, optimizer: torch.optim.Optimizer, scal
 
 
 class FunctionalOptimizer:
-    """torch.optim's SGD / Adam / AdamW update rules on stacked rows (one row per client)."""
+    """torch.optim's SGD / Adam / AdamW update rules on stacked rows (one row per client).
+
+    The update is done in place: on the stored rows themselves when a step involves every client (the common
+    case), otherwise on gathered copies that are scattered back. Which rows have a momentum buffer is known on
+    the host, so no step reads a value back from the device."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.kind = type(optimizer).__name__
         self.h = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
 
-    def init_state(self, params: Tensor) -> dict[str, Tensor]:
+    def init_state(self, params: Tensor) -> dict[str, Any]:
         zeros = torch.zeros_like(params)
         if self.kind == "SGD":
-            return {"momentum": zeros, "started": torch.zeros(len(params), dtype=torch.bool, device=params.device)}
+            return {"momentum": zeros, "started": [False] * len(params)}
         return {"m": zeros, "v": zeros.clone(), "t": torch.zeros(len(params), dtype=params.dtype, device=params.device)}
 
-    def step(self, params: Tensor, grads: Tensor, state: dict[str, Tensor], rows: Tensor, lr: float) -> None:
-        """Update `params[rows]` in place from `grads` (one row per entry of `rows`)."""
-        h, p = self.h, params[rows]
+    def step(self, params: Tensor, grads: Tensor, state: dict[str, Any], rows: Tensor, lr: float) -> None:
+        """Update `params[rows]` in place from `grads` (one row per entry of `rows`; `grads` is consumed)."""
+        every = len(rows) == len(params)  # rows are distinct, so this means all of them
+
+        def take(stored: Tensor) -> Tensor:
+            return stored if every else stored[rows]
+
+        def put(stored: Tensor, value: Tensor) -> None:
+            if not every:
+                stored[rows] = value
+
+        h, p, g = self.h, take(params), grads
         if self.kind == "SGD":
-            g = grads + h["weight_decay"] * p if h["weight_decay"] else grads
+            if h["weight_decay"]:
+                g.add_(p, alpha=h["weight_decay"])
             if h["momentum"]:
-                buf = state["momentum"][rows]
-                started = state["started"][rows, None]
-                buf = torch.where(started, h["momentum"] * buf + (1 - h["dampening"]) * g, g)
-                state["momentum"][rows] = buf
-                state["started"][rows] = True
-                g = g + h["momentum"] * buf if h["nesterov"] else buf
-            params[rows] = p - lr * g
+                buf = take(state["momentum"])
+                g = self._momentum(g, buf, state["started"], rows.tolist())
+                put(state["momentum"], buf)
+            p.sub_(g, alpha=lr)
+            put(params, p)
             return
         beta1, beta2 = h["betas"]
         if self.kind == "AdamW" or h.get("decoupled_weight_decay", False):
-            p = p * (1 - lr * h["weight_decay"])
-            g = grads
-        else:
-            g = grads + h["weight_decay"] * p if h["weight_decay"] else grads
-        m = beta1 * state["m"][rows] + (1 - beta1) * g
-        v = beta2 * state["v"][rows] + (1 - beta2) * g * g
-        t = state["t"][rows] + 1
-        state["m"][rows], state["v"][rows], state["t"][rows] = m, v, t
+            p.mul_(1 - lr * h["weight_decay"])
+        elif h["weight_decay"]:
+            g.add_(p, alpha=h["weight_decay"])
+        m, v, t = take(state["m"]), take(state["v"]), take(state["t"])
+        m.mul_(beta1).add_(g, alpha=1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        t.add_(1)
+        put(state["m"], m), put(state["v"], v), put(state["t"], t)
         bias1, bias2 = (1 - beta1**t)[:, None], (1 - beta2**t)[:, None]
-        params[rows] = p - (lr / bias1) * m / (v.sqrt() / bias2.sqrt() + h["eps"])
+        p.sub_((lr / bias1) * m / (v.sqrt() / bias2.sqrt() + h["eps"]))
+        put(params, p)
+
+    def _momentum(self, g: Tensor, buf: Tensor, started: list[bool], rows: list[int]) -> Tensor:
+        """SGD's momentum buffer update (the buffer starts as the first gradient); returns the step direction.
+        `buf` is updated in place; with Nesterov the direction is g + momentum * buf."""
+        h = self.h
+        first = [not started[r] for r in rows]
+        if all(first):
+            buf.copy_(g)
+        elif not any(first):
+            buf.mul_(h["momentum"]).add_(g, alpha=1 - h["dampening"])
+        else:
+            fresh = torch.tensor(first, device=g.device)[:, None]
+            buf.copy_(torch.where(fresh, g, h["momentum"] * buf + (1 - h["dampening"]) * g))
+        for r in rows:
+            started[r] = True
+        return g.add_(buf, alpha=h["momentum"]) if h["nesterov"] else buf
 
 
 class VectorizedTrainer:
@@ -116,12 +145,22 @@ class VectorizedTrainer:
             offsets.append(offset)
             offset += e.numel
         self.param_offsets = offsets
+        self._names = [f"inner.{e.name}" for e in self.param_entries]
         self._grad_and_loss = vmap(grad_and_value(self._loss), in_dims=(0, None, 0, 0, None), randomness="different")
 
-    def _loss(self, params: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor, batch_idx: int) -> Tensor:
-        named = {f"inner.{e.name}": params[o: o + e.numel].view(e.shape)
-                 for e, o in zip(self.param_entries, self.param_offsets)}
-        return functional_call(self.step_module, {**named, **buffers}, ((x, y), batch_idx))
+    def _loss(self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
+              batch_idx: int) -> Tensor:
+        return functional_call(self.step_module, {**dict(zip(self._names, tensors)), **buffers}, ((x, y), batch_idx))
+
+    def _grads(self, params: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor,
+               step: int) -> tuple[Tensor, Tensor]:
+        """(stacked flat gradients, losses) of the rows of `params`. Differentiating with respect to one view
+        per parameter tensor and concatenating once is O(d); differentiating slices of one flat row would
+        build a full-length zero gradient per tensor and add them all up."""
+        views = tuple(params[:, o: o + e.numel].view(len(params), *e.shape)
+                      for e, o in zip(self.param_entries, self.param_offsets))
+        grads, losses = self._grad_and_loss(views, buffers, x, y, step)
+        return torch.cat([g.reshape(len(params), -1) for g in grads], dim=1), losses
 
     def fit_many(self, starts: Tensor, data: list[tuple[Tensor, Tensor]], seeds: list[int],
                  row_hook: RowHook | None = None, lr_scale: float = 1.0) -> tuple[Tensor, Tensor]:
@@ -152,7 +191,7 @@ class VectorizedTrainer:
                     index = index + offsets[rows, None]
                     x, y = self._transform(x_all[index], y_all[index])
                     with self.fabric.autocast():
-                        grads, losses = self._grad_and_loss(params[rows], buffers, x, y, step)
+                        grads, losses = self._grads(params[rows], buffers, x, y, step)
                     if row_hook is not None:
                         grads = self._apply_hook(row_hook, rows, params, grads, starts, grad_rows)
                     self.optimizer.step(params, grads.to(params.dtype), state, rows, lr)
