@@ -9,6 +9,7 @@ some layers are personal, each client's personal part. A clustered algorithm cha
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,43 @@ class Updates:
         """The updates of the rows selected by a boolean mask or an index tensor."""
         return Updates(self.clients[rows], self.params[rows], self.starts[rows], self.num_samples[rows],
                        self.train_loss[rows])
+
+
+class ClusterAverage:
+    """Weighted sums of rows per cluster, so that a cluster-wise average can take its rows a group at a time
+    (a round's clients need not all be in memory at once)."""
+
+    def __init__(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.sums = torch.zeros(clusters, dim, dtype=dtype, device=device)
+        self.totals = torch.zeros(clusters, dtype=dtype, device=device)
+
+    def add(self, clusters: Tensor, weights: Tensor, values: Tensor) -> None:
+        """Add row i of `values` with weight `weights[i]` to cluster `clusters[i]`: one matrix product."""
+        member = torch.zeros(len(self.sums), len(values), dtype=values.dtype, device=values.device)
+        member[clusters, torch.arange(len(values), device=values.device)] = weights.to(values.dtype)
+        self.sums.addmm_(member.to(self.sums.dtype), values.to(self.sums.dtype))
+        self.totals += member.sum(dim=1).to(self.totals.dtype)
+
+    def means(self) -> tuple[Tensor, Tensor]:
+        """(clusters that received weight, their weighted means)."""
+        active = (self.totals > 0).nonzero().flatten()
+        return active, self.sums[active] / self.totals[active, None]
+
+
+class ClientModels(Sequence):
+    """Every client's own model, built on demand by `client_model`: evaluating n personalized clients then
+    needs one full model at a time besides the stored personal parts, not n full models."""
+
+    def __init__(self, algorithm: "Algorithm") -> None:
+        self.algorithm = algorithm
+
+    def __len__(self) -> int:
+        return self.algorithm.fed.num_clients
+
+    def __getitem__(self, client: int) -> Tensor:
+        if not 0 <= client < len(self):
+            raise IndexError(f"client {client} out of range for {len(self)} clients")
+        return self.algorithm.client_model(client)
 
 
 class Algorithm:
@@ -112,8 +150,28 @@ class Algorithm:
     def aggregate(self, round: int, updates: Updates) -> None:
         """Average the shared part of the updates within each cluster (weighted by training-set size) and keep
         each client's personal part."""
-        self.average_into_clusters(updates, self.aggregation_weights(updates))
-        self.store_personal(updates)
+        self.aggregate_groups(round, [updates])
+
+    def aggregate_groups(self, round: int, groups: Iterable[Updates]) -> Tensor:
+        """`aggregate` over a round's updates arriving a group of clients at a time: running weighted sums per
+        cluster, each group's personal parts stored as it arrives. Returns every client's training loss.
+
+        The engine calls this instead of `pre_aggregation` + `aggregate` when an algorithm overrides neither
+        (`aggregates_in_groups`), so a round holds one group's models at a time, never all of them."""
+        average = ClusterAverage(len(self.models), self.models.shape[1], self.models.dtype, self.models.device)
+        losses = []
+        for updates in groups:
+            average.add(self.assignment[updates.clients], self.aggregation_weights(updates), updates.params)
+            self.store_personal(updates)
+            losses.append(updates.train_loss)
+        self.set_shared(*average.means())
+        return torch.cat(losses)
+
+    def aggregates_in_groups(self) -> bool:
+        """True when aggregation needs nothing but running sums (neither `pre_aggregation` nor `aggregate` is
+        overridden), so the engine may hand the updates over group by group through `aggregate_groups`."""
+        cls = type(self)
+        return cls.pre_aggregation is Algorithm.pre_aggregation and cls.aggregate is Algorithm.aggregate
 
     def post_aggregation(self, round: int) -> None:
         """After averaging: schedules (learning rates, how many layers are shared) and bookkeeping."""
@@ -128,13 +186,13 @@ class Algorithm:
         model[self.personal_mask] = self.personal[client]
         return model
 
-    def evaluation_models(self) -> tuple[Tensor, Tensor]:
+    def evaluation_models(self) -> tuple[Tensor | Sequence[Tensor], Tensor]:
         """(models, group of each client): clients of one group share one model, so the engine evaluates each
-        model once over its clients' data. Personalized algorithms give every client its own model."""
+        model once over its clients' data. Personalized algorithms give every client its own model, built one
+        at a time (`ClientModels`)."""
         if self.personal_mask is None:
             return self.models, self.assignment
-        n = self.fed.num_clients
-        return torch.stack([self.client_model(c) for c in range(n)]), torch.arange(n, device=self.fed.device)
+        return ClientModels(self), torch.arange(self.fed.num_clients, device=self.fed.device)
 
     def cluster_labels(self) -> np.ndarray | None:
         """The current client-to-cluster assignment, scored against the true clusters when the split has
@@ -159,12 +217,9 @@ class Algorithm:
         """(clusters with at least one client this round, weighted mean of their clients' `values`), as one
         matrix product over a weighted membership matrix. `values` defaults to the trained models."""
         values = updates.params if values is None else values
-        clusters = self.assignment[updates.clients]
-        member = torch.zeros(len(self.models), len(updates), dtype=values.dtype, device=values.device)
-        member[clusters, torch.arange(len(updates), device=values.device)] = weights.to(values.dtype)
-        totals = member.sum(dim=1)
-        active = (totals > 0).nonzero().flatten()
-        return active, (member[active] / totals[active, None]) @ values
+        average = ClusterAverage(len(self.models), values.shape[1], values.dtype, values.device)
+        average.add(self.assignment[updates.clients], weights, values)
+        return average.means()
 
     def average_into_clusters(self, updates: Updates, weights: Tensor, values: Tensor | None = None) -> None:
         """Set each cluster's shared parameters to the weighted mean of its clients' `values` (default: the
@@ -200,13 +255,11 @@ class Algorithm:
         new_m = nothing if new is None else new
         leaving = old_m & ~new_m
         if leaving.any():
-            n = self.fed.num_clients
-            member = torch.zeros(len(self.models), n, dtype=dtype, device=device)
-            member[self.assignment, torch.arange(n, device=device)] = self.fed.train_sizes.to(dtype)
-            totals = member.sum(dim=1)
-            active = (totals > 0).nonzero().flatten()
+            average = ClusterAverage(len(self.models), int(leaving.sum()), dtype, device)
+            average.add(self.assignment, self.fed.train_sizes, self.personal[:, leaving[old_m]])
+            active, means = average.means()
             rows = self.models[active]
-            rows[:, leaving] = (member[active] / totals[active, None]) @ self.personal[:, leaving[old_m]]
+            rows[:, leaving] = means
             self.models[active] = rows
         personal = None
         if new is not None:

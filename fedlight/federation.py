@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,9 @@ from fedlight.vectorized import VectorizedTrainer, unsupported_reason
 from fedlight.worker import ClientTrainer
 
 
+CPU_GROUP = 256  # clients per group on a CPU: enough for full-width vectorized steps, bounded memory
+
+
 @dataclass
 class FederationConfig:
     """How the federation runs.
@@ -42,9 +46,11 @@ class FederationConfig:
         eval_split: the per-client split evaluated ("test", "val", or "train" for methods such as data
             clustering that are scored on the data they fit).
         eval_batch_size: rows per forward pass during evaluation and inference.
-        vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: all
-            of a round's clients on a CPU, as many as half the free memory holds on a GPU). Modules that cannot
-            be vectorized (BatchNorm in training mode, other optimizers) fall back to sequential training.
+        vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: up to
+            256 of a round's clients on a CPU, as many as half the free memory holds on a GPU). Modules that
+            cannot be vectorized (BatchNorm in training mode, other optimizers) fall back to sequential
+            training. An algorithm that aggregates by running sums (FedAvg, FedProx, FedPer, ...) also
+            receives the updates in groups of this size, so memory does not grow with clients x parameters.
     """
 
     rounds: int = 20
@@ -193,6 +199,13 @@ class Federation:
         ids = torch.tensor(clients, device=self.device)
         return Updates(ids, params, starts, self.train_sizes[ids], losses)
 
+    def train_groups(self, round: int, clients: list[int]) -> Iterator[Updates]:
+        """`train_clients` a group at a time (groups of `_group_size`): for aggregation by running sums, so
+        that a round never holds more than one group's models."""
+        size = self._group_size(len(clients))
+        for begin in range(0, len(clients), size):
+            yield self.train_clients(round, clients[begin: begin + size])
+
     def _try_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor] | None:
         """Vectorized training, or None (and sequential training from then on) when the module's training
         step fails under torch.func, e.g. because it reads values back with .item()."""
@@ -206,7 +219,7 @@ class Federation:
 
     def _train_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor]:
         alg = self.algorithm
-        size = self._vector_group_size(len(clients))
+        size = self._group_size(len(clients))
         params, losses = [], []
         for begin in range(0, len(clients), size):
             group = clients[begin: begin + size]
@@ -221,11 +234,13 @@ class Federation:
             losses.append(loss)
         return torch.cat(params), torch.cat(losses)
 
-    def _vector_group_size(self, clients: int) -> int:
+    def _group_size(self, clients: int) -> int:
+        """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise, on a
+        GPU as many as half the free memory holds, and on a CPU up to `CPU_GROUP` clients."""
         if self.config.vectorize > 0:
             return self.config.vectorize
         if self.device.type != "cuda":
-            return clients
+            return min(clients, CPU_GROUP)
         free, _ = torch.cuda.mem_get_info(self.device)
         per_client = self.flat.numel * self.flat.vector.element_size() * 8  # params, grads, state, temporaries
         return max(1, min(clients, int(0.5 * free // per_client)))
@@ -245,13 +260,16 @@ class Federation:
         each client's cluster) when it was evaluated, and the algorithm's matrices under 'matrices'."""
         alg = self.algorithm
         clients = alg.select_clients(round)
-        updates = self.train_clients(round, clients)
-        alg.pre_aggregation(round, updates)
-        alg.aggregate(round, updates)
+        if alg.aggregates_in_groups():
+            losses = alg.aggregate_groups(round, self.train_groups(round, clients))
+        else:
+            updates = self.train_clients(round, clients)
+            alg.pre_aggregation(round, updates)
+            alg.aggregate(round, updates)
+            losses = updates.train_loss
         alg.post_aggregation(round)
         self.round = round
-        metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients),
-                                   "train/loss": float(updates.train_loss.mean())}
+        metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients), "train/loss": float(losses.mean())}
         metrics.update(alg.round_metrics())
         clusters = alg.cluster_labels()
         metrics.update(self.score_clusters(clusters))

@@ -1,0 +1,105 @@
+"""Aggregation by running sums: a round's updates handed over a group of clients at a time must give the same
+models as all at once, and no group may hold more clients than the group size."""
+import pytest
+import torch
+
+from conftest import small_federation
+from fedlight.algorithm import Algorithm, ClientModels, ClusterAverage, Updates
+from fedlight.algorithms.fedavg import FedAvg
+from fedlight.algorithms.fedper import FedPer
+
+
+class AllAtOnce(FedAvg):
+    """FedAvg that overrides `pre_aggregation`, so the engine hands it the whole round at once."""
+
+    def pre_aggregation(self, round: int, updates: Updates) -> None:
+        pass
+
+
+class RecordingGroups(FedAvg):
+    """FedAvg that records the clients of every group it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[list[int]] = []
+
+    def aggregate_groups(self, round, groups):
+        def recorded():
+            for updates in groups:
+                self.groups.append(updates.clients.tolist())
+                yield updates
+        return super().aggregate_groups(round, recorded())
+
+
+def test_cluster_average_over_groups_is_the_weighted_mean_by_hand():
+    average = ClusterAverage(2, 1, torch.float64, torch.device("cpu"))
+    average.add(torch.tensor([0, 1]), torch.tensor([1.0, 3.0]), torch.tensor([[2.0], [10.0]], dtype=torch.float64))
+    average.add(torch.tensor([0, 0]), torch.tensor([2.0, 1.0]), torch.tensor([[5.0], [8.0]], dtype=torch.float64))
+    active, means = average.means()
+    assert active.tolist() == [0, 1]
+    assert means[:, 0].tolist() == pytest.approx([(1 * 2 + 2 * 5 + 1 * 8) / 4, 10.0])
+
+
+def test_cluster_average_leaves_out_clusters_without_weight():
+    average = ClusterAverage(3, 2, torch.float32, torch.device("cpu"))
+    average.add(torch.tensor([2]), torch.tensor([5.0]), torch.ones(1, 2))
+    assert average.means()[0].tolist() == [2]
+
+
+def test_which_algorithms_take_their_updates_in_groups():
+    assert FedAvg().aggregates_in_groups() and FedPer().aggregates_in_groups() and Algorithm().aggregates_in_groups()
+    assert not AllAtOnce().aggregates_in_groups()
+
+
+def test_groups_never_exceed_the_group_size_and_cover_every_selected_client_once():
+    alg = RecordingGroups()
+    fed = small_federation(alg, num_clients=7, vectorize=3)
+    fed.run_round(1)
+    assert [len(g) for g in alg.groups] == [3, 3, 1]
+    assert sorted(c for g in alg.groups for c in g) == list(range(7))
+
+
+@pytest.mark.parametrize("vectorize", [0, 3])
+def test_grouped_fedavg_equals_fedavg_on_the_whole_round(vectorize):
+    grouped = small_federation(FedAvg(), num_clients=7, vectorize=vectorize or 3)
+    whole = small_federation(AllAtOnce(), num_clients=7, vectorize=vectorize or 3)
+    if vectorize == 0:  # sequential training, grouped aggregation (the group size still comes from `vectorize`)
+        grouped.vectorized = whole.vectorized = None
+    for r in (1, 2):
+        a, b = grouped.run_round(r), whole.run_round(r)
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-6)
+    torch.testing.assert_close(grouped.algorithm.models, whole.algorithm.models, rtol=1e-5, atol=1e-6)
+
+
+def test_grouped_fedper_keeps_the_same_personal_parts_as_whole_rounds():
+    class FedPerAllAtOnce(FedPer):
+        def pre_aggregation(self, round, updates):
+            pass
+
+    grouped = small_federation(FedPer(personal_layers=1), num_clients=5, vectorize=2)
+    whole = small_federation(FedPerAllAtOnce(personal_layers=1), num_clients=5, vectorize=2)
+    for r in (1, 2):
+        grouped.run_round(r), whole.run_round(r)
+    torch.testing.assert_close(grouped.algorithm.personal, whole.algorithm.personal, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grouped.algorithm.models, whole.algorithm.models, rtol=1e-5, atol=1e-6)
+
+
+def test_personalized_clients_are_evaluated_one_model_at_a_time():
+    fed = small_federation(FedPer(personal_layers=1), num_clients=4)
+    fed.run_round(1)
+    models, groups = fed.algorithm.evaluation_models()
+    assert isinstance(models, ClientModels) and len(models) == 4 and groups.tolist() == [0, 1, 2, 3]
+    shared = ~fed.algorithm.personal_mask
+    for c in range(4):  # each client's model: the global shared part with its own personal part
+        assert torch.equal(models[c][shared], fed.algorithm.models[0][shared])
+        assert torch.equal(models[c][~shared], fed.algorithm.personal[c])
+    with pytest.raises(IndexError):
+        models[4]
+    # evaluating through the lazy models equals evaluating a stacked tensor of the same models
+    stacked = torch.stack([models[c] for c in range(4)])
+    fed.algorithm.evaluation_models = lambda: (stacked, groups)
+    lazy = small_federation(FedPer(personal_layers=1), num_clients=4)
+    lazy.run_round(1)
+    on_demand, stacked_result = lazy.evaluate()["clients"], fed.evaluate()["clients"]
+    for metric in ("acc", "loss"):
+        assert on_demand[metric].tolist() == pytest.approx(stacked_result[metric].tolist())
