@@ -32,6 +32,32 @@ def interleaved_medians(runs: dict[str, Callable[[int], Any]], rounds: int, devi
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident memory of this process so far (Linux reports kilobytes, macOS bytes)."""
+    """Peak resident memory of this process since the last `reset_peak_rss` (or since it started)."""
+    status = _proc_status()
+    if "VmHWM" in status:
+        return status["VmHWM"]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports kilobytes, macOS bytes
+
+
+def resident_bytes() -> int:
+    """Resident memory of this process now (0 where /proc is missing)."""
+    return _proc_status().get("VmRSS", 0)
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak-memory window (Linux: writing 5 to /proc/self/clear_refs resets VmHWM to VmRSS), so
+    `peak_rss_bytes` measures one computation, not the set-up before it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _proc_status() -> dict[str, int]:
+    try:
+        with open("/proc/self/status") as f:
+            return {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f) if v.strip().endswith("kB")}
+    except OSError:
+        return {}

@@ -14,29 +14,12 @@ import json
 import torch
 
 from plain_loop import PlainLoop
+from random_data import RandomImages
 from timing import interleaved_medians
 
 from fedlight.algorithms.fedavg import FedAvg
-from fedlight.datamodules.base import FederatedDataModule
 from fedlight.federation import Federation, FederationConfig
 from fedlight.models import Classifier, LeNet5
-
-
-class RandomImages(FederatedDataModule):
-    """Random 1x28x28 images with 10 labels, `samples` per client (shapes of MNIST-like clients)."""
-
-    def __init__(self, num_clients: int, samples: int) -> None:
-        super().__init__(num_clients=num_clients, val_fraction=0.0, test_fraction=0.0)
-        self.samples = samples
-
-    @property
-    def num_classes(self) -> int:
-        return 10
-
-    def load_pool(self):
-        g = torch.Generator().manual_seed(0)
-        n = self.num_clients * self.samples
-        return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
 def build(args: argparse.Namespace, vectorize: int) -> Federation:

@@ -29,7 +29,7 @@ from fedlight.vectorized import VectorizedTrainer, unsupported_reason
 from fedlight.worker import ClientTrainer
 
 
-CPU_GROUP = 256  # clients per group on a CPU: enough for full-width vectorized steps, bounded memory
+CPU_GROUP = 256  # most clients per group on a CPU: plenty for full-width vectorized steps
 
 
 @dataclass
@@ -46,8 +46,8 @@ class FederationConfig:
         eval_split: the per-client split evaluated ("test", "val", or "train" for methods such as data
             clustering that are scored on the data they fit).
         eval_batch_size: rows per forward pass during evaluation and inference.
-        vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: up to
-            256 of a round's clients on a CPU, as many as half the free memory holds on a GPU). Modules that
+        vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: as
+            many as half the free memory holds, on a CPU at most 256). Modules that
             cannot be vectorized (BatchNorm in training mode, other optimizers) fall back to sequential
             training. An algorithm that aggregates by running sums (FedAvg, FedProx, FedPer, ...) also
             receives the updates in groups of this size, so memory does not grow with clients x parameters.
@@ -71,6 +71,21 @@ class FederationConfig:
             raise ValueError(f"federation.vectorize must be -1 (auto), 0 (off) or a client count, got {self.vectorize}")
         if self.eval_split not in ("test", "val", "train"):
             raise ValueError(f"federation.eval_split must be 'test', 'val' or 'train', got {self.eval_split!r}")
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on `device`: the GPU's free memory, or the host's available memory
+    (Linux's MemAvailable); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def default_precision(accelerator: str) -> str:
@@ -235,15 +250,14 @@ class Federation:
         return torch.cat(params), torch.cat(losses)
 
     def _group_size(self, clients: int) -> int:
-        """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise, on a
-        GPU as many as half the free memory holds, and on a CPU up to `CPU_GROUP` clients."""
+        """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise as
+        many as half the free memory holds (on a CPU also at most `CPU_GROUP`)."""
         if self.config.vectorize > 0:
             return self.config.vectorize
-        if self.device.type != "cuda":
-            return min(clients, CPU_GROUP)
-        free, _ = torch.cuda.mem_get_info(self.device)
         per_client = self.flat.numel * self.flat.vector.element_size() * 8  # params, grads, state, temporaries
-        return max(1, min(clients, int(0.5 * free // per_client)))
+        free = available_memory(self.device)
+        fits = clients if free is None else max(1, int(0.5 * free // per_client))
+        return min(clients, fits) if self.device.type == "cuda" else min(clients, fits, CPU_GROUP)
 
     def _vectorized_trainer(self, model: L.LightningModule, data: FederatedDataModule):
         if not self.config.vectorize:

@@ -12,11 +12,13 @@ of matrix operations: no Python loop over client pairs. The matrices feed the cl
 - `agreement_similarity`: fraction of shared public samples on which two clients predict the same class, or
   its soft version (FLIS's inference similarity, as corrected in its spec).
 
-Memory. For a large (n, d) matrix (1000 clients x 11M parameters is 44 GB in fp32) pass `chunk_size`: the Gram
-matrix U Uᵀ is accumulated over column blocks, so besides the input and the (n, n) result the peak extra memory
-is one (n, chunk_size) fp32 block (and only when a block needs a dtype conversion or centring). No normalized
-copy of U is ever made: cosine divides the Gram matrix by the outer product of the row norms afterwards.
-Accumulation is always in fp32, whatever the input dtype.
+Memory. The Gram matrix U Uᵀ is accumulated over column blocks (about 2^26 entries each unless `chunk_size`
+says otherwise), so besides the input and the (n, n) result the peak extra memory is one (n, chunk_size) fp32
+block, and only when a block needs a dtype conversion or centring. No normalized copy of U is ever made: cosine
+divides the Gram matrix by the outer product of the row norms afterwards. Accumulation is always in fp32,
+whatever the input dtype, so updates can be stored in bf16 (1000 clients x 11M parameters: 22 GB instead of
+44 GB) with cosines within about 1e-4 of fp32's (`benchmarks/similarity.py` measures it). A list of n flat
+rows also works: only one (n, chunk_size) block is ever stacked.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from torch import Tensor
 Rows = Union[Tensor, Sequence[Tensor]]
 
 _EPS = 1e-12
+BLOCK_ENTRIES = 1 << 26
 
 
 def flatten(tensors: Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor:
@@ -70,8 +73,14 @@ def _block(U: Rows, start: int, stop: int) -> Tensor:
     return torch.stack([u.reshape(-1)[start:stop] for u in U]).float()
 
 
+def auto_chunk_size(n: int) -> int:
+    """Columns per block when none is given: blocks of about 2^26 entries (256 MB in fp32), large enough
+    for full-speed matrix products and small enough that a converted bf16 block never costs much memory."""
+    return max(1, BLOCK_ENTRIES // max(1, n))
+
+
 def gram_matrix(U: Rows, chunk_size: int | None = None, center: bool = False) -> Tensor:
-    """U Uᵀ in fp32, accumulated over column blocks of `chunk_size` (all columns at once when None).
+    """U Uᵀ in fp32, accumulated over column blocks of `chunk_size` (default `auto_chunk_size`).
 
     U is an (n, d) tensor or a list of n flat tensors (then only one (n, chunk_size) block is ever stacked).
     With `center=True` each block is centred on its column mean first, which gives the Gram matrix of the
@@ -82,7 +91,7 @@ def gram_matrix(U: Rows, chunk_size: int | None = None, center: bool = False) ->
     n, d, device = _shape(U)
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size}")
-    step = d if chunk_size is None else chunk_size
+    step = auto_chunk_size(n) if chunk_size is None else chunk_size
     G = torch.zeros(n, n, dtype=torch.float32, device=device)
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # TF32 would put ~1e-3 relative errors into the cosines

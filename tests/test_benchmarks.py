@@ -1,0 +1,63 @@
+"""The benchmark scripts run end to end at tiny sizes and their equivalence checks hold (timings are not
+checked here: speed is measured by running the benchmarks, see benchmarks/RESULTS.md)."""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import overhead  # noqa: E402
+import round as round_benchmark  # noqa: E402
+import similarity  # noqa: E402
+import vectorized  # noqa: E402
+
+
+def run_main(module, monkeypatch, tmp_path, *argv) -> dict | list:
+    out = tmp_path / "result.json"
+    monkeypatch.setattr(sys, "argv", [module.__file__, *argv, "--json", str(out)])
+    module.main()
+    return json.loads(out.read_text())
+
+
+def test_overhead_benchmark_trains_exactly_like_the_plain_loop(monkeypatch, tmp_path):
+    result = run_main(overhead, monkeypatch, tmp_path, "--clients", "3", "--rounds", "1", "--local_epochs", "1")
+    assert result["max_param_diff_after_round_1"] < 1e-6  # the same training; averages round differently
+    assert result["fedlight_round_s"] > 0 and result["plain_round_s"] > 0
+
+
+def test_vectorized_benchmark_matches_the_plain_loop(monkeypatch, tmp_path):
+    result = run_main(vectorized, monkeypatch, tmp_path, "--clients", "3", "--samples", "25", "--rounds", "1")
+    assert result["max_param_diff_vs_plain"]["sequential"] == 0.0
+    assert result["max_param_diff_vs_plain"]["vectorized"] < 1e-5
+
+
+def test_structured_updates_have_four_cosine_clusters():
+    U = similarity.structured_updates(8, 20_000, torch.float32, torch.device("cpu"))
+    cos = torch.nn.functional.normalize(U, dim=1) @ torch.nn.functional.normalize(U, dim=1).T
+    same = torch.arange(8)[:, None] % 4 == torch.arange(8)[None, :] % 4
+    # a shared unit-variance direction plus as much noise: cosine about 1/2 within a cluster, about 0 across
+    assert cos[same & ~torch.eye(8, dtype=torch.bool)].sub(0.5).abs().max() < 0.05
+    assert cos[~same].abs().max() < 0.05
+
+
+def test_similarity_benchmark_measures_bf16_error_and_skips_what_does_not_fit(monkeypatch, tmp_path):
+    rows = run_main(similarity, monkeypatch, tmp_path, "--clients", "12", "--params", "5000", "400000",
+                    "--dtypes", "bf16", "--public", "--max_gb", "0.005")
+    by_size = {r["size"]: r for r in rows}
+    assert by_size[5000]["max_diff_vs_fp32"] < 1e-3 and by_size[5000]["seconds"] > 0
+    assert "skipped" in by_size[400000]  # 12 x 400,000 bf16 is 9.6 MB > 5 MB
+    js = similarity.measure("js", 5, 7, "fp32", torch.device("cpu"))
+    assert js["seconds"] > 0 and js["input_gb"] == pytest.approx(5 * 7 * 10 * 4 / 1e9)
+
+
+def test_round_benchmark_reports_personal_parts(tmp_path):
+    args = argparse.Namespace(pool=60, batch_size=8, norm="group", vectorize=-1, accelerator="cpu")
+    fedper = round_benchmark.measure("lenet5", 6, "32-true", "fedper", args)
+    fedavg = round_benchmark.measure("lenet5", 6, "32-true", "fedavg", args)
+    assert fedper["personal_gb"] == pytest.approx(6 * (84 * 10 + 10) * 4 / 1e9)  # 6 clients' own fc3
+    assert fedavg["personal_gb"] == 0.0 and fedavg["round_s"] > 0 and fedavg["samples_per_client"] == 10
