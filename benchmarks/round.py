@@ -4,8 +4,9 @@ CIFAR ResNet-18, full precision and AMP.
 
 A fixed pool of CIFAR-10-shaped random images (`--pool`, default 50,000 as in CIFAR-10) is cut IID into the
 clients, so more clients means smaller clients. Each configuration runs in its own process: one warm-up round,
-then one timed round. Peak memory is what the timed round adds on top of what was held before it: data, model,
-server state (on a GPU, peak allocated bytes; on a CPU, peak resident memory, its window reset before the round).
+then one timed round. Peak memory is what a round adds on top of what was held before it: data, model, server
+state. On a GPU it is the timed round's peak allocated bytes; on a CPU, the peak resident memory over both
+rounds (memory the warm-up round freed stays resident and is reused, so the timed round alone would hide it).
 FedAvg takes its updates in groups (running sums), FedPer (last layer personal) also stores every client's
 personal part; neither holds all clients' models at once, so their peak should not grow with clients x d.
 `fedavg_whole_round` is FedAvg handed the whole round at once, as clustered methods that compare all updates
@@ -56,14 +57,14 @@ def measure(network: str, clients: int, precision: str, algorithm: str, args: ar
     fed = Federation(data, model, ALGORITHMS[algorithm](), config)
     setup_s = time.perf_counter() - started
     device = fed.device
+    if device.type != "cuda":  # host memory freed by the warm-up round stays resident, so count from here
+        reset_peak_rss()
+        before = resident_bytes()
     fed.run_round(1)
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    else:
-        reset_peak_rss()
-        before = resident_bytes()
     started = time.perf_counter()
     fed.run_round(2)
     sync(device)
