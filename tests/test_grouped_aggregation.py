@@ -103,3 +103,17 @@ def test_personalized_clients_are_evaluated_one_model_at_a_time():
     on_demand, stacked_result = lazy.evaluate()["clients"], fed.evaluate()["clients"]
     for metric in ("acc", "loss"):
         assert on_demand[metric].tolist() == pytest.approx(stacked_result[metric].tolist())
+
+
+def test_automatic_group_size_follows_free_memory(monkeypatch):
+    import fedlight.federation as federation
+
+    fed = small_federation(FedAvg(), num_clients=7, vectorize=-1)
+    per_client = fed.flat.numel * 4 * 8  # params, grads, optimizer state, temporaries in fp32
+    monkeypatch.setattr(federation, "available_memory", lambda device: 2 * 3 * per_client)  # half holds 3
+    assert fed._group_size(7) == 3
+    monkeypatch.setattr(federation, "available_memory", lambda device: 10**15)
+    assert fed._group_size(7) == 7 and fed._group_size(1000) == federation.CPU_GROUP
+    monkeypatch.setattr(federation, "available_memory", lambda device: None)  # unknown: the CPU cap only
+    assert fed._group_size(7) == 7
+    assert federation.available_memory(torch.device("cpu")) is None or federation.available_memory(torch.device("cpu")) > 0
