@@ -50,7 +50,7 @@ ALGORITHMS = {"fedavg": FedAvg, "fedper": lambda: FedPer(personal_layers=1), "fe
 def measure(network: str, clients: int, precision: str, algorithm: str, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     model = Classifier(NETWORKS[network](args.norm), lr=0.01, momentum=0.9)
-    data = RandomImages(clients, max(2, args.pool // clients), channels=3, size=32, test_fraction=0.2)
+    data = RandomImages(clients, max(5, args.pool // clients), channels=3, size=32, test_fraction=0.2)  # >= 1 test
     config = FederationConfig(rounds=10**6, local_epochs=1, batch_size=args.batch_size, accelerator=args.accelerator,
                               precision=precision, eval_every=1, vectorize=args.vectorize)
     started = time.perf_counter()

@@ -164,6 +164,7 @@ class Algorithm:
             average.add(self.assignment[updates.clients], self.aggregation_weights(updates), updates.params)
             self.store_personal(updates)
             losses.append(updates.train_loss)
+            del updates  # or it would stay alive while the next group trains: two groups in memory
         self.set_shared(*average.means())
         return torch.cat(losses)
 

@@ -125,6 +125,11 @@ class Federation:
         self.vectorized = self._vectorized_trainer(model, data)
         self.train_sizes = torch.as_tensor(self.data.train.sizes(), device=self.device)
         self._eval_rows = {s: self._client_of_row(getattr(self.data, s)) for s in ("train", "val", "test")}
+        if len(self._eval_rows[self.config.eval_split]) == 0:
+            raise ValueError(f"federation.eval_split={self.config.eval_split!r}, but no client has a sample in that "
+                             "split (clients too small for the data module's split fractions); give the clients more "
+                             "samples, raise the data module's val_fraction/test_fraction, or evaluate on "
+                             "eval_split='train'")
         self.round = 0
         self.algorithm.setup(self)
 
@@ -208,9 +213,10 @@ class Federation:
             vectorized = self._try_vectorized(round, clients, starts)
         if vectorized is not None:
             params, losses = vectorized
-        else:
-            results = [alg.train_client(round, c, start) for c, start in zip(clients, starts)]
-            params, losses = torch.stack([r[0] for r in results]), torch.stack([r[1] for r in results])
+        else:  # written in place, so the trained models are never held twice
+            params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
+            for row, (client, start) in enumerate(zip(clients, starts)):
+                params[row], losses[row] = alg.train_client(round, client, start)
         ids = torch.tensor(clients, device=self.device)
         return Updates(ids, params, starts, self.train_sizes[ids], losses)
 

@@ -31,3 +31,17 @@ def test_summary_by_hand():
     assert out["test/acc_mean"] == 0.75 and out["test/acc_worst"] == 0.5
     assert np.isclose(out["test/acc_std"], np.sqrt((0.0625 + 0.0625 + 0) / 3))
     assert out["test/loss_worst"] == 3.0
+
+
+
+def test_an_empty_evaluation_split_is_refused_before_training_with_the_fix():
+    import pytest
+
+    from fedlight.datamodules import DigitsFederated
+    from fedlight.federation import Federation, FederationConfig
+    from fedlight.models import Classifier, SmallCNN
+
+    data = DigitsFederated(num_clients=4, val_fraction=0.0)
+    with pytest.raises(ValueError, match="eval_split='val'.*no client has a sample.*val_fraction"):
+        Federation(data, Classifier(SmallCNN(1, 10, 8, width=8)), None,
+                   FederationConfig(rounds=1, accelerator="cpu", eval_split="val"))
