@@ -26,7 +26,7 @@ def build(args: argparse.Namespace, vectorize: int) -> Federation:
     torch.manual_seed(0)
     model = Classifier(LeNet5(in_channels=1, num_classes=10, image_size=28), lr=0.01, momentum=0.5)
     config = FederationConfig(rounds=10**6, local_epochs=1, batch_size=args.batch_size, accelerator=args.accelerator,
-                              precision=args.precision, eval_every=10**6, vectorize=vectorize)
+                              precision=args.precision, eval_every=10**6, eval_split="train", vectorize=vectorize)
     return Federation(RandomImages(args.clients, args.samples), model, FedAvg(), config)
 
 
