@@ -75,9 +75,11 @@ class FunctionalOptimizer:
             return {"momentum": zeros, "started": [False] * len(params)}
         return {"m": zeros, "v": zeros.clone(), "t": torch.zeros(len(params), dtype=params.dtype, device=params.device)}
 
-    def step(self, params: Tensor, grads: Tensor, state: dict[str, Any], rows: Tensor, lr: float) -> None:
-        """Update `params[rows]` in place from `grads` (one row per entry of `rows`; `grads` is consumed)."""
-        every = len(rows) == len(params)  # rows are distinct, so this means all of them
+    def step(self, params: Tensor, grads: Tensor, state: dict[str, Any], row_ids: list[int], lr: float) -> None:
+        """Update `params[row_ids]` in place from `grads` (one row per entry of `row_ids`, which are distinct and
+        ascending; `grads` is consumed). Row ids come as a host list, so the step never syncs with the device."""
+        every = len(row_ids) == len(params)  # distinct and ascending: all rows, in order
+        rows = None if every else torch.tensor(row_ids, device=params.device)
 
         def take(stored: Tensor) -> Tensor:
             return stored if every else stored[rows]
@@ -92,7 +94,7 @@ class FunctionalOptimizer:
                 g.add_(p, alpha=h["weight_decay"])
             if h["momentum"]:
                 buf = take(state["momentum"])
-                g = self._momentum(g, buf, state["started"], rows.tolist())
+                g = self._momentum(g, buf, state["started"], row_ids)
                 put(state["momentum"], buf)
             p.sub_(g, alpha=lr)
             put(params, p)
@@ -186,28 +188,29 @@ class VectorizedTrainer:
             orders = [torch.randperm(n, generator=g, device=device) for n, g in zip(sizes, generators)]
             loss_sum.zero_()
             for step in range(max(steps)):
-                for rows, count in self._groups(step, sizes, steps):
-                    index = torch.stack([orders[r][step * b: step * b + count] for r in rows.tolist()])
+                for row_ids, rows, count in self._groups(step, sizes, steps):
+                    index = torch.stack([orders[r][step * b: step * b + count] for r in row_ids])
                     index = index + offsets[rows, None]
                     x, y = self._transform(x_all[index], y_all[index])
                     with self.fabric.autocast():
                         grads, losses = self._grads(params[rows], buffers, x, y, step)
                     if row_hook is not None:
-                        grads = self._apply_hook(row_hook, rows, params, grads, starts, grad_rows)
-                    self.optimizer.step(params, grads.to(params.dtype), state, rows, lr)
+                        grads = self._apply_hook(row_hook, row_ids, rows, params, grads, starts, grad_rows)
+                    self.optimizer.step(params, grads.to(params.dtype), state, row_ids, lr)
                     loss_sum[rows] += losses.detach().float()
         trained = starts.clone()
         trained[:, self.param_mask] = params
         return trained, loss_sum / torch.tensor(steps, device=device)
 
-    def _groups(self, step: int, sizes: list[int], steps: list[int]) -> list[tuple[Tensor, int]]:
-        """Clients active at `step`, grouped by their batch size there (full batches, then short last ones)."""
+    def _groups(self, step: int, sizes: list[int], steps: list[int]) -> list[tuple[list[int], Tensor, int]]:
+        """Clients active at `step`, grouped by their batch size there (full batches, then short last ones), as
+        (ascending row ids, the same on the device, batch size)."""
         by_count: dict[int, list[int]] = {}
         for row, (n, s) in enumerate(zip(sizes, steps)):
             if step < s:
                 by_count.setdefault(min(self.batch_size, n - step * self.batch_size), []).append(row)
         device = self.param_mask.device
-        return [(torch.tensor(rows, device=device), count) for count, rows in by_count.items()]
+        return [(rows, torch.tensor(rows, device=device), count) for count, rows in by_count.items()]
 
     def _transform(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """The data module's per-batch conversion, on the (clients * batch) rows, reshaped back."""
@@ -215,11 +218,11 @@ class VectorizedTrainer:
         flat_x, flat_y = self.batch_transform((x.reshape(c * n, *x.shape[2:]), y.reshape(c * n)), 0)
         return flat_x.reshape(c, n, *flat_x.shape[1:]), flat_y.reshape(c, n)
 
-    def _apply_hook(self, hook: RowHook, rows: Tensor, params: Tensor, grads: Tensor, starts: Tensor,
-                    scratch: Tensor) -> Tensor:
+    def _apply_hook(self, hook: RowHook, row_ids: list[int], rows: Tensor, params: Tensor, grads: Tensor,
+                    starts: Tensor, scratch: Tensor) -> Tensor:
         """Run the algorithm's per-client gradient correction on full-length flat rows (buffers included)."""
         mask = self.param_mask
-        for i, row in enumerate(rows.tolist()):
+        for i, row in enumerate(row_ids):
             full_params = starts[row].clone()
             full_params[mask] = params[row]
             scratch[row].zero_()

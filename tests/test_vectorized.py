@@ -136,5 +136,5 @@ def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(ki
     params = start.clone()
     state = functional.init_state(params)
     for rows, grad in zip(schedule, grads):
-        functional.step(params, grad.clone(), state, torch.tensor(rows), functional.h["lr"])
+        functional.step(params, grad.clone(), state, rows, functional.h["lr"])
     torch.testing.assert_close(params, torch.stack(reference), rtol=1e-5, atol=1e-6)
