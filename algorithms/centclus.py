@@ -1,8 +1,9 @@
-"""CentClus: the centralized reference of p-FClus's paper (spec papers/001, section 4.1). Not federated: the
+"""CentClus: the centralized reference of p-FClus ("Fair Federated Data Clustering through Personalization: Bridging
+the Gap between Diverse Data Distributions", section 5, baselines). Not federated: the
 server pools every client's training points and runs the model's (k, l)-clustering (k-means for l = 2,
 k-medoids for l = 1) on them; every client is then evaluated with those k centers. Clients do no work.
 
-For k-medoids on very large pools, `max_points` switches to CLARA (spec 4.1 [R], not in the paper): `samples`
+For k-medoids on very large pools, `max_points` switches to CLARA (not in the paper; our choice): `samples`
 random subsets of `max_points` points are clustered and the medoid set with the lowest cost on all points is
 kept.
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedlight import kmeans
-from fedlight.algorithms.centroids import CentroidAlgorithm
+from fedlight.cluster import kcenters
+from fedlight.algorithms.centroid_base import CentroidAlgorithm
 
 
 class CentClus(CentroidAlgorithm):
@@ -35,7 +36,7 @@ class CentClus(CentroidAlgorithm):
         return start, torch.zeros((), device=start.device)
 
     def aggregate(self, round: int, updates) -> None:
-        x = self.all_points(self.fed.split("train").x)
+        x = self.all_points(self.server.split("train").x)
         generator = self.server_generator(round)
         if self.max_points is None or len(x) <= self.max_points:
             centers = self.cluster(x, generator).centers
@@ -44,7 +45,7 @@ class CentClus(CentroidAlgorithm):
             for s in range(self.samples):
                 rows = torch.randperm(len(x), generator=generator, device=x.device)[: self.max_points]
                 candidate = self.cluster(x[rows], generator).centers
-                total = float(kmeans.cost(x, candidate, self.ell))
+                total = float(kcenters.cost(x, candidate, self.ell))
                 if total < best:
                     best, centers = total, candidate
-        self.models = self.flat(centers).unsqueeze(0)
+        self.models = self.to_flat(centers).unsqueeze(0)

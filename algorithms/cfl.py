@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedlight.algorithm import Algorithm, Updates
-from fedlight.clustering import Agglomerative
-from fedlight.similarity import cosine_similarity_matrix
+from fedlight.algorithm import Algorithm
+from fedlight.cluster.clusterers import Agglomerative
+from fedlight.cluster.similarity import cosine_similarity_matrix
+from fedlight.updates import Updates
 
 
 class CFL(Algorithm):
@@ -73,10 +74,10 @@ class CFL(Algorithm):
         self.split_rounds.append(round)
         self.born[cluster] = self.born[len(self.models) - 1] = round
 
-    def aggregation_weights(self, updates: Updates) -> torch.Tensor:
-        if self.weighted:
-            return super().aggregation_weights(updates)
-        return torch.ones(len(updates), dtype=self.models.dtype, device=self.models.device)
+    def aggregate(self, round: int, updates: Updates) -> None:
+        """FedAvg within each cluster, weighted by training-set size or (`weighted=False`) unweighted."""
+        weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
+        self.set_shared(*self.cluster_means(updates, weights.to(self.models.dtype)))
 
     def cluster_labels(self) -> np.ndarray | None:
         return self.assignment.cpu().numpy()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from fedlight.algorithm import Algorithm
-from fedlight.personalization import layer_count_mask
 
 
 class FedPer(Algorithm):
@@ -12,8 +11,10 @@ class FedPer(Algorithm):
 
     Args:
         personal_layers: how many layers, counted from the output, are personal; a half count (1.5) makes the
-            second half of the boundary layer personal as well (see `fedlight.personalization`). Default 2,
-            our choice following the FedTSDP spec's baseline (its CNN: fc1 + fc2); FedPer's paper varies it.
+            second half of the boundary layer personal as well (`ServerContext.layer_count_mask`). Default 2,
+            our choice for the FedPer baseline of FedTSDP ("Federated Two Stage Decoupling With Adaptive
+            Personalization Layers", section 4.1.3, which gives no count; its CNN: fc1 + fc2); FedPer's paper
+            varies it.
         participation: share of clients selected each round.
     """
 
@@ -23,6 +24,6 @@ class FedPer(Algorithm):
             raise ValueError(f"personal_layers must be >= 0, got {personal_layers}")
         self.num_personal = personal_layers
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self.set_personal_mask(layer_count_mask(fed.flat, self.num_personal, "last"))
+    def setup(self, server) -> None:
+        super().setup(server)
+        self.set_personal_mask(server.layer_count_mask(self.num_personal, "last"))

@@ -1,22 +1,27 @@
-"""FedTSDP (Zhu, Fan, Xie, 2023, arXiv:2308.15821): two-stage clustering of the clients, gated by the Hopkins
+"""FedTSDP ("Federated Two Stage Decoupling With Adaptive Personalization Layers", Zhu, Fan, Xie, 2023,
+arXiv:2308.15821): two-stage clustering of the clients, gated by the Hopkins
 statistic of their outputs on public data, with a shared-layer count that shrinks at every clustering event.
 
-Implemented from spec 004_08e2eff8a7c04c5c ("spec" below). One round:
+Algorithm 1 of the paper. One round:
 
 1. every client starts from its cluster's shared layers plus its own personal layers, trains E epochs with the
    learning rate decayed by `lr_decay` per round, and uploads its full model;
 2. the server draws one public batch with the sampling weights W, computes every uploaded model's softmax
-   outputs on it, and the Hopkins statistic H of the flattened outputs (spec 2.4-2.6);
+   outputs on it, and the Hopkins statistic H of the flattened outputs (section 3.2.2, Eq. 6; one batch shared by all
+   clients is our reading of Algorithm 1 lines 13-16);
 3. if H > `hopkins_threshold`: stage 1 clusters all participants by DBSCAN on the Jensen-Shannon divergence
    of their outputs, stage 2 splits every stage-1 cluster by DBSCAN on the L2 distances of the model weights;
-   the clients get fresh cluster ids, W is raised on this batch (Eq. 7-8) (spec 2.7-2.9);
-4. the shared layers are averaged within each cluster, weighted by training-set size (spec 2.10);
+   the clients get fresh cluster ids, W is raised on this batch (Eq. 7-8) (sections 3.2.1-3.3.1, Eq. 3-5
+   and 9-10; Algorithm 1 lines 17-27);
+4. the shared layers are averaged within each cluster, weighted by training-set size (Algorithm 1 lines 28-30);
 5. if the clustering ran, the shared-layer count L^s is multiplied by `psi`; the effective count is L^s on the
    half-layer grid, so the network goes e.g. from 4 shared layers to 3.5 (the last layer's weight shared, its
-   bias personal). Tensors that become personal keep each client's own trained values (spec 2.11).
+   bias personal). Tensors that become personal keep each client's own trained values (section 3.3.2, Eq. 11;
+   the half-layer grid is our reading of section 4.5's "from 4 to 3.5").
 
 Before the first clustering event everything is shared and FedTSDP is FedAvg (with the decayed learning rate).
-The server needs each client's full model, personal layers included (spec 7.13): a privacy cost of the method.
+The server needs each client's full model, personal layers included (Algorithm 1 line 39 returns the
+full w_i; the paper does not discuss it): a privacy cost of the method.
 """
 from __future__ import annotations
 
@@ -26,17 +31,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.algorithm import Algorithm, Updates
-from fedlight.clustering import DBSCAN
-from fedlight.hopkins import default_sample_size, hopkins
-from fedlight.personalization import half_step, layer_count_mask
-from fedlight.similarity import js_divergence_matrix, l2_distance_matrix
+from fedlight.algorithm import Algorithm
+from fedlight.cluster.clusterers import DBSCAN
+from fedlight.cluster.hopkins import default_sample_size, hopkins
+from fedlight.personalization import half_step
+from fedlight.cluster.similarity import js_divergence_matrix, l2_distance_matrix
+from fedlight.updates import Updates
 
 
 class FedTSDP(Algorithm):
     """Federated two-stage decoupling with adaptive personalization layers. Needs server public data
     (`data.public_size > 0`). Constants marked "paper" are the paper's; "our choice" marks what the paper does not
-    state (the spec's resolution is the default).
+    state (our choice is the default).
 
     Args:
         hopkins_threshold: h_th; cluster only when H > h_th (paper: 0.65).
@@ -97,13 +103,13 @@ class FedTSDP(Algorithm):
         self._info: dict[str, float] = {}
 
     # -- set-up ------------------------------------------------------------------------------------
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        public = fed.data.public_x
+    def setup(self, server) -> None:
+        super().setup(server)
+        public = server.public_x
         if public is None or len(public) == 0:
             raise ValueError("FedTSDP clusters clients by their outputs on unlabelled server data: give the data "
                              "module a public_size > 0 (data.init_args.public_size)")
-        total = len(fed.flat.layers())
+        total = len(server.layers())
         self.shared_layers = float(total if self.initial_shared is None else self.initial_shared)
         if self.shared_layers > total:
             raise ValueError(f"initial_shared={self.initial_shared} exceeds the model's {total} layers")
@@ -118,7 +124,7 @@ class FedTSDP(Algorithm):
 
     def personal_mask_now(self) -> Tensor:
         """Everything after the first `effective_shared` layers (half layers included) is personal."""
-        return ~layer_count_mask(self.fed.flat, self.effective_shared, "first")
+        return ~self.server.layer_count_mask(self.effective_shared, "first")
 
     # -- one round ---------------------------------------------------------------------------------
     def learning_rate_scale(self, round: int) -> float:
@@ -132,10 +138,10 @@ class FedTSDP(Algorithm):
         if m < 2:
             return
         batch = self.draw_public_batch(round)
-        x = self.fed.data.public_x[batch.to(self.fed.data.public_x.device)]
-        probs = torch.stack([self.fed.predict(p, x).softmax(dim=-1) for p in updates.params])  # (m, B, C)
+        x = self.server.public_x[batch.to(self.server.public_x.device)]
+        probs = torch.stack([self.server.predict(p, x).softmax(dim=-1) for p in updates.params])  # (m, B, C)
         sample = default_sample_size(m) if self.hopkins_sample is None else min(self.hopkins_sample, m)
-        seed = int(self.fed.rng(round, "fedtsdp-hopkins").integers(2**62))
+        seed = int(self.server.rng(round, "fedtsdp-hopkins").integers(2**62))
         H = hopkins(probs.reshape(m, -1), sample, generator=seed)
         js = js_divergence_matrix(probs)
         dist = l2_distance_matrix(updates.params[:, self.stage2_mask()])
@@ -169,7 +175,7 @@ class FedTSDP(Algorithm):
         """B distinct public indices drawn with probabilities W / sum(W), from a stream of (seed, round)."""
         n = len(self.public_weights)
         p = (self.public_weights / self.public_weights.sum()).numpy()
-        rng = self.fed.rng(round, "fedtsdp-public")
+        rng = self.server.rng(round, "fedtsdp-public")
         return torch.as_tensor(np.sort(rng.choice(n, min(self.public_batch, n), replace=False, p=p)))
 
     def update_public_weights(self, batch: Tensor) -> None:
@@ -181,7 +187,7 @@ class FedTSDP(Algorithm):
 
     def stage2_mask(self) -> Tensor:
         """The entries stage 2 compares: trainable parameters (all, or only the shared ones)."""
-        mask = self.fed.flat.parameter_mask()
+        mask = self.server.parameter_mask()
         if self.weights == "shared" and self.personal_mask is not None:
             mask &= ~self.personal_mask
         return mask
@@ -239,5 +245,3 @@ class FedTSDP(Algorithm):
         super().load_state_dict(state)
         self.shared_layers, self.events = float(state["shared_layers"]), int(state["events"])
         self.public_weights = state["public_weights"].detach().cpu().to(torch.float64)
-        mask = self.personal_mask_now()
-        self.personal_mask = mask if bool(mask.any()) else None

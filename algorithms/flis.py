@@ -1,7 +1,9 @@
-"""FLIS: clustered FL by inference similarity (Morafah, Vahidian, Wang, Lin), spec 002_117f2228ef9e6d60.
+"""FLIS: clustered FL by inference similarity (Morafah, Vahidian, Wang, Lin: "FLIS: Clustered Federated Learning via
+Inference Similarity for Non-IID Data Distribution", sections 2.1-2.2, Algorithms 1-3).
 
 The server runs each trained client model on its unlabelled public data; two clients are similar when their
-models predict the same class on many public samples (the spec's corrected similarity: the Frobenius cosine of
+models predict the same class on many public samples (section 2.2's A_ij with the inner product <B_i, B_j>_F
+for the printed ||B_i ⊙ B_j||_F, as the authors' code computes it: the Frobenius cosine of
 one-hot prediction matrices, i.e. the agreement rate; `soft` uses softmax outputs).
 
 - `FlisDC`: every round, each participant i gets the cluster {j : A_ij >= beta} (overlapping, one per
@@ -19,9 +21,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.algorithm import Algorithm, Updates
-from fedlight.clustering import Agglomerative
-from fedlight.similarity import agreement_similarity
+from fedlight.algorithm import Algorithm
+from fedlight.cluster.clusterers import Agglomerative
+from fedlight.cluster.similarity import agreement_similarity
+from fedlight.updates import Updates
 
 
 class InferenceSimilarity(Algorithm):
@@ -33,15 +36,15 @@ class InferenceSimilarity(Algorithm):
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         self.beta, self.soft = beta, soft
 
-    def setup(self, fed) -> None:
-        if fed.data.public_x is None:
+    def setup(self, server) -> None:
+        if server.public_x is None:
             raise ValueError(f"{type(self).__name__} needs server public data: set data.init_args.public_size "
                              "(the paper uses 2500 samples)")
-        super().setup(fed)
+        super().setup(server)
 
     def similarity(self, params: Tensor) -> Tensor:
         """(m, m) inference similarity of m flat models on the public data."""
-        outputs = torch.stack([self.fed.predict(p, self.fed.data.public_x) for p in params])
+        outputs = torch.stack([self.server.predict(p, self.server.public_x) for p in params])
         return agreement_similarity(outputs.softmax(dim=-1) if self.soft else outputs.argmax(dim=-1), soft=self.soft)
 
 
@@ -67,24 +70,22 @@ class FlisDC(InferenceSimilarity):
         self.trained = torch.empty(0, dtype=torch.bool)
         self.last_similarity: np.ndarray | None = None
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self.trained = torch.zeros(fed.num_clients, dtype=torch.bool, device=fed.device)
+    def setup(self, server) -> None:
+        super().setup(server)
+        empty = np.flatnonzero(server.split(self.selection_split).sizes() == 0)
+        if len(empty):
+            raise ValueError(f"FlisDC picks each client's starting model by its loss on the client's "
+                             f"{self.selection_split!r} split, but {len(empty)} of {server.num_clients} clients "
+                             f"have no {self.selection_split!r} samples (clients {empty[:10].tolist()}): raise "
+                             f"data.init_args.{self.selection_split}_fraction, or set "
+                             "algorithm.init_args.selection_split: train")
+        self.trained = torch.zeros(server.num_clients, dtype=torch.bool, device=server.device)
         if self.evaluate == "local":
-            self.local_models = fed.initial_params.repeat(fed.num_clients, 1)
+            self.local_models = server.initial_params.repeat(server.num_clients, 1)
 
-    def select_clients(self, round: int) -> list[int]:
-        clients = super().select_clients(round)
-        self.assign_to_pool(clients)
-        return clients
-
-    def assign_to_pool(self, clients: list[int] | None = None) -> None:
-        """Each client (all by default) starts from the pool model with the lowest loss on its selection split."""
-        best = self.fed.client_losses(self.models, self.selection_split).argmin(dim=0)
-        if clients is None:
-            self.assignment = best
-        else:
-            self.assignment[clients] = best[clients]
+    def assign_to_pool(self) -> None:
+        """Every client starts from the pool model with the lowest loss on its selection split."""
+        self.assignment = self.server.client_losses(self.models, self.selection_split).argmin(dim=0)
 
     def aggregate(self, round: int, updates: Updates) -> None:
         """The new pool: for each participant i, the size-weighted mean of the models of {j : A_ij >= beta}."""
@@ -93,16 +94,18 @@ class FlisDC(InferenceSimilarity):
         member = (similarity >= self.beta).to(updates.params.dtype)
         weights = member * updates.num_samples.to(updates.params.dtype)[None, :]
         self.models = (weights / weights.sum(dim=1, keepdim=True)) @ updates.params
-        self.assignment = torch.zeros_like(self.assignment)
         self.trained[updates.clients] = True
         if self.local_models is not None:
             self.local_models[updates.clients] = updates.params
 
-    def evaluation_models(self) -> tuple[Tensor, Tensor]:
+    def post_aggregation(self, round: int) -> None:
+        """Every client moves to the new pool model with the lowest loss on its data (once per round)."""
         self.assign_to_pool()
+
+    def evaluation_models(self) -> tuple[Tensor, Tensor]:
         if self.local_models is None:
             return self.models, self.assignment
-        n = self.fed.num_clients
+        n = self.server.num_clients
         models = torch.where(self.trained[:, None], self.local_models, self.models[self.assignment])
         return models, torch.arange(n, device=models.device)
 
@@ -130,7 +133,8 @@ class FlisHC(InferenceSimilarity):
         linkage: "complete" (every pair in a cluster has A >= 1 - tau, matching DC's rule) or "average".
         soft: similarity of softmax outputs instead of one-hot predictions.
         phase_zero_epochs: local epochs of the phase-0 training (default: the federation's). Phase 0 is a
-            set-up step outside the round budget (spec A5); its models must be trained enough for their
+            set-up step outside the round budget (our reading of Algorithm 3, whose loop
+            starts at t = 0 but clusters "if t = 1"); its models must be trained enough for their
             predictions to differ by data (the paper trains E = 10 epochs).
         participation: share of clients per round after phase 0.
     """
@@ -144,23 +148,23 @@ class FlisHC(InferenceSimilarity):
         self.clustered = False
         self.phase_zero_similarity: np.ndarray | None = None
 
-    def select_clients(self, round: int) -> list[int]:
+    def begin_round(self, round: int) -> None:
+        self.phase_zero_similarity = None  # logged only in the round it was computed
         if not self.clustered:
             self.phase_zero()
-        return super().select_clients(round)
 
     def phase_zero(self) -> None:
         """Every client trains the initial model once (round index 0); the similarity of the results fixes the
         clusters; every cluster model restarts from the initial model."""
-        start = self.fed.initial_params
-        trained = torch.stack([self.fed.fit_client(0, c, start, self.phase_zero_epochs)[0]
-                               for c in range(self.fed.num_clients)])
+        start = self.server.initial_params
+        trained = torch.stack([self.server.train(0, c, start, epochs=self.phase_zero_epochs)[0]
+                               for c in range(self.server.num_clients)])
         self.phase_zero_similarity = self.similarity(trained).cpu().numpy()
         distance = 1 - self.phase_zero_similarity
         labels = Agglomerative(distance_threshold=self.tau, linkage=self.linkage).fit_predict(distance,
                                                                                              kind="distance")
         self.assignment = torch.as_tensor(labels, device=self.models.device)
-        self.models = self.fed.initial_params.repeat(int(labels.max()) + 1, 1)
+        self.models = self.server.initial_params.repeat(int(labels.max()) + 1, 1)
         self.clustered = True
 
     def cluster_labels(self) -> np.ndarray | None:
@@ -168,7 +172,7 @@ class FlisHC(InferenceSimilarity):
 
     def round_matrices(self) -> dict[str, np.ndarray]:
         """The phase-0 inference similarity, once, in the round the clusters were fixed."""
-        similarity, self.phase_zero_similarity = self.phase_zero_similarity, None
+        similarity = self.phase_zero_similarity
         return {} if similarity is None else {"inference_similarity": similarity}
 
     def state_dict(self) -> dict:

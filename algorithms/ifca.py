@@ -1,18 +1,22 @@
 """IFCA (Ghosh et al., 2020): k cluster models; each client trains the one with the lowest loss on its data."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from fedlight.algorithm import Algorithm
-from fedlight.similarity import cosine_distance_matrix
+from fedlight.cluster.similarity import cosine_distance_matrix
+from fedlight.updates import Updates
 
 
 class IFCA(Algorithm):
-    """Iterative federated clustering. Every round each selected client evaluates all k cluster models on its
-    training data, joins the one with the lowest loss and trains it; each cluster model becomes the
-    size-weighted mean of the clients that chose it (a model nobody chose is unchanged). At evaluation every
-    client picks its model by the same rule.
+    """Iterative federated clustering. Every client belongs to the cluster model with the lowest loss on its
+    training data; a selected client trains that model, and each cluster model becomes the size-weighted mean of
+    its members that trained (a model nobody trained is unchanged). Clients are reassigned once per round, after
+    aggregation, so the cluster a client is logged with is the one whose model it is evaluated with and trains
+    next.
 
     Args:
         num_clusters: k, known in advance.
@@ -28,35 +32,30 @@ class IFCA(Algorithm):
         if num_clusters < 1 or warmup_rounds < 0:
             raise ValueError("IFCA needs num_clusters >= 1 and warmup_rounds >= 0")
         self.num_clusters, self.warmup_rounds = num_clusters, warmup_rounds
+        self.seeded = False  # whether the k cluster models exist (after the warm-up)
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
+    def setup(self, server) -> None:
+        super().setup(server)
         if not self.warmup_rounds:
-            seeds = fed.rng(0, "cluster-inits").integers(2**31, size=self.num_clusters)
-            inits = [fed.initial_params] + [fed.random_params(int(seed)) for seed in seeds[1:]]
+            seeds = server.rng(0, "cluster-inits").integers(2**31, size=self.num_clusters)
+            inits = [server.initial_params] + [server.random_params(int(seed)) for seed in seeds[1:]]
             self.models = torch.stack(inits)
+            self.seeded = True
+            self.assign_by_loss()
 
-    def warming_up(self, round: int) -> bool:
-        return round <= self.warmup_rounds
+    def assign_by_loss(self) -> None:
+        """Every client joins the cluster model with the lowest loss on its training data."""
+        self.assignment = self.server.client_losses(self.models, "train").argmin(dim=0)
 
-    def select_clients(self, round: int) -> list[int]:
-        clients = super().select_clients(round)
-        if not self.warming_up(round):
-            self.assign_by_loss(clients)
-        return clients
-
-    def assign_by_loss(self, clients: list[int] | None = None) -> None:
-        """Each client (all by default) joins the cluster model with the lowest loss on its training data."""
-        best = self.fed.client_losses(self.models, "train").argmin(dim=0)
-        if clients is None:
-            self.assignment = best
-        else:
-            self.assignment[clients] = best[clients]
-
-    def aggregate(self, round: int, updates) -> None:
+    def aggregate(self, round: int, updates: Updates) -> None:
         super().aggregate(round, updates)
         if round == self.warmup_rounds and self.warmup_rounds:
             self.models = updates.params[self.farthest_first(updates.deltas)].clone()
+            self.seeded = True
+
+    def post_aggregation(self, round: int) -> None:
+        if self.seeded:
+            self.assign_by_loss()
 
     def farthest_first(self, deltas: torch.Tensor) -> list[int]:
         """k row indices: start from the update farthest from the rest on average, then repeatedly the one
@@ -67,10 +66,12 @@ class IFCA(Algorithm):
             chosen.append(int(distance[:, chosen].min(dim=1).values.argmax()))
         return chosen
 
-    def evaluation_models(self):
-        if self.fed.round > self.warmup_rounds:
-            self.assign_by_loss()
-        return super().evaluation_models()
-
     def cluster_labels(self) -> np.ndarray | None:
-        return None if self.fed.round <= self.warmup_rounds else self.assignment.cpu().numpy()
+        return self.assignment.cpu().numpy() if self.seeded else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "seeded": self.seeded}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.seeded = state["seeded"]

@@ -1,5 +1,6 @@
-"""k-FED (Dennis, Li and Smith, ICML 2021), one-shot federated k-means, as the p-FClus baselines' code runs it
-(spec papers/001, section 4.2).
+"""k-FED (Dennis, Li and Smith, ICML 2021), one-shot federated k-means, as the released code of p-FClus ("Fair
+Federated Data Clustering through Personalization: Bridging the Gap between Diverse Data Distributions", section 5,
+baselines) runs it.
 
 Clients: the Awasthi-Sheffet local k-means with k' centers (k' = k in the reference code) (project on the top-k right singular vectors, seed
 with k-means++ there, keep each seed's "3x closer" points, lift their mean back, Lloyd to convergence). Server
@@ -14,8 +15,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from fedlight import kmeans
-from fedlight.algorithms.centroids import CentroidAlgorithm
+from fedlight.cluster import kcenters
+from fedlight.algorithms.centroid_base import CentroidAlgorithm
 
 
 class KFED(CentroidAlgorithm):
@@ -41,8 +42,8 @@ class KFED(CentroidAlgorithm):
             raise ValueError(f"start_client must be 'first' or 'random', got {start_client!r}")
         self.local_k, self.server_steps, self.start_client = local_k, server_steps, start_client
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
+    def setup(self, server) -> None:
+        super().setup(server)
         if self.ell != 2 or self.medoids:
             raise ValueError(f"{type(self).__name__} is a k-means method: use a CentroidModel with ell: 2 and "
                              "medoids: false")
@@ -50,18 +51,18 @@ class KFED(CentroidAlgorithm):
             raise ValueError(f"local_k={self.local_k} exceeds the model's {self.k} centers")
 
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
-        fit = kmeans.awasthi_sheffet(x, self.local_k or self.k, self.generator(self.fed.client_seed(round, client)),
+        fit = kcenters.awasthi_sheffet(x, self.local_k or self.k, self.generator(self.server.client_seed(round, client)),
                                      self.max_iter, self.tol)
         self.local_counts[client] = len(fit.centers)
-        return self.flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
+        return self.to_flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
 
     def start_centers(self, round: int, uploads: list[Tensor]) -> Tensor:
-        first = 0 if self.start_client == "first" else int(self.fed.rng(round, "start").integers(len(uploads)))
+        first = 0 if self.start_client == "first" else int(self.server.rng(round, "start").integers(len(uploads)))
         return uploads[first]
 
     def aggregate(self, round: int, updates) -> None:
         uploads = self.uploads(updates.params, updates.clients)
         pooled = torch.cat(uploads)
-        start = kmeans.farthest_first(pooled, self.start_centers(round, uploads), self.k)
-        fit = kmeans.lloyd(pooled, start, max_iter=self.server_steps or self.max_iter, tol=self.tol)
-        self.models = self.flat(fit.centers).unsqueeze(0)
+        start = kcenters.farthest_first(pooled, self.start_centers(round, uploads), self.k)
+        fit = kcenters.lloyd(pooled, start, max_iter=self.server_steps or self.max_iter, tol=self.tol)
+        self.models = self.to_flat(fit.centers).unsqueeze(0)

@@ -3,7 +3,6 @@ representation); only the last layers are global and averaged."""
 from __future__ import annotations
 
 from fedlight.algorithm import Algorithm
-from fedlight.personalization import layer_count_mask
 
 
 class LGFedAvg(Algorithm):
@@ -28,9 +27,9 @@ class LGFedAvg(Algorithm):
             raise ValueError(f"global_layers must be >= 0, got {global_layers}")
         self.global_layers = global_layers
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        total = len(fed.flat.layers())
+    def setup(self, server) -> None:
+        super().setup(server)
+        total = len(server.layers())
         if self.global_layers > total:
             raise ValueError(f"global_layers={self.global_layers} exceeds the model's {total} layers")
-        self.set_personal_mask(~layer_count_mask(fed.flat, self.global_layers, "last"))
+        self.set_personal_mask(~server.layer_count_mask(self.global_layers, "last"))

@@ -1,5 +1,6 @@
-"""MFC (Makkar et al., ECAI 2023), multi-shot federated k-means, as the p-FClus baselines' code runs it (spec
-papers/001, section 4.3).
+"""MFC (Makkar et al., ECAI 2023), multi-shot federated k-means, as the released code of p-FClus ("Fair Federated
+Data Clustering through Personalization: Bridging the Gap between Diverse Data Distributions", section 5, baselines)
+runs it.
 
 Round 1 (shot 0): every client uploads its Awasthi-Sheffet local centers (as k-FED); the server starts from the
 first uploaded center, grows to k by farthest-first and runs Lloyd on the uploaded centers: C_g.
@@ -18,8 +19,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlight import kmeans
-from fedlight.algorithms.centroids import CentroidAlgorithm
+from fedlight.cluster import kcenters
+from fedlight.algorithms.centroid_base import CentroidAlgorithm
 
 
 class MFC(CentroidAlgorithm):
@@ -41,26 +42,26 @@ class MFC(CentroidAlgorithm):
         self.score = score
         self.shared = torch.empty(0)        # (Z, h+1): each client's last upload (mean, size)
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
+    def setup(self, server) -> None:
+        super().setup(server)
         if self.ell != 2 or self.medoids:
             raise ValueError("MFC is a k-means method: use a CentroidModel with ell: 2 and medoids: false")
-        self.shared = torch.zeros(fed.num_clients, fed.module.dim + 1, device=fed.device)
+        self.shared = torch.zeros(server.num_clients, server.model.dim + 1, device=server.device)
 
     # -- clients -------------------------------------------------------------------------------------
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         if round == 1:
-            fit = kmeans.awasthi_sheffet(x, self.k, self.generator(self.fed.client_seed(round, client)),
+            fit = kcenters.awasthi_sheffet(x, self.k, self.generator(self.server.client_seed(round, client)),
                                          self.max_iter, self.tol)
             self.local_counts[client] = len(fit.centers)
-            return self.flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
+            return self.to_flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
         centers = self.centers(start)
-        dist, labels = kmeans.nearest(x, centers)
+        dist, labels = kcenters.nearest(x, centers)
         member = torch.nn.functional.one_hot(labels, self.k).to(x.dtype)          # (n, k)
         sizes = member.sum(dim=0)
         present = sizes > 0
         means = (member.T @ x) / sizes.clamp(min=1)[:, None]
-        to_means = kmeans.nearest(x, means[present])[0] ** 2
+        to_means = kcenters.nearest(x, means[present])[0] ** 2
         score = (member * to_means[:, None]).sum(dim=0) / sizes.clamp(min=1)
         if self.score == "cost_drop":
             score = (member * (dist ** 2)[:, None]).sum(dim=0) / sizes.clamp(min=1) - score
@@ -74,8 +75,8 @@ class MFC(CentroidAlgorithm):
     def aggregate(self, round: int, updates) -> None:
         if round == 1:
             pooled = torch.cat(self.uploads(updates.params, updates.clients))
-            start = kmeans.farthest_first(pooled, pooled[:1], self.k)
-            fit = kmeans.lloyd(pooled, start, max_iter=self.max_iter, tol=self.tol)
+            start = kcenters.farthest_first(pooled, pooled[:1], self.k)
+            fit = kcenters.lloyd(pooled, start, max_iter=self.max_iter, tol=self.tol)
         else:
             current = self.centers(self.models[0])
             shared = self.shared[updates.clients]
@@ -83,7 +84,7 @@ class MFC(CentroidAlgorithm):
             points = torch.cat([means, current])
             weights = torch.cat([sizes, sizes.max().expand(len(current))])
             fit = self.cluster(points, self.server_generator(round), weights)
-        self.models = self.flat(fit.centers).unsqueeze(0)
+        self.models = self.to_flat(fit.centers).unsqueeze(0)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "shared": self.shared}

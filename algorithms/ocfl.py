@@ -1,4 +1,5 @@
-"""OCFL: one-shot clustered FL (Zuziak, Pellungrini, Rinzivillo), spec 003_78446f99cde0380b.spec.md.
+"""OCFL: one-shot clustered FL (Zuziak, Pellungrini, Rinzivillo: "One-Shot Clustering for Federated Learning Under
+Clustering-Agnostic Assumption", Algorithm 1 in section 3.3; the temperature is Definition 7).
 
 Every round, while no clustering has happened, the server computes the cosine-distance matrix Gamma of the
 clients' updates and its temperature T = ||Gamma||_p / (n(n-1)2^p)^(1/p) (in [0, 1]). The first round whose
@@ -14,9 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.algorithm import Algorithm, Updates
-from fedlight.clustering import HDBSCAN, Clusterer
-from fedlight.similarity import cosine_distance_matrix
+from fedlight.algorithm import Algorithm
+from fedlight.cluster.clusterers import HDBSCAN, Clusterer
+from fedlight.cluster.similarity import cosine_distance_matrix
+from fedlight.updates import Updates
 
 
 def temperature(gamma: Tensor, p: float = 2.0) -> float:
@@ -37,7 +39,7 @@ class OCFL(Algorithm):
         p: the entry-wise norm of the temperature (2, as in the authors' code).
         strict: fire on T_t > T_{t-1} (code) rather than >= (paper).
         window: compare moving averages of the last `window` temperatures (1 = the paper's rule).
-        min_rounds: never fire before this round (a guard the spec suggests; 1 = off).
+        min_rounds: never fire before this round (not in the paper; our guard; 1 = off).
         include_buffers: cluster on parameters and buffers (the authors' state_dict) instead of parameters.
         server_lr: step of the cluster model along its members' mean delta (1 = FedAvg).
         weighted: weight deltas by training-set size (the paper averages unweighted).
@@ -59,10 +61,10 @@ class OCFL(Algorithm):
         self.unassigned = torch.empty(0, dtype=torch.bool)
         self.last_gamma: np.ndarray | None = None
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self.mask = None if self.include_buffers else fed.flat.parameter_mask()
-        self.unassigned = torch.zeros(fed.num_clients, dtype=torch.bool, device=fed.device)
+    def setup(self, server) -> None:
+        super().setup(server)
+        self.mask = None if self.include_buffers else server.parameter_mask()
+        self.unassigned = torch.zeros(server.num_clients, dtype=torch.bool, device=server.device)
 
     def triggered(self) -> bool:
         """Whether the latest temperature (its moving average over `window` rounds) did not fall: T_t > T_{t-1}
@@ -74,6 +76,7 @@ class OCFL(Algorithm):
 
     def pre_aggregation(self, round: int, updates: Updates) -> None:
         deltas = updates.deltas if self.mask is None else updates.deltas[:, self.mask]
+        self.last_gamma = None
         if self.clustered_round:
             self._place_newcomers(updates, deltas)
             return
@@ -110,9 +113,8 @@ class OCFL(Algorithm):
 
     def aggregate(self, round: int, updates: Updates) -> None:
         """Each cluster moves by server_lr times its members' mean delta (unweighted by default)."""
-        weights = self.aggregation_weights(updates) if self.weighted else torch.ones_like(updates.num_samples,
-                                                                                          dtype=self.models.dtype)
-        active, mean_delta = self.cluster_means(updates, weights, updates.deltas)
+        weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
+        active, mean_delta = self.cluster_means(updates, weights.to(self.models.dtype), updates.deltas)
         self.set_shared(active, self.models[active] + self.server_lr * mean_delta)
 
     def cluster_labels(self) -> np.ndarray | None:
@@ -124,8 +126,7 @@ class OCFL(Algorithm):
 
     def round_matrices(self) -> dict[str, np.ndarray]:
         """The update cosine-distance matrix, in the rounds it was computed (until the shot)."""
-        gamma, self.last_gamma = self.last_gamma, None
-        return {} if gamma is None else {"update_cosine_distance": gamma}
+        return {} if self.last_gamma is None else {"update_cosine_distance": self.last_gamma}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "temperatures": list(self.temperatures),

@@ -1,26 +1,27 @@
-"""p-FClus: personalized federated data clustering in one round trip (arXiv 2407.04302; spec
-papers/001, sections 2 and 7).
+"""p-FClus: personalized federated data clustering in one round trip ("Fair Federated Data Clustering through
+Personalization: Bridging the Gap between Diverse Data Distributions", arXiv 2407.04302; section 4, Algorithms 1-4).
 
 1. Every client fits k local centers to its points with the model's (k, l)-clustering (k-means for l = 2,
    k-medoids for l = 1, Lloyd with l-centers otherwise; min(k, n_z) centers) and uploads them.
 2. The server runs the same (k, l)-clustering on the unweighted union of the uploaded centers: k global centers.
-3. Every client personalizes ITS OWN COPY of the global centers (the reference code chained clients through one
-   mutated array, spec A3; `chain_clients=True` reproduces that): `epochs` passes over its points in stored
-   order; for each point x, with c_g its nearest current center and c_loc its nearest local center,
+3. Every client personalizes ITS OWN COPY of the global centers, C^g in Algorithm 1 (the authors' released code
+   chained clients through one mutated array; `chain_clients=True` reproduces that): `epochs` passes over its
+   points in stored order; for each point x, with c_g its nearest current center and c_loc its nearest local center,
 
        c_g <- c_g - eta * [ (l/2) sign(c_g - x) |c_g - x|^(l-1) + 2 lambda (c_g - c_loc) ],
 
-   the (sub)gradient of 1/2 ||c_g - x||_l^l + lambda ||c_g - c_loc||^2 (spec A2: it is Eq. 6 for l = 2 and the
-   corrected Eq. 7, 1/2 sign(c_g - x) + 2 lambda (c_g - c_loc), for l = 1). eta = eta0 / count, with a
-   per-center count set to 0 once per client and incremented before use (spec A5), or eta0 (`eta_mode=
-   "const"`, not in the paper). For k-medoids the centers are finally snapped to the nearest local point.
+   the (sub)gradient of 1/2 ||c_g - x||_l^l + lambda ||c_g - c_loc||^2 (our correction of Eq. 5 and Eq. 7: it is
+   Eq. 6 for l = 2, and for l = 1 Eq. 7 with the printed 1/2 made 1/2 sign(c_g - x) + 2 lambda (c_g - c_loc)).
+   eta = eta0 / count, with a per-center count set to 0 once per client and incremented before use (Algorithm 4
+   line 7), or eta0 (`eta_mode="const"`, not in the paper). For k-medoids the centers are finally snapped to the
+   nearest local point.
 
 Each client is then evaluated with its personalized centers. Every client's pass is sequential over its points,
 but clients are independent, so all clients advance one point per step as one batched tensor operation
-(exactly the per-client sequential result, as the tests check against the spec's reference loop).
+(exactly the per-client sequential result, as the tests check against a point-by-point loop of Algorithm 4).
 
 Logged besides the personalized per-client costs: `global/*` (every client with the un-personalized global
-centers) and `local/*` (every client with its own local centers), the bracketing ablations of spec A14.
+centers) and `local/*` (every client with its own local centers), bracketing ablations (ours, not in the paper).
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlight import kmeans
-from fedlight.algorithms.centroids import CentroidAlgorithm
+from fedlight.cluster import kcenters
+from fedlight.algorithms.centroid_base import CentroidAlgorithm
 
 
 def personalization_gradient(center: Tensor, x: Tensor, local: Tensor, ell: float, lam: float) -> Tensor:
@@ -57,7 +58,7 @@ def personalize(global_centers: Tensor, local_centers: Tensor, x: Tensor, bounds
     """Algorithm 4 for every client at once. global_centers: (k, h) or (Z, k, h) starting centers (copied per
     client); local_centers: (Z, k, h); client z owns rows bounds[z]:bounds[z+1] of `x`, visited in that order.
     Returns the personalized centers (Z, k, h), index-aligned with the starting centers."""
-    with torch.no_grad(), kmeans.small_problem_threads(local_centers.numel(), x.device):
+    with torch.no_grad(), kcenters.small_problem_threads(local_centers.numel(), x.device):
         return _personalize(global_centers, local_centers, x, bounds, ell, lam, epochs, eta0, eta_mode)
 
 
@@ -96,7 +97,7 @@ class PFClus(CentroidAlgorithm):
         snap: snap the personalized centers to the nearest local point; default: when the model's centers are
             medoids (k-medoids), as the paper does.
         chain_clients: start each client from the previous client's personalized centers, reproducing the
-            reference code's in-place mutation (spec A3); off by default.
+            authors' released code's in-place mutation (not in the paper); off by default.
         n_init, max_iter, tol: the (k, l)-clustering solver of the clients and the server.
     """
 
@@ -113,10 +114,10 @@ class PFClus(CentroidAlgorithm):
         self.global_centers = torch.empty(0)
         self.local_centers = torch.empty(0)
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self.local_centers = fed.initial_params.repeat(fed.num_clients, 1)
-        self.global_centers = fed.initial_params.clone()
+    def setup(self, server) -> None:
+        super().setup(server)
+        self.local_centers = server.initial_params.repeat(server.num_clients, 1)
+        self.global_centers = server.initial_params.clone()
 
     # phase 1, the clients' local (k, l)-clustering, is the inherited `local_fit`
 
@@ -125,25 +126,25 @@ class PFClus(CentroidAlgorithm):
         self.local_centers[updates.clients] = updates.params
         pooled = torch.cat(self.uploads(updates.params, updates.clients))
         fit = self.cluster(pooled, self.server_generator(round))
-        self.global_centers = self.flat(fit.centers)
+        self.global_centers = self.to_flat(fit.centers)
         self.models = self.global_centers.unsqueeze(0).clone()
-        self.assignment = torch.zeros(self.fed.num_clients, dtype=torch.long, device=self.fed.device)
+        self.assignment = torch.zeros(self.server.num_clients, dtype=torch.long, device=self.server.device)
 
     # -- phase 3: clients personalize ----------------------------------------------------------------
     def post_aggregation(self, round: int) -> None:
         self.models = self.personalized(self.global_centers)
-        self.assignment = torch.arange(self.fed.num_clients, device=self.fed.device)
+        self.assignment = torch.arange(self.server.num_clients, device=self.server.device)
 
     def personalized(self, global_centers: Tensor) -> Tensor:
         """(Z, k*h) every client's personalized centers, each started from `global_centers` (flat)."""
-        data = self.fed.split("train")
+        data = self.server.split("train")
         x = self.all_points(data.x)
         local = self.centers(self.local_centers)
         start = self.centers(global_centers)
         kw = dict(ell=self.ell, lam=self.lam, epochs=self.epochs, eta0=self.eta0, eta_mode=self.eta_mode)
         if self.chain_clients:
             rows = []
-            for z in range(self.fed.num_clients):
+            for z in range(self.server.num_clients):
                 lo, hi = data.bounds[z], data.bounds[z + 1]
                 start = personalize(start, local[z: z + 1], x[lo:hi], [0, hi - lo], **kw)[0]
                 rows.append(start)
@@ -151,16 +152,16 @@ class PFClus(CentroidAlgorithm):
         else:
             centers = personalize(start, local, x, data.bounds, **kw)
         if self.medoids if self.snap is None else self.snap:
-            for z in range(self.fed.num_clients):
+            for z in range(self.server.num_clients):
                 points = x[data.bounds[z]: data.bounds[z + 1]]
-                centers[z] = points[kmeans.nearest(centers[z], points, self.ell)[1]]
-        return centers.reshape(self.fed.num_clients, -1).to(self.models.dtype)
+                centers[z] = points[kcenters.nearest(centers[z], points, self.ell)[1]]
+        return centers.reshape(self.server.num_clients, -1).to(self.models.dtype)
 
     # -- logging and checkpoints ---------------------------------------------------------------------
     def round_metrics(self) -> dict[str, float]:
-        n = self.fed.num_clients
-        zeros = torch.zeros(n, dtype=torch.long, device=self.fed.device)
-        own = torch.arange(n, device=self.fed.device)
+        n = self.server.num_clients
+        zeros = torch.zeros(n, dtype=torch.long, device=self.server.device)
+        own = torch.arange(n, device=self.server.device)
         return {**super().round_metrics(),
                 **self.center_metrics(self.global_centers.unsqueeze(0), zeros, "global"),
                 **self.center_metrics(self.local_centers, own, "local")}

@@ -1,11 +1,12 @@
-"""p-FClus, k-FED, MFC and CentClus on the synthetic sets, several seeds: the table of the p-FClus note.
+"""p-FClus, k-FED, MFC and CentClus on the synthetic sets, several seeds: the table of the p-FClus note (p-FClus:
+"Fair Federated Data Clustering through Personalization: Bridging the Gap between Diverse Data Distributions").
 
 Every run goes through the ordinary CLI (`fedlight fit --config configs/papers/pfclus/syn_o_h2_<method>.yaml`
 with the data set, H and seed overridden), so it has its run folder, metrics.csv and summary.json; this script
 only runs them in one process and tabulates the summaries: per method, the mean and standard deviation over
 seeds of the clients' mean cost (mu), the population standard deviation across clients (sigma) and the worst
 client's cost (max), all in the paper's convention (unsquared Euclidean distance, `train/cost_p1_*`), beside
-the spec's reference run (papers/001 section 6.3: the released logic, numpy + scikit-learn, seed 0).
+a reference run of the authors' released code's logic (numpy + scikit-learn, seed 0; not in the paper).
 
     python benchmarks/pfclus_table.py                       # NO / LO / O x H in {2, 10} x seeds {0, 300, ..., 1200}
     python benchmarks/pfclus_table.py --sets O --heterogeneity 2 --seeds 0
@@ -25,7 +26,7 @@ from fedlight.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "papers" / "pfclus"
 METHODS = ("pfclus", "kfed", "mfc", "centclus")
-# spec papers/001 section 6.3 [S]: mu / sigma / max (Z = 100 balanced, 100 points per client, seed 0)
+# Reference run of the authors' released logic: mu / sigma / max (Z = 100 balanced, 100 points per client, seed 0)
 REFERENCE = {
     ("NO", 2): {"p-FClus": (1.245, 0.067, 1.408), "p-FClus global": (1.259, 0.066, 1.438),
                 "k-FED": (6.790, 2.993, 14.26), "MFC": (1.258, 0.066, 1.427), "CentClus": (1.258, 0.067, 1.431),
@@ -80,7 +81,7 @@ def main_table(args: argparse.Namespace) -> str:
     out = Path(args.out)
     lines = [f"Z = {args.clients} clients, {args.points} points (+{args.step} per client), k = 10, l = 2; "
              f"seeds {args.seeds}; costs are per-point unsquared Euclidean (train/cost_p1_*); "
-             "ours = mean ± std over seeds, spec = reference run [S] (seed 0).", ""]
+             "ours = mean ± std over seeds, ref = reference run of the released logic (seed 0).", ""]
     checks = []
     for overlap in args.sets:
         for h in args.heterogeneity:
@@ -88,14 +89,14 @@ def main_table(args: argparse.Namespace) -> str:
             runs = {m: [run_one(out, overlap, h, m, s, args) for s in args.seeds] for m in METHODS}
             ref = REFERENCE.get((overlap, h), {})
             lines += [f"### Syn-{overlap}, H = {h}  ({time.perf_counter() - started:.0f} s)", "",
-                      "| method | mu (ours) | sigma (ours) | max (ours) | point ARI (ours) | mu / sigma / max (spec) |",
+                      "| method | mu (ours) | sigma (ours) | max (ours) | point ARI (ours) | mu / sigma / max (ref) |",
                       "|---|---|---|---|---|---|"]
             for label, method, prefix in ROWS:
                 values = [triple(s, prefix) for s in runs[method]]
                 ari = cell([s["cluster/point_ari"] for s in runs[method]]) if prefix == "train" else ""
-                spec = " / ".join(ref_cell(v) for v in ref.get(label, (None,) * 3) if v is not None)
+                reference = " / ".join(ref_cell(v) for v in ref.get(label, (None,) * 3) if v is not None)
                 lines.append(f"| {label} | {cell([v[0] for v in values])} | {cell([v[1] for v in values])} | "
-                             f"{cell([v[2] for v in values])} | {ari} | {spec} |")
+                             f"{cell([v[2] for v in values])} | {ari} | {reference} |")
             lines.append("")
             for i, seed in enumerate(args.seeds):
                 p, k, m = (triple(runs[x][i], "train") for x in ("pfclus", "kfed", "mfc"))

@@ -35,7 +35,7 @@ class PlainLoop:
             net.load_state_dict(self.global_state)
             optimizer = self.make_optimizer(net.parameters())
             x, y = fed.data.train.client(client)
-            seed = fed.client_seed(round, client)
+            seed = fed.server.client_seed(round, client)
             torch.manual_seed(seed)
             generator = torch.Generator(device=x.device).manual_seed(seed)
             net.train()
@@ -43,7 +43,7 @@ class PlainLoop:
                 order = torch.randperm(len(y), generator=generator, device=x.device)
                 for begin in range(0, len(y), fed.config.batch_size):
                     rows = order[begin: begin + fed.config.batch_size]
-                    batch, labels = fed.datamodule.on_after_batch_transfer((x[rows], y[rows]), 0)
+                    batch, labels = fed.transform((x[rows], y[rows]), 0)
                     with fed.fabric.autocast():
                         loss = F.cross_entropy(net(batch), labels)
                     loss.backward()

@@ -22,7 +22,7 @@ import torch
 
 from timing import peak_rss_bytes, reset_peak_rss, resident_bytes, sync
 
-from fedlight.similarity import cosine_distance_matrix, js_divergence_matrix
+from fedlight.cluster.similarity import cosine_distance_matrix, js_divergence_matrix
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

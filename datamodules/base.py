@@ -1,9 +1,11 @@
-"""The federated data module: a pool of samples cut into clients, kept as tensors on the device.
+"""The federated data module: a pool of samples cut into clients, kept as tensors on the device, in the form of
+the engine's data contract (`fedlight.data`: `FederatedData` of `ClientSplit`s).
 
 A subclass only says how to load its pool (`load_pool`); the base class holds out the server's public
 data, partitions the rest with a `PartitionScheme`, applies the scheme's per-cluster transform, splits
 each client's samples into train/val/test, and stores every split as one tensor with per-client row
-ranges, so that a client's data is a slice and batches are gathers on the device (DESIGN.md section 5).
+ranges, so that a client's data is a slice and batches are gathers on the device (docs/architecture.md,
+Speed).
 
 Official splits (optional): a data set with its own train/val/test split (MedMNIST, torchvision sets, LEAF)
 may set `self.pool_splits` in `load_pool`, one code per sample (`OFFICIAL_TRAIN`, `OFFICIAL_VAL`,
@@ -15,65 +17,15 @@ val split (when the set has a val split; otherwise `val_fraction` of its officia
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedlight.data import SPLITS, ClientSplit, FederatedData
 from fedlight.datamodules.partition import IID, PartitionScheme
 
-SPLITS = ("train", "val", "test")
 OFFICIAL_TRAIN, OFFICIAL_VAL, OFFICIAL_TEST = 0, 1, 2  # codes of `pool_splits`
-
-
-@dataclass
-class ClientSplit:
-    """One split of every client: client k owns rows `bounds[k]:bounds[k+1]` of `x` and `y`."""
-
-    x: Tensor
-    y: Tensor
-    bounds: list[int]
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.bounds) - 1
-
-    def client(self, k: int) -> tuple[Tensor, Tensor]:
-        lo, hi = self.bounds[k], self.bounds[k + 1]
-        return self.x[lo:hi], self.y[lo:hi]
-
-    def size(self, k: int) -> int:
-        return self.bounds[k + 1] - self.bounds[k]
-
-    def sizes(self) -> np.ndarray:
-        return np.diff(np.asarray(self.bounds))
-
-    def to(self, device: torch.device | str) -> "ClientSplit":
-        return ClientSplit(self.x.to(device), self.y.to(device), self.bounds)
-
-
-@dataclass
-class FederatedData:
-    """Everything the federation needs from the data: per-client splits, public data, ground truth."""
-
-    train: ClientSplit
-    val: ClientSplit
-    test: ClientSplit
-    num_classes: int
-    cluster_labels: np.ndarray | None = None
-    public_x: Tensor | None = None
-    info: dict = field(default_factory=dict)
-
-    @property
-    def num_clients(self) -> int:
-        return self.train.num_clients
-
-    def to(self, device: torch.device | str) -> "FederatedData":
-        public = None if self.public_x is None else self.public_x.to(device)
-        return FederatedData(self.train.to(device), self.val.to(device), self.test.to(device),
-                             self.num_classes, self.cluster_labels, public, self.info)
 
 
 class FederatedDataModule(L.LightningDataModule):

@@ -38,8 +38,9 @@ class FEMNISTFederated(FederatedDataModule):
         root: the folder holding `train/` and `test/` (or `all_data/`) with LEAF's `*.json` files.
         num_writers: how many writers to keep (None: all that qualify).
         min_samples: writers with fewer samples are left out.
-        writer_order: "random" (drawn from `writer_seed`) or "sorted" (the first writers by id, as p-FClus's
-            spec suggests for its 500 writers).
+        writer_order: "random" (drawn from `writer_seed`) or "sorted" (the first writers by id: our choice for
+            the 500 writers of p-FClus, "Fair Federated Data Clustering through Personalization: Bridging the
+            Gap between Diverse Data Distributions", section 5, which does not say which writers it took).
         writer_seed: seed of the random writer draw.
         num_clients: number of clients; None = one per kept writer.
         partition: default `Natural(shuffle=False)`: client k is the k-th kept writer by id.

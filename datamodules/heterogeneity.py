@@ -1,6 +1,7 @@
-"""Heterogeneity level H (p-FClus, spec papers/001 section 5.2): every client holds samples of exactly H of the
+"""Heterogeneity level H (p-FClus: "Fair Federated Data Clustering through Personalization: Bridging the Gap
+between Diverse Data Distributions", Definition 1 and section 5.1): every client holds samples of exactly H of the
 K "distributions" (the labels: classes, or k-means cluster ids of a table), balanced or in unequal amounts.
-The paper gives no procedure for its real data; these are the spec's [R] recommendations.
+The paper gives no procedure for its real data; these procedures are our choice.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class Heterogeneity(PartitionScheme):
     Args:
         heterogeneity: H, at most the number of distinct labels.
         sizes: "balanced" or "unequal".
-        size_base, size_step: the linear size profile of "unequal" (the spec's synthetic values by default).
+        size_base, size_step: the linear size profile of "unequal" (our synthetic values, see
+            SyntheticGaussians, by default).
         alpha: Dirichlet concentration of the per-client shares in "unequal".
     """
 

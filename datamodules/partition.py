@@ -462,7 +462,8 @@ class MissingClasses(ClusterScheme):
         return _sorted(parts)
 
 
-# OCFL's label sets for 10-class data sets, straight from its code (spec 003, section 5.2).
+# OCFL's label sets for 10-class data sets ("One-Shot Clustering for Federated Learning Under Clustering-Agnostic
+# Assumption", section 3.1.2 leaves them open), straight from the authors' code.
 OCFL_CLASS_SETS: dict[str, list[list[int]]] = {
     "NO": [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]],
     "O": [[0, 1, 2, 3, 8, 9], [4, 5, 6, 7, 8, 9], [0, 1, 2, 3, 4, 5]],

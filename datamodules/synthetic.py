@@ -54,8 +54,8 @@ class SyntheticGaussians(FederatedDataModule):
         heterogeneity: H, the number of Gaussians each client holds points of (1..num_gaussians).
         num_clients: Z.
         points_per_client: p, the size of client 0 (of every client when size_step = 0).
-        size_step: a, the size increase from one client to the next (0: balanced; the spec's unequal setting
-            is Z = 50, p = 50, a = 10).
+        size_step: a, the size increase from one client to the next (0: balanced; our unequal setting, not
+            stated in the paper, is Z = 50, p = 50, a = 10).
         num_gaussians: number of Gaussians (the paper's 10).
         val_fraction, test_fraction: shares of each client's points held out (default none: a clustering is
             scored on the data it fits, with `federation.eval_split: train`).

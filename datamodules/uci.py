@@ -1,11 +1,12 @@
-"""UCI tables for p-FClus (spec 001, section 5): Adult, Bank marketing (bank-additional-full), Diabetes 130-US
+"""UCI tables for p-FClus ("Fair Federated Data Clustering through Personalization: Bridging the Gap between
+Diverse Data Distributions", section 5): Adult, Bank marketing (bank-additional-full), Diabetes 130-US
 hospitals, read from their CSV files with the numeric columns the paper lists.
 
-Preprocessing (spec 001 section 5.1, [R]): the listed columns only, Diabetes' age bracket "[70-80)" as its
-ordinal index 0..9, every column z-scored (population std) over the whole file. The labels are, by
-default, the "distributions" of spec 001 section 5.2 [R]: k-means cluster ids (k = 10, seed 0, n_init = 10)
-computed once on the standardized pooled rows; `labels: target` gives the table's own target instead
-(income, subscription, readmission). Rows are (N, F) float32; there is no natural owner and no official
+Preprocessing (not stated in the paper; our choice): the listed columns only, Diabetes' age bracket "[70-80)" as
+its ordinal index 0..9, every column z-scored (population std) over the whole file. The labels are, by default,
+the "distributions" D_k (left undefined for these tables by the paper; our choice): k-means cluster ids (k = 10,
+seed 0, n_init = 10) computed once on the standardized pooled rows; `labels: target` gives the table's own target
+instead (income, subscription, readmission). Rows are (N, F) float32; there is no natural owner and no official
 split, so any partition scheme cuts them.
 """
 from __future__ import annotations

@@ -17,7 +17,6 @@ from rich.console import Console
 
 from fedlight import registry
 from fedlight.algorithm import Algorithm
-from fedlight.datamodules.base import FederatedDataModule
 from fedlight.federation import Federation, FederationConfig
 from fedlight.recorder import LoggerConfig
 from fedlight.runner import fit
@@ -35,7 +34,7 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--run_name", type=str | None, default=None, help="run folder name (default: made up)")
     parser.add_argument("--resume", type=str | None, default=None, help="a run folder to continue")
     parser.add_argument("--checkpoint_every", type=int, default=1, help="rounds between checkpoints")
-    parser.add_subclass_arguments(FederatedDataModule, "data", required=True)
+    parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
     parser.add_subclass_arguments(L.LightningModule, "model", required=True)
     parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.algorithm.Algorithm"})
     parser.add_class_arguments(FederationConfig, "federation")

@@ -1,5 +1,6 @@
-"""The federated loop: select, train each client on the shared module, hand updates to the algorithm,
-evaluate every client's own model (DESIGN.md section 3).
+"""The federated loop: each round, select clients, train them on the shared module (vectorized where possible),
+hand their updates to the algorithm, and evaluate every client's own model (docs/architecture.md, "The round as
+data flow").
 
 Every random choice is a pure function of (seed, round, client, purpose), so a run resumed from a round
 checkpoint repeats exactly what the uninterrupted run does, and the order clients are trained in does not
@@ -8,7 +9,6 @@ matter.
 from __future__ import annotations
 
 import warnings
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,14 +17,16 @@ import lightning as L
 from lightning.fabric.utilities.apply_func import move_data_to_device
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.algorithm import Algorithm, Updates
-from fedlight.datamodules.base import ClientSplit, FederatedData, FederatedDataModule
+from fedlight.aggregation import average_in_clusters
+from fedlight.algorithm import Algorithm
+from fedlight.cluster.scores import clustering_scores
+from fedlight.data import ClientDataModule, FederatedData
 from fedlight.evaluation import per_client_classification, summarize
 from fedlight.flat import FlatModel
-from fedlight.scores import clustering_scores
+from fedlight.server import ServerContext
+from fedlight.updates import Updates
 from fedlight.vectorized import VectorizedTrainer, unsupported_reason
 from fedlight.worker import ClientTrainer
 
@@ -94,46 +96,50 @@ def default_precision(accelerator: str) -> str:
     return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
 
 
-def stream_seed(*parts: int | str) -> list[int]:
-    """An integer key for numpy/torch generators from a tuple of ints and names."""
-    return [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
+def load_clients(data: ClientDataModule, seed: int) -> FederatedData:
+    """Prepare and set up a data module for `seed` and return its clients (checked against the contract)."""
+    if not isinstance(data, ClientDataModule):
+        raise TypeError(f"{type(data).__name__} is not a federated data module: subclass "
+                        "fedlight.datamodules.FederatedDataModule (or provide seed, federated, prepare_data, setup "
+                        "and on_after_batch_transfer)")
+    data.seed = seed
+    data.prepare_data()
+    data.setup("fit")
+    if not isinstance(data.federated, FederatedData):
+        raise TypeError(f"{type(data).__name__}.setup() left no FederatedData in `federated`")
+    return data.federated
 
 
 class Federation:
     """One federated run in memory: data on the device, one module, an algorithm, and the round loop."""
 
-    def __init__(self, data: FederatedDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
+    def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
                  config: FederationConfig | None = None, seed: int = 0) -> None:
         self.config = config or FederationConfig()
         self.seed = seed
         self.algorithm = algorithm if algorithm is not None else Algorithm()
-        self.datamodule = data
         precision = self.config.precision or default_precision(self.config.accelerator)
         self.fabric = L.Fabric(accelerator=self.config.accelerator, devices=1, precision=precision)
         self.precision = precision
-        data.seed = seed
-        data.prepare_data()
-        data.setup("fit")
-        self.data: FederatedData = data.federated.to(self.device)
+        self.data: FederatedData = load_clients(data, seed).to(self.device)
+        self.transform = data.on_after_batch_transfer
         self.module = model
         self.fabric.setup_module(model)
         model._fabric = None  # per-step self.log through Fabric would sync the device; training logs per round
         self.flat = FlatModel(model)
-        self.initial_params = self.flat.read()
-        self.trainer = ClientTrainer(self.fabric, model, self.flat, data.on_after_batch_transfer,
-                                     self.config.batch_size, self.config.local_epochs)
-        self.vectorized = self._vectorized_trainer(model, data)
-        self.train_sizes = torch.as_tensor(self.data.train.sizes(), device=self.device)
-        self._eval_rows = {s: self._client_of_row(getattr(self.data, s)) for s in ("train", "val", "test")}
-        if len(self._eval_rows[self.config.eval_split]) == 0:
+        self.trainer = ClientTrainer(self.fabric, model, self.flat, self.transform, self.config.batch_size,
+                                     self.config.local_epochs)
+        self.vectorized = self._vectorized_trainer(model)
+        if len(self.data.split(self.config.eval_split).y) == 0:
             raise ValueError(f"federation.eval_split={self.config.eval_split!r}, but no client has a sample in that "
                              "split (clients too small for the data module's split fractions); give the clients more "
                              "samples, raise the data module's val_fraction/test_fraction, or evaluate on "
                              "eval_split='train'")
+        self.server = ServerContext(self.data, model, self.flat, self.trainer, self.fabric, self.transform, seed,
+                                    self.config.rounds, self.config.eval_split, self.config.eval_batch_size)
         self.round = 0
-        self.algorithm.setup(self)
+        self.algorithm.setup(self.server)
 
-    # -- services for algorithms -------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
         return self.fabric.device
@@ -142,72 +148,12 @@ class Federation:
     def num_clients(self) -> int:
         return self.data.num_clients
 
-    def rng(self, round: int, purpose: str) -> np.random.Generator:
-        """A numpy generator that depends only on (seed, round, purpose)."""
-        return np.random.default_rng(stream_seed(self.seed, round, purpose))
-
-    def client_seed(self, round: int, client: int) -> int:
-        return int(np.random.SeedSequence(stream_seed(self.seed, round, client, "train")).generate_state(1)[0])
-
-    def split(self, name: str) -> ClientSplit:
-        return getattr(self.data, name)
-
-    @torch.no_grad()
-    def predict(self, params: Tensor, x: Tensor) -> Tensor:
-        """The outputs (logits) of the model `params` on inputs `x`, in evaluation mode, batched."""
-        self.flat.load(params)
-        self.module.eval()
-        size = self.config.eval_batch_size
-        outputs = []
-        for begin in range(0, len(x), size):
-            batch, _ = self.datamodule.on_after_batch_transfer((x[begin: begin + size], None), 0)
-            with self.fabric.autocast():
-                outputs.append(self.module(batch).float())
-        return torch.cat(outputs)
-
-    @torch.no_grad()
-    def client_losses(self, models: Tensor, split: str = "train") -> Tensor:
-        """(K, n) mean cross-entropy of each of K flat models on each client's split: one batched pass over
-        the whole split per model (for selecting a model by loss, as IFCA and FLIS do)."""
-        data, client = self.split(split), self._eval_rows[split]
-        sizes = torch.bincount(client, minlength=self.num_clients).clamp(min=1)
-        losses = torch.empty(len(models), self.num_clients, device=self.device)
-        for j, params in enumerate(models):
-            per_row = F.cross_entropy(self.predict(params, data.x), data.y, reduction="none")
-            losses[j] = torch.bincount(client, weights=per_row, minlength=self.num_clients) / sizes
-        return losses
-
-    def random_params(self, seed: int) -> Tensor:
-        """A fresh random initialization of the model (every submodule's `reset_parameters`), as a flat vector;
-        for algorithms whose cluster models start from independent initializations."""
-        saved = self.flat.read()
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            for sub in self.module.modules():
-                if callable(getattr(sub, "reset_parameters", None)):
-                    sub.reset_parameters()
-        fresh = self.flat.read()
-        self.flat.load(saved)
-        return fresh
-
     # -- one round ---------------------------------------------------------------------------------
-    def fit_client(self, round: int, client: int, start: Tensor, epochs: int | None = None) -> tuple[Tensor, Tensor]:
-        """Train the shared module from `start` on one client's training split with its own optimizer, for
-        `epochs` local epochs (default: the federation's)."""
-        alg = self.algorithm
-        hook = None
-        if type(alg).local_gradient is not Algorithm.local_gradient:
-            def hook(params: Tensor, grad: Tensor, begin: Tensor) -> None:
-                alg.local_gradient(client, params, grad, begin)
-        x, y = self.data.train.client(client)
-        return self.trainer.fit(start, x, y, self.client_seed(round, client), hook,
-                                lr_scale=alg.learning_rate_scale(round), epochs=epochs)
-
     def train_clients(self, round: int, clients: list[int]) -> Updates:
         """Local training of the selected clients: one after another on the shared module, or in groups
         through the vectorized trainer when it is on and the algorithm keeps the default local training."""
         alg = self.algorithm
-        starts = torch.stack([alg.client_start(round, c) for c in clients])
+        starts = torch.stack([alg.client_model(c) for c in clients])
         vectorized = None
         if self.vectorized is not None and type(alg).train_client is Algorithm.train_client:
             vectorized = self._try_vectorized(round, clients, starts)
@@ -218,7 +164,7 @@ class Federation:
             for row, (client, start) in enumerate(zip(clients, starts)):
                 params[row], losses[row] = alg.train_client(round, client, start)
         ids = torch.tensor(clients, device=self.device)
-        return Updates(ids, params, starts, self.train_sizes[ids], losses)
+        return Updates(ids, params, starts, self.server.train_sizes[ids], losses)
 
     def train_groups(self, round: int, clients: list[int]) -> Iterator[Updates]:
         """`train_clients` a group at a time (groups of `_group_size`): for aggregation by running sums, so
@@ -250,7 +196,7 @@ class Federation:
                     alg.local_gradient(group[row], p, g, s)
             trained, loss = self.vectorized.fit_many(
                 starts[begin: begin + size], [self.data.train.client(c) for c in group],
-                [self.client_seed(round, c) for c in group], hook, lr_scale=alg.learning_rate_scale(round))
+                [self.server.client_seed(round, c) for c in group], hook, lr_scale=alg.learning_rate_scale(round))
             params.append(trained)
             losses.append(loss)
         return torch.cat(params), torch.cat(losses)
@@ -265,7 +211,7 @@ class Federation:
         fits = clients if free is None else max(1, int(0.5 * free // per_client))
         return min(clients, fits) if self.device.type == "cuda" else min(clients, fits, CPU_GROUP)
 
-    def _vectorized_trainer(self, model: L.LightningModule, data: FederatedDataModule):
+    def _vectorized_trainer(self, model: L.LightningModule) -> VectorizedTrainer | None:
         if not self.config.vectorize:
             return None
         reason = unsupported_reason(model, self.trainer.raw_optimizer, self.trainer.scaler)
@@ -273,15 +219,16 @@ class Federation:
             warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)
             return None
         return VectorizedTrainer(self.fabric, model, self.flat, self.trainer.raw_optimizer,
-                                 data.on_after_batch_transfer, self.config.batch_size, self.config.local_epochs)
+                                 self.transform, self.config.batch_size, self.config.local_epochs)
 
     def run_round(self, round: int) -> dict[str, Any]:
         """Run round `round` (1-based) and return its metrics, with per-client values under 'clients' (and
         each client's cluster) when it was evaluated, and the algorithm's matrices under 'matrices'."""
         alg = self.algorithm
+        alg.begin_round(round)
         clients = alg.select_clients(round)
-        if alg.aggregates_in_groups():
-            losses = alg.aggregate_groups(round, self.train_groups(round, clients))
+        if self.aggregates_in_groups():
+            losses = average_in_clusters(alg, self.train_groups(round, clients))
         else:
             updates = self.train_clients(round, clients)
             alg.pre_aggregation(round, updates)
@@ -302,6 +249,12 @@ class Federation:
             metrics["matrices"] = matrices
         return metrics
 
+    def aggregates_in_groups(self) -> bool:
+        """True when the algorithm keeps FedAvg's aggregation (it overrides neither `pre_aggregation` nor
+        `aggregate`): its updates can then be averaged as running sums, a group of clients at a time."""
+        cls = type(self.algorithm)
+        return cls.pre_aggregation is Algorithm.pre_aggregation and cls.aggregate is Algorithm.aggregate
+
     def score_clusters(self, predicted: np.ndarray | None) -> dict[str, float]:
         """A client clustering against the split's true clusters (when both exist)."""
         if predicted is None:
@@ -315,7 +268,7 @@ class Federation:
     def evaluate(self, split: str | None = None) -> dict[str, Any]:
         """Every client's own model on its split: summaries across clients, plus per-client values."""
         split = split or self.config.eval_split
-        data, client_of_row = self.split(split), self._eval_rows[split]
+        data, client_of_row = self.data.split(split), self.server.client_of_row(split)
         models, group_of_client = self.algorithm.evaluation_models()
         group_of_row = group_of_client[client_of_row]
         order = torch.argsort(group_of_row, stable=True)
@@ -325,7 +278,7 @@ class Federation:
         for group, count in enumerate(counts):
             if count:
                 rows = order[begin: begin + count]
-                out = self.predict(models[group], data.x[rows])
+                out = self.server.predict(models[group], data.x[rows])
                 if outputs is None:
                     outputs = out.new_empty((len(order), *out.shape[1:]))
                 outputs[rows] = out
@@ -338,10 +291,6 @@ class Federation:
                                                    self.data.num_classes)
         values = {k: v.cpu().numpy() for k, v in per_client.items()}
         return {**summarize(values, split), "clients": values}
-
-    def _client_of_row(self, split: ClientSplit) -> Tensor:
-        sizes = torch.as_tensor(split.sizes(), device=self.device)
-        return torch.repeat_interleave(torch.arange(split.num_clients, device=self.device), sizes)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

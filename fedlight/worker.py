@@ -1,4 +1,4 @@
-"""Local training of one client at a time on ONE reused LightningModule (DESIGN.md section 5).
+"""Local training of one client at a time on ONE reused LightningModule (docs/architecture.md, "Speed").
 
 The module's own `training_step` and `configure_optimizers` are used, so a user's LightningModule works
 unchanged. Its optimizer is built once; between clients its state is cleared and its hyper-parameters

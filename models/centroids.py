@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from fedlight import kmeans
+from fedlight.cluster import kcenters
 
 
 def per_client_ari(labels_true: Tensor, labels_pred: Tensor, client: Tensor, num_clients: int) -> Tensor:
@@ -83,12 +83,12 @@ class CentroidModel(L.LightningModule):
     # -- LightningModule ---------------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
         """(n, k) l-norm distances of the points to the centers."""
-        return kmeans.distances(self.points(x), self.centers, self.ell)
+        return kcenters.distances(self.points(x), self.centers, self.ell)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Mean d^l to the nearest center (the clustering objective, for SGD-trained centers)."""
         x, _ = batch
-        return kmeans.power(self(x).min(dim=1).values, self.ell).mean()
+        return kcenters.power(self(x).min(dim=1).values, self.ell).mean()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
@@ -99,7 +99,7 @@ class CentroidModel(L.LightningModule):
         dmin, labels = outputs.min(dim=1)
         size = torch.bincount(client, minlength=num_clients).clamp(min=1)
         metrics = {
-            "cost": torch.bincount(client, weights=kmeans.power(dmin.double(), self.ell), minlength=num_clients) / size,
+            "cost": torch.bincount(client, weights=kcenters.power(dmin.double(), self.ell), minlength=num_clients) / size,
             "cost_p1": torch.bincount(client, weights=dmin.double(), minlength=num_clients) / size,
         }
         if self.score_labels:

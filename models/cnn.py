@@ -1,7 +1,10 @@
 """Plain CNNs of the papers and a fast CNN for the bundled 8x8 digits.
 
-- ``OCFLCNN``: OCFL's MNIST/FMNIST network (OCFL spec 5.3; the code's ``FMNIST_Expanded_CNN``).
-- ``FedTSDPCNN``: FedTSDP's CIFAR/SVHN network (FedTSDP spec sections 2.2 and 5).
+- ``OCFLCNN``: OCFL's MNIST/FMNIST network ("One-Shot Clustering for Federated Learning Under
+  Clustering-Agnostic Assumption", section 4.2: "inspired by Tiny-VGG"; the layers are the authors' code's
+  ``FMNIST_Expanded_CNN``).
+- ``FedTSDPCNN``: FedTSDP's CIFAR/SVHN network ("Federated Two Stage Decoupling With Adaptive Personalization
+  Layers", section 4.1.2).
 - ``SmallCNN``: a small, fast network for scikit-learn's digits (the quickstart default).
 """
 
@@ -56,8 +59,8 @@ class FedTSDPCNN(nn.Module):
     """conv3x3(32)-ReLU-conv3x3(64)-ReLU-pool2-dropout .25-FC 512-ReLU-dropout .5-FC C.
 
     Four FL layers (conv1, conv2, fc1, fc2) as FedTSDP's L_total = 4. About 6.45 M parameters for
-    32x32 inputs (fc1 is 64*14*14 = 12544 -> 512). Padding, activations and pooling are the spec's
-    interpretation; the paper does not give them.
+    32x32 inputs (fc1 is 64*14*14 = 12544 -> 512). Padding, activations and pooling are our choice (the
+    common PyTorch two-conv example); the paper does not give them.
     """
 
     def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> None:

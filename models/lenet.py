@@ -1,6 +1,7 @@
 """LeNet-5 as FLIS's code uses it (NIID-Bench ``SimpleCNN`` / ``SimpleCNNMNIST``).
 
-FLIS spec section 5.3: conv(in->6, 5x5) -> ReLU -> pool2 -> conv(6->16, 5x5) -> ReLU -> pool2 ->
+FLIS ("FLIS: Clustered Federated Learning via Inference Similarity for Non-IID Data Distribution", section 3.1)
+names LeNet-5; the layers are its code's: conv(in->6, 5x5) -> ReLU -> pool2 -> conv(6->16, 5x5) -> ReLU -> pool2 ->
 FC 120 -> ReLU -> FC 84 -> ReLU -> FC C. No padding, BatchNorm or dropout. The flatten size follows
 the input: 16*5*5 = 400 for 32x32 (CIFAR-10, SVHN), 16*4*4 = 256 for 28x28 (FMNIST).
 """

@@ -1,9 +1,12 @@
 """ResNets: FLIS's ResNet-9 (GroupNorm) and CIFAR-style ResNet-18/34.
 
-ResNet-9 follows FLIS's code (``src/models/resnet9.py``; FLIS spec section 5.3): conv3x3 (with bias)
--> GroupNorm(32) -> ReLU blocks, two residual pairs, global max-pool, one linear layer.
+ResNet-9 follows FLIS's code (``src/models/resnet9.py``; "FLIS: Clustered Federated Learning via Inference
+Similarity for Non-IID Data Distribution", section 3.1): conv3x3 (with bias) -> GroupNorm(32) -> ReLU blocks, two
+residual pairs, global max-pool, one linear layer.
 
-ResNet-18/34 follow the CIFAR variant (kuangliu / akamaster; OCFL spec 5.3, FedTSDP spec 5):
+ResNet-18/34 follow the CIFAR variant (kuangliu / akamaster): the ResNet34 of OCFL ("One-Shot Clustering for
+Federated Learning Under Clustering-Agnostic Assumption", section 4.2; the variant of the authors' code) and the
+ResNet18 of FedTSDP ("Federated Two Stage Decoupling With Adaptive Personalization Layers", section 4.1.2):
 3x3 stem at stride 1, no max-pool, BasicBlocks [2,2,2,2] / [3,4,6,3] with widths 64/128/256/512,
 global average pool, one linear layer. BatchNorm by default; ``norm="group"`` swaps in GroupNorm,
 whose lack of running statistics makes averaging client models safe.
@@ -105,7 +108,8 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """CIFAR-style ResNet built from BasicBlocks; see ``ResNet18`` and ``ResNet34``.
 
-    FL layers (FedTSDP spec 2.2): the stem (conv + norm), each BasicBlock, then ``fc``.
+    FL layers (the units of FedTSDP's shared/personal split, section 3.3.2; not stated in the paper, our
+    choice): the stem (conv + norm), each BasicBlock, then ``fc``.
     """
 
     def __init__(

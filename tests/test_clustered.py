@@ -164,7 +164,7 @@ def test_ifca_assigns_each_client_to_the_model_with_the_lowest_loss_computed_by_
         for j in range(2):
             log_p = biases[j] - torch.logsumexp(biases[j], 0)
             expected_losses[j, k] = -log_p[y].double().mean()
-    assert np.allclose(fed.client_losses(alg.models, "train").double().numpy(), expected_losses, atol=1e-5)
+    assert np.allclose(fed.server.client_losses(alg.models, "train").double().numpy(), expected_losses, atol=1e-5)
     alg.assign_by_loss()
     assert alg.assignment.tolist() == expected_losses.argmin(axis=0).tolist()
 
@@ -172,7 +172,7 @@ def test_ifca_assigns_each_client_to_the_model_with_the_lowest_loss_computed_by_
 def test_ifca_cluster_models_start_from_different_initializations():
     fed = small_federation(IFCA(num_clusters=3), num_clients=3)
     m = fed.algorithm.models
-    assert torch.equal(m[0], fed.initial_params) and not torch.equal(m[1], m[2])
+    assert torch.equal(m[0], fed.server.initial_params) and not torch.equal(m[1], m[2])
 
 
 # -- FLIS -------------------------------------------------------------------------------------------
@@ -212,7 +212,7 @@ def test_flis_hc_recovers_rotation_clusters_after_phase_zero():
     from sklearn.metrics import adjusted_rand_score
 
     assert adjusted_rand_score(truth, labels) == 1.0
-    assert not any(torch.equal(m, fed.initial_params) for m in fed.algorithm.models)  # trained in round 1
+    assert not any(torch.equal(m, fed.server.initial_params) for m in fed.algorithm.models)  # trained in round 1
 
 
 def test_the_logged_cluster_of_each_client_is_the_clustering_that_was_scored():

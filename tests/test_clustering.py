@@ -4,7 +4,7 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-from fedlight.clustering import (
+from fedlight.cluster.clusterers import (
     CLUSTERERS,
     DBSCAN,
     HDBSCAN,

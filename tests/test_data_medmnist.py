@@ -177,7 +177,7 @@ def test_one_federated_round_on_uint8_images(tmp_path) -> None:
     assert fed.data.train.x.dtype == torch.uint8
     metrics = fed.run_round(1)
     assert np.isfinite(metrics["train/loss"]) and "clients" in metrics
-    assert fed.predict(fed.initial_params, fed.data.public_x).shape == (4, 9)
+    assert fed.server.predict(fed.server.initial_params, fed.data.public_x).shape == (4, 9)
 
 
 def test_listed() -> None:

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from conftest import small_federation
-from fedlight.algorithm import Algorithm, ClientModels, ClusterAverage, Updates
+from fedlight.aggregation import ClientModels, ClusterAverage
+from fedlight.algorithm import Algorithm
+from fedlight.updates import Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
 
@@ -14,21 +16,6 @@ class AllAtOnce(FedAvg):
 
     def pre_aggregation(self, round: int, updates: Updates) -> None:
         pass
-
-
-class RecordingGroups(FedAvg):
-    """FedAvg that records the clients of every group it is handed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.groups: list[list[int]] = []
-
-    def aggregate_groups(self, round, groups):
-        def recorded():
-            for updates in groups:
-                self.groups.append(updates.clients.tolist())
-                yield updates
-        return super().aggregate_groups(round, recorded())
 
 
 def test_cluster_average_over_groups_is_the_weighted_mean_by_hand():
@@ -47,16 +34,23 @@ def test_cluster_average_leaves_out_clusters_without_weight():
 
 
 def test_which_algorithms_take_their_updates_in_groups():
-    assert FedAvg().aggregates_in_groups() and FedPer().aggregates_in_groups() and Algorithm().aggregates_in_groups()
-    assert not AllAtOnce().aggregates_in_groups()
+    for algorithm, grouped in ((FedAvg(), True), (FedPer(), True), (Algorithm(), True), (AllAtOnce(), False)):
+        assert small_federation(algorithm, num_clients=2).aggregates_in_groups() == grouped
 
 
 def test_groups_never_exceed_the_group_size_and_cover_every_selected_client_once():
-    alg = RecordingGroups()
-    fed = small_federation(alg, num_clients=7, vectorize=3)
+    fed = small_federation(FedAvg(), num_clients=7, vectorize=3)
+    groups, train_groups = [], fed.train_groups
+
+    def recording(round, clients):
+        for updates in train_groups(round, clients):
+            groups.append(updates.clients.tolist())
+            yield updates
+
+    fed.train_groups = recording
     fed.run_round(1)
-    assert [len(g) for g in alg.groups] == [3, 3, 1]
-    assert sorted(c for g in alg.groups for c in g) == list(range(7))
+    assert [len(g) for g in groups] == [3, 3, 1]
+    assert sorted(c for g in groups for c in g) == list(range(7))
 
 
 @pytest.mark.parametrize("vectorize", [0, 3])

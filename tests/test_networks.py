@@ -1,7 +1,9 @@
 """The papers' networks: output shapes, parameter counts and layer_names.
 
-Expected parameter counts are either the paper/spec figures (cited) or hand arithmetic from the
-layer shapes, never the code's own output.
+The papers: FLIS ("FLIS: Clustered Federated Learning via Inference Similarity for Non-IID Data Distribution"),
+OCFL ("One-Shot Clustering for Federated Learning Under Clustering-Agnostic Assumption") and FedTSDP ("Federated
+Two Stage Decoupling With Adaptive Personalization Layers"). Expected parameter counts are hand arithmetic from
+the layer shapes, never the code's own output.
 """
 
 from __future__ import annotations
@@ -42,20 +44,20 @@ def cifar_resnet(blocks: list[int], num_classes: int) -> int:
 
 # (id, constructor, input shape without batch, num_classes, expected parameter count)
 CASES = [
-    # FLIS spec 5.3: LeNet-5 on CIFAR-10/SVHN has 62,006 parameters.
+    # FLIS's LeNet-5 (section 3.1) on CIFAR-10/SVHN: 456 + 2,416 + 48,120 + 10,164 + 850 = 62,006 parameters.
     ("lenet5-32", lambda: LeNet5(3, 10, 32), (3, 32, 32), 10, 62_006),
-    # FLIS spec 5.3: LeNet-5 on FMNIST (flatten 256) has 44,426 parameters.
+    # On FMNIST (flatten 256): 156 + 2,416 + 30,840 + 10,164 + 850 = 44,426 parameters.
     ("lenet5-28", lambda: LeNet5(1, 10, 28), (1, 28, 28), 10, 44_426),
-    # OCFL spec 5.3 says "about 25.4 M"; exact count from the layer shapes.
+    # OCFL's MNIST/FMNIST CNN (section 4.2), about 25.4 M; exact count from the layer shapes.
     ("ocflcnn", lambda: OCFLCNN(1, 10, 28), (1, 28, 28), 10,
      conv(1, 16, 5) + conv(16, 32, 5) + conv(32, 32, 5)
      + fc(32 * 28 * 28, 1000) + fc(1000, 250) + fc(250, 100) + fc(100, 10)),  # = 25,404,240
-    # FedTSDP spec 5 says "about 6.45 M"; exact count from the layer shapes.
+    # FedTSDP's CNN (section 4.1.2), about 6.45 M; exact count from the layer shapes.
     ("fedtsdpcnn", lambda: FedTSDPCNN(3, 10, 32), (3, 32, 32), 10,
      conv(3, 32, 3) + conv(32, 64, 3) + fc(64 * 14 * 14, 512) + fc(512, 10)),  # = 6,447,562
     ("fedtsdpcnn-100", lambda: FedTSDPCNN(3, 100, 32), (3, 32, 32), 100,
      conv(3, 32, 3) + conv(32, 64, 3) + fc(64 * 14 * 14, 512) + fc(512, 100)),
-    # FLIS spec 5.3 says "about 6.62 M"; FLIS's code keeps the conv biases; GroupNorm has 2*C.
+    # FLIS's ResNet-9 (section 3.1), about 6.62 M; FLIS's code keeps the conv biases; GroupNorm has 2*C.
     ("resnet9", lambda: ResNet9(3, 100), (3, 32, 32), 100,
      conv(3, 64, 3) + 2 * 64 + conv(64, 128, 3) + 2 * 128 + 2 * (conv(128, 128, 3) + 2 * 128)
      + conv(128, 256, 3) + 2 * 256 + conv(256, 512, 3) + 2 * 512
@@ -134,7 +136,7 @@ def test_specific_layer_names() -> None:
     assert LeNet5().layer_names() == ["conv1", "conv2", "fc1", "fc2", "fc3"]
     assert FedTSDPCNN().layer_names() == ["conv1", "conv2", "fc1", "fc2"]  # L_total = 4
     assert MLP(4, [8, 8], 3).layer_names() == ["hidden.0", "hidden.1", "out"]
-    # FedTSDP spec 2.2: ResNet-18 has 10 units (stem, 8 BasicBlocks, fc).
+    # ResNet-18 has 10 FedTSDP layer units (stem, 8 BasicBlocks, fc; the paper does not define them).
     names = ResNet18().layer_names()
     assert names == ["stem"] + [f"layer{s}.{j}" for s in range(1, 5) for j in range(2)] + ["fc"]
     assert len(ResNet9().layer_names()) == 9
@@ -147,8 +149,9 @@ def test_default_layer_names_lists_parameter_owning_modules() -> None:
     assert default_layer_names(net) == ["0", "2", "4"]
 
 
-def test_layer_halves_follow_fedtsdp_spec() -> None:
-    # A [weight, bias] layer: weight shared (first half), bias personal (FedTSDP spec 2.2).
+def test_layer_halves_follow_fedtsdp_half_layers() -> None:
+    # A [weight, bias] layer: weight shared (first half), bias personal (our reading of FedTSDP's half layers,
+    # section 4.5: "from 4 to 3.5").
     assert layer_halves(FedTSDPCNN(), "fc2") == (["fc2.weight"], ["fc2.bias"])
     # A BasicBlock: conv1+bn1 | conv2+bn2+shortcut; BN buffers go with their module.
     model = ResNet18()
@@ -174,7 +177,7 @@ def test_group_norm_option_has_no_batchnorm() -> None:
 
 
 def test_28x28_inputs_for_resnets() -> None:
-    """OCFL runs ResNet-34 on 28x28 MedMNIST (spec 5.3); ResNet-9's global pool is adaptive too."""
+    """OCFL runs ResNet-34 on MedMNIST (section 4.2; 28x28 is our choice); ResNet-9's global pool is adaptive too."""
     x = torch.randn(2, 3, 28, 28)
     assert ResNet18(3, 9).eval()(x).shape == (2, 9)
     assert ResNet9(3, 8).eval()(x).shape == (2, 8)

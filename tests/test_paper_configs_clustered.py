@@ -1,6 +1,7 @@
-"""The clustered-FL papers' run configs (configs/papers/ocfl: OCFL, spec papers/003; configs/papers/flis: FLIS, spec
-papers/002) parse with fedlight's CLI parser, hold the specs' settings, and the algorithm swaps their header comments
-document work.
+"""The clustered-FL papers' run configs (configs/papers/ocfl: OCFL, "One-Shot Clustering for Federated Learning Under
+Clustering-Agnostic Assumption"; configs/papers/flis: FLIS, "FLIS: Clustered Federated Learning via Inference
+Similarity for Non-IID Data Distribution") parse with fedlight's CLI parser, hold the papers' settings (and the
+authors' code's where a paper is silent), and the algorithm swaps their header comments document work.
 
 Every run config goes through the parser of `python -m fedlight fit` without filling in defaults (the same checks of
 keys, types, referenced files and class paths, at a third of the cost); a sample of them, one per data set and paper,
@@ -182,15 +183,15 @@ def test_every_network_fits_its_data_set():
         assert out.shape == (2, num_classes), (network.class_path, shape)
 
 
-# -- OCFL (spec papers/003, sections 3-5) ---------------------------------------------------------------------------
-OCFL_DATA = {  # rounds, batch, optimizer, lr, classes (Table 3 / section 5)
+# -- OCFL (sections 4.1-4.2, Appendix A) ----------------------------------------------------------------------------
+OCFL_DATA = {  # rounds, batch, optimizer, lr, classes (Table 3 / section 4.1)
     "mnist": (50, 32, "sgd", 1e-2, 10), "fmnist": (50, 32, "sgd", 1e-2, 10), "cifar10": (80, 64, "sgd", 1e-2, 10),
     "pathmnist": (75, 128, "adam", 1e-7, 9), "bloodmnist": (75, 128, "adam", 1e-6, 8)}
 SIZES = {(15, "balanced"): None, (30, "balanced"): None, (15, "imbalanced"): [3, 7, 5], (30, "imbalanced"): [7, 14, 9]}
 
 
 @pytest.mark.parametrize("ds", list(OCFL_DATA))
-def test_ocfl_tasks_follow_the_spec(ds):
+def test_ocfl_tasks_follow_the_paper(ds):
     rounds, batch, optimizer, lr, classes = OCFL_DATA[ds]
     for path in (p for p in OCFL_RUNS if p.parent.name == ds):
         cfg = parsed(str(path))
@@ -217,7 +218,7 @@ def test_ocfl_tasks_follow_the_spec(ds):
             assert algorithm.init_args.weighted is False and algorithm.init_args.participation == 1.0
 
 
-def test_ocfl_baselines_follow_the_spec():
+def test_ocfl_baselines_follow_the_paper():
     def alg(ds, name):
         return parsed(str(PAPERS / "ocfl" / ds / f"n15_no_balanced_{name}.yaml")).algorithm
 
@@ -239,11 +240,11 @@ def test_ocfl_baselines_follow_the_spec():
         assert args.weighted is False and args.min_cluster_size == 2 and args.gamma_max is None
 
 
-# -- FLIS (spec papers/002, sections 3-5) ---------------------------------------------------------------------------
+# -- FLIS (section 3, and the authors' code where the paper is silent) ----------------------------------------------
 FLIS_BETA = {"fmnist": 0.5, "cifar10": 0.3, "svhn": 0.3, "cifar100": 0.3}
 
 
-def test_flis_runs_follow_the_spec():
+def test_flis_runs_follow_the_paper():
     for path in FLIS_RUNS:
         cfg = parsed(str(path))
         ds, (task, alg) = path.parent.name, path.stem.split("_", 1)

@@ -36,9 +36,10 @@ def test_first_and_last_layers():
             last_layers(layers, bad)
 
 
-def test_half_step_reproduces_the_specs_schedule():
-    # FedTSDP spec 2.2: from 4 layers with psi = 0.98, floor reaches 3.5 / 3.0 / 2.5 / 2.0 after 1 / 7 / 15 / 24
-    # events, round reaches 3.5 / 3.0 / 2.5 after 4 / 11 / 19.
+def test_half_step_reproduces_the_half_layer_schedule():
+    # FedTSDP ("Federated Two Stage Decoupling With Adaptive Personalization Layers", Eq. 11, section 4.5: "from 4
+    # to 3.5"; the half-layer rounding is our choice): from 4 layers with psi = 0.98, floor reaches
+    # 3.5 / 3.0 / 2.5 / 2.0 after 1 / 7 / 15 / 24 events, round reaches 3.5 / 3.0 / 2.5 after 4 / 11 / 19.
     def first_event(target, rounding):
         return next(k for k in range(100) if half_step(4 * 0.98 ** k, rounding) <= target)
 
@@ -93,7 +94,7 @@ def test_layer_names_of_a_wrapped_network_are_prefixed_and_still_split():
 def test_set_personal_mask_reslices_storage_by_hand():
     fed = small_federation(FedAvg(), num_clients=3)
     alg, d = fed.algorithm, fed.flat.numel
-    sizes = fed.train_sizes.double()
+    sizes = fed.server.train_sizes.double()
     alg.models = torch.stack([torch.full((d,), 1.0), torch.full((d,), 2.0)])
     alg.assignment = torch.tensor([0, 1, 1])
     A = torch.zeros(d, dtype=torch.bool)
@@ -149,11 +150,11 @@ def test_personal_layers_are_untouched_by_aggregation(algorithm, personal):
     alg.aggregate(1, updates)
     mask = alg.personal_mask
     assert torch.equal(alg.models[0][mask], before[mask])  # the server never averages personal entries
-    n = fed.train_sizes.double()
+    n = fed.server.train_sizes.double()
     shared_mean = (n[:, None] * updates.params.double()).sum(0) / n.sum()
     assert torch.allclose(alg.models[0][~mask].double(), shared_mean[~mask], atol=1e-6)
     for k in range(3):
-        model = alg.client_start(2, k)  # what client k receives next round: shared mean + its own personal
+        model = alg.client_model(k)  # what client k starts from next round: shared mean + its own personal
         assert torch.equal(model[mask], updates.params[k][mask])
         assert torch.equal(model[~mask], alg.models[0][~mask])
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from scipy.spatial.distance import cdist
 
-from fedlight.hopkins import default_sample_size, hopkins, hopkins_from_samples
-from fedlight.scores import clustering_scores
+from fedlight.cluster.hopkins import default_sample_size, hopkins, hopkins_from_samples
+from fedlight.cluster.scores import clustering_scores
 
 KEYS = {"ari", "ami", "homogeneity", "completeness", "nmi"}
 

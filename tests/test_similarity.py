@@ -7,7 +7,7 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from sklearn.metrics.pairwise import cosine_distances, cosine_similarity, euclidean_distances
 
-from fedlight.similarity import (
+from fedlight.cluster.similarity import (
     agreement_similarity,
     cosine_distance_matrix,
     cosine_similarity_matrix,
@@ -157,7 +157,8 @@ def test_soft_agreement():
     S = agreement_similarity(probs, soft=True).numpy()
     np.testing.assert_allclose(S, cosine_similarity(probs.reshape(5, -1).double().numpy()), atol=1e-6)
     assert S.min() >= 0 and S.max() <= 1
-    # With one-hot rows the soft formula is the agreement rate (the FLIS spec's identity).
+    # With one-hot rows the soft formula is the agreement rate (FLIS, "FLIS: Clustered Federated Learning via
+    # Inference Similarity for Non-IID Data Distribution", section 2.2, with the inner product for its norm).
     onehot = torch.nn.functional.one_hot(probs.argmax(-1), 3).float()
     torch.testing.assert_close(agreement_similarity(onehot, soft=True), agreement_similarity(probs))
     with pytest.raises(ValueError, match="probabilities"):

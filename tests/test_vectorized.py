@@ -23,8 +23,9 @@ def mlp_federation(algorithm, vectorize=-1, optimizer="sgd", momentum=0.9, lr=0.
 
 
 class LastLayerPersonal(Algorithm):
-    def personal_layers(self, layers):
-        return layers[-1:]
+    def setup(self, server):
+        super().setup(server)
+        self.set_personal_mask(server.layer_mask(server.layers()[-1:]))
 
 
 @pytest.mark.parametrize("make_algorithm", [FedAvg, lambda: FedProx(mu=0.5), LastLayerPersonal],
@@ -104,7 +105,7 @@ def test_a_training_step_that_fails_under_vmap_falls_back_and_still_trains():
     with pytest.warns(UserWarning, match="training_step failed under torch.func"):
         fed.run_round(1)
     assert fed.vectorized is None and fed.module.last_loss > 0
-    assert not torch.equal(fed.algorithm.models[0], fed.initial_params)
+    assert not torch.equal(fed.algorithm.models[0], fed.server.initial_params)
 
 
 @pytest.mark.parametrize("kind, settings", [

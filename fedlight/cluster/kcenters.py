@@ -33,7 +33,7 @@ MEDOID_MATRIX_MAX = 4096
 
 
 @dataclass
-class Clustering:
+class CenterFit:
     """A fitted center set. `cost` is the weighted objective sum_i w_i d(x_i, C)^l (the inertia for l = 2)."""
 
     centers: Tensor            # (k, h); fewer rows than asked when there were fewer points than k
@@ -250,7 +250,7 @@ def _medoid_loop(x: Tensor, w: Tensor, start: Tensor, ell: float, max_iter: int)
 
 def fit(x: Tensor, k: int, ell: float = 2.0, medoids: bool = False, weights: Tensor | None = None,
         n_init: int = 10, max_iter: int = 300, tol: float = 1e-4, generator: torch.Generator | None = None,
-        init: Tensor | None = None) -> Clustering:
+        init: Tensor | None = None) -> CenterFit:
     """(k, l)-clustering of the rows of `x` (n, h): the best of `n_init` k-means++ restarts (or one run from
     `init`), each refined by Lloyd's algorithm (free centers) or alternating k-medoids (`medoids=True`:
     centers are rows of x). With no more positively weighted points than k, the centers are those points.
@@ -272,7 +272,7 @@ def fit(x: Tensor, k: int, ell: float = 2.0, medoids: bool = False, weights: Ten
 
 
 def _fit(x: Tensor, k: int, ell: float, medoids: bool, weights: Tensor | None, n_init: int, max_iter: int,
-         tol: float, generator: torch.Generator | None, init: Tensor | None) -> Clustering:
+         tol: float, generator: torch.Generator | None, init: Tensor | None) -> CenterFit:
     if ell < 1 or not math.isfinite(ell):
         raise ValueError(f"ell must be a finite number >= 1, got {ell}")
     if k < 1:
@@ -284,7 +284,7 @@ def _fit(x: Tensor, k: int, ell: float, medoids: bool, weights: Tensor | None, n
     if len(support) <= k and init is None:
         centers = x[support]
         labels = nearest(x, centers, ell)[1]
-        return Clustering(centers.clone(), labels, float(cost(x, centers, ell, weights=w)), 0,
+        return CenterFit(centers.clone(), labels, float(cost(x, centers, ell, weights=w)), 0,
                           support if medoids else None)
     if init is not None:
         start_centers = torch.as_tensor(init, dtype=x.dtype, device=x.device).unsqueeze(0)
@@ -303,12 +303,12 @@ def _fit(x: Tensor, k: int, ell: float, medoids: bool, weights: Tensor | None, n
     dmin, labels = distances(x.expand(len(centers), *x.shape), centers, ell).min(dim=-1)
     costs = (power(dmin, ell) * w).sum(dim=1)
     best = int(costs.argmin())
-    return Clustering(centers[best].clone(), labels[best], float(costs[best]), n_iter,
+    return CenterFit(centers[best].clone(), labels[best], float(costs[best]), n_iter,
                       None if index is None else index[best])
 
 
 def lloyd(x: Tensor, init: Tensor, weights: Tensor | None = None, max_iter: int = 300, tol: float = 1e-4,
-          ell: float = 2.0) -> Clustering:
+          ell: float = 2.0) -> CenterFit:
     """Lloyd's algorithm from the given centers (one run, no seeding); `max_iter=1` is a single step."""
     return fit(x, len(init), ell, weights=weights, max_iter=max_iter, tol=tol, init=init)
 
@@ -326,7 +326,7 @@ def farthest_first(points: Tensor, start: Tensor, k: int) -> Tensor:
 
 
 def awasthi_sheffet(x: Tensor, k: int, generator: torch.Generator | None = None, max_iter: int = 300,
-                    tol: float = 1e-4) -> Clustering:
+                    tol: float = 1e-4) -> CenterFit:
     """The Awasthi-Sheffet local k-means of k-FED (Dennis et al. 2021, as in the p-FClus baselines' code):
     project on the top-k right singular vectors (no centering), seed with k-means++ in the projection, move
     each seed to the mean of the points at least 3x closer to it than to any other seed, lift back, and run
@@ -338,7 +338,7 @@ def awasthi_sheffet(x: Tensor, k: int, generator: torch.Generator | None = None,
         return _awasthi_sheffet(x, k, generator, max_iter, tol)
 
 
-def _awasthi_sheffet(x: Tensor, k: int, generator: torch.Generator | None, max_iter: int, tol: float) -> Clustering:
+def _awasthi_sheffet(x: Tensor, k: int, generator: torch.Generator | None, max_iter: int, tol: float) -> CenterFit:
     if len(x) <= k:
         return fit(x, k)
     _, _, vh = torch.linalg.svd(x, full_matrices=False)

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight import kmeans
+from fedlight.cluster import kcenters
 from fedlight.algorithm import Algorithm
 from fedlight.evaluation import summarize
-from fedlight.scores import clustering_scores
+from fedlight.cluster.scores import clustering_scores
 
 
 class CentroidAlgorithm(Algorithm):
@@ -42,92 +42,88 @@ class CentroidAlgorithm(Algorithm):
         self.local_counts = torch.empty(0, dtype=torch.long)
 
     # -- set-up ------------------------------------------------------------------------------------
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        module = fed.module
+    def setup(self, server) -> None:
+        super().setup(server)
+        module = server.model
         name = type(self).__name__
         if not all(hasattr(module, a) for a in ("num_centers", "dim", "ell", "medoids", "centers_of", "points")):
             raise ValueError(f"{name} clusters data points: use model: fedlight.models.CentroidModel, "
                              f"not {type(module).__name__}")
-        if fed.flat.numel != module.num_centers * module.dim:
+        if server.num_params != module.num_centers * module.dim:
             raise ValueError(f"{name} needs a model made only of its {module.num_centers} x {module.dim} centers")
-        if self.one_shot and fed.config.rounds != 1:
-            raise ValueError(f"{name} is one-shot: set federation.rounds: 1 (got {fed.config.rounds})")
+        if self.one_shot and server.rounds != 1:
+            raise ValueError(f"{name} is one-shot: set federation.rounds: 1 (got {server.rounds})")
         self.k, self.ell, self.medoids = module.num_centers, module.ell, module.medoids
-        self.all_points(fed.split("train").x[:1])  # the data's feature count must match the model's dim
-        self.local_counts = torch.zeros(fed.num_clients, dtype=torch.long, device=fed.device)
+        self.all_points(server.split("train").x[:1])  # the data's feature count must match the model's dim
+        self.local_counts = torch.zeros(server.num_clients, dtype=torch.long, device=server.device)
 
     # -- local work ------------------------------------------------------------------------------
     def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
         """The client's local clustering (`local_fit`) on its training points, instead of SGD."""
         x = self.client_points(client)
-        with kmeans.small_problem_threads(x.numel(), x.device):
+        with kcenters.small_problem_threads(x.numel(), x.device):
             return self.local_fit(round, client, x, start)
 
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         """(the client's fitted flat model, its mean cost per point) from its points `x` (n, h). The default
         is the model's (k, l)-clustering, seeded by (run seed, round, client)."""
-        fit = self.cluster(x, self.generator(self.fed.client_seed(round, client)))
+        fit = self.cluster(x, self.generator(self.server.client_seed(round, client)))
         self.local_counts[client] = len(fit.centers)
-        return self.flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
+        return self.to_flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
 
     # -- services ----------------------------------------------------------------------------------
     def client_points(self, client: int, split: str = "train") -> Tensor:
         """A client's points as an (n, h) matrix (the data module's batch conversion applied, flattened)."""
-        x, _ = self.fed.split(split).client(client)
+        x, _ = self.server.split(split).client(client)
         return self.all_points(x)
 
     def all_points(self, x: Tensor) -> Tensor:
-        x, _ = self.fed.datamodule.on_after_batch_transfer((x, None), 0)
-        return self.fed.module.points(x)
+        """Raw samples as an (n, h) matrix of points, as the model sees them."""
+        return self.server.model.points(self.server.inputs(x))
 
     def generator(self, seed: int) -> torch.Generator:
-        return kmeans.generator_for(seed, self.fed.device)
+        return kcenters.generator_for(seed, self.server.device)
 
     def server_generator(self, round: int, purpose: str = "server") -> torch.Generator:
-        return self.generator(int(self.fed.rng(round, purpose).integers(2 ** 62)))
+        return self.generator(int(self.server.rng(round, purpose).integers(2 ** 62)))
 
     def cluster(self, x: Tensor, generator: torch.Generator, weights: Tensor | None = None,
-                k: int | None = None) -> kmeans.Clustering:
+                k: int | None = None) -> kcenters.CenterFit:
         """The model's (k, l)-clustering of `x` with this algorithm's solver settings."""
-        return kmeans.fit(x, k or self.k, self.ell, self.medoids, weights, self.n_init, self.max_iter, self.tol,
+        return kcenters.fit(x, k or self.k, self.ell, self.medoids, weights, self.n_init, self.max_iter, self.tol,
                           generator)
 
-    def flat(self, centers: Tensor) -> Tensor:
+    def to_flat(self, centers: Tensor) -> Tensor:
         """A flat model vector from up to k centers (fewer are padded by repetition)."""
-        return kmeans.pad_centers(centers, self.k).reshape(-1).to(self.models.dtype)
+        return kcenters.pad_centers(centers, self.k).reshape(-1).to(self.models.dtype)
 
     def centers(self, flat: Tensor) -> Tensor:
-        return self.fed.module.centers_of(flat)
+        return self.server.model.centers_of(flat)
 
     def uploads(self, params: Tensor, clients: Tensor) -> list[Tensor]:
         """Each client's uploaded centers without padding (client order as given)."""
         return [c[: int(self.local_counts[k])] for c, k in zip(self.centers(params), clients.tolist())]
-
-    def _rows(self, split: str) -> Tensor:
-        sizes = torch.as_tensor(self.fed.split(split).sizes(), device=self.fed.device)
-        return torch.repeat_interleave(torch.arange(len(sizes), device=self.fed.device), sizes)
 
     @torch.no_grad()
     def labels_and_metrics(self, models: Tensor, group_of_client: Tensor,
                            split: str | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Every evaluated point's nearest-center index under its client's model, and the module's per-client
         metrics, for any (models, group of each client) pair like `evaluation_models()`."""
-        split = split or self.fed.config.eval_split
-        data, client = self.fed.split(split), self._rows(split)
+        split = split or self.server.eval_split
+        data, client = self.server.split(split), self.server.client_of_row(split)
         points = self.all_points(data.x)
         outputs = torch.empty(len(points), self.k, dtype=points.dtype, device=points.device)
         group_of_row = group_of_client[client]
         order = torch.argsort(group_of_row, stable=True)
         counts = torch.bincount(group_of_row, minlength=len(models)).tolist()
-        with kmeans.small_problem_threads(points.numel(), points.device):
+        with kcenters.small_problem_threads(points.numel(), points.device):
             begin = 0
             for group, count in enumerate(counts):
                 if count:
                     rows = order[begin: begin + count]
-                    outputs[rows] = kmeans.distances(points[rows], self.centers(models[group]), self.ell)
+                    outputs[rows] = kcenters.distances(points[rows], self.centers(models[group]), self.ell)
                     begin += count
-            metrics = self.fed.module.client_metrics(outputs, data.y, client, self.fed.num_clients)
+            metrics = self.server.model.client_metrics(outputs, data.y, client, self.server.num_clients)
         return outputs.argmin(dim=1), metrics
 
     def center_metrics(self, models: Tensor, group_of_client: Tensor, prefix: str) -> dict[str, float]:
@@ -138,11 +134,11 @@ class CentroidAlgorithm(Algorithm):
 
     # -- logging -----------------------------------------------------------------------------------
     def round_metrics(self) -> dict[str, float]:
-        if not getattr(self.fed.module, "score_labels", False):
+        if not getattr(self.server.model, "score_labels", False):
             return {}
         models, groups = self.evaluation_models()
         labels, _ = self.labels_and_metrics(models, groups)
-        true = self.fed.split(self.fed.config.eval_split).y
+        true = self.server.split(self.server.eval_split).y
         if len(true) == 0:
             return {}
         return {"cluster/point_ari": clustering_scores(true.cpu().numpy(), labels.cpu().numpy())["ari"]}

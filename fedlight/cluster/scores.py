@@ -24,7 +24,8 @@ def clustering_scores(true_labels: Any, predicted: Any) -> dict[str, float]:
     """ARI, AMI, homogeneity, completeness and NMI of `predicted` against `true_labels`.
 
     Keys: "ari", "ami", "homogeneity", "completeness", "nmi". Note that the one-shot clustered FL paper's
-    "COM" column is `completeness_score(pred, true)`, i.e. our "homogeneity" (its spec, A12).
+    "COM" column (Table 1 of "One-Shot Clustering for Federated Learning Under Clustering-Agnostic Assumption") is
+    `completeness_score(pred, true)` in the authors' released code, i.e. our "homogeneity" (not stated in the paper).
     """
     true, pred = _labels(true_labels, "true_labels"), _labels(predicted, "predicted")
     if true.shape != pred.shape:

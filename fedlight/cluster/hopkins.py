@@ -1,6 +1,7 @@
-"""The Hopkins statistic: does a set of points have cluster structure at all? (FedTSDP spec, section 2.6.)
+"""The Hopkins statistic: does a set of points have cluster structure at all? (FedTSDP, "Federated Two Stage
+Decoupling With Adaptive Personalization Layers", section 3.2.2, Eq. 6.)
 
-Orientation as in the spec: H ≈ 0.5 for points without structure, H → 1 for clustered points (R's
+Orientation as in Eq. 6: H ≈ 0.5 for points without structure, H → 1 for clustered points (R's
 `clustertend::hopkins` and `pyclustertend.hopkins` return 1 - H). FedTSDP clusters the clients only when
 H > 0.65 on their flattened softmax outputs.
 """
@@ -14,7 +15,8 @@ from torch import Tensor
 
 
 def default_sample_size(m: int) -> int:
-    """m̃ = max(2, ceil(m / 4)), capped at m (the FedTSDP spec's resolution: 5 for 20 clients)."""
+    """m̃ = max(2, ceil(m / 4)), capped at m: 5 for 20 clients (not in the paper, which only asks m̃ << m; our
+    choice)."""
     return min(m, max(2, math.ceil(0.25 * m)))
 
 
@@ -35,7 +37,7 @@ def hopkins(X: Any, sample_size: int | None = None, generator: torch.Generator |
     """Hopkins statistic of the rows of X (m, d) (numpy or torch; extra dims are flattened per row).
 
     Draws `sample_size` (default `default_sample_size(m)`) distinct real points and as many points uniformly
-    in the per-coordinate bounding box of X (the spec's "sampling space"), then applies
+    in the per-coordinate bounding box of X (our reading of section 3.2.2's "sampling space of I"), then applies
     `hopkins_from_samples`. `generator` is a torch.Generator or an int seed for reproducible draws (None uses
     torch's global RNG). Computed in float64 on CPU, in float32 on other devices.
     """

@@ -2,7 +2,7 @@
 
 Rows are clients. Every function returns an (n, n) float32 tensor on the device of its input and is a handful
 of matrix operations: no Python loop over client pairs. The matrices feed the clustering components of
-`fedlight.clustering`:
+`fedlight.cluster.clusterers`:
 
 - `cosine_similarity_matrix` / `cosine_distance_matrix`: cosine of flattened model updates (the divergence
   matrix of one-shot clustered FL, Γ_ij = 1 - cos(Δ_i, Δ_j), and CFL's split rule).
@@ -10,7 +10,9 @@ of matrix operations: no Python loop over client pairs. The matrices feed the cl
 - `js_divergence_matrix`: Jensen-Shannon divergence between per-client softmax outputs on shared public samples,
   averaged over the samples (FedTSDP stage 1).
 - `agreement_similarity`: fraction of shared public samples on which two clients predict the same class, or
-  its soft version (FLIS's inference similarity, as corrected in its spec).
+  its soft version (FLIS's inference similarity, "FLIS: Clustered Federated Learning via Inference Similarity
+  for Non-IID Data Distribution", section 2.2, with the inner product for the printed Hadamard norm, as the
+  authors' code computes it).
 
 Memory. The Gram matrix U Uᵀ is accumulated over column blocks (about 2^26 entries each unless `chunk_size`
 says otherwise), so besides the input and the (n, n) result the peak extra memory is one (n, chunk_size) fp32
@@ -148,8 +150,9 @@ def js_divergence_matrix(P: Tensor, block_size: int | None = None, atol: float =
     P is (n, m, c): client i's softmax output on each of m shared public samples (or (n, c): one sample).
     JS(p, q) = ½ KL(p ‖ M) + ½ KL(q ‖ M) with M = ½(p + q), computed with the natural log, so it lies in
     [0, ln 2]; it equals `scipy.spatial.distance.jensenshannon(p, q) ** 2` with the default base e (scipy
-    returns the square root, the JS *distance*). Entry (i, j) is the mean over the m samples, which is the
-    FedTSDP spec's resolution (equal to the JS of the flattened (m·c) vectors divided by m).
+    returns the square root, the JS *distance*). Entry (i, j) is the mean over the m samples: our reading
+    of FedTSDP's Eq. 5 over a batch (section 3.2.1 does not say), equal to the JS of the flattened (m·c) vectors
+    divided by m.
 
     Pairs are processed `block_size` rows at a time (an automatic size keeps each (block, n, m, c) temporary
     near 2^24 entries); the loop is over row blocks, never over pairs.
@@ -189,12 +192,12 @@ def agreement_similarity(preds: Tensor, soft: bool = False, chunk_size: int | No
 
     Hard (default): `preds` is (n, m) predicted labels, or (n, m, c) scores whose argmax is taken. Entry (i, j)
     is the fraction of samples on which clients i and j predict the same class. This is the cosine of the
-    flattened one-hot inference matrices, the FLIS spec's corrected formula ⟨B_i, B_j⟩_F / (‖B_i‖_F ‖B_j‖_F)
-    (the paper's printed ‖B_i ⊙ B_j‖_F is a norm, not a sum, and is wrong). Computed as a sum over classes of
+    flattened one-hot inference matrices, FLIS's formula (section 2.2) as the authors' code computes it,
+    ⟨B_i, B_j⟩_F / (‖B_i‖_F ‖B_j‖_F) (the paper's printed ‖B_i ⊙ B_j‖_F is a norm, not a sum, and is wrong). Computed as a sum over classes of
     indicator Gram matrices: exact integer counts, peak memory two (n, m) blocks.
 
     Soft (`soft=True`): `preds` is (n, m, c) probabilities (softmax outputs) and the result is the cosine of
-    the flattened (m·c) matrices, the spec's soft-label option; non-negative entries keep it in [0, 1].
+    the flattened (m·c) matrices, FLIS's soft-label option (section 2.2); non-negative entries keep it in [0, 1].
     """
     if soft:
         if preds.dim() != 3:

@@ -1,0 +1,155 @@
+"""The server-side services an algorithm may use: its window on the run (docs/architecture.md, "Server
+services").
+
+An algorithm receives one `ServerContext` in `setup` and keeps it as `self.server`. It offers the run's facts
+(clients, training-set sizes, initial model, public data, client splits), ways to run the model (outputs on any
+inputs, every client's loss under K models, one client's local training), the model's layout as boolean masks
+over the flat parameter vector, and random streams that depend only on (seed, round, purpose). It holds no
+reference to the federation loop: what an algorithm can reach is exactly what is listed here.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Callable, Literal
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedlight.data import ClientSplit, FederatedData
+from fedlight.flat import FlatModel
+from fedlight.personalization import layer_count_mask
+from fedlight.worker import ClientTrainer, GradientHook
+
+
+def stream_seed(*parts: int | str) -> list[int]:
+    """An integer key for numpy/torch generators from a tuple of ints and names."""
+    return [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
+
+
+class ServerContext:
+    """The run as an algorithm sees it. Tensors are on `device`; flat models are vectors of `num_params` entries.
+
+    Attributes:
+        num_clients: clients in the federation.
+        device: where the data, the model and the server state live.
+        seed: the run's seed (every random stream below derives from it).
+        rounds: rounds the run is configured for.
+        eval_split: the client split evaluation reports on ("test", "val" or "train").
+        initial_params: the model's initial flat parameters (do not write into it; clone first).
+        train_sizes: (num_clients,) training-set sizes, the usual averaging weights.
+        public_x: the server's unlabelled public data, or None when the data module holds none out.
+        model: the LightningModule clients train; read its attributes (e.g. a centroid model's k), but change
+            its weights only through `train` and `predict`, which load a flat model into it.
+    """
+
+    def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
+                 fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
+                 eval_batch_size: int) -> None:
+        self._data, self._flat, self._trainer, self._fabric = data, flat, trainer, fabric
+        self._transform, self._eval_batch_size = transform, eval_batch_size
+        self.model = model
+        self.seed, self.rounds, self.eval_split = seed, rounds, eval_split
+        self.num_clients = data.num_clients
+        self.device = fabric.device
+        self.initial_params = flat.read()
+        self.train_sizes = torch.as_tensor(data.train.sizes(), device=self.device)
+        self.public_x = data.public_x
+        self._rows = {name: data.split(name).client_of_row() for name in ("train", "val", "test")}
+
+    @property
+    def num_params(self) -> int:
+        return self._flat.numel
+
+    # -- data ------------------------------------------------------------------------------------------
+    def split(self, name: str) -> ClientSplit:
+        """Every client's samples of split `name` ("train", "val" or "test"), raw (see `inputs`)."""
+        return self._data.split(name)
+
+    def client_of_row(self, split: str) -> Tensor:
+        """(rows,) the client each row of split `split` belongs to."""
+        return self._rows[split]
+
+    def inputs(self, x: Tensor) -> Tensor:
+        """Raw samples converted as the model sees them (the data module's on-device batch conversion)."""
+        return self._transform((x, None), 0)[0]
+
+    # -- running the model -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(self, params: Tensor, x: Tensor) -> Tensor:
+        """The outputs (logits) of the flat model `params` on raw inputs `x`, in evaluation mode, in batches
+        of `federation.eval_batch_size`, as float32."""
+        self._flat.load(params)
+        self.model.eval()
+        size = self._eval_batch_size
+        outputs = []
+        for begin in range(0, max(len(x), 1), size):  # an empty x still gives a (0, ...) output
+            batch = self.inputs(x[begin: begin + size])
+            with self._fabric.autocast():
+                outputs.append(self.model(batch).float())
+        return torch.cat(outputs)
+
+    @torch.no_grad()
+    def client_losses(self, models: Tensor, split: str = "train") -> Tensor:
+        """(K, num_clients) mean cross-entropy of each of K flat models on each client's split, one batched pass
+        over the split per model (to pick a model by loss, as IFCA and FLIS do). NaN for a client with no
+        samples in the split."""
+        data, client = self.split(split), self._rows[split]
+        counts = torch.bincount(client, minlength=self.num_clients)
+        losses = torch.empty(len(models), self.num_clients, device=self.device)
+        for j, params in enumerate(models):
+            per_row = F.cross_entropy(self.predict(params, data.x), data.y, reduction="none")
+            losses[j] = torch.bincount(client, weights=per_row, minlength=self.num_clients) / counts
+        return losses
+
+    def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
+              gradient_hook: GradientHook | None = None) -> tuple[Tensor, Tensor]:
+        """Train the model from `start` on one client's training split with the module's `training_step` and
+        optimizer, seeded by (seed, round, client); returns (trained flat model, mean loss of the last epoch).
+        `epochs` defaults to the federation's local epochs; `gradient_hook(params, grad, start)` may edit the
+        flat gradient in place after each backward pass."""
+        x, y = self._data.train.client(client)
+        return self._trainer.fit(start, x, y, self.client_seed(round, client), gradient_hook, lr_scale=lr_scale,
+                                 epochs=epochs)
+
+    def random_params(self, seed: int) -> Tensor:
+        """A fresh random initialization of the model (every submodule's `reset_parameters`) as a flat vector,
+        for cluster models that start from independent initializations."""
+        saved = self._flat.read()
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            for sub in self.model.modules():
+                if callable(getattr(sub, "reset_parameters", None)):
+                    sub.reset_parameters()
+        fresh = self._flat.read()
+        self._flat.load(saved)
+        return fresh
+
+    # -- the model's layout ----------------------------------------------------------------------------
+    def layers(self) -> list[str]:
+        """The network's layer names, input to output (its `layer_names()` when it declares them)."""
+        return self._flat.layers()
+
+    def layer_mask(self, layers: list[str]) -> Tensor:
+        """True on every entry of the flat vector that belongs to one of the named layers."""
+        return self._flat.layer_mask(layers)
+
+    def layer_count_mask(self, count: float, side: Literal["first", "last"] = "first") -> Tensor:
+        """True on the first (or last) `count` layers; a half count takes half of the boundary layer
+        (`fedlight.personalization.layer_count_mask`)."""
+        return layer_count_mask(self._flat, count, side)
+
+    def parameter_mask(self) -> Tensor:
+        """True on trainable parameters, False on buffers (e.g. BatchNorm running statistics)."""
+        return self._flat.parameter_mask()
+
+    # -- randomness ------------------------------------------------------------------------------------
+    def rng(self, round: int, purpose: str) -> np.random.Generator:
+        """A numpy generator that depends only on (seed, round, purpose): resumed runs draw the same numbers."""
+        return np.random.default_rng(stream_seed(self.seed, round, purpose))
+
+    def client_seed(self, round: int, client: int) -> int:
+        """The seed of a client's local work in a round (batch order, dropout, local clustering)."""
+        return int(np.random.SeedSequence(stream_seed(self.seed, round, client, "train")).generate_state(1)[0])
