@@ -3,7 +3,7 @@
 Personalized algorithms name their personal part by position in the network's ordered layer list
 (`FlatModel.layers()`, from the network's `layer_names()`): the last k layers (FedPer's head), the first k
 layers (LG-FedAvg's local representation), or a count that ends in .5 (FedTSDP's shared-layer schedule). A
-half layer is the boundary layer's declared first or second half (`fedlight.models.layers.layer_halves`: a
+half layer is the boundary layer's declared first or second half (`layer_halves`: a
 `[weight, bias]` layer splits into weight | bias, a ResNet BasicBlock into conv1+bn1 | conv2+bn2+shortcut;
 BatchNorm statistics go with their module's weight).
 
@@ -16,7 +16,7 @@ import math
 from typing import Callable, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedlight.flat import FlatModel
 
@@ -55,7 +55,7 @@ def layer_count_mask(flat: FlatModel, count: float, side: Side = "first", halves
     half next to the counted block: the first half when counting from the input, the second when counting from
     the output. So `layer_count_mask(flat, c, "first")` and `layer_count_mask(flat, L - c, "last")` are exact
     complements. `halves(layer) -> (first-half names, second-half names)` splits a layer (default:
-    `fedlight.models.layers.layer_halves` on the flat model's module); tensors of the boundary layer in neither
+    `layer_halves` on the flat model's module); tensors of the boundary layer in neither
     list go with the first half.
     """
     layers = flat.layers()
@@ -90,6 +90,40 @@ def _whole(count: int, total: int) -> int:
 
 
 def _module_halves(flat: FlatModel) -> Halves:
-    from fedlight.models.layers import layer_halves
-
     return lambda layer: layer_halves(flat.module, layer)
+
+
+def owns_parameters(module: nn.Module) -> bool:
+    """Whether `module` has parameters of its own (not only through its children)."""
+    return any(True for _ in module.parameters(recurse=False))
+
+
+def layer_state_keys(model: nn.Module, layer: str) -> list[str]:
+    """The ``state_dict`` keys (parameters and buffers) that belong to one layer of ``model``."""
+    prefix = f"{layer}." if layer else ""
+    return [k for k in model.state_dict() if k.startswith(prefix)]
+
+
+def layer_halves(model: nn.Module, layer: str) -> tuple[list[str], list[str]]:
+    """Split one layer's ``state_dict`` keys into a first and a second half (FedTSDP's half layers).
+
+    A leaf module splits its parameters in order (``[weight, bias]`` -> weight | bias); its buffers
+    (BatchNorm statistics) follow the first half, i.e. the weight. A block splits its
+    parameter-owning children in order, the first ``max(1, n // 2)`` going first: a BasicBlock
+    gives conv1+bn1 | conv2+bn2(+shortcut), a conv-norm block gives conv | norm.
+    """
+    module = model.get_submodule(layer)
+    prefix = f"{layer}." if layer else ""
+    if owns_parameters(module):
+        params = [n for n, _ in module.named_parameters(recurse=False)]
+        k = max(1, len(params) // 2)
+        second = [prefix + n for n in params[k:]]
+        first = [key for key in layer_state_keys(model, layer) if key not in second]
+        return first, second
+    parts = [n for n, child in module.named_children() if any(True for _ in child.parameters())]
+    k = max(1, len(parts) // 2)
+    halves: tuple[list[str], list[str]] = ([], [])
+    for i, part in enumerate(parts):
+        halves[0 if i < k else 1].extend(layer_state_keys(model, prefix + part))
+    return halves
+

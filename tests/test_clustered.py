@@ -225,3 +225,52 @@ def test_the_logged_cluster_of_each_client_is_the_clustering_that_was_scored():
         metrics = fed.run_round(round)
         logged = metrics["clients"]["cluster"]
         assert adjusted_rand_score(fed.data.cluster_labels, logged) == pytest.approx(metrics["cluster/ari"])
+
+
+def test_ifca_evaluates_every_client_with_the_model_of_the_cluster_it_is_logged_with():
+    """Recompute each client's accuracy with the model of its logged cluster, and its cluster by hand as the
+    lowest-loss model: both must match what the round reported (before, IFCA reassigned clients while being
+    evaluated, after its cluster column had been taken)."""
+    fed = small_federation(IFCA(num_clusters=3, participation=0.5), num_clients=8, partition=Rotations(2))
+    alg, server = fed.algorithm, fed.server
+    for round in (1, 2, 3):
+        metrics = fed.run_round(round)
+        logged = metrics["clients"]["cluster"]
+        assert logged.tolist() == server.client_losses(alg.models, "train").argmin(dim=0).tolist()
+        for client in range(8):
+            x, y = fed.data.test.client(client)
+            accuracy = (server.predict(alg.models[int(logged[client])], x).argmax(dim=1) == y).float().mean()
+            assert metrics["clients"]["acc"][client] == pytest.approx(float(accuracy))
+
+
+def digits_without_val(algorithm):
+    from fedlight import Federation, FederationConfig
+    from fedlight.datamodules import DigitsFederated
+    from fedlight.models import Classifier, SmallCNN
+
+    torch.manual_seed(0)
+    return Federation(DigitsFederated(num_clients=3, val_fraction=0.0, public_size=30),
+                      Classifier(SmallCNN(1, 10, 8, width=8)), algorithm,
+                      FederationConfig(rounds=1, accelerator="cpu", vectorize=0))
+
+
+def test_flis_dc_refuses_clients_without_a_selection_split_and_names_the_fix():
+    """Before, FLIS-DC crashed in round 1 (torch.cat of an empty list) when no client had validation data."""
+    with pytest.raises(ValueError, match=r"3 of 3 clients have no 'val' samples.*val_fraction.*selection_split: train"):
+        digits_without_val(FlisDC())
+
+
+def test_flis_dc_selects_by_the_training_split_when_asked():
+    fed = digits_without_val(FlisDC(selection_split="train"))
+    assert fed.run_round(1)["clients_trained"] == 3
+
+
+def test_predict_on_no_rows_and_losses_of_clients_without_rows():
+    from fedlight.algorithms.fedavg import FedAvg
+
+    fed = digits_without_val(FedAvg())
+    server = fed.server
+    assert server.predict(server.initial_params, fed.data.val.x).shape == (0, 10)
+    models = server.initial_params[None]
+    assert torch.isnan(server.client_losses(models, "val")).all()  # no rows: no loss, rather than 0
+    assert torch.isfinite(server.client_losses(models, "train")).all()

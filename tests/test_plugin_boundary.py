@@ -1,0 +1,231 @@
+"""The plugin boundary as docs/architecture.md describes it: the tutorial algorithm runs as printed, the hooks table
+matches the code, every hook is used by a shipped algorithm, queries change nothing, and the engine imports no
+plugin."""
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from conftest import small_federation
+from fedlight import Algorithm, Federation, FederationConfig, ServerContext, registry
+from fedlight.aggregation import average_in_clusters
+from fedlight.algorithms.fedavg import FedAvg
+from fedlight.datamodules import DigitsFederated, LabelPermutations, SyntheticGaussians
+from fedlight.models import CentroidModel, Classifier, SmallCNN
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = (REPO / "docs" / "architecture.md").read_text()
+DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "OCFL", "flis_dc": "FLIS-DC",
+           "flis_hc": "FLIS-HC", "ifca": "IFCA", "cfl": "CFL", "fedper": "FedPer", "lgfedavg": "LG-FedAvg",
+           "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus"}
+SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask"}
+
+
+def section(title: str) -> str:
+    """The text of one `## title` section of the architecture page."""
+    return DOC.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def shipped() -> dict[str, type[Algorithm]]:
+    """Every algorithm fedlight installs, by short name."""
+    classes = {}
+    for name, path in registry.short_names().items():
+        module, cls = path.rsplit(".", 1)
+        if module.startswith("fedlight.algorithms."):
+            classes[name] = getattr(importlib.import_module(module), cls)
+    return classes
+
+
+def overrides(cls: type[Algorithm], hook: str) -> bool:
+    return any(hook in vars(k) for k in cls.__mro__[: cls.__mro__.index(Algorithm)])
+
+
+# -- the tutorial --------------------------------------------------------------------------------------------
+def tutorial_source() -> str:
+    return re.search(r"```python\n(.*?)```", section("Adding an algorithm"), re.S).group(1)
+
+
+def test_the_tutorial_algorithm_is_short_and_recovers_label_permutation_clusters():
+    source = tutorial_source()
+    assert len([line for line in source.splitlines() if line.strip()]) < 25
+    namespace: dict = {}
+    exec(compile(source, "docs/architecture.md", "exec"), namespace)
+    settings = dict(num_clients=8, partition=LabelPermutations(2), rounds=6, lr=0.1, momentum=0.9)
+    clustered = small_federation(namespace["LastLayerKMeans"](k=2), **settings)
+    plain = small_federation(FedAvg(), **settings)
+    for round in range(1, 7):
+        ours, theirs = clustered.run_round(round), plain.run_round(round)
+        assert adjusted_rand_score(clustered.data.cluster_labels, ours["clients"]["cluster"]) == 1.0
+    # one model per permutation beats one model for two contradicting labelings (about 0.8 against 0.5 here)
+    assert ours["test/acc_mean"] > theirs["test/acc_mean"] + 0.15
+
+
+def test_the_tutorial_algorithm_runs_from_the_command_line_by_class_path(tmp_path, monkeypatch, tiny_run_args):
+    from fedlight.cli import main
+
+    package = tmp_path / "tutorial_plugin"
+    package.mkdir()
+    (package / "__init__.py").write_text(tutorial_source())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = tiny_run_args + ["--algorithm", "tutorial_plugin.LastLayerKMeans", "--algorithm.init_args.k", "2",
+                            "--data.partition", "fedlight.datamodules.LabelPermutations",
+                            "--data.partition.init_args.num_clusters", "2", "--run_name", "tutorial"]
+    assert main(args) == 0
+    header = (tmp_path / "tutorial" / "metrics.csv").read_text().splitlines()[0]
+    assert "cluster/count" in header and "cluster/ari" in header
+
+
+def test_the_readme_example_keeps_the_last_layer_personal():
+    readme = (REPO / "README.md").read_text().split("\n## Writing an algorithm\n", 1)[1]
+    namespace: dict = {}
+    exec(re.search(r"```python\n(.*?)```", readme, re.S).group(1), namespace)
+    fed = small_federation(namespace["LastLayersPersonal"](count=1), num_clients=3, rounds=1)
+    fed.run_round(1)
+    alg, last = fed.algorithm, fed.server.layer_mask(fed.server.layers()[-1:])
+    assert torch.equal(alg.personal_mask, last)
+    assert not torch.equal(alg.client_model(0)[last], alg.client_model(1)[last])  # each client's own head
+    assert torch.equal(alg.client_model(0)[~last], alg.client_model(1)[~last])    # one shared body
+
+
+# -- the hooks ---------------------------------------------------------------------------------------------
+def documented_hooks() -> dict[str, set[str]]:
+    """hook name -> the algorithms the table says override it (None for the state_dict row)."""
+    rows = {}
+    for line in section("Hooks").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            names = re.findall(r"`(\w+)\(", cells[0])
+            who = set(re.findall(r"[\w-]+", re.sub(r"\(.*?\)", "", cells[3])))
+            for name in names:
+                rows[name] = who
+    return rows
+
+
+def test_every_public_method_is_a_documented_hook_or_one_of_four_services():
+    public = {n for n, _ in inspect.getmembers(Algorithm, inspect.isfunction) if not n.startswith("_")}
+    hooks = set(documented_hooks())
+    assert public == hooks | SERVICES, public ^ (hooks | SERVICES)
+    assert len(hooks) <= 15
+
+
+def test_every_hook_is_overridden_by_the_shipped_algorithms_the_table_names():
+    classes = shipped()
+    assert len(classes) == 15
+    for hook, documented in documented_hooks().items():
+        actual = {DISPLAY[name] for name, cls in classes.items() if overrides(cls, hook)}
+        assert actual, f"no shipped algorithm uses the hook {hook}"
+        if hook not in ("state_dict", "load_state_dict"):
+            assert actual == documented, (hook, actual ^ documented)
+
+
+# -- queries change nothing ----------------------------------------------------------------------------------
+def snapshot(algorithm: Algorithm):
+    state = copy.deepcopy(algorithm.state_dict())
+    extra = {k: copy.deepcopy(v) for k, v in vars(algorithm).items() if k != "server"}
+    return state, extra
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=True)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
+        return True
+    if hasattr(a, "__dict__") and type(a).__eq__ is object.__eq__:
+        return type(a) is type(b) and same(vars(a), vars(b))
+    return a == b
+
+
+def queries(algorithm: Algorithm) -> list:
+    models, groups = algorithm.evaluation_models()
+    return [algorithm.select_clients(3), [m.clone() for m in models], groups.clone(), algorithm.cluster_labels(),
+            algorithm.round_metrics(), algorithm.round_matrices(), algorithm.learning_rate_scale(3),
+            [algorithm.client_model(c).clone() for c in range(algorithm.server.num_clients)]]
+
+
+def digits_federation(algorithm: Algorithm) -> Federation:
+    return small_federation(algorithm, num_clients=6, rounds=3, public_size=60)
+
+
+def centroid_federation(algorithm: Algorithm) -> Federation:
+    config = FederationConfig(rounds=1 if getattr(algorithm, "one_shot", False) else 3, eval_split="train",
+                              accelerator="cpu")
+    return Federation(SyntheticGaussians("NO", 2, 6, 30), CentroidModel(10, 2), algorithm, config)
+
+
+ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_dc": {"participation": 0.5},
+                      "flis_hc": {"phase_zero_epochs": 1}, "cfl": {"warmup_rounds": 0}, "ocfl": {"participation": 0.7},
+                      "fedtsdp": {"hopkins_threshold": 0.0}}
+
+
+def run_commands(fed: Federation, round: int) -> None:
+    """One round's commands, as `Federation.run_round` calls them, and none of its queries after them."""
+    alg = fed.algorithm
+    alg.begin_round(round)
+    clients = alg.select_clients(round)
+    if fed.aggregates_in_groups():
+        average_in_clusters(alg, fed.train_groups(round, clients))
+    else:
+        updates = fed.train_clients(round, clients)
+        alg.pre_aggregation(round, updates)
+        alg.aggregate(round, updates)
+    alg.post_aggregation(round)
+
+
+@pytest.mark.parametrize("name", sorted(DISPLAY))
+def test_queries_change_no_state_and_give_the_same_answer_twice(name):
+    cls = shipped()[name]
+    algorithm = cls(**ALGORITHM_SETTINGS.get(name, {}))
+    centroid = name in ("pfclus", "kfed", "mfc", "centclus")
+    fed = centroid_federation(algorithm) if centroid else digits_federation(algorithm)
+    for round in range(1, min(fed.config.rounds, 2) + 1):
+        run_commands(fed, round)
+        before = snapshot(algorithm)
+        first, second = queries(algorithm), queries(algorithm)
+        assert same(first, second), f"{name}: a query answered differently the second time"
+        assert same(before, snapshot(algorithm)), f"{name}: a query changed the algorithm's state"
+
+
+def test_the_server_context_holds_no_reference_to_the_federation():
+    fed = small_federation(FedAvg(), num_clients=2)
+    assert isinstance(fed.algorithm.server, ServerContext)
+    assert not hasattr(fed.algorithm, "fed")
+    assert all(not isinstance(value, Federation) for value in vars(fed.algorithm.server).values())
+
+
+# -- import direction ----------------------------------------------------------------------------------------
+def test_the_engine_imports_no_algorithm_data_module_or_network():
+    plugins = ("fedlight.algorithms", "fedlight.datamodules", "fedlight.models")
+    for path in (REPO / "fedlight").rglob("*.py"):
+        if path.name == "registry.py":  # lists what is installed, by design
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert not name.startswith(plugins), f"{path.relative_to(REPO)} imports {name}"
+
+
+def test_the_engine_works_with_any_data_module_that_keeps_the_contract():
+    class NotFederated(torch.nn.Module):
+        pass
+
+    model = Classifier(SmallCNN(1, 10, 8, width=8))
+    with pytest.raises(TypeError, match="not a federated data module"):
+        Federation(NotFederated(), model, FedAvg(), FederationConfig(accelerator="cpu"))
+    fed = Federation(DigitsFederated(num_clients=3), model, FedAvg(), FederationConfig(rounds=1, accelerator="cpu"))
+    assert fed.run_round(1)["clients_trained"] == 3
