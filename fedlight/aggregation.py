@@ -48,7 +48,7 @@ def average_in_clusters(algorithm: "Algorithm", groups: Iterable[Updates]) -> Te
         losses.append(updates.train_loss)
         del updates  # or it would stay alive while the next group trains: two groups in memory
     algorithm.set_shared(*average.means())
-    return torch.cat(losses)
+    return torch.cat(losses) if losses else torch.empty(0, device=models.device)
 
 
 class ClientModels(Sequence):

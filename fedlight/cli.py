@@ -1,38 +1,54 @@
-"""`python -m fedlight fit --config run.yaml` and `python -m fedlight list`, on jsonargparse in LightningCLI's
-conventions: `--print_config`, dotted overrides (`--algorithm.init_args.mu 0.01`), type-checked configs
-that stop on an unknown key or a wrong type before any work starts."""
+"""`python -m fedlight fit --config run.yaml`, `fit --resume RUN` and `python -m fedlight list`, on jsonargparse in
+LightningCLI's conventions: `--print_config`, dotted overrides (`--algorithm.init_args.mu 0.01`), type-checked
+configs that stop on an unknown key or a wrong type before any work starts.
+
+Every refusal is one line on stderr, cause first, and leaves no run folder behind: the folder is made only once
+the data, the model and the algorithm are set up.
+"""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_loader
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace, set_loader
 from rich.console import Console
 
 from fedlight import registry
 from fedlight.algorithm import Algorithm
+from fedlight.checkpoint import CheckpointError
+from fedlight.config_errors import explain
+from fedlight.console import make_console
 from fedlight.federation import Federation, FederationConfig
 from fedlight.recorder import LoggerConfig
-from fedlight.runner import fit
+from fedlight.runner import RunInterrupted, fit
 
 PARSER_MODE = "fedlight_yaml"
 set_loader(PARSER_MODE, lambda text: registry.resolve_class_paths(registry.check_dotted_keys(yaml.safe_load(text))),
            (yaml.YAMLError,))
+STRICT = {"parser_mode": PARSER_MODE, "exit_on_error": False, "allow_abbrev": False}
+#: settings a resumed run may change: they decide how long it runs and where it logs, not its numbers
+RESUMABLE = ("federation.rounds", "checkpoint_every", "logger.")
+#: settings that name the run rather than configure it
+UNCOMPARED = ("config", "resume", "run_name", "output_dir")
 
 
 def fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Run one federated training.", parser_mode=PARSER_MODE)
+    parser = ArgumentParser(description="Run one federated training.", **STRICT)
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML run config")
     parser.add_argument("--seed", type=int, default=0, help="seed of the split, the model and every round")
     parser.add_argument("--output_dir", type=str, default="runs", help="folder holding the run folders")
     parser.add_argument("--run_name", type=str | None, default=None, help="run folder name (default: made up)")
-    parser.add_argument("--resume", type=str | None, default=None, help="a run folder to continue")
+    parser.add_argument("--resume", type=str | None, default=None,
+                        help="a run folder to continue with its own config (only --federation.rounds may change)")
     parser.add_argument("--checkpoint_every", type=int, default=1, help="rounds between checkpoints")
     parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
     parser.add_subclass_arguments(L.LightningModule, "model", required=True)
@@ -43,48 +59,110 @@ def fit_parser() -> ArgumentParser:
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="fedlight", description="Clustered and personalized federated learning.",
-                            parser_mode=PARSER_MODE)
+    parser = ArgumentParser(prog="fedlight", description="Clustered and personalized federated learning.", **STRICT)
     commands = parser.add_subcommands(dest="command")
     parser.fit_parser = fit_parser()  # kept for dumping and instantiating the `fit` section
     commands.add_subcommand("fit", parser.fit_parser, help="run one federated training")
-    commands.add_subcommand("list", ArgumentParser(description="List algorithms, data and models."),
+    commands.add_subcommand("list", ArgumentParser(description="List algorithms, data and models.", **STRICT),
                             help="list algorithms, data modules and models, entry points included")
     return parser
 
 
 def expand_short_names(argv: list[str]) -> list[str]:
     """`--algorithm fedprox` -> the entry point's class path (YAML files get the same via the loader)."""
-    names = registry.short_names()
     out = list(argv)
     for i, arg in enumerate(out):
         if arg in ("--algorithm", "--algorithm.class_path") and i + 1 < len(out):
-            out[i + 1] = names.get(out[i + 1], out[i + 1])
+            out[i + 1] = registry.algorithm_path(out[i + 1])
         elif arg.startswith(("--algorithm=", "--algorithm.class_path=")):
             key, value = arg.split("=", 1)
-            out[i] = f"{key}={names.get(value, value)}"
+            out[i] = f"{key}={registry.algorithm_path(value)}"
     return out
 
 
+def option_value(argv: list[str], option: str) -> str | None:
+    """The value given to `option` (as `--option value` or `--option=value`), or None."""
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def with_saved_config(argv: list[str]) -> list[str]:
+    """`fit --resume RUN ...` reads RUN's own config.yaml first; what follows on the command line is checked
+    against it once parsed (`check_resume`)."""
+    run = option_value(argv, "--resume")
+    if not argv or argv[0] != "fit" or run is None:
+        return argv
+    saved = Path(run) / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"--resume {run}: not a run folder (no {saved}); give the folder a run wrote, "
+                                "e.g. runs/<name>")
+    return ["fit", "--config", str(saved), *argv[1:]]
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def check_resume(saved: dict[str, Any], given: dict[str, Any]) -> None:
+    """Refuse a resumed run whose settings differ from the run's own in anything but the number of rounds and
+    where it logs: it would continue a different experiment from the checkpoint of this one."""
+    before, after = flatten(saved), flatten(given)
+    changed = [key for key in sorted(set(before) | set(after))
+               if before.get(key) != after.get(key) and not key.startswith(RESUMABLE + UNCOMPARED)]
+    replaced = tuple(key[: -len("class_path")] for key in changed if key.endswith("class_path"))
+    changed = [key for key in changed if key.endswith("class_path") or not key.startswith(replaced)]
+    if changed:
+        details = "; ".join(f"{key} is {before.get(key)!r} in the run, {after.get(key)!r} given" for key in changed[:3])
+        raise ValueError(f"--resume continues the run with its own settings, and {details}: only federation.rounds "
+                         "may change (to run more rounds); start a new run for other settings")
+
+
+def new_run_dir(cfg: Namespace) -> Path:
+    """The folder of a new run (not made yet): --run_name, or a made-up name that no folder has yet."""
+    output = Path(cfg.output_dir)
+    if cfg.run_name:
+        run_dir = output / cfg.run_name
+        if run_dir.exists():
+            raise ValueError(f"{run_dir} exists already: continue that run with --resume {run_dir}, or choose "
+                             "another --run_name")
+        return run_dir
+    base = f"{cfg.algorithm.class_path.rsplit('.', 1)[-1].lower()}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir, n = output / base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = output / f"{base}-{n}"
+    return run_dir
+
+
 def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = None) -> dict[str, Any]:
-    """Instantiate the config's classes (after seeding, so the model's initial weights follow the seed) and
-    run; the resolved config is saved in the run folder."""
-    console = console or Console()
+    """Set everything up (after seeding, so the model's initial weights follow the seed), then make the run
+    folder, save the resolved config in it and run."""
+    console = console or make_console()
     torch.manual_seed(cfg.seed)
-    if cfg.resume:
+    resume = cfg.resume is not None
+    if resume:
         run_dir = Path(cfg.resume)
-        if not run_dir.is_dir():
-            raise FileNotFoundError(f"--resume {run_dir}: no such run folder")
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        check_resume(saved, yaml.safe_load(parser.dump(cfg, skip_none=False)))
     else:
-        name = cfg.run_name or f"{cfg.algorithm.class_path.rsplit('.', 1)[-1].lower()}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(cfg.output_dir) / name
-        run_dir.mkdir(parents=True, exist_ok=cfg.run_name is not None)
+        run_dir = new_run_dir(cfg)
+    cfg.run_name, cfg.resume = run_dir.name, None  # the saved config names its run and starts it afresh
     config_text = parser.dump(cfg, skip_none=False)
-    (run_dir / "config.yaml").write_text(config_text)
     init = parser.instantiate_classes(cfg)
     federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed)
+    run_dir.mkdir(parents=True, exist_ok=resume)
+    config = run_dir / "config.yaml"
+    if not resume or config.read_text() != config_text:  # a resumed run may have been given more rounds
+        config.with_name("config.yaml.tmp").write_text(config_text)
+        os.replace(config.with_name("config.yaml.tmp"), config)
     return fit(federation, run_dir, yaml.safe_load(config_text), init.logger, run_dir.name,
-               cfg.checkpoint_every, resume=bool(cfg.resume), console=console)
+               cfg.checkpoint_every, resume=resume, console=console)
 
 
 def print_components(console: Console) -> None:
@@ -94,24 +172,47 @@ def print_components(console: Console) -> None:
             console.print(f"  {name:<28} {path}")
 
 
+@contextlib.contextmanager
+def one_line_warnings(errors: Console) -> Iterator[None]:
+    """Warnings as 'fedlight: warning: ...' lines instead of Python's file:line form."""
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        errors.print(f"fedlight: warning: {message}")
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     registry.short_names.cache_clear()
-    argv = expand_short_names(sys.argv[1:] if argv is None else argv)
+    console, errors = make_console(), Console(stderr=True, soft_wrap=True, highlight=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    console = Console()
     try:
-        cfg = parser.parse_args(argv)
-    except ValueError as error:  # raised by the config loader (jsonargparse reports its own errors itself)
-        console.print(f"[red]fedlight: error:[/red] {error}")
+        cfg = parser.parse_args(with_saved_config(expand_short_names(argv)))
+    except ArgumentError as error:
+        options = parser.fit_parser._option_string_actions
+        errors.print(f"fedlight: error: {explain(str(error), options)}")
+        return 2
+    except (FileNotFoundError, ValueError) as error:  # from the config loader and the checks above
+        errors.print(f"fedlight: error: {str(error).splitlines()[0]}")
         return 2
     if cfg.command == "list":
         print_components(console)
         return 0
     try:
-        run_fit(parser.fit_parser, cfg.fit, console)
-    except (FileNotFoundError, ValueError) as error:
+        with one_line_warnings(errors):
+            run_fit(parser.fit_parser, cfg.fit, console)
+    except RunInterrupted as stop:
+        saved = f"rounds 1-{stop.saved_round} are saved" if stop.saved_round else "no round had finished"
+        errors.print(f"fedlight: interrupted; {saved}. Continue with: python -m fedlight fit --resume {stop.run_dir}")
+        return 130
+    except KeyboardInterrupt:
+        errors.print("fedlight: interrupted before the first round; nothing was saved")
+        return 130
+    except (FileNotFoundError, ValueError, CheckpointError) as error:
         if os.environ.get("FEDLIGHT_DEBUG"):
             raise
-        console.print(f"[red]fedlight: error:[/red] {error}")
+        errors.print(f"fedlight: error: {error}")
         return 2
     return 0

@@ -42,11 +42,15 @@ def higher_is_better(name: str) -> bool:
 
 def summarize(per_client: dict[str, np.ndarray], prefix: str) -> dict[str, float]:
     """Mean, population standard deviation and worst client of each metric (worst = min for accuracy and
-    F1, max for losses and costs; a metric named `*loss*` or `*cost*` counts as lower-is-better)."""
+    F1, max for losses and costs; a metric named `*loss*` or `*cost*` counts as lower-is-better). Clients without a
+    value (NaN: nothing to evaluate) are left out; a metric no client has is NaN."""
     out: dict[str, float] = {}
     for name, values in per_client.items():
-        worst = values.min() if higher_is_better(name) else values.max()
-        out[f"{prefix}/{name}_mean"] = float(values.mean())
-        out[f"{prefix}/{name}_std"] = float(values.std())
+        known = values[~np.isnan(values)]
+        if not len(known):
+            known = np.array([np.nan])
+        worst = known.min() if higher_is_better(name) else known.max()
+        out[f"{prefix}/{name}_mean"] = float(known.mean())
+        out[f"{prefix}/{name}_std"] = float(known.std())
         out[f"{prefix}/{name}_worst"] = float(worst)
     return out

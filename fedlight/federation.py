@@ -32,6 +32,7 @@ from fedlight.worker import ClientTrainer
 
 
 CPU_GROUP = 256  # most clients per group on a CPU: plenty for full-width vectorized steps
+SMALL_EVALUATION = 10  # below this many evaluation samples per client, per-client accuracy is noise
 
 
 @dataclass
@@ -90,6 +91,19 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
+def make_fabric(accelerator: str, precision: str) -> L.Fabric:
+    """A one-device Fabric, or a one-line error naming the setting when this machine cannot honour it."""
+    if accelerator in ("cuda", "gpu") and not torch.cuda.is_available():
+        raise ValueError(f"federation.accelerator={accelerator}, but this machine has no usable CUDA GPU "
+                         "(torch.cuda.is_available() is False): use --federation.accelerator cpu, or auto to take a "
+                         "GPU where there is one")
+    try:
+        return L.Fabric(accelerator=accelerator, devices=1, precision=precision)
+    except (RuntimeError, ValueError) as error:  # Lightning's MisconfigurationException is a RuntimeError
+        raise ValueError(f"federation.accelerator={accelerator}, federation.precision={precision}: "
+                         f"{str(error).splitlines()[0]}") from None
+
+
 def default_precision(accelerator: str) -> str:
     if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
         return "32-true"
@@ -99,15 +113,42 @@ def default_precision(accelerator: str) -> str:
 def load_clients(data: ClientDataModule, seed: int) -> FederatedData:
     """Prepare and set up a data module for `seed` and return its clients (checked against the contract)."""
     if not isinstance(data, ClientDataModule):
-        raise TypeError(f"{type(data).__name__} is not a federated data module: subclass "
+        raise ValueError(f"{type(data).__name__} is not a federated data module: subclass "
                         "fedlight.datamodules.FederatedDataModule (or provide seed, federated, prepare_data, setup "
                         "and on_after_batch_transfer)")
     data.seed = seed
     data.prepare_data()
     data.setup("fit")
     if not isinstance(data.federated, FederatedData):
-        raise TypeError(f"{type(data).__name__}.setup() left no FederatedData in `federated`")
+        raise ValueError(f"{type(data).__name__}.setup() left no FederatedData in `federated`")
     return data.federated
+
+
+def finite_updates(updates: Updates, left_out: list[int]) -> Updates:
+    """The updates whose trained model and training loss are finite; the clients of the others are appended to
+    `left_out` (a NaN in a client's data or an exploding loss must not poison a cluster's average)."""
+    finite = torch.isfinite(updates.params).all(dim=1) & torch.isfinite(updates.train_loss)
+    if bool(finite.all()):
+        return updates
+    left_out.extend(updates.clients[~finite].tolist())
+    return updates.subset(finite)
+
+
+def check_evaluation_split(sizes: np.ndarray, split: str) -> None:
+    """Refuse a split with no sample at all; warn when some clients have none (they are left out of the means)
+    or when most have so few that their accuracy is noise."""
+    fix = (f"give the clients more samples or raise the data module's {split}_fraction" if split != "train" else
+           "give the clients more samples")
+    if sizes.sum() == 0:
+        raise ValueError(f"federation.eval_split={split!r}, but no client has a sample in that split: {fix}, or "
+                         "evaluate on eval_split='train'")
+    empty = int((sizes == 0).sum())
+    if empty:
+        warnings.warn(f"{empty} of {len(sizes)} clients have no {split!r} samples: they are left out of the {split} "
+                      f"means and their per-client values are empty ({fix})", stacklevel=3)
+    if np.median(sizes) < SMALL_EVALUATION:
+        warnings.warn(f"most clients have fewer than {SMALL_EVALUATION} {split!r} samples (median "
+                      f"{float(np.median(sizes)):g}): their accuracy is noise ({fix})", stacklevel=3)
 
 
 class Federation:
@@ -119,7 +160,7 @@ class Federation:
         self.seed = seed
         self.algorithm = algorithm if algorithm is not None else Algorithm()
         precision = self.config.precision or default_precision(self.config.accelerator)
-        self.fabric = L.Fabric(accelerator=self.config.accelerator, devices=1, precision=precision)
+        self.fabric = make_fabric(self.config.accelerator, precision)
         self.precision = precision
         self.data: FederatedData = load_clients(data, seed).to(self.device)
         self.transform = data.on_after_batch_transfer
@@ -130,11 +171,7 @@ class Federation:
         self.trainer = ClientTrainer(self.fabric, model, self.flat, self.transform, self.config.batch_size,
                                      self.config.local_epochs)
         self.vectorized = self._vectorized_trainer(model)
-        if len(self.data.split(self.config.eval_split).y) == 0:
-            raise ValueError(f"federation.eval_split={self.config.eval_split!r}, but no client has a sample in that "
-                             "split (clients too small for the data module's split fractions); give the clients more "
-                             "samples, raise the data module's val_fraction/test_fraction, or evaluate on "
-                             "eval_split='train'")
+        check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
         self.server = ServerContext(self.data, model, self.flat, self.trainer, self.fabric, self.transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size)
         self.round = 0
@@ -227,16 +264,20 @@ class Federation:
         alg = self.algorithm
         alg.begin_round(round)
         clients = alg.select_clients(round)
+        left_out: list[int] = []
         if self.aggregates_in_groups():
-            losses = average_in_clusters(alg, self.train_groups(round, clients))
+            losses = average_in_clusters(alg, (finite_updates(u, left_out) for u in self.train_groups(round, clients)))
         else:
-            updates = self.train_clients(round, clients)
-            alg.pre_aggregation(round, updates)
-            alg.aggregate(round, updates)
+            updates = finite_updates(self.train_clients(round, clients), left_out)
+            if len(updates):
+                alg.pre_aggregation(round, updates)
+                alg.aggregate(round, updates)
             losses = updates.train_loss
         alg.post_aggregation(round)
         self.round = round
-        metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients), "train/loss": float(losses.mean())}
+        metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients),
+                                   "clients_left_out": len(left_out), "left_out": sorted(left_out),
+                                   "train/loss": float(losses.mean()) if len(losses) else float("nan")}
         metrics.update(alg.round_metrics())
         clusters = alg.cluster_labels()
         metrics.update(self.score_clusters(clusters))
@@ -289,7 +330,11 @@ class Federation:
         else:
             per_client = per_client_classification(outputs, data.y, client_of_row, self.num_clients,
                                                    self.data.num_classes)
-        values = {k: v.cpu().numpy() for k, v in per_client.items()}
+        values = {k: v.cpu().numpy() if v.is_floating_point() else v.cpu().double().numpy()
+                  for k, v in per_client.items()}
+        empty = data.sizes() == 0
+        for v in values.values():
+            v[empty] = np.nan  # a client with nothing to evaluate has no value, and is left out of the means
         return {**summarize(values, split), "clients": values}
 
     # -- checkpoints -------------------------------------------------------------------------------

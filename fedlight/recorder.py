@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import netrc
+import numbers
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -108,7 +110,7 @@ class RunRecorder:
         round = metrics["round"]
         per_client: dict[str, np.ndarray] = metrics.get("clients", {})
         matrices: dict[str, np.ndarray] = metrics.get("matrices", {})
-        scalars = {k: v for k, v in metrics.items() if k not in ("clients", "matrices")}
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, numbers.Real)}
         self._save_matrices(round, matrices)
         self.metrics.append([scalars])
         if per_client:
@@ -134,13 +136,29 @@ class RunRecorder:
         for name, matrix in matrices.items():
             payload[f"matrices/{name}"] = wandb.Image(heatmap(np.asarray(matrix, dtype=float)), caption=name)
         for name, values in per_client.items():
-            payload[f"clients/{name}_hist"] = wandb.Histogram(values)
+            finite = values[np.isfinite(values)]
+            if len(finite):
+                payload[f"clients/{name}_hist"] = wandb.Histogram(finite)
             if len(values) <= self.settings.per_client_max:
                 payload.update({f"clients/{name}/{c:03d}": float(v) for c, v in enumerate(values)})
         return payload
 
+    @property
+    def offline_dir(self) -> Path | None:
+        """The folder of an offline W&B run (what `wandb sync` uploads), or None."""
+        if self.wandb_run is None or not self.wandb_run.settings._offline:
+            return None
+        return Path(self.wandb_run.settings.sync_dir)
+
     def finish(self, summary: dict[str, Any]) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        """Write summary.json as strict JSON (a non-finite number becomes null) and close the W&B run."""
+        clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()}
+        (self.run_dir / "summary.json").write_text(json.dumps(clean, indent=2, allow_nan=False))
         if self.wandb_run is not None:
-            self.wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+            self.wandb_run.summary.update({k: v for k, v in clean.items() if isinstance(v, (int, float, str))})
             self.wandb_run.finish()
+
+    def close(self, interrupted: bool = False) -> None:
+        """Close the W&B run without a summary (after Ctrl-C); a resumed run continues it."""
+        if self.wandb_run is not None:
+            self.wandb_run.finish(exit_code=1 if interrupted else 0)

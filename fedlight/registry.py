@@ -21,16 +21,31 @@ def short_names(group: str = ALGORITHMS) -> dict[str, str]:
     return {ep.name: ep.value.replace(":", ".") for ep in entry_points(group=group)}
 
 
+def algorithm_path(value: str, names: dict[str, str] | None = None) -> str:
+    """The class path of an algorithm given by short name or path; an unknown bare name is an error that lists
+    the installed names. A dotted path or a config file path passes through for jsonargparse to resolve."""
+    names = short_names() if names is None else names
+    if value in names:
+        return names[value]
+    if "." in value or "/" in value:
+        return value
+    raise ValueError(f"unknown algorithm {value!r}: choose one of {', '.join(sorted(names))}, or give an importable "
+                     "class path such as mypackage.MyAlgorithm")
+
+
 def resolve_class_paths(value: Any, names: dict[str, str] | None = None) -> Any:
     """Replace every `class_path` (and a bare `algorithm: name`) that is an entry-point name by its full
-    path, anywhere in a parsed config document."""
+    path, anywhere in a parsed config document; an unknown bare algorithm name is an error."""
     names = short_names() if names is None else names
     if isinstance(value, dict):
         out = {k: resolve_class_paths(v, names) for k, v in value.items()}
         if isinstance(out.get("class_path"), str):
             out["class_path"] = names.get(out["class_path"], out["class_path"])
-        if isinstance(out.get("algorithm"), str):
-            out["algorithm"] = names.get(out["algorithm"], out["algorithm"])
+        algorithm = out.get("algorithm")
+        if isinstance(algorithm, str):
+            out["algorithm"] = algorithm_path(algorithm, names)
+        elif isinstance(algorithm, dict) and isinstance(algorithm.get("class_path"), str):
+            algorithm["class_path"] = algorithm_path(algorithm["class_path"], names)
         return out
     if isinstance(value, list):
         return [resolve_class_paths(v, names) for v in value]

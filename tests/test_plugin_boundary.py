@@ -225,7 +225,7 @@ def test_the_engine_works_with_any_data_module_that_keeps_the_contract():
         pass
 
     model = Classifier(SmallCNN(1, 10, 8, width=8))
-    with pytest.raises(TypeError, match="not a federated data module"):
+    with pytest.raises(ValueError, match="not a federated data module"):
         Federation(NotFederated(), model, FedAvg(), FederationConfig(accelerator="cpu"))
     fed = Federation(DigitsFederated(num_clients=3), model, FedAvg(), FederationConfig(rounds=1, accelerator="cpu"))
     assert fed.run_round(1)["clients_trained"] == 3

@@ -31,8 +31,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_arg
         return real_run_round(self, round)
 
     monkeypatch.setattr(Federation, "run_round", crash_in_round_3)
-    with pytest.raises(KeyboardInterrupt):
-        main(args + ["--run_name", "crashed"])
+    assert main(args + ["--run_name", "crashed"]) == 130
     monkeypatch.setattr(Federation, "run_round", real_run_round)
     crashed = tmp_path / "crashed"
     assert len(rows(crashed / "metrics.csv")) == 2
@@ -47,8 +46,8 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_arg
     assert a == b
 
 
-def test_resume_needs_a_checkpoint(tmp_path, tiny_run_args, capsys):
+def test_resume_needs_a_run_folder(tmp_path, tiny_run_args, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert main(tiny_run_args + ["--resume", str(empty)]) == 2
-    assert "last.ckpt" in capsys.readouterr().out
+    assert main(["fit", "--resume", str(empty)]) == 2
+    assert "not a run folder" in capsys.readouterr().err

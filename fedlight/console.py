@@ -1,0 +1,99 @@
+"""What a run prints: one line per round, clustering events, left-out clients, and a summary table at the end.
+
+On a terminal a progress bar sits under the round lines; when the output goes to a file or a pipe there is no
+bar and no wrapping, just one plain line per round, so logs stay greppable.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def make_console() -> Console:
+    """A console that does not wrap or decorate lines when it is not writing to a terminal."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    return Console(soft_wrap=True, highlight=False, width=200, color_system=None)
+
+
+class RoundReporter:
+    """Prints the rounds of one run as they finish."""
+
+    def __init__(self, console: Console, rounds: int, done: int, split: str) -> None:
+        self.console, self.split = console, split
+        self.clusters: float | None = None
+        self.progress = None
+        if console.is_terminal:
+            self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+                                     TimeRemainingColumn(), console=console, transient=True)
+            self.task = self.progress.add_task("rounds", total=rounds, completed=done)
+
+    def __enter__(self) -> "RoundReporter":
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def round(self, metrics: dict[str, Any]) -> None:
+        """The round's line, preceded by its events (clients left out, a change in the number of clusters)."""
+        round = metrics["round"]
+        left_out = metrics.get("left_out", ())
+        if left_out:
+            shown = ", ".join(str(c) for c in left_out[:10]) + (", ..." if len(left_out) > 10 else "")
+            self.console.print(f"round {round}: {len(left_out)} client(s) left out of aggregation, non-finite update "
+                               f"or loss (clients {shown})")
+        clusters = metrics.get("cluster/count")
+        if clusters is not None and clusters != self.clusters:
+            self.console.print(f"round {round}: {cluster_text(metrics)}")
+            self.clusters = clusters
+        self.console.print(f"round {round:>4}  {round_text(metrics, self.split)}")
+        if self.progress is not None:
+            self.progress.update(self.task, completed=round)
+
+
+def cluster_text(metrics: dict[str, Any]) -> str:
+    """'4 clusters, ARI 1.00' (the ARI when the data defines true clusters)."""
+    count = int(metrics["cluster/count"])
+    text = f"{count} cluster{'s' if count != 1 else ''}"
+    if "cluster/ari" in metrics:
+        text += f", ARI {metrics['cluster/ari']:.2f}"
+    return text
+
+
+def round_text(metrics: dict[str, Any], split: str) -> str:
+    """'acc 0.9120 ± 0.0510 (worst 0.8000)  f1 ...  4 clusters, ARI 1.00' for an evaluated round; the training
+    loss otherwise."""
+    names = [key[len(split) + 1: -len("_mean")] for key in metrics
+             if key.startswith(f"{split}/") and key.endswith("_mean")]
+    parts = [f"{name} {metrics[f'{split}/{name}_mean']:.4f} ± {metrics[f'{split}/{name}_std']:.4f} "
+             f"(worst {metrics[f'{split}/{name}_worst']:.4f})" for name in names]
+    if not parts:
+        parts = [f"train loss {metrics['train/loss']:.4f}"]
+    if "cluster/count" in metrics:
+        parts.append(cluster_text(metrics))
+    return "  ".join(parts)
+
+
+def summary_table(summary: dict[str, Any], split: str) -> Table:
+    table = Table(title=f"{summary['run']}: {summary['algorithm']}, {summary['rounds']} rounds, "
+                        f"{summary['num_clients']} clients, {summary['wall_time_s']:.1f} s")
+    for column in ("metric", "mean", "std", "worst client"):
+        table.add_column(column, justify="right" if column != "metric" else "left")
+    names = [k[len(split) + 1: -len("_mean")] for k in summary if k.startswith(f"{split}/") and k.endswith("_mean")]
+    for name in names:
+        table.add_row(f"{split} {name}", *(_number(summary[f"{split}/{name}_{s}"]) for s in ("mean", "std", "worst")))
+    for key, value in summary.items():
+        if key.startswith("cluster/"):
+            table.add_row(key, _number(value), "", "")
+    return table
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else "n/a" if value is None else str(value)
