@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -25,7 +26,7 @@ class RoundReporter:
 
     def __init__(self, console: Console, rounds: int, done: int, split: str) -> None:
         self.console, self.split = console, split
-        self.clusters: float | None = None
+        self.clusters = 1.0  # every run starts from one model: announce the first split, not the start
         self.progress = None
         if console.is_terminal:
             self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
@@ -81,8 +82,9 @@ def round_text(metrics: dict[str, Any], split: str) -> str:
     return "  ".join(parts)
 
 
-def summary_table(summary: dict[str, Any], split: str) -> Table:
-    table = Table(title=f"{summary['run']}: {summary['algorithm']}, {summary['rounds']} rounds, "
+def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> Table:
+    """The final numbers; `plain` draws it with ASCII characters (for logs)."""
+    table = Table(box=box.ASCII2 if plain else box.HEAVY_HEAD, title=f"{summary['run']}: {summary['algorithm']}, {summary['rounds']} rounds, "
                         f"{summary['num_clients']} clients, {summary['wall_time_s']:.1f} s")
     for column in ("metric", "mean", "std", "worst client"):
         table.add_column(column, justify="right" if column != "metric" else "left")

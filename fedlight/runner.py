@@ -67,7 +67,7 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
         raise RunInterrupted(run_dir, saved) from None
     summary = _summary(federation, state, run_name)
     recorder.finish(summary)
-    console.print(summary_table(summary, split))
+    console.print(summary_table(summary, split, plain=not console.is_terminal))
     console.print(f"run folder: {run_dir}")
     if recorder.offline_dir is not None:
         console.print(f"upload to W&B: wandb sync {recorder.offline_dir}")

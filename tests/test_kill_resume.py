@@ -1,0 +1,108 @@
+"""Real processes: a run killed with SIGKILL at random points and resumed ends with the numbers of an uninterrupted
+run; Ctrl-C prints one line; output to a pipe is plain lines with the clustering events."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROUNDS = 8
+RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
+       "--data.partition", "fedlight.datamodules.Rotations", "--data.partition.init_args.num_clusters", "2",
+       "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.SmallCNN",
+       "--model.network.init_args.width", "8", "--model.lr", "0.1", "--federation.batch_size", "32",
+       "--federation.accelerator", "cpu", "--federation.rounds", str(ROUNDS), "--algorithm", "ocfl",
+       "--logger.wandb", "false"]
+
+
+def fedlight(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "fedlight", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finished(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    process = fedlight(args, cwd)
+    out, err = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
+def rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [{k: v for k, v in r.items() if k != "time/round_s"} for r in csv.DictReader(f)]
+
+
+def rounds_done(run: Path) -> int:
+    try:
+        return len(rows(run / "metrics.csv"))
+    except (FileNotFoundError, KeyError):
+        return 0
+
+
+def kill_after(process: subprocess.Popen, run: Path, rounds: int, delay: float) -> None:
+    """SIGKILL once `rounds` rounds are in metrics.csv, `delay` seconds later (or when the run ends first)."""
+    while rounds_done(run) < rounds and process.poll() is None:
+        time.sleep(0.02)
+    time.sleep(delay)
+    process.kill()
+    process.communicate()
+
+
+def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_metrics(tmp_path):
+    whole = finished(RUN + ["--output_dir", "runs", "--run_name", "whole"], tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    with (tmp_path / "runs" / "whole" / "metrics.csv").open() as f:
+        round_time = sorted(float(r["time/round_s"]) for r in csv.DictReader(f))[ROUNDS // 2]
+    rng = random.Random(7)  # killed during start-up, early and late; each time at a random moment of a round
+    points = [(0, rng.uniform(0.0, 1.0)), (2, rng.uniform(0.0, 0.8) * round_time),
+              (5, rng.uniform(0.0, 0.8) * round_time)]
+    for rounds, delay in points:
+        name = f"killed{rounds}"
+        run = tmp_path / "runs" / name
+        kill_after(fedlight(RUN + ["--output_dir", "runs", "--run_name", name], tmp_path), run, rounds, delay)
+        assert rounds_done(run) < ROUNDS, "the run finished before it was killed"
+        args = ["fit", "--resume", f"runs/{name}"] if (run / "config.yaml").exists() else \
+            RUN + ["--output_dir", "runs", "--run_name", name]  # killed before the folder was made
+        resumed = finished(args, tmp_path)
+        assert resumed.returncode == 0, resumed.stderr
+        for table in ("metrics.csv", "clients.csv"):
+            assert rows(run / table) == rows(tmp_path / "runs" / "whole" / table), (name, table)
+        a, b = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "runs" / "whole", run))
+        for s in (a, b):
+            s.pop("wall_time_s"), s.pop("run")
+        assert a == b
+
+
+def test_ctrl_c_in_a_real_process_prints_one_line_and_the_run_resumes(tmp_path):
+    run = tmp_path / "runs" / "stopped"
+    process = fedlight(RUN + ["--output_dir", "runs", "--run_name", "stopped"], tmp_path)
+    while rounds_done(run) < 2 and process.poll() is None:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("fedlight: interrupted; rounds 1-") and "python -m fedlight fit --resume runs/stopped" in err
+    assert finished(["fit", "--resume", "runs/stopped"], tmp_path).returncode == 0
+    assert rounds_done(run) == ROUNDS
+
+
+def test_output_to_a_pipe_is_plain_lines_with_the_clustering_events(tmp_path):
+    result = finished(RUN + ["--output_dir", "runs", "--run_name", "piped", "--logger.wandb", "true"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    round_lines = [line for line in lines if line.startswith("round ") and "acc " in line]
+    assert len(round_lines) == ROUNDS  # one unwrapped line per round, no progress bar in between
+    assert all("(worst" in line and "loss" in line for line in round_lines)
+    assert not any(ch in result.stdout for ch in "━…")  # neither a progress bar nor a cut line nor box drawing
+    events = [line for line in lines if line.startswith("round ") and ": " in line.split("  ")[0]]
+    assert len(events) == 1 and events[0].endswith(": 2 clusters, ARI 1.00")  # OCFL's one shot, announced once
+    assert "2 clusters, ARI" in round_lines[-1]
+    assert "run folder: runs/piped" in result.stdout
+    assert "upload to W&B: wandb sync runs/piped/wandb/offline-run-" in result.stdout
