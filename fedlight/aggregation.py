@@ -34,21 +34,18 @@ class ClusterAverage:
         return active, self.sums[active] / self.totals[active, None]
 
 
-def average_in_clusters(algorithm: "Algorithm", groups: Iterable[Updates]) -> Tensor:
+def average_in_clusters(algorithm: "Algorithm", groups: Iterable[Updates]) -> None:
     """FedAvg within each cluster: every cluster's shared part becomes the training-set-size weighted mean of its
     members' trained models, and every client keeps its trained personal part. `groups` may be a generator that
-    trains each group as it is asked for. Returns every client's training loss, in the order received."""
+    trains each group as it is asked for."""
     models = algorithm.models
     average = ClusterAverage(len(models), models.shape[1], models.dtype, models.device)
-    losses = []
     for updates in groups:
         average.add(algorithm.assignment[updates.clients], updates.num_samples.to(models.dtype), updates.params)
         if algorithm.personal_mask is not None:
             algorithm.personal[updates.clients] = updates.params[:, algorithm.personal_mask]
-        losses.append(updates.train_loss)
         del updates  # or it would stay alive while the next group trains: two groups in memory
     algorithm.set_shared(*average.means())
-    return torch.cat(losses) if losses else torch.empty(0, device=models.device)
 
 
 class ClientModels(Sequence):

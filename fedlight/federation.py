@@ -9,7 +9,7 @@ matter.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from fedlight.data import ClientDataModule, FederatedData
 from fedlight.evaluation import per_client_classification, summarize
 from fedlight.flat import FlatModel
 from fedlight.server import ServerContext
+from fedlight.training_stats import TrainingStats
 from fedlight.updates import Updates
 from fedlight.vectorized import VectorizedTrainer, unsupported_reason
 from fedlight.worker import ClientTrainer
@@ -110,6 +111,17 @@ def default_precision(accelerator: str) -> str:
     return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
 
 
+def batch_transform(on_after_batch_transfer: Callable, fabric: L.Fabric) -> Callable:
+    """The data module's on-device conversion followed by the precision's input conversion (bf16-true and
+    16-true models take their floating inputs in that dtype)."""
+    convert = fabric.strategy.precision.convert_input
+
+    def transform(batch: Any, dataloader_idx: int = 0) -> Any:
+        return convert(on_after_batch_transfer(batch, dataloader_idx))
+
+    return transform
+
+
 def load_clients(data: ClientDataModule, seed: int) -> FederatedData:
     """Prepare and set up a data module for `seed` and return its clients (checked against the contract)."""
     if not isinstance(data, ClientDataModule):
@@ -163,13 +175,14 @@ class Federation:
         self.fabric = make_fabric(self.config.accelerator, precision)
         self.precision = precision
         self.data: FederatedData = load_clients(data, seed).to(self.device)
-        self.transform = data.on_after_batch_transfer
+        self.transform = batch_transform(data.on_after_batch_transfer, self.fabric)
         self.module = model
         self.fabric.setup_module(model)
         model._fabric = None  # per-step self.log through Fabric would sync the device; training logs per round
         self.flat = FlatModel(model)
         self.trainer = ClientTrainer(self.fabric, model, self.flat, self.transform, self.config.batch_size,
                                      self.config.local_epochs)
+        self.vectorized_reason: str | None = None  # why clients train one after another, when they do
         self.vectorized = self._vectorized_trainer(model)
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
         self.server = ServerContext(self.data, model, self.flat, self.trainer, self.fabric, self.transform, seed,
@@ -195,13 +208,17 @@ class Federation:
         if self.vectorized is not None and type(alg).train_client is Algorithm.train_client:
             vectorized = self._try_vectorized(round, clients, starts)
         if vectorized is not None:
-            params, losses = vectorized
+            params, losses, logs = vectorized
         else:  # written in place, so the trained models are never held twice
             params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
+            logs: dict[str, Tensor] = {}
             for row, (client, start) in enumerate(zip(clients, starts)):
+                self.trainer.last_logs = {}
                 params[row], losses[row] = alg.train_client(round, client, start)
+                for name, value in self.trainer.last_logs.items():
+                    logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value
         ids = torch.tensor(clients, device=self.device)
-        return Updates(ids, params, starts, self.server.train_sizes[ids], losses)
+        return Updates(ids, params, starts, self.server.train_sizes[ids], losses, logs)
 
     def train_groups(self, round: int, clients: list[int]) -> Iterator[Updates]:
         """`train_clients` a group at a time (groups of `_group_size`): for aggregation by running sums, so
@@ -210,21 +227,22 @@ class Federation:
         for begin in range(0, len(clients), size):
             yield self.train_clients(round, clients[begin: begin + size])
 
-    def _try_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor] | None:
+    def _try_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor, dict] | None:
         """Vectorized training, or None (and sequential training from then on) when the module's training
         step fails under torch.func, e.g. because it reads values back with .item()."""
         try:
             return self._train_vectorized(round, clients, starts)
         except Exception as error:  # any failure inside vmap: the module is not vectorizable
-            warnings.warn(f"vectorized training is off: training_step failed under torch.func ({error!r}); "
-                          "clients train one after another", stacklevel=2)
+            self.vectorized_reason = f"training_step failed under torch.func ({error!r})"
+            warnings.warn(f"vectorized training is off: {self.vectorized_reason}; clients train one after another",
+                          stacklevel=2)
             self.vectorized = None
             return None
 
-    def _train_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor]:
+    def _train_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor, dict]:
         alg = self.algorithm
         size = self._group_size(len(clients))
-        params, losses = [], []
+        params, losses, logs = [], [], []
         for begin in range(0, len(clients), size):
             group = clients[begin: begin + size]
             hook = None
@@ -233,10 +251,13 @@ class Federation:
                     alg.local_gradient(group[row], p, g, s)
             trained, loss = self.vectorized.fit_many(
                 starts[begin: begin + size], [self.data.train.client(c) for c in group],
-                [self.server.client_seed(round, c) for c in group], hook, lr_scale=alg.learning_rate_scale(round))
+                [self.server.client_seed(round, c) for c in group], hook, lr_scale=alg.learning_rate_scale(round),
+                round=round)
             params.append(trained)
             losses.append(loss)
-        return torch.cat(params), torch.cat(losses)
+            logs.append(self.vectorized.last_logs)
+        names = dict.fromkeys(name for part in logs for name in part)
+        return torch.cat(params), torch.cat(losses), {name: torch.cat([part[name] for part in logs]) for name in names}
 
     def _group_size(self, clients: int) -> int:
         """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise as
@@ -250,13 +271,19 @@ class Federation:
 
     def _vectorized_trainer(self, model: L.LightningModule) -> VectorizedTrainer | None:
         if not self.config.vectorize:
+            self.vectorized_reason = "federation.vectorize is 0"
+            return None
+        if type(self.algorithm).train_client is not Algorithm.train_client:
+            self.vectorized_reason = f"{type(self.algorithm).__name__} trains its clients itself (train_client)"
             return None
         reason = unsupported_reason(model, self.trainer.raw_optimizer, self.trainer.scaler)
         if reason:
+            self.vectorized_reason = reason
             warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)
             return None
         return VectorizedTrainer(self.fabric, model, self.flat, self.trainer.raw_optimizer,
-                                 self.transform, self.config.batch_size, self.config.local_epochs)
+                                 self.trainer.learning_rates, self.transform, self.config.batch_size,
+                                 self.config.local_epochs)
 
     def run_round(self, round: int) -> dict[str, Any]:
         """Run round `round` (1-based) and return its metrics, with per-client values under 'clients' (and
@@ -265,24 +292,26 @@ class Federation:
         alg.begin_round(round)
         clients = alg.select_clients(round)
         left_out: list[int] = []
+        stats = TrainingStats(self.num_clients)
         if self.aggregates_in_groups():
-            losses = average_in_clusters(alg, (finite_updates(u, left_out) for u in self.train_groups(round, clients)))
+            average_in_clusters(alg, (stats.add(finite_updates(u, left_out)) for u in self.train_groups(round, clients)))
         else:
-            updates = finite_updates(self.train_clients(round, clients), left_out)
+            updates = stats.add(finite_updates(self.train_clients(round, clients), left_out))
             if len(updates):
                 alg.pre_aggregation(round, updates)
                 alg.aggregate(round, updates)
-            losses = updates.train_loss
         alg.post_aggregation(round)
         self.round = round
         metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients),
                                    "clients_left_out": len(left_out), "left_out": sorted(left_out),
-                                   "train/loss": float(losses.mean()) if len(losses) else float("nan")}
+                                   **stats.metrics(),
+                                   "train/lr": self.trainer.learning_rates.round_rate(round) * alg.learning_rate_scale(round)}
         metrics.update(alg.round_metrics())
         clusters = alg.cluster_labels()
         metrics.update(self.score_clusters(clusters))
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             metrics.update(self.evaluate())
+            metrics["clients"].update(stats.per_client())
             if clusters is not None:
                 metrics["clients"]["cluster"] = np.asarray(clusters)
         matrices = alg.round_matrices()

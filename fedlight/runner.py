@@ -68,9 +68,9 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
     summary = _summary(federation, state, run_name)
     recorder.finish(summary)
     console.print(summary_table(summary, split, plain=not console.is_terminal))
-    console.print(f"run folder: {run_dir}")
+    console.print(f"run folder: {run_dir}", highlight=False)
     if recorder.offline_dir is not None:
-        console.print(f"upload to W&B: wandb sync {recorder.offline_dir}")
+        console.print(f"upload to W&B: wandb sync {recorder.offline_dir}", highlight=False)
     return summary
 
 
@@ -96,5 +96,6 @@ def _summary(federation: Federation, state: dict[str, Any], run_name: str) -> di
     final = {k: v for k, v in state["last_eval"].items() if k != "round" and not k.startswith("time/")}
     return {"run": run_name, "algorithm": type(federation.algorithm).__name__, "rounds": federation.round,
             "num_clients": federation.num_clients, "seed": federation.seed, "precision": federation.precision,
-            "device": str(federation.device), "wall_time_s": round(state["elapsed"], 3), **final,
+            "device": str(federation.device), "vectorized": federation.vectorized is not None,
+            "vectorized_reason": federation.vectorized_reason, "wall_time_s": round(state["elapsed"], 3), **final,
             **{f"best/{k}": v for k, v in state["best"].items()}}

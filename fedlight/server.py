@@ -16,7 +16,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedlight.data import ClientSplit, FederatedData
 from fedlight.flat import FlatModel
@@ -112,7 +112,7 @@ class ServerContext:
         flat gradient in place after each backward pass."""
         x, y = self._data.train.client(client)
         return self._trainer.fit(start, x, y, self.client_seed(round, client), gradient_hook, lr_scale=lr_scale,
-                                 epochs=epochs)
+                                 epochs=epochs, round=max(round, 1))
 
     def random_params(self, seed: int) -> Tensor:
         """A fresh random initialization of the model (every submodule's `reset_parameters`) as a flat vector,
@@ -140,6 +140,12 @@ class ServerContext:
         """True on the first (or last) `count` layers; a half count takes half of the boundary layer
         (`fedlight.personalization.layer_count_mask`)."""
         return layer_count_mask(self._flat, count, side)
+
+    def module_mask(self, kinds: tuple[type[nn.Module], ...]) -> Tensor:
+        """True on the parameters and buffers of every submodule of one of the given types (e.g. all BatchNorm
+        layers, wherever they sit in the network's layer list)."""
+        model = self._flat.module
+        return self._flat.mask(lambda e: isinstance(model.get_submodule(e.name.rpartition(".")[0]), kinds))
 
     def parameter_mask(self) -> Tensor:
         """True on trainable parameters, False on buffers (e.g. BatchNorm running statistics)."""

@@ -1,7 +1,7 @@
 """What the clients of a round send back: one stacked tensor per field, row i belonging to `clients[i]`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
@@ -15,6 +15,7 @@ class Updates:
     starts: Tensor       # (m, d) the flat models each client started from
     num_samples: Tensor  # (m,) training-set sizes
     train_loss: Tensor   # (m,) mean training loss of the last local epoch
+    logs: dict[str, Tensor] = field(default_factory=dict)  # name -> (m,) what training_step logged (self.log)
 
     @property
     def deltas(self) -> Tensor:
@@ -27,4 +28,4 @@ class Updates:
     def subset(self, rows: Tensor) -> "Updates":
         """The updates of the rows selected by a boolean mask or an index tensor."""
         return Updates(self.clients[rows], self.params[rows], self.starts[rows], self.num_samples[rows],
-                       self.train_loss[rows])
+                       self.train_loss[rows], {name: value[rows] for name, value in self.logs.items()})

@@ -16,22 +16,12 @@ import torch
 from torch import Tensor
 
 from fedlight.flat import FlatModel
+from fedlight.schedules import LearningRates, parse_optimizers
+from fedlight.step_logs import LogSums, StepLogs
 
 GradientHook = Callable[[Tensor, Tensor, Tensor], None]
 
 warnings.filterwarnings("ignore", message=r".*self\.log\(\)` but the `self\.trainer` reference is not registered.*")
-
-
-def first_optimizer(configured) -> torch.optim.Optimizer:
-    """The optimizer out of whatever `configure_optimizers` returned (optimizer, list, tuple or dict)."""
-    if isinstance(configured, torch.optim.Optimizer):
-        return configured
-    if isinstance(configured, dict):
-        return first_optimizer(configured["optimizer"])
-    if isinstance(configured, (list, tuple)) and configured:
-        return first_optimizer(configured[0])
-    raise TypeError("configure_optimizers() must return an optimizer (or a list/dict holding one); "
-                    f"got {type(configured).__name__}")
 
 
 def training_loss(output) -> Tensor:
@@ -54,11 +44,13 @@ class ClientTrainer:
         self.batch_transform = batch_transform
         self.batch_size = batch_size
         self.local_epochs = local_epochs
-        raw = first_optimizer(module.configure_optimizers())
+        raw, schedulers = parse_optimizers(module.configure_optimizers())
+        self.learning_rates = LearningRates(raw, schedulers)
         self.optimizer = fabric.setup_optimizers(raw)
         self.raw_optimizer = raw
         self.initial_groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in raw.param_groups]
         self.scaler = getattr(fabric.strategy.precision, "scaler", None)
+        self.last_logs: dict[str, Tensor] = {}
 
     def reset_optimizer(self) -> None:
         """Forget momentum/Adam statistics and restore the configured hyper-parameters."""
@@ -66,41 +58,43 @@ class ClientTrainer:
         for group, initial in zip(self.raw_optimizer.param_groups, self.initial_groups):
             group.update(initial)
 
-    def set_learning_rate_scale(self, scale: float) -> None:
-        """Scale every group's learning rate relative to the configured one (for server-side schedules)."""
-        for group, initial in zip(self.raw_optimizer.param_groups, self.initial_groups):
-            group["lr"] = initial["lr"] * scale
-
     def fit(self, start: Tensor, x: Tensor, y: Tensor, seed: int, gradient_hook: GradientHook | None = None,
-            lr_scale: float = 1.0, epochs: int | None = None) -> tuple[Tensor, Tensor]:
-        """Train from `start` on (x, y) for `epochs` (default: the configured local epochs); return (trained
-        flat model, mean loss of the last epoch). All randomness (batch order, dropout) derives from `seed`."""
+            lr_scale: float = 1.0, epochs: int | None = None, round: int = 1) -> tuple[Tensor, Tensor]:
+        """Train from `start` on (x, y) for `epochs` (default: the configured local epochs) at the learning rates
+        of round `round` times `lr_scale`; return (trained flat model, mean loss of the last epoch), and keep the
+        values `training_step` logged in `last_logs`. All randomness (batch order, dropout) derives from `seed`."""
         module, flat = self.module, self.flat
         flat.load(start)
         flat.zero_grad()
         self.reset_optimizer()
-        if lr_scale != 1.0:
-            self.set_learning_rate_scale(lr_scale)
         module.train()
         torch.manual_seed(seed)
         generator = torch.Generator(device=x.device).manual_seed(seed)
         n, b = len(y), self.batch_size
+        steps, epochs = -(-n // b), self.local_epochs if epochs is None else epochs
+        rates = self.learning_rates.rates(round, steps * epochs)
         loss_sum = torch.zeros((), device=x.device)
-        for _ in range(self.local_epochs if epochs is None else epochs):
-            order = torch.randperm(n, generator=generator, device=x.device)
-            loss_sum.zero_()
-            for step, begin in enumerate(range(0, n, b)):
-                rows = order[begin: begin + b]
-                batch = self.batch_transform((x[rows], y[rows]), 0)
-                with self.fabric.autocast():
-                    loss = training_loss(module.training_step(batch, step))
-                self.fabric.backward(loss)
-                if gradient_hook is not None:
-                    if self.scaler is not None:
-                        self.scaler.unscale_(self.raw_optimizer)
-                    gradient_hook(flat.vector, flat.grad, start)
-                self.optimizer.step()
-                flat.zero_grad()
-                loss_sum += loss.detach().float()
-        steps = -(-n // b)
+        logs = LogSums(1, x.device)
+        with StepLogs(module) as step_logs:
+            for epoch in range(epochs):
+                order = torch.randperm(n, generator=generator, device=x.device)
+                loss_sum.zero_()
+                logs.clear()
+                for step, begin in enumerate(range(0, n, b)):
+                    rows = order[begin: begin + b]
+                    batch = self.batch_transform((x[rows], y[rows]), 0)
+                    with self.fabric.autocast():
+                        loss = training_loss(module.training_step(batch, step))
+                    logs.add(step_logs.take(), 0, len(rows))
+                    self.fabric.backward(loss)
+                    if gradient_hook is not None:
+                        if self.scaler is not None:
+                            self.scaler.unscale_(self.raw_optimizer)
+                        gradient_hook(flat.vector, flat.grad, start)
+                    for group, lr in zip(self.raw_optimizer.param_groups, rates[epoch * steps + step]):
+                        group["lr"] = lr * lr_scale
+                    self.optimizer.step()
+                    flat.zero_grad()
+                    loss_sum += loss.detach().float()
+        self.last_logs = {name: value[0] for name, value in logs.means().items()}
         return flat.read(), loss_sum / steps

@@ -78,13 +78,20 @@ def test_a_cnn_matches_up_to_max_pool_tie_breaking():
     assert (vectorized.params - sequential).abs().mean() < 1e-6
 
 
-def test_batchnorm_falls_back_to_sequential_training_and_says_so():
+@pytest.mark.parametrize("net, optimizer, reason", [
+    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 10)),
+     "sgd", "cumulative average"),
+    (MLP(64, [16], 10), torch.optim.Rprop, "no vectorized form"),
+])
+def test_what_cannot_be_vectorized_falls_back_to_sequential_training_and_says_why(net, optimizer, reason):
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 10))
+    model = Classifier(net)
+    if not isinstance(optimizer, str):
+        model.configure_optimizers = lambda: optimizer(model.parameters(), lr=0.01)
     config = FederationConfig(rounds=1, accelerator="cpu", vectorize=-1)
-    with pytest.warns(UserWarning, match="BatchNorm2d"):
-        fed = Federation(DigitsFederated(num_clients=3), Classifier(net), FedAvg(), config)
-    assert fed.vectorized is None
+    with pytest.warns(UserWarning, match=reason):
+        fed = Federation(DigitsFederated(num_clients=3), model, FedAvg(), config)
+    assert fed.vectorized is None and reason in fed.vectorized_reason
     fed.run_round(1)
 
 

@@ -1,0 +1,57 @@
+"""What a round's local training reports: each client's training loss and the values its `training_step` logged,
+reduced across clients for metrics.csv and kept per client for clients.csv."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.updates import Updates
+
+
+class TrainingStats:
+    """Collects the updates of one round (whole, or a group at a time) as they pass to the algorithm."""
+
+    def __init__(self, num_clients: int) -> None:
+        self.num_clients = num_clients
+        self.parts: list[tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]] = []
+
+    def add(self, updates: Updates) -> Updates:
+        """Record `updates` (returned unchanged, so this can sit in a generator of groups)."""
+        self.parts.append((updates.clients, updates.train_loss.detach(), updates.num_samples, dict(updates.logs)))
+        return updates
+
+    def _columns(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """(clients, name -> per-row values incl. 'loss', training-set sizes) of everything added, on the host."""
+        if not self.parts:
+            return np.zeros(0, dtype=np.int64), {"loss": np.zeros(0)}, np.zeros(0)
+        clients = torch.cat([c for c, *_ in self.parts]).cpu().numpy()
+        sizes = torch.cat([n for _, _, n, _ in self.parts]).double().cpu().numpy()
+        values = {"loss": torch.cat([l for _, l, _, _ in self.parts]).double().cpu().numpy()}
+        for name in dict.fromkeys(k for *_, logs in self.parts for k in logs):
+            values[name] = torch.cat([logs[name].double() if name in logs else torch.full_like(l, float("nan"),
+                                                                                          dtype=torch.float64)
+                                      for _, l, _, logs in self.parts]).cpu().numpy()
+        return clients, values, sizes
+
+    def metrics(self) -> dict[str, float]:
+        """`train/loss`: the clients' mean training loss; `train/<name>`: the training-set-size weighted mean of
+        the clients' logged values (clients that did not log a name are left out)."""
+        _, values, sizes = self._columns()
+        values.pop("loss")
+        losses = torch.cat([l for _, l, _, _ in self.parts]) if self.parts else torch.zeros(0)
+        out = {"train/loss": float(losses.mean()) if len(losses) else float("nan")}
+        for name, v in values.items():
+            known = ~np.isnan(v)
+            out[f"train/{name}"] = float(np.average(v[known], weights=sizes[known])) if known.any() else float("nan")
+        return out
+
+    def per_client(self) -> dict[str, np.ndarray]:
+        """`train/<name>` for every client: its value this round, NaN for a client that did not train."""
+        clients, values, _ = self._columns()
+        out = {}
+        for name, v in values.items():
+            column = np.full(self.num_clients, np.nan)
+            column[clients] = v
+            out[f"train/{name}"] = column
+        return out
