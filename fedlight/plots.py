@@ -92,8 +92,8 @@ def matrix_range(name: str, first: np.ndarray) -> tuple[float, float]:
 
 
 def to_svg(figure: Figure, salt: str) -> str:
-    """The figure as an inline <svg> element: text kept as text, ids salted with `salt` so that several figures
-    share one page without clashes, and no date, so the same runs give the same page."""
+    """The figure as an inline <svg> element: text kept as text (searchable, and small), ids salted with `salt` so
+    that several figures share one page without clashes, no date in its metadata."""
     buffer = io.StringIO()
     with matplotlib.rc_context({**STYLE, "svg.hashsalt": salt}):
         figure.savefig(buffer, format="svg", metadata={"Date": None}, bbox_inches="tight")
