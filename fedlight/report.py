@@ -113,14 +113,15 @@ class Run:
         if not rounds:
             return None
         clients = int(max(r["client"] for r in self.clients)) + 1
+        column = {round: i for i, round in enumerate(rounds)}
         assigned = np.full((clients, len(rounds)), -1)
         for r in self.clients:
             if "cluster" in r:
-                assigned[int(r["client"]), rounds.index(int(r["round"]))] = int(r["cluster"])
+                assigned[int(r["client"]), column[int(r["round"])]] = int(r["cluster"])
         last = {int(r["client"]): r for r in self.clients_at(rounds[-1])}
         true = np.array([last[c]["true_cluster"] for c in range(clients)], dtype=int) \
             if all("true_cluster" in last.get(c, {}) for c in range(clients)) else None
-        return plots.Timeline(f"{self.name}", np.array(rounds), assigned, true)
+        return plots.Timeline(self.name, np.array(rounds), assigned, true)
 
     def matrices(self) -> dict[str, list[Path]]:
         """Saved matrices by name, each name's files in round order."""
