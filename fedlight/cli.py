@@ -1,6 +1,7 @@
-"""`python -m fedlight fit --config run.yaml`, `fit --resume RUN` and `python -m fedlight list`, on jsonargparse in
-LightningCLI's conventions: `--print_config`, dotted overrides (`--algorithm.init_args.mu 0.01`), type-checked
-configs that stop on an unknown key or a wrong type before any work starts.
+"""`python -m fedlight fit --config run.yaml`, `fit --resume RUN`, `list`, `report RUN [RUN ...]` and
+`sweep --config sweep.yaml`, on jsonargparse in LightningCLI's conventions: `--print_config`, dotted overrides
+(`--algorithm.init_args.mu 0.01`), type-checked configs that stop on an unknown key or a wrong type before any work
+starts.
 
 Every refusal is one line on stderr, cause first, and leaves no run folder behind: the folder is made only once
 the data, the model and the algorithm are set up.
@@ -22,7 +23,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace, set_loader
 from rich.console import Console
 
-from fedlight import registry
+from fedlight import registry, report, sweep, wandb_report
 from fedlight.algorithm import Algorithm
 from fedlight.checkpoint import CheckpointError
 from fedlight.config_errors import explain
@@ -65,6 +66,22 @@ def build_parser() -> ArgumentParser:
     commands.add_subcommand("fit", parser.fit_parser, help="run one federated training")
     commands.add_subcommand("list", ArgumentParser(description="List algorithms, data and models.", **STRICT),
                             help="list algorithms, data modules and models, entry points included")
+    commands.add_subcommand("report", report_parser(), help="one HTML page comparing runs (figures and a table)")
+    sweep_parser = ArgumentParser(description="Run every algorithm x seed of a sweep file, then its report.", **STRICT)
+    sweep_parser.add_argument("--config", type=str, required=True, help="a sweep YAML (see configs/sweeps/)")
+    commands.add_subcommand("sweep", sweep_parser, help="run a grid of algorithms x seeds and write the report")
+    return parser
+
+
+def report_parser() -> ArgumentParser:
+    parser = ArgumentParser(description="One self-contained HTML page comparing runs; the seeds of a configuration "
+                                        "are shown as mean ± std.", **STRICT)
+    parser.add_argument("runs", nargs="+", type=str, help="run folders written by `fedlight fit`, or folders of them")
+    parser.add_argument("--output", type=str, default="report.html", help="the HTML file to write")
+    parser.add_argument("--title", type=str, default="fedlight report", help="the page's title")
+    parser.add_argument("--wandb", type=str | None, default=None,
+                        help="ENTITY/PROJECT: also build a W&B Report of these runs there (online only; needs "
+                             "the wandb-report extra)")
     return parser
 
 
@@ -202,10 +219,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         with one_line_warnings(errors):
-            run_fit(parser.fit_parser, cfg.fit, console)
+            if cfg.command == "report":
+                run_report(cfg.report, console)
+            elif cfg.command == "sweep":
+                sweep.run(cfg.sweep.config, main, console)
+            else:
+                run_fit(parser.fit_parser, cfg.fit, console)
     except RunInterrupted as stop:
         saved = f"rounds 1-{stop.saved_round} are saved" if stop.saved_round else "no round had finished"
         errors.print(f"fedlight: interrupted; {saved}. Continue with: python -m fedlight fit --resume {stop.run_dir}")
+        return 130
+    except sweep.SweepInterrupted as stop:
+        errors.print(f"fedlight: {stop}")
         return 130
     except KeyboardInterrupt:
         errors.print("fedlight: interrupted before the first round; nothing was saved")
@@ -216,3 +241,14 @@ def main(argv: list[str] | None = None) -> int:
         errors.print(f"fedlight: error: {error}")
         return 2
     return 0
+
+
+def run_report(cfg: Namespace, console: Console) -> None:
+    """Write the HTML report (and the W&B Report when asked), saying where it went."""
+    started = time.perf_counter()
+    groups = report.write(cfg.runs, cfg.output, cfg.title)
+    runs = sum(len(g.runs) for g in groups)
+    console.print(f"report of {runs} runs in {len(groups)} configurations: {cfg.output} "
+                  f"({time.perf_counter() - started:.1f} s)")
+    if cfg.wandb:
+        console.print(wandb_report.build(cfg.wandb, groups, cfg.title), soft_wrap=True, highlight=False)

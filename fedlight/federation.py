@@ -287,7 +287,7 @@ class Federation:
 
     def run_round(self, round: int) -> dict[str, Any]:
         """Run round `round` (1-based) and return its metrics, with per-client values under 'clients' (and
-        each client's cluster) when it was evaluated, and the algorithm's matrices under 'matrices'."""
+        `client_facts`) when it was evaluated, and the algorithm's matrices under 'matrices'."""
         alg = self.algorithm
         alg.begin_round(round)
         clients = alg.select_clients(round)
@@ -312,12 +312,20 @@ class Federation:
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             metrics.update(self.evaluate())
             metrics["clients"].update(stats.per_client())
-            if clusters is not None:
-                metrics["clients"]["cluster"] = np.asarray(clusters)
+            metrics["clients"].update(self.client_facts(clusters))
         matrices = alg.round_matrices()
         if matrices:
             metrics["matrices"] = matrices
         return metrics
+
+    def client_facts(self, clusters: np.ndarray | None) -> dict[str, np.ndarray]:
+        """What is recorded of each client beside its metrics: the cluster it was evaluated in (when the
+        algorithm clusters), its true cluster (when the split defines one) and its training-set size."""
+        facts = {} if clusters is None else {"cluster": np.asarray(clusters)}
+        if self.data.cluster_labels is not None:
+            facts["true_cluster"] = np.asarray(self.data.cluster_labels)
+        facts["samples"] = self.server.train_sizes.cpu().numpy()
+        return facts
 
     def aggregates_in_groups(self) -> bool:
         """True when the algorithm keeps FedAvg's aggregation (it overrides neither `pre_aggregation` nor

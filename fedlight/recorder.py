@@ -1,8 +1,11 @@
 """Where a run's numbers go: metrics.csv (one row a round), clients.csv (one row a client and evaluated
-round), summary.json, and Weights & Biases (offline when no API key is set)."""
+round), matrices/*.npy, summary.json, and Weights & Biases (offline when no API key is set): scalars, a table of
+the clients per evaluated round, and the matrices as heatmaps on a fixed colour scale; runs are grouped by
+config and tagged with their algorithm."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import netrc
@@ -15,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fedlight import plots
+
 
 @dataclass
 class LoggerConfig:
@@ -25,7 +30,8 @@ class LoggerConfig:
         project: W&B project.
         entity: W&B entity (team or user); None uses the default.
         mode: "auto" is online when an API key is set (WANDB_API_KEY or a netrc login) and offline otherwise.
-        tags: W&B tags.
+        tags: W&B tags (the algorithm's class name is always added).
+        group: W&B group; None groups the runs whose configs differ only in seed and paths (`config_group`).
         per_client_max: log each client's metrics as its own W&B series when there are at most this many
             clients (histograms and clients.csv always hold them).
     """
@@ -35,7 +41,25 @@ class LoggerConfig:
     entity: str | None = None
     mode: Literal["auto", "online", "offline"] = "auto"
     tags: list[str] = field(default_factory=list)
+    group: str | None = None
     per_client_max: int = 100
+
+
+# Config keys that only name, place or log a run: runs whose configs differ only in these are one configuration.
+RUN_ONLY_KEYS = ("seed", "output_dir", "run_name", "resume", "checkpoint_every", "logger")
+# Per-client columns that describe a client rather than measure it: the clusters lead a row, the training-set size
+# ends it, and the constant ones go to the W&B table only (no per-client series, no histogram).
+LEADING_COLUMNS = ("true_cluster", "cluster")
+TRAILING_COLUMNS = ("samples",)
+CONSTANT_COLUMNS = ("true_cluster", "samples")
+
+
+def config_group(config: dict[str, Any], algorithm: str) -> str:
+    """'<algorithm>-<8 hex digits>': the algorithm's class name and a hash of the resolved config without
+    RUN_ONLY_KEYS, so that the seeds of one configuration share a W&B group and a row of the report."""
+    same = {k: v for k, v in config.items() if k not in RUN_ONLY_KEYS}
+    digest = hashlib.sha1(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{algorithm}-{digest}"
 
 
 def wandb_mode(requested: str) -> str:
@@ -50,13 +74,6 @@ def wandb_mode(requested: str) -> str:
         return "online" if netrc.netrc().authenticators(host) else "offline"
     except (FileNotFoundError, netrc.NetrcParseError):
         return "offline"
-
-
-def heatmap(matrix: np.ndarray, scale: int = 8) -> np.ndarray:
-    """A matrix as a grayscale uint8 image (min black, max white), each entry a scale x scale block."""
-    low, high = np.nanmin(matrix), np.nanmax(matrix)
-    unit = (matrix - low) / (high - low) if high > low else np.zeros_like(matrix)
-    return np.kron(np.round(255 * unit).astype(np.uint8), np.ones((scale, scale), dtype=np.uint8))
 
 
 class CsvTable:
@@ -81,28 +98,44 @@ class CsvTable:
         os.replace(tmp, self.path)
 
 
+def client_rows(round: int, per_client: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """One row per client: round, client, its clusters, its metrics, its training-set size, then what its local
+    training reported this round (`train/...`, empty for a client that did not train); ints stay ints."""
+    if not per_client:
+        return []
+    edges = LEADING_COLUMNS + TRAILING_COLUMNS
+    training = [k for k in per_client if k.startswith("train/")]
+    names = [k for k in LEADING_COLUMNS if k in per_client] + \
+        [k for k in per_client if k not in edges and k not in training] + \
+        [k for k in TRAILING_COLUMNS if k in per_client] + training
+    count = len(per_client[names[0]])
+    return [{"round": round, "client": c, **{k: per_client[k][c].item() for k in names}} for c in range(count)]
+
+
 class RunRecorder:
     """Writes a run's metrics to its folder and to W&B. `resume_round` keeps the rows up to that round."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any], settings: LoggerConfig, run_name: str,
-                 wandb_id: str | None = None, resume_round: int | None = None) -> None:
+                 wandb_id: str | None = None, resume_round: int | None = None, algorithm: str = "Algorithm") -> None:
         self.run_dir = run_dir
         self.settings = settings
         self.metrics = CsvTable(run_dir / "metrics.csv", resume_round)
         self.clients = CsvTable(run_dir / "clients.csv", resume_round)
+        self.matrix_ranges: dict[str, tuple[float, float]] = {}
         self.wandb_run = None
         self.wandb_id = wandb_id
         if settings.wandb:
-            self._start_wandb(config, run_name)
+            self._start_wandb(config, run_name, algorithm)
 
-    def _start_wandb(self, config: dict[str, Any], run_name: str) -> None:
+    def _start_wandb(self, config: dict[str, Any], run_name: str, algorithm: str) -> None:
         import wandb
 
         mode = wandb_mode(self.settings.mode)
         self.wandb_id = self.wandb_id or secrets.token_hex(4)
         self.wandb_run = wandb.init(project=self.settings.project, entity=self.settings.entity, name=run_name,
                                     id=self.wandb_id, resume="allow", dir=str(self.run_dir), mode=mode,
-                                    config=config, tags=self.settings.tags,
+                                    config=config, group=self.settings.group or config_group(config, algorithm),
+                                    tags=list(dict.fromkeys([*self.settings.tags, algorithm])),
                                     settings=wandb.Settings(console="off", silent=True))
 
     def log_round(self, metrics: dict[str, Any]) -> None:
@@ -113,12 +146,11 @@ class RunRecorder:
         scalars = {k: v for k, v in metrics.items() if isinstance(v, numbers.Real)}
         self._save_matrices(round, matrices)
         self.metrics.append([scalars])
-        if per_client:
-            n = len(next(iter(per_client.values())))
-            self.clients.append([{"round": round, "client": c, **{k: float(v[c]) for k, v in per_client.items()}}
-                                 for c in range(n)])
+        rows = client_rows(round, per_client)
+        if rows:
+            self.clients.append(rows)
         if self.wandb_run is not None:
-            self.wandb_run.log(self._wandb_payload(scalars, per_client, matrices), step=round)
+            self.wandb_run.log(self._wandb_payload(round, scalars, per_client, rows, matrices), step=round)
 
     def _save_matrices(self, round: int, matrices: dict[str, np.ndarray]) -> None:
         """matrices/<name>_round<NNNN>.npy for each matrix an algorithm reported."""
@@ -128,14 +160,29 @@ class RunRecorder:
             for name, matrix in matrices.items():
                 np.save(folder / f"{name.replace('/', '_')}_round{round:04d}.npy", np.asarray(matrix))
 
-    def _wandb_payload(self, scalars: dict[str, Any], per_client: dict[str, np.ndarray],
-                       matrices: dict[str, np.ndarray]) -> dict[str, Any]:
+    def matrix_range(self, name: str, matrix: np.ndarray) -> tuple[float, float]:
+        """The colour range of matrices called `name`, fixed for the run: its kind's range, or the range of the
+        first saved matrix of that name (which a resumed run finds on disk as well)."""
+        if name not in self.matrix_ranges:
+            saved = sorted((self.run_dir / "matrices").glob(f"{name.replace('/', '_')}_round*.npy"))
+            self.matrix_ranges[name] = plots.matrix_range(name, np.load(saved[0]) if saved else matrix)
+        return self.matrix_ranges[name]
+
+    def _wandb_payload(self, round: int, scalars: dict[str, Any], per_client: dict[str, np.ndarray],
+                       rows: list[dict[str, Any]], matrices: dict[str, np.ndarray]) -> dict[str, Any]:
         import wandb
 
         payload = {k: v for k, v in scalars.items() if k != "round" and isinstance(v, (int, float))}
         for name, matrix in matrices.items():
-            payload[f"matrices/{name}"] = wandb.Image(heatmap(np.asarray(matrix, dtype=float)), caption=name)
+            matrix = np.asarray(matrix, dtype=float)
+            figure = plots.heatmap_figure([(f"{name}, round {round}", matrix)], *self.matrix_range(name, matrix),
+                                          label=name)
+            payload[f"matrices/{name}"] = wandb.Image(figure, caption=f"{name}, round {round}")
+        if rows:
+            payload["clients/table"] = wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])
         for name, values in per_client.items():
+            if name in CONSTANT_COLUMNS:
+                continue
             finite = values[np.isfinite(values)]
             if len(finite):
                 payload[f"clients/{name}_hist"] = wandb.Histogram(finite)

@@ -43,7 +43,8 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
             raise ValueError(f"{run_dir} has run {federation.round} rounds already: --federation.rounds must be at "
                              f"least {federation.round}")
         console.print(f"Resuming {run_dir} after round {federation.round}")
-    recorder = RunRecorder(run_dir, config, logger, run_name, state["wandb_id"], federation.round)
+    recorder = RunRecorder(run_dir, config, logger, run_name, state["wandb_id"], federation.round,
+                           algorithm=type(federation.algorithm).__name__)
     rounds, split = federation.config.rounds, federation.config.eval_split
     saved = federation.round
     try:

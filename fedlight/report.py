@@ -1,0 +1,421 @@
+"""`fedlight report RUN [RUN ...] --output report.html`: one self-contained HTML page that compares runs, the kind
+a paper's appendix holds. Runs whose configs differ only in seed form one configuration (`config_group`, the same
+key as their W&B group) and are shown as mean ± std over their seeds. The page has a comparison table (final mean,
+std and worst-client accuracy, ARI, clusters, wall time) and figures drawn by matplotlib and inlined as SVG:
+accuracy over rounds (mean and worst client), the per-client spread at the end, ARI over rounds, each clustered
+run's assignment timeline beside the true clusters, and the last similarity matrices on a fixed colour scale."""
+from __future__ import annotations
+
+import csv
+import html
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from fedlight import plots
+from fedlight.recorder import RUN_ONLY_KEYS, config_group
+
+
+class ReportError(ValueError):
+    """A run folder or option the report cannot use; the message names the problem and the fix."""
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def read_rows(path: Path) -> list[dict[str, float]]:
+    """A CSV written by the recorder as rows of numbers (empty and non-numeric cells left out)."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return [{k: v for k, v in ((k, _number(t)) for k, t in row.items()) if v is not None}
+                for row in csv.DictReader(f)]
+
+
+@dataclass
+class Run:
+    """One run folder as `fedlight fit` leaves it: metrics.csv, clients.csv, summary.json, config.yaml,
+    matrices/."""
+
+    path: Path
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    metrics: list[dict[str, float]]
+    clients: list[dict[str, float]]
+
+    @property
+    def name(self) -> str:
+        return str(self.summary.get("run", self.path.name))
+
+    @property
+    def algorithm(self) -> str:
+        algorithm = self.config.get("algorithm")
+        path = algorithm.get("class_path") if isinstance(algorithm, dict) else algorithm
+        return str(self.summary.get("algorithm") or (path or "run").rsplit(".", 1)[-1])
+
+    @property
+    def seed(self) -> int | None:
+        seed = self.summary.get("seed", self.config.get("seed"))
+        return None if seed is None else int(seed)
+
+    @property
+    def group(self) -> str:
+        return config_group(self.config, self.algorithm) if self.config else f"{self.algorithm}-{self.path}"
+
+    @cached_property
+    def split(self) -> str:
+        """The evaluated split: the config's, or the one the metrics name."""
+        split = (self.config.get("federation") or {}).get("eval_split")
+        if split:
+            return split
+        keys = [k for row in self.metrics for k in row if k.endswith("_mean")]
+        return keys[0].split("/", 1)[0] if keys else "test"
+
+    def column(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(rounds, values) of the metrics rows that have `key`."""
+        rows = [r for r in self.metrics if key in r]
+        return np.array([r["round"] for r in rows], dtype=int), np.array([r[key] for r in rows])
+
+    def final(self, key: str) -> float | None:
+        """The run's final value of `key`: from summary.json, else the last metrics row that has it."""
+        if isinstance(self.summary.get(key), (int, float)):
+            return float(self.summary[key])
+        _, values = self.column(key)
+        return float(values[-1]) if len(values) else None
+
+    @property
+    def wall_time(self) -> float:
+        """Seconds of training: summary.json's, else the sum of the round times (an unfinished run)."""
+        if "wall_time_s" in self.summary:
+            return float(self.summary["wall_time_s"])
+        return float(self.column("time/round_s")[1].sum())
+
+    def clients_at(self, round: int) -> list[dict[str, float]]:
+        return [r for r in self.clients if r["round"] == round]
+
+    @property
+    def last_eval_round(self) -> int | None:
+        return int(max(r["round"] for r in self.clients)) if self.clients else None
+
+    def timeline(self) -> plots.Timeline | None:
+        """Each client's cluster at each evaluated round, with the true clusters, when the algorithm clusters."""
+        rounds = sorted({int(r["round"]) for r in self.clients if "cluster" in r})
+        if not rounds:
+            return None
+        clients = int(max(r["client"] for r in self.clients)) + 1
+        column = {round: i for i, round in enumerate(rounds)}
+        assigned = np.full((clients, len(rounds)), -1)
+        for r in self.clients:
+            if "cluster" in r:
+                assigned[int(r["client"]), column[int(r["round"])]] = int(r["cluster"])
+        last = {int(r["client"]): r for r in self.clients_at(rounds[-1])}
+        true = np.array([last[c]["true_cluster"] for c in range(clients)], dtype=int) \
+            if all("true_cluster" in last.get(c, {}) for c in range(clients)) else None
+        return plots.Timeline(self.name, np.array(rounds), assigned, true)
+
+    def matrices(self) -> dict[str, list[Path]]:
+        """Saved matrices by name, each name's files in round order."""
+        found: dict[str, list[Path]] = {}
+        for path in sorted((self.path / "matrices").glob("*_round*.npy")):
+            found.setdefault(path.stem.rsplit("_round", 1)[0], []).append(path)
+        return found
+
+
+def find_runs(paths: Sequence[str | Path]) -> list[Path]:
+    """Run folders: each path itself when it holds metrics.csv, else the run folders directly inside it (the
+    output folder of a sweep)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise ReportError(f"{path}: no such folder; pass run folders written by `fedlight fit` (runs/<run>)")
+        inside = [p.parent for p in sorted(path.glob("*/metrics.csv"))]
+        if (path / "metrics.csv").is_file():
+            found.append(path)
+        elif inside:
+            found.extend(inside)
+        else:
+            raise ReportError(f"{path} has no metrics.csv (and no run folder inside holds one): pass run folders "
+                              "written by `fedlight fit` (runs/<run>) or a folder of them")
+    return list(dict.fromkeys(found))
+
+
+def load_run(path: Path) -> Run:
+    """Read one run folder; a run without an evaluated round is refused (nothing to compare)."""
+    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
+    config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
+    run = Run(path, summary, config or {}, read_rows(path / "metrics.csv"), read_rows(path / "clients.csv"))
+    if not any(k.endswith("_mean") for row in run.metrics for k in row):
+        raise ReportError(f"{path / 'metrics.csv'} has no evaluated round yet: let the run reach an evaluation "
+                          "(federation.eval_every) or leave it out")
+    return run
+
+
+@dataclass
+class Group:
+    """The runs of one configuration (its seeds), drawn in one colour under one label."""
+
+    key: str
+    label: str
+    colour: str
+    runs: list[Run]
+
+    @property
+    def first(self) -> Run:
+        """The run shown where a figure shows one run per configuration: the lowest seed."""
+        return self.runs[0]
+
+    def finals(self, key: str) -> list[float]:
+        return [v for v in (run.final(key) for run in self.runs) if v is not None]
+
+    def curve(self, key: str) -> plots.Series | None:
+        """`key` over the rounds every seed has: the mean over seeds, with their std when there are several."""
+        columns = [run.column(key) for run in self.runs]
+        columns = [c for c in columns if len(c[0])]
+        if not columns:
+            return None
+        rounds = sorted(set.intersection(*(set(r.tolist()) for r, _ in columns)))
+        values = np.stack([v[np.searchsorted(r, rounds)] for r, v in columns])
+        std = values.std(axis=0) if len(values) > 1 else None
+        return plots.Series(self.label, self.colour, np.array(rounds), values.mean(axis=0), std)
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def group_runs(runs: Sequence[Run]) -> list[Group]:
+    """Runs grouped by configuration (in order of first appearance), seeds sorted. A label is the algorithm's
+    name, plus the settings that tell apart configurations of the same algorithm."""
+    by_key: dict[str, list[Run]] = {}
+    for run in runs:
+        by_key.setdefault(run.group, []).append(run)
+    palette = plots.colours(len(by_key))
+    groups = [Group(key, members[0].algorithm, colour, sorted(members, key=lambda r: (r.seed is None, r.seed or 0)))
+              for (key, members), colour in zip(by_key.items(), palette)]
+    for algorithm in {g.label for g in groups}:
+        same = [g for g in groups if g.label == algorithm]
+        if len(same) < 2:
+            continue
+        settings = [_flatten({k: v for k, v in g.first.config.items() if k not in RUN_ONLY_KEYS}) for g in same]
+        keys = dict.fromkeys(k for s in settings for k in s)
+        differ = [k for k in keys if len({repr(s.get(k)) for s in settings}) > 1]
+        for group, setting in zip(same, settings):
+            shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={setting.get(k)}" for k in differ[:3])
+            group.label = f"{algorithm} ({shown or group.key})"
+    return groups
+
+
+# -- the comparison table ------------------------------------------------------------------------------------
+@dataclass
+class Column:
+    header: str
+    value: Callable[[Run], float | None]
+    digits: int = 3
+
+
+def table_columns(split: str, metric: str) -> list[Column]:
+    name = "acc" if metric == "acc" else metric
+    return [Column(f"mean {name}", lambda r: r.final(f"{split}/{metric}_mean")),
+            Column(f"std {name} (clients)", lambda r: r.final(f"{split}/{metric}_std")),
+            Column(f"worst-client {name}", lambda r: r.final(f"{split}/{metric}_worst")),
+            Column("ARI", lambda r: r.final("cluster/ari")),
+            Column("clusters", lambda r: r.final("cluster/count"), 1),
+            Column("wall time (s)", lambda r: r.wall_time, 1)]
+
+
+def _cell(values: list[float], digits: int) -> str:
+    """'mean ± std' over seeds (population std), the value alone for one seed, '–' for none; the exact numbers
+    ride along as data attributes."""
+    if not values:
+        return "<td class='num'>–</td>"
+    mean, std = float(np.mean(values)), float(np.std(values))
+    text = f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
+    return f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}'>{text}</td>"
+
+
+def comparison_table(groups: Sequence[Group], columns: Sequence[Column]) -> str:
+    head = "".join(f"<th>{html.escape(c.header)}</th>" for c in columns)
+    rows = []
+    for g in groups:
+        seeds = ", ".join(str(r.seed) for r in g.runs)
+        cells = "".join(_cell([v for v in map(c.value, g.runs) if v is not None and np.isfinite(v)], c.digits)
+                        for c in columns)
+        rounds = sorted({int(r.final("rounds") or r.column("round")[1].max()) for r in g.runs})
+        rows.append(f"<tr data-group='{html.escape(g.key)}'><th scope='row'><span class='swatch' "
+                    f"style='background:{g.colour}'></span>{html.escape(g.label)}</th><td>{seeds}</td>"
+                    f"<td class='num'>{'/'.join(map(str, rounds))}</td>{cells}</tr>")
+    return (f"<table class='results' id='comparison'><thead><tr><th>configuration</th><th>seeds</th><th>rounds</th>"
+            f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def runs_table(groups: Sequence[Group]) -> str:
+    rows = []
+    for g in groups:
+        for run in g.runs:
+            data = (run.config.get("data") or {}).get("class_path", "")
+            clients = run.final("num_clients")
+            rows.append(f"<tr><td>{html.escape(run.name)}</td><td>{html.escape(g.label)}</td><td>{run.seed}</td>"
+                        f"<td><code>{html.escape(g.key)}</code></td><td>{html.escape(data.rsplit('.', 1)[-1])}</td>"
+                        f"<td class='num'>{'' if clients is None else int(clients)}</td>"
+                        f"<td class='num'>{run.wall_time:.1f}</td>"
+                        f"<td><code>{html.escape(str(run.path))}</code></td></tr>")
+    return ("<table class='runs' id='runs'><thead><tr><th>run</th><th>configuration</th><th>seed</th><th>group</th>"
+            "<th>data</th><th>clients</th><th>wall time (s)</th><th>folder</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+# -- figures -------------------------------------------------------------------------------------------------
+@dataclass
+class PageFigure:
+    key: str
+    title: str
+    caption: str
+    svg: str
+
+
+def primary_metric(run: Run) -> str:
+    """Accuracy when the run has it, else its first per-client metric."""
+    names = [k[len(run.split) + 1: -len("_mean")] for k in run.metrics[-1] if k.startswith(f"{run.split}/")
+             and k.endswith("_mean")] or ["acc"]
+    return "acc" if "acc" in names else names[0]
+
+
+def figures(groups: Sequence[Group], split: str, metric: str) -> list[PageFigure]:
+    """Every figure the runs have data for, in the page's order."""
+    out: list[PageFigure] = []
+    seeds = "mean over seeds, band ± std over seeds" if any(len(g.runs) > 1 for g in groups) else "one seed each"
+    label = "accuracy" if metric == "acc" else metric
+
+    def add(key: str, title: str, caption: str, figure: Any) -> None:
+        out.append(PageFigure(key, title, caption, plots.to_svg(figure, salt=key)))
+
+    mean = [s for g in groups if (s := g.curve(f"{split}/{metric}_mean")) is not None]
+    worst = [s for g in groups if (s := g.curve(f"{split}/{metric}_worst")) is not None]
+    add("accuracy", f"Client {label} over rounds",
+        f"{split.capitalize()} {label} of every client's own model at each evaluated round: mean over clients (left) "
+        f"and the worst client (right); {seeds}.",
+        plots.line_figure([(f"Mean {label} over clients", label, mean), (f"Worst-client {label}", label, worst)]))
+
+    spread = []
+    for g in groups:
+        values = [row[metric] for run in g.runs if run.last_eval_round is not None
+                  for row in run.clients_at(run.last_eval_round) if np.isfinite(row.get(metric, np.nan))]
+        if values:
+            spread.append((g.label, g.colour, np.array(values)))
+    if spread:
+        add("spread", f"Per-client {label} at the end",
+            f"{split.capitalize()} {label} of each client after the last round; a point is a client (of every seed), "
+            "the box spans the quartiles, the line is the median, the diamond the mean.",
+            plots.spread_figure(spread, f"Per-client {label} after the last round", label))
+
+    ari = [s for g in groups if (s := g.curve("cluster/ari")) is not None]
+    if ari:
+        add("ari", "Clustering quality over rounds",
+            f"Adjusted Rand index of the clients' clusters against their true clusters, every round; {seeds}.",
+            plots.line_figure([("ARI against the true clusters", "ARI", ari)], ylim=(-0.05, 1.05)))
+
+    timelines = [(g, t) for g in groups if (t := g.first.timeline()) is not None]
+    if timelines:
+        for g, t in timelines:
+            t.title = f"{g.label}, seed {g.first.seed}"
+        add("timeline", "Cluster assignment over rounds",
+            "Each client's cluster (row) at each evaluated round (column), and its true cluster beside it; clusters "
+            "are numbered to match the true clusters they overlap most (Hungarian matching), so a client in its true "
+            "cluster's colour is clustered correctly. One seed per configuration.",
+            plots.timeline_figure([t for _, t in timelines]))
+
+    names = sorted({name for g in groups for name in g.first.matrices()})
+    for name in names:
+        panels, first = [], None
+        for g in groups:
+            files = g.first.matrices().get(name)
+            if files:
+                first = first if first is not None else np.load(files[0])
+                round = int(files[-1].stem.rsplit("_round", 1)[1])
+                panels.append((f"{g.label}, round {round}", np.load(files[-1]).astype(float)))
+        low, high = plots.matrix_range(name, first)
+        add(f"matrix-{name}", f"Last {name.replace('_', ' ')} matrix",
+            f"The last {name.replace('_', ' ')} matrix each configuration computed (seed shown: the lowest), clients "
+            f"on both axes, on one fixed colour scale [{low:.3g}, {high:.3g}] for every run and round.",
+            plots.heatmap_figure(panels, low, high, name.replace("_", " ")))
+    return out
+
+
+# -- the page ------------------------------------------------------------------------------------------------
+CSS = """
+body { font-family: "DejaVu Serif", Georgia, serif; color: #222; margin: 0; background: #fff; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 32px 48px; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; padding-bottom: 3px; margin-top: 1.8em; }
+p.lead { color: #555; margin-top: 0; }
+table { border-collapse: collapse; font-size: 0.92em; margin: 0.6em 0; font-family: "DejaVu Sans", Arial, sans-serif; }
+table.results { border-top: 2px solid #222; border-bottom: 2px solid #222; }
+thead th { border-bottom: 1px solid #222; font-weight: 600; }
+th, td { padding: 4px 10px; text-align: left; white-space: nowrap; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tbody th { font-weight: normal; } table.runs { font-size: 0.8em; color: #333; } table.runs td { padding: 2px 8px; }
+.swatch { display: inline-block; width: 10px; height: 10px; margin-right: 6px; border-radius: 2px; }
+caption, figcaption, p.note { font-size: 0.9em; color: #444; text-align: left; caption-side: top; }
+.figures { display: flex; flex-wrap: wrap; align-items: flex-start; column-gap: 40px; }
+figure { display: table; margin: 1.2em 0; } figure svg { display: block; height: auto; }
+figcaption { display: table-caption; caption-side: bottom; }
+"""
+
+
+def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Sequence[PageFigure]) -> str:
+    runs = sum(len(g.runs) for g in groups)
+    label = "accuracy" if metric == "acc" else metric
+    figure_html = "".join(
+        f"<figure id='fig-{html.escape(f.key)}'>{f.svg}<figcaption><strong>Figure {i}. {html.escape(f.title)}."
+        f"</strong> {html.escape(f.caption)}</figcaption></figure>" for i, f in enumerate(figs, 1))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{CSS}</style></head>
+<body><main>
+<h1>{html.escape(title)}</h1>
+<p class="lead">{runs} run{'s' * (runs != 1)} in {len(groups)} configuration{'s' * (len(groups) != 1)}, evaluated on
+each client's own {html.escape(split)} split. Runs whose configs differ only in seed are one configuration: numbers are
+mean ± standard deviation over its seeds (population std), and the curves show the seeds' mean with a ± std band.</p>
+<h2>Comparison</h2>
+<p class="note"><strong>Table 1.</strong> Final round: {label} of every client's own model (mean over clients, standard
+deviation across clients, worst client), adjusted Rand index of the clustering against the true clusters and the
+number of clusters (clustered methods only), and training wall time.</p>
+{comparison_table(groups, table_columns(split, metric))}
+<h2>Figures</h2>
+<div class="figures">{figure_html}</div>
+<h2>Runs</h2>
+{runs_table(groups)}
+</main></body></html>
+"""
+
+
+def build(paths: Sequence[str | Path], title: str = "fedlight report") -> tuple[str, list[Group]]:
+    """The page for the runs in `paths` (run folders or folders of them), and the configuration groups."""
+    runs = [load_run(path) for path in find_runs(paths)]
+    groups = group_runs(runs)
+    splits = {run.split for run in runs}
+    if len(splits) > 1:
+        raise ReportError(f"the runs evaluate different splits ({', '.join(sorted(splits))}): report runs of one "
+                          "federation.eval_split together")
+    split, metric = runs[0].split, primary_metric(runs[0])
+    return page(title, groups, split, metric, figures(groups, split, metric)), groups
+
+
+def write(paths: Sequence[str | Path], output: str | Path, title: str = "fedlight report") -> list[Group]:
+    """Write the report of `paths` to `output` and return its configuration groups."""
+    text, groups = build(paths, title)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    return groups

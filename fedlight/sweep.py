@@ -1,0 +1,176 @@
+"""`fedlight sweep --config sweep.yaml`: every algorithm x seed of one base run config, then the report of them all.
+
+The runs go one after another in this process: each `fit` seeds torch first and every random choice depends only
+on (seed, round, client), so a run gives the same numbers as it would alone, without paying the start-up of torch
+and Lightning once per run. A combination whose folder already has summary.json is skipped and an unfinished one
+is resumed (`fit --resume`, with the run's own config), so rerunning an interrupted sweep finishes it.
+
+    base: ../quickstart.yaml            # a run config, relative to this file
+    output_dir: runs/sweep              # one folder per run: <name>-s<seed>; the report lands here too
+    algorithms:                         # short names, class paths, or {class_path, init_args, name}
+      - fedavg
+      - {class_path: fedprox, init_args: {mu: 0.01}}
+    seeds: [0, 1, 2]
+    overrides: {federation.rounds: 10}  # any `fit` option, for every run
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from fedlight import registry, report
+from fedlight.algorithm import Algorithm
+
+
+class SweepError(ValueError):
+    """A sweep file the sweep cannot run; the message names the problem and the fix."""
+
+
+class SweepInterrupted(Exception):
+    """Ctrl-C during one of the sweep's runs; the message says how to continue."""
+
+
+@dataclass
+class SweepConfig:
+    """A grid of runs.
+
+    Args:
+        base: the run config every run starts from (relative paths are relative to the sweep file).
+        algorithms: short names (`fedlight list`), class paths, or mappings with `class_path`, optional
+            `init_args` and an optional `name` (the run folders' prefix; needed when one algorithm appears twice).
+        seeds: the seeds every algorithm runs with.
+        output_dir: the folder of the run folders and the report.
+        overrides: `fit` options for every run, as dotted keys (`federation.rounds: 5`).
+        report: the report's file name inside output_dir.
+        title: the report's title.
+    """
+
+    base: str
+    algorithms: list[str | dict[str, Any]]
+    seeds: list[int] = field(default_factory=lambda: [0])
+    output_dir: str = "runs/sweep"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    report: str = "report.html"
+    title: str = "fedlight sweep"
+
+
+@dataclass
+class Combination:
+    name: str           # run folder name
+    algorithm: str      # the --algorithm value: a class path, or a JSON object with init_args
+    seed: int
+
+
+def load(path: str | Path) -> tuple[SweepConfig, Path]:
+    """The sweep file, checked key by key; returns it with its base config resolved to a path."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"{path}: no such sweep file")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise SweepError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from error
+    if not isinstance(document, dict):
+        raise SweepError(f"{path}: a sweep file is a mapping with base, algorithms and seeds")
+    known = [f.name for f in fields(SweepConfig)]
+    unknown = [k for k in document if k not in known]
+    if unknown:
+        raise SweepError(f"{path}: unknown key {unknown[0]!r}; a sweep file has {', '.join(known)}")
+    missing = [k for k in ("base", "algorithms") if k not in document]
+    if missing:
+        raise SweepError(f"{path}: no {missing[0]!r}; give the run config to start from (base) and a list of "
+                         "algorithms")
+    config = SweepConfig(**document)
+    if not config.algorithms or not config.seeds:
+        raise SweepError(f"{path}: empty algorithms or seeds; list at least one of each")
+    base = path.parent / config.base
+    if not base.is_file():
+        raise SweepError(f"{path}: base config {config.base} not found (looked for {base}); base is relative to the "
+                         "sweep file")
+    return config, base
+
+
+def _class_path(value: str, source: Path) -> str:
+    """An algorithm's short name or class path as a class path, refusing what is not an Algorithm."""
+    try:
+        path = registry.algorithm_path(value)
+    except ValueError as error:
+        raise SweepError(f"{source}: {error}") from None
+    module, _, cls = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), cls) if module else None
+    except ImportError:
+        found = None
+    if not (isinstance(found, type) and issubclass(found, Algorithm)):
+        raise SweepError(f"{source}: {value!r} is not an importable Algorithm class; give a short name from "
+                         "`fedlight list` or the class path of an Algorithm subclass (mypackage.MyAlgorithm)")
+    return path
+
+
+def combinations(config: SweepConfig, source: Path) -> list[Combination]:
+    """Every (algorithm, seed) of the sweep, all algorithms checked before anything runs."""
+    entries = []
+    for entry in config.algorithms:
+        spec = {"class_path": entry} if isinstance(entry, str) else dict(entry)
+        if "class_path" not in spec:
+            raise SweepError(f"{source}: algorithm entry {entry!r} has no class_path; write a short name, or a "
+                             "mapping with class_path and init_args")
+        extra = set(spec) - {"class_path", "init_args", "name"}
+        if extra:
+            raise SweepError(f"{source}: algorithm entry {entry!r} has unknown key {sorted(extra)[0]!r}; use "
+                             "class_path, init_args and name")
+        path = _class_path(spec["class_path"], source)
+        name = spec.get("name") or spec["class_path"].rsplit(".", 1)[-1].lower()
+        value = json.dumps({"class_path": path, "init_args": spec["init_args"]}) if spec.get("init_args") else path
+        entries.append((name, value))
+    names = [name for name, _ in entries]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SweepError(f"{source}: algorithm {twice[0]!r} appears twice; give each entry its own `name`")
+    return [Combination(f"{name}-s{seed}", value, int(seed)) for name, value in entries for seed in config.seeds]
+
+
+def fit_args(combination: Combination, base: Path, config: SweepConfig) -> list[str]:
+    """The `fedlight fit` command line of one combination; an unfinished run (its folder exists) is resumed with
+    its own config."""
+    folder = Path(config.output_dir) / combination.name
+    if (folder / "config.yaml").is_file():
+        return ["fit", "--resume", str(folder)]
+    args = ["fit", "--config", str(base), "--algorithm", combination.algorithm, "--seed", str(combination.seed),
+            "--output_dir", config.output_dir, "--run_name", combination.name]
+    for key, value in config.overrides.items():
+        args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    return args
+
+
+def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | None = None) -> Path:
+    """Run the sweep in `path` with `fit` (the CLI's `main`) and write its report; returns the report's path."""
+    console = console or Console()
+    config, base = load(path)
+    grid = combinations(config, Path(path))
+    folders = []
+    for i, combination in enumerate(grid, 1):
+        folder = Path(config.output_dir) / combination.name
+        folders.append(folder)
+        if (folder / "summary.json").is_file():
+            console.print(f"sweep {i}/{len(grid)}: {combination.name} done already, skipped")
+            continue
+        console.print(f"[bold]sweep {i}/{len(grid)}: {combination.name}[/bold]")
+        code = fit(fit_args(combination, base, config))
+        if code == 130:
+            raise SweepInterrupted(f"sweep interrupted in run {combination.name}; rerun `fedlight sweep --config "
+                                   f"{path}` to continue: finished runs are skipped, unfinished ones resumed")
+        if code:
+            raise SweepError(f"run {combination.name} failed (exit code {code}, its error is above); fix it and rerun "
+                             "the sweep: finished runs are skipped")
+    output = Path(config.output_dir) / config.report
+    report.write(folders, output, config.title)
+    console.print(f"report: {output}")
+    return output

@@ -1,0 +1,231 @@
+"""Reports and sweeps: a sweep of FedAvg and OCFL x two seeds on the quickstart (made tiny), its HTML report checked
+against the runs' own files, the W&B offline runs' client tables read back from their files, and one-line errors."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fedlight.cli import main
+from fedlight.datamodules import DigitsFederated, Rotations
+from fedlight.recorder import config_group
+from fedlight.report import read_rows
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"federation.rounds": 3, "federation.local_epochs": 1, "federation.accelerator": "cpu",
+        "data.init_args.num_clients": 6, "model.init_args.network.init_args.width": 8}
+FIGURES = {"fig-accuracy": "Client accuracy over rounds", "fig-spread": "Per-client accuracy at the end",
+           "fig-ari": "Clustering quality over rounds", "fig-timeline": "Cluster assignment over rounds",
+           "fig-matrix-update_cosine_distance": "Last update cosine distance matrix"}
+COLUMNS = ["mean acc", "std acc (clients)", "worst-client acc", "ARI", "clusters", "wall time (s)"]
+SUMMARY_KEYS = ["test/acc_mean", "test/acc_std", "test/acc_worst", "cluster/ari", "cluster/count", "wall_time_s"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """The sweep's output folder: fedavg-s0, fedavg-s1, ocfl-s0, ocfl-s1 (W&B offline) and report.html."""
+    folder = tmp_path_factory.mktemp("sweep")
+    (folder / "sweep.yaml").write_text(yaml.safe_dump({
+        "base": str(REPO / "configs" / "quickstart.yaml"), "output_dir": str(folder / "runs"),
+        "algorithms": ["fedavg", "ocfl"], "seeds": [0, 1], "overrides": TINY, "title": "Two algorithms"}))
+    assert main(["sweep", "--config", str(folder / "sweep.yaml")]) == 0
+    return folder / "runs"
+
+
+def figures(page: str) -> dict[str, str]:
+    """Each <figure>'s id and its HTML."""
+    return dict(re.findall(r"<figure id='([\w-]+)'>(.*?)</figure>", page, re.S))
+
+
+def table(page: str) -> dict[str, dict[str, tuple[float, float, int] | None]]:
+    """The comparison table: row label -> column -> (mean, std, seeds) from the cells' data, None for '–'."""
+    body = re.search(r"<table class='results' id='comparison'>(.*?)</table>", page, re.S).group(1)
+    headers = re.findall(r"<th>(.*?)</th>", body.split("</thead>")[0])[3:]
+    out = {}
+    for label, cells in re.findall(r"<tr data-group='[^']*'><th scope='row'><span[^>]*></span>(.*?)</th>(.*?)</tr>",
+                                   body, re.S):
+        values = re.findall(r"<td class='num'(?: data-mean='([^']*)' data-std='([^']*)' data-n='(\d+)')?>", cells)[1:]
+        out[label] = {h: (float(m), float(s), int(n)) if m else None for h, (m, s, n) in zip(headers, values)}
+    return out
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_the_report_has_every_figure_titled_and_is_self_contained(sweep):
+    page = (sweep / "report.html").read_text()
+    found = figures(page)
+    assert list(found) == list(FIGURES)
+    for number, (key, title) in enumerate(FIGURES.items(), 1):
+        assert found[key].count("<svg") == 1, key
+        assert f"<figcaption><strong>Figure {number}. {title}.</strong>" in found[key]
+    # matplotlib keeps text as text: panel titles, axis labels, legends and the colour bar's label are in the SVG
+    for text in ("Mean accuracy over clients", "Worst-client accuracy", "round", "FedAvg", "OCFL"):
+        assert f">{text}<" in found["fig-accuracy"] or f"> {text}<" in found["fig-accuracy"], text
+    assert ">true<" in found["fig-timeline"] and ">client<" in found["fig-timeline"]
+    assert ">update cosine distance<" in found["fig-matrix-update_cosine_distance"]
+    assert "<title>Two algorithms</title>" in page
+    assert "<script" not in page and "<link" not in page and not re.search(r"(src|href)=['\"]https?:", page)
+
+
+def test_the_table_is_mean_and_std_over_seeds_of_each_runs_summary(sweep):
+    rows = table((sweep / "report.html").read_text())
+    assert list(rows) == ["FedAvg", "OCFL"]
+    for label, name in (("FedAvg", "fedavg"), ("OCFL", "ocfl")):
+        summaries = [summary(sweep / f"{name}-s{seed}") for seed in (0, 1)]
+        for column, key in zip(COLUMNS, SUMMARY_KEYS):
+            values = [s[key] for s in summaries if key in s]
+            if not values:
+                assert rows[label][column] is None, (label, column)
+                continue
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+            assert rows[label][column] == (pytest.approx(mean, abs=1e-12), pytest.approx(std, abs=1e-12), 2)
+    assert rows["FedAvg"]["ARI"] is None and rows["OCFL"]["ARI"] is not None
+
+
+def test_a_summary_agrees_with_the_clients_it_summarizes(sweep):
+    """The numbers the table takes from summary.json are those of clients.csv's last round."""
+    for run in sorted(p for p in sweep.iterdir() if p.is_dir()):
+        last = [r for r in read_rows(run / "clients.csv") if r["round"] == 3]
+        acc = np.array([r["acc"] for r in last], dtype=np.float32)
+        assert len(last) == 6
+        assert summary(run)["test/acc_worst"] == pytest.approx(float(acc.min()))
+        assert summary(run)["test/acc_mean"] == pytest.approx(float(acc.mean()), abs=1e-6)
+
+
+def test_two_runs_from_the_command_line_give_single_values(sweep, tmp_path, capsys):
+    output = tmp_path / "r.html"
+    assert main(["report", str(sweep / "fedavg-s0"), str(sweep / "ocfl-s0"), "--output", str(output)]) == 0
+    assert "report of 2 runs in 2 configurations" in capsys.readouterr().out
+    page = output.read_text()
+    rows = table(page)
+    for label, name in (("FedAvg", "fedavg"), ("OCFL", "ocfl")):
+        s = summary(sweep / f"{name}-s0")
+        for column, key in zip(COLUMNS, SUMMARY_KEYS):
+            assert rows[label][column] == (None if key not in s else (s[key], 0.0, 1)), (label, column)
+    assert "±" not in re.search(r"<tbody>(.*?)</tbody>", page, re.S).group(1)
+    assert list(figures(page)) == list(FIGURES)
+
+
+def test_clients_csv_has_each_clients_true_cluster_and_training_size(sweep):
+    data = DigitsFederated(num_clients=6, partition=Rotations(num_clusters=4))
+    data.seed = 0
+    data.prepare_data()
+    data.setup("fit")
+    rows = read_rows(sweep / "ocfl-s0" / "clients.csv")
+    header = (sweep / "ocfl-s0" / "clients.csv").read_text().splitlines()[0].split(",")
+    assert header[:8] == ["round", "client", "true_cluster", "cluster", "acc", "f1", "loss", "samples"]
+    assert header[8:] == ["train/loss"]  # what each client's local training reported
+    for r in rows:
+        assert r["true_cluster"] == data.federated.cluster_labels[int(r["client"])]
+        assert r["samples"] == data.federated.train.size(int(r["client"]))
+
+
+def test_seeds_of_one_config_share_a_wandb_group_tagged_with_the_algorithm(sweep):
+    configs = {name: yaml.safe_load((sweep / name / "config.yaml").read_text()) for name in ("fedavg-s0", "fedavg-s1",
+                                                                                            "ocfl-s0")}
+    groups = {name: config_group(c, summary(sweep / name)["algorithm"]) for name, c in configs.items()}
+    assert groups["fedavg-s0"] == groups["fedavg-s1"] != groups["ocfl-s0"]
+    assert groups["ocfl-s0"].startswith("OCFL-")
+    for name in ("fedavg-s1", "ocfl-s0"):
+        (record,) = (sweep / name / "wandb").glob("offline-run-*/run-*.wandb")
+        data = record.read_bytes()  # the run record's protobuf strings are stored as they are
+        assert groups[name].encode() in data and summary(sweep / name)["algorithm"].encode() in data
+
+
+def test_the_wandb_client_tables_hold_the_rows_of_clients_csv(sweep):
+    run = sweep / "ocfl-s0"
+    (files,) = (run / "wandb").glob("offline-run-*/files")
+    tables = [json.loads(p.read_text()) for p in sorted((files / "media" / "table" / "clients").glob("*.table.json"))]
+    assert len(tables) == 3  # one per evaluated round
+    logged = [dict(zip(t["columns"], row)) for t in tables for row in t["data"]]
+    assert tables[0]["columns"] == ["round", "client", "true_cluster", "cluster", "acc", "f1", "loss", "samples",
+                                    "train/loss"]
+    key = lambda r: (r["round"], r["client"])  # noqa: E731
+    assert sorted(logged, key=key) == sorted(read_rows(run / "clients.csv"), key=key)
+    heatmaps = list((files / "media" / "images" / "matrices").glob("update_cosine_distance_*.png"))
+    assert heatmaps, "no heatmap logged"
+
+
+def test_rerunning_a_sweep_skips_the_finished_runs(sweep, capsys):
+    before = {p: p.stat().st_mtime_ns for p in sweep.glob("*/summary.json")}
+    assert main(["sweep", "--config", str(sweep.parent / "sweep.yaml")]) == 0
+    assert capsys.readouterr().out.count("done already, skipped") == 4
+    assert {p: p.stat().st_mtime_ns for p in sweep.glob("*/summary.json")} == before
+
+
+def test_an_unknown_algorithm_stops_the_sweep_before_any_run(tmp_path, capsys):
+    (tmp_path / "sweep.yaml").write_text(textwrap.dedent(f"""\
+        base: {REPO / "configs" / "quickstart.yaml"}
+        output_dir: {tmp_path / "runs"}
+        algorithms: [fedavg, fedavgg]
+        """))
+    assert main(["sweep", "--config", str(tmp_path / "sweep.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'fedavgg'" in err and "ocfl" in err and "class path" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unknown_key_in_a_sweep_file_is_named(tmp_path, capsys):
+    (tmp_path / "sweep.yaml").write_text("base: x.yaml\nalgorithms: [fedavg]\nseed: [0]\n")
+    assert main(["sweep", "--config", str(tmp_path / "sweep.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'seed'" in err and "seeds" in err
+
+
+def test_a_folder_without_metrics_is_refused_in_one_line_naming_the_fix(tmp_path, capsys):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.yaml").write_text("seed: 0\n")
+    assert main(["report", str(tmp_path / "half"), "--output", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert str(tmp_path / "half") in err and "metrics.csv" in err and "fedlight fit" in err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_wandb_report_offline_is_skipped_in_one_line(sweep, tmp_path, capsys):
+    assert main(["report", str(sweep), "--output", str(tmp_path / "r.html"), "--wandb", "team/project"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "W&B" in line]
+    assert len(lines) == 1 and "offline" in lines[0]
+
+
+def test_the_wandb_report_selects_the_groups_of_the_runs(sweep):
+    import wandb_workspaces.reports.v2 as wr
+    from wandb_workspaces.expr import expr_to_filters
+
+    from fedlight import report, wandb_report
+
+    groups = report.group_runs([report.load_run(p) for p in report.find_runs([sweep])])
+    built = wandb_report.report_blocks(wr, "team", "project", groups, "Two algorithms")
+    runset = built.blocks[1].runsets[0]
+    assert expr_to_filters(runset.filters).value == [g.key for g in groups]
+    assert [p.title for p in built.blocks[1].panels[:3]] == ["Mean client accuracy", "Worst-client accuracy",
+                                                            "ARI against the true clusters"]
+
+
+def test_the_shipped_sweep_checks_out_and_passes_init_args_to_fit(tmp_path, capsys):
+    from fedlight import sweep
+
+    path = REPO / "configs" / "sweeps" / "digits.yaml"
+    config, base = sweep.load(path)
+    grid = sweep.combinations(config, path)
+    assert base.is_file() and len(grid) == len(config.algorithms) * len(config.seeds)
+    (ifca,) = [c for c in grid if c.name == "ifca-s0"]
+    config.output_dir = str(tmp_path)
+    args = sweep.fit_args(ifca, base, config)
+    assert "--resume" not in args
+    with pytest.raises(SystemExit):
+        main(args + ["--print_config"])
+    out = capsys.readouterr().out
+    assert "fedlight.algorithms.ifca.IFCA" in out and "num_clusters: 4" in out and "rounds: 10" in out
+    (tmp_path / "ifca-s0").mkdir()
+    (tmp_path / "ifca-s0" / "config.yaml").write_text("seed: 0\n")  # an unfinished run continues with its config
+    assert sweep.fit_args(ifca, base, config) == ["fit", "--resume", str(tmp_path / "ifca-s0")]
