@@ -304,8 +304,9 @@ class Federation:
         self.round = round
         metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients),
                                    "clients_left_out": len(left_out), "left_out": sorted(left_out),
-                                   **stats.metrics(),
-                                   "train/lr": self.trainer.learning_rates.round_rate(round) * alg.learning_rate_scale(round)}
+                                   **stats.metrics()}
+        if type(alg).train_client is Algorithm.train_client:  # clients run SGD at the module's learning rate
+            metrics["train/lr"] = self.trainer.learning_rates.round_rate(round) * alg.learning_rate_scale(round)
         metrics.update(alg.round_metrics())
         clusters = alg.cluster_labels()
         metrics.update(self.score_clusters(clusters))
