@@ -23,3 +23,28 @@ class RandomImages(FederatedDataModule):
         n = self.num_clients * self.samples
         return (torch.rand(n, self.channels, self.size, self.size, generator=g),
                 torch.randint(0, 10, (n,), generator=g))
+
+
+class MnistLike(FederatedDataModule):
+    """A pool of `size` random 1x28x28 uint8 images with 10 random labels (MNIST's shapes and storage), cut into
+    clients by Dirichlet(`alpha`) label skew, all for training."""
+
+    def __init__(self, num_clients: int, size: int = 70_000, alpha: float = 0.5) -> None:
+        from fedlight.datamodules.partition import Dirichlet
+
+        super().__init__(num_clients=num_clients, partition=Dirichlet(alpha=alpha), val_fraction=0.0,
+                         test_fraction=0.0)
+        self.size = size
+
+    @property
+    def num_classes(self) -> int:
+        return 10
+
+    def load_pool(self):
+        g = torch.Generator().manual_seed(0)
+        return (torch.randint(0, 256, (self.size, 1, 28, 28), dtype=torch.uint8, generator=g),
+                torch.randint(0, 10, (self.size,), generator=g))
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
+        x, y = batch
+        return x.float().div_(255.0), y

@@ -25,6 +25,7 @@ from fedlight.cluster.scores import clustering_scores
 from fedlight.data import ClientDataModule, FederatedData
 from fedlight.evaluation import per_client_classification, summarize
 from fedlight.flat import FlatModel
+from fedlight.probe import ProbeResult, probe
 from fedlight.server import ServerContext
 from fedlight.training_stats import TrainingStats
 from fedlight.updates import Updates
@@ -184,6 +185,7 @@ class Federation:
                                      self.config.local_epochs)
         self.vectorized_reason: str | None = None  # why clients train one after another, when they do
         self.vectorized = self._vectorized_trainer(model)
+        self.probe_result: ProbeResult | None = None  # what `vectorize: -1` measured and chose
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
         self.server = ServerContext(self.data, model, self.flat, self.trainer, self.fabric, self.transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size)
@@ -231,6 +233,10 @@ class Federation:
         """Vectorized training, or None (and sequential training from then on) when the module's training
         step fails under torch.func, e.g. because it reads values back with .item()."""
         try:
+            if self.config.vectorize == -1 and self.probe_result is None:
+                self._probe(round, clients, starts)
+                if self.vectorized is None:
+                    return None
             return self._train_vectorized(round, clients, starts)
         except Exception as error:  # any failure inside vmap: the module is not vectorizable
             self.vectorized_reason = f"training_step failed under torch.func ({error!r})"
@@ -239,20 +245,52 @@ class Federation:
             self.vectorized = None
             return None
 
+    def _probe(self, round: int, clients: list[int], starts: Tensor) -> None:
+        """Time both trainers on this round's first group (`fedlight.probe`) and keep the faster."""
+        alg = self.algorithm
+        group = clients[: self._group_size(len(clients))]
+        seeds = [self.server.client_seed(round, c) for c in group]
+        lr_scale = alg.learning_rate_scale(round)
+
+        def sequential(rows: Tensor, data: list[tuple[Tensor, Tensor]]) -> Tensor:
+            return torch.stack([self.trainer.fit(start, x, y, seed, self._gradient_hook(c), lr_scale, epochs=1,
+                                                 round=round)[0]
+                                for start, (x, y), seed, c in zip(rows, data, seeds, group)])
+
+        def vectorized(rows: Tensor, data: list[tuple[Tensor, Tensor]]) -> Tensor:
+            return self.vectorized.fit_many(rows, data, seeds[: len(rows)], self._row_hook(group), lr_scale, round,
+                                            epochs=1)[0]
+
+        data = [self.data.train.client(c) for c in group]
+        self.probe_result = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized,
+                                  self.device)
+        if self.probe_result.choice == "sequential":
+            self.vectorized, self.vectorized_reason = None, self.probe_result.reason
+
+    def _gradient_hook(self, client: int) -> Callable | None:
+        """The algorithm's gradient correction for one client's sequential training (None without one)."""
+        alg = self.algorithm
+        if type(alg).local_gradient is Algorithm.local_gradient:
+            return None
+        return lambda params, grad, start: alg.local_gradient(client, params, grad, start)
+
+    def _row_hook(self, group: list[int]) -> Callable | None:
+        """The same for the rows of a vectorized group."""
+        alg = self.algorithm
+        if type(alg).local_gradient is Algorithm.local_gradient:
+            return None
+        return lambda row, params, grad, start: alg.local_gradient(group[row], params, grad, start)
+
     def _train_vectorized(self, round: int, clients: list[int], starts: Tensor) -> tuple[Tensor, Tensor, dict]:
         alg = self.algorithm
         size = self._group_size(len(clients))
         params, losses, logs = [], [], []
         for begin in range(0, len(clients), size):
             group = clients[begin: begin + size]
-            hook = None
-            if type(alg).local_gradient is not Algorithm.local_gradient:
-                def hook(row: int, p: Tensor, g: Tensor, s: Tensor, group=group) -> None:
-                    alg.local_gradient(group[row], p, g, s)
             trained, loss = self.vectorized.fit_many(
                 starts[begin: begin + size], [self.data.train.client(c) for c in group],
-                [self.server.client_seed(round, c) for c in group], hook, lr_scale=alg.learning_rate_scale(round),
-                round=round)
+                [self.server.client_seed(round, c) for c in group], self._row_hook(group),
+                lr_scale=alg.learning_rate_scale(round), round=round)
             params.append(trained)
             losses.append(loss)
             logs.append(self.vectorized.last_logs)
@@ -377,8 +415,13 @@ class Federation:
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "algorithm": self.algorithm.state_dict()}
+        probe = None if self.probe_result is None else self.probe_result.as_dict()
+        return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": probe}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = state["round"]
         self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))
+        if state.get("probe") is not None and self.config.vectorize == -1:  # the resumed run keeps its choice
+            self.probe_result = ProbeResult(**state["probe"])
+            if self.probe_result.choice == "sequential":
+                self.vectorized, self.vectorized_reason = None, self.probe_result.reason

@@ -98,5 +98,7 @@ def _summary(federation: Federation, state: dict[str, Any], run_name: str) -> di
     return {"run": run_name, "algorithm": type(federation.algorithm).__name__, "rounds": federation.round,
             "num_clients": federation.num_clients, "seed": federation.seed, "precision": federation.precision,
             "device": str(federation.device), "vectorized": federation.vectorized is not None,
-            "vectorized_reason": federation.vectorized_reason, "wall_time_s": round(state["elapsed"], 3), **final,
+            "vectorized_reason": federation.vectorized_reason,
+            "vectorize_probe": None if federation.probe_result is None else federation.probe_result.as_dict(),
+            "wall_time_s": round(state["elapsed"], 3), **final,
             **{f"best/{k}": v for k, v in state["best"].items()}}

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
@@ -31,7 +32,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from fedlight.flat import FlatModel
 from fedlight.schedules import LearningRates
 from fedlight.step_logs import LogSums, StepLogs
-from fedlight.worker import training_loss
+from fedlight.worker import seed_random_layers, training_loss
 
 RowHook = Callable[[int, Tensor, Tensor, Tensor], None]  # (row, params, grad, start) of one client
 
@@ -89,11 +90,12 @@ def unsupported_reason(module: nn.Module, optimizer: torch.optim.Optimizer, scal
 
 
 class FunctionalOptimizer:
-    """torch.optim's SGD / Adam / AdamW update rules on stacked rows (one row per client).
+    """torch.optim's SGD / Adam / AdamW update rules on stacked rows, one row per client.
 
-    The update is done in place: on the stored rows themselves when a step involves every client (the common
-    case), otherwise on gathered copies that are scattered back. Which rows have a momentum buffer is known on
-    the host, so no step reads a value back from the device."""
+    A step updates a contiguous range of rows in place, through one view per parameter tensor of the stored
+    matrices (parameters, momentum or moment buffers), with `torch._foreach_*` operations: no row is gathered or
+    scattered and no gradient is concatenated. Which rows have a momentum buffer is known on the host, so no step
+    reads a value back from the device."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.kind = type(optimizer).__name__
@@ -105,62 +107,73 @@ class FunctionalOptimizer:
             return {"momentum": zeros, "started": [False] * len(params)}
         return {"m": zeros, "v": zeros.clone(), "t": torch.zeros(len(params), dtype=params.dtype, device=params.device)}
 
-    def step(self, params: Tensor, grads: Tensor, state: dict[str, Any], row_ids: list[int],
-             lr: float | Tensor) -> None:
-        """Update `params[row_ids]` in place from `grads` (one row per entry of `row_ids`, which are distinct and
-        ascending; `grads` is consumed) at learning rate `lr` (one for all rows, or one per row). Row ids come as a
-        host list, so the step never syncs with the device."""
-        every = len(row_ids) == len(params)  # distinct and ascending: all rows, in order
-        rows = None if every else torch.tensor(row_ids, device=params.device)
-
-        def take(stored: Tensor) -> Tensor:
-            return stored if every else stored[rows]
-
-        def put(stored: Tensor, value: Tensor) -> None:
-            if not every:
-                stored[rows] = value
-
-        h, p, g = self.h, take(params), grads
+    def step(self, params: list[Tensor], grads: list[Tensor], state: dict[str, Any], views: Callable,
+             rows: range, lr: float | Tensor) -> None:
+        """Update `params` (views of rows `rows`, one per parameter tensor) in place from `grads` (consumed) at
+        learning rate `lr` (one for all rows, or one per row); `views(matrix)` gives the same views of a state
+        matrix."""
+        h = self.h
         if self.kind == "SGD":
             if h["weight_decay"]:
-                g.add_(p, alpha=h["weight_decay"])
+                torch._foreach_add_(grads, params, alpha=h["weight_decay"])
+            direction = grads
             if h["momentum"]:
-                buf = take(state["momentum"])
-                g = self._momentum(g, buf, state["started"], row_ids)
-                put(state["momentum"], buf)
-            p.sub_(g, alpha=lr) if isinstance(lr, float) else p.sub_(g * lr[:, None])
-            put(params, p)
+                direction = self._momentum(grads, views(state["momentum"]), state["started"], rows)
+            _add_scaled(params, direction, lr, -1.0)
             return
-        lr = lr if isinstance(lr, float) else lr[:, None]
         beta1, beta2 = h["betas"]
         if self.kind == "AdamW" or h.get("decoupled_weight_decay", False):
-            p.mul_(1 - lr * h["weight_decay"])
+            if isinstance(lr, float):
+                torch._foreach_mul_(params, 1 - lr * h["weight_decay"])
+            else:
+                for p in params:
+                    p.mul_(_per_row(1 - lr * h["weight_decay"], p))
         elif h["weight_decay"]:
-            g.add_(p, alpha=h["weight_decay"])
-        m, v, t = take(state["m"]), take(state["v"]), take(state["t"])
-        m.mul_(beta1).add_(g, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            torch._foreach_add_(grads, params, alpha=h["weight_decay"])
+        m, v, t = views(state["m"]), views(state["v"]), state["t"][rows.start: rows.stop]
+        torch._foreach_mul_(m, beta1)
+        torch._foreach_add_(m, grads, alpha=1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
         t.add_(1)
-        put(state["m"], m), put(state["v"], v), put(state["t"], t)
-        bias1, bias2 = (1 - beta1**t)[:, None], (1 - beta2**t)[:, None]
-        p.sub_((lr / bias1) * m / (v.sqrt() / bias2.sqrt() + h["eps"]))
-        put(params, p)
+        step_size, root2 = lr / (1 - beta1**t), (1 - beta2**t).sqrt()
+        for p, m_, v_ in zip(params, m, v):
+            p.sub_(_per_row(step_size, p) * m_ / (v_.sqrt() / _per_row(root2, p) + h["eps"]))
 
-    def _momentum(self, g: Tensor, buf: Tensor, started: list[bool], rows: list[int]) -> Tensor:
+    def _momentum(self, grads: list[Tensor], bufs: list[Tensor], started: list[bool], rows: range) -> list[Tensor]:
         """SGD's momentum buffer update (the buffer starts as the first gradient); returns the step direction.
-        `buf` is updated in place; with Nesterov the direction is g + momentum * buf."""
+        `bufs` are updated in place; with Nesterov the direction is g + momentum * buf."""
         h = self.h
         first = [not started[r] for r in rows]
         if all(first):
-            buf.copy_(g)
+            torch._foreach_copy_(bufs, grads)
         elif not any(first):
-            buf.mul_(h["momentum"]).add_(g, alpha=1 - h["dampening"])
+            torch._foreach_mul_(bufs, h["momentum"])
+            torch._foreach_add_(bufs, grads, alpha=1 - h["dampening"])
         else:
-            fresh = torch.tensor(first, device=g.device)[:, None]
-            buf.copy_(torch.where(fresh, g, h["momentum"] * buf + (1 - h["dampening"]) * g))
+            fresh = torch.tensor(first, device=grads[0].device)
+            for g, buf in zip(grads, bufs):
+                buf.copy_(torch.where(_per_row(fresh, g), g, h["momentum"] * buf + (1 - h["dampening"]) * g))
         for r in rows:
             started[r] = True
-        return g.add_(buf, alpha=h["momentum"]) if h["nesterov"] else buf
+        if h["nesterov"]:
+            torch._foreach_add_(grads, bufs, alpha=h["momentum"])
+            return grads
+        return bufs
+
+
+def _per_row(values: Tensor, like: Tensor) -> Tensor:
+    """(rows,) values shaped to broadcast over a (rows, ...) tensor."""
+    return values.view(len(values), *[1] * (like.dim() - 1))
+
+
+def _add_scaled(params: list[Tensor], direction: list[Tensor], lr: float | Tensor, sign: float) -> None:
+    """params += sign * lr * direction, with one learning rate or one per row."""
+    if isinstance(lr, float):
+        torch._foreach_add_(params, direction, alpha=sign * lr)
+    else:
+        for p, d in zip(params, direction):
+            p.add_(d * _per_row(sign * lr, p))
 
 
 class VectorizedTrainer:
@@ -205,88 +218,113 @@ class VectorizedTrainer:
         others = {name: b.expand(len(starts), *b.shape).clone() for name, b in self._other_buffers.items()}
         return {**flat, **others}
 
-    def _grads(self, params: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor,
-               step: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(stacked flat gradients, losses, logged values) of the rows of `params`; `buffers` (one row per client)
-        are updated in place. Differentiating with respect to one view per parameter tensor and concatenating
-        once is O(d); differentiating slices of one flat row would build a full-length zero gradient per tensor
-        and add them all up."""
-        views = tuple(params[:, o: o + e.numel].view(len(params), *e.shape)
-                      for e, o in zip(self.param_entries, self.param_offsets))
-        grads, (losses, logged) = self._grad_and_loss(views, buffers, x, y, step)
-        return torch.cat([g.reshape(len(params), -1) for g in grads], dim=1), losses, logged
+    def _tensor_views(self, matrix: Tensor, rows: range) -> list[Tensor]:
+        """One (rows, *shape) view per parameter tensor of the rows `rows` of a (clients, parameters) matrix."""
+        block = matrix[rows.start: rows.stop]
+        return [block[:, o: o + e.numel].view(len(rows), *e.shape)
+                for e, o in zip(self.param_entries, self.param_offsets)]
+
+    def _grads(self, params: list[Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
+               step: int) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
+        """(gradient of each parameter tensor, losses, logged values) of a range of rows, from the views of their
+        parameters; `buffers` (one row per client) are updated in place. Differentiating with respect to one
+        view per tensor is O(d); differentiating slices of one flat row would build a full-length zero gradient
+        per tensor and add them all up."""
+        grads, (losses, logged) = self._grad_and_loss(tuple(params), buffers, x, y, step)
+        return list(grads), losses, logged
 
     def fit_many(self, starts: Tensor, data: list[tuple[Tensor, Tensor]], seeds: list[int],
-                 row_hook: RowHook | None = None, lr_scale: float = 1.0, round: int = 1) -> tuple[Tensor, Tensor]:
-        """Train each row of `starts` on its (x, y) with its seed at the learning rates of round `round` times
-        `lr_scale`; return (trained flat models, mean loss of each client's last epoch), exactly as
-        `ClientTrainer.fit` would for each client alone, and keep each client's logged values in `last_logs`."""
+                 row_hook: RowHook | None = None, lr_scale: float = 1.0, round: int = 1,
+                 epochs: int | None = None) -> tuple[Tensor, Tensor]:
+        """Train each row of `starts` on its (x, y) with its seed for `epochs` (default: the configured local
+        epochs) at the learning rates of round `round` times `lr_scale`; return (trained flat models, mean loss of
+        each client's last epoch), as `ClientTrainer.fit` would for each client alone, and keep each client's
+        logged values in `last_logs`. Batch orders come from the clients' seeds, as sequentially; random layers
+        (dropout) draw from one stream seeded by all of them, so their masks differ from sequential training's
+        but repeat exactly, resumed runs included.
+
+        The clients are trained largest first (rows sorted by size), so at every step the clients still training
+        are the first rows, and those with a short last batch come last: each step works on contiguous ranges of
+        rows, through views, instead of gathering and scattering rows."""
         device = starts.device
+        epochs = self.local_epochs if epochs is None else epochs
+        seed_random_layers(int(np.random.SeedSequence(seeds).generate_state(1)[0]), device)
         clients = len(starts)
-        params = starts[:, self.param_mask].clone()
-        buffers = self._buffers(starts)
+        order = sorted(range(clients), key=lambda r: -len(data[r][1]))  # stable: ties keep their order
+        sorted_starts = starts[order]
+        data, seeds = [data[r] for r in order], [seeds[r] for r in order]
+        params = sorted_starts[:, self.param_mask].clone()
+        buffers = self._buffers(sorted_starts)
         state = self.optimizer.init_state(params)
         b = self.batch_size
         sizes = [len(y) for _, y in data]
         steps = [math.ceil(n / b) for n in sizes]
-        rates = [r[0] * lr_scale for r in self.learning_rates.rates(round, self.local_epochs * max(steps))]
+        rates = [r[0] * lr_scale for r in self.learning_rates.rates(round, epochs * max(steps))]
         generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
         x_all = torch.cat([x for x, _ in data])
         y_all = torch.cat([y for _, y in data])
         offsets = torch.tensor([0] + sizes[:-1], device=device).cumsum(0)
         loss_sum = torch.zeros(clients, device=device)
         logs = LogSums(clients, device)
-        grad_rows = torch.zeros_like(starts) if row_hook is not None else None
         self.step_module.train()
         with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module):
             self.step_module.logs = step_logs
-            for epoch in range(self.local_epochs):
+            for epoch in range(epochs):
                 orders = [torch.randperm(n, generator=g, device=device) for n, g in zip(sizes, generators)]
                 loss_sum.zero_()
                 logs.clear()
                 for step in range(max(steps)):
-                    for row_ids, rows, count in self._groups(step, sizes, steps):
-                        every = len(row_ids) == clients
-                        index = torch.stack([orders[r][step * b: step * b + count] for r in row_ids])
-                        index = index + offsets[rows, None]
+                    for rows, count in self._ranges(step, sizes, steps):
+                        index = torch.stack([orders[r][step * b: step * b + count] for r in rows])
+                        index = index + offsets[rows.start: rows.stop, None]
                         x, y = self._transform(x_all[index], y_all[index])
-                        group_buffers = buffers if every else {k: v[rows] for k, v in buffers.items()}
+                        whole = len(rows) == clients  # BatchNorm's in-place update reaches whole tensors only
+                        group_buffers = buffers if whole else {k: v[rows.start: rows.stop].clone()
+                                                               for k, v in buffers.items()}
+                        param_views = self._tensor_views(params, rows)
                         with self.fabric.autocast():
-                            grads, losses, logged = self._grads(params[rows], group_buffers, x, y, step)
-                        if not every:
+                            grads, losses, logged = self._grads(param_views, group_buffers, x, y, step)
+                        if not whole:
                             for name, value in group_buffers.items():
-                                buffers[name][rows] = value
+                                buffers[name][rows.start: rows.stop] = value
+                        grads = [g.to(params.dtype) for g in grads]
                         if row_hook is not None:
-                            grads = self._apply_hook(row_hook, row_ids, rows, params, grads, starts, grad_rows)
-                        lr = self._rate(rates, row_ids, steps, epoch, step, device)
-                        self.optimizer.step(params, grads.to(params.dtype), state, row_ids, lr)
-                        loss_sum[rows] += losses.detach().float()
-                        logs.add(logged, rows, count)
+                            grads = self._apply_hook(row_hook, order, rows, params, grads, sorted_starts)
+                        lr = self._rate(rates, rows, steps, epoch, step, device)
+                        self.optimizer.step(param_views, grads, state, lambda m: self._tensor_views(m, rows), rows,
+                                            lr)
+                        loss_sum[rows.start: rows.stop] += losses.detach().float()
+                        logs.add(logged, slice(rows.start, rows.stop), count)
             self.step_module.logs = None
-        trained = starts.clone()
+        trained = sorted_starts.clone()
         trained[:, self.param_mask] = params
         for e in self.buffer_entries:
             trained[:, e.start: e.stop] = buffers[f"inner.{e.name}"].reshape(clients, -1)
-        self.last_logs = logs.means()
-        return trained, loss_sum / torch.tensor(steps, device=device)
+        back = torch.tensor(order, device=device).argsort()  # the clients' order as given
+        self.last_logs = {name: values[back] for name, values in logs.means().items()}
+        return trained[back], (loss_sum / torch.tensor(steps, device=device))[back]
 
-    def _rate(self, rates: list[float], row_ids: list[int], steps: list[int], epoch: int, step: int,
+    def _rate(self, rates: list[float], rows: range, steps: list[int], epoch: int, step: int,
               device: torch.device) -> float | Tensor:
         """The learning rate of this step: one number, or one per row when a scheduler steps by local step (a
         client's step count then depends on its own number of steps per epoch)."""
         if not self.learning_rates.by_step:  # epoch schedulers move between rounds only
             return rates[0]
-        return torch.tensor([rates[epoch * steps[r] + step] for r in row_ids], device=device)
+        return torch.tensor([rates[epoch * steps[r] + step] for r in rows], device=device)
 
-    def _groups(self, step: int, sizes: list[int], steps: list[int]) -> list[tuple[list[int], Tensor, int]]:
-        """Clients active at `step`, grouped by their batch size there (full batches, then short last ones), as
-        (ascending row ids, the same on the device, batch size)."""
-        by_count: dict[int, list[int]] = {}
+    def _ranges(self, step: int, sizes: list[int], steps: list[int]) -> list[tuple[range, int]]:
+        """The rows training at `step` (a prefix, the rows being sorted by size), cut into contiguous ranges of
+        equal batch size: full batches first, then the short last batches, largest first."""
+        ranges: list[tuple[range, int]] = []
         for row, (n, s) in enumerate(zip(sizes, steps)):
-            if step < s:
-                by_count.setdefault(min(self.batch_size, n - step * self.batch_size), []).append(row)
-        device = self.param_mask.device
-        return [(rows, torch.tensor(rows, device=device), count) for count, rows in by_count.items()]
+            if step >= s:
+                break
+            count = min(self.batch_size, n - step * self.batch_size)
+            if ranges and ranges[-1][1] == count:
+                ranges[-1] = (range(ranges[-1][0].start, row + 1), count)
+            else:
+                ranges.append((range(row, row + 1), count))
+        return ranges
 
     def _transform(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """The data module's per-batch conversion, on the (clients * batch) rows, reshaped back."""
@@ -294,14 +332,16 @@ class VectorizedTrainer:
         flat_x, flat_y = self.batch_transform((x.reshape(c * n, *x.shape[2:]), y.reshape(c * n)), 0)
         return flat_x.reshape(c, n, *flat_x.shape[1:]), flat_y.reshape(c, n)
 
-    def _apply_hook(self, hook: RowHook, row_ids: list[int], rows: Tensor, params: Tensor, grads: Tensor,
-                    starts: Tensor, scratch: Tensor) -> Tensor:
-        """Run the algorithm's per-client gradient correction on full-length flat rows (buffers included)."""
+    def _apply_hook(self, hook: RowHook, order: list[int], rows: range, params: Tensor, grads: list[Tensor],
+                    starts: Tensor) -> list[Tensor]:
+        """Run the algorithm's per-client gradient correction on full-length flat rows (buffers included); the
+        hook is told each client's row as given to `fit_many` (`order` maps sorted rows back)."""
         mask = self.param_mask
-        for i, row in enumerate(row_ids):
-            full_params = starts[row].clone()
-            full_params[mask] = params[row]
-            scratch[row].zero_()
-            scratch[row, mask] = grads[i].to(scratch.dtype)
-            hook(row, full_params, scratch[row], starts[row])
-        return scratch[rows][:, mask]
+        k = len(rows)
+        full = starts[rows.start: rows.stop].clone()
+        full[:, mask] = params[rows.start: rows.stop]
+        scratch = torch.zeros_like(full)
+        scratch[:, mask] = torch.cat([g.reshape(k, -1) for g in grads], dim=1).to(scratch.dtype)
+        for i, row in enumerate(rows):
+            hook(order[row], full[i], scratch[i], starts[row])
+        return self._tensor_views(scratch[:, mask].contiguous(), range(0, k))

@@ -33,6 +33,15 @@ def training_loss(output) -> Tensor:
     raise TypeError("training_step must return the loss tensor or a dict with a 'loss' key")
 
 
+def seed_random_layers(seed: int, device: torch.device) -> None:
+    """Seed the generator that dropout and other random layers draw from on `device` (torch.manual_seed seeds
+    every backend, which costs a traceback per lazily initialized one at every call)."""
+    if device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
 class ClientTrainer:
     """Trains the shared module from a given flat model on one client's data and returns the result."""
 
@@ -50,6 +59,10 @@ class ClientTrainer:
         self.raw_optimizer = raw
         self.initial_groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in raw.param_groups]
         self.scaler = getattr(fabric.strategy.precision, "scaler", None)
+        # Fabric's single-device backward and step come down to these two calls unless a gradient scaler is in
+        # play; called directly they skip several layers of Python at every one of many small steps
+        self.backward = fabric.backward if self.scaler else Tensor.backward
+        self.step = self.optimizer.step if self.scaler else raw.step
         self.last_logs: dict[str, Tensor] = {}
 
     def reset_optimizer(self) -> None:
@@ -68,7 +81,7 @@ class ClientTrainer:
         flat.zero_grad()
         self.reset_optimizer()
         module.train()
-        torch.manual_seed(seed)
+        seed_random_layers(seed, x.device)
         generator = torch.Generator(device=x.device).manual_seed(seed)
         n, b = len(y), self.batch_size
         steps, epochs = -(-n // b), self.local_epochs if epochs is None else epochs
@@ -86,14 +99,14 @@ class ClientTrainer:
                     with self.fabric.autocast():
                         loss = training_loss(module.training_step(batch, step))
                     logs.add(step_logs.take(), 0, len(rows))
-                    self.fabric.backward(loss)
+                    self.backward(loss)
                     if gradient_hook is not None:
                         if self.scaler is not None:
                             self.scaler.unscale_(self.raw_optimizer)
                         gradient_hook(flat.vector, flat.grad, start)
                     for group, lr in zip(self.raw_optimizer.param_groups, rates[epoch * steps + step]):
                         group["lr"] = lr * lr_scale
-                    self.optimizer.step()
+                    self.step()
                     flat.zero_grad()
                     loss_sum += loss.detach().float()
         self.last_logs = {name: value[0] for name, value in logs.means().items()}

@@ -86,6 +86,32 @@ class FedTSDPCNN(nn.Module):
         return default_layer_names(self)
 
 
+class FedAvgCNN(nn.Module):
+    """The CNN of FedAvg ("Communication-Efficient Learning of Deep Networks from Decentralized Data", McMahan et
+    al., 2017, section 3) as PFLlib and FL-bench build it: conv5x5(32)-ReLU-pool2-conv5x5(64)-ReLU-pool2-FC 512-ReLU-
+    FC C, without padding, so 582,026 parameters on 28x28 inputs (the paper's padded version has 1.66 M)."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ValueError(f"FedAvgCNN needs image_size >= 16, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 32, 5)
+        self.conv2 = nn.Conv2d(32, 64, 5)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(64 * side * side, 512)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        return self.fc(F.relu(self.fc1(torch.flatten(x, 1))))
+
+    def layer_names(self) -> list[str]:
+        """conv1, conv2, fc1, fc."""
+        return default_layer_names(self)
+
+
 class SmallCNN(nn.Module):
     """Two 3x3 'same' convs (width, 2*width) -> one 2x2 max-pool -> one linear layer.
 

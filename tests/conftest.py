@@ -31,9 +31,11 @@ def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed
 
 @pytest.fixture
 def tiny_run_args(tmp_path):
-    """CLI arguments of a 3-round digits run writing into tmp_path, W&B off."""
+    """CLI arguments of a 3-round digits run writing into tmp_path, W&B off. The group size is fixed (the 6
+    clients train vectorized together): with `vectorize: -1` each run would time the two trainers and could pick
+    either, and two separate runs are compared number for number."""
     return ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
             "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.SmallCNN",
             "--model.network.init_args.width", "8", "--model.lr", "0.1",
             "--federation.rounds", "3", "--federation.batch_size", "32", "--federation.accelerator", "cpu",
-            "--logger.wandb", "false", "--output_dir", str(tmp_path)]
+            "--federation.vectorize", "6", "--logger.wandb", "false", "--output_dir", str(tmp_path)]

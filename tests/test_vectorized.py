@@ -123,13 +123,14 @@ def test_a_training_step_that_fails_under_vmap_falls_back_and_still_trains():
     ("AdamW", {"lr": 0.01, "weight_decay": 0.1}),
 ])
 def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(kind, settings):
-    """Rows 0-2 step first (a subset), then rows 1 and 3 (row 3's first step, row 1's second), then all: each row
-    must follow what torch.optim does to a single tensor given the same gradients."""
+    """Rows 0-2 step first (a range), then rows 1-3 (row 3's first step, the others' second), then all, the
+    parameters split into two tensors: each row must follow what torch.optim does to a single tensor given the
+    same gradients."""
     from fedlight.vectorized import FunctionalOptimizer
 
     g = torch.Generator().manual_seed(0)
     start = torch.randn(4, 5, generator=g)
-    schedule = [[0, 1, 2], [1, 3], [0, 1, 2, 3]]
+    schedule = [[0, 1, 2], [1, 2, 3], [0, 1, 2, 3]]
     grads = [torch.randn(len(rows), 5, generator=g) for rows in schedule]
     reference = []
     for row in range(4):
@@ -144,5 +145,11 @@ def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(ki
     params = start.clone()
     state = functional.init_state(params)
     for rows, grad in zip(schedule, grads):
-        functional.step(params, grad.clone(), state, rows, functional.h["lr"])
+        rows = range(rows[0], rows[-1] + 1)
+
+        def views(matrix, rows=rows):  # two "parameter tensors": entries 0-1 and 2-4 of every row
+            return [matrix[rows.start: rows.stop, :2], matrix[rows.start: rows.stop, 2:]]
+
+        grad = grad.clone()
+        functional.step(views(params), [grad[:, :2], grad[:, 2:]], state, views, rows, functional.h["lr"])
     torch.testing.assert_close(params, torch.stack(reference), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,93 @@
+"""`federation.vectorize: -1` times both trainers on the same work in the first round and keeps the faster one, never
+a trainer that gives other models; the choice is recorded and survives a resume."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from fedlight import Federation, FederationConfig
+from fedlight.algorithms.fedavg import FedAvg
+from fedlight.algorithms.fedprox import FedProx
+from fedlight.datamodules import DigitsFederated, QuantitySkew
+from fedlight.models import MLP, Classifier
+from fedlight.probe import AGREEMENT
+from fedlight.vectorized import VectorizedTrainer
+from fedlight.worker import ClientTrainer
+
+
+def federation(algorithm=None, batch_size: int = 10, vectorize: int = -1) -> Federation:
+    torch.manual_seed(0)
+    model = Classifier(MLP(64, [32], 10), lr=0.05, momentum=0.9)
+    config = FederationConfig(rounds=3, local_epochs=1, batch_size=batch_size, accelerator="cpu", vectorize=vectorize)
+    data = DigitsFederated(num_clients=5, partition=QuantitySkew(alpha=0.5, min_size=30))
+    return Federation(data, model, algorithm or FedAvg(), config)
+
+
+def slowed(cls, method: str, monkeypatch, seconds: float = 0.05) -> None:
+    """Make one trainer `seconds` slower per call."""
+    real = getattr(cls, method)
+
+    def slow(self, *args, **kwargs):
+        time.sleep(seconds)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, method, slow)
+
+
+def test_auto_keeps_the_vectorized_trainer_when_it_is_faster(monkeypatch):
+    slowed(ClientTrainer, "fit", monkeypatch)
+    fed = federation()
+    fed.train_clients(1, list(range(5)))
+    probe = fed.probe_result
+    assert probe.choice == "vectorized" and fed.vectorized is not None and fed.vectorized_reason is None
+    assert probe.vectorized_s < probe.sequential_s and probe.clients == 5 and probe.steps >= 1
+
+
+def test_auto_trains_one_client_at_a_time_when_that_is_faster(monkeypatch):
+    slowed(VectorizedTrainer, "fit_many", monkeypatch, seconds=0.5)
+    fed = federation()
+    updates = fed.train_clients(1, list(range(5)))
+    probe = fed.probe_result
+    assert probe.choice == "sequential" and fed.vectorized is None
+    assert probe.sequential_s < probe.vectorized_s and "faster in the probe" in fed.vectorized_reason
+    alone = torch.stack([fed.algorithm.train_client(1, c, updates.starts[c])[0] for c in range(5)])
+    assert torch.equal(updates.params, alone)  # the round itself trained sequentially
+
+
+def test_auto_never_keeps_a_vectorized_trainer_that_gives_other_models(monkeypatch):
+    slowed(ClientTrainer, "fit", monkeypatch)  # vectorized would be faster ...
+    real = VectorizedTrainer.fit_many
+
+    def wrong(self, starts, *args, **kwargs):  # ... but it is wrong
+        trained, losses = real(self, starts, *args, **kwargs)
+        return starts + 2 * (trained - starts), losses
+
+    monkeypatch.setattr(VectorizedTrainer, "fit_many", wrong)
+    fed = federation()
+    fed.train_clients(1, list(range(5)))
+    assert fed.probe_result.choice == "sequential" and fed.probe_result.difference > AGREEMENT
+    assert "other models" in fed.vectorized_reason
+
+
+@pytest.mark.parametrize("batch_size", [10, 64])
+@pytest.mark.parametrize("algorithm", [FedAvg, lambda: FedProx(mu=0.1)], ids=["fedavg", "fedprox"])
+def test_whichever_trainer_auto_keeps_gives_the_models_of_sequential_training(batch_size, algorithm):
+    auto, sequential = federation(algorithm(), batch_size), federation(algorithm(), batch_size, vectorize=0)
+    a, b = (f.train_clients(1, list(range(5))) for f in (auto, sequential))
+    assert auto.probe_result.difference <= AGREEMENT
+    torch.testing.assert_close(a.params, b.params, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(a.train_loss, b.train_loss, atol=1e-5, rtol=1e-4)
+
+
+def test_the_choice_is_part_of_the_checkpoint(monkeypatch):
+    slowed(VectorizedTrainer, "fit_many", monkeypatch, seconds=0.5)
+    fed = federation()
+    fed.run_round(1)
+    state = fed.state_dict()
+    monkeypatch.undo()
+    resumed = federation()
+    resumed.load_state_dict(state)  # no new probe: the resumed run trains as the interrupted one did
+    assert resumed.probe_result == fed.probe_result and resumed.vectorized is None
+    assert resumed.vectorized_reason == fed.vectorized_reason
