@@ -88,8 +88,7 @@ class Algorithm:
         (local k-means) overrides it, and its clients then train one after another."""
         hook = None
         if type(self).local_gradient is not Algorithm.local_gradient:
-            def hook(params: Tensor, grad: Tensor, begin: Tensor) -> None:
-                self.local_gradient(client, params, grad, begin)
+            hook = lambda params, grad, begin: self.local_gradient(client, params, grad, begin)  # noqa: E731
         return self.server.train(round, client, start, lr_scale=self.learning_rate_scale(round), gradient_hook=hook)
 
     def learning_rate_scale(self, round: int) -> float:

@@ -36,8 +36,10 @@ PARSER_MODE = "fedlight_yaml"
 set_loader(PARSER_MODE, lambda text: registry.resolve_class_paths(registry.check_dotted_keys(yaml.safe_load(text))),
            (yaml.YAMLError,))
 STRICT = {"parser_mode": PARSER_MODE, "exit_on_error": False, "allow_abbrev": False}
-#: settings a resumed run may change: they decide how long it runs and where it logs, not its numbers
-RESUMABLE = ("federation.rounds", "checkpoint_every", "logger.")
+#: settings a resumed run may change: how long it runs, where it logs and over how many processes (the last moves
+#: numbers by float rounding at most), not what it computes
+RESUMABLE = ("federation.rounds", "checkpoint_every", "logger.", "federation.devices", "federation.num_nodes",
+             "federation.strategy")
 #: settings that name the run rather than configure it
 UNCOMPARED = ("config", "resume", "run_name", "output_dir")
 
@@ -173,11 +175,15 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     config_text = parser.dump(cfg, skip_none=False)
     init = parser.instantiate_classes(cfg)
     federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed)
-    run_dir.mkdir(parents=True, exist_ok=resume)
-    config = run_dir / "config.yaml"
-    if not resume or config.read_text() != config_text:  # a resumed run may have been given more rounds
-        config.with_name("config.yaml.tmp").write_text(config_text)
-        os.replace(config.with_name("config.yaml.tmp"), config)
+    # spread over processes, every one runs this function: the first names the run (a made-up name holds the
+    # time) and alone writes its folder
+    run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
+    if federation.collective.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=resume)
+        config = run_dir / "config.yaml"
+        if not resume or config.read_text() != config_text:  # a resumed run may have been given more rounds
+            config.with_name("config.yaml.tmp").write_text(config_text)
+            os.replace(config.with_name("config.yaml.tmp"), config)
     return fit(federation, run_dir, yaml.safe_load(config_text), init.logger, run_dir.name,
                cfg.checkpoint_every, resume=resume, console=console)
 

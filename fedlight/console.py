@@ -13,12 +13,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 
-def make_console() -> Console:
-    """A console that does not wrap or decorate lines when it is not writing to a terminal."""
-    console = Console()
+def make_console(quiet: bool = False) -> Console:
+    """A console that does not wrap or decorate lines when it is not writing to a terminal (`quiet`: prints
+    nothing, for the other processes of a run spread over several)."""
+    console = Console(quiet=quiet)
     if console.is_terminal:
         return console
-    return Console(soft_wrap=True, highlight=False, width=200, color_system=None)
+    return Console(soft_wrap=True, highlight=False, width=200, color_system=None, quiet=quiet)
 
 
 class RoundReporter:

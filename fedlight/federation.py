@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -23,6 +22,9 @@ from fedlight.aggregation import average_in_clusters
 from fedlight.algorithm import Algorithm
 from fedlight.cluster.scores import clustering_scores
 from fedlight.data import ClientDataModule, FederatedData
+from fedlight.setup import (FederationConfig, available_memory, batch_transform, check_evaluation_split,
+                            default_precision, load_clients, make_fabric)
+from fedlight.distributed import Collective, gather_logs
 from fedlight.evaluation import per_client_classification, summarize
 from fedlight.flat import FlatModel
 from fedlight.probe import ProbeResult, probe
@@ -34,107 +36,6 @@ from fedlight.worker import ClientTrainer
 
 
 CPU_GROUP = 256  # most clients per group on a CPU: plenty for full-width vectorized steps
-SMALL_EVALUATION = 10  # below this many evaluation samples per client, per-client accuracy is noise
-
-
-@dataclass
-class FederationConfig:
-    """How the federation runs.
-
-    Args:
-        rounds: communication rounds.
-        local_epochs: passes over its training data each selected client makes per round.
-        batch_size: local mini-batch size.
-        accelerator: "auto", "cpu", "cuda", ... (Lightning Fabric's names).
-        precision: Fabric precision; None picks bf16-mixed (or 16-mixed) on a GPU and 32-true on a CPU.
-        eval_every: evaluate every client's model every this many rounds (and always after the last).
-        eval_split: the per-client split evaluated ("test", "val", or "train" for methods such as data
-            clustering that are scored on the data they fit).
-        eval_batch_size: rows per forward pass during evaluation and inference.
-        vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: as
-            many as half the free memory holds, on a CPU at most 256). Modules that
-            cannot be vectorized (BatchNorm in training mode, other optimizers) fall back to sequential
-            training. An algorithm that aggregates by running sums (FedAvg, FedProx, FedPer, ...) also
-            receives the updates in groups of this size, so memory does not grow with clients x parameters.
-    """
-
-    rounds: int = 20
-    local_epochs: int = 1
-    batch_size: int = 32
-    accelerator: str = "auto"
-    precision: str | None = None
-    eval_every: int = 1
-    eval_split: str = "test"
-    eval_batch_size: int = 4096
-    vectorize: int = -1
-
-    def __post_init__(self) -> None:
-        for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"federation.{name} must be at least 1, got {getattr(self, name)}")
-        if self.vectorize < -1:
-            raise ValueError(f"federation.vectorize must be -1 (auto), 0 (off) or a client count, got {self.vectorize}")
-        if self.eval_split not in ("test", "val", "train"):
-            raise ValueError(f"federation.eval_split must be 'test', 'val' or 'train', got {self.eval_split!r}")
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new tensors on `device`: the GPU's free memory, or the host's available memory
-    (Linux's MemAvailable); None where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def make_fabric(accelerator: str, precision: str) -> L.Fabric:
-    """A one-device Fabric, or a one-line error naming the setting when this machine cannot honour it."""
-    if accelerator in ("cuda", "gpu") and not torch.cuda.is_available():
-        raise ValueError(f"federation.accelerator={accelerator}, but this machine has no usable CUDA GPU "
-                         "(torch.cuda.is_available() is False): use --federation.accelerator cpu, or auto to take a "
-                         "GPU where there is one")
-    try:
-        return L.Fabric(accelerator=accelerator, devices=1, precision=precision)
-    except (RuntimeError, ValueError) as error:  # Lightning's MisconfigurationException is a RuntimeError
-        raise ValueError(f"federation.accelerator={accelerator}, federation.precision={precision}: "
-                         f"{str(error).splitlines()[0]}") from None
-
-
-def default_precision(accelerator: str) -> str:
-    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
-        return "32-true"
-    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-
-
-def batch_transform(on_after_batch_transfer: Callable, fabric: L.Fabric) -> Callable:
-    """The data module's on-device conversion followed by the precision's input conversion (bf16-true and
-    16-true models take their floating inputs in that dtype)."""
-    convert = fabric.strategy.precision.convert_input
-
-    def transform(batch: Any, dataloader_idx: int = 0) -> Any:
-        return convert(on_after_batch_transfer(batch, dataloader_idx))
-
-    return transform
-
-
-def load_clients(data: ClientDataModule, seed: int) -> FederatedData:
-    """Prepare and set up a data module for `seed` and return its clients (checked against the contract)."""
-    if not isinstance(data, ClientDataModule):
-        raise ValueError(f"{type(data).__name__} is not a federated data module: subclass "
-                        "fedlight.datamodules.FederatedDataModule (or provide seed, federated, prepare_data, setup "
-                        "and on_after_batch_transfer)")
-    data.seed = seed
-    data.prepare_data()
-    data.setup("fit")
-    if not isinstance(data.federated, FederatedData):
-        raise ValueError(f"{type(data).__name__}.setup() left no FederatedData in `federated`")
-    return data.federated
 
 
 def finite_updates(updates: Updates, left_out: list[int]) -> Updates:
@@ -147,23 +48,6 @@ def finite_updates(updates: Updates, left_out: list[int]) -> Updates:
     return updates.subset(finite)
 
 
-def check_evaluation_split(sizes: np.ndarray, split: str) -> None:
-    """Refuse a split with no sample at all; warn when some clients have none (they are left out of the means)
-    or when most have so few that their accuracy is noise."""
-    fix = (f"give the clients more samples or raise the data module's {split}_fraction" if split != "train" else
-           "give the clients more samples")
-    if sizes.sum() == 0:
-        raise ValueError(f"federation.eval_split={split!r}, but no client has a sample in that split: {fix}, or "
-                         "evaluate on eval_split='train'")
-    empty = int((sizes == 0).sum())
-    if empty:
-        warnings.warn(f"{empty} of {len(sizes)} clients have no {split!r} samples: they are left out of the {split} "
-                      f"means and their per-client values are empty ({fix})", stacklevel=3)
-    if np.median(sizes) < SMALL_EVALUATION:
-        warnings.warn(f"most clients have fewer than {SMALL_EVALUATION} {split!r} samples (median "
-                      f"{float(np.median(sizes)):g}): their accuracy is noise ({fix})", stacklevel=3)
-
-
 class Federation:
     """One federated run in memory: data on the device, one module, an algorithm, and the round loop."""
 
@@ -173,7 +57,8 @@ class Federation:
         self.seed = seed
         self.algorithm = algorithm if algorithm is not None else Algorithm()
         precision = self.config.precision or default_precision(self.config.accelerator)
-        self.fabric = make_fabric(self.config.accelerator, precision)
+        self.fabric = make_fabric(self.config, precision)
+        self.collective = Collective(self.fabric)
         self.precision = precision
         self.data: FederatedData = load_clients(data, seed).to(self.device)
         self.transform = batch_transform(data.on_after_batch_transfer, self.fabric)
@@ -262,8 +147,8 @@ class Federation:
                                             epochs=1)[0]
 
         data = [self.data.train.client(c) for c in group]
-        self.probe_result = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized,
-                                  self.device)
+        result = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized, self.device)
+        self.probe_result = self.collective.broadcast(result)  # every process trains the way the first chose
         if self.probe_result.choice == "sequential":
             self.vectorized, self.vectorized_reason = None, self.probe_result.reason
 
@@ -329,16 +214,21 @@ class Federation:
         alg = self.algorithm
         alg.begin_round(round)
         clients = alg.select_clients(round)
+        mine = self.collective.shard(clients)  # every client, unless the round is spread over processes
         left_out: list[int] = []
         stats = TrainingStats(self.num_clients)
         if self.aggregates_in_groups():
-            average_in_clusters(alg, (stats.add(finite_updates(u, left_out)) for u in self.train_groups(round, clients)))
+            average_in_clusters(alg, (stats.add(finite_updates(u, left_out)) for u in self.train_groups(round, mine)),
+                                self.collective)
+            stats.share(self.collective)
         else:
-            updates = stats.add(finite_updates(self.train_clients(round, clients), left_out))
+            updates = self.gather_updates(finite_updates(self.train_clients(round, mine), left_out), clients)
+            stats.add(updates)
             if len(updates):
                 alg.pre_aggregation(round, updates)
                 alg.aggregate(round, updates)
         alg.post_aggregation(round)
+        left_out = [c for part in self.collective.gather_objects(left_out) for c in part]
         self.round = round
         metrics: dict[str, Any] = {"round": round, "clients_trained": len(clients),
                                    "clients_left_out": len(left_out), "left_out": sorted(left_out),
@@ -356,6 +246,21 @@ class Federation:
         if matrices:
             metrics["matrices"] = matrices
         return metrics
+
+    def gather_updates(self, updates: Updates, clients: list[int]) -> Updates:
+        """Every process's updates, in the order of `clients` (the single-process order); `updates` itself when
+        one process trains every client."""
+        collective = self.collective
+        if not collective.spread:
+            return updates
+        position = torch.full((self.num_clients,), -1, dtype=torch.long, device=self.device)
+        position[torch.tensor(clients, device=self.device)] = torch.arange(len(clients), device=self.device)
+        ids = collective.gather(updates.clients)
+        columns = [collective.gather(t) for t in (updates.params, updates.starts, updates.num_samples,
+                                                   updates.train_loss)]
+        logs = gather_logs(collective, updates.logs, len(updates), self.device)
+        order = position[ids].argsort()
+        return Updates(ids[order], *(c[order] for c in columns), {k: v[order] for k, v in logs.items()})
 
     def client_facts(self, clusters: np.ndarray | None) -> dict[str, np.ndarray]:
         """What is recorded of each client beside its metrics: the cluster it was evaluated in (when the
@@ -383,9 +288,15 @@ class Federation:
 
     @torch.no_grad()
     def evaluate(self, split: str | None = None) -> dict[str, Any]:
-        """Every client's own model on its split: summaries across clients, plus per-client values."""
+        """Every client's own model on its split: summaries across clients, plus per-client values. Spread over
+        processes, each evaluates every `world`-th client and the per-client values are gathered."""
         split = split or self.config.eval_split
         data, client_of_row = self.data.split(split), self.server.client_of_row(split)
+        x, y = data.x, data.y
+        collective = self.collective
+        if collective.spread:
+            mine = (client_of_row % collective.world == collective.rank).nonzero().flatten()
+            x, y, client_of_row = x[mine], y[mine], client_of_row[mine]
         models, group_of_client = self.algorithm.evaluation_models()
         group_of_row = group_of_client[client_of_row]
         order = torch.argsort(group_of_row, stable=True)
@@ -395,17 +306,22 @@ class Federation:
         for group, count in enumerate(counts):
             if count:
                 rows = order[begin: begin + count]
-                out = self.server.predict(models[group], data.x[rows])
+                out = self.server.predict(models[group], x[rows])
                 if outputs is None:
                     outputs = out.new_empty((len(order), *out.shape[1:]))
                 outputs[rows] = out
                 begin += count
+        if outputs is None:  # no row to evaluate on this process
+            outputs = self.server.predict(models[0], x[:0])
         metric_fn = getattr(self.module, "client_metrics", None)
         if metric_fn is not None:
-            per_client = metric_fn(outputs, data.y, client_of_row, self.num_clients)
+            per_client = metric_fn(outputs, y, client_of_row, self.num_clients)
         else:
-            per_client = per_client_classification(outputs, data.y, client_of_row, self.num_clients,
-                                                   self.data.num_classes)
+            per_client = per_client_classification(outputs, y, client_of_row, self.num_clients, self.data.num_classes)
+        if collective.spread:  # each client's values from the process that evaluated it
+            owner = torch.arange(self.num_clients, device=self.device) % collective.world
+            per_client = {k: self.fabric.all_gather(v)[owner, torch.arange(self.num_clients, device=self.device)]
+                          for k, v in per_client.items()}
         values = {k: v.cpu().numpy() if v.is_floating_point() else v.cpu().double().numpy()
                   for k, v in per_client.items()}
         empty = data.sizes() == 0

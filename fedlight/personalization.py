@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from typing import Callable, Literal
 
-import torch
 from torch import Tensor, nn
 
 from fedlight.flat import FlatModel

@@ -209,3 +209,21 @@ class RunRecorder:
         """Close the W&B run without a summary (after Ctrl-C); a resumed run continues it."""
         if self.wandb_run is not None:
             self.wandb_run.finish(exit_code=1 if interrupted else 0)
+
+
+class SilentRecorder:
+    """What the other processes of a run spread over several use instead of a `RunRecorder`: the first process
+    alone writes the run folder and logs to W&B."""
+
+    wandb_id: str | None = None
+    offline_dir: Path | None = None
+
+    def log_round(self, metrics: dict[str, Any]) -> None:
+        pass
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def close(self, interrupted: bool = False) -> None:
+        pass
+

@@ -12,7 +12,7 @@ from fedlight import checkpoint
 from fedlight.console import RoundReporter, make_console, summary_table
 from fedlight.evaluation import higher_is_better
 from fedlight.federation import Federation
-from fedlight.recorder import LoggerConfig, RunRecorder
+from fedlight.recorder import LoggerConfig, RunRecorder, SilentRecorder
 
 CHECKPOINTS = Path("checkpoints")
 
@@ -32,19 +32,21 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
 
     With `resume`, the state of the last round checkpoint in `run_dir` is loaded first; the metrics files
     keep the rows up to that round, so the run ends exactly as an uninterrupted one would."""
-    console = console or make_console()
+    collective = federation.collective
+    main_process = collective.rank == 0  # only the first of several processes writes the run folder and prints
+    console = (console or make_console()) if main_process else make_console(quiet=True)
     logger = logger or LoggerConfig()
     state: dict[str, Any] = {"elapsed": 0.0, "wandb_id": None, "last_eval": {}, "best": {}}
-    resume = resume and checkpoint.exists(run_dir / CHECKPOINTS)  # a run stopped before its first checkpoint
-    if resume:                                                      # starts again from round 0
-        state = checkpoint.load(run_dir / CHECKPOINTS)
+    resume = collective.broadcast(resume and checkpoint.exists(run_dir / CHECKPOINTS))  # a run stopped before its
+    if resume:                                                                          # first checkpoint restarts
+        state = collective.broadcast(checkpoint.load(run_dir / CHECKPOINTS) if main_process else None)
         federation.load_state_dict(state["federation"])
         if federation.round > federation.config.rounds:
             raise ValueError(f"{run_dir} has run {federation.round} rounds already: --federation.rounds must be at "
                              f"least {federation.round}")
         console.print(f"Resuming {run_dir} after round {federation.round}")
     recorder = RunRecorder(run_dir, config, logger, run_name, state["wandb_id"], federation.round,
-                           algorithm=type(federation.algorithm).__name__)
+                           algorithm=type(federation.algorithm).__name__) if main_process else SilentRecorder()
     rounds, split = federation.config.rounds, federation.config.eval_split
     saved = federation.round
     try:
@@ -60,8 +62,9 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
                     _track_best(state["best"], state["last_eval"], split)
                 reporter.round(metrics)
                 if round % checkpoint_every == 0 or round == rounds:
-                    checkpoint.save({**state, "federation": federation.state_dict(), "wandb_id": recorder.wandb_id},
-                                    run_dir / CHECKPOINTS)
+                    if main_process:
+                        checkpoint.save({**state, "federation": federation.state_dict(),
+                                         "wandb_id": recorder.wandb_id}, run_dir / CHECKPOINTS)
                     saved = round
     except KeyboardInterrupt:
         recorder.close(interrupted=True)

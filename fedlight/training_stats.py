@@ -2,11 +2,17 @@
 reduced across clients for metrics.csv and kept per client for clients.csv."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedlight.distributed import gather_logs
 from fedlight.updates import Updates
+
+if TYPE_CHECKING:
+    from fedlight.distributed import Collective
 
 
 class TrainingStats:
@@ -20,6 +26,23 @@ class TrainingStats:
         """Record `updates` (returned unchanged, so this can sit in a generator of groups)."""
         self.parts.append((updates.clients, updates.train_loss.detach(), updates.num_samples, dict(updates.logs)))
         return updates
+
+    def share(self, collective: "Collective") -> None:
+        """Replace what this process added by what every process added (when the round is spread over them)."""
+        if not collective.spread:
+            return
+        device = collective.fabric.device
+
+        def column(i: int, dtype: torch.dtype) -> Tensor:
+            parts = [part[i] for part in self.parts]
+            return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
+
+        clients, losses, sizes = column(0, torch.long), column(1, torch.float32), column(2, torch.long)
+        names = dict.fromkeys(name for *_, logs in self.parts for name in logs)
+        logs = {name: torch.cat([logs.get(name, torch.full_like(loss, float("nan")))
+                                 for _, loss, _, logs in self.parts]) for name in names}
+        self.parts = [(collective.gather(clients), collective.gather(losses), collective.gather(sizes),
+                       gather_logs(collective, logs, len(clients), device))]
 
     def _columns(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
         """(clients, name -> per-row values incl. 'loss', training-set sizes) of everything added, on the host."""

@@ -4,12 +4,12 @@ FL simulators are slow because they train hundreds of tiny models one after anot
 parameters are stacked into one (clients, parameters) matrix and the module's own `training_step` is run
 through `torch.func.vmap(grad_and_value(...))` over the client dimension, so one step of C clients is one
 set of kernel launches. Each client takes exactly the batches it would take alone: the same per-client
-permutation stream as the sequential trainer, and a step where some clients have a shorter (last) batch or
-none left is run as separate groups of equal batch size. The results equal sequential training's up to float
-rounding, with one caveat: where max pooling meets exactly equal activations, the batched kernel may route the
-gradient to another of the tied positions (an equally valid subgradient). The optimizer is applied functionally to the stacked
-rows with the hyper-parameters of the module's own optimizer (SGD with momentum/Nesterov/weight decay, Adam,
-AdamW), at the learning rates of its schedulers (`fedlight.schedules`). Buffers are per client too: BatchNorm's
+permutation stream as the sequential trainer. Clients train largest first, so a step where some have a shorter
+(last) batch or none left runs as contiguous ranges of rows of equal batch size. The results equal sequential
+training's up to float rounding, with one caveat: where max pooling meets exactly equal activations, the batched
+kernel may route the gradient to another of the tied positions (an equally valid subgradient). The optimizer is
+applied functionally to the stacked rows with the hyper-parameters of the module's own optimizer (SGD with
+momentum/Nesterov/weight decay, Adam, AdamW), at the learning rates of its schedulers (`fedlight.schedules`). Buffers are per client too: BatchNorm's
 running statistics are a (clients, ...) tensor each, updated in place by the vmapped step as each client's own
 would be. What `training_step` logs comes back beside the loss, one value per client (`fedlight.step_logs`).
 Modules that cannot be vectorized (other optimizers, several parameter groups, a gradient scaler, cumulative

@@ -21,7 +21,7 @@ from fedlight.datamodules import DigitsFederated, QuantitySkew
 from ordinary_module import OrdinaryModule
 
 
-def federation(algorithm=None, vectorize: int = -1, num_clients: int = 4, rounds: int = 3, partition=None,
+def federation(algorithm=None, vectorize: int = 4, num_clients: int = 4, rounds: int = 3, partition=None,
                precision: str | None = None, **module) -> Federation:
     torch.manual_seed(0)
     config = FederationConfig(rounds=rounds, local_epochs=2, batch_size=32, accelerator="cpu", vectorize=vectorize,
@@ -66,7 +66,7 @@ def train_alone(fed: Federation, client: int, round: int, start: torch.Tensor, r
 
 
 # -- the learning-rate schedule --------------------------------------------------------------------------------
-@pytest.mark.parametrize("vectorize", [0, -1], ids=["sequential", "vectorized"])
+@pytest.mark.parametrize("vectorize", [0, 4], ids=["sequential", "vectorized"])
 def test_an_epoch_scheduler_steps_once_per_round_as_steplr_does(vectorize):
     fed = federation(vectorize=vectorize, rounds=4, batch_norm=False)
     logged = [fed.run_round(r)["train/lr"] for r in range(1, 5)]
@@ -78,7 +78,7 @@ def test_an_epoch_scheduler_steps_once_per_round_as_steplr_does(vectorize):
                                rtol=1e-4)
 
 
-@pytest.mark.parametrize("vectorize", [0, -1], ids=["sequential", "vectorized"])
+@pytest.mark.parametrize("vectorize", [0, 4], ids=["sequential", "vectorized"])
 def test_a_step_scheduler_steps_after_every_local_step_and_starts_afresh_each_round(vectorize):
     fed = federation(vectorize=vectorize, rounds=2, batch_norm=False, gamma=0.9, interval="step",
                      partition=QuantitySkew(alpha=0.5, min_size=40))
@@ -92,7 +92,7 @@ def test_a_step_scheduler_steps_after_every_local_step_and_starts_afresh_each_ro
 
 
 # -- what training_step logs -------------------------------------------------------------------------------
-@pytest.mark.parametrize("vectorize", [0, -1], ids=["sequential", "vectorized"])
+@pytest.mark.parametrize("vectorize", [0, 4], ids=["sequential", "vectorized"])
 def test_logged_values_are_per_client_means_then_a_size_weighted_mean_of_clients(vectorize):
     fed = federation(vectorize=vectorize, partition=QuantitySkew(alpha=0.5, min_size=40))
     metrics = fed.run_round(1)
@@ -108,7 +108,7 @@ def test_logged_values_are_per_client_means_then_a_size_weighted_mean_of_clients
 
 
 def test_vectorized_and_sequential_training_log_the_same_values_per_client():
-    a, b = federation(vectorize=0), federation(vectorize=-1)
+    a, b = federation(vectorize=0), federation(vectorize=4)
     logs_a, logs_b = (f.train_clients(1, [0, 1, 2, 3]).logs for f in (a, b))
     assert set(logs_a) == set(logs_b) == {"train_acc", "label_mean"}
     for name in logs_a:
@@ -138,7 +138,7 @@ def test_fedavg_with_batchnorm_averages_the_running_statistics_by_training_set_s
     torch.testing.assert_close(fed.algorithm.models[0][stats].double(), by_hand, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("vectorize", [0, -1], ids=["sequential", "vectorized"])
+@pytest.mark.parametrize("vectorize", [0, 4], ids=["sequential", "vectorized"])
 def test_fedbn_clients_keep_their_trained_batchnorm_and_share_the_rest(vectorize):
     fed = federation(FedBN(), vectorize=vectorize)
     alg = fed.algorithm
@@ -161,7 +161,7 @@ def test_every_precision_runs_the_ordinary_module_vectorized(tmp_path, precision
     args = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "4",
             "--model", "ordinary_module.OrdinaryModule", "--algorithm", "fedavg", "--federation.rounds", "2",
             "--federation.batch_size", "32", "--federation.accelerator", "cpu", "--federation.precision", precision,
-            "--logger.wandb", "false", "--output_dir", str(tmp_path), "--run_name", "run"]
+            "--federation.vectorize", "4", "--logger.wandb", "false", "--output_dir", str(tmp_path), "--run_name", "run"]
     assert main(args) == 0, capsys.readouterr().err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["vectorized"] is True and summary["vectorized_reason"] is None
@@ -190,7 +190,7 @@ def test_half_precision_vectorized_training_stays_close_to_sequential_training(p
     """bf16 rounds every product, and the batched kernels round in another order: after the 20 local steps here
     the two trainers differ by about 1 % of the mean weight, where a wrong BatchNorm or optimizer would differ by
     the size of an update."""
-    vectorized, sequential = federation(vectorize=-1, precision=precision), federation(vectorize=0, precision=precision)
+    vectorized, sequential = federation(vectorize=4, precision=precision), federation(vectorize=0, precision=precision)
     assert vectorized.vectorized is not None
     a, b = (f.train_clients(1, [0, 1, 2, 3]).params.float() for f in (vectorized, sequential))
     start = vectorized.algorithm.models[0].float()

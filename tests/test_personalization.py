@@ -2,10 +2,9 @@
 storage, FedPer and LG-FedAvg, all checked against hand-listed tensors and hand-computed averages."""
 import pytest
 import torch
-from torch import nn
 
 from conftest import small_federation
-from fedlight.algorithm import Algorithm, Updates
+from fedlight.updates import Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
 from fedlight.algorithms.lgfedavg import LGFedAvg

@@ -12,7 +12,7 @@ from fedlight.federation import Federation, FederationConfig
 from fedlight.models import MLP, Classifier
 
 
-def mlp_federation(algorithm, vectorize=-1, optimizer="sgd", momentum=0.9, lr=0.05, num_clients=5, partition=None,
+def mlp_federation(algorithm, vectorize=8, optimizer="sgd", momentum=0.9, lr=0.05, num_clients=5, partition=None,
                    batch_size=32, weight_decay=0.0):
     """An MLP on digits: no max-pool ties, whose tie-breaking (a valid subgradient either way) can differ
     between the batched and the single-model kernels and would blur an exact comparison."""
@@ -71,7 +71,7 @@ def test_unequal_clients_take_their_own_number_of_steps_in_groups():
 def test_a_cnn_matches_up_to_max_pool_tie_breaking():
     """With max pooling, ties between equal activations may be broken differently by the batched kernel;
     the parameters still agree closely."""
-    fed = small_federation(FedAvg(), num_clients=4, momentum=0.9, lr=0.02, vectorize=-1)
+    fed = small_federation(FedAvg(), num_clients=4, momentum=0.9, lr=0.02, vectorize=4)
     vectorized = fed.train_clients(1, [0, 1, 2, 3])
     sequential = torch.stack([fed.algorithm.train_client(1, c, vectorized.starts[c])[0] for c in range(4)])
     assert (vectorized.params - sequential).abs().max() < 1e-3

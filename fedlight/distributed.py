@@ -1,0 +1,92 @@
+"""One federation spread over several processes (GPUs, nodes) with Lightning Fabric's collectives.
+
+Every process holds the whole server state and runs the algorithm's hooks itself; what is split is the clients'
+work. Each round, every process trains its shard of the round's clients (`shard`, the same on every process), and:
+
+- running-sum aggregation (FedAvg and the algorithms that keep it) adds each shard's weighted sums and weights in
+  one all-reduce, and all-gathers the personal parts, so memory still holds one group of models per process;
+- algorithms that look at every update (OCFL, CFL, FLIS, IFCA, ...) get them all, all-gathered back into the
+  single-process order, so they run unchanged and every process reaches the same state;
+- evaluation is sharded the same way and the per-client values are all-gathered.
+
+Processes only ever exchange tensors of equal shape: lists that differ in length are padded to the longest.
+With one process every method is the identity, so the single-process path is the same code.
+"""
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+T = TypeVar("T")
+
+
+class Collective:
+    """The collectives of a federation's processes (a no-op for one process)."""
+
+    def __init__(self, fabric: L.Fabric) -> None:
+        self.fabric = fabric
+        self.world, self.rank = fabric.world_size, fabric.global_rank
+
+    @property
+    def spread(self) -> bool:
+        return self.world > 1
+
+    def shard(self, clients: list[int]) -> list[int]:
+        """This process's share of `clients`: every `world`-th client, so shards differ by one client at most."""
+        return clients[self.rank:: self.world] if self.spread else clients
+
+    def owner(self, clients: list[int]) -> np.ndarray:
+        """The process that handles each position of `clients` under `shard`."""
+        return np.arange(len(clients)) % self.world
+
+    def sum_(self, tensor: Tensor) -> Tensor:
+        """Sum `tensor` over the processes, in place."""
+        if self.spread:
+            tensor.copy_(self.fabric.all_reduce(tensor, reduce_op="sum"))
+        return tensor
+
+    def gather(self, tensor: Tensor) -> Tensor:
+        """Every process's `tensor` (rows may differ in number), concatenated in rank order."""
+        if not self.spread:
+            return tensor
+        count = torch.tensor([len(tensor)], device=tensor.device)
+        counts = self.fabric.all_gather(count).reshape(-1).tolist()
+        padded = tensor.new_zeros((max(counts), *tensor.shape[1:]))
+        padded[: len(tensor)] = tensor
+        gathered = self.fabric.all_gather(padded)  # (world, max rows, ...)
+        return torch.cat([gathered[r, :n] for r, n in enumerate(counts)])
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every process's picklable `obj`, in rank order."""
+        if not self.spread:
+            return [obj]
+        gathered: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's `obj` on every process."""
+        return self.fabric.broadcast(obj, src=0) if self.spread else obj
+
+    def barrier(self) -> None:
+        if self.spread:
+            self.fabric.barrier()
+
+
+def in_order(positions: Tensor, *columns: Tensor) -> list[Tensor]:
+    """`columns` gathered from the processes, put back into the order of `positions` (each row's index in the
+    single-process order)."""
+    order = positions.argsort()
+    return [column[order] for column in columns]
+
+
+def gather_logs(collective: Collective, logs: dict[str, Tensor], rows: int, device: torch.device) -> dict[str, Tensor]:
+    """Per-row logged values from every process (`rows` of them on this one); a name a process did not log, e.g.
+    because it trained no client this round, is NaN for its rows."""
+    names = sorted(set().union(*collective.gather_objects(set(logs))))
+    return {name: collective.gather(logs.get(name, torch.full((rows,), float("nan"), device=device)))
+            for name in names}
