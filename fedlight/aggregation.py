@@ -16,23 +16,33 @@ if TYPE_CHECKING:
 
 
 class ClusterAverage:
-    """Weighted sums of rows per cluster, and the weight each cluster received."""
+    """Weighted sums of rows per cluster, and the weight each cluster received.
+
+    The sums are kept in float64 and the means rounded to the models' dtype once: every float32 product
+    w * x is then exact and the additions err far below float32's resolution, so the means do not depend on the
+    order the rows arrive in (groups of any size, or shards added over processes) but for a rare last-bit tie."""
+
+    CHUNK_BYTES = 1 << 28  # float64 rows converted at a time (256 MiB), so a large group is never copied whole
 
     def __init__(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.sums = torch.zeros(clusters, dim, dtype=dtype, device=device)
-        self.totals = torch.zeros(clusters, dtype=dtype, device=device)
+        self.dtype = dtype
+        self.sums = torch.zeros(clusters, dim, dtype=torch.float64, device=device)
+        self.totals = torch.zeros(clusters, dtype=torch.float64, device=device)
 
     def add(self, clusters: Tensor, weights: Tensor, values: Tensor) -> None:
-        """Add row i of `values` with weight `weights[i]` to cluster `clusters[i]`: one matrix product."""
-        member = torch.zeros(len(self.sums), len(values), dtype=values.dtype, device=values.device)
-        member[clusters, torch.arange(len(values), device=values.device)] = weights.to(values.dtype)
-        self.sums.addmm_(member.to(self.sums.dtype), values.to(self.sums.dtype))
-        self.totals += member.sum(dim=1).to(self.totals.dtype)
+        """Add row i of `values` with weight `weights[i]` to cluster `clusters[i]`: a weighted membership matrix
+        times the rows, a chunk of rows at a time."""
+        member = torch.zeros(len(self.sums), len(values), dtype=torch.float64, device=values.device)
+        member[clusters, torch.arange(len(values), device=values.device)] = weights.to(torch.float64)
+        step = max(1, self.CHUNK_BYTES // (8 * max(1, values.shape[1])))
+        for begin in range(0, len(values), step):
+            self.sums.addmm_(member[:, begin:begin + step], values[begin:begin + step].to(torch.float64))
+        self.totals += member.sum(dim=1)
 
     def means(self) -> tuple[Tensor, Tensor]:
-        """(clusters that received weight, their weighted means)."""
+        """(clusters that received weight, their weighted means in the rows' dtype)."""
         active = (self.totals > 0).nonzero().flatten()
-        return active, self.sums[active] / self.totals[active, None]
+        return active, (self.sums[active] / self.totals[active, None]).to(self.dtype)
 
 
 def average_in_clusters(algorithm: "Algorithm", groups: Iterable[Updates], collective: "Collective | None" = None) -> None:

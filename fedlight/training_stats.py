@@ -45,7 +45,8 @@ class TrainingStats:
                        gather_logs(collective, logs, len(clients), device))]
 
     def _columns(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
-        """(clients, name -> per-row values incl. 'loss', training-set sizes) of everything added, on the host."""
+        """(clients, name -> per-row values incl. 'loss', training-set sizes) of everything added, on the host, in
+        client order: the means then do not depend on how the clients were grouped or spread over processes."""
         if not self.parts:
             return np.zeros(0, dtype=np.int64), {"loss": np.zeros(0)}, np.zeros(0)
         clients = torch.cat([c for c, *_ in self.parts]).cpu().numpy()
@@ -55,14 +56,14 @@ class TrainingStats:
             values[name] = torch.cat([logs[name].double() if name in logs else torch.full_like(l, float("nan"),
                                                                                           dtype=torch.float64)
                                       for _, l, _, logs in self.parts]).cpu().numpy()
-        return clients, values, sizes
+        order = np.argsort(clients, kind="stable")
+        return clients[order], {k: v[order] for k, v in values.items()}, sizes[order]
 
     def metrics(self) -> dict[str, float]:
         """`train/loss`: the clients' mean training loss; `train/<name>`: the training-set-size weighted mean of
         the clients' logged values (clients that did not log a name are left out)."""
         _, values, sizes = self._columns()
-        values.pop("loss")
-        losses = torch.cat([l for _, l, _, _ in self.parts]) if self.parts else torch.zeros(0)
+        losses = values.pop("loss")
         out = {"train/loss": float(losses.mean()) if len(losses) else float("nan")}
         for name, v in values.items():
             known = ~np.isnan(v)

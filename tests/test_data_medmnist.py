@@ -173,7 +173,7 @@ def test_one_federated_round_on_uint8_images(tmp_path) -> None:
     torch.manual_seed(0)
     data = MedMNISTFederated(str(tmp_path), flag="pathmnist", num_clients=3, public_size=4)
     model = Classifier(SmallCNN(3, 9, 28, width=4), lr=0.05)
-    fed = Federation(data, model, FedAvg(), FederationConfig(rounds=1, batch_size=16, accelerator="cpu"))
+    fed = Federation(data, model, FedAvg(), FederationConfig(rounds=1, batch_size=16, accelerator="cpu", vectorize=0))
     assert fed.data.train.x.dtype == torch.uint8
     metrics = fed.run_round(1)
     assert np.isfinite(metrics["train/loss"]) and "clients" in metrics

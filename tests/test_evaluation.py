@@ -44,4 +44,4 @@ def test_an_empty_evaluation_split_is_refused_before_training_with_the_fix():
     data = DigitsFederated(num_clients=4, val_fraction=0.0)
     with pytest.raises(ValueError, match="eval_split='val'.*no client has a sample.*val_fraction"):
         Federation(data, Classifier(SmallCNN(1, 10, 8, width=8)), None,
-                   FederationConfig(rounds=1, accelerator="cpu", eval_split="val"))
+                   FederationConfig(rounds=1, accelerator="cpu", eval_split="val", vectorize=0))

@@ -24,7 +24,7 @@ def federation(algorithm, num_clients: int = 6, network=None, public_size: int =
     torch.manual_seed(seed)
     model = Classifier(network if network is not None else SmallCNN(1, 10, 8, width=8), lr=lr)
     data = DigitsFederated(num_clients=num_clients, partition=ClassesPerClient(2), public_size=public_size)
-    config = FederationConfig(rounds=3, local_epochs=1, batch_size=32, accelerator="cpu")
+    config = FederationConfig(rounds=3, local_epochs=1, batch_size=32, accelerator="cpu", vectorize=0)
     return Federation(data, model, algorithm, config, seed=seed)
 
 

@@ -25,7 +25,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "papers" / "pfclus"
 
 def federation(algorithm, overlap="NO", h=2, clients=12, points=40, step=0, rounds=1, ell=2.0, seed=0):
     data = SyntheticGaussians(overlap, h, clients, points, step)
-    config = FederationConfig(rounds=rounds, eval_split="train", accelerator="cpu", eval_every=rounds)
+    config = FederationConfig(rounds=rounds, eval_split="train", accelerator="cpu", eval_every=rounds, vectorize=0)
     return Federation(data, CentroidModel(10, 2, ell), algorithm, config, seed=seed)
 
 
@@ -196,7 +196,7 @@ def test_wrong_settings_are_refused():
         federation(KFED(), ell=1.0)
     with pytest.raises(ValueError, match="dim"):
         Federation(SyntheticGaussians(), CentroidModel(10, 3), PFClus(),
-                   FederationConfig(rounds=1, accelerator="cpu", eval_split="train"))
+                   FederationConfig(rounds=1, accelerator="cpu", eval_split="train", vectorize=0))
 
 
 # -- the data --------------------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_the_centroid_model_also_trains_by_gradient_steps_with_the_default_algor
     from fedlight.algorithm import Algorithm
 
     data = SyntheticGaussians("NO", 2, num_clients=4, points_per_client=40)
-    config = FederationConfig(rounds=1, eval_split="train", accelerator="cpu", local_epochs=3, batch_size=8)
+    config = FederationConfig(rounds=1, eval_split="train", accelerator="cpu", local_epochs=3, batch_size=8, vectorize=0)
     torch.manual_seed(0)
     fed = Federation(data, CentroidModel(10, 2, lr=0.05, init_scale=20.0), Algorithm(), config)
     before = fed.evaluate()["train/cost_mean"]
