@@ -16,10 +16,13 @@ if [ "$device" = cuda ]; then
   run similarity similarity.py --accelerator cuda --max_gb 30
   run round round.py --accelerator cuda --networks lenet5 resnet18 --precisions 32-true bf16-mixed \
       --algorithms fedavg fedper fedavg_whole_round
+  gpus=$("$python" -c "import torch; print(torch.cuda.device_count())")
+  if [ "$gpus" -gt 1 ]; then run processes processes.py --accelerator cuda --devices 1 "$gpus"; fi
 else
   run overhead overhead.py --rounds 7
   run vectorized vectorized.py --clients 20 --repeats 3
   run similarity similarity.py
   run round round.py
   run round_memory round.py --precisions 32-true --algorithms fedavg fedper fedavg_whole_round --vectorize 64
+  run processes processes.py
 fi

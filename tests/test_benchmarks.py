@@ -12,6 +12,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import overhead  # noqa: E402
+import processes  # noqa: E402
 import round as round_benchmark  # noqa: E402
 import similarity  # noqa: E402
 import vectorized  # noqa: E402
@@ -65,3 +66,11 @@ def test_round_benchmark_reports_personal_parts(tmp_path):
     fedavg = round_benchmark.measure("lenet5", 6, "32-true", "fedavg", args)
     assert fedper["personal_gb"] == pytest.approx(6 * (84 * 10 + 10) * 4 / 1e9)  # 6 clients' own fc3
     assert fedavg["personal_gb"] == 0.0 and fedavg["round_s"] > 0 and fedavg["samples_per_client"] == 10
+
+
+def test_processes_benchmark_times_one_and_two_processes(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    rows = run_main(processes, monkeypatch, tmp_path, "--clients", "4", "--pool", "400", "--rounds", "2",
+                    "--repeats", "1")
+    assert [r["devices"] for r in rows] == [1, 2] and rows[0]["speedup"] == 1.0
+    assert all(r["round_s"] > 0 and r["rounds_timed"] == 1 for r in rows)
