@@ -39,13 +39,27 @@ F = TypeVar("F", bound=Callable[..., Figure])
 
 @dataclass
 class Series:
-    """One line of a line plot: a run or the mean over a group's seeds, with the seeds' std as a band."""
+    """One line of a line plot: a run or the mean over a group's seeds, with the seeds' std as a band. The band
+    stays within `low` and `high` when given (the seeds' extremes), so it never shows an ARI above 1 or an
+    accuracy no seed reached."""
 
     label: str
     colour: str
     x: np.ndarray
     mean: np.ndarray
     std: np.ndarray | None = None
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+
+    def band(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) edge of the std band, clipped to [low, high]."""
+        assert self.std is not None
+        lower, upper = self.mean - self.std, self.mean + self.std
+        if self.low is not None:
+            lower = np.maximum(lower, self.low)
+        if self.high is not None:
+            upper = np.minimum(upper, self.high)
+        return lower, upper
 
 
 @dataclass
@@ -112,7 +126,7 @@ def line_figure(panels: Sequence[tuple[str, str, Sequence[Series]]], xlabel: str
             ax.plot(s.x, s.mean, color=s.colour, label=s.label, linewidth=1.6, marker="o" if len(s.x) <= 25 else None,
                     markersize=3)
             if s.std is not None:
-                ax.fill_between(s.x, s.mean - s.std, s.mean + s.std, color=s.colour, alpha=0.18, linewidth=0)
+                ax.fill_between(s.x, *s.band(), color=s.colour, alpha=0.18, linewidth=0)
         ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
         if ylim is not None:
             ax.set_ylim(*ylim)

@@ -185,8 +185,10 @@ class Group:
             return None
         rounds = sorted(set.intersection(*(set(r.tolist()) for r, _ in columns)))
         values = np.stack([v[np.searchsorted(r, rounds)] for r, v in columns])
-        std = values.std(axis=0) if len(values) > 1 else None
-        return plots.Series(self.label, self.colour, np.array(rounds), values.mean(axis=0), std)
+        if len(values) == 1:
+            return plots.Series(self.label, self.colour, np.array(rounds), values[0])
+        return plots.Series(self.label, self.colour, np.array(rounds), values.mean(axis=0), values.std(axis=0),
+                            values.min(axis=0), values.max(axis=0))
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

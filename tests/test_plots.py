@@ -56,3 +56,14 @@ def test_client_rows_lead_with_the_clusters_and_end_with_the_training_size():
     assert rows == [{"round": 4, "client": 0, "true_cluster": 0, "cluster": 1, "acc": 0.5, "samples": 10},
                     {"round": 4, "client": 1, "true_cluster": 0, "cluster": 0, "acc": 0.25, "samples": 12}]
     assert all(type(r["samples"]) is int for r in rows)
+
+
+def test_the_seed_band_stays_within_the_seeds_extremes():
+    seeds = np.array([[1.0, 1.0], [1.0, 0.0], [1.0, 0.2]])  # ARI of three seeds at two rounds
+    series = plots.Series("x", "#000000", np.array([1, 2]), seeds.mean(0), seeds.std(0), seeds.min(0), seeds.max(0))
+    figure = plots.line_figure([("ARI", "ARI", [series])])
+    band = figure.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert band.max() <= 1.0 and band.min() >= 0.0
+    mean, std = seeds[:, 1].mean(), seeds[:, 1].std()  # 0.4, 0.432...: mean - std is below 0, mean + std not clipped
+    assert band.min() == pytest.approx(0.0) and band.max() == pytest.approx(1.0)
+    assert series.band()[1][1] == pytest.approx(mean + std) and series.band()[0][1] == pytest.approx(0.0)
