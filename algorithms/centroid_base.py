@@ -150,5 +150,3 @@ class CentroidAlgorithm(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.local_counts = state["local_counts"]
-
-

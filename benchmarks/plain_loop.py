@@ -62,4 +62,3 @@ class PlainLoop:
     def flat_global(self, names: list[str], prefix: str = "network.") -> Tensor:
         """The global model as one vector in the order of fedlight's flat entries `names`."""
         return torch.cat([self.global_state[name.removeprefix(prefix)].flatten() for name in names])
-

@@ -125,4 +125,3 @@ def layer_halves(model: nn.Module, layer: str) -> tuple[list[str], list[str]]:
     for i, part in enumerate(parts):
         halves[0 if i < k else 1].extend(layer_state_keys(model, prefix + part))
     return halves
-

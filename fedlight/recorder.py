@@ -226,4 +226,3 @@ class SilentRecorder:
 
     def close(self, interrupted: bool = False) -> None:
         pass
-
