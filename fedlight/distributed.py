@@ -46,18 +46,26 @@ class Collective:
     def sum_(self, tensor: Tensor) -> Tensor:
         """Sum `tensor` over the processes, in place."""
         if self.spread:
-            tensor.copy_(self.fabric.all_reduce(tensor, reduce_op="sum"))
+            torch.distributed.all_reduce(tensor)
         return tensor
+
+    def stack(self, tensor: Tensor) -> Tensor:
+        """Every process's `tensor` (all of one shape), stacked in rank order: (world, *shape). Plain
+        torch.distributed: Fabric's all_gather goes through a differentiable gather that warns on every call."""
+        if not self.spread:
+            return tensor[None]
+        parts = [torch.empty_like(tensor) for _ in range(self.world)]
+        torch.distributed.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts)
 
     def gather(self, tensor: Tensor) -> Tensor:
         """Every process's `tensor` (rows may differ in number), concatenated in rank order."""
         if not self.spread:
             return tensor
-        count = torch.tensor([len(tensor)], device=tensor.device)
-        counts = self.fabric.all_gather(count).reshape(-1).tolist()
+        counts = self.stack(torch.tensor([len(tensor)], device=tensor.device)).reshape(-1).tolist()
         padded = tensor.new_zeros((max(counts), *tensor.shape[1:]))
         padded[: len(tensor)] = tensor
-        gathered = self.fabric.all_gather(padded)  # (world, max rows, ...)
+        gathered = self.stack(padded)  # (world, max rows, ...)
         return torch.cat([gathered[r, :n] for r, n in enumerate(counts)])
 
     def gather_objects(self, obj: Any) -> list[Any]:

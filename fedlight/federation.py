@@ -320,7 +320,7 @@ class Federation:
             per_client = per_client_classification(outputs, y, client_of_row, self.num_clients, self.data.num_classes)
         if collective.spread:  # each client's values from the process that evaluated it
             owner = torch.arange(self.num_clients, device=self.device) % collective.world
-            per_client = {k: self.fabric.all_gather(v)[owner, torch.arange(self.num_clients, device=self.device)]
+            per_client = {k: collective.stack(v)[owner, torch.arange(self.num_clients, device=self.device)]
                           for k, v in per_client.items()}
         values = {k: v.cpu().numpy() if v.is_floating_point() else v.cpu().double().numpy()
                   for k, v in per_client.items()}

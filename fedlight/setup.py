@@ -2,6 +2,7 @@
 module's clients, and the checks that refuse or warn before any round."""
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -99,9 +100,15 @@ def make_fabric(config: FederationConfig, precision: str) -> L.Fabric:
     except (RuntimeError, ValueError) as error:  # Lightning's MisconfigurationException is a RuntimeError
         raise ValueError(f"federation.accelerator={accelerator}, federation.precision={precision}, "
                          f"federation.devices={config.devices}: {str(error).splitlines()[0]}") from None
-    if not single:
+    if not single and not launched_by_fabric_cli():
         fabric.launch()  # starts the other local processes (unless a launcher did), then joins the process group
     return fabric
+
+
+def launched_by_fabric_cli() -> bool:
+    """Whether `fabric run` started this process: Fabric then joins the process group when it is built, and refuses
+    `launch()` (Lightning marks such processes with LT_CLI_USED=1)."""
+    return os.environ.get("LT_CLI_USED", "0") == "1"
 
 
 def default_precision(accelerator: str) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fedlight as fedlight_package
 from conftest import small_federation
 from fedlight.distributed import Collective
 
@@ -27,14 +28,16 @@ RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clie
 EXACT = ["--federation.vectorize", "0"]  # with OMP_NUM_THREADS=1, see the module docstring
 
 
-def fedlight(args: list[str], cwd: Path, threads: int | None = 1) -> None:
+def fedlight(args: list[str], cwd: Path, threads: int | None = 1, launcher: list[str] | None = None) -> None:
+    """`python -m fedlight ARGS` in `cwd`, or the fedlight module started by `launcher`."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     env.pop("OMP_NUM_THREADS", None)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    result = subprocess.run([sys.executable, "-m", "fedlight", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=600)
+    command = [*(launcher or [sys.executable, "-m", "fedlight"]), *args]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "deprecated" not in result.stderr, result.stderr[-3000:]  # the collectives print no warning per call
 
 
 def rows(path: Path) -> list[dict]:
@@ -64,6 +67,39 @@ def test_two_processes_give_the_metrics_of_one_bit_for_bit_and_one_run_folder(tm
     fedlight(args + ["--run_name", "two", "--federation.devices", "2"], tmp_path)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["one", "two"]
     assert_same_numbers(tmp_path / "runs" / "one", tmp_path / "runs" / "two")
+
+
+LAUNCHERS = {"torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "fedlight"],
+             "fabric run": [str(Path(sys.executable).with_name("fabric")), "run", "--devices", "2", "--accelerator",
+                            "cpu", "--main-port", str(29400 + os.getpid() % 500), str(Path(fedlight_package.__file__).
+                                                                                       with_name("__main__.py"))]}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_a_launcher_that_starts_the_processes_gives_the_same_run(tmp_path, launcher):
+    args = RUN + EXACT + ["--algorithm", "ocfl", "--federation.rounds", "2"]
+    fedlight(args + ["--run_name", "one"], tmp_path)
+    fedlight(args + ["--run_name", "launched", "--federation.devices", "2"], tmp_path, launcher=LAUNCHERS[launcher])
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["launched", "one"]
+    assert_same_numbers(tmp_path / "runs" / "one", tmp_path / "runs" / "launched")
+
+
+def test_processes_started_by_slurm_read_their_ranks_from_its_environment(tmp_path):
+    """What `srun` gives each task (SLURM_NTASKS, SLURM_PROCID, ...), set by hand for two local tasks."""
+    args = RUN + EXACT + ["--algorithm", "fedavg", "--federation.rounds", "2"]
+    fedlight(args + ["--run_name", "one"], tmp_path)
+    slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "fedlight",
+             "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4321", "MASTER_PORT": str(20000 + os.getpid() % 5000),
+             "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    tasks = [subprocess.Popen([sys.executable, "-m", "fedlight", *args, "--run_name", "srun", "--federation.devices", "2"],
+                              cwd=tmp_path, env={**os.environ, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for task in tasks:
+        _, err = task.communicate(timeout=600)
+        assert task.returncode == 0, err[-3000:]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["one", "srun"]
+    assert_same_numbers(tmp_path / "runs" / "one", tmp_path / "runs" / "srun")
 
 
 def test_vectorized_processes_with_default_threads_agree_to_float_rounding(tmp_path):
