@@ -37,7 +37,7 @@ class FederationConfig:
             rounding. What cannot be vectorized (other optimizers, a gradient scaler) trains sequentially. An
             algorithm that aggregates by running sums (FedAvg, FedProx, FedPer, ...) also receives the updates
             in groups of this size, so memory does not grow with clients x parameters.
-        devices: processes per machine ("auto": one per GPU, or per CPU core with accelerator cpu); each trains
+        devices: processes per machine ("auto": one per GPU, and one on a CPU, as Fabric counts); each trains
             its share of every round's clients (`fedlight.distributed`). More than one starts the other
             processes itself, unless a launcher (torchrun, `fabric run`, SLURM) already started them.
         num_nodes: machines the processes are spread over (each runs `devices` processes).
