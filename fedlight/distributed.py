@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import lightning as L
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,10 +37,6 @@ class Collective:
     def shard(self, clients: list[int]) -> list[int]:
         """This process's share of `clients`: every `world`-th client, so shards differ by one client at most."""
         return clients[self.rank:: self.world] if self.spread else clients
-
-    def owner(self, clients: list[int]) -> np.ndarray:
-        """The process that handles each position of `clients` under `shard`."""
-        return np.arange(len(clients)) % self.world
 
     def sum_(self, tensor: Tensor) -> Tensor:
         """Sum `tensor` over the processes, in place."""
@@ -79,17 +74,6 @@ class Collective:
     def broadcast(self, obj: T) -> T:
         """Rank 0's `obj` on every process."""
         return self.fabric.broadcast(obj, src=0) if self.spread else obj
-
-    def barrier(self) -> None:
-        if self.spread:
-            self.fabric.barrier()
-
-
-def in_order(positions: Tensor, *columns: Tensor) -> list[Tensor]:
-    """`columns` gathered from the processes, put back into the order of `positions` (each row's index in the
-    single-process order)."""
-    order = positions.argsort()
-    return [column[order] for column in columns]
 
 
 def gather_logs(collective: Collective, logs: dict[str, Tensor], rows: int, device: torch.device) -> dict[str, Tensor]:

@@ -174,9 +174,6 @@ class Group:
         """The run shown where a figure shows one run per configuration: the lowest seed."""
         return self.runs[0]
 
-    def finals(self, key: str) -> list[float]:
-        return [v for v in (run.final(key) for run in self.runs) if v is not None]
-
     def curve(self, key: str) -> plots.Series | None:
         """`key` over the rounds every seed has: the mean over seeds, with their std when there are several."""
         columns = [run.column(key) for run in self.runs]
