@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedlight.algorithm import Algorithm
+from fedlight.engine.algorithm import Algorithm
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import cosine_similarity_matrix
-from fedlight.updates import Updates
+from fedlight.engine.round_updates import RoundUpdates
 
 
 class CFL(Algorithm):
@@ -36,6 +36,8 @@ class CFL(Algorithm):
         participation: share of clients per round (the method assumes all).
     """
 
+    holds_updates = True  # splits a cluster by the cosine similarities of its members' updates
+
     def __init__(self, eps1: float = 0.4, eps2: float = 1.6, min_cluster_size: int = 2, warmup_rounds: int = 20,
                  gamma_max: float | None = None, split_cooldown: int = 0, weighted: bool = True,
                  participation: float = 1.0) -> None:
@@ -47,16 +49,18 @@ class CFL(Algorithm):
         self.split_cooldown = split_cooldown
         self.split_rounds: list[int] = []
         self.born: dict[int, int] = {}  # cluster -> round of its last split
-        self.last_norms = (float("nan"), float("nan"))
 
-    def pre_aggregation(self, round: int, updates: Updates) -> None:
+    def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
+        """Test every cluster with members this round; the last one tested logs its update norms."""
+        updates = updates.all()
         clusters = self.assignment[updates.clients]
         for cluster in clusters.unique().tolist():
             rows = (clusters == cluster).nonzero().flatten()
             deltas = updates.deltas[rows]
             mean_norm = float(deltas.mean(dim=0).norm())
             max_norm = float(deltas.norm(dim=1).max())
-            self.last_norms = (mean_norm, max_norm)
+            self.log("cluster/mean_update_norm", mean_norm)
+            self.log("cluster/max_update_norm", max_norm)
             cooling = round - self.born.get(cluster, -10**9) < self.split_cooldown
             if (round > self.warmup_rounds and len(rows) > self.min_cluster_size and not cooling
                     and mean_norm < self.eps1 and max_norm > self.eps2):
@@ -74,8 +78,9 @@ class CFL(Algorithm):
         self.split_rounds.append(round)
         self.born[cluster] = self.born[len(self.models) - 1] = round
 
-    def aggregate(self, round: int, updates: Updates) -> None:
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """FedAvg within each cluster, weighted by training-set size or (`weighted=False`) unweighted."""
+        updates = updates.all()
         weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
         self.set_shared(*self.cluster_means(updates, weights.to(self.models.dtype)))
 
@@ -83,8 +88,7 @@ class CFL(Algorithm):
         return self.assignment.cpu().numpy()
 
     def round_metrics(self) -> dict[str, float]:
-        return {"cluster/mean_update_norm": self.last_norms[0], "cluster/max_update_norm": self.last_norms[1],
-                "cluster/clustered_round": float(self.split_rounds[-1] if self.split_rounds else 0)}
+        return {"cluster/clustered_round": float(self.split_rounds[-1] if self.split_rounds else 0)}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "split_rounds": list(self.split_rounds), "born": dict(self.born)}

@@ -1,7 +1,7 @@
 """FedProx (Li et al., 2020): FedAvg with a proximal term mu/2 ||w - w_start||^2 in the local objective."""
 from torch import Tensor
 
-from fedlight.algorithm import Algorithm
+from fedlight.engine.algorithm import Algorithm
 
 
 class FedProx(Algorithm):
@@ -12,6 +12,8 @@ class FedProx(Algorithm):
         mu: weight of the proximal term.
         participation: share of clients selected each round.
     """
+
+    corrects_gradient = True
 
     def __init__(self, mu: float = 0.01, participation: float = 1.0) -> None:
         super().__init__(participation)

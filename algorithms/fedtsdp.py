@@ -31,12 +31,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.algorithm import Algorithm
+from fedlight.engine.algorithm import Algorithm
 from fedlight.cluster.clusterers import DBSCAN
 from fedlight.cluster.hopkins import default_sample_size, hopkins
-from fedlight.personalization import half_step
+from fedlight.training.layer_masks import half_step
 from fedlight.cluster.similarity import js_divergence_matrix, l2_distance_matrix
-from fedlight.updates import Updates
+from fedlight.engine.round_updates import RoundUpdates
 
 
 class FedTSDP(Algorithm):
@@ -69,6 +69,8 @@ class FedTSDP(Algorithm):
         participation: δ, the share of clients per round (paper: 1.0).
     """
 
+    holds_updates = True  # clusters on every participant's outputs and weights
+
     def __init__(self, hopkins_threshold: float = 0.65, eps_inference: float = 0.15, eps_weights: float = 3.5,
                  min_points: int = 2, psi: float = 0.98, lr_decay: float = 0.95, public_batch: int = 50,
                  hopkins_sample: int | None = None, rounding: Literal["floor", "round"] = "floor",
@@ -98,9 +100,8 @@ class FedTSDP(Algorithm):
         self.initial_shared = initial_shared
         self.shared_layers = 0.0
         self.events = 0
+        self.last_event_round = 0
         self.public_weights = torch.empty(0, dtype=torch.float64)
-        self._updates: Updates | None = None
-        self._info: dict[str, float] = {}
 
     # -- set-up ------------------------------------------------------------------------------------
     def setup(self, server) -> None:
@@ -131,9 +132,13 @@ class FedTSDP(Algorithm):
         """lr_decay^(round - 1): the factor on the configured learning rate in round `round`."""
         return self.lr_decay ** (round - 1)
 
-    def pre_aggregation(self, round: int, updates: Updates) -> None:
-        """Public inference, Hopkins gate, and (when it opens) the two-stage clustering and the W update."""
-        self._updates, self._info = updates, {"lr_scale": self.learning_rate_scale(round)}
+    def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
+        """Public inference, Hopkins gate, and (when it opens) the two-stage clustering and the W update. Logs H,
+        whether the clustering ran, the cluster counts after stages 1 and 2 (on events; the engine logs the current
+        count as cluster/count), the learning-rate scale, JS and weight-distance statistics, and the batch's share
+        of the sampling weights."""
+        updates = updates.all()
+        self.log("fedtsdp/lr_scale", self.learning_rate_scale(round))
         m = len(updates)
         if m < 2:
             return
@@ -146,29 +151,30 @@ class FedTSDP(Algorithm):
         js = js_divergence_matrix(probs)
         dist = l2_distance_matrix(updates.params[:, self.stage2_mask()])
         off = ~torch.eye(m, dtype=torch.bool, device=js.device)
-        self._info.update({"hopkins": H, "clustered": 0.0,
-                           "js_min": float(js[off].min()), "js_mean": float(js[off].mean()),
-                           "js_max": float(js[off].max()), "weight_distance_min": float(dist[off].min()),
-                           "weight_distance_median": float(dist[off].median()),
-                           "weight_distance_max": float(dist[off].max())})
+        statistics = {"hopkins": H, "clustered": 0.0, "js_min": js[off].min(), "js_mean": js[off].mean(),
+                      "js_max": js[off].max(), "weight_distance_min": dist[off].min(),
+                      "weight_distance_median": dist[off].median(), "weight_distance_max": dist[off].max()}
+        for name, value in statistics.items():
+            self.log(f"fedtsdp/{name}", value)
         if H > self.hopkins_threshold:
             labels, stage1 = self.two_stage_labels(js, dist)
             self.reassign(updates.clients, labels)
             self.update_public_weights(batch)
-            self._info.update({"clustered": 1.0, "clusters_stage1": float(stage1.max() + 1),
-                               "clusters_stage2": float(labels.max() + 1)})
-        self._info["public_batch_mass"] = float(self.public_weights[batch].sum() / self.public_weights.sum())
+            self.events += 1
+            self.last_event_round = round
+            self.log("fedtsdp/clustered", 1.0)
+            self.log("fedtsdp/clusters_stage1", stage1.max() + 1)
+            self.log("fedtsdp/clusters_stage2", labels.max() + 1)
+        self.log("fedtsdp/public_batch_mass", self.public_weights[batch].sum() / self.public_weights.sum())
 
-    def post_aggregation(self, round: int) -> None:
+    def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """After a clustering event: L^s <- psi L^s; tensors that stop being shared keep each client's own
         trained values (this round's upload)."""
-        if self._info.get("clustered"):
-            self.events += 1
+        if self.last_event_round == round:
             before = self.effective_shared
             self.shared_layers *= self.psi
             if self.effective_shared != before:
-                self.set_personal_mask(self.personal_mask_now(), self._updates)
-        self._updates = None
+                self.set_personal_mask(self.personal_mask_now(), updates.all())
 
     # -- the pieces ------------------------------------------------------------------------------
     def draw_public_batch(self, round: int) -> Tensor:
@@ -231,17 +237,16 @@ class FedTSDP(Algorithm):
         return self.assignment.cpu().numpy()
 
     def round_metrics(self) -> dict[str, float]:
-        """H, whether the clustering ran, the cluster counts after stages 1 and 2 (on events; the engine logs the
-        current count as cluster/count), L^s and its effective value, the learning-rate scale, JS and
-        weight-distance statistics, the batch's share of the sampling weights."""
-        return {**{f"fedtsdp/{k}": v for k, v in self._info.items()}, "fedtsdp/events": float(self.events),
-                "fedtsdp/shared_layers": self.shared_layers, "fedtsdp/shared_layers_effective": self.effective_shared}
+        """The clustering events so far, L^s and its effective value."""
+        return {"fedtsdp/events": float(self.events), "fedtsdp/shared_layers": self.shared_layers,
+                "fedtsdp/shared_layers_effective": self.effective_shared}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "shared_layers": self.shared_layers, "events": self.events,
-                "public_weights": self.public_weights}
+                "last_event_round": self.last_event_round, "public_weights": self.public_weights}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.shared_layers, self.events = float(state["shared_layers"]), int(state["events"])
+        self.last_event_round = int(state["last_event_round"])
         self.public_weights = state["public_weights"].detach().cpu().to(torch.float64)

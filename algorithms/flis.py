@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.algorithm import Algorithm
+from fedlight.engine.algorithm import Algorithm
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import agreement_similarity
-from fedlight.updates import Updates
+from fedlight.engine.round_updates import RoundUpdates
 
 
 class InferenceSimilarity(Algorithm):
@@ -62,13 +62,14 @@ class FlisDC(InferenceSimilarity):
         participation: share of clients per round (the paper: 0.1 of 100).
     """
 
+    holds_updates = True  # compares every participant's model on the public data
+
     def __init__(self, beta: float = 0.3, soft: bool = False, selection_split: Literal["train", "val", "test"] = "val",
                  evaluate: Literal["local", "pool"] = "local", participation: float = 1.0) -> None:
         super().__init__(beta, soft, participation)
         self.selection_split, self.evaluate = selection_split, evaluate
         self.local_models: Tensor | None = None
         self.trained = torch.empty(0, dtype=torch.bool)
-        self.last_similarity: np.ndarray | None = None
 
     def setup(self, server) -> None:
         super().setup(server)
@@ -87,10 +88,12 @@ class FlisDC(InferenceSimilarity):
         """Every client starts from the pool model with the lowest loss on its selection split."""
         self.assignment = self.server.client_losses(self.models, self.selection_split).argmin(dim=0)
 
-    def aggregate(self, round: int, updates: Updates) -> None:
-        """The new pool: for each participant i, the size-weighted mean of the models of {j : A_ij >= beta}."""
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
+        """The new pool: for each participant i, the size-weighted mean of the models of {j : A_ij >= beta}; the
+        participants' inference similarity is logged."""
+        updates = updates.all()
         similarity = self.similarity(updates.params)
-        self.last_similarity = similarity.cpu().numpy()
+        self.log_matrix("inference_similarity", similarity)
         member = (similarity >= self.beta).to(updates.params.dtype)
         weights = member * updates.num_samples.to(updates.params.dtype)[None, :]
         self.models = (weights / weights.sum(dim=1, keepdim=True)) @ updates.params
@@ -98,7 +101,7 @@ class FlisDC(InferenceSimilarity):
         if self.local_models is not None:
             self.local_models[updates.clients] = updates.params
 
-    def post_aggregation(self, round: int) -> None:
+    def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """Every client moves to the new pool model with the lowest loss on its data (once per round)."""
         self.assign_to_pool()
 
@@ -111,10 +114,6 @@ class FlisDC(InferenceSimilarity):
 
     def round_metrics(self) -> dict[str, float]:
         return {"cluster/pool_size": float(len(self.models))}
-
-    def round_matrices(self) -> dict[str, np.ndarray]:
-        """This round's inference similarity of the participants."""
-        return {} if self.last_similarity is None else {"inference_similarity": self.last_similarity}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "local_models": self.local_models, "trained": self.trained}
@@ -146,10 +145,8 @@ class FlisHC(InferenceSimilarity):
         self.tau = 1 - beta if tau is None else tau
         self.linkage, self.phase_zero_epochs = linkage, phase_zero_epochs
         self.clustered = False
-        self.phase_zero_similarity: np.ndarray | None = None
 
     def begin_round(self, round: int) -> None:
-        self.phase_zero_similarity = None  # logged only in the round it was computed
         if not self.clustered:
             self.phase_zero()
 
@@ -159,8 +156,9 @@ class FlisHC(InferenceSimilarity):
         start = self.server.initial_params
         trained = torch.stack([self.server.train(0, c, start, epochs=self.phase_zero_epochs)[0]
                                for c in range(self.server.num_clients)])
-        self.phase_zero_similarity = self.similarity(trained).cpu().numpy()
-        distance = 1 - self.phase_zero_similarity
+        similarity = self.similarity(trained).cpu().numpy()
+        self.log_matrix("inference_similarity", similarity)
+        distance = 1 - similarity
         labels = Agglomerative(distance_threshold=self.tau, linkage=self.linkage).fit_predict(distance,
                                                                                              kind="distance")
         self.assignment = torch.as_tensor(labels, device=self.models.device)
@@ -169,11 +167,6 @@ class FlisHC(InferenceSimilarity):
 
     def cluster_labels(self) -> np.ndarray | None:
         return self.assignment.cpu().numpy() if self.clustered else None
-
-    def round_matrices(self) -> dict[str, np.ndarray]:
-        """The phase-0 inference similarity, once, in the round the clusters were fixed."""
-        similarity = self.phase_zero_similarity
-        return {} if similarity is None else {"inference_similarity": similarity}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "clustered": self.clustered}

@@ -6,9 +6,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedlight.algorithm import Algorithm
+from fedlight.engine.algorithm import Algorithm
 from fedlight.cluster.similarity import cosine_distance_matrix
-from fedlight.updates import Updates
+from fedlight.engine.round_updates import RoundUpdates
 
 
 class IFCA(Algorithm):
@@ -26,6 +26,8 @@ class IFCA(Algorithm):
             initializations.
         participation: share of clients per round.
     """
+
+    holds_updates = True  # the warm-up seeds the clusters with chosen clients' models
 
     def __init__(self, num_clusters: int = 2, warmup_rounds: int = 0, participation: float = 1.0) -> None:
         super().__init__(participation)
@@ -47,13 +49,14 @@ class IFCA(Algorithm):
         """Every client joins the cluster model with the lowest loss on its training data."""
         self.assignment = self.server.client_losses(self.models, "train").argmin(dim=0)
 
-    def aggregate(self, round: int, updates: Updates) -> None:
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
         super().aggregate(round, updates)
         if round == self.warmup_rounds and self.warmup_rounds:
-            self.models = updates.params[self.farthest_first(updates.deltas)].clone()
+            trained = updates.all()
+            self.models = trained.params[self.farthest_first(trained.deltas)].clone()
             self.seeded = True
 
-    def post_aggregation(self, round: int) -> None:
+    def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         if self.seeded:
             self.assign_by_loss()
 

@@ -61,6 +61,7 @@ class KFED(CentroidAlgorithm):
         return uploads[first]
 
     def aggregate(self, round: int, updates) -> None:
+        updates = updates.all()
         uploads = self.uploads(updates.params, updates.clients)
         pooled = torch.cat(uploads)
         start = kcenters.farthest_first(pooled, self.start_centers(round, uploads), self.k)

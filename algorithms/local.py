@@ -1,13 +1,15 @@
 """Local training: every client trains its own model on its own data; nothing is ever averaged."""
 import torch
 
-from fedlight.algorithm import Algorithm
-from fedlight.updates import Updates
+from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.round_updates import RoundUpdates
 
 
 class Local(Algorithm):
     """Each client is its own cluster of one, so its model is simply its own trained model. All clients train
     every round."""
+
+    holds_updates = True  # keeps every client's trained model
 
     def setup(self, server) -> None:
         super().setup(server)
@@ -17,5 +19,6 @@ class Local(Algorithm):
     def select_clients(self, round: int) -> list[int]:
         return list(range(self.server.num_clients))
 
-    def aggregate(self, round: int, updates: Updates) -> None:
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
+        updates = updates.all()
         self.models[updates.clients] = updates.params

@@ -73,6 +73,7 @@ class MFC(CentroidAlgorithm):
 
     # -- server --------------------------------------------------------------------------------------
     def aggregate(self, round: int, updates) -> None:
+        updates = updates.all()
         if round == 1:
             pooled = torch.cat(self.uploads(updates.params, updates.clients))
             start = kcenters.farthest_first(pooled, pooled[:1], self.k)

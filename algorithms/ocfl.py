@@ -15,10 +15,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.algorithm import Algorithm
+from fedlight.engine.algorithm import Algorithm
 from fedlight.cluster.clusterers import HDBSCAN, Clusterer
 from fedlight.cluster.similarity import cosine_distance_matrix
-from fedlight.updates import Updates
+from fedlight.engine.round_updates import RoundUpdates
+from fedlight.engine.updates import Updates
 
 
 def temperature(gamma: Tensor, p: float = 2.0) -> float:
@@ -47,6 +48,8 @@ class OCFL(Algorithm):
             at the shot joins the cluster whose mean delta is closest to its own when it first trains).
     """
 
+    holds_updates = True  # clusters on the cosine distances of every update
+
     def __init__(self, clusterer: Clusterer | None = None, p: float = 2.0, strict: bool = True, window: int = 1,
                  min_rounds: int = 1, include_buffers: bool = False, server_lr: float = 1.0,
                  weighted: bool = False, participation: float = 1.0) -> None:
@@ -59,7 +62,6 @@ class OCFL(Algorithm):
         self.temperatures: list[float] = []
         self.clustered_round = 0
         self.unassigned = torch.empty(0, dtype=torch.bool)
-        self.last_gamma: np.ndarray | None = None
 
     def setup(self, server) -> None:
         super().setup(server)
@@ -74,14 +76,16 @@ class OCFL(Algorithm):
         previous = float(np.mean(t[-w - 1:-1])) if len(t) > 1 else math.inf
         return current > previous if self.strict else current >= previous
 
-    def pre_aggregation(self, round: int, updates: Updates) -> None:
+    def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
+        """Until the shot: the update cosine distances (logged), their temperature, and the shot when it fires;
+        after it: clients seen for the first time join a cluster."""
+        updates = updates.all()
         deltas = updates.deltas if self.mask is None else updates.deltas[:, self.mask]
-        self.last_gamma = None
         if self.clustered_round:
             self._place_newcomers(updates, deltas)
             return
         gamma = cosine_distance_matrix(deltas)
-        self.last_gamma = gamma.cpu().numpy()
+        self.log_matrix("update_cosine_distance", gamma)
         self.temperatures.append(temperature(gamma, self.p))
         if self.triggered() and round >= self.min_rounds and len(updates) > 1:
             self._split(round, updates, gamma)
@@ -111,8 +115,9 @@ class OCFL(Algorithm):
         self.assignment[chosen] = active[distances.argmin(dim=1)]
         self.unassigned[chosen] = False
 
-    def aggregate(self, round: int, updates: Updates) -> None:
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each cluster moves by server_lr times its members' mean delta (unweighted by default)."""
+        updates = updates.all()
         weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
         active, mean_delta = self.cluster_means(updates, weights.to(self.models.dtype), updates.deltas)
         self.set_shared(active, self.models[active] + self.server_lr * mean_delta)
@@ -123,10 +128,6 @@ class OCFL(Algorithm):
     def round_metrics(self) -> dict[str, float]:
         return {"cluster/temperature": self.temperatures[-1] if self.temperatures else float("nan"),
                 "cluster/clustered_round": float(self.clustered_round)}
-
-    def round_matrices(self) -> dict[str, np.ndarray]:
-        """The update cosine-distance matrix, in the rounds it was computed (until the shot)."""
-        return {} if self.last_gamma is None else {"update_cosine_distance": self.last_gamma}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "temperatures": list(self.temperatures),

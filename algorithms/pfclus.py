@@ -123,6 +123,7 @@ class PFClus(CentroidAlgorithm):
 
     # -- phase 2: server -----------------------------------------------------------------------------
     def aggregate(self, round: int, updates) -> None:
+        updates = updates.all()
         self.local_centers[updates.clients] = updates.params
         pooled = torch.cat(self.uploads(updates.params, updates.clients))
         fit = self.cluster(pooled, self.server_generator(round))
@@ -131,7 +132,7 @@ class PFClus(CentroidAlgorithm):
         self.assignment = torch.zeros(self.server.num_clients, dtype=torch.long, device=self.server.device)
 
     # -- phase 3: clients personalize ----------------------------------------------------------------
-    def post_aggregation(self, round: int) -> None:
+    def post_aggregation(self, round: int, updates) -> None:
         self.models = self.personalized(self.global_centers)
         self.assignment = torch.arange(self.server.num_clients, device=self.server.device)
 

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fedlight.cli import main as fedlight_main
+from fedlight.run.cli import main as fedlight_main
 
 ALGORITHMS = ["fedavg", "local", "ocfl", "flis_dc", "flis_hc", "ifca", "cfl"]
 

@@ -21,7 +21,7 @@ from timing import interleaved_medians
 
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.datamodules import DigitsFederated
-from fedlight.federation import Federation, FederationConfig
+from fedlight.engine.federation import Federation, FederationConfig
 from fedlight.models import Classifier, SmallCNN
 
 

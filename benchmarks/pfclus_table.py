@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlight.cli import main
+from fedlight.run.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "papers" / "pfclus"
 METHODS = ("pfclus", "kfed", "mfc", "centclus")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlight.federation import Federation
+from fedlight.engine.federation import Federation
 
 OptimizerFactory = Callable[[Iterable[Tensor]], torch.optim.Optimizer]
 

@@ -31,7 +31,7 @@ from timing import peak_rss_bytes, reset_peak_rss, resident_bytes, sync
 
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
-from fedlight.federation import Federation, FederationConfig
+from fedlight.engine.federation import Federation, FederationConfig
 from fedlight.models import Classifier, LeNet5, ResNet18
 
 NETWORKS = {"lenet5": lambda norm: LeNet5(in_channels=3, num_classes=10, image_size=32),
@@ -72,7 +72,7 @@ def measure(network: str, clients: int, precision: str, algorithm: str, args: ar
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss_bytes()
     return {"network": network, "clients": clients, "precision": fed.precision, "algorithm": algorithm,
             "device": str(device), "params": fed.flat.numel, "samples_per_client": data.samples,
-            "vectorized": fed.vectorized is not None, "setup_s": setup_s, "round_s": round_s,
+            "vectorized": fed.execution.vectorized is not None, "setup_s": setup_s, "round_s": round_s,
             "peak_added_gb": (peak - before) / 1e9,
             "model_state_gb": fed.algorithm.models.numel() * 4 / 1e9,
             "personal_gb": 0.0 if fed.algorithm.personal is None else fed.algorithm.personal.numel() * 4 / 1e9}

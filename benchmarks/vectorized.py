@@ -27,7 +27,7 @@ from random_data import MnistLike
 from timing import interleaved_medians
 
 from fedlight.algorithms.fedavg import FedAvg
-from fedlight.federation import Federation, FederationConfig
+from fedlight.engine.federation import Federation, FederationConfig
 from fedlight.models import MLP, Classifier, FedAvgCNN, LeNet5
 
 NETWORKS: dict[str, Callable[[], nn.Module]] = {
@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace, network: str, batch_size: int) -> dict:
     reference = plain.flat_global(names)
     differences = {name: float((fed.algorithm.models[0] - reference).abs().max()) for name, fed in feds.items()}
     median = interleaved_medians(runs, args.repeats, feds["auto"].device)
-    probe = feds["auto"].probe_result
+    probe = feds["auto"].execution.probe_result
     sizes = feds["sequential"].data.train.sizes()
     return {"network": network, "params": feds["sequential"].flat.numel, "batch_size": batch_size,
             "clients": args.clients, "samples": int(sizes.sum()), "smallest_client": int(sizes.min()),

@@ -1,6 +1,6 @@
 """`python -m fedlight ...`"""
 import sys
 
-from fedlight.cli import main
+from fedlight.run.cli import main
 
 sys.exit(main())

@@ -3,14 +3,14 @@
 Layer personalization (FedPer, LG-FedAvg, FedTSDP) needs an ordered list of layers from input to
 output. Every network exposes ``layer_names()``; this helper computes the common case so that
 algorithms never need to know a network's internals (how a layer splits into halves is
-`fedlight.personalization.layer_halves`).
+`fedlight.training.layer_masks.layer_halves`).
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from fedlight.personalization import owns_parameters
+from fedlight.training.layer_masks import owns_parameters
 
 
 def default_layer_names(module: nn.Module) -> list[str]:

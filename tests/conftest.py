@@ -14,7 +14,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # tiny models: no gain from intra-op threads, and no stalls on a loaded machine
 
 from fedlight.datamodules import DigitsFederated, Rotations  # noqa: E402
-from fedlight.federation import Federation, FederationConfig  # noqa: E402
+from fedlight import Federation, FederationConfig  # noqa: E402
 from fedlight.models import Classifier, SmallCNN  # noqa: E402
 
 

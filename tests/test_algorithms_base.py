@@ -1,8 +1,9 @@
 """FedAvg, FedProx and Local against computations done by hand or by retraining clients alone."""
 import torch
 
+from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.algorithm import Algorithm, Updates
+from fedlight.engine.algorithm import Algorithm, Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedprox import FedProx
 from fedlight.algorithms.local import Local
@@ -14,16 +15,16 @@ def test_fedavg_aggregate_is_the_size_weighted_mean():
     params = torch.stack([torch.full((d,), 1.0), torch.full((d,), 2.0), torch.full((d,), 4.0)])
     sizes = torch.tensor([1, 1, 2])
     updates = Updates(torch.tensor([0, 1, 2]), params, params.clone(), sizes, torch.zeros(3))
-    fed.algorithm.aggregate(1, updates)
+    fed.algorithm.aggregate(1, RoundUpdates.of(updates))
     assert torch.allclose(fed.algorithm.models[0], torch.full((d,), (1 * 1 + 1 * 2 + 2 * 4) / 4))
 
 
 def test_fedavg_round_matches_a_hand_weighted_mean_of_real_updates():
     fed = small_federation(FedAvg(), num_clients=4)
-    updates = fed.train_clients(1, [0, 1, 2, 3])
+    updates = fed.execution.train(1, [0, 1, 2, 3])
     n = fed.data.train.sizes().astype("float64")
     expected = sum(n[k] * updates.params[k].double() for k in range(4)) / n.sum()
-    fed.algorithm.aggregate(1, updates)
+    fed.algorithm.aggregate(1, RoundUpdates.of(updates))
     assert torch.allclose(fed.algorithm.models[0].double(), expected, atol=1e-6)
 
 
@@ -55,7 +56,7 @@ def test_fedprox_gradient_is_the_gradient_of_the_proximal_term():
 def test_fedprox_keeps_clients_closer_to_their_start():
     plain = small_federation(FedAvg())
     prox = small_federation(FedProx(mu=5.0))
-    drift = [(f.train_clients(1, [0]).deltas.norm()) for f in (plain, prox)]
+    drift = [(f.execution.train(1, [0]).deltas.norm()) for f in (plain, prox)]
     assert drift[1] < drift[0]
 
 
@@ -67,7 +68,7 @@ def test_local_never_averages_each_model_is_its_client_trained_alone():
         alone = fed.server.initial_params
         x, y = fed.data.train.client(k)
         for r in (1, 2):
-            alone, _ = fed.trainer.fit(alone, x, y, fed.server.client_seed(r, k))
+            alone = fed.execution.trainer.fit(alone, x, y, fed.server.client_seed(r, k)).params
         assert torch.equal(fed.algorithm.client_model(k), alone)
     assert not torch.equal(fed.algorithm.client_model(0), fed.algorithm.client_model(1))
 
@@ -82,8 +83,8 @@ def test_personal_layers_are_untouched_by_aggregation():
     fed = small_federation(LastLayerPersonal(), num_clients=3)
     alg = fed.algorithm
     initial_personal = fed.server.initial_params[alg.personal_mask]
-    updates = fed.train_clients(1, [0, 1, 2])
-    alg.aggregate(1, updates)
+    updates = fed.execution.train(1, [0, 1, 2])
+    alg.aggregate(1, RoundUpdates.of(updates))
     assert torch.equal(alg.models[0][alg.personal_mask], initial_personal)  # the server never averages them
     for i, k in enumerate([0, 1, 2]):
         model = alg.client_model(k)

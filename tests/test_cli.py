@@ -5,7 +5,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from fedlight.cli import main
+from fedlight.run.cli import main
 
 
 def run_dir(tmp_path):
@@ -103,7 +103,7 @@ def test_list_shows_algorithms_data_and_models(capsys):
 
 
 PLUGIN = '''
-from fedlight.algorithm import Algorithm
+from fedlight.engine.algorithm import Algorithm
 
 
 class HalfStep(Algorithm):

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.algorithm import Updates
+from fedlight.engine.algorithm import Updates
 from fedlight.algorithms.cfl import CFL
 from fedlight.algorithms.flis import FlisDC, FlisHC
 from fedlight.algorithms.ifca import IFCA
@@ -64,7 +65,7 @@ def test_ocfl_splits_on_a_block_structure_and_starts_children_from_the_parent():
                         direction[1] + 0.01 * torch.randn(3, d, generator=g)])
     parent = alg.models[0].clone()
     alg.temperatures = [0.0]  # any temperature now is a rise: the shot fires
-    alg.pre_aggregation(2, updates_from_deltas(deltas, parent))
+    alg.pre_aggregation(2, RoundUpdates.of(updates_from_deltas(deltas, parent)))
     labels = alg.cluster_labels()
     assert alg.clustered_round == 2 and len(set(labels[:3])) == 1 and len(set(labels[3:])) == 1
     assert labels[0] != labels[3]
@@ -77,7 +78,7 @@ def test_ocfl_aggregates_unweighted_mean_deltas_with_the_server_lr():
     d = fed.flat.numel
     start = alg.models[0].clone()
     deltas = torch.stack([torch.full((d,), 1.0), torch.full((d,), 2.0), torch.full((d,), 6.0)])
-    alg.aggregate(1, updates_from_deltas(deltas, start, sizes=[100, 1, 1]))  # sizes are ignored
+    alg.aggregate(1, RoundUpdates.of(updates_from_deltas(deltas, start, sizes=[100, 1, 1])))  # sizes are ignored
     assert torch.allclose(alg.models[0], start + 0.5 * 3.0)
 
 
@@ -93,7 +94,7 @@ def opposed_deltas(d: int, scale: float = 1.0) -> torch.Tensor:
 def test_cfl_splits_when_the_mean_update_is_small_and_some_update_is_large():
     fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0), num_clients=4)
     alg = fed.algorithm
-    alg.pre_aggregation(1, updates_from_deltas(opposed_deltas(fed.flat.numel), alg.models[0]))
+    alg.pre_aggregation(1, RoundUpdates.of(updates_from_deltas(opposed_deltas(fed.flat.numel), alg.models[0])))
     labels = alg.cluster_labels()
     assert labels[0] == labels[1] != labels[2] == labels[3]
     assert len(alg.models) == 2 and torch.equal(alg.models[0], alg.models[1])
@@ -108,7 +109,7 @@ def test_cfl_splits_when_the_mean_update_is_small_and_some_update_is_large():
 def test_cfl_does_not_split(settings, why):
     fed = small_federation(CFL(**settings), num_clients=4)
     alg = fed.algorithm
-    alg.pre_aggregation(1, updates_from_deltas(opposed_deltas(fed.flat.numel), alg.models[0]))
+    alg.pre_aggregation(1, RoundUpdates.of(updates_from_deltas(opposed_deltas(fed.flat.numel), alg.models[0])))
     assert len(alg.models) == 1, why
 
 
@@ -128,11 +129,11 @@ def test_cfl_cooldown_keeps_fresh_children_from_splitting_again():
     fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0, split_cooldown=3), num_clients=8)
     alg = fed.algorithm
     d = fed.flat.numel
-    alg.pre_aggregation(1, updates_from_deltas(opposed_within_clusters(alg.assignment, d), alg.models[0]))
+    alg.pre_aggregation(1, RoundUpdates.of(updates_from_deltas(opposed_within_clusters(alg.assignment, d), alg.models[0])))
     assert len(alg.models) == 2
     for round, expected in ((2, 2), (3, 2), (4, 4)):  # children born in round 1 may split from round 4 on
         deltas = opposed_within_clusters(alg.assignment, d)
-        alg.pre_aggregation(round, updates_from_deltas(deltas, alg.models[0]))
+        alg.pre_aggregation(round, RoundUpdates.of(updates_from_deltas(deltas, alg.models[0])))
         assert len(alg.models) == expected, round
 
 
@@ -140,7 +141,7 @@ def test_cfl_does_not_split_when_clients_agree():
     fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0), num_clients=4)
     alg = fed.algorithm
     same = opposed_deltas(fed.flat.numel).abs()  # all pointing the same way: mean norm ~1 > eps1
-    alg.pre_aggregation(1, updates_from_deltas(same, alg.models[0]))
+    alg.pre_aggregation(1, RoundUpdates.of(updates_from_deltas(same, alg.models[0])))
     assert len(alg.models) == 1
 
 
@@ -184,7 +185,7 @@ def test_flis_dc_pool_is_the_size_weighted_mean_over_thresholded_similarity():
     sizes = torch.tensor([1, 3, 1])
     similarity = torch.tensor([[1.0, 0.6, 0.1], [0.6, 1.0, 0.5], [0.1, 0.5, 1.0]])
     alg.similarity = lambda p: similarity
-    alg.aggregate(1, Updates(torch.arange(3), params, params, sizes, torch.zeros(3)))
+    alg.aggregate(1, RoundUpdates.of(Updates(torch.arange(3), params, params, sizes, torch.zeros(3))))
     # cluster 0 = {0, 1}: (1*1 + 3*2)/4; cluster 1 = {0, 1, 2} (0.5 >= beta joins): (1 + 6 + 4)/5; cluster 2 = {1, 2}
     expected = [(1 + 6) / 4, (1 + 6 + 4) / 5, (6 + 4) / 4]
     assert torch.allclose(alg.models, torch.tensor(expected)[:, None].expand(3, d))
@@ -223,8 +224,8 @@ def test_the_logged_cluster_of_each_client_is_the_clustering_that_was_scored():
     fed = small_federation(IFCA(num_clusters=3, participation=0.5), num_clients=8, partition=Rotations(2))
     for round in (1, 2, 3):
         metrics = fed.run_round(round)
-        logged = metrics["clients"]["cluster"]
-        assert adjusted_rand_score(fed.data.cluster_labels, logged) == pytest.approx(metrics["cluster/ari"])
+        logged = metrics.per_client["cluster"]
+        assert adjusted_rand_score(fed.data.cluster_labels, logged) == pytest.approx(metrics.scalars["cluster/ari"])
 
 
 def test_ifca_evaluates_every_client_with_the_model_of_the_cluster_it_is_logged_with():
@@ -235,12 +236,12 @@ def test_ifca_evaluates_every_client_with_the_model_of_the_cluster_it_is_logged_
     alg, server = fed.algorithm, fed.server
     for round in (1, 2, 3):
         metrics = fed.run_round(round)
-        logged = metrics["clients"]["cluster"]
+        logged = metrics.per_client["cluster"]
         assert logged.tolist() == server.client_losses(alg.models, "train").argmin(dim=0).tolist()
         for client in range(8):
             x, y = fed.data.test.client(client)
             accuracy = (server.predict(alg.models[int(logged[client])], x).argmax(dim=1) == y).float().mean()
-            assert metrics["clients"]["acc"][client] == pytest.approx(float(accuracy))
+            assert metrics.per_client["acc"][client] == pytest.approx(float(accuracy))
 
 
 def digits_without_val(algorithm):
@@ -262,7 +263,7 @@ def test_flis_dc_refuses_clients_without_a_selection_split_and_names_the_fix():
 
 def test_flis_dc_selects_by_the_training_split_when_asked():
     fed = digits_without_val(FlisDC(selection_split="train"))
-    assert fed.run_round(1)["clients_trained"] == 3
+    assert fed.run_round(1).scalars["clients_trained"] == 3
 
 
 def test_predict_on_no_rows_and_losses_of_clients_without_rows():

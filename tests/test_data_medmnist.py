@@ -166,7 +166,7 @@ def test_download_is_atomic_and_checked(tmp_path) -> None:
 def test_one_federated_round_on_uint8_images(tmp_path) -> None:
     """The engine trains and evaluates on the uint8 pool through the module's per-batch conversion."""
     from fedlight.algorithms.fedavg import FedAvg
-    from fedlight.federation import Federation, FederationConfig
+    from fedlight.engine.federation import Federation, FederationConfig
     from fedlight.models import Classifier, SmallCNN
 
     write_medmnist(tmp_path, "pathmnist", num_classes=9, channels=3)
@@ -176,12 +176,12 @@ def test_one_federated_round_on_uint8_images(tmp_path) -> None:
     fed = Federation(data, model, FedAvg(), FederationConfig(rounds=1, batch_size=16, accelerator="cpu", vectorize=0))
     assert fed.data.train.x.dtype == torch.uint8
     metrics = fed.run_round(1)
-    assert np.isfinite(metrics["train/loss"]) and "clients" in metrics
+    assert np.isfinite(metrics.scalars["train/loss"]) and metrics.evaluated
     assert fed.server.predict(fed.server.initial_params, fed.data.public_x).shape == (4, 9)
 
 
 def test_listed() -> None:
-    from fedlight.registry import components
+    from fedlight.run.registry import components
 
     listed = components()["data modules"]
     assert listed["MedMNISTFederated"] == "fedlight.datamodules.medmnist.MedMNISTFederated"

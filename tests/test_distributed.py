@@ -18,7 +18,7 @@ import torch
 
 import fedlight as fedlight_package
 from conftest import small_federation
-from fedlight.distributed import Collective
+from fedlight.engine.processes import Collective
 
 RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
        "--data.partition", "fedlight.datamodules.Rotations", "--data.partition.init_args.num_clusters", "2",

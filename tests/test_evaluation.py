@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
 
-from fedlight.evaluation import per_client_classification, summarize
+from fedlight.engine.evaluation import per_client_classification, summarize
 
 
 def test_matches_torchmetrics_per_client():
@@ -38,7 +38,7 @@ def test_an_empty_evaluation_split_is_refused_before_training_with_the_fix():
     import pytest
 
     from fedlight.datamodules import DigitsFederated
-    from fedlight.federation import Federation, FederationConfig
+    from fedlight.engine.federation import Federation, FederationConfig
     from fedlight.models import Classifier, SmallCNN
 
     data = DigitsFederated(num_clients=4, val_fraction=0.0)

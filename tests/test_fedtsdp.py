@@ -5,14 +5,15 @@ import math
 import pytest
 import torch
 
+from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.algorithm import Updates
+from fedlight.engine.algorithm import Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedtsdp import FedTSDP
 from fedlight.datamodules import ClassesPerClient, DigitsFederated
-from fedlight.federation import Federation, FederationConfig
+from fedlight.engine.federation import Federation, FederationConfig
 from fedlight.models import Classifier, FedTSDPCNN, SmallCNN
-from fedlight.personalization import tensor_names
+from fedlight.training.layer_masks import tensor_names
 
 NEVER = math.inf  # a Hopkins threshold no statistic passes
 ALWAYS = -1.0     # one every statistic passes
@@ -31,10 +32,11 @@ def federation(algorithm, num_clients: int = 6, network=None, public_size: int =
 def one_round(fed: Federation, round: int) -> Updates:
     """Run a round hook by hook and return the updates the server saw."""
     alg = fed.algorithm
-    updates = fed.train_clients(round, alg.select_clients(round))
-    alg.pre_aggregation(round, updates)
-    alg.aggregate(round, updates)
-    alg.post_aggregation(round)
+    updates = fed.execution.train(round, alg.select_clients(round))
+    held = RoundUpdates.of(updates)
+    alg.pre_aggregation(round, held)
+    alg.aggregate(round, held)
+    alg.post_aggregation(round, held)
     return updates
 
 
@@ -49,9 +51,9 @@ def test_never_clustering_with_a_constant_learning_rate_is_fedavg():
     for r in (1, 2):
         ma, mb = a.run_round(r), b.run_round(r)
     assert torch.equal(a.algorithm.models, b.algorithm.models)
-    assert ma["test/acc_mean"] == mb["test/acc_mean"]
-    assert mb["fedtsdp/clustered"] == 0.0 and mb["fedtsdp/shared_layers_effective"] == 3.0
-    assert b.algorithm.personal is None and 0.0 <= mb["fedtsdp/hopkins"] <= 1.0
+    assert ma.scalars["test/acc_mean"] == mb.scalars["test/acc_mean"]
+    assert mb.scalars["fedtsdp/clustered"] == 0.0 and mb.scalars["fedtsdp/shared_layers_effective"] == 3.0
+    assert b.algorithm.personal is None and 0.0 <= mb.scalars["fedtsdp/hopkins"] <= 1.0
 
 
 def test_learning_rate_decays_by_the_factor_per_round():
@@ -167,12 +169,12 @@ def test_public_batch_is_distinct_per_round_stream_and_weights_only_change_on_ev
 def test_hopkins_gate_on_real_outputs_and_the_logged_schedule():
     fed = federation(FedTSDP(hopkins_threshold=ALWAYS), num_clients=6)
     metrics = fed.run_round(1)
-    assert metrics["fedtsdp/clustered"] == 1.0 and metrics["fedtsdp/events"] == 1.0
-    assert metrics["fedtsdp/shared_layers"] == pytest.approx(3 * 0.98)
-    assert metrics["fedtsdp/shared_layers_effective"] == 2.5
-    assert metrics["fedtsdp/clusters_stage2"] == metrics["cluster/count"] == len(fed.algorithm.models)
-    assert metrics["fedtsdp/clusters_stage1"] <= metrics["fedtsdp/clusters_stage2"]
-    assert 0.0 <= metrics["fedtsdp/js_min"] <= metrics["fedtsdp/js_max"] <= math.log(2)
+    assert metrics.scalars["fedtsdp/clustered"] == 1.0 and metrics.scalars["fedtsdp/events"] == 1.0
+    assert metrics.scalars["fedtsdp/shared_layers"] == pytest.approx(3 * 0.98)
+    assert metrics.scalars["fedtsdp/shared_layers_effective"] == 2.5
+    assert metrics.scalars["fedtsdp/clusters_stage2"] == metrics.scalars["cluster/count"] == len(fed.algorithm.models)
+    assert metrics.scalars["fedtsdp/clusters_stage1"] <= metrics.scalars["fedtsdp/clusters_stage2"]
+    assert 0.0 <= metrics.scalars["fedtsdp/js_min"] <= metrics.scalars["fedtsdp/js_max"] <= math.log(2)
 
 
 def test_checkpoint_after_an_event_resumes_identically():
@@ -220,8 +222,8 @@ def test_digits_configs_differ_only_in_the_algorithm_and_all_configs_parse():
 
     import yaml
 
-    from fedlight.cli import build_parser, expand_short_names
-    from fedlight.registry import short_names
+    from fedlight.run.cli import build_parser, expand_short_names
+    from fedlight.run.registry import short_names
 
     root = Path(__file__).resolve().parents[1] / "configs"
     splits = (("skew", ["fedavg", "fedper", "lgfedavg", "fedtsdp"]), ("iid", ["fedavg", "fedtsdp"]))

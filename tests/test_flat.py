@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from fedlight.flat import FlatModel
+from fedlight.training.flat import FlatModel
 
 
 def net() -> nn.Module:

@@ -4,18 +4,16 @@ import pytest
 import torch
 
 from conftest import small_federation
-from fedlight.aggregation import ClientModels, ClusterAverage
-from fedlight.algorithm import Algorithm
-from fedlight.updates import Updates
+from fedlight.engine.aggregation import ClientModels, ClusterAverage
+from fedlight.engine.algorithm import Algorithm
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
 
 
 class AllAtOnce(FedAvg):
-    """FedAvg that overrides `pre_aggregation`, so the engine hands it the whole round at once."""
+    """FedAvg that declares it holds its updates, so the engine hands it the whole round at once."""
 
-    def pre_aggregation(self, round: int, updates: Updates) -> None:
-        pass
+    holds_updates = True
 
 
 def test_cluster_average_over_groups_is_the_weighted_mean_by_hand():
@@ -34,20 +32,19 @@ def test_cluster_average_leaves_out_clusters_without_weight():
 
 
 def test_which_algorithms_take_their_updates_in_groups():
-    for algorithm, grouped in ((FedAvg(), True), (FedPer(), True), (Algorithm(), True), (AllAtOnce(), False)):
-        assert small_federation(algorithm, num_clients=2).aggregates_in_groups() == grouped
+    for algorithm, plan in ((FedAvg(), "stream"), (FedPer(), "stream"), (Algorithm(), "stream"), (AllAtOnce(), "hold")):
+        assert small_federation(algorithm, num_clients=2).execution.plan.updates == plan
 
 
 def test_groups_never_exceed_the_group_size_and_cover_every_selected_client_once():
     fed = small_federation(FedAvg(), num_clients=7, vectorize=3)
-    groups, train_groups = [], fed.train_groups
+    groups, train = [], fed.execution.train
 
     def recording(round, clients):
-        for updates in train_groups(round, clients):
-            groups.append(updates.clients.tolist())
-            yield updates
+        groups.append(list(clients))
+        return train(round, clients)
 
-    fed.train_groups = recording
+    fed.execution.train = recording
     fed.run_round(1)
     assert [len(g) for g in groups] == [3, 3, 1]
     assert sorted(c for g in groups for c in g) == list(range(7))
@@ -58,17 +55,16 @@ def test_grouped_fedavg_equals_fedavg_on_the_whole_round(vectorize):
     grouped = small_federation(FedAvg(), num_clients=7, vectorize=vectorize or 3)
     whole = small_federation(AllAtOnce(), num_clients=7, vectorize=vectorize or 3)
     if vectorize == 0:  # sequential training, grouped aggregation (the group size still comes from `vectorize`)
-        grouped.vectorized = whole.vectorized = None
+        grouped.execution.vectorized = whole.execution.vectorized = None
     for r in (1, 2):
         a, b = grouped.run_round(r), whole.run_round(r)
-        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-6)
+        assert a.scalars["train/loss"] == pytest.approx(b.scalars["train/loss"], rel=1e-6)
     torch.testing.assert_close(grouped.algorithm.models, whole.algorithm.models, rtol=1e-5, atol=1e-6)
 
 
 def test_grouped_fedper_keeps_the_same_personal_parts_as_whole_rounds():
     class FedPerAllAtOnce(FedPer):
-        def pre_aggregation(self, round, updates):
-            pass
+        holds_updates = True
 
     grouped = small_federation(FedPer(personal_layers=1), num_clients=5, vectorize=2)
     whole = small_federation(FedPerAllAtOnce(personal_layers=1), num_clients=5, vectorize=2)
@@ -94,20 +90,20 @@ def test_personalized_clients_are_evaluated_one_model_at_a_time():
     fed.algorithm.evaluation_models = lambda: (stacked, groups)
     lazy = small_federation(FedPer(personal_layers=1), num_clients=4)
     lazy.run_round(1)
-    on_demand, stacked_result = lazy.evaluate()["clients"], fed.evaluate()["clients"]
+    on_demand, stacked_result = lazy.evaluate()[1], fed.evaluate()[1]
     for metric in ("acc", "loss"):
         assert on_demand[metric].tolist() == pytest.approx(stacked_result[metric].tolist())
 
 
 def test_automatic_group_size_follows_free_memory(monkeypatch):
-    import fedlight.federation as federation
+    import fedlight.engine.execution as execution
 
     fed = small_federation(FedAvg(), num_clients=7, vectorize=-1)
     per_client = fed.flat.numel * 4 * 8  # params, grads, optimizer state, temporaries in fp32
-    monkeypatch.setattr(federation, "available_memory", lambda device: 2 * 3 * per_client)  # half holds 3
-    assert fed._group_size(7) == 3
-    monkeypatch.setattr(federation, "available_memory", lambda device: 10**15)
-    assert fed._group_size(7) == 7 and fed._group_size(1000) == federation.CPU_GROUP
-    monkeypatch.setattr(federation, "available_memory", lambda device: None)  # unknown: the CPU cap only
-    assert fed._group_size(7) == 7
-    assert federation.available_memory(torch.device("cpu")) is None or federation.available_memory(torch.device("cpu")) > 0
+    monkeypatch.setattr(execution, "available_memory", lambda device: 2 * 3 * per_client)  # half holds 3
+    assert fed.execution.group_size(7) == 3
+    monkeypatch.setattr(execution, "available_memory", lambda device: 10**15)
+    assert fed.execution.group_size(7) == 7 and fed.execution.group_size(1000) == execution.CPU_GROUP
+    monkeypatch.setattr(execution, "available_memory", lambda device: None)  # unknown: the CPU cap only
+    free = execution.available_memory(torch.device("cpu"))
+    assert fed.execution.group_size(7) == 7 and (free is None or free > 0)

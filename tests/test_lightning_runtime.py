@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedlight import Federation, FederationConfig
+from fedlight import Federation, FederationConfig, RoundUpdates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedbn import FedBN
-from fedlight.cli import main
+from fedlight.run.cli import main
 from fedlight.datamodules import DigitsFederated, QuantitySkew
 from ordinary_module import OrdinaryModule
 
@@ -69,11 +69,11 @@ def train_alone(fed: Federation, client: int, round: int, start: torch.Tensor, r
 @pytest.mark.parametrize("vectorize", [0, 4], ids=["sequential", "vectorized"])
 def test_an_epoch_scheduler_steps_once_per_round_as_steplr_does(vectorize):
     fed = federation(vectorize=vectorize, rounds=4, batch_norm=False)
-    logged = [fed.run_round(r)["train/lr"] for r in range(1, 5)]
+    logged = [fed.run_round(r).scalars["train/lr"] for r in range(1, 5)]
     assert logged == pytest.approx([0.1 * 0.5 ** (r - 1) for r in range(1, 5)])  # StepLR(step_size=1, gamma=0.5)
     start = fed.algorithm.models[0]
     steps = fed.config.local_epochs * math.ceil(fed.data.train.size(2) / 32)
-    trained = fed.train_clients(5, [2]).params[0][fed.flat.parameter_mask()]
+    trained = fed.execution.train(5, [2]).params[0][fed.flat.parameter_mask()]
     torch.testing.assert_close(trained, train_alone(fed, 2, 5, start, [0.1 * 0.5 ** 4] * steps), atol=1e-5,
                                rtol=1e-4)
 
@@ -84,7 +84,7 @@ def test_a_step_scheduler_steps_after_every_local_step_and_starts_afresh_each_ro
                      partition=QuantitySkew(alpha=0.5, min_size=40))
     fed.run_round(1)
     start = fed.algorithm.models[0]
-    trained = fed.train_clients(2, [0, 1, 2, 3]).params[:, fed.flat.parameter_mask()]
+    trained = fed.execution.train(2, [0, 1, 2, 3]).params[:, fed.flat.parameter_mask()]
     for client in range(4):  # clients of different sizes: each steps through the schedule at its own pace
         steps = fed.config.local_epochs * math.ceil(fed.data.train.size(client) / 32)
         expected = train_alone(fed, client, 2, start, [0.1 * 0.9 ** k for k in range(steps)])
@@ -100,16 +100,16 @@ def test_logged_values_are_per_client_means_then_a_size_weighted_mean_of_clients
     # every sample is in exactly one batch of the last epoch, so a client's batch-size weighted mean of its
     # batches' mean label is the mean label of its training split
     by_hand = np.array([fed.data.train.client(c)[1].double().mean().item() for c in range(4)])
-    assert metrics["clients"]["train/label_mean"] == pytest.approx(by_hand, rel=1e-6)
-    assert metrics["train/label_mean"] == pytest.approx(float((by_hand * sizes).sum() / sizes.sum()), rel=1e-6)
-    accuracy = metrics["clients"]["train/train_acc"]
+    assert metrics.per_client["train/label_mean"] == pytest.approx(by_hand, rel=1e-6)
+    assert metrics.scalars["train/label_mean"] == pytest.approx(float((by_hand * sizes).sum() / sizes.sum()), rel=1e-6)
+    accuracy = metrics.per_client["train/train_acc"]
     assert ((0 <= accuracy) & (accuracy <= 1)).all()
-    assert metrics["train/train_acc"] == pytest.approx(float((accuracy * sizes).sum() / sizes.sum()), rel=1e-6)
+    assert metrics.scalars["train/train_acc"] == pytest.approx(float((accuracy * sizes).sum() / sizes.sum()), rel=1e-6)
 
 
 def test_vectorized_and_sequential_training_log_the_same_values_per_client():
     a, b = federation(vectorize=0), federation(vectorize=4)
-    logs_a, logs_b = (f.train_clients(1, [0, 1, 2, 3]).logs for f in (a, b))
+    logs_a, logs_b = (f.execution.train(1, [0, 1, 2, 3]).logs for f in (a, b))
     assert set(logs_a) == set(logs_b) == {"train_acc", "label_mean"}
     for name in logs_a:
         torch.testing.assert_close(logs_a[name], logs_b[name], atol=1e-5, rtol=0)
@@ -118,9 +118,9 @@ def test_vectorized_and_sequential_training_log_the_same_values_per_client():
 # -- BatchNorm ---------------------------------------------------------------------------------------------
 def test_batchnorm_trains_vectorized_with_each_clients_own_running_statistics():
     vectorized = federation(vectorize=2, partition=QuantitySkew(alpha=0.5, min_size=40))  # groups, short batches
-    assert vectorized.vectorized is not None and vectorized.vectorized_reason is None
+    assert vectorized.execution.vectorized is not None and vectorized.execution.plan.reason is None
     sequential = federation(vectorize=0, partition=QuantitySkew(alpha=0.5, min_size=40))
-    a, b = (f.train_clients(1, [0, 1, 2, 3]).params for f in (vectorized, sequential))
+    a, b = (f.execution.train(1, [0, 1, 2, 3]).params for f in (vectorized, sequential))
     stats = ~vectorized.flat.parameter_mask()
     assert stats.any() and not torch.equal(a[0, stats], a[1, stats])  # per client, and they moved
     torch.testing.assert_close(a[:, stats], b[:, stats], atol=1e-5, rtol=1e-5)
@@ -129,8 +129,8 @@ def test_batchnorm_trains_vectorized_with_each_clients_own_running_statistics():
 
 def test_fedavg_with_batchnorm_averages_the_running_statistics_by_training_set_size():
     fed = federation(FedAvg(), vectorize=0)
-    updates = fed.train_clients(1, [0, 1, 2, 3])
-    fed.algorithm.aggregate(1, updates)
+    updates = fed.execution.train(1, [0, 1, 2, 3])
+    fed.algorithm.aggregate(1, RoundUpdates.of(updates))
     stats = fed.server.module_mask((nn.BatchNorm2d,)) & ~fed.flat.parameter_mask()
     assert int(stats.sum()) == 2 * 8  # running mean and variance
     sizes = torch.as_tensor(fed.data.train.sizes(), dtype=torch.float64)
@@ -144,8 +144,8 @@ def test_fedbn_clients_keep_their_trained_batchnorm_and_share_the_rest(vectorize
     alg = fed.algorithm
     assert torch.equal(alg.personal_mask, fed.server.module_mask((nn.BatchNorm2d,)))
     assert int(alg.personal_mask.sum()) == 4 * 8  # weight, bias, running mean and variance of 8 channels
-    updates = fed.train_clients(1, [0, 1, 2, 3])
-    alg.aggregate(1, updates)
+    updates = fed.execution.train(1, [0, 1, 2, 3])
+    alg.aggregate(1, RoundUpdates.of(updates))
     bn = alg.personal_mask
     sizes = updates.num_samples.double()
     shared_mean = (sizes[:, None] * updates.params.double()).sum(0) / sizes.sum()
@@ -191,7 +191,7 @@ def test_half_precision_vectorized_training_stays_close_to_sequential_training(p
     the two trainers differ by about 1 % of the mean weight, where a wrong BatchNorm or optimizer would differ by
     the size of an update."""
     vectorized, sequential = federation(vectorize=4, precision=precision), federation(vectorize=0, precision=precision)
-    assert vectorized.vectorized is not None
-    a, b = (f.train_clients(1, [0, 1, 2, 3]).params.float() for f in (vectorized, sequential))
+    assert vectorized.execution.vectorized is not None
+    a, b = (f.execution.train(1, [0, 1, 2, 3]).params.float() for f in (vectorized, sequential))
     start = vectorized.algorithm.models[0].float()
     assert (a - b).abs().mean() < 0.05 * (b - start).abs().mean()  # far below one round's movement

@@ -15,7 +15,7 @@ from torch import nn
 from fedlight.models.cnn import FedTSDPCNN, OCFLCNN, SmallCNN
 from fedlight.models.conv1d import Conv1DNet
 from fedlight.models.layers import default_layer_names
-from fedlight.personalization import layer_halves
+from fedlight.training.layer_masks import layer_halves
 from fedlight.models.lenet import LeNet5
 from fedlight.models.mlp import MLP
 from fedlight.models.resnet import ResNet9, ResNet18, ResNet34

@@ -23,8 +23,8 @@ import torch
 import yaml
 from jsonargparse import Namespace, get_loader, set_loader
 
-from fedlight import registry
-from fedlight.cli import PARSER_MODE, build_parser, expand_short_names, fit_parser
+from fedlight.run import registry
+from fedlight.run.cli import PARSER_MODE, build_parser, expand_short_names, fit_parser
 from fedlight.datamodules.partition import OCFL_CLASS_SETS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,14 +3,15 @@ storage, FedPer and LG-FedAvg, all checked against hand-listed tensors and hand-
 import pytest
 import torch
 
+from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.updates import Updates
+from fedlight.engine.updates import Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
 from fedlight.algorithms.lgfedavg import LGFedAvg
-from fedlight.flat import FlatModel
+from fedlight.training.flat import FlatModel
 from fedlight.models import FedTSDPCNN, ResNet18
-from fedlight.personalization import first_layers, half_step, last_layers, layer_count_mask, tensor_names
+from fedlight.training.layer_masks import first_layers, half_step, last_layers, layer_count_mask, tensor_names
 
 CNN_TENSORS = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias",
                "fc2.weight", "fc2.bias"]
@@ -130,7 +131,7 @@ def test_fedper_with_no_personal_layers_equals_fedavg():
         ma, mb = a.run_round(r), b.run_round(r)
     assert b.algorithm.personal is None
     assert torch.equal(a.algorithm.models, b.algorithm.models)
-    assert ma["test/acc_mean"] == mb["test/acc_mean"]
+    assert ma.scalars["test/acc_mean"] == mb.scalars["test/acc_mean"]
 
 
 @pytest.mark.parametrize("algorithm, personal", [
@@ -145,8 +146,8 @@ def test_personal_layers_are_untouched_by_aggregation(algorithm, personal):
     assert covered(fed.flat, alg.personal_mask) == personal
     assert alg.personal.shape == (3, int(alg.personal_mask.sum()))  # memory: the personal part only
     before = alg.models[0].clone()
-    updates = fed.train_clients(1, [0, 1, 2])
-    alg.aggregate(1, updates)
+    updates = fed.execution.train(1, [0, 1, 2])
+    alg.aggregate(1, RoundUpdates.of(updates))
     mask = alg.personal_mask
     assert torch.equal(alg.models[0][mask], before[mask])  # the server never averages personal entries
     n = fed.server.train_sizes.double()
@@ -182,7 +183,7 @@ def test_counts_larger_than_the_network_are_refused():
 
 
 def test_fedper_and_lgfedavg_have_short_names():
-    from fedlight.registry import short_names
+    from fedlight.run.registry import short_names
 
     names = short_names()
     assert names["fedper"].endswith("fedper.FedPer") and names["lgfedavg"].endswith("lgfedavg.LGFedAvg")

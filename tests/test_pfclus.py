@@ -13,10 +13,10 @@ from fedlight.algorithms.centclus import CentClus
 from fedlight.algorithms.kfed import KFED
 from fedlight.algorithms.mfc import MFC
 from fedlight.algorithms.pfclus import PFClus, personalization_gradient, personalize
-from fedlight.cli import main
+from fedlight.run.cli import main
 from fedlight.datamodules import SyntheticGaussians
 from fedlight.datamodules.synthetic import gaussian_means
-from fedlight.federation import Federation, FederationConfig
+from fedlight.engine.federation import Federation, FederationConfig
 from fedlight.models import CentroidModel
 from fedlight.models.centroids import per_client_ari
 
@@ -155,8 +155,8 @@ def test_every_method_finds_the_ten_gaussians_of_syn_no(h):
                (KFED(local_k=None if h == 10 else h), 1)]
     for algorithm, rounds in methods:
         metrics = run(federation(algorithm, "NO", h, clients=20, points=50, rounds=rounds))
-        assert metrics["cluster/point_ari"] > 0.99, type(algorithm).__name__
-        assert metrics["train/ari_worst"] > 0.99, type(algorithm).__name__
+        assert metrics.scalars["cluster/point_ari"] > 0.99, type(algorithm).__name__
+        assert metrics.scalars["train/ari_worst"] > 0.99, type(algorithm).__name__
 
 
 def test_metrics_are_the_per_client_costs_and_ari():
@@ -259,7 +259,7 @@ def test_heterogeneity_split_gives_every_client_h_distributions():
 def test_the_pfclus_configs_parse_and_name_their_data_sets_as_strings():
     import yaml
 
-    from fedlight.cli import build_parser
+    from fedlight.run.cli import build_parser
 
     paths = sorted(CONFIGS.rglob("*.yaml"))
     assert len(paths) >= 4 + 24 + 32 + 4
@@ -273,12 +273,12 @@ def test_the_pfclus_configs_parse_and_name_their_data_sets_as_strings():
 
 
 def test_the_centroid_model_also_trains_by_gradient_steps_with_the_default_algorithm():
-    from fedlight.algorithm import Algorithm
+    from fedlight.engine.algorithm import Algorithm
 
     data = SyntheticGaussians("NO", 2, num_clients=4, points_per_client=40)
     config = FederationConfig(rounds=1, eval_split="train", accelerator="cpu", local_epochs=3, batch_size=8, vectorize=0)
     torch.manual_seed(0)
     fed = Federation(data, CentroidModel(10, 2, lr=0.05, init_scale=20.0), Algorithm(), config)
-    before = fed.evaluate()["train/cost_mean"]
-    after = fed.run_round(1)["train/cost_mean"]
+    before = fed.evaluate()[0]["train/cost_mean"]
+    after = fed.run_round(1).scalars["train/cost_mean"]
     assert after < 0.5 * before

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from fedlight import plots
-from fedlight.recorder import LoggerConfig, RunRecorder, client_rows
+from fedlight.reports import plots
+from fedlight.run.recorder import client_rows, matrix_file
+from fedlight.run.wandb_logger import LoggerConfig, WandbLogger
 
 
 @pytest.mark.parametrize("name, expected", [("update_cosine_distance", (0.0, 2.0)),
@@ -18,12 +19,15 @@ def test_a_known_kind_of_matrix_has_its_kinds_range(name, expected):
 
 
 def test_a_matrix_of_unknown_kind_keeps_the_range_of_the_first_one_of_its_name(tmp_path):
-    recorder = RunRecorder(tmp_path, {}, LoggerConfig(wandb=False), "r")
     first, later = np.array([[0.0, 3.0], [3.0, 0.0]]), np.array([[0.0, 9.0], [9.0, 0.0]])
-    recorder.log_round({"round": 1, "matrices": {"l2_gap": first}})
-    recorder.log_round({"round": 2, "matrices": {"l2_gap": later}})
-    assert recorder.matrix_range("l2_gap", later) == (0.0, 3.0)
-    resumed = RunRecorder(tmp_path, {}, LoggerConfig(wandb=False), "r", resume_round=2)
+    logger = WandbLogger(LoggerConfig())
+    logger.run_dir = tmp_path
+    assert logger.matrix_range("l2_gap", first) == (0.0, 3.0)
+    assert logger.matrix_range("l2_gap", later) == (0.0, 3.0)
+    matrix_file(tmp_path, "l2_gap", 1).parent.mkdir()
+    np.save(matrix_file(tmp_path, "l2_gap", 1), first)  # what the CSV recorder saved in round 1
+    resumed = WandbLogger(LoggerConfig())
+    resumed.run_dir = tmp_path
     assert resumed.matrix_range("l2_gap", later) == (0.0, 3.0)  # found on disk: the same scale after a resume
 
 

@@ -16,8 +16,8 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from conftest import small_federation
-from fedlight import Algorithm, Federation, FederationConfig, ServerContext, registry
-from fedlight.aggregation import average_in_clusters
+from fedlight import Algorithm, Federation, FederationConfig, ServerContext
+from fedlight.run import registry
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.datamodules import DigitsFederated, LabelPermutations, SyntheticGaussians
 from fedlight.models import CentroidModel, Classifier, SmallCNN
@@ -28,7 +28,7 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "flis_hc": "FLIS-HC", "ifca": "IFCA", "cfl": "CFL", "fedper": "FedPer", "lgfedavg": "LG-FedAvg",
            "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus",
            "fedbn": "FedBN"}
-SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask"}
+SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
 def section(title: str) -> str:
@@ -65,13 +65,13 @@ def test_the_tutorial_algorithm_is_short_and_recovers_label_permutation_clusters
     plain = small_federation(FedAvg(), **settings)
     for round in range(1, 7):
         ours, theirs = clustered.run_round(round), plain.run_round(round)
-        assert adjusted_rand_score(clustered.data.cluster_labels, ours["clients"]["cluster"]) == 1.0
+        assert adjusted_rand_score(clustered.data.cluster_labels, ours.per_client["cluster"]) == 1.0
     # one model per permutation beats one model for two contradicting labelings (about 0.8 against 0.5 here)
-    assert ours["test/acc_mean"] > theirs["test/acc_mean"] + 0.15
+    assert ours.scalars["test/acc_mean"] > theirs.scalars["test/acc_mean"] + 0.15
 
 
 def test_the_tutorial_algorithm_runs_from_the_command_line_by_class_path(tmp_path, monkeypatch, tiny_run_args):
-    from fedlight.cli import main
+    from fedlight.run.cli import main
 
     package = tmp_path / "tutorial_plugin"
     package.mkdir()
@@ -154,7 +154,7 @@ def same(a, b) -> bool:
 def queries(algorithm: Algorithm) -> list:
     models, groups = algorithm.evaluation_models()
     return [algorithm.select_clients(3), [m.clone() for m in models], groups.clone(), algorithm.cluster_labels(),
-            algorithm.round_metrics(), algorithm.round_matrices(), algorithm.learning_rate_scale(3),
+            algorithm.round_metrics(), algorithm.learning_rate_scale(3),
             [algorithm.client_model(c).clone() for c in range(algorithm.server.num_clients)]]
 
 
@@ -177,14 +177,11 @@ def run_commands(fed: Federation, round: int) -> None:
     """One round's commands, as `Federation.run_round` calls them, and none of its queries after them."""
     alg = fed.algorithm
     alg.begin_round(round)
-    clients = alg.select_clients(round)
-    if fed.aggregates_in_groups():
-        average_in_clusters(alg, fed.train_groups(round, clients))
-    else:
-        updates = fed.train_clients(round, clients)
-        alg.pre_aggregation(round, updates)
-        alg.aggregate(round, updates)
-    alg.post_aggregation(round)
+    updates = fed.execution.round_updates(round, alg.select_clients(round))
+    alg.pre_aggregation(round, updates)
+    alg.aggregate(round, updates)
+    alg.post_aggregation(round, updates)
+    updates.finish()
 
 
 @pytest.mark.parametrize("name", sorted(DISPLAY))
@@ -229,4 +226,4 @@ def test_the_engine_works_with_any_data_module_that_keeps_the_contract():
     with pytest.raises(ValueError, match="not a federated data module"):
         Federation(NotFederated(), model, FedAvg(), FederationConfig(accelerator="cpu"))
     fed = Federation(DigitsFederated(num_clients=3), model, FedAvg(), FederationConfig(rounds=1, accelerator="cpu"))
-    assert fed.run_round(1)["clients_trained"] == 3
+    assert fed.run_round(1).scalars["clients_trained"] == 3

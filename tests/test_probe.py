@@ -12,9 +12,9 @@ from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedprox import FedProx
 from fedlight.datamodules import DigitsFederated, QuantitySkew
 from fedlight.models import MLP, Classifier
-from fedlight.probe import AGREEMENT
-from fedlight.vectorized import VectorizedTrainer
-from fedlight.worker import ClientTrainer
+from fedlight.training.probe import AGREEMENT
+from fedlight.training.vectorized import VectorizedTrainer
+from fedlight.training.sequential import ClientTrainer
 
 
 def federation(algorithm=None, batch_size: int = 10, vectorize: int = -1) -> Federation:
@@ -39,19 +39,19 @@ def slowed(cls, method: str, monkeypatch, seconds: float = 0.05) -> None:
 def test_auto_keeps_the_vectorized_trainer_when_it_is_faster(monkeypatch):
     slowed(ClientTrainer, "fit", monkeypatch)
     fed = federation()
-    fed.train_clients(1, list(range(5)))
-    probe = fed.probe_result
-    assert probe.choice == "vectorized" and fed.vectorized is not None and fed.vectorized_reason is None
+    fed.execution.train(1, list(range(5)))
+    probe = fed.execution.probe_result
+    assert probe.choice == "vectorized" and fed.execution.vectorized is not None and fed.execution.plan.reason is None
     assert probe.vectorized_s < probe.sequential_s and probe.clients == 5 and probe.steps >= 1
 
 
 def test_auto_trains_one_client_at_a_time_when_that_is_faster(monkeypatch):
     slowed(VectorizedTrainer, "fit_many", monkeypatch, seconds=0.5)
     fed = federation()
-    updates = fed.train_clients(1, list(range(5)))
-    probe = fed.probe_result
-    assert probe.choice == "sequential" and fed.vectorized is None
-    assert probe.sequential_s < probe.vectorized_s and "faster in the probe" in fed.vectorized_reason
+    updates = fed.execution.train(1, list(range(5)))
+    probe = fed.execution.probe_result
+    assert probe.choice == "sequential" and fed.execution.vectorized is None
+    assert probe.sequential_s < probe.vectorized_s and "faster in the probe" in fed.execution.plan.reason
     alone = torch.stack([fed.algorithm.train_client(1, c, updates.starts[c])[0] for c in range(5)])
     assert torch.equal(updates.params, alone)  # the round itself trained sequentially
 
@@ -61,22 +61,23 @@ def test_auto_never_keeps_a_vectorized_trainer_that_gives_other_models(monkeypat
     real = VectorizedTrainer.fit_many
 
     def wrong(self, starts, *args, **kwargs):  # ... but it is wrong
-        trained, losses = real(self, starts, *args, **kwargs)
-        return starts + 2 * (trained - starts), losses
+        trained = real(self, starts, *args, **kwargs)
+        trained.params = starts + 2 * (trained.params - starts)
+        return trained
 
     monkeypatch.setattr(VectorizedTrainer, "fit_many", wrong)
     fed = federation()
-    fed.train_clients(1, list(range(5)))
-    assert fed.probe_result.choice == "sequential" and fed.probe_result.difference > AGREEMENT
-    assert "other models" in fed.vectorized_reason
+    fed.execution.train(1, list(range(5)))
+    assert fed.execution.probe_result.choice == "sequential" and fed.execution.probe_result.difference > AGREEMENT
+    assert "other models" in fed.execution.plan.reason
 
 
 @pytest.mark.parametrize("batch_size", [10, 64])
 @pytest.mark.parametrize("algorithm", [FedAvg, lambda: FedProx(mu=0.1)], ids=["fedavg", "fedprox"])
 def test_whichever_trainer_auto_keeps_gives_the_models_of_sequential_training(batch_size, algorithm):
     auto, sequential = federation(algorithm(), batch_size), federation(algorithm(), batch_size, vectorize=0)
-    a, b = (f.train_clients(1, list(range(5))) for f in (auto, sequential))
-    assert auto.probe_result.difference <= AGREEMENT
+    a, b = (f.execution.train(1, list(range(5))) for f in (auto, sequential))
+    assert auto.execution.probe_result.difference <= AGREEMENT
     torch.testing.assert_close(a.params, b.params, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(a.train_loss, b.train_loss, atol=1e-5, rtol=1e-4)
 
@@ -89,5 +90,5 @@ def test_the_choice_is_part_of_the_checkpoint(monkeypatch):
     monkeypatch.undo()
     resumed = federation()
     resumed.load_state_dict(state)  # no new probe: the resumed run trains as the interrupted one did
-    assert resumed.probe_result == fed.probe_result and resumed.vectorized is None
-    assert resumed.vectorized_reason == fed.vectorized_reason
+    assert resumed.execution.probe_result == fed.execution.probe_result and resumed.execution.vectorized is None
+    assert resumed.execution.plan.reason == fed.execution.plan.reason

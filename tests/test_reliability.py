@@ -13,12 +13,15 @@ import pytest
 import torch
 
 from conftest import small_federation
-from fedlight import checkpoint
+from fedlight.run import checkpoint
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.ocfl import OCFL
-from fedlight.cli import main
-from fedlight.evaluation import summarize
-from fedlight.federation import Federation
+from fedlight.run.cli import main
+from fedlight.engine.evaluation import summarize
+from fedlight.engine.execution import ClientExecution
+from fedlight.engine.federation import Federation
+from fedlight.run.callbacks import Run
+from rich.console import Console
 
 
 def rows(path: Path, drop=("time/round_s",)) -> list[dict]:
@@ -73,7 +76,7 @@ def test_a_second_run_with_an_existing_name_is_refused_and_the_first_is_intact(t
 
 
 def test_runs_without_a_name_in_the_same_second_get_different_folders(tmp_path, tiny_run_args, monkeypatch):
-    import fedlight.cli as cli
+    import fedlight.run.cli as cli
 
     monkeypatch.setattr(cli.time, "strftime", lambda _: "20260101-000000")
     args = [a for a in tiny_run_args] + ["--federation.rounds", "1"]
@@ -140,7 +143,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(tmp_pa
 def test_a_client_with_a_nan_pixel_is_left_out_of_aggregation_and_the_rest_is_averaged(vectorize):
     fed = small_federation(FedAvg(), num_clients=4, vectorize=vectorize)
     if vectorize == 0:
-        fed.vectorized = None
+        fed.execution.vectorized = None
     lo = fed.data.train.bounds[2]
     fed.data.train.x[lo, 0, 3, 3] = float("nan")  # one pixel of client 2
     start = fed.algorithm.models[0].clone()
@@ -148,13 +151,15 @@ def test_a_client_with_a_nan_pixel_is_left_out_of_aggregation_and_the_rest_is_av
     n = fed.data.train.sizes().astype("float64")
     expected = sum(n[c] * trained[c].double() for c in trained) / sum(n[c] for c in trained)
     metrics = fed.run_round(1)
-    assert metrics["clients_left_out"] == 1 and metrics["left_out"] == [2]
-    assert math.isfinite(metrics["train/loss"]) and torch.isfinite(fed.algorithm.models).all()
+    assert metrics.scalars["clients_left_out"] == 1 and metrics.left_out == [2]
+    assert math.isfinite(metrics.scalars["train/loss"]) and torch.isfinite(fed.algorithm.models).all()
     assert torch.allclose(fed.algorithm.models[0].double(), expected, atol=1e-5)
 
 
 class ExplodesForClient1(OCFL):
     """A clustered algorithm whose client 1 returns an infinite model (an exploding loss)."""
+
+    own_training = True
 
     def train_client(self, round, client, start):
         params, loss = super().train_client(round, client, start)
@@ -165,23 +170,23 @@ def test_a_non_finite_update_never_reaches_a_clustered_algorithm_and_the_run_goe
     fed = small_federation(ExplodesForClient1(), num_clients=4, rounds=2)
     seen = []
     aggregate = fed.algorithm.pre_aggregation
-    fed.algorithm.pre_aggregation = lambda round, updates: (seen.append(updates.clients.tolist()),
+    fed.algorithm.pre_aggregation = lambda round, updates: (seen.append(updates.all().clients.tolist()),
                                                             aggregate(round, updates))
     for round in (1, 2):
-        assert fed.run_round(round)["clients_left_out"] == 1
+        assert fed.run_round(round).scalars["clients_left_out"] == 1
     assert seen == [[0, 2, 3], [0, 2, 3]] and torch.isfinite(fed.algorithm.models).all()
 
 
 def test_left_out_clients_are_counted_in_metrics_csv_announced_and_summary_json_is_strict(tmp_path, tiny_run_args,
                                                                                           monkeypatch, capsys):
-    real_train_clients = Federation.train_clients
+    real_train = ClientExecution.train
 
     def one_client_explodes(self, round, clients):
-        updates = real_train_clients(self, round, clients)
+        updates = real_train(self, round, clients)
         updates.train_loss[0] = float("nan")
         return updates
 
-    monkeypatch.setattr(Federation, "train_clients", one_client_explodes)
+    monkeypatch.setattr(ClientExecution, "train", one_client_explodes)
     assert main(tiny_run_args + ["--federation.rounds", "2", "--run_name", "run", "--algorithm", "ocfl"]) == 0
     out = capsys.readouterr().out
     assert "round 1: 1 client(s) left out of aggregation, non-finite update or loss (clients 0)" in out
@@ -190,10 +195,11 @@ def test_left_out_clients_are_counted_in_metrics_csv_announced_and_summary_json_
 
 
 def test_summary_json_writes_a_metric_no_client_has_as_null(tmp_path):
-    from fedlight.recorder import LoggerConfig, RunRecorder
+    from fedlight.run.recorder import CsvRecorder
 
-    recorder = RunRecorder(tmp_path, {}, LoggerConfig(wandb=False), "run")
-    recorder.finish({"test/acc_mean": float("nan"), "test/loss_mean": float("inf"), "rounds": 3})
+    recorder = CsvRecorder()
+    recorder.on_fit_start(Run(None, tmp_path, {}, "run", Console()))
+    recorder.on_fit_end(None, {"test/acc_mean": float("nan"), "test/loss_mean": float("inf"), "rounds": 3})
     assert strict_json(tmp_path / "summary.json") == {"test/acc_mean": None, "test/loss_mean": None, "rounds": 3}
 
 
@@ -204,11 +210,11 @@ def test_clients_without_evaluation_samples_are_left_out_of_the_means_not_counte
     start = test.bounds[2]  # client 0 and 1 lose their test rows, 2 and 3 keep theirs
     fed.data.test = type(test)(test.x[start:], test.y[start:], [0, 0, 0] + [b - start for b in test.bounds[3:]])
     fed.server._rows["test"] = fed.data.test.client_of_row()
-    metrics = fed.evaluate()
-    acc = metrics["clients"]["acc"]
+    summary, per_client = fed.evaluate()
+    acc = per_client["acc"]
     assert np.isnan(acc[:2]).all() and np.isfinite(acc[2:]).all()
-    assert metrics["test/acc_mean"] == pytest.approx(acc[2:].mean())
-    assert metrics["test/acc_worst"] == pytest.approx(acc[2:].min())
+    assert summary["test/acc_mean"] == pytest.approx(acc[2:].mean())
+    assert summary["test/acc_worst"] == pytest.approx(acc[2:].min())
 
 
 def test_summaries_leave_out_missing_values_and_a_metric_nobody_has_is_nan():
@@ -218,7 +224,7 @@ def test_summaries_leave_out_missing_values_and_a_metric_nobody_has_is_nan():
 
 
 def test_warnings_for_clients_without_or_with_few_evaluation_samples():
-    from fedlight.federation import check_evaluation_split
+    from fedlight.engine.federation import check_evaluation_split
 
     with pytest.warns(UserWarning, match="2 of 5 clients have no 'test' samples"):
         check_evaluation_split(np.array([0, 0, 30, 30, 30]), "test")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import yaml
 
-from fedlight.cli import main
+from fedlight.run.cli import main
 from fedlight.datamodules import DigitsFederated, Rotations
-from fedlight.recorder import config_group
-from fedlight.report import read_rows
+from fedlight.reports.run_groups import config_group
+from fedlight.reports.report import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"federation.rounds": 3, "federation.local_epochs": 1, "federation.accelerator": "cpu",
@@ -201,7 +201,7 @@ def test_the_wandb_report_selects_the_groups_of_the_runs(sweep):
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces.expr import expr_to_filters
 
-    from fedlight import report, wandb_report
+    from fedlight.reports import report, wandb_report
 
     groups = report.group_runs([report.load_run(p) for p in report.find_runs([sweep])])
     built = wandb_report.report_blocks(wr, "team", "project", groups, "Two algorithms")
@@ -212,7 +212,7 @@ def test_the_wandb_report_selects_the_groups_of_the_runs(sweep):
 
 
 def test_the_shipped_sweep_checks_out_and_passes_init_args_to_fit(tmp_path, capsys):
-    from fedlight import sweep
+    from fedlight.run import sweep
 
     path = REPO / "configs" / "sweeps" / "digits.yaml"
     config, base = sweep.load(path)

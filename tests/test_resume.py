@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from fedlight.cli import main
-from fedlight.federation import Federation
+from fedlight.run.cli import main
+from fedlight.engine.federation import Federation
 
 
 def rows(path, drop=("time/round_s",)):

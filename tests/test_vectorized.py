@@ -3,12 +3,13 @@ import pytest
 import torch
 from torch import nn
 
+from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.algorithm import Algorithm
+from fedlight.engine.algorithm import Algorithm
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedprox import FedProx
 from fedlight.datamodules import DigitsFederated, QuantitySkew
-from fedlight.federation import Federation, FederationConfig
+from fedlight.engine.federation import Federation, FederationConfig
 from fedlight.models import MLP, Classifier
 
 
@@ -35,23 +36,23 @@ def test_each_round_matches_sequential_training_from_the_same_server_state(make_
     amplifies float rounding, so runs that drift apart for rounds are not compared)."""
     fed = mlp_federation(make_algorithm())
     alg, clients = fed.algorithm, list(range(5))
-    assert fed.vectorized is not None
-    hook_needed = type(alg).local_gradient is not Algorithm.local_gradient
+    assert fed.execution.vectorized is not None
     for r in (1, 2):
-        vectorized = fed.train_clients(r, clients)
+        vectorized = fed.execution.train(r, clients)
         sequential = torch.stack([alg.train_client(r, c, vectorized.starts[c])[0] for c in clients])
         assert torch.allclose(vectorized.params, sequential, atol=1e-6), r
         if r == 2 and alg.personal is not None:
             assert not torch.equal(vectorized.starts[0], vectorized.starts[1])  # clients start apart
         vectorized.params = sequential
-        alg.pre_aggregation(r, vectorized), alg.aggregate(r, vectorized), alg.post_aggregation(r)
-    assert hook_needed == isinstance(alg, FedProx)
+        held = RoundUpdates.of(vectorized)
+        alg.pre_aggregation(r, held), alg.aggregate(r, held), alg.post_aggregation(r, held)
+    assert alg.corrects_gradient == isinstance(alg, FedProx)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])
 def test_adam_matches(optimizer):
     fed = mlp_federation(FedAvg(), optimizer=optimizer, lr=0.01, weight_decay=0.01, num_clients=4)
-    vectorized = fed.train_clients(1, [0, 1, 2, 3])
+    vectorized = fed.execution.train(1, [0, 1, 2, 3])
     sequential = [fed.algorithm.train_client(1, c, vectorized.starts[c]) for c in range(4)]
     # Adam divides by sqrt(v): rounding in near-zero gradients is amplified, hence 1e-5 rather than 1e-6
     assert torch.allclose(vectorized.params, torch.stack([p for p, _ in sequential]), atol=1e-5)
@@ -63,7 +64,7 @@ def test_unequal_clients_take_their_own_number_of_steps_in_groups():
                          batch_size=16)  # groups of 4 and 2 clients
     sizes = fed.data.train.sizes()
     assert len(set(sizes.tolist())) > 3 and len(set((sizes % 16).tolist())) > 1
-    vectorized = fed.train_clients(1, list(range(6)))
+    vectorized = fed.execution.train(1, list(range(6)))
     sequential = torch.stack([fed.algorithm.train_client(1, c, vectorized.starts[c])[0] for c in range(6)])
     assert torch.allclose(vectorized.params, sequential, atol=1e-6)
 
@@ -72,7 +73,7 @@ def test_a_cnn_matches_up_to_max_pool_tie_breaking():
     """With max pooling, ties between equal activations may be broken differently by the batched kernel;
     the parameters still agree closely."""
     fed = small_federation(FedAvg(), num_clients=4, momentum=0.9, lr=0.02, vectorize=4)
-    vectorized = fed.train_clients(1, [0, 1, 2, 3])
+    vectorized = fed.execution.train(1, [0, 1, 2, 3])
     sequential = torch.stack([fed.algorithm.train_client(1, c, vectorized.starts[c])[0] for c in range(4)])
     assert (vectorized.params - sequential).abs().max() < 1e-3
     assert (vectorized.params - sequential).abs().mean() < 1e-6
@@ -91,7 +92,7 @@ def test_what_cannot_be_vectorized_falls_back_to_sequential_training_and_says_wh
     config = FederationConfig(rounds=1, accelerator="cpu", vectorize=-1)
     with pytest.warns(UserWarning, match=reason):
         fed = Federation(DigitsFederated(num_clients=3), model, FedAvg(), config)
-    assert fed.vectorized is None and reason in fed.vectorized_reason
+    assert fed.execution.vectorized is None and reason in fed.execution.plan.reason
     fed.run_round(1)
 
 
@@ -108,10 +109,10 @@ def test_a_training_step_that_fails_under_vmap_falls_back_and_still_trains():
     torch.manual_seed(0)
     config = FederationConfig(rounds=1, accelerator="cpu", vectorize=-1)
     fed = Federation(DigitsFederated(num_clients=3), ReadsBackLoss(MLP(64, [16], 10)), FedAvg(), config)
-    assert fed.vectorized is not None
+    assert fed.execution.vectorized is not None
     with pytest.warns(UserWarning, match="training_step failed under torch.func"):
         fed.run_round(1)
-    assert fed.vectorized is None and fed.module.last_loss > 0
+    assert fed.execution.vectorized is None and fed.module.last_loss > 0
     assert not torch.equal(fed.algorithm.models[0], fed.server.initial_params)
 
 
@@ -126,7 +127,7 @@ def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(ki
     """Rows 0-2 step first (a range), then rows 1-3 (row 3's first step, the others' second), then all, the
     parameters split into two tensors: each row must follow what torch.optim does to a single tensor given the
     same gradients."""
-    from fedlight.vectorized import FunctionalOptimizer
+    from fedlight.training.vectorized import FunctionalOptimizer
 
     g = torch.Generator().manual_seed(0)
     start = torch.randn(4, 5, generator=g)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedlight import plots
-from fedlight.recorder import RUN_ONLY_KEYS, config_group
+from fedlight.reports import plots
+from fedlight.reports.run_groups import RUN_ONLY_KEYS, config_group
 
 
 class ReportError(ValueError):

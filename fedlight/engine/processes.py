@@ -24,11 +24,11 @@ T = TypeVar("T")
 
 
 class Collective:
-    """The collectives of a federation's processes (a no-op for one process)."""
+    """The collectives of a federation's processes (a no-op for one process; `fabric` None: one process)."""
 
-    def __init__(self, fabric: L.Fabric) -> None:
+    def __init__(self, fabric: L.Fabric | None = None) -> None:
         self.fabric = fabric
-        self.world, self.rank = fabric.world_size, fabric.global_rank
+        self.world, self.rank = (fabric.world_size, fabric.global_rank) if fabric is not None else (1, 0)
 
     @property
     def spread(self) -> bool:

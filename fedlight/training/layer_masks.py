@@ -17,7 +17,7 @@ from typing import Callable, Literal
 
 from torch import Tensor, nn
 
-from fedlight.flat import FlatModel
+from fedlight.training.flat import FlatModel
 
 Side = Literal["first", "last"]
 Halves = Callable[[str], "tuple[list[str], list[str]]"]

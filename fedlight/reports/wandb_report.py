@@ -4,13 +4,30 @@ grouping by the runs' `group`), the matrices' heatmaps and the last clients tabl
 without the extra it says so in one line and the HTML report stands alone."""
 from __future__ import annotations
 
+import netrc
+import os
 from collections.abc import Sequence
 from typing import Any
 
-from fedlight.recorder import wandb_mode
-from fedlight.report import Group
+from fedlight.reports.report import Group
 
 EXTRA = "pip install 'fedlight[wandb-report]'"
+
+
+def wandb_mode(requested: str) -> str:
+    """The mode W&B runs in: "auto" is online when an API key is set (WANDB_MODE, WANDB_API_KEY or a netrc login)
+    and offline otherwise."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1]
+        return "online" if netrc.netrc().authenticators(host) else "offline"
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return "offline"
 
 
 def report_blocks(wr: Any, entity: str, project: str, groups: Sequence[Group], title: str) -> Any:

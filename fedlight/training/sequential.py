@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import dataclass, field
 from typing import Callable
 
 import lightning as L
 import torch
 from torch import Tensor
 
-from fedlight.flat import FlatModel
-from fedlight.schedules import LearningRates, parse_optimizers
-from fedlight.step_logs import LogSums, StepLogs
+from fedlight.training.flat import FlatModel
+from fedlight.training.schedules import LearningRates, parse_optimizers
+from fedlight.training.step_logs import LogSums, StepLogs
 
 GradientHook = Callable[[Tensor, Tensor, Tensor], None]
+
+
+@dataclass
+class Trained:
+    """What local training gives back: the trained flat model(s), the mean loss of the last local epoch, and what
+    `training_step` logged (`self.log`), each a value per client (or one value for a single client)."""
+
+    params: Tensor
+    loss: Tensor
+    logs: dict[str, Tensor] = field(default_factory=dict)
 
 warnings.filterwarnings("ignore", message=r".*self\.log\(\)` but the `self\.trainer` reference is not registered.*")
 
@@ -63,7 +74,6 @@ class ClientTrainer:
         # play; called directly they skip several layers of Python at every one of many small steps
         self.backward = fabric.backward if self.scaler else Tensor.backward
         self.step = self.optimizer.step if self.scaler else raw.step
-        self.last_logs: dict[str, Tensor] = {}
 
     def reset_optimizer(self) -> None:
         """Forget momentum/Adam statistics and restore the configured hyper-parameters."""
@@ -72,10 +82,10 @@ class ClientTrainer:
             group.update(initial)
 
     def fit(self, start: Tensor, x: Tensor, y: Tensor, seed: int, gradient_hook: GradientHook | None = None,
-            lr_scale: float = 1.0, epochs: int | None = None, round: int = 1) -> tuple[Tensor, Tensor]:
+            lr_scale: float = 1.0, epochs: int | None = None, round: int = 1) -> Trained:
         """Train from `start` on (x, y) for `epochs` (default: the configured local epochs) at the learning rates
-        of round `round` times `lr_scale`; return (trained flat model, mean loss of the last epoch), and keep the
-        values `training_step` logged in `last_logs`. All randomness (batch order, dropout) derives from `seed`."""
+        of round `round` times `lr_scale`: the trained flat model, the mean loss of the last epoch and the values
+        `training_step` logged. All randomness (batch order, dropout) derives from `seed`."""
         module, flat = self.module, self.flat
         flat.load(start)
         flat.zero_grad()
@@ -109,5 +119,4 @@ class ClientTrainer:
                     self.step()
                     flat.zero_grad()
                     loss_sum += loss.detach().float()
-        self.last_logs = {name: value[0] for name, value in logs.means().items()}
-        return flat.read(), loss_sum / steps
+        return Trained(flat.read(), loss_sum / steps, {name: value[0] for name, value in logs.means().items()})

@@ -9,6 +9,7 @@ builds one from any pool of samples and a partition scheme; any LightningDataMod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import warnings
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -89,3 +90,37 @@ class ClientDataModule(Protocol):
     def setup(self, stage: str) -> None: ...
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any: ...
+
+
+SMALL_EVALUATION = 10  # below this many evaluation samples per client, per-client accuracy is noise
+
+
+def load_clients(data: ClientDataModule, seed: int) -> FederatedData:
+    """Prepare and set up a data module for `seed` and return its clients (checked against the contract)."""
+    if not isinstance(data, ClientDataModule):
+        raise ValueError(f"{type(data).__name__} is not a federated data module: subclass "
+                        "fedlight.datamodules.FederatedDataModule (or provide seed, federated, prepare_data, setup "
+                        "and on_after_batch_transfer)")
+    data.seed = seed
+    data.prepare_data()
+    data.setup("fit")
+    if not isinstance(data.federated, FederatedData):
+        raise ValueError(f"{type(data).__name__}.setup() left no FederatedData in `federated`")
+    return data.federated
+
+
+def check_evaluation_split(sizes: np.ndarray, split: str) -> None:
+    """Refuse a split with no sample at all; warn when some clients have none (they are left out of the means)
+    or when most have so few that their accuracy is noise."""
+    fix = (f"give the clients more samples or raise the data module's {split}_fraction" if split != "train" else
+           "give the clients more samples")
+    if sizes.sum() == 0:
+        raise ValueError(f"federation.eval_split={split!r}, but no client has a sample in that split: {fix}, or "
+                         "evaluate on eval_split='train'")
+    empty = int((sizes == 0).sum())
+    if empty:
+        warnings.warn(f"{empty} of {len(sizes)} clients have no {split!r} samples: they are left out of the {split} "
+                      f"means and their per-client values are empty ({fix})", stacklevel=3)
+    if np.median(sizes) < SMALL_EVALUATION:
+        warnings.warn(f"most clients have fewer than {SMALL_EVALUATION} {split!r} samples (median "
+                      f"{float(np.median(sizes)):g}): their accuracy is noise ({fix})", stacklevel=3)

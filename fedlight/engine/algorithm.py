@@ -1,6 +1,6 @@
 """The plugin boundary: an `Algorithm` decides what each client starts from and how updates are combined.
 
-Every algorithm holds the server state in one general form (docs/architecture.md, "The round as data flow"):
+Every algorithm holds the server state in one general form (docs/architecture.md, "Server state"):
 
 - `models`: (K, d) cluster models, rows of one matrix (K = 1: one global model);
 - `assignment`: (n,) each client's cluster, a row of `models`;
@@ -11,20 +11,26 @@ A client's model is its cluster's row with its personal entries written in. The 
 form; a clustered algorithm changes `assignment` and `models`, a personalized one sets a personal mask, and the
 rest (cluster-wise weighted averaging, merging shared and personal parts, checkpointing) is inherited.
 
-The hooks, in the order of a round. Queries (marked ?) change nothing; only commands change state.
+Three class attributes declare the algorithm's plan, read once at set-up (docs/architecture.md, "The plan"):
+`holds_updates` (the aggregation hooks compare every update, so the round is held whole instead of streamed),
+`own_training` (`train_client` is the algorithm's own local work, not the module's SGD) and `corrects_gradient`
+(`local_gradient` edits every client's gradient).
+
+The hooks, in the order of a round. Queries (marked ?) change nothing; only commands change state, and commands
+may record scalars and matrices as they act (`log`, `log_matrix`).
 
     setup(server)                      once: build the state; `server` is the run's `ServerContext`
     begin_round(round)                 first thing in a round: one-time phases
     select_clients(round) ?            the clients that train
-    train_client(round, client, start) one client's local work: SGD with the module's own training_step
-      learning_rate_scale(round) ?     ... at the configured learning rate times this
-      local_gradient(client, ...)      ... with the gradient edited in place after every backward pass
+    train_client(round, client, start) one client's own local work (only with own_training = True)
+      learning_rate_scale(round) ?     SGD clients train at the configured learning rate times this
+      local_gradient(client, ...)      ... with the gradient edited in place (only with corrects_gradient = True)
     pre_aggregation(round, updates)    look at the round's updates: cluster clients, fire triggers
     aggregate(round, updates)          combine them: FedAvg within each cluster
-    post_aggregation(round)            afterwards: reassign clients, schedules
+    post_aggregation(round, updates)   afterwards: reassign clients, schedules
     evaluation_models() ?              the model every client is evaluated with
     cluster_labels() ?                 the clustering to log and score against the true clusters
-    round_metrics() ?, round_matrices() ?   what else to log this round
+    round_metrics() ?                  scalars of the state after the round (optional: commands `log` as they act)
     state_dict() ?, load_state_dict(state)  what survives a restart
 """
 from __future__ import annotations
@@ -37,11 +43,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.aggregation import ClientModels, ClusterAverage, average_in_clusters
-from fedlight.updates import Updates
+from fedlight.engine.aggregation import ClientModels, ClusterAverage
+from fedlight.engine.updates import Updates
 
 if TYPE_CHECKING:
-    from fedlight.server import ServerContext
+    from fedlight.engine.round_updates import RoundUpdates
+    from fedlight.engine.server import ServerContext
+
+#: hooks that run only when the class declares the matching attribute (checked when a subclass is defined)
+DECLARED_BY = {"train_client": "own_training", "local_gradient": "corrects_gradient"}
 
 
 class Algorithm:
@@ -51,6 +61,21 @@ class Algorithm:
         participation: share of clients selected each round (at least one), drawn from a per-round stream
             that depends only on (seed, round), so resumed and uninterrupted runs select the same clients.
     """
+
+    #: the aggregation hooks look at every update of a round at once (`updates.all()`); False: they stream them a
+    #: group at a time (`updates.groups()`), so memory never holds every client's model
+    holds_updates: bool = False
+    #: `train_client` is this algorithm's own local work (local k-means, ...): clients then train one at a time
+    own_training: bool = False
+    #: `local_gradient` edits every client's flat gradient after each backward pass (FedProx's proximal term)
+    corrects_gradient: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for hook, flag in DECLARED_BY.items():
+            if hook in vars(cls) and not getattr(cls, flag):
+                raise TypeError(f"{cls.__name__} overrides {hook}, which runs only when the class declares "
+                                f"`{flag} = True`: add that line to the class")
 
     def __init__(self, participation: float = 1.0) -> None:
         if not 0 < participation <= 1:
@@ -82,12 +107,12 @@ class Algorithm:
         return sorted(self.server.rng(round, "select").choice(n, size=m, replace=False).tolist())
 
     def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
-        """One client's local work from its model `start`: (trained flat model, mean training loss). The default
-        trains with the module's own `training_step` and optimizer, shaped by `learning_rate_scale` and
-        `local_gradient`, and may run vectorized over many clients; an algorithm whose local work is not SGD
-        (local k-means) overrides it, and its clients then train one after another."""
+        """One client's own local work from its model `start`: (trained flat model, mean training loss). Called
+        only when the class sets `own_training = True` (its clients then train one after another); otherwise
+        clients run the module's own `training_step` and optimizer, possibly vectorized, shaped by
+        `learning_rate_scale` and `local_gradient`. This default is that SGD, for an override to build on."""
         hook = None
-        if type(self).local_gradient is not Algorithm.local_gradient:
+        if self.corrects_gradient:
             hook = lambda params, grad, begin: self.local_gradient(client, params, grad, begin)  # noqa: E731
         return self.server.train(round, client, start, lr_scale=self.learning_rate_scale(round), gradient_hook=hook)
 
@@ -98,19 +123,32 @@ class Algorithm:
     def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
         """Change the local objective by editing the flat gradient `grad` in place after every backward pass
         (FedProx's proximal term). `params` is the current flat model, `start` the one training began from.
-        Called only when a subclass overrides it."""
+        Called only when the class sets `corrects_gradient = True`."""
 
-    def pre_aggregation(self, round: int, updates: Updates) -> None:
-        """Look at the round's updates before they are combined: cluster clients, fire triggers. An algorithm
-        that overrides this or `aggregate` receives the whole round at once; otherwise the engine hands the
-        updates over a group of clients at a time, so memory never holds every client's model."""
+    def pre_aggregation(self, round: int, updates: "RoundUpdates") -> None:
+        """Look at the round's updates before they are combined: cluster clients, fire triggers (an algorithm
+        that reads them here sets `holds_updates = True`)."""
 
-    def aggregate(self, round: int, updates: Updates) -> None:
+    def aggregate(self, round: int, updates: "RoundUpdates") -> None:
         """FedAvg within each cluster: the shared part of every cluster model with members in `updates` becomes
-        their training-set-size weighted mean; each client keeps its trained personal part."""
-        average_in_clusters(self, [updates])
+        their training-set-size weighted mean; each client keeps its trained personal part. Streamed, the sums
+        run over one group at a time and are added over the processes once."""
+        models, mask = self.models, self.personal_mask
+        average = ClusterAverage(len(models), models.shape[1], models.dtype, models.device)
+        width = 0 if mask is None else int(mask.sum())
+        ids, rows = [models.new_zeros(0, dtype=torch.long)], [models.new_zeros(0, width)]  # personal parts trained
+        for group in updates.groups():
+            average.add(self.assignment[group.clients], group.num_samples.to(models.dtype), group.params)
+            if mask is not None:
+                ids.append(group.clients)
+                rows.append(group.params[:, mask])
+            del group  # or it would stay alive while the next group trains: two groups in memory
+        updates.sum_over_processes_(average.sums, average.totals)
+        if mask is not None:
+            self.personal[updates.cat_over_processes(torch.cat(ids))] = updates.cat_over_processes(torch.cat(rows))
+        self.set_shared(*average.means())
 
-    def post_aggregation(self, round: int) -> None:
+    def post_aggregation(self, round: int, updates: "RoundUpdates") -> None:
         """After the updates are combined: reassign clients to the new models, schedules, bookkeeping."""
 
     def evaluation_models(self) -> tuple[Tensor | Sequence[Tensor], Tensor]:
@@ -128,12 +166,8 @@ class Algorithm:
         return None
 
     def round_metrics(self) -> dict[str, float]:
-        """Extra scalars to log this round (thresholds, temperatures, cluster counts)."""
-        return {}
-
-    def round_matrices(self) -> dict[str, np.ndarray]:
-        """Client-by-client matrices computed this round (similarities, distances): saved in the run folder and
-        shown as heatmaps in W&B."""
+        """Scalars describing the state after the round (a threshold, the round the clusters formed); what a
+        command computes on the way is recorded with `log` (and matrices with `log_matrix`) as it acts."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -146,6 +180,18 @@ class Algorithm:
         self.assignment = state["assignment"]
         self.personal = state["personal"]
         self.personal_mask = state["personal_mask"]
+
+    # -- logging -----------------------------------------------------------------------------------------------
+    def log(self, name: str, value: float | Tensor) -> None:
+        """Record a scalar of this round (metrics.csv, the console, W&B), as LightningModule.log does; a name
+        logged twice in a round keeps the later value."""
+        self.server.round_log.scalar(name, value)
+
+    def log_matrix(self, name: str, matrix: np.ndarray | Tensor) -> None:
+        """Record a client-by-client matrix of this round: saved in the run folder as matrices/<name>_roundNNNN.npy
+        and shown as a heatmap in W&B (a name ending in its kind, `_cosine_distance` or `_similarity`, fixes the
+        colour scale)."""
+        self.server.round_log.matrix(name, matrix)
 
     # -- services on the state -----------------------------------------------------------------------------
     def client_model(self, client: int) -> Tensor:

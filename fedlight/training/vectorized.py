@@ -9,9 +9,9 @@ permutation stream as the sequential trainer. Clients train largest first, so a 
 training's up to float rounding, with one caveat: where max pooling meets exactly equal activations, the batched
 kernel may route the gradient to another of the tied positions (an equally valid subgradient). The optimizer is
 applied functionally to the stacked rows with the hyper-parameters of the module's own optimizer (SGD with
-momentum/Nesterov/weight decay, Adam, AdamW), at the learning rates of its schedulers (`fedlight.schedules`). Buffers are per client too: BatchNorm's
+momentum/Nesterov/weight decay, Adam, AdamW), at the learning rates of its schedulers (`fedlight.training.schedules`). Buffers are per client too: BatchNorm's
 running statistics are a (clients, ...) tensor each, updated in place by the vmapped step as each client's own
-would be. What `training_step` logs comes back beside the loss, one value per client (`fedlight.step_logs`).
+would be. What `training_step` logs comes back beside the loss, one value per client (`fedlight.training.step_logs`).
 Modules that cannot be vectorized (other optimizers, several parameter groups, a gradient scaler, cumulative
 BatchNorm averages) are reported by `unsupported_reason` and trained sequentially.
 """
@@ -29,10 +29,10 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedlight.flat import FlatModel
-from fedlight.schedules import LearningRates
-from fedlight.step_logs import LogSums, StepLogs
-from fedlight.worker import seed_random_layers, training_loss
+from fedlight.training.flat import FlatModel
+from fedlight.training.schedules import LearningRates
+from fedlight.training.step_logs import LogSums, StepLogs
+from fedlight.training.sequential import Trained, seed_random_layers, training_loss
 
 RowHook = Callable[[int, Tensor, Tensor, Tensor], None]  # (row, params, grad, start) of one client
 
@@ -195,7 +195,6 @@ class VectorizedTrainer:
         self._other_buffers = {f"inner.{name}": b for name, b in module.named_buffers() if name not in flat_buffers}
         self._grad_and_loss = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None),
                                    randomness="different")
-        self.last_logs: dict[str, Tensor] = {}
 
     @staticmethod
     def _offsets(entries) -> list[int]:
@@ -235,11 +234,11 @@ class VectorizedTrainer:
 
     def fit_many(self, starts: Tensor, data: list[tuple[Tensor, Tensor]], seeds: list[int],
                  row_hook: RowHook | None = None, lr_scale: float = 1.0, round: int = 1,
-                 epochs: int | None = None) -> tuple[Tensor, Tensor]:
+                 epochs: int | None = None) -> Trained:
         """Train each row of `starts` on its (x, y) with its seed for `epochs` (default: the configured local
-        epochs) at the learning rates of round `round` times `lr_scale`; return (trained flat models, mean loss of
-        each client's last epoch), as `ClientTrainer.fit` would for each client alone, and keep each client's
-        logged values in `last_logs`. Batch orders come from the clients' seeds, as sequentially; random layers
+        epochs) at the learning rates of round `round` times `lr_scale`: the trained flat models, the mean loss of
+        each client's last epoch and each client's logged values, as `ClientTrainer.fit` gives for each client
+        alone. Batch orders come from the clients' seeds, as sequentially; random layers
         (dropout) draw from one stream seeded by all of them, so their masks differ from sequential training's
         but repeat exactly, resumed runs included.
 
@@ -301,8 +300,8 @@ class VectorizedTrainer:
         for e in self.buffer_entries:
             trained[:, e.start: e.stop] = buffers[f"inner.{e.name}"].reshape(clients, -1)
         back = torch.tensor(order, device=device).argsort()  # the clients' order as given
-        self.last_logs = {name: values[back] for name, values in logs.means().items()}
-        return trained[back], (loss_sum / torch.tensor(steps, device=device))[back]
+        return Trained(trained[back], (loss_sum / torch.tensor(steps, device=device))[back],
+                       {name: values[back] for name, values in logs.means().items()})
 
     def _rate(self, rates: list[float], rows: range, steps: list[int], epoch: int, step: int,
               device: torch.device) -> float | Tensor:

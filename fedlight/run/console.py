@@ -5,12 +5,17 @@ bar and no wrapping, just one plain line per round, so logs stay greppable.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from fedlight.run.callbacks import Callback, Run
+
+if TYPE_CHECKING:
+    from fedlight.engine.round_result import RoundResult
 
 
 def make_console(quiet: bool = False) -> Console:
@@ -22,32 +27,32 @@ def make_console(quiet: bool = False) -> Console:
     return Console(soft_wrap=True, highlight=False, width=200, color_system=None, quiet=quiet)
 
 
-class RoundReporter:
-    """Prints the rounds of one run as they finish."""
+class ConsoleReporter(Callback):
+    """Prints the rounds of one run as they finish (the callback behind the console): a start line with the plan,
+    one line per round preceded by its events, and the summary table at the end."""
 
-    def __init__(self, console: Console, rounds: int, done: int, split: str) -> None:
-        self.console, self.split = console, split
+    def __init__(self, console: Console) -> None:
+        self.console = console
         self.clusters = 1.0  # every run starts from one model: announce the first split, not the start
-        self.progress = None
-        if console.is_terminal:
+        self.progress: Progress | None = None
+
+    def on_fit_start(self, run: Run) -> None:
+        federation = run.federation
+        if run.resumed:
+            self.console.print(f"Resuming {run.run_dir} after round {federation.round}", highlight=False)
+        self.console.print(f"{type(federation.algorithm).__name__}, {federation.num_clients} clients: "
+                           f"{federation.execution.plan.describe()}", highlight=False)
+        if self.console.is_terminal:
             self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-                                     TimeRemainingColumn(), console=console, transient=True)
-            self.task = self.progress.add_task("rounds", total=rounds, completed=done)
-
-    def __enter__(self) -> "RoundReporter":
-        if self.progress is not None:
+                                     TimeRemainingColumn(), console=self.console, transient=True)
+            self.task = self.progress.add_task("rounds", total=federation.config.rounds, completed=federation.round)
             self.progress.start()
-        return self
 
-    def __exit__(self, *exc: Any) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def round(self, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, run: Run, result: "RoundResult") -> None:
         """The round's line, preceded by its events (clients left out, a change in the number of clusters)."""
-        round = metrics["round"]
-        left_out = metrics.get("left_out", ())
-        if left_out:
+        round, metrics = result.round, result.scalars
+        if result.left_out:
+            left_out = result.left_out
             shown = ", ".join(str(c) for c in left_out[:10]) + (", ..." if len(left_out) > 10 else "")
             self.console.print(f"round {round}: {len(left_out)} client(s) left out of aggregation, non-finite update "
                                f"or loss (clients {shown})")
@@ -55,9 +60,27 @@ class RoundReporter:
         if clusters is not None and clusters != self.clusters:
             self.console.print(f"round {round}: {cluster_text(metrics)}")
             self.clusters = clusters
-        self.console.print(f"round {round:>4}  {round_text(metrics, self.split)}")
+        self.console.print(f"round {round:>4}  {round_text(metrics, run.federation.config.eval_split)}")
         if self.progress is not None:
             self.progress.update(self.task, completed=round)
+
+    def on_fit_end(self, run: Run, summary: dict[str, Any]) -> None:
+        self._stop()
+        if run.stop_reason:
+            self.console.print(f"stopped after round {run.federation.round}: {run.stop_reason}", highlight=False)
+        self.console.print(summary_table(summary, run.federation.config.eval_split, plain=not self.console.is_terminal))
+        self.console.print(f"run folder: {run.run_dir}", highlight=False)
+
+    def on_interrupt(self, run: Run) -> None:
+        self._stop()
+
+    def on_exception(self, run: Run, error: BaseException) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
 
 
 def cluster_text(metrics: dict[str, Any]) -> str:

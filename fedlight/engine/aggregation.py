@@ -2,17 +2,10 @@
 (memory then holds one group's models, never clients x parameters), and per-client models built on demand."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
-
-from fedlight.updates import Updates
-
-if TYPE_CHECKING:
-    from fedlight.algorithm import Algorithm
-    from fedlight.distributed import Collective
 
 
 class ClusterAverage:
@@ -43,31 +36,6 @@ class ClusterAverage:
         """(clusters that received weight, their weighted means in the rows' dtype)."""
         active = (self.totals > 0).nonzero().flatten()
         return active, (self.sums[active] / self.totals[active, None]).to(self.dtype)
-
-
-def average_in_clusters(algorithm: "Algorithm", groups: Iterable[Updates], collective: "Collective | None" = None) -> None:
-    """FedAvg within each cluster: every cluster's shared part becomes the training-set-size weighted mean of its
-    members' trained models, and every client keeps its trained personal part. `groups` may be a generator that
-    trains each group as it is asked for. With a `collective`, the groups are this process's share of the round:
-    the weighted sums are added over the processes in one all-reduce and the personal parts gathered."""
-    models = algorithm.models
-    average = ClusterAverage(len(models), models.shape[1], models.dtype, models.device)
-    personal: list[tuple[Tensor, Tensor]] = []
-    for updates in groups:
-        average.add(algorithm.assignment[updates.clients], updates.num_samples.to(models.dtype), updates.params)
-        if algorithm.personal_mask is not None:
-            rows = updates.params[:, algorithm.personal_mask]
-            algorithm.personal[updates.clients] = rows
-            if collective is not None and collective.spread:
-                personal.append((updates.clients, rows))
-        del updates  # or it would stay alive while the next group trains: two groups in memory
-    if collective is not None and collective.spread:
-        collective.sum_(average.sums), collective.sum_(average.totals)
-        if algorithm.personal_mask is not None:
-            empty = (models.new_zeros(0, dtype=torch.long), models.new_zeros(0, int(algorithm.personal_mask.sum())))
-            ids, rows = (torch.cat(part) for part in zip(*personal)) if personal else empty
-            algorithm.personal[collective.gather(ids)] = collective.gather(rows)
-    algorithm.set_shared(*average.means())
 
 
 class ClientModels(Sequence):

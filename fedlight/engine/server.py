@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlight.data import ClientSplit, FederatedData
-from fedlight.flat import FlatModel
-from fedlight.personalization import layer_count_mask
-from fedlight.worker import ClientTrainer, GradientHook
+from fedlight.engine.data import ClientSplit, FederatedData
+from fedlight.engine.round_log import RoundLog
+from fedlight.training.flat import FlatModel
+from fedlight.training.layer_masks import layer_count_mask
+from fedlight.training.sequential import ClientTrainer, GradientHook
 
 
 def stream_seed(*parts: int | str) -> list[int]:
@@ -43,6 +44,7 @@ class ServerContext:
         public_x: the server's unlabelled public data, or None when the data module holds none out.
         model: the LightningModule clients train; read its attributes (e.g. a centroid model's k), but change
             its weights only through `train` and `predict`, which load a flat model into it.
+        round_log: where `Algorithm.log` and `Algorithm.log_matrix` record this round's values.
     """
 
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
@@ -58,6 +60,7 @@ class ServerContext:
         self.train_sizes = torch.as_tensor(data.train.sizes(), device=self.device)
         self.public_x = data.public_x
         self._rows = {name: data.split(name).client_of_row() for name in ("train", "val", "test")}
+        self.round_log = RoundLog()
 
     @property
     def num_params(self) -> int:
@@ -111,8 +114,9 @@ class ServerContext:
         `epochs` defaults to the federation's local epochs; `gradient_hook(params, grad, start)` may edit the
         flat gradient in place after each backward pass."""
         x, y = self._data.train.client(client)
-        return self._trainer.fit(start, x, y, self.client_seed(round, client), gradient_hook, lr_scale=lr_scale,
-                                 epochs=epochs, round=max(round, 1))
+        trained = self._trainer.fit(start, x, y, self.client_seed(round, client), gradient_hook, lr_scale=lr_scale,
+                                    epochs=epochs, round=max(round, 1))
+        return trained.params, trained.loss
 
     def random_params(self, seed: int) -> Tensor:
         """A fresh random initialization of the model (every submodule's `reset_parameters`) as a flat vector,
@@ -138,7 +142,7 @@ class ServerContext:
 
     def layer_count_mask(self, count: float, side: Literal["first", "last"] = "first") -> Tensor:
         """True on the first (or last) `count` layers; a half count takes half of the boundary layer
-        (`fedlight.personalization.layer_count_mask`)."""
+        (`fedlight.training.layer_masks.layer_count_mask`)."""
         return layer_count_mask(self._flat, count, side)
 
     def module_mask(self, kinds: tuple[type[nn.Module], ...]) -> Tensor:

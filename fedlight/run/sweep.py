@@ -25,8 +25,9 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from fedlight import registry, report
-from fedlight.algorithm import Algorithm
+from fedlight.reports import report
+from fedlight.run import registry
+from fedlight.engine.algorithm import Algorithm
 
 
 class SweepError(ValueError):

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.distributed import gather_logs
-from fedlight.updates import Updates
+from fedlight.engine.processes import gather_logs
+from fedlight.engine.updates import Updates
 
 if TYPE_CHECKING:
-    from fedlight.distributed import Collective
+    from fedlight.engine.processes import Collective
 
 
 class TrainingStats:

@@ -23,14 +23,17 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace, set_loader
 from rich.console import Console
 
-from fedlight import registry, report, sweep, wandb_report
-from fedlight.algorithm import Algorithm
-from fedlight.checkpoint import CheckpointError
-from fedlight.config_errors import explain
-from fedlight.console import make_console
-from fedlight.federation import Federation, FederationConfig
-from fedlight.recorder import LoggerConfig
-from fedlight.runner import RunInterrupted, fit
+from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.config import FederationConfig
+from fedlight.engine.federation import Federation
+from fedlight.reports import report, wandb_report
+from fedlight.run import registry, sweep
+from fedlight.run.callbacks import Callback
+from fedlight.run.checkpoint import CheckpointError
+from fedlight.run.config_errors import explain
+from fedlight.run.console import make_console
+from fedlight.run.runner import RunInterrupted, fit
+from fedlight.run.wandb_logger import LoggerConfig
 
 PARSER_MODE = "fedlight_yaml"
 set_loader(PARSER_MODE, lambda text: registry.resolve_class_paths(registry.check_dotted_keys(yaml.safe_load(text))),
@@ -55,9 +58,11 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--checkpoint_every", type=int, default=1, help="rounds between checkpoints")
     parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
     parser.add_subclass_arguments(L.LightningModule, "model", required=True)
-    parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.algorithm.Algorithm"})
+    parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.engine.algorithm.Algorithm"})
     parser.add_class_arguments(FederationConfig, "federation")
     parser.add_class_arguments(LoggerConfig, "logger")
+    parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
+                        help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)")
     return parser
 
 
@@ -185,7 +190,7 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
             config.with_name("config.yaml.tmp").write_text(config_text)
             os.replace(config.with_name("config.yaml.tmp"), config)
     return fit(federation, run_dir, yaml.safe_load(config_text), init.logger, run_dir.name,
-               cfg.checkpoint_every, resume=resume, console=console)
+               cfg.checkpoint_every, resume=resume, console=console, callbacks=init.callbacks)
 
 
 def print_components(console: Console) -> None:

@@ -1,0 +1,16 @@
+"""The engine: a federation and its round, and the plugin boundary algorithms are written against.
+
+| module | what it holds |
+|---|---|
+| `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg |
+| `server` | `ServerContext`: the services an algorithm may use (data, running the model, layer masks, randomness) |
+| `updates`, `round_updates` | `Updates` (stacked rows of trained models) and `RoundUpdates` (a round's, streamed or held) |
+| `round_log`, `round_result` | what an algorithm records as it acts, and the typed record a round produces |
+| `federation` | `Federation`: set-up and `run_round`, select -> train -> aggregate -> evaluate |
+| `execution` | the plan and how clients train: groups, vectorized or sequential, the probe, processes |
+| `aggregation` | cluster-wise weighted averages as running sums; per-client models built on demand |
+| `evaluator`, `evaluation` | every client's model on its split (sharded over processes); per-client metrics and summaries |
+| `processes` | the collectives of a federation spread over processes |
+| `data`, `config`, `devices` | the data contract, the federation's settings, Fabric and devices |
+| `training_stats` | a round's training losses and logged values, reduced in client order |
+"""

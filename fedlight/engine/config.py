@@ -1,0 +1,58 @@
+"""The federation's settings (the `federation:` section of a run config)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class FederationConfig:
+    """How the federation runs.
+
+    Args:
+        rounds: communication rounds.
+        local_epochs: passes over its training data each selected client makes per round.
+        batch_size: local mini-batch size.
+        accelerator: "auto", "cpu", "cuda", ... (Lightning Fabric's names).
+        precision: Fabric precision; None picks bf16-mixed (or 16-mixed) on a GPU and 32-true on a CPU.
+        eval_every: evaluate every client's model every this many rounds (and always after the last).
+        eval_split: the per-client split evaluated ("test", "val", or "train" for methods such as data
+            clustering that are scored on the data they fit).
+        eval_batch_size: rows per forward pass during evaluation and inference.
+        vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: groups
+            of as many as half the free memory holds, on a CPU at most 256, and in the first round both trainers
+            are timed on the same batches and the faster is kept, see `fedlight.training.probe`). Give 0 or a group size
+            for runs that must repeat bit for bit on other machines: the two trainers agree only up to float
+            rounding. What cannot be vectorized (other optimizers, a gradient scaler) trains sequentially. An
+            algorithm that aggregates by running sums (FedAvg, FedProx, FedPer, ...) also receives the updates
+            in groups of this size, so memory does not grow with clients x parameters.
+        devices: processes per machine ("auto": one per GPU, and one on a CPU, as Fabric counts); each trains
+            its share of every round's clients (`fedlight.engine.processes`). More than one starts the other
+            processes itself, unless a launcher (torchrun, `fabric run`, SLURM) already started them.
+        num_nodes: machines the processes are spread over (each runs `devices` processes).
+        strategy: Fabric's multi-process strategy ("ddp": gloo on CPUs, NCCL on GPUs).
+    """
+
+    rounds: int = 20
+    local_epochs: int = 1
+    batch_size: int = 32
+    accelerator: str = "auto"
+    precision: str | None = None
+    eval_every: int = 1
+    eval_split: str = "test"
+    eval_batch_size: int = 4096
+    vectorize: int = -1
+    devices: int | str = 1
+    num_nodes: int = 1
+    strategy: str = "ddp"
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"federation.{name} must be at least 1, got {getattr(self, name)}")
+        if self.vectorize < -1:
+            raise ValueError(f"federation.vectorize must be -1 (auto), 0 (off) or a client count, got {self.vectorize}")
+        if self.eval_split not in ("test", "val", "train"):
+            raise ValueError(f"federation.eval_split must be 'test', 'val' or 'train', got {self.eval_split!r}")
+        if not (self.devices == "auto" or isinstance(self.devices, int) and self.devices >= 1) or self.num_nodes < 1:
+            raise ValueError(f"federation.devices must be 'auto' or at least 1 and federation.num_nodes at least 1, got "
+                             f"{self.devices!r} and {self.num_nodes}")

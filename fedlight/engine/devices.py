@@ -1,0 +1,69 @@
+"""The devices a run uses: the Fabric that runs it (accelerator, precision, processes), the precision's default and
+input conversion, and the memory free for new tensors."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import lightning as L
+import torch
+
+from fedlight.engine.config import FederationConfig
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on `device`: the GPU's free memory, or the host's available memory
+    (Linux's MemAvailable); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def make_fabric(config: FederationConfig, precision: str) -> L.Fabric:
+    """A Fabric for the configured device(s), with its processes started and joined; or a one-line error naming
+    the setting when this machine cannot honour it."""
+    accelerator = config.accelerator
+    if accelerator in ("cuda", "gpu") and not torch.cuda.is_available():
+        raise ValueError(f"federation.accelerator={accelerator}, but this machine has no usable CUDA GPU "
+                         "(torch.cuda.is_available() is False): use --federation.accelerator cpu, or auto to take a "
+                         "GPU where there is one")
+    single = config.devices == 1 and config.num_nodes == 1
+    try:
+        fabric = L.Fabric(accelerator=accelerator, precision=precision, devices=config.devices,
+                          num_nodes=config.num_nodes, strategy="auto" if single else config.strategy)
+    except (RuntimeError, ValueError) as error:  # Lightning's MisconfigurationException is a RuntimeError
+        raise ValueError(f"federation.accelerator={accelerator}, federation.precision={precision}, "
+                         f"federation.devices={config.devices}: {str(error).splitlines()[0]}") from None
+    if not single and not launched_by_fabric_cli():
+        fabric.launch()  # starts the other local processes (unless a launcher did), then joins the process group
+    return fabric
+
+
+def launched_by_fabric_cli() -> bool:
+    """Whether `fabric run` started this process: Fabric then joins the process group when it is built, and refuses
+    `launch()` (Lightning marks such processes with LT_CLI_USED=1)."""
+    return os.environ.get("LT_CLI_USED", "0") == "1"
+
+
+def default_precision(accelerator: str) -> str:
+    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
+        return "32-true"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+
+
+def batch_transform(on_after_batch_transfer: Callable, fabric: L.Fabric) -> Callable:
+    """The data module's on-device conversion followed by the precision's input conversion (bf16-true and
+    16-true models take their floating inputs in that dtype)."""
+    convert = fabric.strategy.precision.convert_input
+
+    def transform(batch: Any, dataloader_idx: int = 0) -> Any:
+        return convert(on_after_batch_transfer(batch, dataloader_idx))
+
+    return transform

@@ -1,0 +1,88 @@
+"""Evaluating every client's own model on its split, spread over the processes, with what is recorded of each
+client beside its metrics (its clusters and training-set size) and the clustering scores."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import lightning as L
+import numpy as np
+import torch
+
+from fedlight.cluster.scores import clustering_scores
+from fedlight.engine.data import FederatedData
+from fedlight.engine.evaluation import per_client_classification, summarize
+from fedlight.engine.processes import Collective
+
+if TYPE_CHECKING:
+    from fedlight.engine.algorithm import Algorithm
+    from fedlight.engine.server import ServerContext
+
+
+class Evaluator:
+    """Runs the algorithm's evaluation models over every client's evaluation split."""
+
+    def __init__(self, server: "ServerContext", module: L.LightningModule, data: FederatedData,
+                 collective: Collective) -> None:
+        self.server, self.module, self.data, self.collective = server, module, data, collective
+
+    @torch.no_grad()
+    def evaluate(self, algorithm: "Algorithm", split: str | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """(summaries across clients, per-client values) of every client's own model on its split. Spread over
+        processes, each evaluates every `world`-th client and the per-client values are gathered."""
+        split = split or self.server.eval_split
+        num_clients, device = self.server.num_clients, self.server.device
+        data, client_of_row = self.data.split(split), self.server.client_of_row(split)
+        x, y = data.x, data.y
+        collective = self.collective
+        if collective.spread:
+            mine = (client_of_row % collective.world == collective.rank).nonzero().flatten()
+            x, y, client_of_row = x[mine], y[mine], client_of_row[mine]
+        models, group_of_client = algorithm.evaluation_models()
+        group_of_row = group_of_client[client_of_row]
+        order = torch.argsort(group_of_row, stable=True)
+        counts = torch.bincount(group_of_row, minlength=len(models)).tolist()
+        outputs = None
+        begin = 0
+        for group, count in enumerate(counts):
+            if count:
+                rows = order[begin: begin + count]
+                out = self.server.predict(models[group], x[rows])
+                if outputs is None:
+                    outputs = out.new_empty((len(order), *out.shape[1:]))
+                outputs[rows] = out
+                begin += count
+        if outputs is None:  # no row to evaluate on this process
+            outputs = self.server.predict(models[0], x[:0])
+        metric_fn = getattr(self.module, "client_metrics", None)
+        if metric_fn is not None:
+            per_client = metric_fn(outputs, y, client_of_row, num_clients)
+        else:
+            per_client = per_client_classification(outputs, y, client_of_row, num_clients, self.data.num_classes)
+        if collective.spread:  # each client's values from the process that evaluated it
+            owner = torch.arange(num_clients, device=device) % collective.world
+            per_client = {k: collective.stack(v)[owner, torch.arange(num_clients, device=device)]
+                          for k, v in per_client.items()}
+        values = {k: v.cpu().numpy() if v.is_floating_point() else v.cpu().double().numpy()
+                  for k, v in per_client.items()}
+        empty = data.sizes() == 0
+        for v in values.values():
+            v[empty] = np.nan  # a client with nothing to evaluate has no value, and is left out of the means
+        return summarize(values, split), values
+
+    def client_facts(self, clusters: np.ndarray | None) -> dict[str, np.ndarray]:
+        """What is recorded of each client beside its metrics: the cluster it was evaluated in (when the
+        algorithm clusters), its true cluster (when the split defines one) and its training-set size."""
+        facts = {} if clusters is None else {"cluster": np.asarray(clusters)}
+        if self.data.cluster_labels is not None:
+            facts["true_cluster"] = np.asarray(self.data.cluster_labels)
+        facts["samples"] = self.server.train_sizes.cpu().numpy()
+        return facts
+
+    def score_clusters(self, predicted: np.ndarray | None) -> dict[str, float]:
+        """A client clustering against the split's true clusters (when both exist)."""
+        if predicted is None:
+            return {}
+        scores = {"cluster/count": float(len(np.unique(predicted)))}
+        if self.data.cluster_labels is not None:
+            scores.update({f"cluster/{k}": v for k, v in clustering_scores(self.data.cluster_labels, predicted).items()})
+        return scores

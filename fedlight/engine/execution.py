@@ -1,0 +1,233 @@
+"""Client execution: how a round's clients are trained, and where.
+
+One `ExecutionPlan` is decided at set-up from the algorithm's declarations and the module: whether the round's
+updates stream (running sums, one all-reduce) or are held (all-gathered in client order), whether clients train
+vectorized, sequentially or as the probe decides in round 1 (and why), and whether a gradient hook runs after
+every backward pass. It is printed in the run's start line and recorded in summary.json.
+
+`ClientExecution` carries it out: every process trains its shard of the round's clients (`Collective.shard`), in
+groups that fit in memory, through the vectorized trainer (`fedlight.training.vectorized`) or one client after
+another (`fedlight.training.sequential`), or through the algorithm's own `train_client`; `round_updates` hands the
+result to the algorithm as a `RoundUpdates`.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fedlight.engine.devices import available_memory
+from fedlight.engine.processes import Collective
+from fedlight.engine.round_updates import RoundUpdates
+from fedlight.engine.updates import Updates
+from fedlight.training.probe import ProbeResult, probe
+from fedlight.training.sequential import ClientTrainer, Trained
+from fedlight.training.vectorized import VectorizedTrainer, unsupported_reason
+
+if TYPE_CHECKING:
+    from fedlight.engine.algorithm import Algorithm
+    from fedlight.engine.config import FederationConfig
+    from fedlight.engine.server import ServerContext
+
+CPU_GROUP = 256  # most clients per group on a CPU: plenty for full-width vectorized steps
+
+
+@dataclass
+class ExecutionPlan:
+    """How rounds run (decided at set-up; `trainer` "auto" becomes the probe's choice in round 1).
+
+    Attributes:
+        updates: "stream" (a group at a time, running sums) or "hold" (every update at once, in client order).
+        trainer: "vectorized", "sequential" or "auto" (the probe times both in round 1 and keeps the faster).
+        reason: why clients train one after another, when they do.
+        gradient_hook: whether the algorithm edits every client's gradient after each backward pass.
+        processes: how many processes share each round's clients.
+    """
+
+    updates: str
+    trainer: str
+    reason: str | None
+    gradient_hook: bool
+    processes: int
+
+    def describe(self) -> str:
+        """One line for the start of a run."""
+        updates = ("updates streamed in groups (running sums)" if self.updates == "stream" else
+                   "every update held (the algorithm compares them)")
+        trainer = {"auto": "trainer chosen by timing both in round 1", "vectorized": "clients trained vectorized",
+                   "sequential": f"clients trained one after another ({self.reason})"}[self.trainer]
+        hook = ", gradient hook after every backward pass" if self.gradient_hook else ""
+        spread = f", {self.processes} processes" if self.processes > 1 else ""
+        return f"{updates}; {trainer}{hook}{spread}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ClientExecution:
+    """Trains the clients of each round as the plan says, on this process's shard of them."""
+
+    def __init__(self, algorithm: "Algorithm", server: "ServerContext", trainer: ClientTrainer,
+                 config: "FederationConfig", collective: Collective) -> None:
+        self.algorithm, self.server, self.trainer = algorithm, server, trainer
+        self.config, self.collective = config, collective
+        self.device = server.device
+        self.probe_result: ProbeResult | None = None  # what `vectorize: -1` measured and chose
+        self.vectorized: VectorizedTrainer | None = None
+        trainer_kind, reason = self._choose_trainer()
+        self.plan = ExecutionPlan("hold" if algorithm.holds_updates else "stream", trainer_kind, reason,
+                                  algorithm.corrects_gradient, collective.world)
+
+    def _choose_trainer(self) -> tuple[str, str | None]:
+        if self.algorithm.own_training:
+            return "sequential", f"{type(self.algorithm).__name__} trains its clients itself (train_client)"
+        if not self.config.vectorize:
+            return "sequential", "federation.vectorize is 0"
+        trainer = self.trainer
+        reason = unsupported_reason(trainer.module, trainer.raw_optimizer, trainer.scaler)
+        if reason:
+            warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=3)
+            return "sequential", reason
+        self.vectorized = VectorizedTrainer(trainer.fabric, trainer.module, trainer.flat, trainer.raw_optimizer,
+                                            trainer.learning_rates, trainer.batch_transform, self.config.batch_size,
+                                            self.config.local_epochs)
+        return ("auto" if self.config.vectorize == -1 else "vectorized"), None
+
+    def _train_sequentially_from_now(self, reason: str) -> None:
+        self.vectorized = None
+        self.plan.trainer, self.plan.reason = "sequential", reason
+
+    # -- a round ---------------------------------------------------------------------------------------------
+    def round_updates(self, round: int, clients: list[int]) -> RoundUpdates:
+        """The round's updates, trained when the algorithm asks for them."""
+        alg = self.algorithm
+        mine = self.collective.shard(clients)  # every client, unless the round is spread over processes
+        if alg.holds_updates:
+            groups = [mine]
+        else:
+            size = self.group_size(len(mine))
+            groups = [mine[begin: begin + size] for begin in range(0, len(mine), size)]
+        rate = None if alg.own_training else \
+            self.trainer.learning_rates.round_rate(round) * alg.learning_rate_scale(round)
+        return RoundUpdates(clients, alg.holds_updates, groups, lambda group: self.train(round, group),
+                            self.collective, self.server.num_clients, rate)
+
+    def train(self, round: int, clients: list[int]) -> Updates:
+        """Local training of `clients`: in groups through the vectorized trainer when the plan allows, else one
+        after another (the algorithm's own `train_client`, or the module's SGD)."""
+        alg = self.algorithm
+        starts = torch.stack([alg.client_model(c) for c in clients])
+        trained = self._try_vectorized(round, clients, starts) if self.vectorized is not None else None
+        if trained is None:
+            trained = self._train_one_by_one(round, clients, starts)
+        ids = torch.tensor(clients, device=self.device)
+        return Updates(ids, trained.params, starts, self.server.train_sizes[ids], trained.loss, trained.logs)
+
+    def _train_one_by_one(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """Written in place, so the trained models are never held twice."""
+        alg = self.algorithm
+        params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
+        logs: dict[str, Tensor] = {}
+        for row, (client, start) in enumerate(zip(clients, starts)):
+            if alg.own_training:
+                params[row], losses[row] = alg.train_client(round, client, start)
+                continue
+            x, y = self.server.split("train").client(client)
+            one = self.trainer.fit(start, x, y, self.server.client_seed(round, client), self._gradient_hook(client),
+                                   alg.learning_rate_scale(round), round=round)
+            params[row], losses[row] = one.params, one.loss
+            for name, value in one.logs.items():
+                logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value
+        return Trained(params, losses, logs)
+
+    def _try_vectorized(self, round: int, clients: list[int], starts: Tensor) -> Trained | None:
+        """Vectorized training, or None (and sequential training from then on) when the probe prefers it or the
+        module's training step fails under torch.func, e.g. because it reads values back with .item()."""
+        try:
+            if self.plan.trainer == "auto" and self.probe_result is None:
+                self._probe(round, clients, starts)
+                if self.vectorized is None:
+                    return None
+            return self._train_vectorized(round, clients, starts)
+        except Exception as error:  # any failure inside vmap: the module is not vectorizable
+            reason = f"training_step failed under torch.func ({error!r})"
+            warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)
+            self._train_sequentially_from_now(reason)
+            return None
+
+    def _train_vectorized(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        size = self.group_size(len(clients))
+        parts = []
+        for begin in range(0, len(clients), size):
+            group = clients[begin: begin + size]
+            parts.append(self.vectorized.fit_many(
+                starts[begin: begin + size], [self.server.split("train").client(c) for c in group],
+                [self.server.client_seed(round, c) for c in group], self._row_hook(group),
+                lr_scale=self.algorithm.learning_rate_scale(round), round=round))
+        names = dict.fromkeys(name for part in parts for name in part.logs)
+        return Trained(torch.cat([p.params for p in parts]), torch.cat([p.loss for p in parts]),
+                       {name: torch.cat([p.logs[name] for p in parts]) for name in names})
+
+    def _probe(self, round: int, clients: list[int], starts: Tensor) -> None:
+        """Time both trainers on this round's first group (`fedlight.training.probe`) and keep the faster."""
+        alg = self.algorithm
+        group = clients[: self.group_size(len(clients))]
+        seeds = [self.server.client_seed(round, c) for c in group]
+        lr_scale = alg.learning_rate_scale(round)
+
+        def sequential(rows: Tensor, data: list[tuple[Tensor, Tensor]]) -> Tensor:
+            return torch.stack([self.trainer.fit(start, x, y, seed, self._gradient_hook(c), lr_scale, epochs=1,
+                                                 round=round).params
+                                for start, (x, y), seed, c in zip(rows, data, seeds, group)])
+
+        def vectorized(rows: Tensor, data: list[tuple[Tensor, Tensor]]) -> Tensor:
+            return self.vectorized.fit_many(rows, data, seeds[: len(rows)], self._row_hook(group), lr_scale, round,
+                                            epochs=1).params
+
+        data = [self.server.split("train").client(c) for c in group]
+        result = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized, self.device)
+        self._keep_probe(self.collective.broadcast(result))  # every process trains the way the first chose
+
+    def _keep_probe(self, result: ProbeResult) -> None:
+        self.probe_result = result
+        if result.choice == "sequential":
+            self._train_sequentially_from_now(result.reason)
+        else:
+            self.plan.trainer = "vectorized"
+
+    def _gradient_hook(self, client: int) -> Callable | None:
+        """The algorithm's gradient correction for one client's sequential training (None without one)."""
+        alg = self.algorithm
+        if not alg.corrects_gradient:
+            return None
+        return lambda params, grad, start: alg.local_gradient(client, params, grad, start)
+
+    def _row_hook(self, group: list[int]) -> Callable | None:
+        """The same for the rows of a vectorized group."""
+        alg = self.algorithm
+        if not alg.corrects_gradient:
+            return None
+        return lambda row, params, grad, start: alg.local_gradient(group[row], params, grad, start)
+
+    def group_size(self, clients: int) -> int:
+        """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise as
+        many as half the free memory holds (on a CPU also at most `CPU_GROUP`)."""
+        if self.config.vectorize > 0:
+            return self.config.vectorize
+        flat = self.trainer.flat
+        per_client = flat.numel * flat.vector.element_size() * 8  # params, grads, state, temporaries
+        free = available_memory(self.device)
+        fits = clients if free is None else max(1, int(0.5 * free // per_client))
+        return min(clients, fits) if self.device.type == "cuda" else min(clients, fits, CPU_GROUP)
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.probe_result is None else self.probe_result.as_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is not None and self.plan.trainer == "auto":  # the resumed run keeps its choice
+            self._keep_probe(ProbeResult(**state))

@@ -1,0 +1,103 @@
+"""The federated loop: each round is the algorithm's story, select -> train -> pre_aggregation -> aggregate ->
+post_aggregation -> evaluate (docs/architecture.md, "The round as data flow"). How clients train and where
+(groups, trainers, processes) is `fedlight.engine.execution`'s; evaluation is `fedlight.engine.evaluator`'s.
+
+Every random choice is a pure function of (seed, round, client, purpose), so a run resumed from a round
+checkpoint repeats exactly what the uninterrupted run does, and the order clients are trained in does not
+matter.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+
+from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.config import FederationConfig
+from fedlight.engine.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
+from fedlight.engine.devices import batch_transform, default_precision, make_fabric
+from fedlight.engine.evaluator import Evaluator
+from fedlight.engine.execution import ClientExecution
+from fedlight.engine.processes import Collective
+from fedlight.engine.round_result import RoundResult
+from fedlight.engine.round_updates import TrainingReport
+from fedlight.engine.server import ServerContext
+from fedlight.training.flat import FlatModel
+from fedlight.training.sequential import ClientTrainer
+
+
+class Federation:
+    """One federated run in memory: data on the device, one module, an algorithm, and the round loop."""
+
+    def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
+                 config: FederationConfig | None = None, seed: int = 0) -> None:
+        self.config = config or FederationConfig()
+        self.seed = seed
+        self.algorithm = algorithm if algorithm is not None else Algorithm()
+        self.precision = self.config.precision or default_precision(self.config.accelerator)
+        self.fabric = make_fabric(self.config, self.precision)
+        self.collective = Collective(self.fabric)
+        self.data: FederatedData = load_clients(data, seed).to(self.device)
+        self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
+        self.module = model
+        self.fabric.setup_module(model)
+        model._fabric = None  # per-step self.log through Fabric would sync the device; training logs per round
+        self.flat = flat = FlatModel(model)
+        trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs)
+        check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
+        self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
+                                    self.config.rounds, self.config.eval_split, self.config.eval_batch_size)
+        self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective)
+        self.evaluator = Evaluator(self.server, model, self.data, self.collective)
+        self.round = 0
+        self.algorithm.setup(self.server)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fabric.device
+
+    @property
+    def num_clients(self) -> int:
+        return self.data.num_clients
+
+    def run_round(self, round: int) -> RoundResult:
+        """Run round `round` (1-based) and return what it produced."""
+        alg = self.algorithm
+        alg.begin_round(round)
+        clients = alg.select_clients(round)
+        updates = self.execution.round_updates(round, clients)
+        alg.pre_aggregation(round, updates)
+        alg.aggregate(round, updates)
+        alg.post_aggregation(round, updates)
+        training = updates.finish()
+        self.round = round
+        clusters = alg.cluster_labels()
+        logged, matrices = self.server.round_log.take()
+        result = RoundResult(round, len(clients), training.left_out, training.metrics,
+                             {**logged, **alg.round_metrics()}, self.evaluator.score_clusters(clusters),
+                             matrices=matrices)
+        if round % self.config.eval_every == 0 or round == self.config.rounds:
+            result.evaluation, result.per_client = self.evaluate_clients(training, clusters)
+        return result
+
+    def evaluate(self, split: str | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """(summaries across clients, per-client values) of every client's own model on `split` (default: the
+        configured evaluation split)."""
+        return self.evaluator.evaluate(self.algorithm, split)
+
+    def evaluate_clients(self, training: TrainingReport, clusters: np.ndarray | None) -> tuple[dict, dict]:
+        """(summaries, per-client columns): every client's evaluation, its training values and its facts."""
+        summary, values = self.evaluate()
+        return summary, {**values, **training.per_client, **self.evaluator.client_facts(clusters)}
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": self.execution.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = state["round"]
+        self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))
+        self.execution.load_state_dict(state.get("probe"))

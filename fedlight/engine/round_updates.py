@@ -1,0 +1,149 @@
+"""`RoundUpdates`: a round's updates as a value the aggregation hooks ask for (see `fedlight.engine.updates`).
+
+It trains lazily: a streamed round trains each group when `groups()` reaches it, a held round trains everything at
+the first `all()`. `finish()` (called by the engine after `post_aggregation`) trains whatever no hook asked for,
+and returns the round's training report, shared over the processes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.engine.processes import Collective, gather_logs
+from fedlight.engine.training_stats import TrainingStats
+from fedlight.engine.updates import Updates
+
+
+@dataclass
+class TrainingReport:
+    """What a round's local training reports: the clients left out (non-finite update or loss), the scalars
+    (`train/loss`, `train/<logged name>`, `train/lr`) and each client's values (`train/<name>`)."""
+
+    left_out: list[int]
+    metrics: dict[str, float]
+    per_client: dict[str, np.ndarray]
+
+
+def finite(updates: Updates, left_out: list[int]) -> Updates:
+    """The updates whose trained model and training loss are finite; the clients of the others are appended to
+    `left_out` (a NaN in a client's data or an exploding loss must not poison a cluster's average)."""
+    keep = torch.isfinite(updates.params).all(dim=1) & torch.isfinite(updates.train_loss)
+    if bool(keep.all()):
+        return updates
+    left_out.extend(updates.clients[~keep].tolist())
+    return updates.subset(keep)
+
+
+class RoundUpdates:
+    """The updates of one round. `clients` are the round's selected clients (of every process); `holds` is the
+    algorithm's plan: True, `all()` gives every update at once; False, `groups()` streams them.
+
+    Args:
+        clients: the selected clients, in the order `all()` returns them.
+        holds: the plan (`Algorithm.holds_updates`).
+        groups: this process's clients, cut into the groups it trains together.
+        train: trains a list of clients and returns their updates.
+        collective: the federation's processes.
+        num_clients: clients in the federation.
+        learning_rate: the round's learning rate to log (None when the algorithm's clients do not run SGD).
+    """
+
+    def __init__(self, clients: list[int], holds: bool, groups: list[list[int]], train: Callable[[list[int]], Updates],
+                 collective: Collective, num_clients: int, learning_rate: float | None = None) -> None:
+        self.clients, self.holds = clients, holds
+        self._groups, self._train, self._collective = groups, train, collective
+        self._num_clients, self._learning_rate = num_clients, learning_rate
+        self._stats = TrainingStats(num_clients)
+        self._left_out: list[int] = []
+        self._all: Updates | None = None
+        self._streamed = False
+
+    @classmethod
+    def of(cls, updates: Updates) -> "RoundUpdates":
+        """A held round made of given updates on one process: to call the aggregation hooks directly (tests, an
+        algorithm that runs another's hooks)."""
+        clients = updates.clients.tolist()
+        return cls(clients, True, [clients], lambda _: updates, Collective(), int(max(clients, default=-1)) + 1)
+
+    @property
+    def left_out(self) -> list[int]:
+        """Clients left out of aggregation (non-finite model or loss): held, every one of the round; streamed, this
+        process's so far (complete once `groups()` has run through)."""
+        if self.holds:
+            self.all()
+        return self._left_out
+
+    # -- streamed ----------------------------------------------------------------------------------------------
+    def groups(self) -> Iterator[Updates]:
+        """This process's finite updates a group at a time, each trained when reached (held: the one group of
+        every update). A streamed round can be run through once."""
+        if self.holds:
+            yield self.all()
+            return
+        if self._streamed:
+            raise RuntimeError("a streamed round's updates can be read once (its groups are trained as they are "
+                               "read): set holds_updates = True on the algorithm to look at them more than once")
+        self._streamed = True
+        for group in self._groups:
+            updates = self._stats.add(finite(self._train(group), self._left_out))
+            yield updates
+            del updates  # or it would stay alive while the next group trains: two groups in memory
+
+    def sum_over_processes_(self, *tensors: Tensor) -> None:
+        """Add each tensor over the processes in place (streamed sums of every process's groups; held: nothing to
+        do, every process has every update)."""
+        if not self.holds:
+            for tensor in tensors:
+                self._collective.sum_(tensor)
+
+    def cat_over_processes(self, tensor: Tensor) -> Tensor:
+        """Every process's rows of `tensor`, concatenated in rank order (held: `tensor` itself)."""
+        return tensor if self.holds else self._collective.gather(tensor)
+
+    # -- held --------------------------------------------------------------------------------------------------
+    def all(self) -> Updates:
+        """Every finite update of the round, in the order of `clients`, on every process."""
+        if not self.holds:
+            raise RuntimeError("this algorithm streams its updates (holds_updates = False), so the round is never held "
+                               "whole: iterate groups(), or set holds_updates = True to receive every update at once")
+        if self._all is None:
+            mine = [c for group in self._groups for c in group]
+            updates = finite(self._train(mine), self._left_out)
+            self._all = self._stats.add(self._gather(updates))
+            self._left_out = sorted(c for part in self._collective.gather_objects(self._left_out) for c in part)
+        return self._all
+
+    def _gather(self, updates: Updates) -> Updates:
+        """Every process's updates, in the order of `clients` (the single-process order)."""
+        collective = self._collective
+        if not collective.spread:
+            return updates
+        device = updates.params.device
+        position = torch.full((self._num_clients,), -1, dtype=torch.long, device=device)
+        position[torch.tensor(self.clients, device=device)] = torch.arange(len(self.clients), device=device)
+        ids = collective.gather(updates.clients)
+        columns = [collective.gather(t) for t in (updates.params, updates.starts, updates.num_samples,
+                                                   updates.train_loss)]
+        logs = gather_logs(collective, updates.logs, len(updates), device)
+        order = position[ids].argsort()
+        return Updates(ids[order], *(c[order] for c in columns), {k: v[order] for k, v in logs.items()})
+
+    # -- the engine's ------------------------------------------------------------------------------------------
+    def finish(self) -> TrainingReport:
+        """Train what no hook asked for, and report the round's training over every process."""
+        if self.holds:
+            self.all()
+        else:
+            if not self._streamed:
+                for _ in self.groups():
+                    pass
+            self._stats.share(self._collective)
+            self._left_out = sorted(c for part in self._collective.gather_objects(self._left_out) for c in part)
+        metrics = self._stats.metrics()
+        if self._learning_rate is not None:
+            metrics["train/lr"] = self._learning_rate
+        return TrainingReport(self._left_out, metrics, self._stats.per_client())

@@ -1,0 +1,9 @@
+"""Reports: run folders read back and compared (HTML page, W&B Report), and the figures shared with W&B.
+
+| module | what it holds |
+|---|---|
+| `report` | `fedlight report`: runs grouped by configuration, seeds as mean ± std, one HTML page |
+| `run_groups` | which runs are one configuration (`config_group`) |
+| `plots` | every figure, matplotlib's object-oriented API |
+| `wandb_report` | the same comparison as a W&B Report; whether W&B runs online |
+"""

@@ -1,0 +1,11 @@
+"""The run's interface and records: the command line, the round loop with its callbacks, and what a run writes.
+
+| module | what it holds |
+|---|---|
+| `cli` | `python -m fedlight fit / list / report / sweep`, config parsing and one-line errors |
+| `config_errors`, `registry` | jsonargparse errors explained; algorithms, data and models found by entry point |
+| `runner` | `fit`: rounds, resume, Ctrl-C, the summary; callbacks called by hook name |
+| `callbacks` | `Callback`, `Run`, `EarlyStopping` |
+| `recorder`, `wandb_logger`, `console`, `checkpoint` | the built-in callbacks: CSV files, W&B, the console, round checkpoints |
+| `sweep` | a grid of runs in one process, then the report |
+"""

@@ -1,0 +1,149 @@
+"""Run observers as callbacks, called by hook name as Lightning Fabric's callbacks are: the CSV recorder, the
+console, W&B and checkpoints are callbacks, and a config's `callbacks:` list adds a user's own by class path.
+
+A callback overrides any of `on_fit_start(run)`, `on_round_end(run, result)`, `on_fit_end(run, summary)`,
+`on_interrupt(run)` and `on_exception(run, error)`; `run` is the `Run` (its federation, folder and config),
+`result` the round's `RoundResult`.
+Setting `run.should_stop` ends the run after the current round (`EarlyStopping`). A callback with state to keep
+across a resume returns it from `state_dict()` (plain values and tensors) and takes it back in `load_state_dict`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from fedlight.engine.federation import Federation
+    from fedlight.engine.round_result import RoundResult
+
+
+@dataclass
+class Run:
+    """A run as its callbacks see it.
+
+    Attributes:
+        federation: the federation being run (its algorithm, config, round).
+        run_dir: the run folder (written by the first process only).
+        config: the resolved config, as saved in config.yaml.
+        name: the run's name.
+        console: where the first process prints (the others get a silent one).
+        main_process: whether this is the process that writes the run folder and logs.
+        resumed: whether the run continues from a checkpoint.
+        should_stop: set by a callback to end the run after this round; `stop_reason` says why.
+    """
+
+    federation: "Federation"
+    run_dir: Path
+    config: dict[str, Any]
+    name: str
+    console: Console
+    main_process: bool = True
+    resumed: bool = False
+    should_stop: bool = False
+    stop_reason: str | None = None
+
+
+class Callback:
+    """Base of run callbacks: every hook does nothing."""
+
+    def on_fit_start(self, run: Run) -> None:
+        """Before the first round to run (after a checkpoint was loaded when resuming)."""
+
+    def on_round_end(self, run: Run, result: "RoundResult") -> None:
+        """After every round."""
+
+    def on_fit_end(self, run: Run, summary: dict[str, Any]) -> None:
+        """After the last round, with the run's summary (what summary.json holds)."""
+
+    def on_interrupt(self, run: Run) -> None:
+        """After Ctrl-C stopped the run (the last checkpoint is intact)."""
+
+    def on_exception(self, run: Run, error: BaseException) -> None:
+        """After an error stopped the run (the last checkpoint is intact)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def call(callbacks: list[Any], hook: str, *args: Any) -> None:
+    """Call `hook` on every callback that has it, in order (any object with such methods will do)."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if callable(method):
+            method(*args)
+
+
+def _keys(callbacks: list[Any]) -> list[str]:
+    """A name per callback: its class name, numbered from the second of a class on ("EarlyStopping#2")."""
+    seen: dict[str, int] = {}
+    keys = []
+    for callback in callbacks:
+        name = type(callback).__name__
+        seen[name] = seen.get(name, 0) + 1
+        keys.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return keys
+
+
+def callback_states(callbacks: list[Any]) -> dict[str, Any]:
+    """Every callback's state by name (what a checkpoint keeps)."""
+    return {key: c.state_dict() for key, c in zip(_keys(callbacks), callbacks)
+            if callable(getattr(c, "state_dict", None))}
+
+
+def load_callback_states(callbacks: list[Any], states: dict[str, Any]) -> None:
+    """Give every callback the state saved under its name (a callback added since has none to take)."""
+    for key, callback in zip(_keys(callbacks), callbacks):
+        if key in states and callable(getattr(callback, "load_state_dict", None)):
+            callback.load_state_dict(states[key])
+
+
+class EarlyStopping(Callback):
+    """Stop the run when a logged metric has not improved for `patience` evaluated rounds.
+
+    Args:
+        monitor: a column of metrics.csv, e.g. "val/acc_mean" (evaluate on validation data to select on it).
+        mode: "max" (higher is better) or "min".
+        patience: evaluated rounds without an improvement of more than `min_delta` before stopping.
+        min_delta: the smallest change that counts as an improvement.
+    """
+
+    def __init__(self, monitor: str, mode: Literal["max", "min"] = "max", patience: int = 5,
+                 min_delta: float = 0.0) -> None:
+        if mode not in ("max", "min") or patience < 1 or min_delta < 0:
+            raise ValueError(f"EarlyStopping needs mode 'max' or 'min', patience >= 1 and min_delta >= 0, got "
+                             f"{mode!r}, {patience}, {min_delta}")
+        self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
+        self.best = math.nan
+        self.best_round = 0
+        self.waited = 0
+
+    def on_round_end(self, run: Run, result: "RoundResult") -> None:
+        scalars = result.scalars
+        if self.monitor not in scalars:
+            if result.evaluated:  # every column exists in an evaluated round
+                raise ValueError(f"EarlyStopping monitors {self.monitor!r}, which the run does not log: choose one of "
+                                 f"{', '.join(k for k in scalars if '/' in k)}")
+            return
+        value = float(scalars[self.monitor])
+        sign = 1.0 if self.mode == "max" else -1.0
+        if math.isnan(self.best) or sign * (value - self.best) > self.min_delta:
+            self.best, self.best_round, self.waited = value, result.round, 0
+            return
+        self.waited += 1
+        if self.waited >= self.patience:
+            run.should_stop = True
+            run.stop_reason = (f"{self.monitor} has not improved for {self.patience} evaluated rounds (best "
+                               f"{self.best:.4f} in round {self.best_round})")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_round": self.best_round, "waited": self.waited}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_round, self.waited = state["best"], state["best_round"], state["waited"]

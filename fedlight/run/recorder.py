@@ -1,0 +1,93 @@
+"""The run's files, written by the `CsvRecorder` callback: metrics.csv (one row a round), clients.csv (one row a client
+and evaluated round), matrices/*.npy and summary.json. Only the first process of a run writes them."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedlight.run.callbacks import Callback, Run
+
+if TYPE_CHECKING:
+    from fedlight.engine.round_result import RoundResult
+
+# Per-client columns that describe a client rather than measure it: the clusters lead a row, the training-set size
+# ends it, and the constant ones go to the W&B table only (no per-client series, no histogram).
+LEADING_COLUMNS = ("true_cluster", "cluster")
+TRAILING_COLUMNS = ("samples",)
+CONSTANT_COLUMNS = ("true_cluster", "samples")
+
+
+class CsvTable:
+    """A CSV file rewritten whole (atomically) on every append, so new columns can appear and a resumed run
+    can drop the rows the crashed run wrote after its last checkpoint."""
+
+    def __init__(self, path: Path, keep_until_round: int | None = None) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        if keep_until_round is not None and path.is_file():
+            with path.open(newline="") as f:
+                self.rows = [r for r in csv.DictReader(f) if int(r["round"]) <= keep_until_round]
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        self.rows.extend(rows)
+        columns = list(dict.fromkeys(k for r in self.rows for k in r))
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        os.replace(tmp, self.path)
+
+
+def client_rows(round: int, per_client: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """One row per client: round, client, its clusters, its metrics, its training-set size, then what its local
+    training reported this round (`train/...`, empty for a client that did not train); ints stay ints."""
+    if not per_client:
+        return []
+    edges = LEADING_COLUMNS + TRAILING_COLUMNS
+    training = [k for k in per_client if k.startswith("train/")]
+    names = [k for k in LEADING_COLUMNS if k in per_client] + \
+        [k for k in per_client if k not in edges and k not in training] + \
+        [k for k in TRAILING_COLUMNS if k in per_client] + training
+    count = len(per_client[names[0]])
+    return [{"round": round, "client": c, **{k: per_client[k][c].item() for k in names}} for c in range(count)]
+
+
+def matrix_file(folder: Path, name: str, round: int) -> Path:
+    """matrices/<name>_roundNNNN.npy (a '/' in the name becomes '_')."""
+    return folder / "matrices" / f"{name.replace('/', '_')}_round{round:04d}.npy"
+
+
+class CsvRecorder(Callback):
+    """Writes a run's numbers into its folder; a resumed run keeps the rows up to its checkpoint's round."""
+
+    def on_fit_start(self, run: Run) -> None:
+        keep = run.federation.round if run.resumed else None
+        self.run_dir = run.run_dir
+        self.metrics = CsvTable(run.run_dir / "metrics.csv", keep)
+        self.clients = CsvTable(run.run_dir / "clients.csv", keep)
+
+    def on_round_end(self, run: Run, result: "RoundResult") -> None:
+        for name, matrix in result.matrices.items():
+            path = matrix_file(self.run_dir, name, result.round)
+            path.parent.mkdir(exist_ok=True)
+            np.save(path, np.asarray(matrix))
+        self.metrics.append([result.scalars])
+        rows = client_rows(result.round, result.per_client)
+        if rows:
+            self.clients.append(rows)
+
+    def on_fit_end(self, run: Run, summary: dict[str, Any]) -> None:
+        """summary.json as strict JSON (a non-finite number becomes null)."""
+        (self.run_dir / "summary.json").write_text(json.dumps(strict_json(summary), indent=2, allow_nan=False))
+
+
+def strict_json(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary with every non-finite float replaced by None."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()}

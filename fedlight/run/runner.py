@@ -1,0 +1,147 @@
+"""Runs a `Federation` round by round and calls the run's callbacks by hook name: the CSV recorder, the console,
+W&B, a user's own (`callbacks:` in the config) and, last, the round checkpoints. Ends with the summary."""
+from __future__ import annotations
+
+import numbers
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from fedlight.engine.evaluation import higher_is_better
+from fedlight.engine.federation import Federation
+from fedlight.engine.round_result import RoundResult
+from fedlight.run import checkpoint
+from fedlight.run.callbacks import Callback, Run, call, callback_states, load_callback_states
+from fedlight.run.console import ConsoleReporter, make_console
+from fedlight.run.recorder import CsvRecorder
+from fedlight.run.wandb_logger import LoggerConfig, WandbLogger
+
+CHECKPOINTS = Path("checkpoints")
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C during a run: the rounds up to `saved_round` are in the run folder's checkpoint."""
+
+    def __init__(self, run_dir: Path, saved_round: int) -> None:
+        super().__init__(f"interrupted after round {saved_round}")
+        self.run_dir, self.saved_round = run_dir, saved_round
+
+
+class Totals(Callback):
+    """What the summary needs of the rounds: wall time, the last evaluated scalars, the best round."""
+
+    def __init__(self) -> None:
+        self.elapsed, self.last_eval, self.best = 0.0, {}, {}
+
+    def on_round_end(self, run: Run, result: RoundResult) -> None:
+        self.elapsed += result.seconds
+        if result.evaluated:
+            self.last_eval = scalars(result.scalars)
+            _track_best(self.best, self.last_eval, run.federation.config.eval_split)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"elapsed": self.elapsed, "last_eval": self.last_eval, "best": self.best}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.elapsed, self.last_eval, self.best = state["elapsed"], state["last_eval"], state["best"]
+
+
+class Checkpointer(Callback):
+    """Writes the round checkpoint every `every` rounds, after the last and when the run stops early: the
+    federation's state and every callback's (the first process only)."""
+
+    def __init__(self, every: int, callbacks: list[Any]) -> None:
+        self.every, self.callbacks = every, callbacks
+        self.saved_round = 0
+
+    def on_fit_start(self, run: Run) -> None:
+        self.saved_round = run.federation.round
+
+    def on_round_end(self, run: Run, result: RoundResult) -> None:
+        if result.round % self.every and result.round != run.federation.config.rounds and not run.should_stop:
+            return
+        if run.main_process:
+            state = {"federation": run.federation.state_dict(), "callbacks": callback_states(self.callbacks)}
+            checkpoint.save(state, run.run_dir / CHECKPOINTS)
+        self.saved_round = result.round
+
+
+def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: LoggerConfig | None = None,
+        run_name: str = "run", checkpoint_every: int = 1, resume: bool = False, console: Console | None = None,
+        callbacks: list[Any] | None = None) -> dict[str, Any]:
+    """Run the remaining rounds of `federation` and return the summary written to summary.json.
+
+    With `resume`, the state of the last round checkpoint in `run_dir` is loaded first (the federation's and every
+    callback's); the metrics files keep the rows up to that round, so the run ends exactly as an uninterrupted one
+    would. `callbacks` are the user's own, called after the built-in observers and before the checkpoint."""
+    collective = federation.collective
+    main_process = collective.rank == 0  # only the first of several processes writes the run folder and prints
+    console = (console or make_console()) if main_process else make_console(quiet=True)
+    logger = logger or LoggerConfig()
+    run = Run(federation, run_dir, config, run_name, console, main_process)
+    totals = Totals()
+    observers: list[Any] = [totals, ConsoleReporter(console)]
+    if main_process:
+        observers = [CsvRecorder(), *observers, *([WandbLogger(logger)] if logger.wandb else [])]
+    stateful = [*observers, *(callbacks or [])]
+    checkpointer = Checkpointer(checkpoint_every, stateful)
+    every = [*stateful, checkpointer]
+    run.resumed = collective.broadcast(resume and checkpoint.exists(run_dir / CHECKPOINTS))  # a run stopped before
+    if run.resumed:                                                                        # its first checkpoint
+        state = collective.broadcast(checkpoint.load(run_dir / CHECKPOINTS) if main_process else None)  # restarts
+        federation.load_state_dict(state["federation"])
+        load_callback_states(stateful, state["callbacks"])
+        if federation.round > federation.config.rounds:
+            raise ValueError(f"{run_dir} has run {federation.round} rounds already: --federation.rounds must be at "
+                             f"least {federation.round}")
+    call(every, "on_fit_start", run)
+    try:
+        for round in range(federation.round + 1, federation.config.rounds + 1):
+            started = time.perf_counter()
+            result = federation.run_round(round)
+            result.seconds = time.perf_counter() - started
+            call(every, "on_round_end", run, result)
+            if run.should_stop:
+                break
+    except KeyboardInterrupt:
+        call(every, "on_interrupt", run)
+        raise RunInterrupted(run_dir, checkpointer.saved_round) from None
+    except Exception as error:
+        call(every, "on_exception", run, error)
+        raise
+    summary = _summary(run, totals)
+    call(every, "on_fit_end", run, summary)
+    return summary
+
+
+def scalars(metrics: dict[str, Any]) -> dict[str, float | int]:
+    """The round's numbers as plain Python values (a checkpoint holds nothing else)."""
+    return {k: int(v) if k == "round" else float(v) for k, v in metrics.items()
+            if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+
+
+def _track_best(best: dict[str, Any], metrics: dict[str, Any], split: str) -> None:
+    """Remember the round with the best mean of the primary (first) per-client metric."""
+    means = [k for k in metrics if k.startswith(f"{split}/") and k.endswith("_mean")]
+    if not means:
+        return
+    mean = means[0]
+    better = higher_is_better(mean[len(split) + 1: -len("_mean")])
+    if mean not in best or (metrics[mean] > best[mean] if better else metrics[mean] < best[mean]):
+        best.clear()
+        best.update({mean: metrics[mean], "round": metrics["round"]})
+
+
+def _summary(run: Run, totals: Totals) -> dict[str, Any]:
+    federation, plan = run.federation, run.federation.execution.plan
+    final = {k: v for k, v in totals.last_eval.items() if k != "round" and not k.startswith("time/")}
+    probe = federation.execution.probe_result
+    return {"run": run.name, "algorithm": type(federation.algorithm).__name__, "rounds": federation.round,
+            "num_clients": federation.num_clients, "seed": federation.seed, "precision": federation.precision,
+            "device": str(federation.device), "plan": plan.as_dict(), "vectorized": plan.trainer != "sequential",
+            "vectorized_reason": plan.reason, "vectorize_probe": None if probe is None else probe.as_dict(),
+            **({"stopped": run.stop_reason} if run.stop_reason else {}),
+            "wall_time_s": round(totals.elapsed, 3), **final,
+            **{f"best/{k}": v for k, v in totals.best.items()}}

@@ -1,0 +1,12 @@
+"""Client training: how one module trains clients from flat parameter vectors (no algorithm, no round).
+
+| module | what it holds |
+|---|---|
+| `flat` | `FlatModel`: the module's parameters and buffers as views of one flat vector; masks over it |
+| `layer_masks` | layer-count masks (half layers included) for personalization layers |
+| `sequential` | `ClientTrainer`: one client at a time with the module's own training_step and optimizer |
+| `vectorized` | `VectorizedTrainer`: many clients at once through torch.func.vmap, functional optimizer |
+| `probe` | times both trainers on the same work and keeps the faster (`federation.vectorize: -1`) |
+| `schedules` | learning-rate schedulers on the federation's clock |
+| `step_logs` | what training_step logs with self.log, captured per client without device syncs |
+"""

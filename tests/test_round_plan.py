@@ -1,0 +1,149 @@
+"""The round's plan and its updates value: declared at set-up, streamed or held, left-out clients handed to the
+hooks, FedAvg's own aggregate run by the engine, and what hooks log landing in the round's result only."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import small_federation
+from fedlight import Algorithm, RoundUpdates
+from fedlight.algorithms.fedavg import FedAvg
+from fedlight.algorithms.ocfl import OCFL
+from fedlight.run.cli import main
+
+
+def test_a_hook_that_runs_only_when_declared_is_refused_without_its_declaration():
+    with pytest.raises(TypeError, match="own_training = True"):
+        class OwnWork(Algorithm):  # noqa: F841
+            def train_client(self, round, client, start):
+                return start, torch.zeros(())
+    with pytest.raises(TypeError, match="corrects_gradient = True"):
+        class Corrects(Algorithm):  # noqa: F841
+            def local_gradient(self, client, params, grad, start):
+                grad.zero_()
+
+    class Declared(Algorithm):
+        own_training = True
+
+        def train_client(self, round, client, start):
+            return start + 1, torch.zeros(())
+
+    fed = small_federation(Declared(), num_clients=3, vectorize=-1)
+    assert fed.execution.plan.trainer == "sequential" and "train_client" in fed.execution.plan.reason
+    fed.run_round(1)
+    assert torch.equal(fed.algorithm.models[0], fed.server.initial_params + 1)  # the mean of every start + 1
+
+
+def test_the_plan_follows_the_declarations():
+    fedavg, ocfl = small_federation(FedAvg(), num_clients=2), small_federation(OCFL(), num_clients=2)
+    assert fedavg.execution.plan.updates == "stream" and ocfl.execution.plan.updates == "hold"
+    assert fedavg.execution.plan.trainer == "sequential" and fedavg.execution.plan.reason == "federation.vectorize is 0"
+    assert "streamed" in fedavg.execution.plan.describe() and "held" in ocfl.execution.plan.describe()
+
+
+class Spy(FedAvg):
+    """FedAvg that records how often its own aggregate ran and what each round's value held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aggregated: list[int] = []
+
+    def aggregate(self, round, updates):
+        self.aggregated.append(round)
+        super().aggregate(round, updates)
+
+
+def test_the_engine_always_calls_aggregate_so_fedavgs_own_code_runs():
+    fed = small_federation(Spy(), num_clients=3, rounds=2)
+    fed.run_round(1), fed.run_round(2)
+    assert fed.algorithm.aggregated == [1, 2]
+
+
+def test_a_streamed_round_is_read_once_and_never_held_whole():
+    fed = small_federation(FedAvg(), num_clients=4, vectorize=2)
+    updates = fed.execution.round_updates(1, [0, 1, 2, 3])
+    assert [g.clients.tolist() for g in updates.groups()] == [[0, 1], [2, 3]]
+    with pytest.raises(RuntimeError, match="read once"):
+        next(updates.groups())
+    with pytest.raises(RuntimeError, match="holds_updates = True"):
+        updates.all()
+
+
+def test_a_held_round_is_every_update_in_client_order_and_groups_give_the_same():
+    fed = small_federation(OCFL(), num_clients=4)
+    updates = fed.execution.round_updates(1, [0, 2, 3])
+    whole = updates.all()
+    assert whole.clients.tolist() == [0, 2, 3] and updates.all() is whole
+    assert [g.clients.tolist() for g in updates.groups()] == [[0, 2, 3]]
+    report = updates.finish()
+    assert report.left_out == [] and report.metrics["train/loss"] == pytest.approx(float(whole.train_loss.mean()))
+
+
+class SeesLeftOut(FedAvg):
+    holds_updates = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[list[int]] = []
+
+    def aggregate(self, round, updates):
+        self.seen.append(list(updates.left_out))
+        assert 2 not in updates.all().clients.tolist()
+        super().aggregate(round, updates)
+
+
+def test_the_aggregation_hooks_receive_the_clients_left_out():
+    fed = small_federation(SeesLeftOut(), num_clients=4)
+    fed.data.train.x[fed.data.train.bounds[2], 0, 3, 3] = float("nan")  # one pixel of client 2
+    result = fed.run_round(1)
+    assert fed.algorithm.seen == [[2]] and result.left_out == [2] and result.scalars["clients_left_out"] == 1
+
+
+class Logs(FedAvg):
+    holds_updates = True
+
+    def pre_aggregation(self, round, updates):
+        deltas = updates.all().deltas
+        self.log("spy/mean_norm", deltas.norm(dim=1).mean())
+        if round == 1:
+            self.log_matrix("spy_gram", deltas @ deltas.T)
+
+
+def test_what_hooks_log_belongs_to_the_round_it_was_logged_in():
+    fed = small_federation(Logs(), num_clients=3, rounds=2)
+    first = fed.run_round(1)
+    second = fed.run_round(2)
+    # the logged norm is the mean update norm, recomputed by hand from the round's own updates
+    assert isinstance(first.scalars["spy/mean_norm"], float) and first.scalars["spy/mean_norm"] > 0
+    assert first.matrices["spy_gram"].shape == (3, 3)
+    assert np.allclose(first.matrices["spy_gram"], first.matrices["spy_gram"].T)
+    assert "spy_gram" not in second.matrices and "spy/mean_norm" in second.scalars
+    assert list(first.scalars)[:3] == ["round", "clients_trained", "clients_left_out"]
+
+
+def test_held_round_of_given_updates_runs_the_hooks_directly():
+    fed = small_federation(FedAvg(), num_clients=3)
+    d = fed.flat.numel
+    params = torch.stack([torch.full((d,), 1.0), torch.full((d,), 3.0)])
+    updates = RoundUpdates.of(fed.execution.train(1, [0, 1]))
+    updates.all().params = params
+    fed.algorithm.aggregate(1, updates)
+    sizes = fed.server.train_sizes[:2].double()
+    expected = (sizes[0] * 1.0 + sizes[1] * 3.0) / sizes.sum()
+    assert torch.allclose(fed.algorithm.models[0].double(), torch.full((d,), float(expected), dtype=torch.float64), atol=1e-6)
+
+
+def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path, tiny_run_args, capsys):
+    assert main(tiny_run_args + ["--run_name", "streamed", "--federation.rounds", "1", "--algorithm", "fedavg"]) == 0
+    assert main(tiny_run_args + ["--run_name", "held", "--federation.rounds", "1", "--algorithm", "ocfl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("FedAvg, 6 clients: updates streamed") for line in lines)
+    assert any(line.startswith("OCFL, 6 clients: every update held") for line in lines)
+    streamed = json.loads((tmp_path / "streamed" / "summary.json").read_text())
+    held = json.loads((tmp_path / "held" / "summary.json").read_text())
+    assert streamed["plan"] == {"updates": "stream", "trainer": "vectorized", "reason": None, "gradient_hook": False,
+                                "processes": 1}
+    assert held["plan"]["updates"] == "hold" and streamed["vectorized"] is True
