@@ -109,7 +109,8 @@ class MedMNISTFederated(FederatedDataModule):
         return self.info[f"MD5{self.suffix}"]
 
     def _place(self) -> str:
-        return (f"download it from {self.url} (MD5 {self.md5}) and save it as {self.path}, "
+        """How to place the file; follows the 'source: <url>' line, so the URL is not repeated."""
+        return (f"download it from the source above (MD5 {self.md5}) and save it as {self.path}, "
                 "or set download: true on a machine with network")
 
     @property

@@ -29,6 +29,19 @@ def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed
     return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed)
 
 
+@pytest.fixture(autouse=True)
+def own_trainer_memory(tmp_path_factory):
+    """Every test starts with an empty memory of trainer choices (`fedlight.training.probe.recall`), so a test
+    that probes measures, whatever ran before it (processes it starts inherit the variable)."""
+    before = os.environ.get("FEDLIGHT_CACHE_DIR")
+    os.environ["FEDLIGHT_CACHE_DIR"] = str(tmp_path_factory.mktemp("fedlight-cache"))
+    yield
+    if before is None:
+        os.environ.pop("FEDLIGHT_CACHE_DIR")
+    else:
+        os.environ["FEDLIGHT_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def tiny_run_args(tmp_path):
     """CLI arguments of a 3-round digits run writing into tmp_path, W&B off. The group size is fixed (the 6

@@ -68,6 +68,7 @@ def test_round_benchmark_reports_personal_parts(tmp_path):
     assert fedavg["personal_gb"] == 0.0 and fedavg["round_s"] > 0 and fedavg["samples_per_client"] == 10
 
 
+@pytest.mark.slow
 def test_processes_benchmark_times_one_and_two_processes(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     rows = run_main(processes, monkeypatch, tmp_path, "--clients", "4", "--pool", "400", "--rounds", "2",

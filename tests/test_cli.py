@@ -122,17 +122,22 @@ class HalfStep(Algorithm):
 '''
 
 
+def install_plugin(site, name: str):
+    """`site` holding the PLUGIN module as `<name>_plugin`, installed the way pip installs one (a module plus a
+    dist-info folder whose entry point names the algorithm `name`)."""
+    (site / f"{name}_plugin").mkdir(parents=True)
+    (site / f"{name}_plugin" / "__init__.py").write_text(PLUGIN)
+    info = site / f"{name}_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[fedlight.algorithms]\n{name} = {name}_plugin:HalfStep\n")
+    return site
+
+
 def test_an_installed_plugin_is_found_by_its_entry_point_and_runs(tmp_path, tiny_run_args, monkeypatch, capsys):
     """A separate package, installed the way pip installs one (a module plus a dist-info folder with its
     entry points), adds an algorithm that the CLI lists and runs by its short name."""
-    site = tmp_path / "site"
-    (site / "halfstep_plugin").mkdir(parents=True)
-    (site / "halfstep_plugin" / "__init__.py").write_text(PLUGIN)
-    info = site / "halfstep_plugin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: halfstep-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[fedlight.algorithms]\nhalfstep = halfstep_plugin:HalfStep\n")
-    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(install_plugin(tmp_path / "site", "halfstep")))
     assert main(["list"]) == 0
     assert "halfstep" in capsys.readouterr().out
     args = [a for a in tiny_run_args if a != str(tmp_path)] + [str(tmp_path / "runs")]
@@ -169,3 +174,124 @@ def test_a_dotted_key_beside_its_section_is_refused_instead_of_replacing_it(tmp_
     err = capsys.readouterr().err.replace("\n", "")
     assert "data.init_args.num_clients" in err and "--data.init_args.num_clients" in err
     assert not (tmp_path / "runs").exists()
+
+
+# -- a new user's first commands: help by short name, typos, a missing config, the listing -----------------
+SHIPPED = ("centclus", "cfl", "fedavg", "fedbn", "fedper", "fedprox", "fedtsdp", "flis_dc", "flis_hc", "ifca",
+           "kfed", "lgfedavg", "local", "mfc", "ocfl", "pfclus")
+
+
+@pytest.mark.parametrize("arguments, shown", [
+    (["--algorithm.help", "ocfl"], ("fedlight.algorithms.ocfl.OCFL", "--algorithm.clusterer")),
+    (["--algorithm.help=fedprox"], ("fedlight.algorithms.fedprox.FedProx", "--algorithm.mu")),
+])
+def test_algorithm_help_takes_a_short_name_as_algorithm_does(capsys, arguments, shown):
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *arguments])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    for text in shown:
+        assert text in out, text
+
+
+def test_algorithm_help_with_an_unknown_short_name_lists_the_installed_ones(capsys):
+    assert main(["fit", "--algorithm.help", "ocfll"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedlight: error: unknown algorithm 'ocfll': choose one of ") and "ocfl," in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("federaton:\n  rounds: 3\n", "unknown config key federaton.rounds (did you mean federation.rounds?)"),
+    ("sed: 3\n", "unknown config key sed (did you mean seed?)"),
+    ("federation:\n  roundz: 3\n", "unknown config key federation.roundz (did you mean federation.rounds?)"),
+    ("modle:\n  class_path: fedlight.models.Classifier\n",
+     "unknown config key modle.class_path (did you mean model.class_path?)"),
+])
+def test_a_misspelt_key_in_a_config_file_gets_a_suggestion_top_level_or_nested(tmp_path, tiny_run_args, capsys,
+                                                                             config, expected):
+    (tmp_path / "typo.yaml").write_text(config)
+    assert main(tiny_run_args + ["--config", str(tmp_path / "typo.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"fedlight: error: {expected}"
+    assert not [p for p in tmp_path.iterdir() if p.name != "typo.yaml"]  # no run folder
+
+
+@pytest.mark.parametrize("option, expected", [
+    ("--federaton.rounds", "unknown option --federaton.rounds (did you mean --federation.rounds?)"),
+    ("--federaton.rounds=3", "unknown option --federaton.rounds (did you mean --federation.rounds?)"),
+    ("--modle.init_args.lr", "unknown option --modle.init_args.lr (did you mean --model.init_args.lr?)"),
+    ("--sed", "unknown option --sed (did you mean --seed?)"),
+])
+def test_a_misspelt_top_level_option_gets_a_suggestion(tiny_run_args, capsys, option, expected):
+    assert main(tiny_run_args + ([option] if "=" in option else [option, "3"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedlight: error: {expected}") and len(err.strip().splitlines()) == 1, err
+
+
+def test_closest_key_corrects_the_top_level_part_of_a_key():
+    from fedlight.run.config_errors import closest_key
+
+    options = ["--seed", "--model", "--model.help", "--federation", "--federation.rounds", "--federation.batch_size",
+               "--data", "--logger.wandb"]
+    assert closest_key("federaton.rounds", options) == "federation.rounds"
+    assert closest_key("federaton.roundz", options) == "federation.rounds"
+    assert closest_key("federaton", options) == "federation"
+    assert closest_key("modle.init_args.lr", options) == "model.init_args.lr"  # a subclass section's own keys
+    assert closest_key("model.init_args.lr", options) is None  # the section is right: nothing to correct here
+    assert closest_key("xyzzy", options) is None
+
+
+def test_a_missing_config_file_is_one_line_naming_the_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--config", "configs/nope.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedlight: error: --config configs/nope.yaml: no such file") and "Parser key" not in err
+    assert str(tmp_path) in err and len(err.strip().splitlines()) == 1, err
+    outside = tmp_path.parent / "elsewhere" / "nope.yaml"
+    assert main(["fit", f"--config={outside}"]) == 2
+    assert capsys.readouterr().err.strip() == f"fedlight: error: --config {outside}: no such file"
+
+
+def test_list_shows_only_config_classes_each_with_its_description(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for hidden in ("_RedrawnScheme", "BasicBlock", "ClusterScheme", "PartitionScheme", "FederatedDataModule",
+                   "TorchvisionFederated", "UCITableFederated"):
+        assert hidden not in out, hidden
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    expected = {  # the first sentence of each docstring, as written in the source
+        "fedavg": "The base class's behaviour, under its own name.",
+        "ocfl": "One-shot clustering on the temperature of the update cosine distances.",
+        "DigitsFederated": "The digits images as (N, 1, 8, 8) floats in [0, 1], cut into clients by any partition",
+        "IID": "Uniformly random, equal-size (up to one sample) split.",
+        "Natural": "The data set's own partition: one client per owner (FEMNIST writer, WISDM user).",
+        "Classifier": "Trains `network` with cross-entropy.",
+        "MLP": "Flatten -> [Linear -> ReLU -> Dropout] per hidden width -> Linear(num_classes).",
+        "ResNet18": "CIFAR ResNet-18 (about 11.17 M parameters for 10 classes).",
+    }
+    for name, description in expected.items():
+        assert description in rows[name], rows[name]
+    for name in (*SHIPPED, "Dirichlet", "Rotations", "Heterogeneity", "MedMNISTFederated", "CentroidModel",
+                 "SmallCNN", "LeNet5", "ResNet9"):
+        assert name in rows, name
+    described = [line for line in rows.values() if len(line.split()) >= 3]
+    assert len(described) == len(rows)  # name, class path and a description on every line
+
+
+def test_an_unknown_algorithm_lists_every_shipped_one_also_beside_an_installed_plugin(tmp_path, tiny_run_args,
+                                                                                     monkeypatch, capsys):
+    from fedlight.run import registry
+
+    site = install_plugin(tmp_path / "site", "aardvark")
+    try:
+        for installed in ((), ("aardvark",)):
+            if installed:
+                monkeypatch.syspath_prepend(str(site))
+            assert main(tiny_run_args + ["--algorithm", "fedavgg"]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("fedlight: error: unknown algorithm 'fedavgg': choose one of ")
+            listed = err.split("choose one of ", 1)[1].split(", or give", 1)[0].split(", ")
+            assert set(SHIPPED) | set(installed) <= set(listed), listed
+    finally:
+        registry.short_names.cache_clear()

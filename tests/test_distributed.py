@@ -20,6 +20,8 @@ import fedlight as fedlight_package
 from conftest import small_federation
 from fedlight.engine.processes import Collective
 
+pytestmark = pytest.mark.slow  # real processes: skipped by `pytest -m "not slow"`
+
 RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
        "--data.partition", "fedlight.datamodules.Rotations", "--data.partition.init_args.num_clusters", "2",
        "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.SmallCNN",

@@ -12,6 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real processes: skipped by `pytest -m "not slow"`
+
 ROUNDS = 8
 RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
        "--data.partition", "fedlight.datamodules.Rotations", "--data.partition.init_args.num_clusters", "2",
@@ -106,3 +110,12 @@ def test_output_to_a_pipe_is_plain_lines_with_the_clustering_events(tmp_path):
     assert "2 clusters, ARI" in round_lines[-1]
     assert "run folder: runs/piped" in result.stdout
     assert "upload to W&B: wandb sync runs/piped/wandb/offline-run-" in result.stdout
+
+
+def test_ctrl_c_while_the_modules_load_prints_one_line(tmp_path):
+    process = fedlight(["list"], tmp_path)
+    time.sleep(0.8)  # importing torch and Lightning takes seconds: the signal lands during the imports
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert err.strip() == "fedlight: interrupted while starting; nothing was run"

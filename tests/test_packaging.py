@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_wheel_install_maps_the_top_level_folders_under_fedlight(tmp_path):
     source = tmp_path / "source"  # pip builds in the source tree: build a copy, not the checkout
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "runs", "*.egg-info",

@@ -92,3 +92,39 @@ def test_the_choice_is_part_of_the_checkpoint(monkeypatch):
     resumed.load_state_dict(state)  # no new probe: the resumed run trains as the interrupted one did
     assert resumed.execution.probe_result == fed.execution.probe_result and resumed.execution.vectorized is None
     assert resumed.execution.plan.reason == fed.execution.plan.reason
+
+
+def test_the_same_config_on_the_same_machine_takes_the_remembered_choice(monkeypatch):
+    with monkeypatch.context() as patch:
+        slowed(ClientTrainer, "fit", patch)  # sequential slow: the first run chooses vectorized
+        first = federation()
+        first.execution.train(1, list(range(5)))
+    assert first.execution.probe_result.choice == "vectorized" and not first.execution.probe_result.remembered
+    with monkeypatch.context() as patch:
+        slowed(VectorizedTrainer, "fit_many", patch, seconds=0.5)  # a fresh probe would now choose sequential ...
+        again = federation()
+        again.execution.train(1, list(range(5)))
+        other_batch = federation(batch_size=64)
+        other_batch.execution.train(1, list(range(5)))
+    remembered = again.execution.probe_result
+    assert remembered.remembered and remembered.choice == "vectorized"  # ... but the machine remembers
+    assert {k: v for k, v in remembered.as_dict().items() if k != "remembered"} == \
+        {k: v for k, v in first.execution.probe_result.as_dict().items() if k != "remembered"}
+    assert not other_batch.execution.probe_result.remembered  # another batch size is measured anew
+    assert other_batch.execution.probe_result.choice == "sequential"
+
+
+def test_a_model_with_dropout_is_compared_like_with_like_and_vectorizes_when_faster(monkeypatch):
+    """The two trainers draw other dropout masks; the probe switches dropout off, so their models agree and the
+    faster trainer is kept (before, every model with dropout trained sequentially, blamed on 'other models')."""
+    slowed(ClientTrainer, "fit", monkeypatch)
+    torch.manual_seed(0)
+    network = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                  torch.nn.Linear(32, 10))
+    config = FederationConfig(rounds=1, local_epochs=1, batch_size=10, accelerator="cpu", vectorize=-1)
+    data = DigitsFederated(num_clients=5, partition=QuantitySkew(alpha=0.5, min_size=30))
+    fed = Federation(data, Classifier(network, lr=0.05), FedAvg(), config)
+    fed.execution.train(1, list(range(5)))
+    result = fed.execution.probe_result
+    assert result.difference <= AGREEMENT and result.choice == "vectorized"
+    assert [m.p for m in network.modules() if isinstance(m, torch.nn.Dropout)] == [0.5]  # restored after the probe

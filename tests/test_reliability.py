@@ -21,6 +21,7 @@ from fedlight.engine.evaluation import summarize
 from fedlight.engine.execution import ClientExecution
 from fedlight.engine.federation import Federation
 from fedlight.run.callbacks import Run
+from fedlight.run.recorder import CsvRecorder
 from rich.console import Console
 
 
@@ -128,14 +129,31 @@ def test_a_crash_between_the_two_renames_resumes_from_the_previous_checkpoint(tm
     assert checkpoint.load(folder)["federation"]["round"] == 1
 
 
-def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(tmp_path, tiny_run_args, monkeypatch):
+@pytest.mark.parametrize("where", ["first round", "logger start"])
+def test_a_new_run_stopped_before_its_first_checkpoint_leaves_nothing_and_its_name_free(tmp_path, tiny_run_args,
+                                                                                         monkeypatch, capsys, where):
     assert main(tiny_run_args + ["--federation.rounds", "2", "--run_name", "whole"]) == 0
-    real_run_round = Federation.run_round
-    monkeypatch.setattr(Federation, "run_round", lambda self, round: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stop = lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt())  # noqa: E731
+    target = (Federation, "run_round") if where == "first round" else (CsvRecorder, "on_fit_start")
+    real = getattr(*target)
+    monkeypatch.setattr(*target, stop)
+    capsys.readouterr()
     assert main(tiny_run_args + ["--federation.rounds", "2", "--run_name", "early"]) == 130
-    monkeypatch.setattr(Federation, "run_round", real_run_round)
-    assert main(["fit", "--resume", str(tmp_path / "early")]) == 0
+    assert capsys.readouterr().err.strip() == "fedlight: interrupted before the first round; nothing was saved"
+    assert not (tmp_path / "early").exists()  # as the message says: the name is free again
+    monkeypatch.setattr(*target, real)
+    assert main(tiny_run_args + ["--federation.rounds", "2", "--run_name", "early"]) == 0
     assert rows(tmp_path / "early" / "metrics.csv") == rows(tmp_path / "whole" / "metrics.csv")
+
+
+def test_a_refused_resume_changes_nothing_on_disk(tmp_path, tiny_run_args, capsys):
+    assert main(tiny_run_args + ["--federation.rounds", "3", "--run_name", "run"]) == 0
+    run = tmp_path / "run"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main(["fit", "--resume", str(run), "--federation.rounds", "2"]) == 2
+    assert "must be at least 3" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # config.yaml still says 3 rounds
+    assert main(["fit", "--resume", str(run)]) == 0  # and a plain resume still works (nothing left to run)
 
 
 # -- non-finite clients --------------------------------------------------------------------------------------
@@ -198,7 +216,7 @@ def test_summary_json_writes_a_metric_no_client_has_as_null(tmp_path):
     from fedlight.run.recorder import CsvRecorder
 
     recorder = CsvRecorder()
-    recorder.on_fit_start(Run(None, tmp_path, {}, "run", Console()))
+    recorder.on_fit_start(Run(None, tmp_path, {}, "{}\n", "run", Console()))
     recorder.on_fit_end(None, {"test/acc_mean": float("nan"), "test/loss_mean": float("inf"), "rounds": 3})
     assert strict_json(tmp_path / "summary.json") == {"test/acc_mean": None, "test/loss_mean": None, "rounds": 3}
 
@@ -237,7 +255,8 @@ def test_warnings_for_clients_without_or_with_few_evaluation_samples():
 # -- one-line errors, and no run folder after a refused start ----------------------------------------------
 @pytest.mark.parametrize("arguments, expected", [
     (["--federation.round", "5"], "unknown option --federation.round (did you mean --federation.rounds?)"),
-    (["--algorithm", "fedavgg"], "unknown algorithm 'fedavgg': choose one of centclus, cfl, fedavg,"),
+    # the names listed are the installed ones, plugins included (tests/test_cli.py checks the shipped ones are)
+    (["--algorithm", "fedavgg"], "unknown algorithm 'fedavgg': choose one of "),
     (["--model.init_args.network.init_args.widht", "3"],
      "model.init_args.network.init_args.widht: fedlight.models.SmallCNN has no option 'widht'; its options are"),
     (["--federation.accelerator", "cuda"], "federation.accelerator=cuda, but this machine has no usable CUDA GPU"),

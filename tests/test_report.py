@@ -59,6 +59,24 @@ def summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+def fake_run(folder: Path, seed: int, acc: float, lr: float = 0.1, algorithm: str = "FedAvg") -> Path:
+    """A run folder as `fedlight fit` leaves it, in miniature (no training): two evaluated rounds in metrics.csv,
+    summary.json with the final mean accuracy, config.yaml whose learning rate sets the configuration."""
+    folder.mkdir(parents=True)
+    (folder / "metrics.csv").write_text("round,test/acc_mean,test/acc_std,test/acc_worst\n"
+                                        f"1,{acc / 2},0.1,{acc / 4}\n2,{acc},0.1,{acc / 2}\n")
+    (folder / "summary.json").write_text(json.dumps({"run": folder.name, "algorithm": algorithm, "seed": seed,
+                                                     "rounds": 2, "test/acc_mean": acc, "wall_time_s": 1.0}))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "algorithm": f"fedlight.x.{algorithm}",
+                                                        "optimizer": {"lr": lr}}))
+    return folder
+
+
+def runs_cells(page: str) -> dict[str, str]:
+    """The comparison table: row label -> its runs cell (which seeds, how many runs)."""
+    return dict(re.findall(r"<th scope='row'><span[^>]*></span>(.*?)</th><td>(.*?)</td>", page))
+
+
 def test_the_report_has_every_figure_titled_and_is_self_contained(sweep):
     page = (sweep / "report.html").read_text()
     found = figures(page)
@@ -189,6 +207,99 @@ def test_a_folder_without_metrics_is_refused_in_one_line_naming_the_fix(tmp_path
     assert len(err.strip().splitlines()) == 1
     assert str(tmp_path / "half") in err and "metrics.csv" in err and "fedlight fit" in err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_a_folder_argument_finds_runs_at_any_depth(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    fake_run(runs / "sweep-digits" / "fedavg-s0", 0, 0.5)
+    fake_run(runs / "sweep-digits" / "fedavg-s1", 1, 0.7)
+    fake_run(runs / "old" / "deeper" / "ocfl-s0", 0, 0.9, algorithm="OCFL")
+    (runs / "notes").mkdir()  # a folder without runs is passed over
+    assert main(["report", str(runs), "--output", str(tmp_path / "r.html")]) == 0
+    assert "report of 3 runs in 2 configurations" in capsys.readouterr().out
+    rows = table((tmp_path / "r.html").read_text())
+    assert rows["FedAvg"]["mean acc"] == (pytest.approx(0.6), pytest.approx(0.1), 2)
+    assert rows["OCFL"]["mean acc"] == (0.9, 0.0, 1)
+
+
+def test_a_folder_holding_no_run_at_any_depth_is_refused_naming_it(tmp_path, capsys):
+    fake_run(tmp_path / "runs" / "sweep" / "fedavg-s0", 0, 0.5)
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "empty" / "sub" / "config.yaml").write_text("seed: 0\n")
+    assert main(["report", str(tmp_path / "runs"), str(tmp_path / "empty"), "--output", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert f"{tmp_path / 'empty'} holds no run" in err and str(tmp_path / "runs") not in err and "metrics.csv" in err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_runs_of_one_seed_are_counted_as_runs_not_seeds(tmp_path):
+    accs = {(0.1, 0): [0.5, 0.7], (0.1, 1): [0.9], (0.2, 0): [0.2, 0.4], (0.3, 0): [0.3], (0.3, 1): [0.6]}
+    for (lr, seed), values in accs.items():
+        for i, acc in enumerate(values):
+            fake_run(tmp_path / "runs" / f"lr{lr}-s{seed}-{i}", seed, acc, lr)
+    assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert runs_cells(page) == {"FedAvg (lr=0.1)": "seeds 0, 1 (3 runs)", "FedAvg (lr=0.2)": "seed 0 (2 runs)",
+                                "FedAvg (lr=0.3)": "seeds 0, 1"}
+    for lr, values in ((0.1, [0.5, 0.7, 0.9]), (0.2, [0.2, 0.4]), (0.3, [0.3, 0.6])):  # mean and std over runs
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        assert table(page)[f"FedAvg (lr={lr})"]["mean acc"] == (pytest.approx(mean), pytest.approx(std), len(values))
+    assert "standard\ndeviation over its runs" in page and "mean over runs, band ± std over runs" in page
+    assert "over its seeds" not in page and "over seeds" not in page
+
+
+def test_distinct_seeds_are_still_called_seeds(tmp_path):
+    fake_run(tmp_path / "runs" / "s0", 0, 0.5)
+    fake_run(tmp_path / "runs" / "s1", 1, 0.7)
+    assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert runs_cells(page) == {"FedAvg": "seeds 0, 1"}
+    assert "deviation over its seeds" in page and "mean over seeds, band ± std over seeds" in page
+
+
+def test_the_report_goes_next_to_the_runs_and_never_over_an_existing_file(tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "runs" / "sweep"
+    fake_run(sweep / "fedavg-s0", 0, 0.5)
+    fake_run(sweep / "fedavg-s1", 1, 0.7)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(sweep)]) == 0
+    assert f": {sweep / 'report.html'} (" in capsys.readouterr().out
+    assert not (tmp_path / "report.html").exists()
+    written = (sweep / "report.html").read_text()
+    assert "<table class='results' id='comparison'>" in written
+
+    (sweep / "report.html").write_text("my notes")  # the user's own file is never replaced without being told
+    assert main(["report", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert str(sweep / "report.html") in err and "--overwrite" in err and "--output" in err
+    assert (sweep / "report.html").read_text() == "my notes"
+    assert main(["report", str(sweep), "--output", str(sweep / "report.html")]) == 2
+    assert (sweep / "report.html").read_text() == "my notes"
+    assert main(["report", str(sweep), "--overwrite"]) == 0
+    assert (sweep / "report.html").read_text() == written
+
+
+def test_the_default_output_is_the_folder_holding_every_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fake_run(tmp_path / "runs" / "a" / "fedavg-s0", 0, 0.5)
+    fake_run(tmp_path / "runs" / "b" / "deeper" / "ocfl-s0", 0, 0.5, algorithm="OCFL")
+    assert main(["report", str(tmp_path / "runs" / "a" / "fedavg-s0"),
+                 str(tmp_path / "runs" / "b" / "deeper" / "ocfl-s0")]) == 0
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*.html")] == [Path("runs/report.html")]
+
+
+def test_counts_of_runs_and_configurations_are_singular_for_one(tmp_path, capsys):
+    fake_run(tmp_path / "runs" / "s0", 0, 0.5)
+    assert main(["report", str(tmp_path / "runs" / "s0"), "--output", str(tmp_path / "one.html")]) == 0
+    assert "report of 1 run in 1 configuration: " in capsys.readouterr().out
+    assert "<p class=\"lead\">1 run in 1 configuration, " in (tmp_path / "one.html").read_text()
+    fake_run(tmp_path / "runs" / "s1", 1, 0.7)
+    assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "two.html")]) == 0
+    assert "report of 2 runs in 1 configuration: " in capsys.readouterr().out
+    assert "<p class=\"lead\">2 runs in 1 configuration, " in (tmp_path / "two.html").read_text()
 
 
 def test_a_wandb_report_offline_is_skipped_in_one_line(sweep, tmp_path, capsys):

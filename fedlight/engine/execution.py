@@ -24,7 +24,8 @@ from fedlight.engine.devices import available_memory
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_updates import RoundUpdates
 from fedlight.engine.updates import Updates
-from fedlight.training.probe import ProbeResult, probe
+from fedlight.training.probe import (PROBE_CLIENTS, ProbeResult, device_name, probe, probe_key, recall, remember,
+                                     without_dropout)
 from fedlight.training.sequential import ClientTrainer, Trained
 from fedlight.training.vectorized import VectorizedTrainer, unsupported_reason
 
@@ -112,7 +113,7 @@ class ClientExecution:
             size = self.group_size(len(mine))
             groups = [mine[begin: begin + size] for begin in range(0, len(mine), size)]
         rate = None if alg.own_training else \
-            self.trainer.learning_rates.round_rate(round) * alg.learning_rate_scale(round)
+            self.trainer.learning_rates.round_rate(round, self.local_steps(clients)) * alg.learning_rate_scale(round)
         return RoundUpdates(clients, alg.holds_updates, groups, lambda group: self.train(round, group),
                             self.collective, self.server.num_clients, rate)
 
@@ -173,9 +174,18 @@ class ClientExecution:
                        {name: torch.cat([p.logs[name] for p in parts]) for name in names})
 
     def _probe(self, round: int, clients: list[int], starts: Tensor) -> None:
-        """Time both trainers on this round's first group (`fedlight.training.probe`) and keep the faster."""
+        """Time both trainers on this round's first group (`fedlight.training.probe`) and keep the faster; or take
+        the decision this machine remembers for the same model, batch size, clients, precision and device."""
         alg = self.algorithm
         group = clients[: self.group_size(len(clients))]
+        key = probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
+                        batch_size=self.config.batch_size, clients=min(len(group), PROBE_CLIENTS),
+                        gradient_hook=alg.corrects_gradient, precision=self._precision_name(),
+                        device=device_name(self.device))
+        remembered = recall(key) if self.collective.rank == 0 else None
+        if self.collective.broadcast(remembered is not None):
+            self._keep_probe(self.collective.broadcast(remembered))
+            return
         seeds = [self.server.client_seed(round, c) for c in group]
         lr_scale = alg.learning_rate_scale(round)
 
@@ -189,8 +199,16 @@ class ClientExecution:
                                             epochs=1).params
 
         data = [self.server.split("train").client(c) for c in group]
-        result = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized, self.device)
-        self._keep_probe(self.collective.broadcast(result))  # every process trains the way the first chose
+        with without_dropout(self.trainer.module):  # the trainers draw other masks: compare like with like
+            measured = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized, self.device)
+        result = self.collective.broadcast(measured)  # every process trains the way the first chose
+        if self.collective.rank == 0:
+            remember(key, result)
+        self._keep_probe(result)
+
+    def _precision_name(self) -> str:
+        plugin = self.trainer.fabric.strategy.precision
+        return str(getattr(plugin, "precision", type(plugin).__name__))
 
     def _keep_probe(self, result: ProbeResult) -> None:
         self.probe_result = result
@@ -212,6 +230,11 @@ class ClientExecution:
         if not alg.corrects_gradient:
             return None
         return lambda row, params, grad, start: alg.local_gradient(group[row], params, grad, start)
+
+    def local_steps(self, clients: list[int]) -> int:
+        """Local optimizer steps of the longest of `clients` in a round (its batches times the local epochs)."""
+        longest = int(self.server.train_sizes[clients].max()) if clients else 0
+        return max(1, -(-longest // self.config.batch_size) * self.config.local_epochs)
 
     def group_size(self, clients: int) -> int:
         """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise as

@@ -1,14 +1,19 @@
-"""`fedlight report RUN [RUN ...] --output report.html`: one self-contained HTML page that compares runs, the kind
-a paper's appendix holds. Runs whose configs differ only in seed form one configuration (`config_group`, the same
-key as their W&B group) and are shown as mean ± std over their seeds. The page has a comparison table (final mean,
-std and worst-client accuracy, ARI, clusters, wall time) and figures drawn by matplotlib and inlined as SVG:
-accuracy over rounds (mean and worst client), the per-client spread at the end, ARI over rounds, each clustered
-run's assignment timeline beside the true clusters, and the last similarity matrices on a fixed colour scale."""
+"""`fedlight report RUN [RUN ...] [--output report.html]`: one self-contained HTML page that compares runs, the kind
+a paper's appendix holds. A folder argument stands for every run folder below it, at any depth (a sweep writes its
+runs one level deeper). Runs whose configs differ only in seed form one configuration (`config_group`, the same
+key as their W&B group) and are shown as mean ± std over their runs; two runs of one seed are two runs (repeats),
+never two seeds, and the table says so. The page goes to report.html in the folder that holds the runs unless
+`--output` says otherwise, and never replaces an existing file without `--overwrite`. It has a comparison table
+(final mean, std and worst-client accuracy, ARI, clusters, wall time) and figures drawn by matplotlib and inlined
+as SVG: accuracy over rounds (mean and worst client), the per-client spread at the end, ARI over rounds, each
+clustered run's assignment timeline beside the true clusters, and the last similarity matrices on a fixed colour
+scale."""
 from __future__ import annotations
 
 import csv
 import html
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,6 +29,11 @@ from fedlight.reports.run_groups import RUN_ONLY_KEYS, config_group
 
 class ReportError(ValueError):
     """A run folder or option the report cannot use; the message names the problem and the fix."""
+
+
+def plural(count: int, word: str) -> str:
+    """'1 run', '2 runs': a count with its noun in the right number."""
+    return f"{count} {word}{'s' * (count != 1)}"
 
 
 def _number(text: str | None) -> float | None:
@@ -131,22 +141,36 @@ class Run:
         return found
 
 
+def runs_below(folder: Path, seen: set[Path] | None = None) -> list[Path]:
+    """The run folders (those holding metrics.csv) at or below `folder` at any depth, in path order. The search
+    stops at a run folder (its wandb/ and matrices/ are not runs), skips hidden folders (.git, .venv) and visits a
+    folder reached twice through links once."""
+    seen = set() if seen is None else seen
+    if folder.resolve() in seen:
+        return []
+    seen.add(folder.resolve())
+    if (folder / "metrics.csv").is_file():
+        return [folder]
+    children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [run for child in children for run in runs_below(child, seen)]
+
+
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
-    """Run folders: each path itself when it holds metrics.csv, else the run folders directly inside it (the
-    output folder of a sweep)."""
+    """Run folders: each path itself when it holds metrics.csv, else every run folder below it (a folder of runs,
+    or of sweeps of runs); a path holding no run at all is refused, naming it."""
     found: list[Path] = []
     for path in map(Path, paths):
         if not path.is_dir():
             raise ReportError(f"{path}: no such folder; pass run folders written by `fedlight fit` (runs/<run>)")
-        inside = [p.parent for p in sorted(path.glob("*/metrics.csv"))]
-        if (path / "metrics.csv").is_file():
-            found.append(path)
-        elif inside:
-            found.extend(inside)
-        else:
-            raise ReportError(f"{path} has no metrics.csv (and no run folder inside holds one): pass run folders "
-                              "written by `fedlight fit` (runs/<run>) or a folder of them")
-    return list(dict.fromkeys(found))
+        runs = runs_below(path)
+        if not runs:
+            raise ReportError(f"{path} holds no run (no metrics.csv in it or in any folder below it): pass run "
+                              "folders written by `fedlight fit` (runs/<run>) or a folder that holds them")
+        found.extend(runs)
+    unique: dict[Path, Path] = {}
+    for run in found:  # a run given twice (or by two paths) is one run
+        unique.setdefault(run.resolve(), run)
+    return list(unique.values())
 
 
 def load_run(path: Path) -> Run:
@@ -162,7 +186,8 @@ def load_run(path: Path) -> Run:
 
 @dataclass
 class Group:
-    """The runs of one configuration (its seeds), drawn in one colour under one label."""
+    """The runs of one configuration, drawn in one colour under one label. Two runs of one seed are kept as two
+    runs (repeats): every number is a mean ± std over the runs, and `seeds` says how many runs of which seeds."""
 
     key: str
     label: str
@@ -174,8 +199,21 @@ class Group:
         """The run shown where a figure shows one run per configuration: the lowest seed."""
         return self.runs[0]
 
+    @property
+    def repeats(self) -> bool:
+        """Whether some seed was run more than once, so that the runs outnumber the seeds."""
+        return len({run.seed for run in self.runs}) < len(self.runs)
+
+    @property
+    def seeds(self) -> str:
+        """'seed 0', 'seeds 0, 1', and with repeats 'seed 0 (2 runs)', 'seeds 0, 1 (3 runs)': a repeat of a seed is
+        another run, never another seed."""
+        seeds = list(dict.fromkeys("unset" if run.seed is None else str(run.seed) for run in self.runs))
+        text = f"seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}"
+        return f"{text} ({plural(len(self.runs), 'run')})" if self.repeats else text
+
     def curve(self, key: str) -> plots.Series | None:
-        """`key` over the rounds every seed has: the mean over seeds, with their std when there are several."""
+        """`key` over the rounds every run has: the mean over runs, with their std when there are several."""
         columns = [run.column(key) for run in self.runs]
         columns = [c for c in columns if len(c[0])]
         if not columns:
@@ -195,8 +233,9 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def group_runs(runs: Sequence[Run]) -> list[Group]:
-    """Runs grouped by configuration (in order of first appearance), seeds sorted. A label is the algorithm's
-    name, plus the settings that tell apart configurations of the same algorithm."""
+    """Runs grouped by configuration (in order of first appearance), sorted by seed; runs of one seed stay separate
+    runs (see `Group`). A label is the algorithm's name, plus the settings that tell apart configurations of the
+    same algorithm."""
     by_key: dict[str, list[Run]] = {}
     for run in runs:
         by_key.setdefault(run.group, []).append(run)
@@ -235,8 +274,8 @@ def table_columns(split: str, metric: str) -> list[Column]:
 
 
 def _cell(values: list[float], digits: int) -> str:
-    """'mean ± std' over seeds (population std), the value alone for one seed, '–' for none; the exact numbers
-    ride along as data attributes."""
+    """'mean ± std' over runs (population std), the value alone for one run, '–' for none; the exact numbers
+    ride along as data attributes (data-n: the number of runs)."""
     if not values:
         return "<td class='num'>–</td>"
     mean, std = float(np.mean(values)), float(np.std(values))
@@ -248,14 +287,13 @@ def comparison_table(groups: Sequence[Group], columns: Sequence[Column]) -> str:
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in columns)
     rows = []
     for g in groups:
-        seeds = ", ".join(str(r.seed) for r in g.runs)
         cells = "".join(_cell([v for v in map(c.value, g.runs) if v is not None and np.isfinite(v)], c.digits)
                         for c in columns)
         rounds = sorted({int(r.final("rounds") or r.column("round")[1].max()) for r in g.runs})
         rows.append(f"<tr data-group='{html.escape(g.key)}'><th scope='row'><span class='swatch' "
-                    f"style='background:{g.colour}'></span>{html.escape(g.label)}</th><td>{seeds}</td>"
+                    f"style='background:{g.colour}'></span>{html.escape(g.label)}</th><td>{g.seeds}</td>"
                     f"<td class='num'>{'/'.join(map(str, rounds))}</td>{cells}</tr>")
-    return (f"<table class='results' id='comparison'><thead><tr><th>configuration</th><th>seeds</th><th>rounds</th>"
+    return (f"<table class='results' id='comparison'><thead><tr><th>configuration</th><th>runs</th><th>rounds</th>"
             f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
@@ -291,10 +329,16 @@ def primary_metric(run: Run) -> str:
     return "acc" if "acc" in names else names[0]
 
 
+def averaged_over(groups: Sequence[Group]) -> str:
+    """What a configuration's mean and std are taken over: 'seeds', or 'runs' when some seed was repeated."""
+    return "runs" if any(g.repeats for g in groups) else "seeds"
+
+
 def figures(groups: Sequence[Group], split: str, metric: str) -> list[PageFigure]:
     """Every figure the runs have data for, in the page's order."""
     out: list[PageFigure] = []
-    seeds = "mean over seeds, band ± std over seeds" if any(len(g.runs) > 1 for g in groups) else "one seed each"
+    over = averaged_over(groups)
+    seeds = f"mean over {over}, band ± std over {over}" if any(len(g.runs) > 1 for g in groups) else "one run each"
     label = "accuracy" if metric == "acc" else metric
 
     def add(key: str, title: str, caption: str, figure: Any) -> None:
@@ -315,7 +359,7 @@ def figures(groups: Sequence[Group], split: str, metric: str) -> list[PageFigure
             spread.append((g.label, g.colour, np.array(values)))
     if spread:
         add("spread", f"Per-client {label} at the end",
-            f"{split.capitalize()} {label} of each client after the last round; a point is a client (of every seed), "
+            f"{split.capitalize()} {label} of each client after the last round; a point is a client (of every run), "
             "the box spans the quartiles, the line is the median, the diamond the mean.",
             plots.spread_figure(spread, f"Per-client {label} after the last round", label))
 
@@ -374,7 +418,9 @@ figcaption { display: table-caption; caption-side: bottom; }
 
 
 def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Sequence[PageFigure]) -> str:
-    runs = sum(len(g.runs) for g in groups)
+    runs, over = sum(len(g.runs) for g in groups), averaged_over(groups)
+    repeats = (" Runs of one seed are repeats, counted as runs rather than seeds: the runs column says how many."
+               if over == "runs" else "")
     label = "accuracy" if metric == "acc" else metric
     figure_html = "".join(
         f"<figure id='fig-{html.escape(f.key)}'>{f.svg}<figcaption><strong>Figure {i}. {html.escape(f.title)}."
@@ -383,9 +429,9 @@ def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Seq
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{CSS}</style></head>
 <body><main>
 <h1>{html.escape(title)}</h1>
-<p class="lead">{runs} run{'s' * (runs != 1)} in {len(groups)} configuration{'s' * (len(groups) != 1)}, evaluated on
-each client's own {html.escape(split)} split. Runs whose configs differ only in seed are one configuration: numbers are
-mean ± standard deviation over its seeds (population std), and the curves show the seeds' mean with a ± std band.</p>
+<p class="lead">{plural(runs, "run")} in {plural(len(groups), "configuration")}, evaluated on each client's own
+{html.escape(split)} split. Runs whose configs differ only in seed are one configuration: numbers are mean ± standard
+deviation over its {over} (population std), and the curves show their mean with a ± std band.{repeats}</p>
 <h2>Comparison</h2>
 <p class="note"><strong>Table 1.</strong> Final round: {label} of every client's own model (mean over clients, standard
 deviation across clients, worst client), adjusted Rand index of the clustering against the true clusters and the
@@ -411,10 +457,26 @@ def build(paths: Sequence[str | Path], title: str = "fedlight report") -> tuple[
     return page(title, groups, split, metric, figures(groups, split, metric)), groups
 
 
-def write(paths: Sequence[str | Path], output: str | Path, title: str = "fedlight report") -> list[Group]:
-    """Write the report of `paths` to `output` and return its configuration groups."""
-    text, groups = build(paths, title)
+def output_path(runs: Sequence[Path], output: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Where the report goes: `output`, else report.html in the deepest folder holding every run (next to the
+    runs, not in whatever folder the command ran from). An existing file there is refused unless `overwrite`, so
+    no file is replaced silently."""
+    if output is None:
+        output = Path(os.path.commonpath([os.path.abspath(run.parent) for run in runs])) / "report.html"
     output = Path(output)
+    if output.exists() and not overwrite:
+        raise ReportError(f"{output} exists already: pass --overwrite to replace it, or --output to write elsewhere")
+    return output
+
+
+def write(paths: Sequence[str | Path], output: str | Path | None = None, title: str = "fedlight report",
+          overwrite: bool = True) -> tuple[Path, list[Group]]:
+    """Write the report of `paths` to `output` (default: see `output_path`) and return where, with its
+    configuration groups. `overwrite` is on for callers that own the file (the sweep rewrites its report); the
+    CLI passes `--overwrite`, refusing an existing file before any work."""
+    runs = find_runs(paths)
+    output = output_path(runs, output, overwrite)
+    text, groups = build(runs, title)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
-    return groups
+    return output, groups

@@ -28,7 +28,8 @@ class Run:
     Attributes:
         federation: the federation being run (its algorithm, config, round).
         run_dir: the run folder (written by the first process only).
-        config: the resolved config, as saved in config.yaml.
+        config: the resolved config.
+        config_text: the resolved config as config.yaml holds it.
         name: the run's name.
         console: where the first process prints (the others get a silent one).
         main_process: whether this is the process that writes the run folder and logs.
@@ -39,6 +40,7 @@ class Run:
     federation: "Federation"
     run_dir: Path
     config: dict[str, Any]
+    config_text: str
     name: str
     console: Console
     main_process: bool = True

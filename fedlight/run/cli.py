@@ -81,10 +81,13 @@ def build_parser() -> ArgumentParser:
 
 
 def report_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="One self-contained HTML page comparing runs; the seeds of a configuration "
-                                        "are shown as mean ± std.", **STRICT)
-    parser.add_argument("runs", nargs="+", type=str, help="run folders written by `fedlight fit`, or folders of them")
-    parser.add_argument("--output", type=str, default="report.html", help="the HTML file to write")
+    parser = ArgumentParser(description="One self-contained HTML page comparing runs; the runs of a configuration "
+                                        "(its seeds) are shown as mean ± std.", **STRICT)
+    parser.add_argument("runs", nargs="+", type=str,
+                        help="run folders written by `fedlight fit`, or folders holding them at any depth")
+    parser.add_argument("--output", type=str | None, default=None,
+                        help="the HTML file to write (default: report.html in the folder that holds the runs)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the output file if it exists")
     parser.add_argument("--title", type=str, default="fedlight report", help="the page's title")
     parser.add_argument("--wandb", type=str | None, default=None,
                         help="ENTITY/PROJECT: also build a W&B Report of these runs there (online only; needs "
@@ -93,12 +96,14 @@ def report_parser() -> ArgumentParser:
 
 
 def expand_short_names(argv: list[str]) -> list[str]:
-    """`--algorithm fedprox` -> the entry point's class path (YAML files get the same via the loader)."""
+    """`--algorithm fedprox` (and `--algorithm.help fedprox`) -> the entry point's class path (YAML files get the
+    same via the loader)."""
+    options = ("--algorithm", "--algorithm.class_path", "--algorithm.help")  # the options naming an algorithm
     out = list(argv)
     for i, arg in enumerate(out):
-        if arg in ("--algorithm", "--algorithm.class_path") and i + 1 < len(out):
+        if arg in options and i + 1 < len(out) and not out[i + 1].startswith("-"):
             out[i + 1] = registry.algorithm_path(out[i + 1])
-        elif arg.startswith(("--algorithm=", "--algorithm.class_path=")):
+        elif arg.startswith(tuple(f"{option}=" for option in options)):
             key, value = arg.split("=", 1)
             out[i] = f"{key}={registry.algorithm_path(value)}"
     return out
@@ -165,8 +170,8 @@ def new_run_dir(cfg: Namespace) -> Path:
 
 
 def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = None) -> dict[str, Any]:
-    """Set everything up (after seeding, so the model's initial weights follow the seed), then make the run
-    folder, save the resolved config in it and run."""
+    """Set everything up (after seeding, so the model's initial weights follow the seed), then run: the run folder
+    and its config.yaml are written only once the run is accepted (`fedlight.run.runner.fit`)."""
     console = console or make_console()
     torch.manual_seed(cfg.seed)
     resume = cfg.resume is not None
@@ -183,21 +188,18 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
-    if federation.collective.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=resume)
-        config = run_dir / "config.yaml"
-        if not resume or config.read_text() != config_text:  # a resumed run may have been given more rounds
-            config.with_name("config.yaml.tmp").write_text(config_text)
-            os.replace(config.with_name("config.yaml.tmp"), config)
-    return fit(federation, run_dir, yaml.safe_load(config_text), init.logger, run_dir.name,
-               cfg.checkpoint_every, resume=resume, console=console, callbacks=init.callbacks)
+    return fit(federation, run_dir, config_text, init.logger, run_dir.name, cfg.checkpoint_every, resume=resume,
+               console=console, callbacks=init.callbacks)
 
 
 def print_components(console: Console) -> None:
+    """`fedlight list`: under each kind, one line per class a config can name: its name (an algorithm's short
+    name), its class path and the first sentence of its docstring."""
     for kind, found in registry.components().items():
         console.print(f"[bold]{kind}[/bold]")
         for name, path in sorted(found.items()):
-            console.print(f"  {name:<28} {path}")
+            console.print(f"  {name:<24} {path:<50} {registry.describe(path)}".rstrip(), markup=False,
+                          highlight=False)
 
 
 @contextlib.contextmanager
@@ -257,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_report(cfg: Namespace, console: Console) -> None:
     """Write the HTML report (and the W&B Report when asked), saying where it went."""
     started = time.perf_counter()
-    groups = report.write(cfg.runs, cfg.output, cfg.title)
-    runs = sum(len(g.runs) for g in groups)
-    console.print(f"report of {runs} runs in {len(groups)} configurations: {cfg.output} "
+    output, groups = report.write(cfg.runs, cfg.output, cfg.title, overwrite=cfg.overwrite)
+    runs = report.plural(sum(len(g.runs) for g in groups), "run")
+    console.print(f"report of {runs} in {report.plural(len(groups), 'configuration')}: {output} "
                   f"({time.perf_counter() - started:.1f} s)")
     if cfg.wandb:
         console.print(wandb_report.build(cfg.wandb, groups, cfg.title), soft_wrap=True, highlight=False)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 _NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
@@ -19,6 +21,8 @@ _EXPECTED = re.compile(r"Expected a <class '(\w+)'>\. Got value: (.*)")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 _IMPORT = re.compile(r"Expected a dot import path string: (.*)")
 _MISSING = re.compile(r"No module named '[^']+'|module '[^']+' has no attribute '[^']+'")
+_NOT_A_KEY = re.compile(r"does not accept option '([^']+)'")
+_NO_FILE = re.compile(r'Parser key "([^"]+)": File does not exist: (.*)')
 
 
 def explain(message: str, options: Iterable[str] = ()) -> str:
@@ -26,10 +30,19 @@ def explain(message: str, options: Iterable[str] = ()) -> str:
     to suggest the option that was probably meant."""
     unknown = _UNRECOGNIZED.search(message)
     if unknown:
-        given = unknown.group(1).split()[0]
-        close = difflib.get_close_matches(given, list(options), n=1, cutoff=0.75)
-        hint = f" (did you mean {close[0]}?)" if close else " (see `fedlight fit --help`)"
+        given = unknown.group(1).split()[0].split("=", 1)[0]
+        close = closest_key(given.lstrip("-"), options)
+        hint = f" (did you mean --{close}?)" if close else " (see `fedlight fit --help`)"
         return f"unknown option {given}{hint}; options are never abbreviated"
+    not_a_key = _NOT_A_KEY.search(message)
+    if not_a_key:  # a key of a config file (or of a section given as a whole), top level or nested
+        given = not_a_key.group(1)
+        close = closest_key(given, options)
+        hint = f" (did you mean {close}?)" if close else " (see `fedlight fit --help` for the keys)"
+        return f"unknown config key {given}{hint}"
+    no_file = _NO_FILE.search(message)
+    if no_file:
+        return _no_such_file(no_file.group(1), no_file.group(2).strip().strip("'\""))
     keys = _PARSER_KEY.findall(message)
     option = _NOT_ACCEPTED.search(message)
     if option:
@@ -55,6 +68,36 @@ def explain(message: str, options: Iterable[str] = ()) -> str:
              and not line.strip().startswith(("Given value", "Subtypes:", "Errors:", "Does not validate",
                                               "- Expected a <class 'NoneType'>"))]
     return "; ".join(dict.fromkeys(lines[:1] + lines[-1:]))
+
+
+def closest_key(given: str, options: Iterable[str]) -> str | None:
+    """The dotted key that `given` (a dotted key, no dashes) probably meant, among the parser's option strings:
+    the closest whole key, or else `given` with its misspelt first part (the top-level section or setting)
+    corrected, e.g. federaton.rounds -> federation.rounds, modle.init_args.lr -> model.init_args.lr."""
+    keys = [o[2:].rstrip("+") for o in options if o.startswith("--")]
+    close = difflib.get_close_matches(given, keys, n=1, cutoff=0.75)
+    if close and close[0] != given:
+        return close[0]
+    head, dot, rest = given.partition(".")
+    heads = {key.split(".", 1)[0] for key in keys}
+    close_head = difflib.get_close_matches(head, sorted(heads - {head}), n=1, cutoff=0.7)
+    if head in heads or not close_head:
+        return None
+    corrected = close_head[0] + dot + rest
+    # a misspelt setting under the corrected section too (federaton.roundz): the closest key there, if any
+    close = difflib.get_close_matches(corrected, [k for k in keys if k.startswith(close_head[0])], n=1, cutoff=0.75)
+    return close[0] if close else corrected
+
+
+def _no_such_file(key: str, path: str) -> str:
+    """'--config configs/nope.yaml: no such file ...': the path relative to the current folder when it lies
+    inside it (as it was most likely typed), with a hint that relative paths are read from there."""
+    try:
+        shown = Path(path).relative_to(Path.cwd()) if Path(path).is_absolute() else Path(path)
+    except ValueError:
+        return f"--{key} {path}: no such file"
+    return (f"--{key} {shown}: no such file (check the path: relative paths are read from the current folder, "
+            f"{os.getcwd()})")
 
 
 def _init_options(class_path: str) -> list[str]:

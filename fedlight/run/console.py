@@ -85,8 +85,8 @@ class ConsoleReporter(Callback):
 
 def cluster_text(metrics: dict[str, Any]) -> str:
     """'4 clusters, ARI 1.00' (the ARI when the data defines true clusters)."""
-    count = int(metrics["cluster/count"])
-    text = f"{count} cluster{'s' if count != 1 else ''}"
+    count = _number(metrics["cluster/count"], "cluster/count")
+    text = f"{count} cluster{'' if count == '1' else 's'}"
     if "cluster/ari" in metrics:
         text += f", ARI {metrics['cluster/ari']:.2f}"
     return text
@@ -108,8 +108,10 @@ def round_text(metrics: dict[str, Any], split: str) -> str:
 
 def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> Table:
     """The final numbers; `plain` draws it with ASCII characters (for logs)."""
-    table = Table(box=box.ASCII2 if plain else box.HEAVY_HEAD, title=f"{summary['run']}: {summary['algorithm']}, {summary['rounds']} rounds, "
-                        f"{summary['num_clients']} clients, {summary['wall_time_s']:.1f} s")
+    rounds, clients = (_number(summary[key], "count") for key in ("rounds", "num_clients"))
+    title = (f"{summary['run']}: {summary['algorithm']}, {rounds} round{'' if rounds == '1' else 's'}, "
+             f"{clients} client{'' if clients == '1' else 's'}, {summary['wall_time_s']:.1f} s")
+    table = Table(box=box.ASCII2 if plain else box.HEAVY_HEAD, title=title)
     for column in ("metric", "mean", "std", "worst client"):
         table.add_column(column, justify="right" if column != "metric" else "left")
     names = [k[len(split) + 1: -len("_mean")] for k in summary if k.startswith(f"{split}/") and k.endswith("_mean")]
@@ -117,9 +119,18 @@ def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> T
         table.add_row(f"{split} {name}", *(_number(summary[f"{split}/{name}_{s}"]) for s in ("mean", "std", "worst")))
     for key, value in summary.items():
         if key.startswith("cluster/"):
-            table.add_row(key, _number(value), "", "")
+            table.add_row(key, _number(value, key), "", "")
     return table
 
 
-def _number(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else "n/a" if value is None else str(value)
+def _number(value: Any, name: str = "") -> str:
+    """A value for the console: 4 decimals, None as n/a, and a whole-valued count (a metric `name` whose last
+    part holds count, round or size, or starts with clients_: `cluster/count`, `clients_left_out`) as an integer
+    (metrics.csv keeps the float)."""
+    if value is None:
+        return "n/a"
+    last = name.rsplit("/", 1)[-1]
+    if (isinstance(value, float) and value.is_integer()
+            and (any(part in last for part in ("count", "round", "size")) or last.startswith("clients_"))):
+        return str(int(value))
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -1,5 +1,6 @@
-"""The run's files, written by the `CsvRecorder` callback: metrics.csv (one row a round), clients.csv (one row a client
-and evaluated round), matrices/*.npy and summary.json. Only the first process of a run writes them."""
+"""The run's files, written by the `CsvRecorder` callback: config.yaml (the resolved config), metrics.csv (one row a
+round), clients.csv (one row a client and evaluated round), matrices/*.npy and summary.json. Only the first process
+of a run writes them."""
 from __future__ import annotations
 
 import csv
@@ -70,6 +71,10 @@ class CsvRecorder(Callback):
     def on_fit_start(self, run: Run) -> None:
         keep = run.federation.round if run.resumed else None
         self.run_dir = run.run_dir
+        config = run.run_dir / "config.yaml"
+        if not config.is_file() or config.read_text() != run.config_text:  # a resumed run may have more rounds
+            config.with_name("config.yaml.tmp").write_text(run.config_text)
+            os.replace(config.with_name("config.yaml.tmp"), config)
         self.metrics = CsvTable(run.run_dir / "metrics.csv", keep)
         self.clients = CsvTable(run.run_dir / "clients.csv", keep)
 

@@ -3,10 +3,12 @@ W&B, a user's own (`callbacks:` in the config) and, last, the round checkpoints.
 from __future__ import annotations
 
 import numbers
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 
 from fedlight.engine.evaluation import higher_is_better
@@ -68,19 +70,21 @@ class Checkpointer(Callback):
         self.saved_round = result.round
 
 
-def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: LoggerConfig | None = None,
+def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerConfig | None = None,
         run_name: str = "run", checkpoint_every: int = 1, resume: bool = False, console: Console | None = None,
         callbacks: list[Any] | None = None) -> dict[str, Any]:
     """Run the remaining rounds of `federation` and return the summary written to summary.json.
 
-    With `resume`, the state of the last round checkpoint in `run_dir` is loaded first (the federation's and every
-    callback's); the metrics files keep the rows up to that round, so the run ends exactly as an uninterrupted one
-    would. `callbacks` are the user's own, called after the built-in observers and before the checkpoint."""
+    `config_text` is the resolved config (YAML) the run folder keeps. With `resume`, the state of the last round
+    checkpoint in `run_dir` is loaded first (the federation's and every callback's); the metrics files keep the rows
+    up to that round, so the run ends exactly as an uninterrupted one would. Nothing is written before the run is
+    accepted, and a new run stopped before its first checkpoint leaves no folder. `callbacks` are the user's own,
+    called after the built-in observers and before the checkpoint."""
     collective = federation.collective
     main_process = collective.rank == 0  # only the first of several processes writes the run folder and prints
     console = (console or make_console()) if main_process else make_console(quiet=True)
     logger = logger or LoggerConfig()
-    run = Run(federation, run_dir, config, run_name, console, main_process)
+    run = Run(federation, run_dir, yaml.safe_load(config_text), config_text, run_name, console, main_process)
     totals = Totals()
     observers: list[Any] = [totals, ConsoleReporter(console)]
     if main_process:
@@ -96,8 +100,10 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
         if federation.round > federation.config.rounds:
             raise ValueError(f"{run_dir} has run {federation.round} rounds already: --federation.rounds must be at "
                              f"least {federation.round}")
-    call(every, "on_fit_start", run)
+    if main_process:
+        run_dir.mkdir(parents=True, exist_ok=resume)
     try:
+        call(every, "on_fit_start", run)
         for round in range(federation.round + 1, federation.config.rounds + 1):
             started = time.perf_counter()
             result = federation.run_round(round)
@@ -107,6 +113,10 @@ def fit(federation: Federation, run_dir: Path, config: dict[str, Any], logger: L
                 break
     except KeyboardInterrupt:
         call(every, "on_interrupt", run)
+        if not resume and not checkpointer.saved_round:  # a new run with nothing saved: leave nothing behind
+            if main_process:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         raise RunInterrupted(run_dir, checkpointer.saved_round) from None
     except Exception as error:
         call(every, "on_exception", run, error)

@@ -4,6 +4,7 @@ configuration and tagged with their algorithm. A resumed run continues the same 
 checkpoint)."""
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,8 @@ class WandbLogger(Callback):
         offline = self.offline_dir
         self.wandb_run.finish()
         if offline is not None:
-            run.console.print(f"upload to W&B: wandb sync {offline}", highlight=False)
+            folders = " ".join(str(f) for f in self.offline_folders(offline))
+            run.console.print(f"upload to W&B: wandb sync {folders}", highlight=False)
 
     def on_interrupt(self, run: Run) -> None:
         """Close the W&B run without a summary; a resumed run continues it."""
@@ -92,6 +94,13 @@ class WandbLogger(Callback):
         if self.wandb_run is None or not self.wandb_run.settings._offline:
             return None
         return Path(self.wandb_run.settings.sync_dir)
+
+    def offline_folders(self, newest: Path) -> list[Path]:
+        """Every offline folder of this W&B run, oldest first: a resumed run writes a new one each time, all with
+        the run's id (W&B adds "-1", "-2" to a folder name taken in the same second), and `wandb sync` must be given
+        all of them to upload the whole run."""
+        own = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(str(self.wandb_id))}(-\d+)?")
+        return sorted(f for f in newest.parent.glob("offline-run-*") if own.fullmatch(f.name)) or [newest]
 
     def state_dict(self) -> dict[str, Any]:
         return {"wandb_id": self.wandb_id}

@@ -6,17 +6,33 @@ to one ordinary convolution per client on a CPU when batches are large. A cost m
 kernel of every device, so the engine measures instead. In the first round, the clients of the first group train
 `PROBE_STEPS` local steps on their own first batches, once as a batch and once one after another (after a warm-up
 step of each, interleaved, best of `PROBE_REPEATS`). Both must give the same models up to float rounding, or
-vectorized training is off. The probe's training is discarded: it uses each client's own seeds, and the round then
+vectorized training is off. The two trainers draw different dropout masks by design (one stream per client against
+one per group), so dropout layers are switched off while the probe runs (`without_dropout`): the check compares like
+with like, and a model with dropout vectorizes when vectorized training is faster. The probe's training is discarded: it uses each client's own seeds, and the round then
 trains as it would have anyway. The decision is part of the checkpoint, so a resumed run keeps it.
+
+Timings are noisy (another process on the same cores can flip them), so a decision is also remembered on the machine,
+keyed by what it depends on (the model, its size, the batch size, the clients timed, the precision, the device, the
+threads and torch's version; `probe_key`): the same config run again on the same machine trains the same way and
+gives the same numbers. The memory is a JSON file in `$FEDLIGHT_CACHE_DIR` (default `~/.cache/fedlight`); delete
+it to measure again.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.modules.dropout import _DropoutNd
 
 PROBE_STEPS = 8
 PROBE_REPEATS = 3
@@ -36,6 +52,7 @@ class ProbeResult:
     vectorized_s: float
     difference: float  # mean |vectorized - sequential| over mean |update|
     choice: str        # "vectorized" or "sequential"
+    remembered: bool = False  # taken from an earlier run's probe on this machine (`recall`)
 
     @property
     def reason(self) -> str | None:
@@ -77,6 +94,65 @@ def probe(starts: Tensor, data: list[tuple[Tensor, Tensor]], batch_size: int, se
     return ProbeResult(len(starts), steps, best["sequential"], best["vectorized"], difference, choice)
 
 
+@contextmanager
+def without_dropout(module: nn.Module) -> Iterator[None]:
+    """Every dropout layer of `module` at p = 0 for the duration (restored after)."""
+    layers = [m for m in module.modules() if isinstance(m, _DropoutNd)]
+    saved = [m.p for m in layers]
+    for m in layers:
+        m.p = 0.0
+    try:
+        yield
+    finally:
+        for m, p in zip(layers, saved):
+            m.p = p
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """What the device is, for the memory's key: the GPU's name, or the CPU's model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "cpu")
+    except OSError:
+        return platform.processor() or "cpu"
+
+
+def probe_key(**facts: Any) -> str:
+    """A short stable key of what a decision depends on (threads and torch's version are added here)."""
+    facts = {**facts, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return hashlib.sha1(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def memory_file() -> Path:
+    root = os.environ.get("FEDLIGHT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedlight"
+    return Path(root) / "trainer_choices.json"
+
+
+def recall(key: str) -> ProbeResult | None:
+    """The decision remembered under `key` on this machine, or None."""
+    try:
+        known = json.loads(memory_file().read_text())
+        return ProbeResult(**{**known[key], "remembered": True})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remember(key: str, result: ProbeResult) -> None:
+    """Keep `result` under `key` (atomically; a memory that cannot be written is only a lost shortcut)."""
+    path = memory_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        known[key] = {**result.as_dict(), "remembered": False}
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass

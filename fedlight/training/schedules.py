@@ -9,8 +9,11 @@ dict `{"optimizer": ..., "lr_scheduler": scheduler or {"scheduler": ..., "interv
   from the round's learning rate.
 
 The learning rates are found by running the module's own scheduler objects on its optimizer (any scheduler that
-needs no monitored metric works, chained or not), once per round, and the trainers set them step by step. So a
-client's learning rates depend only on (round, local step), and a resumed run has the same ones.
+needs no monitored metric works, chained or not), once per round for as many local steps as the round's longest
+client takes, and the trainers set them step by step. So a client's learning rates depend only on (round, local
+step), a resumed run has the same ones, and a round costs the same whatever its number. A scheduler with a fixed
+length (OneCycleLR's `total_steps`) is built for one round's local steps, since step schedulers start afresh each
+round; asked for more, the error names the scheduler, the round and the steps needed.
 """
 from __future__ import annotations
 
@@ -73,16 +76,20 @@ class LearningRates:
         self._round, self._rates = 0, []
 
     def rates(self, round: int, steps: int) -> Rates:
-        """The rates of local steps 0..steps-1 of round `round` (1-based)."""
+        """The rates of local steps 0..steps-1 of round `round` (1-based). A round is simulated once for the most
+        steps asked of it (again only when a later call asks for more)."""
         if not self.schedulers:
             return [self.initial] * steps
         if round != self._round or len(self._rates) < steps:
-            self._round, self._rates = round, self._simulate(round, max(steps, 2 * len(self._rates)))
+            known = len(self._rates) if round == self._round else 0
+            self._round, self._rates = round, self._simulate(round, max(steps, known))
         return self._rates[:steps]
 
-    def round_rate(self, round: int) -> float:
-        """The rate of the first parameter group at the start of round `round`."""
-        return self.rates(round, 1)[0][0]
+    def round_rate(self, round: int, steps: int = 1) -> float:
+        """The mean rate of the first parameter group over the first `steps` local steps of round `round`: the
+        round's rate for an epoch schedule, what a client of `steps` steps trained at for a step schedule."""
+        rates = [r[0] for r in self.rates(round, steps)]
+        return rates[0] if all(r == rates[0] for r in rates) else sum(rates) / len(rates)
 
     def _simulate(self, round: int, steps: int) -> Rates:
         """Run the schedulers without training: restore their initial state, step the epoch ones once per finished
@@ -98,13 +105,23 @@ class LearningRates:
             for epoch in range(1, round):
                 for s in self.schedulers:
                     if s.interval == "epoch" and epoch % s.frequency == 0:
-                        s.scheduler.step()
+                        _step(s, epoch, round - 1)
             rates = []
             for step in range(1, steps + 1):
                 rates.append([group["lr"] for group in groups])
                 for s in self.schedulers:
-                    if s.interval == "step" and step % s.frequency == 0:
-                        s.scheduler.step()
+                    if s.interval == "step" and step % s.frequency == 0 and step < steps:
+                        _step(s, round, steps)
         for group, lr in zip(groups, saved):
             group["lr"] = lr
         return rates
+
+
+def _step(s: Scheduler, round: int, steps: int) -> None:
+    """Step one scheduler; a scheduler that cannot step that often is named with the fix."""
+    try:
+        s.scheduler.step()
+    except ValueError as error:
+        unit = "local steps of a round (step schedulers start afresh each round)" if s.interval == "step" else "rounds"
+        raise ValueError(f"{type(s.scheduler).__name__} (interval {s.interval!r}) cannot step again in round "
+                         f"{round}: {error}; build it for {steps} {unit}, e.g. OneCycleLR(total_steps={steps})") from None
