@@ -106,10 +106,12 @@ class Algorithm:
             return list(range(n))
         return sorted(self.server.rng(round, "select").choice(n, size=m, replace=False).tolist())
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
-        """One client's own local work from its model `start`: (trained flat model, mean training loss). Called
-        only when the class sets `own_training = True` (its clients then train one after another); otherwise
-        clients run the module's own `training_step` and optimizer, possibly vectorized, shaped by
+    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, ...]:
+        """One client's own local work from its model `start`: (trained flat model, mean training loss), optionally
+        with a third element, a dict of tensors the client sends beside its model (its personal model, its control
+        variate), which reaches the aggregation hooks as `Updates.state`, gathered over the processes like the
+        model. Called only when the class sets `own_training = True` (its clients then train one after another);
+        otherwise clients run the module's own `training_step` and optimizer, possibly vectorized, shaped by
         `learning_rate_scale` and `local_gradient`. This default is that SGD, for an override to build on."""
         hook = None
         if self.corrects_gradient:

@@ -25,6 +25,10 @@ class FederationConfig:
             rounding. What cannot be vectorized (other optimizers, a gradient scaler) trains sequentially. An
             algorithm that aggregates by running sums (FedAvg, FedProx, FedPer, ...) also receives the updates
             in groups of this size, so memory does not grow with clients x parameters.
+        finetune_epochs: when above 0, every evaluation also fine-tunes each client's evaluation model on its own
+            training split for this many epochs (the module's SGD, a stream of its own) and evaluates that:
+            `<split>_ft/*` beside `<split>/*`, per-client `ft_*` (FedAvg-FT, FedBABU's and Per-FedAvg's protocols).
+            The server's state does not change.
         devices: processes per machine ("auto": one per GPU, and one on a CPU, as Fabric counts); each trains
             its share of every round's clients (`fedlight.engine.processes`). More than one starts the other
             processes itself, unless a launcher (torchrun, `fabric run`, SLURM) already started them.
@@ -41,6 +45,7 @@ class FederationConfig:
     eval_split: str = "test"
     eval_batch_size: int = 4096
     vectorize: int = -1
+    finetune_epochs: int = 0
     devices: int | str = 1
     num_nodes: int = 1
     strategy: str = "ddp"
@@ -49,6 +54,8 @@ class FederationConfig:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"federation.{name} must be at least 1, got {getattr(self, name)}")
+        if self.finetune_epochs < 0:
+            raise ValueError(f"federation.finetune_epochs must be 0 (off) or more, got {self.finetune_epochs}")
         if self.vectorize < -1:
             raise ValueError(f"federation.vectorize must be -1 (auto), 0 (off) or a client count, got {self.vectorize}")
         if self.eval_split not in ("test", "val", "train"):

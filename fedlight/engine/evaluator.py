@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from fedlight.cluster.scores import clustering_scores
+from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.data import FederatedData
 from fedlight.engine.evaluation import per_client_classification, summarize
 from fedlight.engine.processes import Collective
@@ -25,10 +26,11 @@ class Evaluator:
                  collective: Collective) -> None:
         self.server, self.module, self.data, self.collective = server, module, data, collective
 
-    @torch.no_grad()
-    def evaluate(self, algorithm: "Algorithm", split: str | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-        """(summaries across clients, per-client values) of every client's own model on its split. Spread over
-        processes, each evaluates every `world`-th client and the per-client values are gathered."""
+    def evaluate(self, models_and_groups: tuple, split: str | None = None,
+                 suffix: str = "") -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """(summaries across clients, per-client values) of the models in `models_and_groups` (as
+        `Algorithm.evaluation_models` gives them) on every client's split; summaries under `<split><suffix>/`.
+        Spread over processes, each evaluates every `world`-th client and the per-client values are gathered."""
         split = split or self.server.eval_split
         num_clients, device = self.server.num_clients, self.server.device
         data, client_of_row = self.data.split(split), self.server.client_of_row(split)
@@ -37,7 +39,7 @@ class Evaluator:
         if collective.spread:
             mine = (client_of_row % collective.world == collective.rank).nonzero().flatten()
             x, y, client_of_row = x[mine], y[mine], client_of_row[mine]
-        models, group_of_client = algorithm.evaluation_models()
+        models, group_of_client = models_and_groups
         group_of_row = group_of_client[client_of_row]
         order = torch.argsort(group_of_row, stable=True)
         counts = torch.bincount(group_of_row, minlength=len(models)).tolist()
@@ -46,7 +48,7 @@ class Evaluator:
         for group, count in enumerate(counts):
             if count:
                 rows = order[begin: begin + count]
-                out = self.server.predict(models[group], x[rows])
+                out = self.server.predict(models[group], x[rows])  # a lazy model may train here (fine-tuning)
                 if outputs is None:
                     outputs = out.new_empty((len(order), *out.shape[1:]))
                 outputs[rows] = out
@@ -67,7 +69,20 @@ class Evaluator:
         empty = data.sizes() == 0
         for v in values.values():
             v[empty] = np.nan  # a client with nothing to evaluate has no value, and is left out of the means
-        return summarize(values, split), values
+        return summarize(values, split + suffix), values
+
+    def fine_tuned(self, algorithm: "Algorithm", round: int, epochs: int) -> tuple[ClientModels, torch.Tensor]:
+        """Every client's evaluation model fine-tuned on its own training split for `epochs` (the module's SGD at
+        the round's learning rate, batches of their own stream), built one client at a time when evaluated."""
+        models, group_of_client = algorithm.evaluation_models()
+        train = self.server.train
+
+        def fine_tune(client: int) -> torch.Tensor:
+            start = models[int(group_of_client[client])]
+            return train(round, client, start, epochs=epochs, purpose="finetune")[0]
+
+        n = self.server.num_clients
+        return ClientModels(fine_tune, n), torch.arange(n, device=self.server.device)
 
     def client_facts(self, clusters: np.ndarray | None) -> dict[str, np.ndarray]:
         """What is recorded of each client beside its metrics: the cluster it was evaluated in (when the

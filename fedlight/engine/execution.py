@@ -126,16 +126,20 @@ class ClientExecution:
         if trained is None:
             trained = self._train_one_by_one(round, clients, starts)
         ids = torch.tensor(clients, device=self.device)
-        return Updates(ids, trained.params, starts, self.server.train_sizes[ids], trained.loss, trained.logs)
+        return Updates(ids, trained.params, starts, self.server.train_sizes[ids], trained.loss, trained.logs,
+                       trained.state)
 
     def _train_one_by_one(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """Written in place, so the trained models are never held twice."""
         alg = self.algorithm
         params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
         logs: dict[str, Tensor] = {}
+        state: dict[str, Tensor] = {}
         for row, (client, start) in enumerate(zip(clients, starts)):
             if alg.own_training:
-                params[row], losses[row] = alg.train_client(round, client, start)
+                params[row], losses[row], *extra = alg.train_client(round, client, start)
+                for name, value in (extra[0] if extra else {}).items():
+                    state.setdefault(name, value.new_empty((len(clients), *value.shape)))[row] = value
                 continue
             x, y = self.server.split("train").client(client)
             one = self.trainer.fit(start, x, y, self.server.client_seed(round, client), self._gradient_hook(client),
@@ -143,7 +147,7 @@ class ClientExecution:
             params[row], losses[row] = one.params, one.loss
             for name, value in one.logs.items():
                 logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value
-        return Trained(params, losses, logs)
+        return Trained(params, losses, logs, state)
 
     def _try_vectorized(self, round: int, clients: list[int], starts: Tensor) -> Trained | None:
         """Vectorized training, or None (and sequential training from then on) when the probe prefers it or the

@@ -80,17 +80,22 @@ class Federation:
                              {**logged, **alg.round_metrics()}, self.evaluator.score_clusters(clusters),
                              matrices=matrices)
         if round % self.config.eval_every == 0 or round == self.config.rounds:
-            result.evaluation, result.per_client = self.evaluate_clients(training, clusters)
+            result.evaluation, result.per_client = self.evaluate_clients(round, training, clusters)
         return result
 
     def evaluate(self, split: str | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """(summaries across clients, per-client values) of every client's own model on `split` (default: the
         configured evaluation split)."""
-        return self.evaluator.evaluate(self.algorithm, split)
+        return self.evaluator.evaluate(self.algorithm.evaluation_models(), split)
 
-    def evaluate_clients(self, training: TrainingReport, clusters: np.ndarray | None) -> tuple[dict, dict]:
-        """(summaries, per-client columns): every client's evaluation, its training values and its facts."""
+    def evaluate_clients(self, round: int, training: TrainingReport, clusters: np.ndarray | None) -> tuple[dict, dict]:
+        """(summaries, per-client columns): every client's evaluation (and, with `finetune_epochs`, its fine-tuned
+        one), its training values and its facts."""
         summary, values = self.evaluate()
+        if self.config.finetune_epochs:
+            tuned = self.evaluator.fine_tuned(self.algorithm, round, self.config.finetune_epochs)
+            tuned_summary, tuned_values = self.evaluator.evaluate(tuned, suffix="_ft")
+            summary, values = {**summary, **tuned_summary}, {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
         return summary, {**values, **training.per_client, **self.evaluator.client_facts(clusters)}
 
     # -- checkpoints -------------------------------------------------------------------------------

@@ -129,8 +129,10 @@ class RoundUpdates:
         columns = [collective.gather(t) for t in (updates.params, updates.starts, updates.num_samples,
                                                    updates.train_loss)]
         logs = gather_logs(collective, updates.logs, len(updates), device)
+        state = {k: collective.gather(v) for k, v in sorted(updates.state.items())}  # every process has the same names
         order = position[ids].argsort()
-        return Updates(ids[order], *(c[order] for c in columns), {k: v[order] for k, v in logs.items()})
+        return Updates(ids[order], *(c[order] for c in columns), {k: v[order] for k, v in logs.items()},
+                       {k: v[order] for k, v in state.items()})
 
     # -- the engine's ------------------------------------------------------------------------------------------
     def finish(self) -> TrainingReport:

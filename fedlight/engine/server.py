@@ -10,7 +10,8 @@ reference to the federation loop: what an algorithm can reach is exactly what is
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Literal
+from collections.abc import Iterator
+from typing import Any, Callable, Literal
 
 import lightning as L
 import numpy as np
@@ -108,15 +109,39 @@ class ServerContext:
         return losses
 
     def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
-              gradient_hook: GradientHook | None = None) -> tuple[Tensor, Tensor]:
+              gradient_hook: GradientHook | None = None, purpose: str = "train") -> tuple[Tensor, Tensor]:
         """Train the model from `start` on one client's training split with the module's `training_step` and
         optimizer, seeded by (seed, round, client); returns (trained flat model, mean loss of the last epoch).
         `epochs` defaults to the federation's local epochs; `gradient_hook(params, grad, start)` may edit the
-        flat gradient in place after each backward pass."""
+        flat gradient in place after each backward pass; another `purpose` draws another stream of batches (a
+        personal model's training beside the global one, fine-tuning)."""
         x, y = self._data.train.client(client)
-        trained = self._trainer.fit(start, x, y, self.client_seed(round, client), gradient_hook, lr_scale=lr_scale,
-                                    epochs=epochs, round=max(round, 1))
+        trained = self._trainer.fit(start, x, y, self.client_seed(round, client, purpose), gradient_hook,
+                                    lr_scale=lr_scale, epochs=epochs, round=max(round, 1))
         return trained.params, trained.loss
+
+    def batches(self, round: int, client: int, epochs: int | None = None,
+                purpose: str = "train") -> Iterator[tuple[int, int, Any]]:
+        """(epoch, step, batch) of one client's training split for `epochs` (default: the federation's local epochs),
+        converted as the model sees them: the batches `train` would take in this round for purpose "train", an
+        independent stream for any other purpose. With `loss_and_grad` it is what a custom local loop needs
+        (APFL, pFedMe, Per-FedAvg)."""
+        x, y = self._data.train.client(client)
+        return self._trainer.batches(x, y, self.client_seed(round, client, purpose), epochs)
+
+    def loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
+        """(loss, flat gradient) of the module's `training_step` on `batch` at the flat model `params`."""
+        return self._trainer.loss_and_grad(params, batch, step)
+
+    def local_steps(self, client: int, epochs: int | None = None) -> int:
+        """Optimizer steps of one client's local training: its batches times `epochs` (default: the local epochs)."""
+        batches = -(-int(self.train_sizes[client]) // self._trainer.batch_size)
+        return batches * (self._trainer.local_epochs if epochs is None else epochs)
+
+    def learning_rate(self, round: int) -> float:
+        """The clients' configured learning rate at the start of round `round` (the module's optimizer and its
+        schedulers, first parameter group)."""
+        return self._trainer.learning_rates.round_rate(max(round, 1))
 
     def random_params(self, seed: int) -> Tensor:
         """A fresh random initialization of the model (every submodule's `reset_parameters`) as a flat vector,
@@ -160,6 +185,7 @@ class ServerContext:
         """A numpy generator that depends only on (seed, round, purpose): resumed runs draw the same numbers."""
         return np.random.default_rng(stream_seed(self.seed, round, purpose))
 
-    def client_seed(self, round: int, client: int) -> int:
-        """The seed of a client's local work in a round (batch order, dropout, local clustering)."""
-        return int(np.random.SeedSequence(stream_seed(self.seed, round, client, "train")).generate_state(1)[0])
+    def client_seed(self, round: int, client: int, purpose: str = "train") -> int:
+        """The seed of a client's local work in a round (batch order, dropout, local clustering); another `purpose`
+        gives an independent stream (fine-tuning, a second batch stream)."""
+        return int(np.random.SeedSequence(stream_seed(self.seed, round, client, purpose)).generate_state(1)[0])

@@ -29,6 +29,8 @@ class Updates:
     num_samples: Tensor  # (m,) training-set sizes
     train_loss: Tensor   # (m,) mean training loss of the last local epoch
     logs: dict[str, Tensor] = field(default_factory=dict)  # name -> (m,) what training_step logged (self.log)
+    state: dict[str, Tensor] = field(default_factory=dict)  # name -> (m, ...) what an algorithm's own train_client
+    #                                                          returned beside the model (a personal model, a variate)
 
     @property
     def deltas(self) -> Tensor:
@@ -41,4 +43,5 @@ class Updates:
     def subset(self, rows: Tensor) -> "Updates":
         """The updates of the rows selected by a boolean mask or an index tensor."""
         return Updates(self.clients[rows], self.params[rows], self.starts[rows], self.num_samples[rows],
-                       self.train_loss[rows], {name: value[rows] for name, value in self.logs.items()})
+                       self.train_loss[rows], {name: value[rows] for name, value in self.logs.items()},
+                       {name: value[rows] for name, value in self.state.items()})

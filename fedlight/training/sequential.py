@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -31,6 +32,7 @@ class Trained:
     params: Tensor
     loss: Tensor
     logs: dict[str, Tensor] = field(default_factory=dict)
+    state: dict[str, Tensor] = field(default_factory=dict)  # what an algorithm's own local work sends beside
 
 warnings.filterwarnings("ignore", message=r".*self\.log\(\)` but the `self\.trainer` reference is not registered.*")
 
@@ -91,32 +93,51 @@ class ClientTrainer:
         flat.zero_grad()
         self.reset_optimizer()
         module.train()
-        seed_random_layers(seed, x.device)
-        generator = torch.Generator(device=x.device).manual_seed(seed)
         n, b = len(y), self.batch_size
         steps, epochs = -(-n // b), self.local_epochs if epochs is None else epochs
         rates = self.learning_rates.rates(round, steps * epochs)
         loss_sum = torch.zeros((), device=x.device)
         logs = LogSums(1, x.device)
         with StepLogs(module) as step_logs:
-            for epoch in range(epochs):
-                order = torch.randperm(n, generator=generator, device=x.device)
-                loss_sum.zero_()
-                logs.clear()
-                for step, begin in enumerate(range(0, n, b)):
-                    rows = order[begin: begin + b]
-                    batch = self.batch_transform((x[rows], y[rows]), 0)
-                    with self.fabric.autocast():
-                        loss = training_loss(module.training_step(batch, step))
-                    logs.add(step_logs.take(), 0, len(rows))
-                    self.backward(loss)
-                    if gradient_hook is not None:
-                        if self.scaler is not None:
-                            self.scaler.unscale_(self.raw_optimizer)
-                        gradient_hook(flat.vector, flat.grad, start)
-                    for group, lr in zip(self.raw_optimizer.param_groups, rates[epoch * steps + step]):
-                        group["lr"] = lr * lr_scale
-                    self.step()
-                    flat.zero_grad()
-                    loss_sum += loss.detach().float()
+            for epoch, step, batch in self.batches(x, y, seed, epochs):
+                if step == 0:
+                    loss_sum.zero_()
+                    logs.clear()
+                with self.fabric.autocast():
+                    loss = training_loss(module.training_step(batch, step))
+                logs.add(step_logs.take(), 0, min(b, n - step * b))
+                self.backward(loss)
+                if gradient_hook is not None:
+                    if self.scaler is not None:
+                        self.scaler.unscale_(self.raw_optimizer)
+                    gradient_hook(flat.vector, flat.grad, start)
+                for group, lr in zip(self.raw_optimizer.param_groups, rates[epoch * steps + step]):
+                    group["lr"] = lr * lr_scale
+                self.step()
+                flat.zero_grad()
+                loss_sum += loss.detach().float()
         return Trained(flat.read(), loss_sum / steps, {name: value[0] for name, value in logs.means().items()})
+
+    def batches(self, x: Tensor, y: Tensor, seed: int, epochs: int | None = None) -> Iterator[tuple[int, int, Any]]:
+        """(epoch, step, batch) of a client's local epochs on (x, y), converted as the module sees them, in the order
+        `fit` takes them: a permutation per epoch from a generator seeded by `seed`, which also seeds the random
+        layers (dropout), so a custom local loop (`ServerContext.batches`) draws what `fit` would."""
+        seed_random_layers(seed, x.device)
+        generator = torch.Generator(device=x.device).manual_seed(seed)
+        n, b = len(y), self.batch_size
+        for epoch in range(self.local_epochs if epochs is None else epochs):
+            order = torch.randperm(n, generator=generator, device=x.device)
+            for step, begin in enumerate(range(0, n, b)):
+                rows = order[begin: begin + b]
+                yield epoch, step, self.batch_transform((x[rows], y[rows]), 0)
+
+    def loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
+        """(loss, flat gradient) of the module's `training_step` on `batch` at the flat model `params`, in training
+        mode and the run's precision: one step of a custom local loop (no optimizer, no gradient scaling)."""
+        self.flat.load(params)
+        self.flat.zero_grad()
+        self.module.train()
+        with StepLogs(self.module), self.fabric.autocast():
+            loss = training_loss(self.module.training_step(batch, step))
+        loss.backward()
+        return loss.detach().float(), self.flat.grad.clone()
