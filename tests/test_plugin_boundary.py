@@ -27,7 +27,8 @@ DOC = (REPO / "docs" / "architecture.md").read_text()
 DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "OCFL", "flis_dc": "FLIS-DC",
            "flis_hc": "FLIS-HC", "ifca": "IFCA", "cfl": "CFL", "fedper": "FedPer", "lgfedavg": "LG-FedAvg",
            "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus",
-           "fedbn": "FedBN"}
+           "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL", "pfedme": "pFedMe",
+           "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 

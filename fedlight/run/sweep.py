@@ -7,9 +7,10 @@ is resumed (`fit --resume`, with the run's own config), so rerunning an interrup
 
     base: ../quickstart.yaml            # a run config, relative to this file
     output_dir: runs/sweep              # one folder per run: <name>-s<seed>; the report lands here too
-    algorithms:                         # short names, class paths, or {class_path, init_args, name}
+    algorithms:                         # short names, class paths, or {class_path, init_args, name, overrides}
       - fedavg
       - {class_path: fedprox, init_args: {mu: 0.01}}
+      - {class_path: fedavg, name: fedavg-ft, overrides: {federation.finetune_epochs: 1}}
     seeds: [0, 1, 2]
     overrides: {federation.rounds: 10}  # any `fit` option, for every run
 """
@@ -45,7 +46,8 @@ class SweepConfig:
     Args:
         base: the run config every run starts from (relative paths are relative to the sweep file).
         algorithms: short names (`fedlight list`), class paths, or mappings with `class_path`, optional
-            `init_args` and an optional `name` (the run folders' prefix; needed when one algorithm appears twice).
+            `init_args`, an optional `name` (the run folders' prefix; needed when one algorithm appears twice) and
+            optional `overrides` for that entry's runs only (FedAvg-FT: fedavg with federation.finetune_epochs).
         seeds: the seeds every algorithm runs with.
         output_dir: the folder of the run folders and the report.
         overrides: `fit` options for every run, as dotted keys (`federation.rounds: 5`).
@@ -67,6 +69,7 @@ class Combination:
     name: str           # run folder name
     algorithm: str      # the --algorithm value: a class path, or a JSON object with init_args
     seed: int
+    overrides: dict[str, Any] = field(default_factory=dict)  # the entry's own fit options
 
 
 def load(path: str | Path) -> tuple[SweepConfig, Path]:
@@ -123,19 +126,20 @@ def combinations(config: SweepConfig, source: Path) -> list[Combination]:
         if "class_path" not in spec:
             raise SweepError(f"{source}: algorithm entry {entry!r} has no class_path; write a short name, or a "
                              "mapping with class_path and init_args")
-        extra = set(spec) - {"class_path", "init_args", "name"}
+        extra = set(spec) - {"class_path", "init_args", "name", "overrides"}
         if extra:
             raise SweepError(f"{source}: algorithm entry {entry!r} has unknown key {sorted(extra)[0]!r}; use "
-                             "class_path, init_args and name")
+                             "class_path, init_args, name and overrides")
         path = _class_path(spec["class_path"], source)
         name = spec.get("name") or spec["class_path"].rsplit(".", 1)[-1].lower()
         value = json.dumps({"class_path": path, "init_args": spec["init_args"]}) if spec.get("init_args") else path
-        entries.append((name, value))
-    names = [name for name, _ in entries]
+        entries.append((name, value, dict(spec.get("overrides") or {})))
+    names = [name for name, *_ in entries]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise SweepError(f"{source}: algorithm {twice[0]!r} appears twice; give each entry its own `name`")
-    return [Combination(f"{name}-s{seed}", value, int(seed)) for name, value in entries for seed in config.seeds]
+    return [Combination(f"{name}-s{seed}", value, int(seed), overrides) for name, value, overrides in entries
+            for seed in config.seeds]
 
 
 def fit_args(combination: Combination, base: Path, config: SweepConfig) -> list[str]:
@@ -146,7 +150,7 @@ def fit_args(combination: Combination, base: Path, config: SweepConfig) -> list[
         return ["fit", "--resume", str(folder)]
     args = ["fit", "--config", str(base), "--algorithm", combination.algorithm, "--seed", str(combination.seed),
             "--output_dir", config.output_dir, "--run_name", combination.name]
-    for key, value in config.overrides.items():
+    for key, value in {**config.overrides, **combination.overrides}.items():
         args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
     return args
 

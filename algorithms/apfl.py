@@ -1,0 +1,140 @@
+"""APFL (Deng, Kamani, Mahdavi, "Adaptive Personalized Federated Learning", 2020: Algorithm 1, with the
+gradient update of the mixing weight alpha that the paper gives beside it).
+
+Each client i keeps a local model v_i and a mixing weight alpha_i; its personalized model is
+v_bar_i = alpha_i v_i + (1 - alpha_i) w. At every local step, on one batch:
+
+    w       <- w - eta grad f_i(w)                      (the global model's local update, plain SGD)
+    v_i     <- v_i - eta alpha_i grad f_i(v_bar_i)      (the gradient of f_i(v_bar_i) with respect to v_i)
+    alpha_i <- clip(alpha_i - eta_alpha <v_i - w, grad f_i(v_bar_i)>, 0, 1)   (when `adaptive`)
+
+with v_bar_i, v_i and w of the step's start on the right-hand sides (the updates of a step are simultaneous, as in
+Algorithm 1), and one batch for the w step and the v step. The server averages the trained w's (FedAvg); each
+client is evaluated with its v_bar_i.
+
+How it maps onto fedlight: the local loop is the algorithm's own (`own_training`), built from
+`server.batches` (the batches the module's SGD would take) and `server.loss_and_grad`. v_i and alpha_i are per-client
+state: the client sends them back beside w (`Updates.state`: "local" and "alpha") and `aggregate` writes them,
+so every process reaches the same state; they are saved in the checkpoint.
+
+Defaults: alpha = 0.5, the initial mixing weight of the authors' released implementation (FedTorch);
+adaptive = True, alpha updated at every local step as in the paper's update; alpha_lr = None: alpha steps with the
+clients' learning rate eta, the step size of the paper's update (and of that implementation). v_i starts from
+the initial model, as w does.
+
+Deviations and limits:
+
+- the w and v steps are plain SGD at the module's configured learning rate of the round (times
+  `learning_rate_scale`): the optimizer's momentum and weight decay are not applied (the paper's Algorithm 1 is
+  plain SGD), nor a scheduler stepping within a round;
+- the server's average is fedlight's FedAvg, weighted by training-set size (the paper averages unweighted);
+- the authors' code adds a penalty 0.01 alpha^2 to the alpha step and updates alpha once per round; we follow the
+  paper's update, every step, without it;
+- buffers (BatchNorm running statistics) are not updated by this loop (`loss_and_grad` returns the gradient only):
+  they keep their initial values, so use a network without BatchNorm (a warning says so);
+- the reported training loss is the global model's (w's), as FedAvg's.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlight.engine.aggregation import ClientModels, ClusterAverage
+from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.round_updates import RoundUpdates
+
+
+class APFL(Algorithm):
+    """Adaptive personalized FL: a global model averaged by the server, and per client a local model and an
+    adaptive mixing weight.
+
+    Args:
+        alpha: every client's initial mixing weight, in [0, 1] (0: the personalized model is the global one).
+        adaptive: update each alpha_i by gradient descent at every local step; False keeps it fixed.
+        alpha_lr: step size of the alpha update (> 0); None: the clients' learning rate.
+        participation: share of clients selected each round.
+    """
+
+    own_training = True  # two models and a mixing weight per step: not the module's own SGD
+
+    def __init__(self, alpha: float = 0.5, adaptive: bool = True, alpha_lr: float | None = None,
+                 participation: float = 1.0) -> None:
+        super().__init__(participation)
+        if not 0 <= alpha <= 1:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if alpha_lr is not None and not alpha_lr > 0:
+            raise ValueError(f"alpha_lr must be > 0 (or None: the clients' learning rate), got {alpha_lr}")
+        self.initial_alpha, self.adaptive, self.alpha_lr = alpha, adaptive, alpha_lr
+        self.local = torch.empty(0)
+        self.alpha = torch.empty(0)
+
+    def setup(self, server) -> None:
+        super().setup(server)
+        if not bool(server.parameter_mask().all()):
+            warnings.warn("APFL's local loop does not update buffers (BatchNorm running statistics): they keep "
+                          "their initial values; use a network without BatchNorm", stacklevel=2)
+        self.local = self.models.repeat(server.num_clients, 1)
+        self.alpha = self.models.new_full((server.num_clients,), self.initial_alpha)
+
+    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """Algorithm 1's local steps: (trained w, mean loss of w over the last epoch, {"local": v, "alpha": alpha})."""
+        server = self.server
+        rate = server.learning_rate(round) * self.learning_rate_scale(round)
+        alpha_rate = rate if self.alpha_lr is None else self.alpha_lr
+        w, v, alpha = start.clone(), self.local[client].clone(), self.alpha[client].clone()
+        loss_sum, steps = torch.zeros((), device=w.device), 0
+        for _, step, batch in server.batches(round, client):
+            if step == 0:
+                loss_sum.zero_()
+                steps = 0
+            loss, grad_w = server.loss_and_grad(w, batch, step)
+            _, grad_mixed = server.loss_and_grad(alpha * v + (1 - alpha) * w, batch, step)
+            grad_alpha = torch.dot(v - w, grad_mixed)
+            w.sub_(grad_w, alpha=rate)
+            v.sub_(alpha * rate * grad_mixed)
+            if self.adaptive:
+                alpha = (alpha - alpha_rate * grad_alpha).clamp(0, 1)
+            loss_sum += loss
+            steps += 1
+        return w, loss_sum / max(steps, 1), {"local": v, "alpha": alpha}
+
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
+        """FedAvg of the trained w's (size-weighted); each client's local model and alpha are stored."""
+        models = self.models
+        average = ClusterAverage(1, models.shape[1], models.dtype, models.device)
+        ids, local, alpha = [models.new_zeros(0, dtype=torch.long)], [models.new_zeros(0, models.shape[1])], \
+            [models.new_zeros(0)]
+        for group in updates.groups():
+            average.add(self.assignment[group.clients], group.num_samples.to(models.dtype), group.params)
+            ids.append(group.clients)
+            local.append(group.state["local"])
+            alpha.append(group.state["alpha"])
+            del group
+        updates.sum_over_processes_(average.sums, average.totals)
+        clients = updates.cat_over_processes(torch.cat(ids))
+        self.local[clients] = updates.cat_over_processes(torch.cat(local))
+        self.alpha[clients] = updates.cat_over_processes(torch.cat(alpha))
+        self.set_shared(*average.means())
+
+    def personalized_model(self, client: int) -> Tensor:
+        """v_bar_i = alpha_i v_i + (1 - alpha_i) w."""
+        alpha = self.alpha[client]
+        return alpha * self.local[client] + (1 - alpha) * self.models[0]
+
+    def evaluation_models(self) -> tuple[ClientModels, Tensor]:
+        n = self.server.num_clients
+        return ClientModels(self.personalized_model, n), torch.arange(n, device=self.server.device)
+
+    def round_metrics(self) -> dict[str, float]:
+        return {"apfl/alpha_mean": float(self.alpha.mean())}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "local": self.local, "alpha": self.alpha}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.local = state["local"]
+        self.alpha = state["alpha"]
