@@ -12,7 +12,7 @@ from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedprox import FedProx
 from fedlight.datamodules import DigitsFederated, QuantitySkew
 from fedlight.models import MLP, Classifier
-from fedlight.training.probe import AGREEMENT
+from fedlight.training.probe import AGREEMENT, probe
 from fedlight.training.vectorized import VectorizedTrainer
 from fedlight.training.sequential import ClientTrainer
 
@@ -128,3 +128,50 @@ def test_a_model_with_dropout_is_compared_like_with_like_and_vectorizes_when_fas
     result = fed.execution.probe_result
     assert result.difference <= AGREEMENT and result.choice == "vectorized"
     assert [m.p for m in network.modules() if isinstance(m, torch.nn.Dropout)] == [0.5]  # restored after the probe
+
+
+def test_the_probe_spends_a_small_share_of_a_short_round(monkeypatch):
+    """20 clients of one step each: the old probe trained 981 client steps (7 rounds' worth of 140) before the
+    round; now the warm-ups and the timed repeats stay within PROBE_SHARE of the round, fewer clients when needed."""
+    import fedlight.training.probe as probe_module
+
+    monkeypatch.setattr(probe_module, "PROBE_FLOOR_S", 0.0)
+    work = {"sequential": 0, "vectorized": 0}
+    step_s = 0.004
+
+    def trainer(name):
+        def train(starts, data):
+            client_steps = sum(-(-len(y) // 10) for _, y in data)
+            work[name] += client_steps
+            time.sleep(step_s * client_steps)
+            return starts + 1
+        return train
+
+    starts = torch.zeros(20, 3)
+    data = [(torch.zeros(70, 1), torch.zeros(70)) for _ in range(20)]  # 7 batches of 10 each
+    round_steps = 140
+    result = probe_module.probe(starts, data, 10, trainer("sequential"), trainer("vectorized"), torch.device("cpu"),
+                                round_steps)
+    spent = work["sequential"] + work["vectorized"]
+    assert spent <= 1.5 * probe_module.PROBE_SHARE * round_steps, work  # sleeps overshoot a little, so 1.5x
+    assert result.clients >= 2 and result.steps >= 1
+    work.update(sequential=0, vectorized=0)
+    probe_module.probe(starts, data, 10, trainer("sequential"), trainer("vectorized"), torch.device("cpu"))
+    assert work["sequential"] + work["vectorized"] > 5 * round_steps  # unbounded, as before: the full probe
+
+
+def test_the_probe_stops_timing_once_one_trainer_is_clearly_slower():
+    calls = {"sequential": 0, "vectorized": 0}
+
+    def trainer(name, seconds):
+        def train(starts, data):
+            calls[name] += 1
+            time.sleep(seconds)
+            return starts + 1
+        return train
+
+    starts = torch.zeros(4, 3)
+    data = [(torch.zeros(20, 1), torch.zeros(20)) for _ in range(4)]
+    result = probe(starts, data, 10, trainer("sequential", 0.02), trainer("vectorized", 0.0), torch.device("cpu"))
+    assert result.choice == "vectorized"
+    assert calls == {"sequential": 2, "vectorized": 2}  # a warm-up and one timed repeat each, not 1 + 3

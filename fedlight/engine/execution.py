@@ -78,6 +78,7 @@ class ClientExecution:
         self.config, self.collective = config, collective
         self.device = server.device
         self.probe_result: ProbeResult | None = None  # what `vectorize: -1` measured and chose
+        self.round_clients: list[int] = []  # this process's clients of the current round
         self.vectorized: VectorizedTrainer | None = None
         trainer_kind, reason = self._choose_trainer()
         self.plan = ExecutionPlan("hold" if algorithm.holds_updates else "stream", trainer_kind, reason,
@@ -107,6 +108,7 @@ class ClientExecution:
         """The round's updates, trained when the algorithm asks for them."""
         alg = self.algorithm
         mine = self.collective.shard(clients)  # every client, unless the round is spread over processes
+        self.round_clients = mine  # the probe's budget is a share of their training
         if alg.holds_updates:
             groups = [mine]
         else:
@@ -204,7 +206,9 @@ class ClientExecution:
 
         data = [self.server.split("train").client(c) for c in group]
         with without_dropout(self.trainer.module):  # the trainers draw other masks: compare like with like
-            measured = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized, self.device)
+            round_steps = sum(self.server.local_steps(c) for c in self.round_clients or group)
+            measured = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized, self.device,
+                             round_steps)
         result = self.collective.broadcast(measured)  # every process trains the way the first chose
         if self.collective.rank == 0:
             remember(key, result)

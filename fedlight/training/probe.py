@@ -5,7 +5,13 @@ client's step is small (small batches, linear layers, a GPU), and a grouped conv
 to one ordinary convolution per client on a CPU when batches are large. A cost model would have to know every
 kernel of every device, so the engine measures instead. In the first round, the clients of the first group train
 `PROBE_STEPS` local steps on their own first batches, once as a batch and once one after another (after a warm-up
-step of each, interleaved, best of `PROBE_REPEATS`). Both must give the same models up to float rounding, or
+step of each, interleaved, best of `PROBE_REPEATS`).
+
+The probe bounds its own cost: it spends about `PROBE_SHARE` of the round's sequential training time (estimated
+from the first warm-up step and the round's client steps), or `PROBE_FLOOR_S` when that is more. When the full
+probe would cost more, it takes fewer steps and then fewer clients (at least 2); it stops repeating once the budget
+is spent or one trainer is clearly slower (`CLEARLY_SLOWER` times the other). A round of 15 ResNet-34 clients of
+one step each used to be trained about 7 times over before it started. Both must give the same models up to float rounding, or
 vectorized training is off. The two trainers draw different dropout masks by design (one stream per client against
 one per group), so dropout layers are switched off while the probe runs (`without_dropout`): the check compares like
 with like, and a model with dropout vectorizes when vectorized training is faster. The probe's training is discarded: it uses each client's own seeds, and the round then
@@ -38,6 +44,9 @@ PROBE_STEPS = 8
 PROBE_REPEATS = 3
 PROBE_CLIENTS = 64        # at most this many clients per probe (the vectorized speed-up saturates well before)
 AGREEMENT = 0.05          # mean |vectorized - sequential| at most this share of the mean |update|
+PROBE_SHARE = 0.2         # the probe's budget: this share of the round's estimated sequential training time ...
+PROBE_FLOOR_S = 1.0       # ... or this many seconds, when that is more (a tiny round's probe is cheap anyway)
+CLEARLY_SLOWER = 2.0      # a trainer this many times slower than the other is not timed again
 
 TrainMany = Callable[[Tensor, list[tuple[Tensor, Tensor]]], Tensor]
 
@@ -70,23 +79,29 @@ class ProbeResult:
 
 
 def probe(starts: Tensor, data: list[tuple[Tensor, Tensor]], batch_size: int, sequential: TrainMany,
-          vectorized: TrainMany, device: torch.device) -> ProbeResult:
+          vectorized: TrainMany, device: torch.device, round_steps: int | None = None) -> ProbeResult:
     """Time `sequential` and `vectorized` (each: (starts, data) -> trained rows, one local epoch) on the clients'
-    first `PROBE_STEPS` batches; choose the faster when both give the same models."""
+    first `PROBE_STEPS` batches; choose the faster when both give the same models. `round_steps`, the client steps
+    of the whole round, bounds the probe's cost (None: no bound)."""
+    began = time.perf_counter()
     starts, data = starts[:PROBE_CLIENTS], data[:PROBE_CLIENTS]
     steps = min(PROBE_STEPS, max(-(-len(y) // batch_size) for _, y in data))
-    first = [(x[: steps * batch_size], y[: steps * batch_size]) for x, y in data]
     warm = [(x[:batch_size], y[:batch_size]) for x, y in data]
-    sequential(starts[:1], warm[:1]), vectorized(starts, warm)
+    step_s = _timed(device, sequential, starts[:1], warm[:1])[1]  # one client step, first-call costs included
+    budget = float("inf") if round_steps is None else max(PROBE_SHARE * step_s * round_steps, PROBE_FLOOR_S)
+    clients, steps = _within(budget - (time.perf_counter() - began), step_s, len(starts), steps)
+    starts, data, warm = starts[:clients], data[:clients], warm[:clients]
+    first = [(x[: steps * batch_size], y[: steps * batch_size]) for x, y in data]
+    vectorized(starts, warm)
     best = {"sequential": float("inf"), "vectorized": float("inf")}
     results = {}
     for _ in range(PROBE_REPEATS):
         for name, train in (("vectorized", vectorized), ("sequential", sequential)):
-            _sync(device)
-            began = time.perf_counter()
-            results[name] = train(starts, first)
-            _sync(device)
-            best[name] = min(best[name], time.perf_counter() - began)
+            results[name], seconds = _timed(device, train, starts, first)
+            best[name] = min(best[name], seconds)
+        slower = max(best.values()) / max(min(best.values()), 1e-12)
+        if time.perf_counter() - began >= budget or slower >= CLEARLY_SLOWER:
+            break
     update = (results["sequential"] - starts).abs().mean()
     difference = float((results["vectorized"] - results["sequential"]).abs().mean() / update.clamp(min=1e-12))
     faster = best["vectorized"] <= best["sequential"]
@@ -106,6 +121,28 @@ def without_dropout(module: nn.Module) -> Iterator[None]:
     finally:
         for m, p in zip(layers, saved):
             m.p = p
+
+
+def _within(budget_s: float, step_s: float, clients: int, steps: int) -> tuple[int, int]:
+    """(clients, steps) whose vectorized warm-up and one timed repeat of both trainers (about clients x (1 + 2 steps)
+    client steps) fit in `budget_s`: fewer steps first, then fewer clients, never below 1 step and 2 clients."""
+    def cost(c: int, s: int) -> float:
+        return c * (1 + 2 * s) * step_s
+
+    while steps > 1 and cost(clients, steps) > budget_s:
+        steps -= 1
+    while clients > 2 and cost(clients, steps) > budget_s:
+        clients -= 1
+    return clients, steps
+
+
+def _timed(device: torch.device, train: TrainMany, starts: Tensor, data: list) -> tuple[Tensor, float]:
+    """(what `train` returned, its wall time), the device synchronized around it."""
+    _sync(device)
+    began = time.perf_counter()
+    out = train(starts, data)
+    _sync(device)
+    return out, time.perf_counter() - began
 
 
 def _sync(device: torch.device) -> None:
