@@ -71,6 +71,14 @@ class Collective:
         torch.distributed.all_gather_object(gathered, obj)
         return gathered
 
+    def close(self) -> None:
+        """Leave the process group together: a barrier, then its destruction. Without it a process that ends first
+        can take the group's store down under another one still exiting, which then aborts ("terminate called
+        without an active exception") on a loaded machine."""
+        if self.spread and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
     def broadcast(self, obj: T) -> T:
         """Rank 0's `obj` on every process."""
         return self.fabric.broadcast(obj, src=0) if self.spread else obj

@@ -123,6 +123,7 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
         raise
     summary = _summary(run, totals)
     call(every, "on_fit_end", run, summary)
+    collective.close()
     return summary
 
 
