@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels, ClusterAverage
+from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.round_updates import RoundUpdates
 
@@ -103,21 +103,10 @@ class APFL(Algorithm):
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """FedAvg of the trained w's (size-weighted); each client's local model and alpha are stored."""
-        models = self.models
-        average = ClusterAverage(1, models.shape[1], models.dtype, models.device)
-        ids, local, alpha = [models.new_zeros(0, dtype=torch.long)], [models.new_zeros(0, models.shape[1])], \
-            [models.new_zeros(0)]
-        for group in updates.groups():
-            average.add(self.assignment[group.clients], group.num_samples.to(models.dtype), group.params)
-            ids.append(group.clients)
-            local.append(group.state["local"])
-            alpha.append(group.state["alpha"])
-            del group
-        updates.sum_over_processes_(average.sums, average.totals)
-        clients = updates.cat_over_processes(torch.cat(ids))
-        self.local[clients] = updates.cat_over_processes(torch.cat(local))
-        self.alpha[clients] = updates.cat_over_processes(torch.cat(alpha))
-        self.set_shared(*average.means())
+        super().aggregate(round, updates)
+        clients, local = updates.state("local")
+        self.local[clients] = local
+        self.alpha[clients] = updates.state("alpha")[1]
 
     def personalized_model(self, client: int) -> Tensor:
         """v_bar_i = alpha_i v_i + (1 - alpha_i) w."""

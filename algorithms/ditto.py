@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClusterAverage
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.round_updates import RoundUpdates
 
@@ -76,19 +75,10 @@ class Ditto(Algorithm):
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """FedAvg of the global updates, streamed a group at a time; every returned personal model is stored (one
         that is not finite is dropped, the client keeping its previous one)."""
-        models = self.models
-        average = ClusterAverage(len(models), models.shape[1], models.dtype, models.device)
-        ids, rows = [models.new_zeros(0, dtype=torch.long)], [models.new_zeros(0, models.shape[1])]
-        for group in updates.groups():
-            average.add(self.assignment[group.clients], group.num_samples.to(models.dtype), group.params)
-            ids.append(group.clients)
-            rows.append(group.state["personal"])
-            del group  # or it would stay alive while the next group trains
-        updates.sum_over_processes_(average.sums, average.totals)
-        clients, personal = updates.cat_over_processes(torch.cat(ids)), updates.cat_over_processes(torch.cat(rows))
+        super().aggregate(round, updates)
+        clients, personal = updates.state("personal")
         finite = torch.isfinite(personal).all(dim=1)
         self.personal_models[clients[finite]] = personal[finite]
-        self.set_shared(*average.means())
 
     def evaluation_models(self) -> tuple[Tensor, Tensor]:
         """Every client is evaluated with its personal model."""

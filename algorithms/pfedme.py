@@ -41,7 +41,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClusterAverage
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.round_updates import RoundUpdates
 
@@ -113,19 +112,13 @@ class PFedMe(Algorithm):
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """w <- (1 - beta) w + beta * (training-set-size weighted mean of the clients' w_local); each trained
         client's theta is kept for its evaluation."""
-        models = self.models
-        average = ClusterAverage(1, models.shape[1], models.dtype, models.device)
-        ids, thetas = [models.new_zeros(0, dtype=torch.long)], [models.new_zeros(0, models.shape[1])]
-        for group in updates.groups():
-            average.add(torch.zeros_like(group.clients), group.num_samples, group.params)
-            ids.append(group.clients)
-            thetas.append(group.state["personal"])
-            del group  # or it would stay alive while the next group trains
-        updates.sum_over_processes_(average.sums, average.totals)
-        self.personal_models[updates.cat_over_processes(torch.cat(ids))] = updates.cat_over_processes(torch.cat(thetas))
-        if average.totals[0] > 0:
-            mean = average.sums[0] / average.totals[0]
-            self.models[0] = ((1 - self.beta) * models[0].double() + self.beta * mean).to(models.dtype)
+        before = self.models[0].clone()
+        super().aggregate(round, updates)  # models[0] becomes the mean (kept when nobody trained)
+        clients, thetas = updates.state("personal")
+        self.personal_models[clients] = thetas
+        if self.beta != 1:
+            mean = self.models[0].double()
+            self.models[0] = ((1 - self.beta) * before.double() + self.beta * mean).to(self.models.dtype)
 
     def evaluation_models(self) -> tuple[Tensor, Tensor]:
         """Every client's own personalized model theta_i."""

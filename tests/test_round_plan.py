@@ -147,3 +147,21 @@ def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path,
     assert streamed["plan"] == {"updates": "stream", "trainer": "vectorized", "reason": None, "gradient_hook": False,
                                 "processes": 1}
     assert held["plan"]["updates"] == "hold" and streamed["vectorized"] is True
+
+
+class SendsItsId(FedAvg):
+    """Own local work that sends a per-client value beside the model, as Ditto sends its personal model."""
+
+    own_training = True
+
+    def train_client(self, round, client, start):
+        return start, torch.zeros(()), {"id": torch.full((2,), float(client))}
+
+
+def test_what_clients_send_beside_their_models_reaches_the_hooks_by_name():
+    fed = small_federation(SendsItsId(), num_clients=5, vectorize=2)  # streamed in groups of 2
+    updates = fed.execution.round_updates(1, [0, 2, 3, 4])
+    for _ in updates.groups():
+        pass
+    clients, rows = updates.state("id")
+    assert clients.tolist() == [0, 2, 3, 4] and rows.tolist() == [[c, c] for c in (0.0, 2.0, 3.0, 4.0)]

@@ -61,6 +61,7 @@ class RoundUpdates:
         self._left_out: list[int] = []
         self._all: Updates | None = None
         self._streamed = False
+        self._sent: list[tuple[Tensor, dict[str, Tensor]]] = []  # streamed groups' Updates.state, kept for state()
 
     @classmethod
     def of(cls, updates: Updates) -> "RoundUpdates":
@@ -90,6 +91,8 @@ class RoundUpdates:
         self._streamed = True
         for group in self._groups:
             updates = self._stats.add(finite(self._train(group), self._left_out))
+            if updates.state:
+                self._sent.append((updates.clients, updates.state))
             yield updates
             del updates  # or it would stay alive while the next group trains: two groups in memory
 
@@ -103,6 +106,24 @@ class RoundUpdates:
     def cat_over_processes(self, tensor: Tensor) -> Tensor:
         """Every process's rows of `tensor`, concatenated in rank order (held: `tensor` itself)."""
         return tensor if self.holds else self._collective.gather(tensor)
+
+    def state(self, name: str) -> tuple[Tensor, Tensor]:
+        """(clients, rows): what the round's clients sent as `name` beside their models (the third element of an
+        algorithm's own `train_client`, `Updates.state`), every process's, so every process stores the same
+        per-client state. Streamed, it covers the groups `groups()` has run through (call it after them)."""
+        if self.holds:
+            return self.all().clients, self.all().state[name]
+        parts = [(clients, state[name]) for clients, state in self._sent]
+        like = parts[0][1] if parts else None
+        if self._collective.spread:  # every process asks; one that trained nobody sends rows of the others' shape
+            shapes = self._collective.gather_objects(None if like is None else like[:0].cpu())
+            if like is None:
+                like = next(t for t in shapes if t is not None).to(self._collective.fabric.device)
+        if like is None:
+            raise RuntimeError(f"no client sent {name!r} this round: call state() after groups() has run through")
+        clients = torch.cat([like.new_zeros(0, dtype=torch.long), *(c for c, _ in parts)])
+        rows = torch.cat([like[:0], *(r for _, r in parts)])
+        return self._collective.gather(clients), self._collective.gather(rows)
 
     # -- held --------------------------------------------------------------------------------------------------
     def all(self) -> Updates:
