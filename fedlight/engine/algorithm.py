@@ -156,7 +156,8 @@ class Algorithm:
     def evaluation_models(self) -> tuple[Tensor | Sequence[Tensor], Tensor]:
         """(models, group of each client): the clients of a group share one model, so the engine runs each model
         once over its clients' data. With personal parts, every client is its own group and its model is built
-        when asked for (`client_model`)."""
+        when asked for (`client_model`). A model may also be a callable predictor of the algorithm's own (raw inputs
+        -> logits or log-probabilities), for predictions no single flat model gives (a mixture of components)."""
         if self.personal_mask is None:
             return self.models, self.assignment
         n = self.server.num_clients

@@ -2,6 +2,7 @@
 client beside its metrics (its clusters and training-set size) and the clustering scores."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import lightning as L
@@ -48,13 +49,13 @@ class Evaluator:
         for group, count in enumerate(counts):
             if count:
                 rows = order[begin: begin + count]
-                out = self.server.predict(models[group], x[rows])  # a lazy model may train here (fine-tuning)
+                out = self.outputs(models[group], x[rows])  # a lazy model may train here (fine-tuning)
                 if outputs is None:
                     outputs = out.new_empty((len(order), *out.shape[1:]))
                 outputs[rows] = out
                 begin += count
         if outputs is None:  # no row to evaluate on this process
-            outputs = self.server.predict(models[0], x[:0])
+            outputs = self.outputs(models[0], x[:0])
         metric_fn = getattr(self.module, "client_metrics", None)
         if metric_fn is not None:
             per_client = metric_fn(outputs, y, client_of_row, num_clients)
@@ -70,6 +71,12 @@ class Evaluator:
         for v in values.values():
             v[empty] = np.nan  # a client with nothing to evaluate has no value, and is left out of the means
         return summarize(values, split + suffix), values
+
+    def outputs(self, model: "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]", x: torch.Tensor) -> torch.Tensor:
+        """A model's outputs on raw inputs `x`: a flat model runs through the module (`ServerContext.predict`); a
+        callable is a predictor of the algorithm's own that returns logits or log-probabilities (a mixture of
+        component models, as FedEM predicts)."""
+        return model(x) if callable(model) else self.server.predict(model, x)
 
     def fine_tuned(self, algorithm: "Algorithm", round: int, epochs: int) -> tuple[ClientModels, torch.Tensor]:
         """Every client's evaluation model fine-tuned on its own training split for `epochs` (the module's SGD at
