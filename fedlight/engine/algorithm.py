@@ -29,6 +29,7 @@ may record scalars and matrices as they act (`log`, `log_matrix`).
     aggregate(round, updates)          combine them: FedAvg within each cluster
     post_aggregation(round, updates)   afterwards: reassign clients, schedules
     evaluation_models() ?              the model every client is evaluated with
+    newcomer_models(newcomers) ?       a model for each held-out client (arrived after training)
     cluster_labels() ?                 the clustering to log and score against the true clusters
     round_metrics() ?                  scalars of the state after the round (optional: commands `log` as they act)
     state_dict() ?, load_state_dict(state)  what survives a restart
@@ -47,6 +48,7 @@ from fedlight.engine.aggregation import ClientModels, ClusterAverage
 from fedlight.engine.updates import Updates
 
 if TYPE_CHECKING:
+    from fedlight.engine.newcomers import Newcomers
     from fedlight.engine.round_updates import RoundUpdates
     from fedlight.engine.server import ServerContext
 
@@ -162,6 +164,22 @@ class Algorithm:
             return self.models, self.assignment
         n = self.server.num_clients
         return ClientModels(self.client_model, n), torch.arange(n, device=self.server.device)
+
+    def newcomer_models(self, newcomers: "Newcomers") -> tuple[Tensor | Sequence[Tensor], Tensor, Tensor | None]:
+        """(models, model of each newcomer, cluster of each newcomer or None) for clients held out of training
+        (`fedlight.engine.newcomers`), as `evaluation_models` gives models and groups; the clusters are scored
+        against the newcomers' true clusters (`unseen/ari`) when the algorithm clusters. This default picks, for
+        each newcomer, the cluster model with the lowest loss on its training split (one model: the global one, as
+        FedAvg deploys it), with the personal entries reset to the initial model's (a fresh personal part, which
+        `federation.finetune_epochs` then trains)."""
+        models = self.models
+        if len(models) == 1:
+            groups = torch.zeros(newcomers.count, dtype=torch.long, device=models.device)
+        else:
+            groups = torch.nan_to_num(newcomers.losses(models), nan=math.inf).argmin(dim=0)
+        if self.personal_mask is not None:
+            models = torch.where(self.personal_mask, self.server.initial_params, models)
+        return models, groups, (groups if self.cluster_labels() is not None else None)
 
     def cluster_labels(self) -> np.ndarray | None:
         """Each client's current cluster, to log and to score against the true clusters; None when the
