@@ -144,6 +144,8 @@ def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path,
     assert any(line.startswith("OCFL, 6 clients: every update held") for line in lines)
     streamed = json.loads((tmp_path / "streamed" / "summary.json").read_text())
     held = json.loads((tmp_path / "held" / "summary.json").read_text())
+    threads = streamed["plan"].pop("threads")
+    assert threads == torch.get_num_threads() and streamed["plan"].pop("threads_from")
     assert streamed["plan"] == {"updates": "stream", "trainer": "vectorized", "reason": None, "gradient_hook": False,
                                 "processes": 1}
     assert held["plan"]["updates"] == "hold" and streamed["vectorized"] is True

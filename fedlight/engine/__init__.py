@@ -13,5 +13,6 @@
 | `processes` | the collectives of a federation spread over processes |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model |
 | `data`, `config`, `devices` | the data contract, the federation's settings, Fabric and devices |
+| `threads` | torch's CPU threads: the usable cores (affinity, cgroup quota) shared among processes and parallel runs |
 | `training_stats` | a round's training losses and logged values, reduced in client order |
 """

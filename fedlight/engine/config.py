@@ -34,6 +34,9 @@ class FederationConfig:
             processes itself, unless a launcher (torchrun, `fabric run`, SLURM) already started them.
         num_nodes: machines the processes are spread over (each runs `devices` processes).
         strategy: Fabric's multi-process strategy ("ddp": gloo on CPUs, NCCL on GPUs).
+        threads: torch's CPU threads per process; None: `OMP_NUM_THREADS` when set, else the cores this process may
+            use (affinity, cgroup quota) shared among the run's processes on the machine and the runs launched beside
+            it (`fedlight.engine.threads`), so parallel runs do not oversubscribe the cores.
     """
 
     rounds: int = 20
@@ -49,6 +52,7 @@ class FederationConfig:
     devices: int | str = 1
     num_nodes: int = 1
     strategy: str = "ddp"
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
@@ -60,6 +64,8 @@ class FederationConfig:
             raise ValueError(f"federation.vectorize must be -1 (auto), 0 (off) or a client count, got {self.vectorize}")
         if self.eval_split not in ("test", "val", "train"):
             raise ValueError(f"federation.eval_split must be 'test', 'val' or 'train', got {self.eval_split!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"federation.threads must be at least 1 (or null: the usable cores), got {self.threads}")
         if not (self.devices == "auto" or isinstance(self.devices, int) and self.devices >= 1) or self.num_nodes < 1:
             raise ValueError(f"federation.devices must be 'auto' or at least 1 and federation.num_nodes at least 1, got "
                              f"{self.devices!r} and {self.num_nodes}")

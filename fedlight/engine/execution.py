@@ -47,6 +47,7 @@ class ExecutionPlan:
         reason: why clients train one after another, when they do.
         gradient_hook: whether the algorithm edits every client's gradient after each backward pass.
         processes: how many processes share each round's clients.
+        threads: torch's CPU threads per process, and where that number comes from (`fedlight.engine.threads`).
     """
 
     updates: str
@@ -54,6 +55,8 @@ class ExecutionPlan:
     reason: str | None
     gradient_hook: bool
     processes: int
+    threads: int = 1
+    threads_from: str = ""
 
     def describe(self) -> str:
         """One line for the start of a run."""
@@ -63,7 +66,8 @@ class ExecutionPlan:
                    "sequential": f"clients trained one after another ({self.reason})"}[self.trainer]
         hook = ", gradient hook after every backward pass" if self.gradient_hook else ""
         spread = f", {self.processes} processes" if self.processes > 1 else ""
-        return f"{updates}; {trainer}{hook}{spread}"
+        threads = f"; {self.threads} CPU thread{'s' if self.threads != 1 else ''} ({self.threads_from})"
+        return f"{updates}; {trainer}{hook}{spread}{threads}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,7 +77,7 @@ class ClientExecution:
     """Trains the clients of each round as the plan says, on this process's shard of them."""
 
     def __init__(self, algorithm: "Algorithm", server: "ServerContext", trainer: ClientTrainer,
-                 config: "FederationConfig", collective: Collective) -> None:
+                 config: "FederationConfig", collective: Collective, threads: tuple[int, str] = (1, "")) -> None:
         self.algorithm, self.server, self.trainer = algorithm, server, trainer
         self.config, self.collective = config, collective
         self.device = server.device
@@ -82,7 +86,7 @@ class ClientExecution:
         self.vectorized: VectorizedTrainer | None = None
         trainer_kind, reason = self._choose_trainer()
         self.plan = ExecutionPlan("hold" if algorithm.holds_updates else "stream", trainer_kind, reason,
-                                  algorithm.corrects_gradient, collective.world)
+                                  algorithm.corrects_gradient, collective.world, *threads)
 
     def _choose_trainer(self) -> tuple[str, str | None]:
         if self.algorithm.own_training:

@@ -25,6 +25,7 @@ from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
 from fedlight.engine.round_updates import TrainingReport
 from fedlight.engine.server import ServerContext
+from fedlight.engine.threads import use_threads
 from fedlight.training.flat import FlatModel
 from fedlight.training.sequential import ClientTrainer
 
@@ -40,6 +41,7 @@ class Federation:
         self.precision = self.config.precision or default_precision(self.config.accelerator)
         self.fabric = make_fabric(self.config, self.precision)
         self.collective = Collective(self.fabric)
+        threads = use_threads(self.config.threads, max(1, self.fabric.world_size // self.config.num_nodes))
         self.data: FederatedData = load_clients(data, seed).to(self.device)
         self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
         self.module = model
@@ -50,7 +52,7 @@ class Federation:
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size)
-        self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective)
+        self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective, threads)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
         self.algorithm.setup(self.server)
