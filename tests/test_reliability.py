@@ -258,7 +258,11 @@ def test_warnings_for_clients_without_or_with_few_evaluation_samples():
     # the names listed are the installed ones, plugins included (tests/test_cli.py checks the shipped ones are)
     (["--algorithm", "fedavgg"], "unknown algorithm 'fedavgg': choose one of "),
     (["--model.init_args.network.init_args.widht", "3"],
-     "model.init_args.network.init_args.widht: fedlight.models.SmallCNN has no option 'widht'; its options are"),
+     "model.init_args.network.init_args.widht: fedlight.models.SmallCNN has no option 'widht' (did you mean "
+     "width?); its options are"),
+    (["--algorithm.init_args.participatio", "0.5"],
+     "algorithm.init_args.participatio: fedlight.Algorithm has no option 'participatio' (did you mean "
+     "participation?); its options are participation"),
     (["--federation.accelerator", "cuda"], "federation.accelerator=cuda, but this machine has no usable CUDA GPU"),
     (["--algorithm", "mypackage.Missing"], "algorithm: cannot import mypackage.Missing"),
 ])

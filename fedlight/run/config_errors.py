@@ -49,9 +49,11 @@ def explain(message: str, options: Iterable[str] = ()) -> str:
         classes = _CLASS_PATH.findall(message)
         key = ".init_args.".join(keys + [option.group(1)]) if keys else option.group(1)
         accepted = _init_options(classes[-1]) if classes else []
+        close = difflib.get_close_matches(option.group(1), accepted, n=1, cutoff=0.75)
+        meant = f" (did you mean {close[0]}?)" if close else ""
         listed = f"; its options are {', '.join(accepted)}" if accepted else ""
         owner = classes[-1] if classes else "this section"
-        return f"{key}: {owner} has no option {option.group(1)!r}{listed}"
+        return f"{key}: {owner} has no option {option.group(1)!r}{meant}{listed}"
     classes = _CLASS_PATH.findall(message)
     missing = _MISSING.search(message)
     if missing and classes and keys:
