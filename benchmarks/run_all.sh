@@ -26,3 +26,4 @@ else
   run round_memory round.py --precisions 32-true --algorithms fedavg fedper fedavg_whole_round --vectorize 64
   run processes processes.py
 fi
+run startup startup.py --repeats 5

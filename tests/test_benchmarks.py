@@ -15,6 +15,7 @@ import overhead  # noqa: E402
 import processes  # noqa: E402
 import round as round_benchmark  # noqa: E402
 import similarity  # noqa: E402
+import startup  # noqa: E402
 import vectorized  # noqa: E402
 
 
@@ -75,3 +76,11 @@ def test_processes_benchmark_times_one_and_two_processes(monkeypatch, tmp_path):
                     "--repeats", "1")
     assert [r["devices"] for r in rows] == [1, 2] and rows[0]["speedup"] == 1.0
     assert all(r["round_s"] > 0 and r["rounds_timed"] == 1 for r in rows)
+
+
+@pytest.mark.slow
+def test_startup_benchmark_times_every_command(monkeypatch, tmp_path):
+    result = run_main(startup, monkeypatch, tmp_path, "--repeats", "1")
+    assert set(result["median_s"]) == {"list", "--help", "fit --help", "option typo (--federaton.rounds)",
+                                       "config key typo (federation.roundz)", "import lightning (reference)"}
+    assert all(t > 0 for t in result["median_s"].values())

@@ -14,11 +14,13 @@ With one process every method is the identity, so the single-process path is the
 """
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import lightning as L
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    import lightning as L
 
 T = TypeVar("T")
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -24,6 +23,9 @@ from fedlight.engine.round_log import RoundLog
 from fedlight.training.flat import FlatModel
 from fedlight.training.layer_masks import layer_count_mask
 from fedlight.training.sequential import ClientTrainer, GradientHook
+
+if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
+    import lightning as L
 
 
 def stream_seed(*parts: int | str) -> list[int]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import netrc
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedlight.reports.report import Group
+if TYPE_CHECKING:
+    from fedlight.reports.report import Group
 
 EXTRA = "pip install 'fedlight[wandb-report]'"
 
@@ -30,7 +31,7 @@ def wandb_mode(requested: str) -> str:
         return "offline"
 
 
-def report_blocks(wr: Any, entity: str, project: str, groups: Sequence[Group], title: str) -> Any:
+def report_blocks(wr: Any, entity: str, project: str, groups: Sequence["Group"], title: str) -> Any:
     """The W&B Report object (not saved): one panel grid over the runs of `groups`, grouped by W&B group."""
     run = groups[0].first
     split, keys = run.split, {k for g in groups for r in g.runs for row in r.metrics for k in row}
@@ -51,7 +52,7 @@ def report_blocks(wr: Any, entity: str, project: str, groups: Sequence[Group], t
                      blocks=[wr.P(text), wr.PanelGrid(runsets=[runset], panels=panels)])
 
 
-def build(target: str, groups: Sequence[Group], title: str) -> str:
+def build(target: str, groups: Sequence["Group"], title: str) -> str:
     """Save the W&B Report of `groups` under ENTITY/PROJECT `target`; one line saying where it is, or why not."""
     entity, _, project = target.partition("/")
     if not entity or not project or "/" in project:

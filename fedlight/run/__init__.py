@@ -4,6 +4,7 @@
 |---|---|
 | `cli` | `python -m fedlight fit / list / report / sweep`, config parsing and one-line errors |
 | `config_errors`, `registry` | jsonargparse errors explained; algorithms, data and models found by entry point |
+| `early_checks`, `lazy_types`, `catalog` | what the command line answers before Lightning loads: option and key typos, the parser's base classes, `list` read from the source files |
 | `runner` | `fit`: rounds, resume, Ctrl-C, the summary; callbacks called by hook name |
 | `callbacks` | `Callback`, `Run`, `EarlyStopping` |
 | `recorder`, `wandb_logger`, `console`, `checkpoint` | the built-in callbacks: CSV files, W&B, the console, round checkpoints |

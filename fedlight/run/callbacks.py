@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from fedlight.engine.round_result import RoundResult
 
 
+class RunInterrupted(Exception):
+    """Ctrl-C during a run: the rounds up to `saved_round` are in the run folder's checkpoint."""
+
+    def __init__(self, run_dir: Path, saved_round: int) -> None:
+        super().__init__(f"interrupted after round {saved_round}")
+        self.run_dir, self.saved_round = run_dir, saved_round
+
+
 @dataclass
 class Run:
     """A run as its callbacks see it.

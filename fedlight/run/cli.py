@@ -17,22 +17,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace, set_loader
 from rich.console import Console
 
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.config import FederationConfig
-from fedlight.engine.federation import Federation
-from fedlight.reports import report, wandb_report
-from fedlight.run import registry, sweep
-from fedlight.run.callbacks import Callback
-from fedlight.run.checkpoint import CheckpointError
+from fedlight.run import catalog, registry
+from fedlight.run.callbacks import Callback, RunInterrupted
 from fedlight.run.config_errors import explain
 from fedlight.run.console import make_console
-from fedlight.run.runner import RunInterrupted, fit
+from fedlight.run.early_checks import check_fit_arguments
+from fedlight.run.lazy_types import LightningDataModule, LightningModule
 from fedlight.run.wandb_logger import LoggerConfig
 
 PARSER_MODE = "fedlight_yaml"
@@ -56,8 +52,8 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--resume", type=str | None, default=None,
                         help="a run folder to continue with its own config (only --federation.rounds may change)")
     parser.add_argument("--checkpoint_every", type=int, default=1, help="rounds between checkpoints")
-    parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
-    parser.add_subclass_arguments(L.LightningModule, "model", required=True)
+    parser.add_subclass_arguments(LightningDataModule, "data", required=True)
+    parser.add_subclass_arguments(LightningModule, "model", required=True)
     parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.engine.algorithm.Algorithm"})
     parser.add_class_arguments(FederationConfig, "federation")
     parser.add_class_arguments(LoggerConfig, "logger")
@@ -172,6 +168,11 @@ def new_run_dir(cfg: Namespace) -> Path:
 def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = None) -> dict[str, Any]:
     """Set everything up (after seeding, so the model's initial weights follow the seed), then run: the run folder
     and its config.yaml are written only once the run is accepted (`fedlight.run.runner.fit`)."""
+    import torch  # the heavy modules load only once a run is accepted by the parser
+
+    from fedlight.engine.federation import Federation
+    from fedlight.run.runner import fit
+
     console = console or make_console()
     torch.manual_seed(cfg.seed)
     resume = cfg.resume is not None
@@ -195,10 +196,10 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
 def print_components(console: Console) -> None:
     """`fedlight list`: under each kind, one line per class a config can name: its name (an algorithm's short
     name), its class path and the first sentence of its docstring."""
-    for kind, found in registry.components().items():
+    for kind, found in catalog.components().items():
         console.print(f"[bold]{kind}[/bold]")
         for name, path in sorted(found.items()):
-            console.print(f"  {name:<24} {path:<50} {registry.describe(path)}".rstrip(), markup=False,
+            console.print(f"  {name:<24} {path:<50} {catalog.describe(path)}".rstrip(), markup=False,
                           highlight=False)
 
 
@@ -219,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        cfg = parser.parse_args(with_saved_config(expand_short_names(argv)))
+        argv = with_saved_config(expand_short_names(argv))
+        if argv[:1] == ["fit"]:  # before the parser imports the config's classes
+            check_fit_arguments(argv[1:], parser.fit_parser._option_string_actions)
+        cfg = parser.parse_args(argv)
     except ArgumentError as error:
         options = parser.fit_parser._option_string_actions
         errors.print(f"fedlight: error: {explain(str(error), options)}")
@@ -235,20 +239,17 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.command == "report":
                 run_report(cfg.report, console)
             elif cfg.command == "sweep":
-                sweep.run(cfg.sweep.config, main, console)
+                return run_sweep(cfg.sweep.config, console, errors)
             else:
                 run_fit(parser.fit_parser, cfg.fit, console)
     except RunInterrupted as stop:
         saved = f"rounds 1-{stop.saved_round} are saved" if stop.saved_round else "no round had finished"
         errors.print(f"fedlight: interrupted; {saved}. Continue with: python -m fedlight fit --resume {stop.run_dir}")
         return 130
-    except sweep.SweepInterrupted as stop:
-        errors.print(f"fedlight: {stop}")
-        return 130
     except KeyboardInterrupt:
         errors.print("fedlight: interrupted before the first round; nothing was saved")
         return 130
-    except (FileNotFoundError, ValueError, CheckpointError) as error:
+    except (FileNotFoundError, ValueError) as error:  # CheckpointError is a ValueError
         if os.environ.get("FEDLIGHT_DEBUG"):
             raise
         errors.print(f"fedlight: error: {error}")
@@ -256,8 +257,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_sweep(config: str, console: Console, errors: Console) -> int:
+    """Run a sweep file's runs in this process, then its report; Ctrl-C says how to continue."""
+    from fedlight.run import sweep
+
+    try:
+        sweep.run(config, main, console)
+    except sweep.SweepInterrupted as stop:
+        errors.print(f"fedlight: {stop}")
+        return 130
+    return 0
+
+
 def run_report(cfg: Namespace, console: Console) -> None:
     """Write the HTML report (and the W&B Report when asked), saying where it went."""
+    from fedlight.reports import report, wandb_report
+
     started = time.perf_counter()
     output, groups = report.write(cfg.runs, cfg.output, cfg.title, overwrite=cfg.overwrite)
     runs = report.plural(sum(len(g.runs) for g in groups), "run")

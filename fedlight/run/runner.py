@@ -15,20 +15,12 @@ from fedlight.engine.evaluation import higher_is_better
 from fedlight.engine.federation import Federation
 from fedlight.engine.round_result import RoundResult
 from fedlight.run import checkpoint
-from fedlight.run.callbacks import Callback, Run, call, callback_states, load_callback_states
+from fedlight.run.callbacks import Callback, Run, RunInterrupted, call, callback_states, load_callback_states
 from fedlight.run.console import ConsoleReporter, make_console
 from fedlight.run.recorder import CsvRecorder
 from fedlight.run.wandb_logger import LoggerConfig, WandbLogger
 
 CHECKPOINTS = Path("checkpoints")
-
-
-class RunInterrupted(Exception):
-    """Ctrl-C during a run: the rounds up to `saved_round` are in the run folder's checkpoint."""
-
-    def __init__(self, run_dir: Path, saved_round: int) -> None:
-        super().__init__(f"interrupted after round {saved_round}")
-        self.run_dir, self.saved_round = run_dir, saved_round
 
 
 class Totals(Callback):

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from fedlight.reports import plots
 from fedlight.reports.run_groups import config_group
 from fedlight.reports.wandb_report import wandb_mode
 from fedlight.run.callbacks import Callback, Run
@@ -111,6 +110,8 @@ class WandbLogger(Callback):
     def matrix_range(self, name: str, matrix: np.ndarray) -> tuple[float, float]:
         """The colour range of matrices called `name`, fixed for the run: its kind's range, or the range of the
         first saved matrix of that name (which a resumed run finds on disk as well)."""
+        from fedlight.reports import plots  # matplotlib loads only once a run logs a matrix
+
         if name not in self.matrix_ranges:
             saved = sorted((self.run_dir / "matrices").glob(f"{name.replace('/', '_')}_round*.npy"))
             self.matrix_ranges[name] = plots.matrix_range(name, np.load(saved[0]) if saved else matrix)
@@ -119,6 +120,8 @@ class WandbLogger(Callback):
     def _payload(self, round: int, scalars: dict[str, Any], per_client: dict[str, np.ndarray],
                  rows: list[dict[str, Any]], matrices: dict[str, np.ndarray]) -> dict[str, Any]:
         import wandb
+
+        from fedlight.reports import plots
 
         payload = {k: v for k, v in scalars.items() if k != "round" and isinstance(v, (int, float))}
         for name, matrix in matrices.items():

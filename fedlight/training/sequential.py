@@ -11,15 +11,17 @@ import copy
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import lightning as L
 import torch
 from torch import Tensor
 
 from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates, parse_optimizers
 from fedlight.training.step_logs import LogSums, StepLogs
+
+if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
+    import lightning as L
 
 GradientHook = Callable[[Tensor, Tensor, Tensor], None]
 

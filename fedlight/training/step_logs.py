@@ -8,11 +8,13 @@ the engine then averages clients weighted by their training-set sizes into `trai
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
+    import lightning as L
 
 
 class StepLogs:

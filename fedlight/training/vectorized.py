@@ -20,9 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import lightning as L
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -33,6 +32,9 @@ from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates
 from fedlight.training.step_logs import LogSums, StepLogs
 from fedlight.training.sequential import Trained, seed_random_layers, training_loss
+
+if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
+    import lightning as L
 
 RowHook = Callable[[int, Tensor, Tensor, Tensor], None]  # (row, params, grad, start) of one client
 

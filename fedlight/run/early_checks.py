@@ -1,0 +1,60 @@
+"""Checks of a `fit` command line and its config files that need no class: an unknown option or config key outside
+the sections that name a class (data, model, algorithm, callbacks) is refused before the parser imports any data
+module or model, so a typo is answered in about a second instead of after Lightning has loaded. What lies inside a
+class's section is checked by the parser against the class's own signature, as before.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+from fedlight.run.config_errors import closest_key
+
+#: sections whose keys depend on the class they name (checked by the parser once the class is imported)
+CLASS_SECTIONS = ("data", "model", "algorithm", "callbacks")
+
+
+def check_fit_arguments(arguments: list[str], options: Iterable[str]) -> None:
+    """Refuse (ValueError, one line) an unknown `--option` or config key outside the class sections, as the parser
+    would. `arguments` follow `fit`; `options` are the fit parser's option strings."""
+    known = set(options)
+    for i, token in enumerate(arguments):
+        if token == "--":
+            break  # what follows is not options
+        if not token.startswith("--"):
+            continue
+        key = token[2:].split("=", 1)[0]
+        if key == "config":
+            path = token.split("=", 1)[1] if "=" in token else (arguments[i + 1] if i + 1 < len(arguments) else None)
+            if path is not None and Path(path).is_file():
+                check_config_keys(Path(path), known)
+        elif not _in_class_section(key) and f"--{key}" not in known:
+            close = closest_key(key, known)
+            hint = f" (did you mean --{close}?)" if close else " (see `fedlight fit --help`)"
+            raise ValueError(f"unknown option --{key}{hint}; options are never abbreviated")
+
+
+def check_config_keys(path: Path, known: set[str]) -> None:
+    """Refuse an unknown top-level key of a run config file, or an unknown key of one of its plain sections
+    (federation, logger), naming the key and the one probably meant."""
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return  # the parser reports an unreadable file in its own words
+    if not isinstance(document, dict):
+        return
+    for key, value in document.items():
+        if not isinstance(key, str) or _in_class_section(key):
+            continue
+        keys = [f"{key}.{sub}" for sub in value if isinstance(sub, str)] if isinstance(value, dict) else [key]
+        for dotted in keys:
+            if f"--{dotted}" not in known:
+                close = closest_key(dotted, known)
+                hint = f" (did you mean {close}?)" if close else " (see `fedlight fit --help` for the keys)"
+                raise ValueError(f"unknown config key {dotted}{hint}")
+
+
+def _in_class_section(key: str) -> bool:
+    return key.split(".", 1)[0] in CLASS_SECTIONS

@@ -1,0 +1,123 @@
+"""What the command line answers before Lightning loads: `list`, `--help`, `fit --help` and typos outside the class
+sections never import Lightning (checked in a fresh interpreter), and `list` read from the source files names
+exactly the classes that importing the packages finds."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from fedlight.run import catalog
+from fedlight.run.early_checks import check_fit_arguments
+
+PROBE = """
+import sys
+from fedlight.run.cli import main
+code = main({argv!r})
+print("LIGHTNING_LOADED" if "lightning" in sys.modules else "LIGHTNING_NOT_LOADED", code)
+"""
+
+
+def answered_without_lightning(argv: list[str], tmp_path) -> tuple[bool, int, str]:
+    done = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    last = done.stdout.strip().splitlines()[-1]
+    marker, code = last.split()
+    return marker == "LIGHTNING_NOT_LOADED", int(code), done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["list"], 0),
+    (["fit", "--federaton.rounds", "3", "--config", "CONFIG"], 2),
+    (["fit", "--config", "CONFIG", "--config", "TYPO"], 2),
+])
+def test_list_and_typos_outside_class_sections_never_load_lightning(argv, code, tmp_path):
+    (tmp_path / "run.yaml").write_text("data:\n  class_path: fedlight.datamodules.DigitsFederated\n"
+                                       "model:\n  class_path: fedlight.models.Classifier\n")
+    (tmp_path / "typo.yaml").write_text("federation:\n  roundz: 2\n")
+    argv = [str(tmp_path / "run.yaml") if a == "CONFIG" else str(tmp_path / "typo.yaml") if a == "TYPO" else a
+            for a in argv]
+    without, exit_code, output = answered_without_lightning(argv, tmp_path)
+    assert exit_code == code, output
+    assert without, output
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["fit", "--help"]])
+def test_help_never_loads_lightning(argv, tmp_path):
+    probe = PROBE.replace("code = main", "try:\n    main").replace(
+        ")\nprint", ")\nexcept SystemExit as stop:\n    code = stop.code\nprint")
+    done = subprocess.run([sys.executable, "-c", probe.format(argv=argv)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert "--" in done.stdout and done.stdout.strip().endswith("LIGHTNING_NOT_LOADED 0"), done.stdout + done.stderr
+
+
+# -- the catalog against importing the packages --------------------------------------------------------------
+def imported_classes(package: str, base: type) -> dict[str, str]:
+    """The concrete classes `package` exports that derive from `base` (not `base` itself), found by importing."""
+    pkg = importlib.import_module(package)
+    found = {}
+    for name in [n for n in vars(pkg) if not n.startswith("_")]:
+        obj = getattr(pkg, name)
+        if inspect.isclass(obj) and issubclass(obj, base) and obj is not base and not inspect.isabstract(obj):
+            found[name] = f"{obj.__module__}.{obj.__qualname__}"
+    return found
+
+
+def test_the_catalog_read_from_source_matches_importing_the_packages():
+    import lightning as L
+    from torch import nn
+
+    from fedlight.datamodules.base import FederatedDataModule
+    from fedlight.datamodules.partition import PartitionScheme
+
+    listed = catalog.components()
+    modules = imported_classes("fedlight.models", L.LightningModule)
+    assert listed["models"] == modules
+    assert listed["networks"] == {k: v for k, v in imported_classes("fedlight.models", nn.Module).items()
+                                  if k not in modules}
+    assert listed["data modules"] == imported_classes("fedlight.datamodules", FederatedDataModule)
+    assert listed["partition schemes"] == imported_classes("fedlight.datamodules", PartitionScheme)
+    for found in listed.values():
+        for path in found.values():
+            module, _, name = path.rpartition(".")
+            own = inspect.getdoc(getattr(importlib.import_module(module), name)) if \
+                getattr(importlib.import_module(module), name).__doc__ else None
+            shown = catalog.describe(path)
+            assert (shown == "") == (own is None), path
+            if own:
+                assert " ".join(own.split("\n\n")[0].split()).startswith(shown.rstrip(" .").removesuffix(" ...")), path
+
+
+def test_abstract_classes_and_bases_are_left_out():
+    listed = catalog.components()
+    names = {name for found in listed.values() for name in found}
+    assert {"TorchvisionFederated", "UCITableFederated", "FederatedDataModule", "PartitionScheme"}.isdisjoint(names)
+
+
+# -- early checks --------------------------------------------------------------------------------------------
+OPTIONS = ["--config", "--seed", "--federation", "--federation.rounds", "--logger.wandb", "--data", "--model",
+           "--algorithm"]
+
+
+def test_an_unknown_option_outside_the_class_sections_is_refused_with_the_one_meant():
+    with pytest.raises(ValueError, match=r"^unknown option --federation.roundz \(did you mean --federation.rounds\?\)"):
+        check_fit_arguments(["--federation.roundz=3"], OPTIONS)
+    with pytest.raises(ValueError, match=r"unknown option --sed \(did you mean --seed\?\)"):
+        check_fit_arguments(["--sed", "1"], OPTIONS)
+
+
+def test_options_of_the_class_sections_are_left_to_the_parser():
+    check_fit_arguments(["--data.init_args.anything", "1", "--model.whatever", "2", "--algorithm.init_args.x", "3",
+                         "--seed", "4", "--", "--not-an-option"], OPTIONS)
+
+
+def test_config_file_keys_are_checked_top_level_and_in_plain_sections(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("seed: 1\nfederation:\n  rounds: 2\ndata:\n  init_args: {whatever: 1}\n")
+    check_fit_arguments(["--config", str(config)], OPTIONS)
+    config.write_text("federation:\n  rouns: 2\n")
+    with pytest.raises(ValueError, match=r"unknown config key federation.rouns \(did you mean federation.rounds\?\)"):
+        check_fit_arguments([f"--config={config}"], OPTIONS)
