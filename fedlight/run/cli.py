@@ -184,8 +184,11 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
         run_dir = new_run_dir(cfg)
     cfg.run_name, cfg.resume = run_dir.name, None  # the saved config names its run and starts it afresh
     config_text = parser.dump(cfg, skip_none=False)
-    init = parser.instantiate_classes(cfg)
-    federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed)
+    showing = console.status(f"setting up {run_dir.name}: data, model, algorithm") if console.is_terminal else \
+        contextlib.nullcontext()  # a terminal sees the set-up happen; piped output stays one line per round
+    with showing:
+        init = parser.instantiate_classes(cfg)
+        federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed)
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
@@ -223,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = with_saved_config(expand_short_names(argv))
         if argv[:1] == ["fit"]:  # before the parser imports the config's classes
             check_fit_arguments(argv[1:], parser.fit_parser._option_string_actions)
-        cfg = parser.parse_args(argv)
+        with console.status("reading the config") if console.is_terminal and argv[:1] == ["fit"] else \
+                contextlib.nullcontext():  # the config's classes load here (Lightning: seconds)
+            cfg = parser.parse_args(argv)
     except ArgumentError as error:
         options = parser.fit_parser._option_string_actions
         errors.print(f"fedlight: error: {explain(str(error), options)}")
