@@ -11,7 +11,7 @@ The server averages each component over the clients, weighted by training-set si
 mixture, p(y | x) = sum_m pi_tm p_m(y | x) (the evaluation model is a callable returning its logarithm); the cluster
 it is logged with is the argmax of its weights.
 
-Defaults: M = 3 components, the paper's setting throughout its experiments; mixture weights start uniform; component 0
+Defaults: M = 3 components, as in the paper's experiments; mixture weights start uniform; component 0
 starts from the run's initial model and the others from independent random initializations (identical components
 would stay identical). With M = 1 every weight is 1 and the round is exactly FedAvg's (same training, same
 averaging).

@@ -1,6 +1,6 @@
 """FeSEM (Xie, Long, Zhou, Jiang, Chen: "Multi-Center Federated Learning", arXiv 2020; as "Multi-center federated
-learning: clients clustering for better personalization", World Wide Web 2023; section 4, the federated stochastic
-expectation-maximization algorithm).
+learning: clients clustering for better personalization", World Wide Web 2023; the section on federated stochastic
+expectation maximization, FeSEM, and its algorithm).
 
 K center models. Every round, each selected client trains its center's model on its data (its local model W_i);
 then the server runs one step of k-means on the local models:
@@ -9,7 +9,7 @@ then the server runs one step of k-means on the local models:
   its model).
 
 Defaults and choices:
-- `num_clusters` = 4, a starting point (the paper compares several K per data set; give the true count when known);
+- `num_clusters` = 4, a starting point (the paper sets K per experiment; give the true count when known);
 - the centers are seeded by k-means (the best of 10 k-means++ restarts refined by Lloyd) on the local models of
   round `seed_round`, which trains every client from the one model of FedAvg before it (`seed_round` = 1: from
   the initial model); each center is then its members' mean.
@@ -116,6 +116,9 @@ class FeSEM(Algorithm):
 
     def cluster_labels(self) -> np.ndarray | None:
         return self.assignment.cpu().numpy() if self.seeded else None
+
+    def round_metrics(self) -> dict[str, float]:
+        return {"cluster/clustered_round": float(self.seed_round if self.seeded else 0)}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "seeded": self.seeded}

@@ -1,14 +1,15 @@
 """FL+HC (Briggs, Fan, Andras: "Federated learning with hierarchical clustering of local updates to improve training
-on non-IID data", IJCNN 2020; section III, the FL+HC algorithm).
+on non-IID data", IJCNN 2020; the section presenting FL+HC and its hyperparameters).
 
 FedAvg until round `cluster_round`. In that round every client trains the global model and the server clusters the
 clients' updates (trained minus global, the parameters) by agglomerative clustering: a distance metric, a linkage,
 and a distance threshold at or above which clusters are not merged, or a cluster count. Each cluster's model is then
 the FedAvg of its members' models of that round, and from then on every cluster trains on its own with FedAvg.
 
-Defaults: Euclidean distance with Ward linkage, the pairing the paper's experiments favour; `cluster_round` = 10
-and `distance_threshold` = 3.0 are starting points (the paper tunes both per data set; our digits config sets its
-own from the logged update distances, `update_l2_distance`).
+Defaults: Euclidean distance with Ward linkage (one of the metric/linkage pairs the paper studies, and the only
+one Ward admits); `cluster_round` = 10 and `distance_threshold` = 3.0 are starting points, not the paper's values
+(it studies both per data set; our digits config sets its own from the logged update distances,
+`update_l2_distance`).
 
 Deviations and choices:
 - the clustering round trains every client, whatever `participation` (every client needs a cluster);
@@ -138,6 +139,9 @@ class FLHC(Algorithm):
 
     def cluster_labels(self) -> np.ndarray | None:
         return self.assignment.cpu().numpy() if self.clustered else None
+
+    def round_metrics(self) -> dict[str, float]:
+        return {"cluster/clustered_round": float(self.cluster_round if self.clustered else 0)}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "clustered": self.clustered, "reference": self.reference,
