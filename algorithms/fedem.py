@@ -148,8 +148,8 @@ class FedEM(Algorithm):
         if self.num_components == 1:
             return super().evaluation_models()
         n = self.server.num_clients
-        return ClientModels(lambda c: self.mixture_predictor(self.mixture[c].log()), n), \
-            torch.arange(n, device=self.server.device)
+        predictors = ClientModels(lambda c: self.mixture_predictor(self.mixture[c].log()), n)
+        return predictors, torch.arange(n, device=self.server.device)
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Any, Tensor, Tensor]:
         """Each newcomer's mixture weights fitted on its training data with the components fixed; it predicts with

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fedlight.cluster.clusterers import Agglomerative, linkage_to_clusters
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.data import ClientSplit
 from fedlight.engine.newcomers import Newcomers
 
 Linkage = Literal["average", "complete", "single"]
@@ -81,7 +82,8 @@ class PACFL(Algorithm):
             raise ValueError("PACFL needs algorithm.init_args.threshold (degrees) or algorithm.init_args.num_clusters")
         self.clusterer = Agglomerative(num_clusters, threshold, linkage)
         self.basis_size, self.num_clusters, self.linkage = basis_size, num_clusters, linkage
-        self.proximity = torch.empty(0)
+        self.proximity = torch.empty(0)  # (n, n) smallest principal angles, degrees
+        self.bases: list[Tensor] = []  # every client's basis, sent once
 
     def setup(self, server) -> None:
         super().setup(server)
@@ -94,7 +96,7 @@ class PACFL(Algorithm):
         self.assignment = torch.as_tensor(labels, device=server.device)
         self.models = server.initial_params.repeat(int(labels.max()) + 1, 1)
 
-    def client_bases(self, split, count: int) -> list[Tensor]:
+    def client_bases(self, split: ClientSplit, count: int) -> list[Tensor]:
         """Every client's basis from its samples of `split`, converted as the model sees them."""
         return [data_subspace(self.server.inputs(split.client(k)[0]), self.basis_size) for k in range(count)]
 
