@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fedlight.run.cli import main as fedlight_main
 
-ALGORITHMS = ["fedavg", "local", "ocfl", "flis_dc", "flis_hc", "ifca", "cfl"]
+ALGORITHMS = ["fedavg", "local", "ocfl", "flis_dc", "flis_hc", "ifca", "cfl", "fesem", "flhc", "fedem", "pacfl"]
 
 
 def run(algorithm: str, output_dir: Path, seed: int) -> dict:

@@ -28,7 +28,8 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "flis_hc": "FLIS-HC", "ifca": "IFCA", "cfl": "CFL", "fedper": "FedPer", "lgfedavg": "LG-FedAvg",
            "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus",
            "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL", "pfedme": "pFedMe",
-           "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD"}
+           "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC", "fedem": "FedEM",
+           "pacfl": "PACFL"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
@@ -106,7 +107,7 @@ def documented_hooks() -> dict[str, set[str]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[0].startswith("`"):
             names = re.findall(r"`(\w+)\(", cells[0])
-            who = set(re.findall(r"[\w-]+", re.sub(r"\(.*?\)", "", cells[3])))
+            who = set(re.findall(r"[\w+-]+", re.sub(r"\(.*?\)", "", cells[3])))
             for name in names:
                 rows[name] = who
     return rows
@@ -154,7 +155,8 @@ def same(a, b) -> bool:
 
 def queries(algorithm: Algorithm) -> list:
     models, groups = algorithm.evaluation_models()
-    return [algorithm.select_clients(3), [m.clone() for m in models], groups.clone(), algorithm.cluster_labels(),
+    models = [m.clone() if isinstance(m, torch.Tensor) else m for m in models]  # or a predictor (FedEM's mixture)
+    return [algorithm.select_clients(3), models, groups.clone(), algorithm.cluster_labels(),
             algorithm.round_metrics(), algorithm.learning_rate_scale(3),
             [algorithm.client_model(c).clone() for c in range(algorithm.server.num_clients)]]
 
@@ -171,7 +173,9 @@ def centroid_federation(algorithm: Algorithm) -> Federation:
 
 ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_dc": {"participation": 0.5},
                       "flis_hc": {"phase_zero_epochs": 1}, "cfl": {"warmup_rounds": 0}, "ocfl": {"participation": 0.7},
-                      "fedtsdp": {"hopkins_threshold": 0.0}}
+                      "fedtsdp": {"hopkins_threshold": 0.0}, "fesem": {"num_clusters": 2},
+                      "flhc": {"cluster_round": 1, "num_clusters": 2}, "pacfl": {"num_clusters": 2},
+                      "fedem": {"num_components": 2}}
 
 
 def run_commands(fed: Federation, round: int) -> None:

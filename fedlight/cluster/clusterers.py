@@ -135,6 +135,19 @@ def relabel(labels: np.ndarray) -> np.ndarray:
     return out
 
 
+def linkage_to_clusters(distances: np.ndarray, labels: np.ndarray, linkage: str = "average") -> np.ndarray:
+    """(m, k) linkage distance from each of m new points to each of the k clusters of a clustering, given the
+    points' (m, n) distances to its n members and the members' labels 0..k-1: the mean ("average"), largest
+    ("complete") or smallest ("single") distance to the cluster's members, as agglomerative clustering would
+    measure a merge of the point with the cluster (to place a client that arrives after the clustering)."""
+    reduce = {"average": np.mean, "complete": np.max, "single": np.min}
+    if linkage not in reduce:
+        raise ValueError(f"linkage must be one of {tuple(reduce)}, got {linkage!r}")
+    distances, labels = np.asarray(distances, dtype=np.float64), np.asarray(labels)
+    return np.stack([reduce[linkage](distances[:, labels == k], axis=1) for k in range(int(labels.max()) + 1)],
+                    axis=1)
+
+
 def resolve_noise(labels: np.ndarray, distance: np.ndarray, policy: str = "own_cluster") -> np.ndarray:
     """Replace noise labels (-1) according to `policy` (see the module docstring), then `relabel`.
 

@@ -111,15 +111,19 @@ class ServerContext:
         return losses
 
     def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
-              gradient_hook: GradientHook | None = None, purpose: str = "train") -> tuple[Tensor, Tensor]:
+              gradient_hook: GradientHook | None = None, purpose: str = "train",
+              sample_weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Train the model from `start` on one client's training split with the module's `training_step` and
         optimizer, seeded by (seed, round, client); returns (trained flat model, mean loss of the last epoch).
         `epochs` defaults to the federation's local epochs; `gradient_hook(params, grad, start)` may edit the
         flat gradient in place after each backward pass; another `purpose` draws another stream of batches (a
-        personal model's training beside the global one, fine-tuning)."""
+        personal model's training beside the global one, fine-tuning). `sample_weights`, one per row of the
+        client's training split, replace `training_step`'s loss with the batch mean of weight x cross-entropy of the
+        module's outputs (a mixture component's M-step, FedEM)."""
         x, y = self._data.train.client(client)
         trained = self._trainer.fit(start, x, y, self.client_seed(round, client, purpose), gradient_hook,
-                                    lr_scale=lr_scale, epochs=epochs, round=max(round, 1))
+                                    lr_scale=lr_scale, epochs=epochs, round=max(round, 1),
+                                    sample_weights=sample_weights)
         return trained.params, trained.loss
 
     def batches(self, round: int, client: int, epochs: int | None = None,

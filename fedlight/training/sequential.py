@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fedlight.training.flat import FlatModel
@@ -46,6 +47,13 @@ def training_loss(output) -> Tensor:
     if isinstance(output, dict) and "loss" in output:
         return output["loss"]
     raise TypeError("training_step must return the loss tensor or a dict with a 'loss' key")
+
+
+def weighted_loss(module: torch.nn.Module, batch: Any, weights: Tensor) -> Tensor:
+    """The batch mean of weight x cross-entropy of the module's outputs on (x, y): the per-sample weighted negative
+    log-likelihood a mixture's M-step minimizes (FedEM), where `training_step` has no per-sample weights."""
+    x, y = batch
+    return (weights * F.cross_entropy(module(x), y, reduction="none")).mean()
 
 
 def seed_random_layers(seed: int, device: torch.device) -> None:
@@ -86,10 +94,12 @@ class ClientTrainer:
             group.update(initial)
 
     def fit(self, start: Tensor, x: Tensor, y: Tensor, seed: int, gradient_hook: GradientHook | None = None,
-            lr_scale: float = 1.0, epochs: int | None = None, round: int = 1) -> Trained:
+            lr_scale: float = 1.0, epochs: int | None = None, round: int = 1,
+            sample_weights: Tensor | None = None) -> Trained:
         """Train from `start` on (x, y) for `epochs` (default: the configured local epochs) at the learning rates
         of round `round` times `lr_scale`: the trained flat model, the mean loss of the last epoch and the values
-        `training_step` logged. All randomness (batch order, dropout) derives from `seed`."""
+        `training_step` logged. All randomness (batch order, dropout) derives from `seed`. With `sample_weights`
+        (one per row of x), each step's loss is `weighted_loss` instead of `training_step`."""
         module, flat = self.module, self.flat
         flat.load(start)
         flat.zero_grad()
@@ -101,12 +111,16 @@ class ClientTrainer:
         loss_sum = torch.zeros((), device=x.device)
         logs = LogSums(1, x.device)
         with StepLogs(module) as step_logs:
-            for epoch, step, batch in self.batches(x, y, seed, epochs):
+            for epoch, step, rows in self.batch_rows(n, seed, epochs, x.device):
+                batch = self.batch_transform((x[rows], y[rows]), 0)
                 if step == 0:
                     loss_sum.zero_()
                     logs.clear()
                 with self.fabric.autocast():
-                    loss = training_loss(module.training_step(batch, step))
+                    if sample_weights is None:
+                        loss = training_loss(module.training_step(batch, step))
+                    else:
+                        loss = weighted_loss(module, batch, sample_weights[rows])
                 logs.add(step_logs.take(), 0, min(b, n - step * b))
                 self.backward(loss)
                 if gradient_hook is not None:
@@ -120,18 +134,23 @@ class ClientTrainer:
                 loss_sum += loss.detach().float()
         return Trained(flat.read(), loss_sum / steps, {name: value[0] for name, value in logs.means().items()})
 
+    def batch_rows(self, n: int, seed: int, epochs: int | None,
+                   device: torch.device) -> Iterator[tuple[int, int, Tensor]]:
+        """(epoch, step, rows) of local epochs over n samples: a permutation per epoch from a generator seeded by
+        `seed`, which also seeds the random layers (dropout)."""
+        seed_random_layers(seed, device)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        b = self.batch_size
+        for epoch in range(self.local_epochs if epochs is None else epochs):
+            order = torch.randperm(n, generator=generator, device=device)
+            for step, begin in enumerate(range(0, n, b)):
+                yield epoch, step, order[begin: begin + b]
+
     def batches(self, x: Tensor, y: Tensor, seed: int, epochs: int | None = None) -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of a client's local epochs on (x, y), converted as the module sees them, in the order
-        `fit` takes them: a permutation per epoch from a generator seeded by `seed`, which also seeds the random
-        layers (dropout), so a custom local loop (`ServerContext.batches`) draws what `fit` would."""
-        seed_random_layers(seed, x.device)
-        generator = torch.Generator(device=x.device).manual_seed(seed)
-        n, b = len(y), self.batch_size
-        for epoch in range(self.local_epochs if epochs is None else epochs):
-            order = torch.randperm(n, generator=generator, device=x.device)
-            for step, begin in enumerate(range(0, n, b)):
-                rows = order[begin: begin + b]
-                yield epoch, step, self.batch_transform((x[rows], y[rows]), 0)
+        `fit` takes them (`batch_rows`), so a custom local loop (`ServerContext.batches`) draws what `fit` would."""
+        for epoch, step, rows in self.batch_rows(len(y), seed, epochs, x.device):
+            yield epoch, step, self.batch_transform((x[rows], y[rows]), 0)
 
     def loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
         """(loss, flat gradient) of the module's `training_step` on `batch` at the flat model `params`, in training

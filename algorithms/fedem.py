@@ -1,0 +1,173 @@
+"""FedEM (Marfoq, Neglia, Bellet, Kameni, Vidal: "Federated Multi-Task Learning under a Mixture of Distributions",
+NeurIPS 2021; section 3, Algorithm 1 "FedEM").
+
+Every client's data distribution is a mixture of M shared components: client t has mixture weights pi_t (a point of
+the simplex), component m a model theta_m. In a round, each selected client t, on its training samples (x_i, y_i):
+- E-step: q_t(z_i = m) proportional to pi_tm exp(-l(theta_m; x_i, y_i)) (l the cross-entropy);
+- M-step: pi_tm = the mean of q_t(z_i = m) over its samples;
+- trains every component m from the server's theta_m on its data with the per-sample weights q_t(z_i = m) (the
+  batch mean of weight x cross-entropy, `ServerContext.train(..., sample_weights=...)`).
+The server averages each component over the clients, weighted by training-set size. A client predicts with its
+mixture, p(y | x) = sum_m pi_tm p_m(y | x) (the evaluation model is a callable returning its logarithm); the cluster
+it is logged with is the argmax of its weights.
+
+Defaults: M = 3 components, as in the paper's experiments; mixture weights start uniform; component 0
+starts from the run's initial model and the others from independent random initializations (identical components
+would stay identical). With M = 1 every weight is 1 and the round is exactly FedAvg's (same training, same
+averaging).
+
+Deviations:
+- the local solver is the module's optimizer at the configured learning rate (the paper's is SGD), and the E-step's
+  losses are computed in evaluation mode (dropout off);
+- fine-tuning before evaluation (`federation.finetune_epochs`) needs a flat model, which a mixture is not: it is not
+  supported for M > 1.
+
+A client that arrives after training fits its mixture weights on its training data by EM with the components fixed
+(`fit_mixture_weights`), and predicts with its mixture.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedlight.engine.aggregation import ClientModels, ClusterAverage
+from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.newcomers import Newcomers
+from fedlight.engine.round_updates import RoundUpdates
+
+
+def posterior(log_weights: Tensor, losses: Tensor) -> Tensor:
+    """The E-step: (samples, M) q(z_i = m) = pi_m exp(-l_mi) / sum_k pi_k exp(-l_ki), from log pi ((M,), or
+    (samples, M) for one mixture per sample) and the losses (M, samples)."""
+    return torch.softmax(log_weights - losses.T, dim=1)
+
+
+def fit_mixture_weights(losses: Tensor, owner: Tensor, count: int, iterations: int = 200,
+                        tolerance: float = 1e-8) -> Tensor:
+    """(count, M) mixture weights of `count` clients fitted by EM with the components fixed, from every component's
+    loss on every sample (losses: (M, samples)) and the client of each sample (owner: (samples,)): from uniform
+    weights, alternate the E-step and pi = the mean posterior over each client's samples."""
+    m = len(losses)
+    weights = torch.full((count, m), 1.0 / m, dtype=torch.float64, device=losses.device)
+    counts = torch.bincount(owner, minlength=count).clamp(min=1).to(torch.float64)[:, None]
+    for _ in range(iterations):
+        q = posterior(weights.log()[owner], losses.to(torch.float64))
+        new = torch.zeros_like(weights).index_add_(0, owner, q) / counts
+        done = bool((new - weights).abs().max() < tolerance)
+        weights = new
+        if done:
+            break
+    return weights
+
+
+class MixturePredictor:
+    """A client's mixture as an evaluation model: raw inputs -> log sum_m pi_m softmax(theta_m(x))."""
+
+    def __init__(self, predict: Callable[[Tensor, Tensor], Tensor], components: Tensor, log_weights: Tensor) -> None:
+        self.predict, self.components, self.log_weights = predict, components, log_weights
+
+    def __call__(self, x: Tensor) -> Tensor:
+        log_probs = torch.stack([F.log_softmax(self.predict(theta, x), dim=-1) for theta in self.components])
+        return torch.logsumexp(log_probs + self.log_weights.to(log_probs.dtype)[:, None, None], dim=0)
+
+
+class FedEM(Algorithm):
+    """M shared component models and per-client mixture weights, learned by federated EM.
+
+    Args:
+        num_components: M, the number of components (1: FedAvg).
+        participation: share of clients per round.
+    """
+
+    own_training = True  # a client trains every component with its E-step's sample weights
+
+    def __init__(self, num_components: int = 3, participation: float = 1.0) -> None:
+        super().__init__(participation)
+        if num_components < 1:
+            raise ValueError(f"algorithm.init_args.num_components must be >= 1, got {num_components}")
+        self.num_components = num_components
+        self.mixture = torch.empty(0)
+
+    def setup(self, server) -> None:
+        super().setup(server)
+        m = self.num_components
+        if m > server.num_clients:
+            raise ValueError(f"algorithm.init_args.num_components is {m}, more than the {server.num_clients} "
+                             f"clients: give at most {server.num_clients}")
+        seeds = server.rng(0, "fedem-components").integers(2**31, size=m)
+        self.models = torch.stack([server.initial_params] + [server.random_params(int(s)) for s in seeds[1:]])
+        self.mixture = self.models.new_full((server.num_clients, m), 1.0 / m)
+
+    def sample_losses(self, client: int) -> Tensor:
+        """(M, samples) every component's cross-entropy on each of the client's training samples."""
+        x, y = self.server.split("train").client(client)
+        return torch.stack([F.cross_entropy(self.server.predict(theta, x), y, reduction="none")
+                            for theta in self.models])
+
+    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """E-step, M-step of the mixture weights, and every component's weighted training: (component 0, the sum
+        over components of their weighted losses, {"others": components 1..M-1, "weights": the new pi_t})."""
+        if self.num_components == 1:
+            trained, loss = super().train_client(round, client, start)
+            return trained, loss, {"others": trained.new_zeros(0, len(trained)), "weights": self.mixture[client]}
+        q = posterior(self.mixture[client].log(), self.sample_losses(client))
+        scale = self.learning_rate_scale(round)
+        trained = [self.server.train(round, client, theta, lr_scale=scale, sample_weights=q[:, m])
+                   for m, theta in enumerate(self.models)]
+        loss = torch.stack([part[1] for part in trained]).sum()
+        return trained[0][0], loss, {"others": torch.stack([part[0] for part in trained[1:]]),
+                                     "weights": q.mean(dim=0).to(self.mixture.dtype)}
+
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
+        """Each component becomes the training-set-size weighted mean of the clients' trained copies (a client with a
+        non-finite copy is left out); every trained client's mixture weights are stored."""
+        m, d = self.models.shape
+        average = ClusterAverage(m, d, self.models.dtype, self.models.device)
+        components = torch.arange(m, device=self.models.device)
+        for group in updates.groups():
+            copies = torch.cat([group.params[:, None], group.state["others"]], dim=1)
+            finite = torch.isfinite(copies).flatten(1).all(dim=1)
+            average.add(components.repeat(int(finite.sum())), group.num_samples[finite].to(self.models.dtype)
+                        .repeat_interleave(m), copies[finite].reshape(-1, d))
+            del group, copies
+        updates.sum_over_processes_(average.sums, average.totals)
+        self.set_shared(*average.means())
+        clients, weights = updates.state("weights")
+        self.mixture[clients] = weights
+        self.assignment = self.mixture.argmax(dim=1)
+
+    def mixture_predictor(self, log_weights: Tensor) -> MixturePredictor:
+        return MixturePredictor(self.server.predict, self.models, log_weights)
+
+    def evaluation_models(self) -> tuple[Tensor | ClientModels, Tensor]:
+        """Every client predicts with its mixture (one component: the component itself, as FedAvg)."""
+        if self.num_components == 1:
+            return super().evaluation_models()
+        n = self.server.num_clients
+        predictors = ClientModels(lambda c: self.mixture_predictor(self.mixture[c].log()), n)
+        return predictors, torch.arange(n, device=self.server.device)
+
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[Any, Tensor, Tensor]:
+        """Each newcomer's mixture weights fitted on its training data with the components fixed; it predicts with
+        its mixture, and its cluster is its largest weight."""
+        losses, owner = newcomers.sample_losses(self.models)
+        weights = fit_mixture_weights(losses, owner, newcomers.count)
+        clusters = weights.argmax(dim=1).to(self.models.device)
+        if self.num_components == 1:
+            return self.models, clusters, clusters
+        models = [self.mixture_predictor(w.log()) for w in weights]
+        return models, torch.arange(newcomers.count, device=self.models.device), clusters
+
+    def cluster_labels(self) -> np.ndarray:
+        return self.assignment.cpu().numpy()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "mixture": self.mixture}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.mixture = state["mixture"]
