@@ -173,12 +173,12 @@ class Algorithm:
         FedAvg deploys it), with the personal entries reset to the initial model's (a fresh personal part, which
         `federation.finetune_epochs` then trains)."""
         models = self.models
+        if self.personal_mask is not None:  # the losses are those of the models the newcomers get
+            models = torch.where(self.personal_mask, self.server.initial_params, models)
         if len(models) == 1:
             groups = torch.zeros(newcomers.count, dtype=torch.long, device=models.device)
         else:
             groups = torch.nan_to_num(newcomers.losses(models), nan=math.inf).argmin(dim=0)
-        if self.personal_mask is not None:
-            models = torch.where(self.personal_mask, self.server.initial_params, models)
         return models, groups, (groups if self.cluster_labels() is not None else None)
 
     def cluster_labels(self) -> np.ndarray | None:
