@@ -191,7 +191,8 @@ class FlisHC(InferenceSimilarity):
         return self.assignment.cpu().numpy() if self.clustered else None
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "clustered": self.clustered, "phase_zero_inferences": self.phase_zero_inferences}
+        return {**super().state_dict(), "clustered": self.clustered,
+                "phase_zero_inferences": self.phase_zero_inferences}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -348,8 +348,9 @@ def test_the_report_shows_unseen_accuracy_when_a_run_has_held_out_clients(tmp_pa
         folder.mkdir()
         extra = {} if unseen is None else {"unseen/acc_mean": unseen, "unseen/acc_worst": unseen / 2, "unseen/ari": 1.0}
         (folder / "metrics.csv").write_text(f"round,test/acc_mean,test/acc_std,test/acc_worst\n1,{acc},0.1,{acc}\n")
-        (folder / "summary.json").write_text(json.dumps({"run": name, "algorithm": name.upper(), "seed": 0,
-                                                         "rounds": 1, "test/acc_mean": acc, "wall_time_s": 1.0, **extra}))
+        summary = {"run": name, "algorithm": name.upper(), "seed": 0, "rounds": 1, "test/acc_mean": acc,
+                   "wall_time_s": 1.0, **extra}
+        (folder / "summary.json").write_text(json.dumps(summary))
     page, _ = build([tmp_path])
     assert "<th>unseen acc</th>" in page and "<th>unseen ARI</th>" in page and "data-mean='0.6'" in page
     page, _ = build([tmp_path / "b"])

@@ -8,6 +8,7 @@ matter.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -102,13 +103,10 @@ class Federation:
         """(summaries, per-client columns): every client's evaluation (and, with `finetune_epochs`, its fine-tuned
         one), the mean of its primary metric within each true and each found cluster (`cluster_acc/true_<c>`,
         `cluster_acc/found_<c>`), its training values and its facts."""
-        summary, values = self.evaluate()
-        if self.config.finetune_epochs:
-            epochs, train = self.config.finetune_epochs, self.server.train
-            tuned = self.evaluator.fine_tuned(self.algorithm.evaluation_models(), lambda client, start: train(
-                round, client, start, epochs=epochs, purpose="finetune")[0])
-            tuned_summary, tuned_values = self.evaluator.evaluate(tuned, suffix="_ft")
-            summary, values = {**summary, **tuned_summary}, {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
+        train, epochs = self.server.train, self.config.finetune_epochs
+        summary, values = self.evaluated(self.evaluator, self.algorithm.evaluation_models(),
+                                         lambda client, start: train(round, client, start, epochs=epochs,
+                                                                     purpose="finetune")[0])
         metric = "acc" if "acc" in values else next(iter(values))
         for kind, labels in (("true", self.data.cluster_labels), ("found", clusters)):
             if labels is not None:
@@ -119,19 +117,26 @@ class Federation:
         """(`unseen/*` summaries, per-newcomer columns): the held-out clients evaluated with the models
         `Algorithm.newcomer_models` gives them at this round (fine-tuned too, with `finetune_epochs`), and where
         they were placed scored against their true clusters (`unseen/ari`)."""
-        newcomers, evaluator = self.newcomers, self.newcomer_evaluator
+        newcomers, evaluator, epochs = self.newcomers, self.newcomer_evaluator, self.config.finetune_epochs
         newcomers.round = round
         models, groups, placed = self.algorithm.newcomer_models(newcomers)
-        summary, values = evaluator.evaluate((models, groups))
-        if self.config.finetune_epochs:
-            epochs = self.config.finetune_epochs
-            tuned = evaluator.fine_tuned((models, groups), lambda j, start: newcomers.train(j, start, epochs,
-                                                                                          purpose="finetune"))
-            tuned_summary, tuned_values = evaluator.evaluate(tuned, suffix="_ft")
-            summary, values = {**summary, **tuned_summary}, {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
+        summary, values = self.evaluated(evaluator, (models, groups), lambda j, start: newcomers.train(
+            j, start, epochs, purpose="finetune"))
         placed = None if placed is None else torch.as_tensor(placed).cpu().numpy()
         summary.update(evaluator.score_newcomers(clusters, self.data.cluster_labels, placed))
         return summary, {**values, **evaluator.client_facts(placed)}
+
+    def evaluated(self, evaluator: Evaluator, models_and_groups: tuple,
+                  fine_tune: Callable[[int, torch.Tensor], torch.Tensor]) -> tuple[dict, dict]:
+        """(summaries, per-client values) of the models, and with `finetune_epochs` of the models each client
+        fine-tunes with `fine_tune(client, start)` (summaries `<name>_ft/`, values `ft_<metric>`)."""
+        summary, values = evaluator.evaluate(models_and_groups)
+        if self.config.finetune_epochs:
+            tuned_summary, tuned_values = evaluator.evaluate(evaluator.fine_tuned(models_and_groups, fine_tune),
+                                                             suffix="_ft")
+            summary = {**summary, **tuned_summary}
+            values = {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
+        return summary, values
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 model at each evaluation by `Algorithm.newcomer_models` and scored apart from the training clients (`unseen/*`).
 
 `Newcomers` is what an algorithm sees of them: their data and ways to run a model on it, never their labels'
-ground-truth clusters. A newcomer's local work (training from a start, losses) is seeded by (seed, round,
-newcomer, "newcomer"), so an evaluation repeats exactly in a resumed run.
+ground-truth clusters. A newcomer's local work (training from a start, its batches) is seeded by (seed, round,
+newcomer, purpose), so an evaluation repeats exactly in a resumed run.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedlight.engine.data import SPLITS, ClientSplit, FederatedData
+
+from fedlight.engine.server import split_losses
 
 if TYPE_CHECKING:
     from fedlight.engine.server import ServerContext
@@ -57,7 +59,8 @@ class Newcomers(Protocol):
         draws another stream of batches (fine-tuning)."""
         ...
 
-    def batches(self, newcomer: int, epochs: int | None = None, purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
+    def batches(self, newcomer: int, epochs: int | None = None,
+                purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of one newcomer's training split, as `ServerContext.batches` gives a training
         client's: the pieces of an algorithm's own local step (Per-FedAvg's adaptation)."""
         ...
@@ -79,8 +82,6 @@ class HeldOutClients:
         return self.data.split(name)
 
     def losses(self, models: Tensor, split: str = "train") -> Tensor:
-        from fedlight.engine.server import split_losses
-
         return split_losses(self.server.predict, models, self.split(split), self.rows[split])
 
     @torch.no_grad()
@@ -99,7 +100,8 @@ class HeldOutClients:
         return self.trainer.fit(start, x, y, self.seed(newcomer, purpose), epochs=epochs,
                                 round=max(self.round, 1)).params
 
-    def batches(self, newcomer: int, epochs: int | None = None, purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
+    def batches(self, newcomer: int, epochs: int | None = None,
+                purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
         x, y = self.data.train.client(newcomer)
         return self.trainer.batches(x, y, self.seed(newcomer, purpose), epochs)
 
@@ -117,5 +119,9 @@ def nearest_update_direction(newcomers: Newcomers, models: Tensor, members: Tens
     directions = models - centre
     if mask is not None:
         updates, directions = updates[:, mask], directions[:, mask]
-    unit = lambda rows: rows / rows.norm(dim=1, keepdim=True).clamp(min=1e-12)  # noqa: E731 (a zero row: 0)
-    return (unit(updates) @ unit(directions).T).argmax(dim=1)
+    return (unit_rows(updates) @ unit_rows(directions).T).argmax(dim=1)
+
+
+def unit_rows(rows: Tensor) -> Tensor:
+    """Each row divided by its norm (a zero row stays zero: cosine 0 with everything)."""
+    return rows / rows.norm(dim=1, keepdim=True).clamp(min=1e-12)

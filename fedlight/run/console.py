@@ -124,9 +124,11 @@ def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> T
     for column in ("metric", "mean", "std", "worst client"):
         table.add_column(column, justify="right" if column != "metric" else "left")
     for prefix, label in ((split, split), (UNSEEN, f"{UNSEEN} ({split})")):  # held-out clients after the rest
-        names = [k[len(prefix) + 1: -len("_mean")] for k in summary if k.startswith(f"{prefix}/") and k.endswith("_mean")]
+        names = [k[len(prefix) + 1: -len("_mean")] for k in summary
+                 if k.startswith(f"{prefix}/") and k.endswith("_mean")]
         for name in names:
-            table.add_row(f"{label} {name}", *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")))
+            table.add_row(f"{label} {name}",
+                          *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")))
     for key, value in summary.items():
         if key.startswith("cluster/") or key == f"{UNSEEN}/ari":
             table.add_row(key, _number(value, key), "", "")
