@@ -373,3 +373,18 @@ def test_a_newcomers_local_work_is_seeded_by_the_round_and_its_purpose():
     assert torch.allclose(losses[0], F.cross_entropy(fed.server.predict(start, x), y, reduction="none"))
     assert torch.allclose(newcomers.losses(fed.algorithm.models)[0],
                           torch.stack([losses[0][rows == j].mean() for j in range(2)]))
+
+
+def test_the_console_prints_the_held_out_clients_apart():
+    from test_console_messages import SUMMARY, rendered
+    from fedlight.run.console import round_text, summary_table
+
+    unseen = {"unseen/acc_mean": 0.75, "unseen/acc_std": 0.125, "unseen/acc_worst": 0.625, "unseen/ari": 0.5}
+    text = rendered(summary_table({**SUMMARY, **unseen, "held_out_clients": 2}, "test", plain=True))
+    assert "6 clients + 2 held out" in text
+    row = next(line for line in text.splitlines() if "unseen (test) acc" in line).split("|")
+    assert [cell.strip() for cell in row[2:5]] == ["0.7500", "0.1250", "0.6250"]
+    row = next(line for line in text.splitlines() if "unseen/ari" in line).split("|")
+    assert [cell.strip() for cell in row[1:3]] == ["unseen/ari", "0.5000"]
+    line = round_text({"test/acc_mean": 0.5, "test/acc_std": 0.25, "test/acc_worst": 0.125, **unseen}, "test")
+    assert line.endswith("unseen acc 0.7500 (worst 0.6250)")

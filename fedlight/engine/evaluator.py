@@ -12,7 +12,7 @@ import torch
 
 from fedlight.cluster.scores import clustering_scores
 from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.data import SPLITS, FederatedData
+from fedlight.engine.data import FederatedData
 from fedlight.engine.evaluation import per_client_classification, summarize
 from fedlight.engine.processes import Collective
 
@@ -27,7 +27,6 @@ class Evaluator:
     def __init__(self, server: "ServerContext", module: L.LightningModule, data: FederatedData,
                  collective: Collective, name: str | None = None) -> None:
         self.server, self.module, self.data, self.collective, self.name = server, module, data, collective, name
-        self.rows = {split: data.split(split).client_of_row() for split in SPLITS}
 
     def evaluate(self, models_and_groups: tuple, split: str | None = None,
                  suffix: str = "") -> tuple[dict[str, float], dict[str, np.ndarray]]:
@@ -36,7 +35,8 @@ class Evaluator:
         Spread over processes, each evaluates every `world`-th client and the per-client values are gathered."""
         split = split or self.server.eval_split
         num_clients, device = self.data.num_clients, self.server.device
-        data, client_of_row = self.data.split(split), self.rows[split]
+        data = self.data.split(split)
+        client_of_row = data.client_of_row()
         x, y = data.x, data.y
         collective = self.collective
         if collective.spread:
