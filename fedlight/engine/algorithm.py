@@ -167,8 +167,9 @@ class Algorithm:
 
     def newcomer_models(self, newcomers: "Newcomers") -> tuple[Tensor | Sequence[Tensor], Tensor, Tensor | None]:
         """(models, model of each newcomer, cluster of each newcomer or None) for clients held out of training
-        (`fedlight.engine.newcomers`), as `evaluation_models` gives models and groups; the clusters are scored
-        against the newcomers' true clusters (`unseen/ari`) when the algorithm clusters. This default picks, for
+        (`fedlight.engine.newcomers`), as `evaluation_models` gives models and groups; the clusters, in the labels
+        of `cluster_labels()`, are scored with the training clients' against the true clusters (`unseen/ari`) when
+        the algorithm clusters. Called at every evaluation, on every process. This default picks, for
         each newcomer, the cluster model with the lowest loss on its training split (one model: the global one, as
         FedAvg deploys it), with the personal entries reset to the initial model's (a fresh personal part, which
         `federation.finetune_epochs` then trains)."""
