@@ -134,6 +134,17 @@ class CentroidAlgorithm(Algorithm):
         metrics.pop("ari", None)
         return summarize({k: v.cpu().numpy() for k, v in metrics.items()}, prefix)
 
+    # -- newcomers ---------------------------------------------------------------------------------
+    def newcomer_models(self, newcomers) -> tuple[Tensor, Tensor, None]:
+        """Every newcomer gets the server's centers (`shared_centers`): each of its points goes to the nearest
+        one. It has no personalized copy of its own, and these methods cluster points, not clients."""
+        groups = torch.zeros(newcomers.count, dtype=torch.long, device=self.models.device)
+        return self.shared_centers().unsqueeze(0), groups, None
+
+    def shared_centers(self) -> Tensor:
+        """The flat center set the server holds for every client (the one global model)."""
+        return self.models[0]
+
     # -- logging -----------------------------------------------------------------------------------
     def round_metrics(self) -> dict[str, float]:
         if not getattr(self.server.model, "score_labels", False):

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.newcomers import Newcomers, nearest_update_direction
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import cosine_similarity_matrix
 from fedlight.engine.round_updates import RoundUpdates
@@ -83,6 +84,16 @@ class CFL(Algorithm):
         updates = updates.all()
         weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
         self.set_shared(*self.cluster_means(updates, weights.to(self.models.dtype)))
+
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A newcomer joins the cluster its own update points to, by the cosine similarity CFL splits on: its
+        update from the clients' mean model against each cluster's direction from there
+        (`nearest_update_direction`); before the first split every one has the one model."""
+        if len(self.models) == 1:
+            return super().newcomer_models(newcomers)
+        members = torch.bincount(self.assignment, minlength=len(self.models))
+        placed = nearest_update_direction(newcomers, self.models, members)
+        return self.models, placed, placed
 
     def cluster_labels(self) -> np.ndarray | None:
         return self.assignment.cpu().numpy()

@@ -19,9 +19,11 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.newcomers import Newcomers
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import agreement_similarity
 from fedlight.engine.round_updates import RoundUpdates
@@ -42,10 +44,15 @@ class InferenceSimilarity(Algorithm):
                              "(the paper uses 2500 samples)")
         super().setup(server)
 
+    def inferences(self, params: Tensor) -> Tensor:
+        """What m flat models infer on the public data: (m, samples) predicted classes, or (m, samples, classes)
+        softmax outputs with `soft`."""
+        outputs = torch.stack([self.server.predict(p, self.server.public_x) for p in params])
+        return outputs.softmax(dim=-1) if self.soft else outputs.argmax(dim=-1)
+
     def similarity(self, params: Tensor) -> Tensor:
         """(m, m) inference similarity of m flat models on the public data."""
-        outputs = torch.stack([self.server.predict(p, self.server.public_x) for p in params])
-        return agreement_similarity(outputs.softmax(dim=-1) if self.soft else outputs.argmax(dim=-1), soft=self.soft)
+        return agreement_similarity(self.inferences(params), soft=self.soft)
 
 
 class FlisDC(InferenceSimilarity):
@@ -145,6 +152,7 @@ class FlisHC(InferenceSimilarity):
         self.tau = 1 - beta if tau is None else tau
         self.linkage, self.phase_zero_epochs = linkage, phase_zero_epochs
         self.clustered = False
+        self.phase_zero_inferences: Tensor | None = None  # every client's phase-0 inferences (to place newcomers)
 
     def begin_round(self, round: int) -> None:
         if not self.clustered:
@@ -156,7 +164,8 @@ class FlisHC(InferenceSimilarity):
         start = self.server.initial_params
         trained = torch.stack([self.server.train(0, c, start, epochs=self.phase_zero_epochs)[0]
                                for c in range(self.server.num_clients)])
-        similarity = self.similarity(trained).cpu().numpy()
+        self.phase_zero_inferences = self.inferences(trained)
+        similarity = agreement_similarity(self.phase_zero_inferences, soft=self.soft).cpu().numpy()
         self.log_matrix("inference_similarity", similarity)
         distance = 1 - similarity
         labels = Agglomerative(distance_threshold=self.tau, linkage=self.linkage).fit_predict(distance,
@@ -165,12 +174,27 @@ class FlisHC(InferenceSimilarity):
         self.models = self.server.initial_params.repeat(int(labels.max()) + 1, 1)
         self.clustered = True
 
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor | None]:
+        """A newcomer does its phase-0 work (training the initial model) and joins the cluster whose members' phase-0
+        models agree most with its own on the public data, on average: the inference similarity the clusters were
+        cut by, compared like for like (the phase-0 inferences are kept for it)."""
+        if not self.clustered or self.phase_zero_inferences is None:
+            return super().newcomer_models(newcomers)
+        start, count = self.server.initial_params, newcomers.count
+        own = self.inferences(torch.stack([newcomers.train(j, start, self.phase_zero_epochs) for j in range(count)]))
+        similarity = agreement_similarity(torch.cat([own, self.phase_zero_inferences]), soft=self.soft)[:count, count:]
+        members = F.one_hot(self.assignment, len(self.models)).to(similarity.dtype)  # (clients, clusters)
+        placed = (similarity @ members / members.sum(dim=0)).argmax(dim=1)  # mean similarity to each cluster
+        return self.models, placed, placed
+
     def cluster_labels(self) -> np.ndarray | None:
         return self.assignment.cpu().numpy() if self.clustered else None
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "clustered": self.clustered}
+        return {**super().state_dict(), "clustered": self.clustered,
+                "phase_zero_inferences": self.phase_zero_inferences}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.clustered = state["clustered"]
+        self.phase_zero_inferences = state.get("phase_zero_inferences")  # absent from checkpoints before it

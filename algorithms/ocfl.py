@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.newcomers import Newcomers, nearest_update_direction
 from fedlight.cluster.clusterers import HDBSCAN, Clusterer
 from fedlight.cluster.similarity import cosine_distance_matrix
 from fedlight.engine.round_updates import RoundUpdates
@@ -121,6 +122,16 @@ class OCFL(Algorithm):
         weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
         active, mean_delta = self.cluster_means(updates, weights.to(self.models.dtype), updates.deltas)
         self.set_shared(active, self.models[active] + self.server_lr * mean_delta)
+
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor]:
+        """A newcomer joins the cluster its own update points to, by the cosine criterion OCFL clusters with:
+        before the shot every one has the one model; after it, its update from the clients' mean model against
+        each cluster's direction from there (`nearest_update_direction`, on the parameters the shot compared)."""
+        if len(self.models) == 1:
+            return super().newcomer_models(newcomers)
+        members = torch.bincount(self.assignment, minlength=len(self.models))
+        placed = nearest_update_direction(newcomers, self.models, members, self.mask)
+        return self.models, placed, placed
 
     def cluster_labels(self) -> np.ndarray | None:
         return self.assignment.cpu().numpy()

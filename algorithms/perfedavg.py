@@ -132,9 +132,21 @@ class PerFedAvg(Algorithm):
     def adapted_model(self, client: int) -> Tensor:
         """w - alpha grad f(w; B): the global model after one step on the first batch B of the client's "adapt"
         stream of round 0 (the global model itself for a client without training data)."""
-        w = self.client_model(client)
-        first = next(self.server.batches(ADAPT_ROUND, client, epochs=1, purpose="adapt"), None)
+        return self.adapted(self.client_model(client), self.server.batches(ADAPT_ROUND, client, epochs=1,
+                                                                           purpose="adapt"))
+
+    def adapted(self, w: Tensor, batches) -> Tensor:
+        """w after one step of size alpha on the first of `batches` (w itself when there is none)."""
+        first = next(batches, None)
         if first is None:
             return w
         _, grad = self.server.loss_and_grad(w, first[2])
         return w - self.alpha * grad
+
+    def newcomer_models(self, newcomers) -> tuple[ClientModels, Tensor, None]:
+        """A newcomer adapts the global model as a training client does: one step on the first batch of its own
+        "adapt" stream."""
+        w = self.models[0]
+        models = ClientModels(lambda j: self.adapted(w, newcomers.batches(j, epochs=1, purpose="adapt")),
+                              newcomers.count)
+        return models, torch.arange(newcomers.count, device=w.device), None

@@ -158,6 +158,10 @@ class PFClus(CentroidAlgorithm):
                 centers[z] = points[kcenters.nearest(centers[z], points, self.ell)[1]]
         return centers.reshape(self.server.num_clients, -1).to(self.models.dtype)
 
+    def shared_centers(self) -> Tensor:
+        """The global centers before personalization (a newcomer has no personalized copy)."""
+        return self.global_centers
+
     # -- logging and checkpoints ---------------------------------------------------------------------
     def round_metrics(self) -> dict[str, float]:
         n = self.server.num_clients

@@ -17,6 +17,8 @@ val split (when the set has a val split; otherwise `val_fraction` of its officia
 """
 from __future__ import annotations
 
+import zlib
+
 import lightning as L
 import numpy as np
 import torch
@@ -39,16 +41,22 @@ class FederatedDataModule(L.LightningDataModule):
         public_size: samples held out (before partitioning) as the server's unlabelled public data (drawn from
             the official training split when the data set sets `pool_splits`).
         split_seed: seed of the split; None uses the run's seed.
+        holdout_clients: clients held out of training, evaluated after it as newcomers (`unseen/*`): a share in
+            (0, 1) of the `num_clients` the partition makes, or a count. They are cut from those clients, so a
+            run with and without holdout partitions the data alike and trains `num_clients` minus these; they
+            come from every true cluster in proportion to its size (when the partition defines clusters), drawn
+            from a stream of the split's seed of their own. 0: none.
     """
 
     def __init__(self, num_clients: int = 10, partition: PartitionScheme | None = None,
                  val_fraction: float = 0.1, test_fraction: float = 0.2, public_size: int = 0,
-                 split_seed: int | None = None) -> None:
+                 split_seed: int | None = None, holdout_clients: int | float = 0) -> None:
         super().__init__()
         if num_clients < 1:
             raise ValueError(f"num_clients must be at least 1, got {num_clients}")
         if not 0 <= val_fraction + test_fraction < 1:
             raise ValueError("val_fraction + test_fraction must be in [0, 1): each client needs training data")
+        self.holdout_clients = holdout_clients  # checked in `setup`, once the clients are known, in one line
         self.num_clients = num_clients
         self.partition = partition if partition is not None else IID()
         self.val_fraction = val_fraction
@@ -78,7 +86,12 @@ class FederatedDataModule(L.LightningDataModule):
     # -- building the clients ----------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self.federated is None:
-            self.federated = self.build()
+            data = self.build()
+            if self.holdout_clients:
+                seed = self.seed if self.split_seed is None else self.split_seed
+                count = holdout_count(self.holdout_clients, data.num_clients)
+                data = data.hold_out(choose_holdout(count, data.num_clients, data.cluster_labels, seed))
+            self.federated = data
 
     def build(self) -> FederatedData:
         seed = self.seed if self.split_seed is None else self.split_seed
@@ -144,3 +157,32 @@ class FederatedDataModule(L.LightningDataModule):
     def _stack(pieces: list[tuple[Tensor, Tensor]]) -> ClientSplit:
         bounds = np.concatenate([[0], np.cumsum([len(p[1]) for p in pieces])]).tolist()
         return ClientSplit(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]), bounds)
+
+
+def holdout_count(holdout: int | float, num_clients: int) -> int:
+    """How many of `num_clients` clients `data.init_args.holdout_clients` holds out (a share is rounded, and at
+    least one); refused in one line when it leaves no client to train."""
+    key = "data.init_args.holdout_clients"
+    if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or holdout < 0 or \
+            (isinstance(holdout, float) and holdout >= 1):
+        raise ValueError(f"{key}={holdout!r}: give a share in (0, 1) or a whole count of clients (0: none)")
+    count = int(holdout) if isinstance(holdout, int) else max(1, round(holdout * num_clients)) if holdout else 0
+    if count >= num_clients:
+        raise ValueError(f"{key}={holdout!r} holds out {count} of the {num_clients} clients and leaves none to "
+                         f"train: hold out fewer (a share below {(num_clients - 1) / num_clients:.2f} or a count "
+                         f"below {num_clients})")
+    return count
+
+
+def choose_holdout(count: int, num_clients: int, clusters: np.ndarray | None, seed: int) -> np.ndarray:
+    """`count` clients to hold out, sorted: each true cluster gives its share of them (largest remainders, so
+    every cluster gives one as soon as there are as many as clusters), the clients of a cluster drawn at random
+    from (seed, "holdout"), a stream of its own that leaves the partition unchanged."""
+    rng = np.random.default_rng([seed, zlib.crc32(b"holdout")])
+    groups = np.zeros(num_clients, dtype=np.int64) if clusters is None else np.unique(clusters, return_inverse=True)[1]
+    sizes = np.bincount(groups)
+    exact = count * sizes / num_clients
+    quota = np.floor(exact).astype(np.int64)
+    quota[np.argsort(-(exact - quota), kind="stable")[: count - quota.sum()]] += 1
+    return np.sort(np.concatenate([rng.choice(np.flatnonzero(groups == g), size=q, replace=False)
+                                   for g, q in enumerate(quota)]))

@@ -60,13 +60,15 @@ class SyntheticGaussians(FederatedDataModule):
         val_fraction, test_fraction: shares of each client's points held out (default none: a clustering is
             scored on the data it fits, with `federation.eval_split: train`).
         split_seed: seed of the draw; None uses the run's seed.
+        holdout_clients: clients held out of training, as in FederatedDataModule.
     """
 
     def __init__(self, overlap: Overlap = "NO", heterogeneity: int = 2, num_clients: int = 100,
                  points_per_client: int = 100, size_step: int = 0, num_gaussians: int = 10,
-                 val_fraction: float = 0.0, test_fraction: float = 0.0, split_seed: int | None = None) -> None:
+                 val_fraction: float = 0.0, test_fraction: float = 0.0, split_seed: int | None = None,
+                 holdout_clients: int | float = 0) -> None:
         super().__init__(num_clients=num_clients, val_fraction=val_fraction, test_fraction=test_fraction,
-                         split_seed=split_seed)
+                         split_seed=split_seed, holdout_clients=holdout_clients)
         gaussian_means(overlap)  # validates the name
         if not 1 <= heterogeneity <= num_gaussians:
             raise ValueError(f"heterogeneity must be in 1..{num_gaussians}, got {heterogeneity}")

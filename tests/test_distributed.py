@@ -62,9 +62,11 @@ def assert_same_numbers(a: Path, b: Path, rel_tol: float = 0.0) -> None:
 
 @pytest.mark.parametrize("algorithm", [["--algorithm", "fedavg"], ["--algorithm", "ocfl"],
                                        ["--algorithm", "fedper", "--algorithm.init_args.personal_layers", "1"],
-                                       ["--algorithm", "ditto"], ["--algorithm", "scaffold"]],
+                                       ["--algorithm", "ditto"], ["--algorithm", "scaffold"],
+                                       ["--algorithm", "ifca", "--algorithm.init_args.num_clusters", "2",
+                                        "--data.holdout_clients", "2", "--federation.finetune_epochs", "1"]],
                          ids=["fedavg", "ocfl", "fedper", "ditto (personal state in the updates)",
-                              "scaffold (control variates)"])
+                              "scaffold (control variates)", "ifca with held-out clients"])
 def test_two_processes_give_the_metrics_of_one_bit_for_bit_and_one_run_folder(tmp_path, algorithm):
     args = RUN + EXACT + algorithm + ["--federation.rounds", "3"]
     fedlight(args + ["--run_name", "one", "--federation.devices", "1"], tmp_path)

@@ -11,7 +11,7 @@
 | `aggregation` | cluster-wise weighted averages as running sums; per-client models built on demand |
 | `evaluator`, `evaluation` | every client's model on its split (sharded over processes); per-client metrics and summaries |
 | `processes` | the collectives of a federation spread over processes |
-| `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model |
+| `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `HeldOutClients`, the engine's; `nearest_update_direction` |
 | `data`, `config`, `devices` | the data contract, the federation's settings, Fabric and devices |
 | `threads` | torch's CPU threads: the usable cores (affinity, cgroup quota) shared among processes and parallel runs |
 | `training_stats` | a round's training losses and logged values, reduced in client order |

@@ -167,18 +167,19 @@ class Algorithm:
 
     def newcomer_models(self, newcomers: "Newcomers") -> tuple[Tensor | Sequence[Tensor], Tensor, Tensor | None]:
         """(models, model of each newcomer, cluster of each newcomer or None) for clients held out of training
-        (`fedlight.engine.newcomers`), as `evaluation_models` gives models and groups; the clusters are scored
-        against the newcomers' true clusters (`unseen/ari`) when the algorithm clusters. This default picks, for
+        (`fedlight.engine.newcomers`), as `evaluation_models` gives models and groups; the clusters, in the labels
+        of `cluster_labels()`, are scored with the training clients' against the true clusters (`unseen/ari`) when
+        the algorithm clusters. Called at every evaluation, on every process. This default picks, for
         each newcomer, the cluster model with the lowest loss on its training split (one model: the global one, as
         FedAvg deploys it), with the personal entries reset to the initial model's (a fresh personal part, which
         `federation.finetune_epochs` then trains)."""
         models = self.models
+        if self.personal_mask is not None:  # the losses are those of the models the newcomers get
+            models = torch.where(self.personal_mask, self.server.initial_params, models)
         if len(models) == 1:
             groups = torch.zeros(newcomers.count, dtype=torch.long, device=models.device)
         else:
             groups = torch.nan_to_num(newcomers.losses(models), nan=math.inf).argmin(dim=0)
-        if self.personal_mask is not None:
-            models = torch.where(self.personal_mask, self.server.initial_params, models)
         return models, groups, (groups if self.cluster_labels() is not None else None)
 
     def cluster_labels(self) -> np.ndarray | None:

@@ -49,6 +49,13 @@ class ClientSplit:
     def to(self, device: torch.device | str) -> "ClientSplit":
         return ClientSplit(self.x.to(device), self.y.to(device), self.bounds)
 
+    def select(self, clients: np.ndarray) -> "ClientSplit":
+        """The rows of the given clients, in that order (client j here is `clients[j]` there)."""
+        rows = [torch.arange(self.bounds[k], self.bounds[k + 1]) for k in clients]
+        index = torch.cat(rows).to(self.x.device) if rows else torch.zeros(0, dtype=torch.long, device=self.x.device)
+        sizes = [len(r) for r in rows]
+        return ClientSplit(self.x[index], self.y[index], np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist())
+
 
 @dataclass
 class FederatedData:
@@ -61,6 +68,7 @@ class FederatedData:
     cluster_labels: np.ndarray | None = None  # each client's true cluster, when the partition defines one
     public_x: Tensor | None = None            # the server's unlabelled public data, when held out
     info: dict = field(default_factory=dict)
+    newcomers: "FederatedData | None" = None  # clients held out of training, to evaluate after it (their own data)
 
     @property
     def num_clients(self) -> int:
@@ -73,8 +81,26 @@ class FederatedData:
 
     def to(self, device: torch.device | str) -> "FederatedData":
         public = None if self.public_x is None else self.public_x.to(device)
+        newcomers = None if self.newcomers is None else self.newcomers.to(device)
         return FederatedData(self.train.to(device), self.val.to(device), self.test.to(device),
-                             self.num_classes, self.cluster_labels, public, self.info)
+                             self.num_classes, self.cluster_labels, public, self.info, newcomers)
+
+    def select(self, clients: np.ndarray) -> "FederatedData":
+        """The given clients alone, in that order (their splits, true clusters and the public data), with
+        `info["partition_clients"]` naming each one's index here."""
+        clients = np.asarray(clients, dtype=np.int64)
+        splits = [self.split(name).select(clients) for name in SPLITS]
+        labels = None if self.cluster_labels is None else np.asarray(self.cluster_labels)[clients]
+        return FederatedData(*splits, num_classes=self.num_classes, cluster_labels=labels, public_x=self.public_x,
+                             info={**self.info, "partition_clients": clients.tolist()})
+
+    def hold_out(self, clients: np.ndarray) -> "FederatedData":
+        """The other clients, for training, with the given ones as `newcomers` (docs/architecture.md, "Data
+        contract"): together they hold every client of this data exactly once."""
+        held = np.asarray(clients, dtype=np.int64)
+        training = self.select(np.setdiff1d(np.arange(self.num_clients), held))
+        training.newcomers = self.select(held)
+        return training
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 HIGHER_IS_BETTER = {"acc": True, "f1": True, "loss": False, "cost": False}
+UNSEEN = "unseen"  # the name of the held-out clients' summaries: unseen/acc_mean, unseen/ari, ...
 
 
 def per_client_classification(logits: Tensor, target: Tensor, client: Tensor, num_clients: int,
@@ -53,4 +54,15 @@ def summarize(per_client: dict[str, np.ndarray], prefix: str) -> dict[str, float
         out[f"{prefix}/{name}_mean"] = float(known.mean())
         out[f"{prefix}/{name}_std"] = float(known.std())
         out[f"{prefix}/{name}_worst"] = float(worst)
+    return out
+
+
+def per_cluster_means(values: np.ndarray, labels: np.ndarray, prefix: str) -> dict[str, float]:
+    """`<prefix>_<c>`: the mean of the clients' `values` within each cluster c of `labels` (clients without a value
+    left out; NaN for a cluster none of whose clients has one), so a reader sees which cluster a method fails."""
+    labels = np.asarray(labels)
+    out = {}
+    for c in np.unique(labels):
+        known = values[(labels == c) & ~np.isnan(values)]
+        out[f"{prefix}_{c}"] = float(known.mean()) if len(known) else float("nan")
     return out

@@ -1,5 +1,6 @@
 """Evaluating every client's own model on its split, spread over the processes, with what is recorded of each
-client beside its metrics (its clusters and training-set size) and the clustering scores."""
+client beside its metrics (its clusters and training-set size) and the clustering scores. One evaluator serves the
+training clients, another the clients held out of training (`unseen/*`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,16 +17,16 @@ from fedlight.engine.evaluation import per_client_classification, summarize
 from fedlight.engine.processes import Collective
 
 if TYPE_CHECKING:
-    from fedlight.engine.algorithm import Algorithm
     from fedlight.engine.server import ServerContext
 
 
 class Evaluator:
-    """Runs the algorithm's evaluation models over every client's evaluation split."""
+    """Runs the algorithm's evaluation models over every client's evaluation split of `data` (the training clients,
+    or the newcomers); summaries are named `<split>/...`, or `<name>/...` when a `name` is given."""
 
     def __init__(self, server: "ServerContext", module: L.LightningModule, data: FederatedData,
-                 collective: Collective) -> None:
-        self.server, self.module, self.data, self.collective = server, module, data, collective
+                 collective: Collective, name: str | None = None) -> None:
+        self.server, self.module, self.data, self.collective, self.name = server, module, data, collective, name
 
     def evaluate(self, models_and_groups: tuple, split: str | None = None,
                  suffix: str = "") -> tuple[dict[str, float], dict[str, np.ndarray]]:
@@ -33,8 +34,9 @@ class Evaluator:
         `Algorithm.evaluation_models` gives them) on every client's split; summaries under `<split><suffix>/`.
         Spread over processes, each evaluates every `world`-th client and the per-client values are gathered."""
         split = split or self.server.eval_split
-        num_clients, device = self.server.num_clients, self.server.device
-        data, client_of_row = self.data.split(split), self.server.client_of_row(split)
+        num_clients, device = self.data.num_clients, self.server.device
+        data = self.data.split(split)
+        client_of_row = data.client_of_row()
         x, y = data.x, data.y
         collective = self.collective
         if collective.spread:
@@ -70,7 +72,7 @@ class Evaluator:
         empty = data.sizes() == 0
         for v in values.values():
             v[empty] = np.nan  # a client with nothing to evaluate has no value, and is left out of the means
-        return summarize(values, split + suffix), values
+        return summarize(values, (self.name or split) + suffix), values
 
     def outputs(self, model: "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]", x: torch.Tensor) -> torch.Tensor:
         """A model's outputs on raw inputs `x`: a flat model runs through the module (`ServerContext.predict`); a
@@ -78,18 +80,14 @@ class Evaluator:
         component models, as FedEM predicts)."""
         return model(x) if callable(model) else self.server.predict(model, x)
 
-    def fine_tuned(self, algorithm: "Algorithm", round: int, epochs: int) -> tuple[ClientModels, torch.Tensor]:
-        """Every client's evaluation model fine-tuned on its own training split for `epochs` (the module's SGD at
-        the round's learning rate, batches of their own stream), built one client at a time when evaluated."""
-        models, group_of_client = algorithm.evaluation_models()
-        train = self.server.train
-
-        def fine_tune(client: int) -> torch.Tensor:
-            start = models[int(group_of_client[client])]
-            return train(round, client, start, epochs=epochs, purpose="finetune")[0]
-
-        n = self.server.num_clients
-        return ClientModels(fine_tune, n), torch.arange(n, device=self.server.device)
+    def fine_tuned(self, models_and_groups: tuple, train: "Callable[[int, torch.Tensor], torch.Tensor]"
+                   ) -> tuple[ClientModels, torch.Tensor]:
+        """Every client's evaluation model (as `models_and_groups` gives them) fine-tuned by `train(client, start)`
+        on its own training split, built one client at a time when evaluated."""
+        models, group_of_client = models_and_groups
+        n = self.data.num_clients
+        return (ClientModels(lambda client: train(client, models[int(group_of_client[client])]), n),
+                torch.arange(n, device=self.server.device))
 
     def client_facts(self, clusters: np.ndarray | None) -> dict[str, np.ndarray]:
         """What is recorded of each client beside its metrics: the cluster it was evaluated in (when the
@@ -97,8 +95,21 @@ class Evaluator:
         facts = {} if clusters is None else {"cluster": np.asarray(clusters)}
         if self.data.cluster_labels is not None:
             facts["true_cluster"] = np.asarray(self.data.cluster_labels)
-        facts["samples"] = self.server.train_sizes.cpu().numpy()
+        facts["samples"] = np.asarray(self.data.train.sizes())
         return facts
+
+    def score_newcomers(self, training: np.ndarray | None, training_truth: np.ndarray | None,
+                        placed: np.ndarray | None) -> dict[str, float]:
+        """`unseen/ari`: the clustering of every client, the training clients' clusters (`training`) and the cluster
+        each newcomer was placed in (`placed`, in the same labels), against the true clusters. It is 1 only when
+        the training clients' clusters are the true ones and every newcomer joined its own; when the algorithm
+        gives no training clusters, the newcomers' placement alone is scored."""
+        truth = self.data.cluster_labels
+        if placed is None or truth is None:
+            return {}
+        if training is not None and training_truth is not None:
+            truth, placed = np.concatenate([training_truth, truth]), np.concatenate([training, placed])
+        return {f"{self.name}/ari": clustering_scores(truth, placed)["ari"]}
 
     def score_clusters(self, predicted: np.ndarray | None) -> dict[str, float]:
         """A client clustering against the split's true clusters (when both exist)."""

@@ -8,6 +8,7 @@ matter.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -19,7 +20,9 @@ from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import batch_transform, default_precision, make_fabric
+from fedlight.engine.evaluation import UNSEEN, per_cluster_means
 from fedlight.engine.evaluator import Evaluator
+from fedlight.engine.newcomers import HeldOutClients
 from fedlight.engine.execution import ClientExecution
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
@@ -54,6 +57,11 @@ class Federation:
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size)
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective, threads)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
+        self.newcomers: HeldOutClients | None = None  # clients held out of training (`unseen/*`)
+        self.newcomer_evaluator: Evaluator | None = None
+        if self.data.newcomers is not None:
+            self.newcomers = HeldOutClients(self.data.newcomers, self.server, trainer)
+            self.newcomer_evaluator = Evaluator(self.server, model, self.data.newcomers, self.collective, UNSEEN)
         self.round = 0
         self.algorithm.setup(self.server)
 
@@ -83,6 +91,9 @@ class Federation:
                              matrices=matrices)
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             result.evaluation, result.per_client = self.evaluate_clients(round, training, clusters)
+            if self.newcomers is not None:
+                unseen, result.newcomers = self.evaluate_newcomers(round, clusters)
+                result.evaluation.update(unseen)
         return result
 
     def evaluate(self, split: str | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
@@ -92,13 +103,42 @@ class Federation:
 
     def evaluate_clients(self, round: int, training: TrainingReport, clusters: np.ndarray | None) -> tuple[dict, dict]:
         """(summaries, per-client columns): every client's evaluation (and, with `finetune_epochs`, its fine-tuned
-        one), its training values and its facts."""
-        summary, values = self.evaluate()
-        if self.config.finetune_epochs:
-            tuned = self.evaluator.fine_tuned(self.algorithm, round, self.config.finetune_epochs)
-            tuned_summary, tuned_values = self.evaluator.evaluate(tuned, suffix="_ft")
-            summary, values = {**summary, **tuned_summary}, {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
+        one), the mean of its primary metric within each true and each found cluster (`cluster_acc/true_<c>`,
+        `cluster_acc/found_<c>`), its training values and its facts."""
+        train, epochs = self.server.train, self.config.finetune_epochs
+        summary, values = self.evaluated(self.evaluator, self.algorithm.evaluation_models(),
+                                         lambda client, start: train(round, client, start, epochs=epochs,
+                                                                     purpose="finetune")[0])
+        metric = "acc" if "acc" in values else next(iter(values))
+        for kind, labels in (("true", self.data.cluster_labels), ("found", clusters)):
+            if labels is not None:
+                summary.update(per_cluster_means(values[metric], labels, f"cluster_{metric}/{kind}"))
         return summary, {**values, **training.per_client, **self.evaluator.client_facts(clusters)}
+
+    def evaluate_newcomers(self, round: int, clusters: np.ndarray | None) -> tuple[dict, dict]:
+        """(`unseen/*` summaries, per-newcomer columns): the held-out clients evaluated with the models
+        `Algorithm.newcomer_models` gives them at this round (fine-tuned too, with `finetune_epochs`), and where
+        they were placed scored against their true clusters (`unseen/ari`)."""
+        newcomers, evaluator, epochs = self.newcomers, self.newcomer_evaluator, self.config.finetune_epochs
+        newcomers.round = round
+        models, groups, placed = self.algorithm.newcomer_models(newcomers)
+        summary, values = self.evaluated(evaluator, (models, groups), lambda j, start: newcomers.train(
+            j, start, epochs, purpose="finetune"))
+        placed = None if placed is None else torch.as_tensor(placed).cpu().numpy()
+        summary.update(evaluator.score_newcomers(clusters, self.data.cluster_labels, placed))
+        return summary, {**values, **evaluator.client_facts(placed)}
+
+    def evaluated(self, evaluator: Evaluator, models_and_groups: tuple,
+                  fine_tune: Callable[[int, torch.Tensor], torch.Tensor]) -> tuple[dict, dict]:
+        """(summaries, per-client values) of the models, and with `finetune_epochs` of the models each client
+        fine-tunes with `fine_tune(client, start)` (summaries `<name>_ft/`, values `ft_<metric>`)."""
+        summary, values = evaluator.evaluate(models_and_groups)
+        if self.config.finetune_epochs:
+            tuned_summary, tuned_values = evaluator.evaluate(evaluator.fine_tuned(models_and_groups, fine_tune),
+                                                             suffix="_ft")
+            summary = {**summary, **tuned_summary}
+            values = {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
+        return summary, values
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -2,16 +2,25 @@
 model at each evaluation by `Algorithm.newcomer_models` and scored apart from the training clients (`unseen/*`).
 
 `Newcomers` is what an algorithm sees of them: their data and ways to run a model on it, never their labels'
-ground-truth clusters. A newcomer's local work (training from a start, losses) is seeded by (seed, round,
-newcomer, "newcomer"), so an evaluation repeats exactly in a resumed run.
+ground-truth clusters. A newcomer's local work (training from a start, its batches) is seeded by (seed, round,
+newcomer, purpose), so an evaluation repeats exactly in a resumed run.
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.engine.data import ClientSplit
+from fedlight.engine.data import SPLITS, ClientSplit, FederatedData
+
+from fedlight.engine.server import split_losses
+
+if TYPE_CHECKING:
+    from fedlight.engine.server import ServerContext
+    from fedlight.training.sequential import ClientTrainer
 
 
 @runtime_checkable
@@ -43,8 +52,76 @@ class Newcomers(Protocol):
         what a mixture's E-step needs (FedEM)."""
         ...
 
-    def train(self, newcomer: int, start: Tensor, epochs: int | None = None) -> Tensor:
+    def train(self, newcomer: int, start: Tensor, epochs: int | None = None, purpose: str = "newcomer") -> Tensor:
         """The flat model after local training from `start` on one newcomer's training split with the module's
         `training_step` and optimizer (`epochs` defaults to the federation's local epochs): a newcomer's own update,
-        for methods that cluster updates or weights (its update is the result minus `start`)."""
+        for methods that cluster updates or weights (its update is the result minus `start`). Another `purpose`
+        draws another stream of batches (fine-tuning)."""
         ...
+
+    def batches(self, newcomer: int, epochs: int | None = None,
+                purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
+        """(epoch, step, batch) of one newcomer's training split, as `ServerContext.batches` gives a training
+        client's: the pieces of an algorithm's own local step (Per-FedAvg's adaptation)."""
+        ...
+
+
+class HeldOutClients:
+    """`Newcomers` of a run: the held-out clients' data (`FederatedData.newcomers`) run through the federation's
+    own module, trainer and seeds (`ServerContext.predict`, `client_seed`), so a newcomer is run exactly as a
+    training client would be. The engine sets `round` before each evaluation."""
+
+    def __init__(self, data: FederatedData, server: "ServerContext", trainer: "ClientTrainer") -> None:
+        self.data, self.server, self.trainer = data, server, trainer
+        self.count = data.num_clients
+        self.round = 0
+        self.train_sizes = torch.as_tensor(data.train.sizes(), device=server.device)
+        self.rows = {name: data.split(name).client_of_row() for name in SPLITS}
+
+    def split(self, name: str) -> ClientSplit:
+        return self.data.split(name)
+
+    def losses(self, models: Tensor, split: str = "train") -> Tensor:
+        return split_losses(self.server.predict, models, self.split(split), self.rows[split])
+
+    @torch.no_grad()
+    def sample_losses(self, models: Tensor) -> tuple[Tensor, Tensor]:
+        data = self.data.train
+        losses = torch.stack([F.cross_entropy(self.server.predict(params, data.x), data.y, reduction="none")
+                              for params in models]) if len(models) else torch.zeros(0, len(data.y))
+        return losses, self.rows["train"]
+
+    def seed(self, newcomer: int, purpose: str) -> int:
+        """The seed of a newcomer's local work at this evaluation: (seed, round, newcomer, purpose)."""
+        return self.server.client_seed(self.round, newcomer, purpose)
+
+    def train(self, newcomer: int, start: Tensor, epochs: int | None = None, purpose: str = "newcomer") -> Tensor:
+        x, y = self.data.train.client(newcomer)
+        return self.trainer.fit(start, x, y, self.seed(newcomer, purpose), epochs=epochs,
+                                round=max(self.round, 1)).params
+
+    def batches(self, newcomer: int, epochs: int | None = None,
+                purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
+        x, y = self.data.train.client(newcomer)
+        return self.trainer.batches(x, y, self.seed(newcomer, purpose), epochs)
+
+
+def nearest_update_direction(newcomers: Newcomers, models: Tensor, members: Tensor,
+                             mask: Tensor | None = None) -> Tensor:
+    """(count,) for each newcomer, the cluster model whose direction from the centre (the members-weighted mean of
+    the cluster models: one global model) is nearest in cosine to the newcomer's own update from the centre. A
+    newcomer trains once, from one model every cluster also left; a cluster's direction is where its members'
+    updates took it, so an update-clustering method (OCFL, CFL) places the newcomer by the criterion it clusters
+    with. `mask` restricts the comparison to some entries (parameters without buffers)."""
+    weights = members.to(models.dtype)
+    centre = (weights[:, None] * models).sum(dim=0) / weights.sum()
+    updates = torch.stack([newcomers.train(j, centre) - centre for j in range(newcomers.count)])
+    directions = models - centre
+    if mask is not None:
+        updates, directions = updates[:, mask], directions[:, mask]
+    return (unit_rows(updates) @ unit_rows(directions).T).argmax(dim=1)
+
+
+def unit_rows(rows: Tensor) -> Tensor:
+    """Each row divided by its norm (a zero row stays zero: cosine 0 with everything)."""
+    return rows / rows.norm(dim=1, keepdim=True).clamp(min=1e-12)

@@ -23,6 +23,8 @@ class RoundResult:
         per_client: one array per column of clients.csv (metrics, training values, clusters, sizes); empty when not
             evaluated.
         matrices: client-by-client matrices by name (`Algorithm.log_matrix`).
+        newcomers: one array per column of the held-out clients' rows in clients.csv (their metrics, the cluster
+            they were placed in, their true cluster, their sizes); empty when not evaluated or none is held out.
         seconds: wall time of the round, set by the runner.
     """
 
@@ -35,6 +37,7 @@ class RoundResult:
     evaluation: dict[str, float] = field(default_factory=dict)
     per_client: dict[str, np.ndarray] = field(default_factory=dict)
     matrices: dict[str, np.ndarray] = field(default_factory=dict)
+    newcomers: dict[str, np.ndarray] = field(default_factory=dict)
     seconds: float = math.nan
 
     @property

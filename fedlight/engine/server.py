@@ -33,6 +33,21 @@ def stream_seed(*parts: int | str) -> list[int]:
     return [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
 
 
+@torch.no_grad()
+def split_losses(predict: Callable[[Tensor, Tensor], Tensor], models: Tensor, data: ClientSplit,
+                 client_of_row: Tensor) -> Tensor:
+    """(K, clients) mean cross-entropy of each of K flat models on each client's rows of a split, one batched pass
+    per model (NaN for a client without rows): `ServerContext.client_losses` of the training clients, and
+    `HeldOutClients.losses` of the newcomers."""
+    num_clients = data.num_clients
+    counts = torch.bincount(client_of_row, minlength=num_clients)
+    losses = torch.empty(len(models), num_clients, device=data.y.device)
+    for j, params in enumerate(models):
+        per_row = F.cross_entropy(predict(params, data.x), data.y, reduction="none")
+        losses[j] = torch.bincount(client_of_row, weights=per_row, minlength=num_clients) / counts
+    return losses
+
+
 class ServerContext:
     """The run as an algorithm sees it. Tensors are on `device`; flat models are vectors of `num_params` entries.
 
@@ -102,13 +117,7 @@ class ServerContext:
         """(K, num_clients) mean cross-entropy of each of K flat models on each client's split, one batched pass
         over the split per model (to pick a model by loss, as IFCA and FLIS do). NaN for a client with no
         samples in the split."""
-        data, client = self.split(split), self._rows[split]
-        counts = torch.bincount(client, minlength=self.num_clients)
-        losses = torch.empty(len(models), self.num_clients, device=self.device)
-        for j, params in enumerate(models):
-            per_row = F.cross_entropy(self.predict(params, data.x), data.y, reduction="none")
-            losses[j] = torch.bincount(client, weights=per_row, minlength=self.num_clients) / counts
-        return losses
+        return split_losses(self.predict, models, self.split(split), self._rows[split])
 
     def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
               gradient_hook: GradientHook | None = None, purpose: str = "train",

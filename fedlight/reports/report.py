@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fedlight.engine.evaluation import UNSEEN
 from fedlight.reports import plots
 from fedlight.reports.run_groups import RUN_ONLY_KEYS, config_group
 
@@ -37,6 +38,8 @@ def plural(count: int, word: str) -> str:
 
 
 def _number(text: str | None) -> float | None:
+    if text in ("True", "False"):  # a flag column (held_out)
+        return float(text == "True")
     try:
         return float(text) if text not in (None, "") else None
     except ValueError:
@@ -44,7 +47,8 @@ def _number(text: str | None) -> float | None:
 
 
 def read_rows(path: Path) -> list[dict[str, float]]:
-    """A CSV written by the recorder as rows of numbers (empty and non-numeric cells left out)."""
+    """A CSV written by the recorder as rows of numbers (True/False as 1/0; empty and other non-numeric cells left
+    out)."""
     if not path.is_file():
         return []
     with path.open(newline="") as f:
@@ -177,7 +181,8 @@ def load_run(path: Path) -> Run:
     """Read one run folder; a run without an evaluated round is refused (nothing to compare)."""
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
-    run = Run(path, summary, config or {}, read_rows(path / "metrics.csv"), read_rows(path / "clients.csv"))
+    clients = [r for r in read_rows(path / "clients.csv") if not r.get("held_out")]  # the training clients
+    run = Run(path, summary, config or {}, read_rows(path / "metrics.csv"), clients)
     if not any(k.endswith("_mean") for row in run.metrics for k in row):
         raise ReportError(f"{path / 'metrics.csv'} has no evaluated round yet: let the run reach an evaluation "
                           "(federation.eval_every) or leave it out")
@@ -263,14 +268,24 @@ class Column:
     digits: int = 3
 
 
-def table_columns(split: str, metric: str) -> list[Column]:
+def table_columns(split: str, metric: str, unseen: bool = False) -> list[Column]:
+    """The comparison's columns; `unseen` adds the held-out clients' mean and worst-client metric and ARI."""
     name = "acc" if metric == "acc" else metric
+    held_out = [Column(f"unseen {name}", lambda r: r.final(f"{UNSEEN}/{metric}_mean")),
+                Column(f"worst unseen {name}", lambda r: r.final(f"{UNSEEN}/{metric}_worst")),
+                Column("unseen ARI", lambda r: r.final(f"{UNSEEN}/ari"))] if unseen else []
     return [Column(f"mean {name}", lambda r: r.final(f"{split}/{metric}_mean")),
             Column(f"std {name} (clients)", lambda r: r.final(f"{split}/{metric}_std")),
             Column(f"worst-client {name}", lambda r: r.final(f"{split}/{metric}_worst")),
             Column("ARI", lambda r: r.final("cluster/ari")),
             Column("clusters", lambda r: r.final("cluster/count"), 1),
+            *held_out,
             Column("wall time (s)", lambda r: r.wall_time, 1)]
+
+
+def has_unseen(groups: Sequence[Group], metric: str) -> bool:
+    """Whether some run evaluated clients held out of training."""
+    return any(run.final(f"{UNSEEN}/{metric}_mean") is not None for g in groups for run in g.runs)
 
 
 def _cell(values: list[float], digits: int) -> str:
@@ -422,6 +437,10 @@ def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Seq
     repeats = (" Runs of one seed are repeats, counted as runs rather than seeds: the runs column says how many."
                if over == "runs" else "")
     label = "accuracy" if metric == "acc" else metric
+    unseen = has_unseen(groups, metric)
+    unseen_note = (f" Unseen: the clients held out of training, each given a model by the method at the end (mean and "
+                   f"worst {label}), and the ARI of every client's cluster with the held-out ones placed by the method."
+                   if unseen else "")
     figure_html = "".join(
         f"<figure id='fig-{html.escape(f.key)}'>{f.svg}<figcaption><strong>Figure {i}. {html.escape(f.title)}."
         f"</strong> {html.escape(f.caption)}</figcaption></figure>" for i, f in enumerate(figs, 1))
@@ -435,8 +454,8 @@ deviation over its {over} (population std), and the curves show their mean with 
 <h2>Comparison</h2>
 <p class="note"><strong>Table 1.</strong> Final round: {label} of every client's own model (mean over clients, standard
 deviation across clients, worst client), adjusted Rand index of the clustering against the true clusters and the
-number of clusters (clustered methods only), and training wall time.</p>
-{comparison_table(groups, table_columns(split, metric))}
+number of clusters (clustered methods only), and training wall time.{unseen_note}</p>
+{comparison_table(groups, table_columns(split, metric, unseen))}
 <h2>Figures</h2>
 <div class="figures">{figure_html}</div>
 <h2>Runs</h2>

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from fedlight.engine.evaluation import UNSEEN
 from fedlight.run.callbacks import Callback, Run
 
 if TYPE_CHECKING:
@@ -40,7 +41,8 @@ class ConsoleReporter(Callback):
         federation = run.federation
         if run.resumed:
             self.console.print(f"Resuming {run.run_dir} after round {federation.round}", highlight=False)
-        self.console.print(f"{type(federation.algorithm).__name__}, {federation.num_clients} clients: "
+        held = f" + {federation.newcomers.count} held out" if federation.newcomers is not None else ""
+        self.console.print(f"{type(federation.algorithm).__name__}, {federation.num_clients} clients{held}: "
                            f"{federation.execution.plan.describe()}", highlight=False)
         if self.console.is_terminal:
             self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
@@ -101,24 +103,34 @@ def round_text(metrics: dict[str, Any], split: str) -> str:
              f"(worst {metrics[f'{split}/{name}_worst']:.4f})" for name in names]
     if not parts:
         parts = [f"train loss {metrics['train/loss']:.4f}"]
+    elif f"{UNSEEN}/{names[0]}_mean" in metrics:  # the held-out clients' primary metric
+        parts.append(f"{UNSEEN} {names[0]} {metrics[f'{UNSEEN}/{names[0]}_mean']:.4f} "
+                     f"(worst {metrics[f'{UNSEEN}/{names[0]}_worst']:.4f})")
     if "cluster/count" in metrics:
         parts.append(cluster_text(metrics))
     return "  ".join(parts)
+
+
+HELD = "held_out_clients"  # summary.json: clients held out of training, when some are
 
 
 def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> Table:
     """The final numbers; `plain` draws it with ASCII characters (for logs)."""
     rounds, clients = (_number(summary[key], "count") for key in ("rounds", "num_clients"))
     title = (f"{summary['run']}: {summary['algorithm']}, {rounds} round{'' if rounds == '1' else 's'}, "
-             f"{clients} client{'' if clients == '1' else 's'}, {summary['wall_time_s']:.1f} s")
+             f"{clients} client{'' if clients == '1' else 's'}"
+             f"{f' + {summary[HELD]} held out' if summary.get(HELD) else ''}, {summary['wall_time_s']:.1f} s")
     table = Table(box=box.ASCII2 if plain else box.HEAVY_HEAD, title=title)
     for column in ("metric", "mean", "std", "worst client"):
         table.add_column(column, justify="right" if column != "metric" else "left")
-    names = [k[len(split) + 1: -len("_mean")] for k in summary if k.startswith(f"{split}/") and k.endswith("_mean")]
-    for name in names:
-        table.add_row(f"{split} {name}", *(_number(summary[f"{split}/{name}_{s}"]) for s in ("mean", "std", "worst")))
+    for prefix, label in ((split, split), (UNSEEN, f"{UNSEEN} ({split})")):  # held-out clients after the rest
+        names = [k[len(prefix) + 1: -len("_mean")] for k in summary
+                 if k.startswith(f"{prefix}/") and k.endswith("_mean")]
+        for name in names:
+            table.add_row(f"{label} {name}",
+                          *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")))
     for key, value in summary.items():
-        if key.startswith("cluster/"):
+        if key.startswith("cluster/") or key == f"{UNSEEN}/ari":
             table.add_row(key, _number(value, key), "", "")
     return table
 

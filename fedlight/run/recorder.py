@@ -46,9 +46,21 @@ class CsvTable:
         os.replace(tmp, self.path)
 
 
-def client_rows(round: int, per_client: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+def client_rows(round: int, per_client: dict[str, np.ndarray],
+                newcomers: dict[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
     """One row per client: round, client, its clusters, its metrics, its training-set size, then what its local
-    training reported this round (`train/...`, empty for a client that did not train); ints stay ints."""
+    training reported this round (`train/...`, empty for a client that did not train); ints stay ints. With held-out
+    clients (`newcomers`), their rows follow, numbered after the training clients, and every row ends with
+    `held_out` (False for a training client)."""
+    rows = _rows(round, per_client)
+    if not newcomers:
+        return rows
+    first = len(rows)
+    return [{**r, "held_out": False} for r in rows] + \
+        [{**r, "client": first + r["client"], "held_out": True} for r in _rows(round, newcomers)]
+
+
+def _rows(round: int, per_client: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     if not per_client:
         return []
     edges = LEADING_COLUMNS + TRAILING_COLUMNS
@@ -84,7 +96,7 @@ class CsvRecorder(Callback):
             path.parent.mkdir(exist_ok=True)
             np.save(path, np.asarray(matrix))
         self.metrics.append([result.scalars])
-        rows = client_rows(result.round, result.per_client)
+        rows = client_rows(result.round, result.per_client, result.newcomers)
         if rows:
             self.clients.append(rows)
 

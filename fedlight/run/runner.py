@@ -142,7 +142,9 @@ def _summary(run: Run, totals: Totals) -> dict[str, Any]:
     final = {k: v for k, v in totals.last_eval.items() if k != "round" and not k.startswith("time/")}
     probe = federation.execution.probe_result
     return {"run": run.name, "algorithm": type(federation.algorithm).__name__, "rounds": federation.round,
-            "num_clients": federation.num_clients, "seed": federation.seed, "precision": federation.precision,
+            "num_clients": federation.num_clients,
+            **({"held_out_clients": federation.newcomers.count} if federation.newcomers is not None else {}),
+            "seed": federation.seed, "precision": federation.precision,
             "device": str(federation.device), "plan": plan.as_dict(), "vectorized": plan.trainer != "sequential",
             "vectorized_reason": plan.reason, "vectorize_probe": None if probe is None else probe.as_dict(),
             **({"stopped": run.stop_reason} if run.stop_reason else {}),

@@ -69,7 +69,7 @@ class WandbLogger(Callback):
                                     settings=wandb.Settings(console="off", silent=True))
 
     def on_round_end(self, run: Run, result: "RoundResult") -> None:
-        rows = client_rows(result.round, result.per_client)
+        rows = client_rows(result.round, result.per_client, result.newcomers)
         self.wandb_run.log(self._payload(result.round, result.scalars, result.per_client, rows, result.matrices),
                            step=result.round)
 
@@ -130,7 +130,8 @@ class WandbLogger(Callback):
                                           label=name)
             payload[f"matrices/{name}"] = wandb.Image(figure, caption=f"{name}, round {round}")
         if rows:
-            payload["clients/table"] = wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])
+            columns = list(dict.fromkeys(k for r in rows for k in r))  # held-out clients' rows have no train/*
+            payload["clients/table"] = wandb.Table(columns=columns, data=[[r.get(k) for k in columns] for r in rows])
         for name, values in per_client.items():
             if name in CONSTANT_COLUMNS:
                 continue
