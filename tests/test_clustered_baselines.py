@@ -50,8 +50,11 @@ class FederationNewcomers:
                               for m in models])
         return losses, self.server.client_of_row("train")
 
-    def train(self, newcomer, start, epochs=None):
-        return self.server.train(self.round, newcomer, start, epochs, purpose="newcomer")[0]
+    def train(self, newcomer, start, epochs=None, purpose="newcomer"):
+        return self.server.train(self.round, newcomer, start, epochs, purpose=purpose)[0]
+
+    def batches(self, newcomer, epochs=None, purpose="newcomer"):
+        return self.server.batches(self.round, newcomer, epochs, purpose)
 
 
 def run(fed, rounds):
