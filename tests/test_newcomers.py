@@ -16,9 +16,11 @@ from sklearn.metrics import adjusted_rand_score
 from fedlight import Federation, FederationConfig
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
+from fedlight.algorithms.fesem import FeSEM
 from fedlight.algorithms.flis import FlisHC
 from fedlight.algorithms.ifca import IFCA
 from fedlight.algorithms.ocfl import OCFL
+from fedlight.algorithms.pacfl import PACFL
 from fedlight.algorithms.pfclus import PFClus
 from fedlight.cluster import HDBSCAN
 from fedlight.datamodules import DigitsFederated, Rotations, SyntheticGaussians
@@ -291,7 +293,9 @@ def placed_with_their_peers(result) -> bool:
     (lambda: IFCA(num_clusters=4), 6),
     (lambda: OCFL(clusterer=HDBSCAN(min_cluster_size=3)), 8),  # 16 training clients: HDBSCAN's default 20% is 4
     (lambda: FlisHC(beta=0.3, phase_zero_epochs=10), 2),
-], ids=["ifca", "ocfl", "flis_hc"])
+    (lambda: FeSEM(num_clusters=4, seed_round=3), 5),  # configs/digits/fesem.yaml
+    (lambda: PACFL(basis_size=3, threshold=7.5, linkage="average"), 2),  # configs/digits/pacfl.yaml
+], ids=["ifca", "ocfl", "flis_hc", "fesem", "pacfl"])
 def test_newcomers_to_digits_rotations_join_their_true_cluster(algorithm, rounds):
     """configs/digits' settings (20 clients in 4 rotation clusters, 200 public samples), 20% held out."""
     fed = federation(algorithm(), num_clients=20, holdout=0.2, clusters=4, rounds=rounds, width=32, lr=0.05,
