@@ -145,7 +145,7 @@ def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path,
     streamed = json.loads((tmp_path / "streamed" / "summary.json").read_text())
     held = json.loads((tmp_path / "held" / "summary.json").read_text())
     assert streamed["plan"] == {"updates": "stream", "trainer": "vectorized", "reason": None, "gradient_hook": False,
-                                "processes": 1}
+                                "processes": 1, "hold_reason": None}
     assert held["plan"]["updates"] == "hold" and streamed["vectorized"] is True
 
 

@@ -16,6 +16,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.cluster_aggregator import ClusterAggregation, RobustSettings, check_aggregation
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import batch_transform, default_precision, make_fabric
@@ -48,12 +49,23 @@ class Federation:
         self.flat = flat = FlatModel(model)
         trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs)
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
+        self.aggregation = self._aggregation()
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
-                                    self.config.rounds, self.config.eval_split, self.config.eval_batch_size)
-        self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective)
+                                    self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
+                                    self.aggregation)
+        self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
+                                         self.aggregation.hold_reason())
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
         self.algorithm.setup(self.server)
+
+    def _aggregation(self) -> ClusterAggregation:
+        """The cluster aggregator the configuration asks for, checked against the algorithm and the clients."""
+        c = self.config
+        settings = RobustSettings(c.aggregator, c.aggregator_f, c.aggregator_beta, c.aggregator_clip, c.aggregator_keep)
+        aggregation = ClusterAggregation(settings)
+        check_aggregation(aggregation, self.algorithm, self.data.num_clients)
+        return aggregation
 
     @property
     def device(self) -> torch.device:
@@ -66,6 +78,7 @@ class Federation:
     def run_round(self, round: int) -> RoundResult:
         """Run round `round` (1-based) and return what it produced."""
         alg = self.algorithm
+        self.aggregation.begin_round(round)
         alg.begin_round(round)
         clients = alg.select_clients(round)
         updates = self.execution.round_updates(round, clients)
@@ -75,10 +88,13 @@ class Federation:
         training = updates.finish()
         self.round = round
         clusters = alg.cluster_labels()
+        aggregated, stop = self.aggregation.end_round(len(clients), self.num_clients)
+        for name, value in aggregated.items():
+            self.server.round_log.scalar(name, value)
         logged, matrices = self.server.round_log.take()
         result = RoundResult(round, len(clients), training.left_out, training.metrics,
                              {**logged, **alg.round_metrics()}, self.evaluator.score_clusters(clusters),
-                             matrices=matrices)
+                             matrices=matrices, stop_reason=stop)
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             result.evaluation, result.per_client = self.evaluate_clients(round, training, clusters)
         return result
@@ -100,9 +116,11 @@ class Federation:
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": self.execution.state_dict()}
+        return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": self.execution.state_dict(),
+                "aggregation": self.aggregation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = state["round"]
         self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))
         self.execution.load_state_dict(state.get("probe"))
+        self.aggregation.load_state_dict(state.get("aggregation"))

@@ -24,6 +24,7 @@ class RoundResult:
             evaluated.
         matrices: client-by-client matrices by name (`Algorithm.log_matrix`).
         seconds: wall time of the round, set by the runner.
+        stop_reason: why the run must stop after this round (a privacy budget reached), or None.
     """
 
     round: int
@@ -36,6 +37,7 @@ class RoundResult:
     per_client: dict[str, np.ndarray] = field(default_factory=dict)
     matrices: dict[str, np.ndarray] = field(default_factory=dict)
     seconds: float = math.nan
+    stop_reason: str | None = None
 
     @property
     def evaluated(self) -> bool:
