@@ -130,7 +130,7 @@ def test_median_of_one_cluster_run_equals_the_median_of_the_trained_models():
 @pytest.mark.parametrize("settings, message", [
     ({"aggregator": "krum", "aggregator_f": 2}, "aggregator_f 2 is too large for krum with 6 clients"),
     ({"aggregator": "bulyan", "aggregator_f": 1}, "lower federation.aggregator_f to 0"),
-    ({"aggregator": "trimmed_mean", "aggregator_beta": 0.5}, "aggregator_beta in [0, 0.5)"),
+    ({"aggregator": "trimmed_mean", "aggregator_beta": 0.5}, "aggregator_beta must be in [0, 0.5)"),
     ({"aggregator": "mode"}, "federation.aggregator must be one of"),
 ])
 def test_bad_settings_are_refused(settings, message):

@@ -10,6 +10,7 @@
 | `execution` | the plan and how clients train: groups, vectorized or sequential, the probe, processes |
 | `aggregation` | cluster-wise weighted averages as running sums; per-client models built on demand |
 | `robust`, `cluster_aggregator` | robust rules on update matrices (median, Krum, ...); the engine's choice of aggregator per run |
+| `attacks` | malicious clients for testing robustness: data attacks (label flip, backdoor) and update attacks (sign flip, scaling, random) |
 | `evaluator`, `evaluation` | every client's model on its split (sharded over processes); per-client metrics and summaries |
 | `processes` | the collectives of a federation spread over processes |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model |

@@ -80,10 +80,12 @@ class FederationConfig:
             raise ValueError(f"federation.eval_split must be 'test', 'val' or 'train', got {self.eval_split!r}")
         if self.aggregator not in RULES:
             raise ValueError(f"federation.aggregator must be one of {', '.join(RULES)}, got {self.aggregator!r}")
-        if self.aggregator_f < 0 or not 0 <= self.aggregator_beta < 0.5 or self.aggregator_clip <= 0:
-            raise ValueError(f"federation.aggregator_f must be 0 or more (got {self.aggregator_f}), aggregator_beta in "
-                             f"[0, 0.5) (got {self.aggregator_beta}) and aggregator_clip above 0 (got "
-                             f"{self.aggregator_clip})")
+        if self.aggregator_f < 0:
+            raise ValueError(f"federation.aggregator_f must be 0 or more, got {self.aggregator_f}")
+        if not 0 <= self.aggregator_beta < 0.5:
+            raise ValueError(f"federation.aggregator_beta must be in [0, 0.5), got {self.aggregator_beta}")
+        if self.aggregator_clip <= 0:
+            raise ValueError(f"federation.aggregator_clip must be above 0, got {self.aggregator_clip}")
         if self.aggregator_keep is not None and self.aggregator_keep < 1:
             raise ValueError(f"federation.aggregator_keep must be at least 1 or None, got {self.aggregator_keep}")
         if not (self.devices == "auto" or isinstance(self.devices, int) and self.devices >= 1) or self.num_nodes < 1:

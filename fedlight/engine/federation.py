@@ -8,7 +8,7 @@ matter.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import numpy as np
@@ -16,6 +16,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.attacks import Attack, AttackConfig
 from fedlight.engine.cluster_aggregator import ClusterAggregation, RobustSettings, check_aggregation
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
@@ -25,16 +26,20 @@ from fedlight.engine.execution import ClientExecution
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
 from fedlight.engine.round_updates import TrainingReport
-from fedlight.engine.server import ServerContext
+from fedlight.engine.server import ServerContext, stream_seed
 from fedlight.training.flat import FlatModel
 from fedlight.training.sequential import ClientTrainer
+
+if TYPE_CHECKING:
+    from fedlight.engine.privacy import PrivacyConfig
 
 
 class Federation:
     """One federated run in memory: data on the device, one module, an algorithm, and the round loop."""
 
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
-                 config: FederationConfig | None = None, seed: int = 0) -> None:
+                 config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,
+                 privacy: "PrivacyConfig | None" = None) -> None:
         self.config = config or FederationConfig()
         self.seed = seed
         self.algorithm = algorithm if algorithm is not None else Algorithm()
@@ -42,6 +47,10 @@ class Federation:
         self.fabric = make_fabric(self.config, self.precision)
         self.collective = Collective(self.fabric)
         self.data: FederatedData = load_clients(data, seed).to(self.device)
+        self.attack = None
+        if attack is not None and attack.active:  # data attacks change the attackers' rows once, here
+            self.attack = Attack(attack, self.data.num_clients, self.data.num_classes, stream_seed(seed, "attack"))
+            self.data = self.attack.poison(self.data)
         self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
         self.module = model
         self.fabric.setup_module(model)
@@ -53,8 +62,9 @@ class Federation:
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
                                     self.aggregation)
+        tamper = self.attack.tamper if self.attack is not None and self.attack.tampers() else None
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
-                                         self.aggregation.hold_reason())
+                                         self.aggregation.hold_reason(), tamper)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
         self.algorithm.setup(self.server)
@@ -66,6 +76,11 @@ class Federation:
         aggregation = ClusterAggregation(settings)
         check_aggregation(aggregation, self.algorithm, self.data.num_clients)
         return aggregation
+
+    def describe_threats(self) -> str:
+        """The start line's note of the aggregator, the attack and privacy, when the run has any ('' otherwise)."""
+        parts = [part for part in (self.aggregation.describe(), self.attack and self.attack.describe()) if part]
+        return "; " + ", ".join(parts) if parts else ""
 
     @property
     def device(self) -> torch.device:
@@ -92,9 +107,11 @@ class Federation:
         for name, value in aggregated.items():
             self.server.round_log.scalar(name, value)
         logged, matrices = self.server.round_log.take()
+        scores = self.evaluator.score_clusters(clusters)
+        if self.attack is not None and clusters is not None:
+            scores["cluster/ari_attackers"] = self.attack.ari_with_attackers(self.data.cluster_labels, clusters)
         result = RoundResult(round, len(clients), training.left_out, training.metrics,
-                             {**logged, **alg.round_metrics()}, self.evaluator.score_clusters(clusters),
-                             matrices=matrices, stop_reason=stop)
+                             {**logged, **alg.round_metrics()}, scores, matrices=matrices, stop_reason=stop)
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             result.evaluation, result.per_client = self.evaluate_clients(round, training, clusters)
         return result
@@ -112,15 +129,25 @@ class Federation:
             tuned = self.evaluator.fine_tuned(self.algorithm, round, self.config.finetune_epochs)
             tuned_summary, tuned_values = self.evaluator.evaluate(tuned, suffix="_ft")
             summary, values = {**summary, **tuned_summary}, {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
-        return summary, {**values, **training.per_client, **self.evaluator.client_facts(clusters)}
+        facts = self.evaluator.client_facts(clusters)
+        if self.attack is not None:
+            facts.update(self.attack.client_columns())
+            if self.attack.config.kind == "backdoor":
+                split = self.config.eval_split
+                summary[f"{split}/backdoor_success"] = self.attack.backdoor_success(
+                    self.evaluator, self.algorithm.evaluation_models(), split)
+        return summary, {**values, **training.per_client, **facts}
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": self.execution.state_dict(),
-                "aggregation": self.aggregation.state_dict()}
+                "aggregation": self.aggregation.state_dict(),
+                "attack": None if self.attack is None else self.attack.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = state["round"]
         self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))
         self.execution.load_state_dict(state.get("probe"))
         self.aggregation.load_state_dict(state.get("aggregation"))
+        if self.attack is not None:
+            self.attack.load_state_dict(state.get("attack"))

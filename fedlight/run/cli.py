@@ -24,6 +24,7 @@ from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namesp
 from rich.console import Console
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.attacks import AttackConfig
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.federation import Federation
 from fedlight.reports import report, wandb_report
@@ -60,6 +61,8 @@ def fit_parser() -> ArgumentParser:
     parser.add_subclass_arguments(L.LightningModule, "model", required=True)
     parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.engine.algorithm.Algorithm"})
     parser.add_class_arguments(FederationConfig, "federation")
+    parser.add_argument("--attack", type=AttackConfig | None, default=None,
+                        help="malicious clients: attack.kind, attack.fraction, ... (fedlight.engine.attacks)")
     parser.add_class_arguments(LoggerConfig, "logger")
     parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
                         help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)")
@@ -184,7 +187,8 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     cfg.run_name, cfg.resume = run_dir.name, None  # the saved config names its run and starts it afresh
     config_text = parser.dump(cfg, skip_none=False)
     init = parser.instantiate_classes(cfg)
-    federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed)
+    federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed,
+                            attack=init.attack)
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
@@ -251,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, CheckpointError) as error:
         if os.environ.get("FEDLIGHT_DEBUG"):
             raise
-        errors.print(f"fedlight: error: {error}")
+        message = str(error)  # a section's own check, reached through a union (attack, privacy), comes nested
+        errors.print(f"fedlight: error: {explain(message) if chr(10) in message else message}")
         return 2
     return 0
 

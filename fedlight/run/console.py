@@ -41,7 +41,7 @@ class ConsoleReporter(Callback):
         if run.resumed:
             self.console.print(f"Resuming {run.run_dir} after round {federation.round}", highlight=False)
         self.console.print(f"{type(federation.algorithm).__name__}, {federation.num_clients} clients: "
-                           f"{federation.execution.plan.describe()}", highlight=False)
+                           f"{federation.execution.plan.describe()}{federation.describe_threats()}", highlight=False)
         if self.console.is_terminal:
             self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
                                      TimeRemainingColumn(), console=self.console, transient=True)
