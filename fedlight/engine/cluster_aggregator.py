@@ -45,11 +45,21 @@ class RobustSettings:
         return RULES[self.rule].holds
 
 
-def _updates(values: Tensor, starts: Tensor | None, personal_mask: Tensor | None) -> Tensor:
+def member_updates(values: Tensor, starts: Tensor | None, personal_mask: Tensor | None) -> Tensor:
     """Each row's update: trained minus start (the values themselves when no starts are given, e.g. deltas), with
     the personal entries zeroed: they are not aggregated, so they must not count in norms and distances."""
     updates = values if starts is None else values - starts
     return updates if personal_mask is None else updates.masked_fill(personal_mask, 0)
+
+
+def add_starts(base: ClusterAverage, clusters: Tensor, starts: Tensor | None) -> None:
+    """Count each row once in its cluster's mean start (`base`); without starts the rows are updates already, so the
+    base stays 0 and only the members are counted."""
+    ones = torch.ones(len(clusters), dtype=torch.float64, device=clusters.device)
+    if starts is not None:
+        base.add(clusters, ones, starts)
+    else:
+        base.totals.index_add_(0, clusters, ones)
 
 
 class RobustClusterAggregate:
@@ -70,12 +80,8 @@ class RobustClusterAggregate:
         keep = weights > 0
         clusters, weights, values = clusters[keep], weights[keep], values[keep]
         starts = None if starts is None else starts[keep]
-        updates = _updates(values, starts, self.personal_mask)
-        ones = torch.ones_like(weights)
-        if starts is not None:
-            self.base.add(clusters, ones, starts)
-        else:
-            self.base.totals.index_add_(0, clusters, ones.to(torch.float64))  # the base stays 0: the rows are updates
+        updates = member_updates(values, starts, self.personal_mask)
+        add_starts(self.base, clusters, starts)
         if self.settings.rule == "clipped_mean":
             self.clipped.add(clusters, weights, clip_rows(updates, self.settings.clip))
         else:
@@ -163,6 +169,11 @@ def largest_f(rule: str, members: int) -> int:
     return f if RULES[rule].min_members(0) <= members else -1
 
 
+def clients_per_round(algorithm: Any, num_clients: int) -> int:
+    """Clients selected a round: the algorithm's `participation` share of them, at least one."""
+    return max(1, math.ceil(getattr(algorithm, "participation", 1.0) * num_clients))
+
+
 def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, num_clients: int) -> None:
     """Refuse, before anything runs, a robust rule or DP for an algorithm that aggregates its own way, and an f too
     large for the clients of a round (a cluster never has more members than that)."""
@@ -171,7 +182,10 @@ def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, num_clien
         asked = aggregation.describe()
         raise ValueError(f"{type(algorithm).__name__} combines its clients' updates its own way (own_aggregation), so "
                          f"{asked} cannot apply: run it with federation.aggregator: mean and no privacy section")
-    per_round = max(1, math.ceil(getattr(algorithm, "participation", 1.0) * num_clients))
+    if aggregation.privacy is not None and settings.rule != "mean":
+        raise ValueError(f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs federation.aggregator "
+                         f"mean, got {settings.rule}: drop one of the two")
+    per_round = clients_per_round(algorithm, num_clients)
     need = RULES[settings.rule].min_members(settings.f)
     if need > per_round:
         most = largest_f(settings.rule, per_round)

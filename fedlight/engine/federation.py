@@ -8,7 +8,7 @@ matter.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -17,12 +17,14 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.attacks import Attack, AttackConfig
-from fedlight.engine.cluster_aggregator import ClusterAggregation, RobustSettings, check_aggregation
+from fedlight.engine.cluster_aggregator import (ClusterAggregation, RobustSettings, check_aggregation,
+                                                clients_per_round)
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import batch_transform, default_precision, make_fabric
 from fedlight.engine.evaluator import Evaluator
 from fedlight.engine.execution import ClientExecution
+from fedlight.engine.privacy import PrivacyConfig, PrivacyMechanism
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
 from fedlight.engine.round_updates import TrainingReport
@@ -30,16 +32,13 @@ from fedlight.engine.server import ServerContext, stream_seed
 from fedlight.training.flat import FlatModel
 from fedlight.training.sequential import ClientTrainer
 
-if TYPE_CHECKING:
-    from fedlight.engine.privacy import PrivacyConfig
-
 
 class Federation:
     """One federated run in memory: data on the device, one module, an algorithm, and the round loop."""
 
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
                  config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,
-                 privacy: "PrivacyConfig | None" = None) -> None:
+                 privacy: PrivacyConfig | None = None) -> None:
         self.config = config or FederationConfig()
         self.seed = seed
         self.algorithm = algorithm if algorithm is not None else Algorithm()
@@ -58,7 +57,7 @@ class Federation:
         self.flat = flat = FlatModel(model)
         trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs)
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
-        self.aggregation = self._aggregation()
+        self.aggregation = self._aggregation(privacy)
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
                                     self.aggregation)
@@ -69,11 +68,13 @@ class Federation:
         self.round = 0
         self.algorithm.setup(self.server)
 
-    def _aggregation(self) -> ClusterAggregation:
+    def _aggregation(self, privacy: PrivacyConfig | None) -> ClusterAggregation:
         """The cluster aggregator the configuration asks for, checked against the algorithm and the clients."""
-        c = self.config
+        c, n = self.config, self.data.num_clients
         settings = RobustSettings(c.aggregator, c.aggregator_f, c.aggregator_beta, c.aggregator_clip, c.aggregator_keep)
-        aggregation = ClusterAggregation(settings)
+        mechanism = None if privacy is None else PrivacyMechanism(
+            privacy, c.rounds, clients_per_round(self.algorithm, n), n, stream_seed(self.seed, "privacy"))
+        aggregation = ClusterAggregation(settings, mechanism)
         check_aggregation(aggregation, self.algorithm, self.data.num_clients)
         return aggregation
 

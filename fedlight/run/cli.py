@@ -27,6 +27,7 @@ from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.attacks import AttackConfig
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.federation import Federation
+from fedlight.engine.privacy import PrivacyConfig
 from fedlight.reports import report, wandb_report
 from fedlight.run import registry, sweep
 from fedlight.run.callbacks import Callback
@@ -63,6 +64,9 @@ def fit_parser() -> ArgumentParser:
     parser.add_class_arguments(FederationConfig, "federation")
     parser.add_argument("--attack", type=AttackConfig | None, default=None,
                         help="malicious clients: attack.kind, attack.fraction, ... (fedlight.engine.attacks)")
+    parser.add_argument("--privacy", type=PrivacyConfig | None, default=None,
+                        help="client-level DP: privacy.noise_multiplier, privacy.clip, privacy.delta, ... "
+                             "(fedlight.engine.privacy)")
     parser.add_class_arguments(LoggerConfig, "logger")
     parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
                         help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)")
@@ -188,7 +192,7 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     config_text = parser.dump(cfg, skip_none=False)
     init = parser.instantiate_classes(cfg)
     federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed,
-                            attack=init.attack)
+                            attack=init.attack, privacy=init.privacy)
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
