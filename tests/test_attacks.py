@@ -76,10 +76,10 @@ def test_backdoor_success_counts_honest_samples_turned_to_the_target():
         return torch.nn.functional.one_hot(torch.full((len(x),), 9), 10).float()
 
     groups = torch.zeros(5, dtype=torch.long)
-    assert fed.attack.backdoor_success(fed.evaluator, ([trigger_reader], groups), "test") == 1.0
-    assert fed.attack.backdoor_success(fed.evaluator, ([always_nine], groups), "test") == 0.0
+    assert fed.attack.backdoor_success(fed.evaluator, ([trigger_reader], groups), "test") == (1.0, 0.0)
+    assert fed.attack.backdoor_success(fed.evaluator, ([always_nine], groups), "test") == (0.0, 0.0)
     result = fed.run_round(1)
-    assert 0 <= result.scalars["test/backdoor_success"] <= 1
+    assert 0 <= result.scalars["test/backdoor_success"] <= 1 and 0 <= result.scalars["test/backdoor_baseline"] <= 1
     assert result.per_client["malicious"].tolist() == fed.attack.is_malicious.astype(float).tolist()
 
 

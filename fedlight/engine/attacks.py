@@ -12,7 +12,8 @@ A share `attack.fraction` of the clients is malicious: the same clients every ro
   al., NeurIPS 2017, section 5).
 
 What the run reports: `<split>/backdoor_success` (the share of honest clients' evaluation samples, of another label
-than the target, that their own model classifies as the target once the trigger is on), and
+than the target, that their own model classifies as the target once the trigger is on; `<split>/backdoor_baseline`
+is the same share without the trigger), and
 `cluster/ari_attackers`, the ARI of the algorithm's clustering against the true clusters with the attackers as one
 more cluster of their own (did the clustering isolate them?).
 """
@@ -167,22 +168,26 @@ class Attack:
         return clustering_scores(truth, predicted)["ari"]
 
     @torch.no_grad()
-    def backdoor_success(self, evaluator: "Evaluator", models_and_groups: tuple[Any, Tensor], split: str) -> float:
-        """The share of honest clients' `split` samples of another label than the target that their own evaluation
-        model classifies as the target once the trigger is on."""
+    def backdoor_success(self, evaluator: "Evaluator", models_and_groups: tuple[Any, Tensor],
+                         split: str) -> tuple[float, float]:
+        """(success, baseline): the share of honest clients' `split` samples of another label than the target that
+        their own evaluation model classifies as the target once the trigger is on, and without it (a model that
+        predicts the target for much of anything scores high on both: the gap is the backdoor's)."""
         data, client_of_row = evaluator.data.split(split), evaluator.server.client_of_row(split)
         honest = torch.as_tensor(~self.is_malicious, device=client_of_row.device)
         keep = (data.y != self.config.target) & honest[client_of_row]
         if not bool(keep.any()):
-            return math.nan
-        x = apply_trigger(data.x[keep], self.trigger_value, self.config.trigger_size)
+            return math.nan, math.nan
+        clean = data.x[keep]
+        triggered = apply_trigger(clean, self.trigger_value, self.config.trigger_size)
         models, group_of_client = models_and_groups
         groups = group_of_client[client_of_row[keep]]
-        hits = 0
+        as_target = [0, 0]  # samples classified as the target: with the trigger, without
         for group in torch.unique(groups).tolist():
             rows = groups == group
-            hits += int((evaluator.outputs(models[group], x[rows]).argmax(dim=1) == self.config.target).sum())
-        return hits / len(x)
+            for i, x in enumerate((triggered, clean)):
+                as_target[i] += int((evaluator.outputs(models[group], x[rows]).argmax(dim=1) == self.config.target).sum())
+        return as_target[0] / len(clean), as_target[1] / len(clean)
 
     def state_dict(self) -> dict[str, Any]:
         return {"malicious": self.malicious.tolist()}

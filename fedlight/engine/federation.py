@@ -135,8 +135,9 @@ class Federation:
             facts.update(self.attack.client_columns())
             if self.attack.config.kind == "backdoor":
                 split = self.config.eval_split
-                summary[f"{split}/backdoor_success"] = self.attack.backdoor_success(
-                    self.evaluator, self.algorithm.evaluation_models(), split)
+                success, baseline = self.attack.backdoor_success(self.evaluator, self.algorithm.evaluation_models(),
+                                                                 split)
+                summary[f"{split}/backdoor_success"], summary[f"{split}/backdoor_baseline"] = success, baseline
         return summary, {**values, **training.per_client, **facts}
 
     # -- checkpoints -------------------------------------------------------------------------------
