@@ -47,16 +47,16 @@ def squared_distances(x: Tensor) -> Tensor:
     return (norms[:, None] + norms[None, :] - 2 * x64 @ x64.T).clamp(min=0).fill_diagonal_(0)
 
 
-def krum_scores(x: Tensor, f: int) -> Tensor:
+def krum_scores(x: Tensor, f: int, distances: Tensor | None = None) -> Tensor:
     """Each row's Krum score: the sum of squared distances to its m - f - 2 nearest other rows ("Machine Learning
     with Adversaries: Byzantine Tolerant Gradient Descent", Blanchard et al., NeurIPS 2017, section 4); at least one
-    neighbour when the set is smaller than Krum's bound (Bulyan's last selections)."""
+    neighbour when the set is smaller than Krum's bound (Bulyan's last selections). `distances`: the rows' squared
+    distances when already computed."""
     m = len(x)
     if m == 1:
         return x.new_zeros(1, dtype=torch.float64)
     neighbours = min(m - 1, max(1, m - f - 2))
-    distances = squared_distances(x)
-    distances.fill_diagonal_(math.inf)
+    distances = (squared_distances(x) if distances is None else distances.clone()).fill_diagonal_(math.inf)
     return distances.topk(neighbours, dim=1, largest=False).values.sum(dim=1)
 
 
@@ -78,10 +78,12 @@ def bulyan(x: Tensor, f: int) -> Tensor:
     section 4): theta = m - 2f rows chosen by Krum one at a time (each removed from the candidates), then in
     each coordinate the mean of the beta = theta - 2f chosen values closest to their median."""
     m = len(x)
+    distances = squared_distances(x)  # once: each selection scores a submatrix of it
     remaining = list(range(m))
     chosen = []
     for _ in range(m - 2 * f):
-        best = int(krum_scores(x[remaining], f).argmin())
+        rows = torch.tensor(remaining, device=x.device)
+        best = int(krum_scores(x[rows], f, distances[rows][:, rows]).argmin())
         chosen.append(remaining.pop(best))
     selected = x[chosen]
     beta = len(chosen) - 2 * f
