@@ -101,6 +101,19 @@ def test_epsilon_matches_closed_forms_to_two_decimals(z, rounds):
     assert round(epsilon_of(rdp, DELTA), 2) == round(rdp_epsilon(z, rounds, DELTA), 2)
 
 
+def test_epsilon_of_opacus_published_configuration():
+    """Opacus's own accountant tests publish: z = 1.5, sample rate 0.04, 90 epochs (2,250 steps), delta 1e-5 ->
+    RDP epsilon 7.32911117143. The mechanism's accountant, stepped as a run of 2,250 rounds with one client of 25
+    a round, reports it: 2,249 rounds restored from a checkpoint's history, then the last one run."""
+    found = PrivacyMechanism(PrivacyConfig(noise_multiplier=1.5, clip=1.0), rounds=2250, clients_per_round=1,
+                             num_clients=25, seed_parts=[0])
+    found.load_state_dict({"history": [[1.5, 0.04, 2249]], "clip": 1.0, "noise_multiplier": 1.5})
+    found.begin_round(2250)
+    found.released_sums(1.0, 1.0)  # what an aggregator reports when it releases its noised sums
+    scalars, _ = found.end_round(1, 25)
+    assert round(scalars["privacy/epsilon"], 2) == round(7.32911117143, 2)
+
+
 def test_sampling_amplifies_privacy_and_rdp_bounds_prv():
     accountants = {(kind, q): make_accountant(kind) for kind in ("rdp", "prv") for q in (0.1, 1.0)}
     for (kind, q), accountant in accountants.items():
