@@ -11,7 +11,7 @@ from conftest import small_federation
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.local import Local
 from fedlight.engine.cluster_aggregator import RobustClusterAggregate, RobustSettings
-from fedlight.engine.robust import (bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
+from fedlight.engine.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
                                     multikrum, trimmed_mean)
 
 
@@ -51,6 +51,14 @@ def test_bulyan_selects_by_krum_then_averages_around_the_median():
     assert bulyan(x, 1).item() == 2.0
     two_d = torch.cat([x, -3 * x], dim=1)  # each coordinate on its own: the same selection, scaled
     assert bulyan(two_d, 1).tolist() == [2.0, -6.0]
+
+
+def test_krum_and_bulyan_lower_f_in_a_cluster_too_small_for_it():
+    three = column(0.0, 1.0, 10.0)
+    # f = 5 with 3 members becomes f = 0: one nearest neighbour each, scores 1, 1, 81 -> the first
+    assert apply_rule("krum", three, torch.ones(3), f=5).item() == 0.0
+    # Bulyan with f = 0 keeps every row and averages each coordinate's values: the mean
+    assert apply_rule("bulyan", three, torch.ones(3), f=5).item() == pytest.approx(11 / 3)
 
 
 def test_geometric_median_of_known_configurations():

@@ -18,7 +18,9 @@ The accountant is Opacus's (`RDPAccountant` or `PRVAccountant`) for the sampled 
 rate = clients selected per round / clients. Clients are drawn as a fixed-size sample, not Poisson: the usual
 approximation (McMahan et al., section 3). `privacy/epsilon` is logged for `delta` every round; its history is part of
 the checkpoint. The guarantee covers the released cluster models: the server is trusted, and what it computes from
-the raw updates before aggregating (a clustering, a trigger) is not privatized.
+the raw updates before aggregating (a clustering, a trigger) is not privatized, nor is a model an algorithm writes
+from raw trained models itself (IFCA's warm-up seeding). The member count a noised sum is divided by is not noised
+either (McMahan et al.'s fixed-denominator estimator would divide by the expected count instead).
 
 Opacus is imported only when a run turns privacy on, so starting the command line stays fast.
 """
