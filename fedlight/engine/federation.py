@@ -34,7 +34,11 @@ from fedlight.training.sequential import ClientTrainer
 
 
 class Federation:
-    """One federated run in memory: data on the device, one module, an algorithm, and the round loop."""
+    """One federated run in memory: data on the device, one module, an algorithm, and the round loop.
+
+    `attack` makes a share of the clients malicious (`fedlight.engine.attacks`); `privacy` turns on client-level DP
+    (`fedlight.engine.privacy`); `config.aggregator` picks the rule that combines each cluster's updates
+    (`fedlight.engine.cluster_aggregator`). None of them changes anything when left at its default."""
 
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
                  config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,
