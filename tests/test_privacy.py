@@ -180,3 +180,17 @@ def test_bad_privacy_settings_are_refused_in_one_line_without_a_run_folder(tmp_p
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and message in error, error
     assert not (tmp_path / "bad").exists()
+
+
+def test_streamed_groups_give_the_sums_of_one_group():
+    """DP's sums are streamed a group at a time: three groups give what one does (float64 sums, one noise draw)."""
+    torch.manual_seed(1)
+    updates, clusters = torch.randn(9, 50), [0, 1, 2, 0, 1, 2, 0, 0, 1]
+    whole = aggregate(mechanism(z=0.3, clip=2.0), clusters, updates, torch.ones(50))
+    grouped = mechanism(z=0.3, clip=2.0)
+    rows = grouped.aggregator(3, 50, torch.float64, torch.device("cpu"), None)
+    for part in (slice(0, 2), slice(2, 7), slice(7, 9)):
+        starts = torch.ones(len(updates[part]), 50)
+        rows.add(torch.tensor(clusters[part]), torch.ones(len(starts)), starts + updates[part], starts)
+    active, models = rows.means()
+    assert torch.equal(active, whole[0]) and torch.allclose(models, whole[1], rtol=0, atol=1e-12)
