@@ -149,3 +149,20 @@ def test_bad_settings_are_refused(settings, message):
 def test_an_algorithm_with_its_own_aggregation_refuses_a_robust_rule():
     with pytest.raises(ValueError, match="Local combines its clients' updates its own way"):
         small_federation(Local(), num_clients=4, rounds=1, aggregator="median")
+
+
+def test_a_run_folder_written_before_the_aggregator_settings_existed_resumes(tmp_path, tiny_run_args):
+    """Its config.yaml has no federation.aggregator*: the defaults (the mean) are what it ran with."""
+    import yaml
+
+    from fedlight.run.cli import main
+
+    assert main(tiny_run_args + ["--run_name", "old", "--federation.rounds", "1"]) == 0
+    config = tmp_path / "old" / "config.yaml"
+    saved = yaml.safe_load(config.read_text())
+    saved["federation"] = {k: v for k, v in saved["federation"].items() if not k.startswith("aggregator")}
+    saved.pop("attack"), saved.pop("privacy")
+    config.write_text(yaml.safe_dump(saved))
+    assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "2"]) == 0
+    assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "3", "--federation.aggregator",
+                 "median"]) == 2  # a setting it did not run with is still refused

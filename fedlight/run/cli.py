@@ -145,10 +145,13 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def check_resume(saved: dict[str, Any], given: dict[str, Any]) -> None:
+def check_resume(saved: dict[str, Any], given: dict[str, Any], defaults: dict[str, Any] | None = None) -> None:
     """Refuse a resumed run whose settings differ from the run's own in anything but the number of rounds and
-    where it logs: it would continue a different experiment from the checkpoint of this one."""
+    where it logs: it would continue a different experiment from the checkpoint of this one. A setting the run's
+    config does not have (it was written before the setting existed) is accepted at its default (`defaults`)."""
     before, after = flatten(saved), flatten(given)
+    known = flatten(defaults or {})
+    before.update({key: known[key] for key in after if key not in before and key in known})
     changed = [key for key in sorted(set(before) | set(after))
                if before.get(key) != after.get(key) and not key.startswith(RESUMABLE + UNCOMPARED)]
     replaced = tuple(key[: -len("class_path")] for key in changed if key.endswith("class_path"))
@@ -185,7 +188,8 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     if resume:
         run_dir = Path(cfg.resume)
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        check_resume(saved, yaml.safe_load(parser.dump(cfg, skip_none=False)))
+        defaults = yaml.safe_load(parser.dump(parser.get_defaults(), skip_none=False, skip_check=True))
+        check_resume(saved, yaml.safe_load(parser.dump(cfg, skip_none=False)), defaults)
     else:
         run_dir = new_run_dir(cfg)
     cfg.run_name, cfg.resume = run_dir.name, None  # the saved config names its run and starts it afresh
