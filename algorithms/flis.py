@@ -70,6 +70,7 @@ class FlisDC(InferenceSimilarity):
     """
 
     holds_updates = True  # compares every participant's model on the public data
+    own_aggregation = True  # each participant's similar peers form its pool model
 
     def __init__(self, beta: float = 0.3, soft: bool = False, selection_split: Literal["train", "val", "test"] = "val",
                  evaluate: Literal["local", "pool"] = "local", participation: float = 1.0) -> None:

@@ -10,6 +10,7 @@ class Local(Algorithm):
     every round."""
 
     holds_updates = True  # keeps every client's trained model
+    own_aggregation = True  # nothing is averaged: a robust rule or DP noise has nothing to act on
 
     def setup(self, server) -> None:
         super().setup(server)

@@ -51,6 +51,7 @@ class SCAFFOLD(Algorithm):
     """
 
     corrects_gradient = True
+    own_aggregation = True  # its own sums of models and control variates
 
     def __init__(self, server_lr: float = 1.0, participation: float = 1.0) -> None:
         super().__init__(participation)

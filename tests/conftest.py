@@ -52,3 +52,23 @@ def tiny_run_args(tmp_path):
             "--model.network.init_args.width", "8", "--model.lr", "0.1",
             "--federation.rounds", "3", "--federation.batch_size", "32", "--federation.accelerator", "cpu",
             "--federation.vectorize", "6", "--logger.wandb", "false", "--output_dir", str(tmp_path)]
+
+
+def crash_and_resume(args: list[str], run_dir, monkeypatch, crash_round: int = 3) -> None:
+    """Run `args` as run folder `run_dir` (its --output_dir) with a crash (Ctrl-C) in `crash_round`, then resume it
+    to the end; the rounds before the crash must be saved."""
+    from fedlight.engine.federation import Federation
+    from fedlight.run.cli import main
+
+    real_run_round = Federation.run_round
+
+    def crash(self, round):
+        if round == crash_round:
+            raise KeyboardInterrupt("killed")
+        return real_run_round(self, round)
+
+    monkeypatch.setattr(Federation, "run_round", crash)
+    assert main(args + ["--run_name", run_dir.name]) == 130
+    monkeypatch.setattr(Federation, "run_round", real_run_round)
+    assert (run_dir / "metrics.csv").read_text().count("\n") == crash_round  # the header and the saved rounds
+    assert main(args + ["--run_name", run_dir.name, "--resume", str(run_dir)]) == 0

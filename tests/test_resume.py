@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from conftest import crash_and_resume
 from fedlight.run.cli import main
-from fedlight.engine.federation import Federation
 
 
 def rows(path, drop=("time/round_s",)):
@@ -24,20 +24,8 @@ def rows(path, drop=("time/round_s",)):
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch, algorithm):
     args = tiny_run_args + algorithm + ["--federation.rounds", "4"]
     assert main(args + ["--run_name", "whole"]) == 0
-
-    real_run_round = Federation.run_round
-
-    def crash_in_round_3(self, round):
-        if round == 3:
-            raise KeyboardInterrupt("killed")
-        return real_run_round(self, round)
-
-    monkeypatch.setattr(Federation, "run_round", crash_in_round_3)
-    assert main(args + ["--run_name", "crashed"]) == 130
-    monkeypatch.setattr(Federation, "run_round", real_run_round)
     crashed = tmp_path / "crashed"
-    assert len(rows(crashed / "metrics.csv")) == 2
-    assert main(args + ["--run_name", "crashed", "--resume", str(crashed)]) == 0
+    crash_and_resume(args, crashed, monkeypatch)
 
     whole = tmp_path / "whole"
     assert rows(crashed / "metrics.csv") == rows(whole / "metrics.csv")

@@ -9,6 +9,9 @@
 | `federation` | `Federation`: set-up and `run_round`, select -> train -> aggregate -> evaluate |
 | `execution` | the plan and how clients train: groups, vectorized or sequential, the probe, processes |
 | `aggregation` | cluster-wise weighted averages as running sums; per-client models built on demand |
+| `robust`, `cluster_aggregator` | robust rules on update matrices (median, Krum, ...); the engine's choice of aggregator per run |
+| `attacks` | malicious clients for testing robustness: data attacks (label flip, backdoor) and update attacks (sign flip, scaling, random) |
+| `privacy` | client-level DP: DP-FedAvg's clipped and noised cluster sums, adaptive clipping, Opacus's accountant |
 | `evaluator`, `evaluation` | every client's model on its split (sharded over processes); per-client metrics and summaries |
 | `processes` | the collectives of a federation spread over processes |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `HeldOutClients`, the engine's; `nearest_update_direction` |

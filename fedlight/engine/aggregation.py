@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from fedlight.engine.round_updates import RoundUpdates
 
 
 class ClusterAverage:
@@ -22,15 +26,20 @@ class ClusterAverage:
         self.sums = torch.zeros(clusters, dim, dtype=torch.float64, device=device)
         self.totals = torch.zeros(clusters, dtype=torch.float64, device=device)
 
-    def add(self, clusters: Tensor, weights: Tensor, values: Tensor) -> None:
+    def add(self, clusters: Tensor, weights: Tensor, values: Tensor, starts: Tensor | None = None) -> None:
         """Add row i of `values` with weight `weights[i]` to cluster `clusters[i]`: a weighted membership matrix
-        times the rows, a chunk of rows at a time."""
+        times the rows, a chunk of rows at a time. `starts` (the models the rows were trained from) is not needed:
+        a mean commutes with shifting every row; other cluster aggregators take it (`cluster_aggregator`)."""
         member = torch.zeros(len(self.sums), len(values), dtype=torch.float64, device=values.device)
         member[clusters, torch.arange(len(values), device=values.device)] = weights.to(torch.float64)
         step = max(1, self.CHUNK_BYTES // (8 * max(1, values.shape[1])))
         for begin in range(0, len(values), step):
             self.sums.addmm_(member[:, begin:begin + step], values[begin:begin + step].to(torch.float64))
         self.totals += member.sum(dim=1)
+
+    def reduce(self, updates: "RoundUpdates") -> None:
+        """Add the sums over the processes (streamed rounds; a held round has every row on every process)."""
+        updates.sum_over_processes_(self.sums, self.totals)
 
     def means(self) -> tuple[Tensor, Tensor]:
         """(clusters that received weight, their weighted means in the rows' dtype)."""

@@ -11,10 +11,11 @@ A client's model is its cluster's row with its personal entries written in. The 
 form; a clustered algorithm changes `assignment` and `models`, a personalized one sets a personal mask, and the
 rest (cluster-wise weighted averaging, merging shared and personal parts, checkpointing) is inherited.
 
-Three class attributes declare the algorithm's plan, read once at set-up (docs/architecture.md, "The plan"):
+Four class attributes declare the algorithm's plan, read once at set-up (docs/architecture.md, "The plan"):
 `holds_updates` (the aggregation hooks compare every update, so the round is held whole instead of streamed),
-`own_training` (`train_client` is the algorithm's own local work, not the module's SGD) and `corrects_gradient`
-(`local_gradient` edits every client's gradient).
+`own_training` (`train_client` is the algorithm's own local work, not the module's SGD), `corrects_gradient`
+(`local_gradient` edits every client's gradient) and `own_aggregation` (`aggregate` does not combine updates
+through the engine's cluster aggregator, so robust rules and DP cannot apply).
 
 The hooks, in the order of a round. Queries (marked ?) change nothing; only commands change state, and commands
 may record scalars and matrices as they act (`log`, `log_matrix`).
@@ -71,6 +72,9 @@ class Algorithm:
     own_training: bool = False
     #: `local_gradient` edits every client's flat gradient after each backward pass (FedProx's proximal term)
     corrects_gradient: bool = False
+    #: `aggregate` combines the updates its own way, not through the engine's cluster aggregator (`cluster_means` or
+    #: the inherited `aggregate`): a run that configures a robust aggregator or differential privacy is then refused
+    own_aggregation: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -136,18 +140,20 @@ class Algorithm:
     def aggregate(self, round: int, updates: "RoundUpdates") -> None:
         """FedAvg within each cluster: the shared part of every cluster model with members in `updates` becomes
         their training-set-size weighted mean; each client keeps its trained personal part. Streamed, the sums
-        run over one group at a time and are added over the processes once."""
+        run over one group at a time and are added over the processes once. The combination is the engine's
+        cluster aggregator (`ServerContext.cluster_aggregator`): the weighted mean unless the run configures a
+        robust rule or differential privacy."""
         models, mask = self.models, self.personal_mask
-        average = ClusterAverage(len(models), models.shape[1], models.dtype, models.device)
+        average = self.server.cluster_aggregator(len(models), models.shape[1], models.dtype, models.device, mask)
         width = 0 if mask is None else int(mask.sum())
         ids, rows = [models.new_zeros(0, dtype=torch.long)], [models.new_zeros(0, width)]  # personal parts trained
         for group in updates.groups():
-            average.add(self.assignment[group.clients], group.num_samples.to(models.dtype), group.params)
+            average.add(self.assignment[group.clients], group.num_samples.to(models.dtype), group.params, group.starts)
             if mask is not None:
                 ids.append(group.clients)
                 rows.append(group.params[:, mask])
             del group  # or it would stay alive while the next group trains: two groups in memory
-        updates.sum_over_processes_(average.sums, average.totals)
+        average.reduce(updates)
         if mask is not None:
             self.personal[updates.cat_over_processes(torch.cat(ids))] = updates.cat_over_processes(torch.cat(rows))
         self.set_shared(*average.means())
@@ -228,10 +234,14 @@ class Algorithm:
 
     def cluster_means(self, updates: Updates, weights: Tensor, values: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(clusters with a member in `updates`, weighted mean of their members' `values`), as one matrix product
-        over a weighted membership matrix. `values` defaults to the trained models."""
+        over a weighted membership matrix. `values` defaults to the trained models (then measured from the
+        clients' starts); given values (updates) are combined as they are. The combination is the engine's cluster
+        aggregator, as in `aggregate`: a robust rule or DP's noised mean when the run configures one."""
+        starts = updates.starts if values is None else None
         values = updates.params if values is None else values
-        average = ClusterAverage(len(self.models), values.shape[1], values.dtype, values.device)
-        average.add(self.assignment[updates.clients], weights, values)
+        average = self.server.cluster_aggregator(len(self.models), values.shape[1], values.dtype, values.device,
+                                                 self.personal_mask)
+        average.add(self.assignment[updates.clients], weights, values, starts)
         return average.means()
 
     def set_shared(self, clusters: Tensor, values: Tensor) -> None:

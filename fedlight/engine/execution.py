@@ -48,6 +48,8 @@ class ExecutionPlan:
         gradient_hook: whether the algorithm edits every client's gradient after each backward pass.
         processes: how many processes share each round's clients.
         threads: torch's CPU threads per process, and where that number comes from (`fedlight.engine.threads`).
+        hold_reason: why the round is held though the algorithm streams (a robust aggregator that needs every
+            update of a cluster); None otherwise.
     """
 
     updates: str
@@ -57,11 +59,12 @@ class ExecutionPlan:
     processes: int
     threads: int = 1
     threads_from: str = ""
+    hold_reason: str | None = None
 
     def describe(self) -> str:
         """One line for the start of a run."""
         updates = ("updates streamed in groups (running sums)" if self.updates == "stream" else
-                   "every update held (the algorithm compares them)")
+                   f"every update held ({self.hold_reason or 'the algorithm compares them'})")
         trainer = {"auto": "trainer chosen by timing both in round 1", "vectorized": "clients trained vectorized",
                    "sequential": f"clients trained one after another ({self.reason})"}[self.trainer]
         hook = ", gradient hook after every backward pass" if self.gradient_hook else ""
@@ -77,16 +80,21 @@ class ClientExecution:
     """Trains the clients of each round as the plan says, on this process's shard of them."""
 
     def __init__(self, algorithm: "Algorithm", server: "ServerContext", trainer: ClientTrainer,
-                 config: "FederationConfig", collective: Collective, threads: tuple[int, str] = (1, "")) -> None:
+                 config: "FederationConfig", collective: Collective, threads: tuple[int, str] = (1, ""),
+                 hold_reason: str | None = None,
+                 tamper: Callable[[int, list[int], Tensor, Tensor], Tensor] | None = None) -> None:
         self.algorithm, self.server, self.trainer = algorithm, server, trainer
         self.config, self.collective = config, collective
+        self.holds = algorithm.holds_updates or hold_reason is not None
+        self.tamper = tamper  # what attackers do to their trained models (`fedlight.engine.attacks`), or None
         self.device = server.device
         self.probe_result: ProbeResult | None = None  # what `vectorize: -1` measured and chose
         self.round_clients: list[int] = []  # this process's clients of the current round
         self.vectorized: VectorizedTrainer | None = None
         trainer_kind, reason = self._choose_trainer()
-        self.plan = ExecutionPlan("hold" if algorithm.holds_updates else "stream", trainer_kind, reason,
-                                  algorithm.corrects_gradient, collective.world, *threads)
+        self.plan = ExecutionPlan("hold" if self.holds else "stream", trainer_kind, reason,
+                                  algorithm.corrects_gradient, collective.world, *threads,
+                                  hold_reason=None if algorithm.holds_updates else hold_reason)
 
     def _choose_trainer(self) -> tuple[str, str | None]:
         if self.algorithm.own_training:
@@ -113,14 +121,14 @@ class ClientExecution:
         alg = self.algorithm
         mine = self.collective.shard(clients)  # every client, unless the round is spread over processes
         self.round_clients = mine  # the probe's budget is a share of their training
-        if alg.holds_updates:
+        if self.holds:
             groups = [mine]
         else:
             size = self.group_size(len(mine))
             groups = [mine[begin: begin + size] for begin in range(0, len(mine), size)]
         rate = None if alg.own_training else \
             self.trainer.learning_rates.round_rate(round, self.local_steps(clients)) * alg.learning_rate_scale(round)
-        return RoundUpdates(clients, alg.holds_updates, groups, lambda group: self.train(round, group),
+        return RoundUpdates(clients, self.holds, groups, lambda group: self.train(round, group),
                             self.collective, self.server.num_clients, rate)
 
     def train(self, round: int, clients: list[int]) -> Updates:
@@ -131,6 +139,8 @@ class ClientExecution:
         trained = self._try_vectorized(round, clients, starts) if self.vectorized is not None else None
         if trained is None:
             trained = self._train_one_by_one(round, clients, starts)
+        if self.tamper is not None:
+            trained.params = self.tamper(round, clients, starts, trained.params)
         ids = torch.tensor(clients, device=self.device)
         return Updates(ids, trained.params, starts, self.server.train_sizes[ids], trained.loss, trained.logs,
                        trained.state)

@@ -17,6 +17,9 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.attacks import Attack, AttackConfig
+from fedlight.engine.cluster_aggregator import (ClusterAggregation, RobustSettings, check_aggregation,
+                                                clients_per_round)
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import batch_transform, default_precision, make_fabric
@@ -24,20 +27,26 @@ from fedlight.engine.evaluation import UNSEEN, per_cluster_means
 from fedlight.engine.evaluator import Evaluator
 from fedlight.engine.newcomers import HeldOutClients
 from fedlight.engine.execution import ClientExecution
+from fedlight.engine.privacy import PrivacyConfig, PrivacyMechanism
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
 from fedlight.engine.round_updates import TrainingReport
-from fedlight.engine.server import ServerContext
+from fedlight.engine.server import ServerContext, stream_seed
 from fedlight.engine.threads import use_threads
 from fedlight.training.flat import FlatModel
 from fedlight.training.sequential import ClientTrainer
 
 
 class Federation:
-    """One federated run in memory: data on the device, one module, an algorithm, and the round loop."""
+    """One federated run in memory: data on the device, one module, an algorithm, and the round loop.
+
+    `attack` makes a share of the clients malicious (`fedlight.engine.attacks`); `privacy` turns on client-level DP
+    (`fedlight.engine.privacy`); `config.aggregator` picks the rule that combines each cluster's updates
+    (`fedlight.engine.cluster_aggregator`). None of them changes anything when left at its default."""
 
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
-                 config: FederationConfig | None = None, seed: int = 0) -> None:
+                 config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,
+                 privacy: PrivacyConfig | None = None) -> None:
         self.config = config or FederationConfig()
         self.seed = seed
         self.algorithm = algorithm if algorithm is not None else Algorithm()
@@ -46,6 +55,10 @@ class Federation:
         self.collective = Collective(self.fabric)
         threads = use_threads(self.config.threads, max(1, self.fabric.world_size // self.config.num_nodes))
         self.data: FederatedData = load_clients(data, seed).to(self.device)
+        self.attack = None
+        if attack is not None and attack.active:  # data attacks change the attackers' rows once, here
+            self.attack = Attack(attack, self.data.num_clients, self.data.num_classes, stream_seed(seed, "attack"))
+            self.data = self.attack.poison(self.data)
         self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
         self.module = model
         self.fabric.setup_module(model)
@@ -53,9 +66,13 @@ class Federation:
         self.flat = flat = FlatModel(model)
         trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs)
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
+        self.aggregation = self._aggregation(privacy)
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
-                                    self.config.rounds, self.config.eval_split, self.config.eval_batch_size)
-        self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective, threads)
+                                    self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
+                                    self.aggregation)
+        tamper = self.attack.tamper if self.attack is not None and self.attack.tampers() else None
+        self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
+                                         threads, self.aggregation.hold_reason(), tamper)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.newcomers: HeldOutClients | None = None  # clients held out of training (`unseen/*`)
         self.newcomer_evaluator: Evaluator | None = None
@@ -64,6 +81,21 @@ class Federation:
             self.newcomer_evaluator = Evaluator(self.server, model, self.data.newcomers, self.collective, UNSEEN)
         self.round = 0
         self.algorithm.setup(self.server)
+
+    def _aggregation(self, privacy: PrivacyConfig | None) -> ClusterAggregation:
+        """The cluster aggregator the configuration asks for, checked against the algorithm and the clients."""
+        c, n = self.config, self.data.num_clients
+        settings = RobustSettings(c.aggregator, c.aggregator_f, c.aggregator_beta, c.aggregator_clip, c.aggregator_keep)
+        mechanism = None if privacy is None else PrivacyMechanism(
+            privacy, c.rounds, clients_per_round(self.algorithm, n), n, stream_seed(self.seed, "privacy"))
+        aggregation = ClusterAggregation(settings, mechanism)
+        check_aggregation(aggregation, self.algorithm, self.data.num_clients)
+        return aggregation
+
+    def describe_threats(self) -> str:
+        """The start line's note of the aggregator, the attack and privacy, when the run has any ('' otherwise)."""
+        parts = [part for part in (self.aggregation.describe(), self.attack and self.attack.describe()) if part]
+        return "; " + ", ".join(parts) if parts else ""
 
     @property
     def device(self) -> torch.device:
@@ -76,6 +108,7 @@ class Federation:
     def run_round(self, round: int) -> RoundResult:
         """Run round `round` (1-based) and return what it produced."""
         alg = self.algorithm
+        self.aggregation.begin_round(round)
         alg.begin_round(round)
         clients = alg.select_clients(round)
         updates = self.execution.round_updates(round, clients)
@@ -85,10 +118,15 @@ class Federation:
         training = updates.finish()
         self.round = round
         clusters = alg.cluster_labels()
+        aggregated, stop = self.aggregation.end_round(len(clients), self.num_clients)
+        for name, value in aggregated.items():
+            self.server.round_log.scalar(name, value)
         logged, matrices = self.server.round_log.take()
+        scores = self.evaluator.score_clusters(clusters)
+        if self.attack is not None and clusters is not None:
+            scores["cluster/ari_attackers"] = self.attack.ari_with_attackers(self.data.cluster_labels, clusters)
         result = RoundResult(round, len(clients), training.left_out, training.metrics,
-                             {**logged, **alg.round_metrics()}, self.evaluator.score_clusters(clusters),
-                             matrices=matrices)
+                             {**logged, **alg.round_metrics()}, scores, matrices=matrices, stop_reason=stop)
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             result.evaluation, result.per_client = self.evaluate_clients(round, training, clusters)
             if self.newcomers is not None:
@@ -113,7 +151,15 @@ class Federation:
         for kind, labels in (("true", self.data.cluster_labels), ("found", clusters)):
             if labels is not None:
                 summary.update(per_cluster_means(values[metric], labels, f"cluster_{metric}/{kind}"))
-        return summary, {**values, **training.per_client, **self.evaluator.client_facts(clusters)}
+        facts = self.evaluator.client_facts(clusters)
+        if self.attack is not None:
+            facts.update(self.attack.client_columns())
+            if self.attack.config.kind == "backdoor":
+                split = self.config.eval_split
+                success, baseline = self.attack.backdoor_success(self.evaluator, self.algorithm.evaluation_models(),
+                                                                 split)
+                summary[f"{split}/backdoor_success"], summary[f"{split}/backdoor_baseline"] = success, baseline
+        return summary, {**values, **training.per_client, **facts}
 
     def evaluate_newcomers(self, round: int, clusters: np.ndarray | None) -> tuple[dict, dict]:
         """(`unseen/*` summaries, per-newcomer columns): the held-out clients evaluated with the models
@@ -142,9 +188,14 @@ class Federation:
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": self.execution.state_dict()}
+        return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": self.execution.state_dict(),
+                "aggregation": self.aggregation.state_dict(),
+                "attack": None if self.attack is None else self.attack.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = state["round"]
         self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))
         self.execution.load_state_dict(state.get("probe"))
+        self.aggregation.load_state_dict(state.get("aggregation"))
+        if self.attack is not None:
+            self.attack.load_state_dict(state.get("attack"))

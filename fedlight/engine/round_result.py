@@ -26,6 +26,7 @@ class RoundResult:
         newcomers: one array per column of the held-out clients' rows in clients.csv (their metrics, the cluster
             they were placed in, their true cluster, their sizes); empty when not evaluated or none is held out.
         seconds: wall time of the round, set by the runner.
+        stop_reason: why the run must stop after this round (a privacy budget reached), or None.
     """
 
     round: int
@@ -39,6 +40,7 @@ class RoundResult:
     matrices: dict[str, np.ndarray] = field(default_factory=dict)
     newcomers: dict[str, np.ndarray] = field(default_factory=dict)
     seconds: float = math.nan
+    stop_reason: str | None = None
 
     @property
     def evaluated(self) -> bool:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlight.engine.cluster_aggregator import ClusterAggregation, RobustSettings
 from fedlight.engine.data import ClientSplit, FederatedData
 from fedlight.engine.round_log import RoundLog
 from fedlight.training.flat import FlatModel
@@ -67,7 +68,7 @@ class ServerContext:
 
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
                  fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
-                 eval_batch_size: int) -> None:
+                 eval_batch_size: int, aggregation: "ClusterAggregation | None" = None) -> None:
         self._data, self._flat, self._trainer, self._fabric = data, flat, trainer, fabric
         self._transform, self._eval_batch_size = transform, eval_batch_size
         self.model = model
@@ -79,6 +80,7 @@ class ServerContext:
         self.public_x = data.public_x
         self._rows = {name: data.split(name).client_of_row() for name in ("train", "val", "test")}
         self.round_log = RoundLog()
+        self._aggregation = aggregation or ClusterAggregation(RobustSettings())
 
     @property
     def num_params(self) -> int:
@@ -96,6 +98,15 @@ class ServerContext:
     def inputs(self, x: Tensor) -> Tensor:
         """Raw samples converted as the model sees them (the data module's on-device batch conversion)."""
         return self._transform((x, None), 0)[0]
+
+    # -- aggregation -----------------------------------------------------------------------------------
+    def cluster_aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
+                           personal_mask: Tensor | None = None) -> Any:
+        """A fresh aggregator of rows into `clusters` cluster models of `dim` entries (`add(clusters, weights,
+        values, starts)`, `reduce(updates)`, `means()`), as the run configures it
+        (`fedlight.engine.cluster_aggregator`): the weighted mean by default, a robust rule or DP's noised mean.
+        Entries under `personal_mask` are not aggregated and count in no norm or distance."""
+        return self._aggregation.new(clusters, dim, dtype, device, personal_mask)
 
     # -- running the model -----------------------------------------------------------------------------
     @torch.no_grad()

@@ -22,7 +22,9 @@ from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namesp
 from rich.console import Console
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.attacks import AttackConfig
 from fedlight.engine.config import FederationConfig
+from fedlight.engine.privacy import PrivacyConfig
 from fedlight.run import catalog, registry
 from fedlight.run.callbacks import Callback, RunInterrupted
 from fedlight.run.config_errors import explain
@@ -56,6 +58,11 @@ def fit_parser() -> ArgumentParser:
     parser.add_subclass_arguments(LightningModule, "model", required=True)
     parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.engine.algorithm.Algorithm"})
     parser.add_class_arguments(FederationConfig, "federation")
+    parser.add_argument("--attack", type=AttackConfig | None, default=None,
+                        help="malicious clients: attack.kind, attack.fraction, ... (fedlight.engine.attacks)")
+    parser.add_argument("--privacy", type=PrivacyConfig | None, default=None,
+                        help="client-level DP: privacy.noise_multiplier, privacy.clip, privacy.delta, ... "
+                             "(fedlight.engine.privacy)")
     parser.add_class_arguments(LoggerConfig, "logger")
     parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
                         help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)")
@@ -134,10 +141,13 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def check_resume(saved: dict[str, Any], given: dict[str, Any]) -> None:
+def check_resume(saved: dict[str, Any], given: dict[str, Any], defaults: dict[str, Any] | None = None) -> None:
     """Refuse a resumed run whose settings differ from the run's own in anything but the number of rounds and
-    where it logs: it would continue a different experiment from the checkpoint of this one."""
+    where it logs: it would continue a different experiment from the checkpoint of this one. A setting the run's
+    config does not have (it was written before the setting existed) is accepted at its default (`defaults`)."""
     before, after = flatten(saved), flatten(given)
+    known = flatten(defaults or {})
+    before.update({key: known[key] for key in after if key not in before and key in known})
     changed = [key for key in sorted(set(before) | set(after))
                if before.get(key) != after.get(key) and not key.startswith(RESUMABLE + UNCOMPARED)]
     replaced = tuple(key[: -len("class_path")] for key in changed if key.endswith("class_path"))
@@ -179,7 +189,8 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     if resume:
         run_dir = Path(cfg.resume)
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        check_resume(saved, yaml.safe_load(parser.dump(cfg, skip_none=False)))
+        defaults = yaml.safe_load(parser.dump(parser.get_defaults(), skip_none=False, skip_check=True))
+        check_resume(saved, yaml.safe_load(parser.dump(cfg, skip_none=False)), defaults)
     else:
         run_dir = new_run_dir(cfg)
     cfg.run_name, cfg.resume = run_dir.name, None  # the saved config names its run and starts it afresh
@@ -188,7 +199,8 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
         contextlib.nullcontext()  # a terminal sees the set-up happen; piped output stays one line per round
     with showing:
         init = parser.instantiate_classes(cfg)
-        federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed)
+        federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed,
+                                attack=init.attack, privacy=init.privacy)
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
@@ -257,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:  # CheckpointError is a ValueError
         if os.environ.get("FEDLIGHT_DEBUG"):
             raise
-        errors.print(f"fedlight: error: {error}")
+        message = str(error)  # a section's own check, reached through a union (attack, privacy), comes nested
+        errors.print(f"fedlight: error: {explain(message) if chr(10) in message else message}")
         return 2
     return 0
 

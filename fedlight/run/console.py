@@ -43,7 +43,7 @@ class ConsoleReporter(Callback):
             self.console.print(f"Resuming {run.run_dir} after round {federation.round}", highlight=False)
         held = f" + {federation.newcomers.count} held out" if federation.newcomers is not None else ""
         self.console.print(f"{type(federation.algorithm).__name__}, {federation.num_clients} clients{held}: "
-                           f"{federation.execution.plan.describe()}", highlight=False)
+                           f"{federation.execution.plan.describe()}{federation.describe_threats()}", highlight=False)
         if self.console.is_terminal:
             self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
                                      TimeRemainingColumn(), console=self.console, transient=True)

@@ -100,6 +100,8 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
             started = time.perf_counter()
             result = federation.run_round(round)
             result.seconds = time.perf_counter() - started
+            if result.stop_reason:  # the engine's own reason to stop (a privacy budget), seen by every callback
+                run.should_stop, run.stop_reason = True, result.stop_reason
             call(every, "on_round_end", run, result)
             if run.should_stop:
                 break

@@ -1,0 +1,195 @@
+"""The engine's cluster aggregator: how the members' updates of each cluster become the cluster's model.
+
+`Algorithm.aggregate` and `Algorithm.cluster_means` ask the server for one (`ServerContext.cluster_aggregator`) and
+feed it rows a group at a time, as they fed `ClusterAverage` before; which one they get is the run's configuration,
+never the algorithm's choice:
+
+- `federation.aggregator: mean` with no privacy: `ClusterAverage` itself, the running float64 weighted sums (the
+  numbers of a run without this feature, bit for bit);
+- another rule (`fedlight.engine.robust`): `RobustClusterAggregate`, the rule applied within each cluster to the
+  members' updates (trained minus start), added back to the cluster's start;
+- `privacy:` on: `fedlight.engine.privacy.PrivateClusterAggregate`, DP-FedAvg's clipped and noised sums.
+
+A rule that needs every update of a cluster (the median, Krum, ...) makes the plan hold the round's updates
+(`ExecutionPlan.hold_reason`); the sums of the mean, the clipped mean and DP stream a group at a time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fedlight.engine.aggregation import ClusterAverage
+from fedlight.engine.robust import RULES, apply_rule, clip_rows
+
+if TYPE_CHECKING:
+    from fedlight.engine.privacy import PrivacyMechanism
+    from fedlight.engine.round_updates import RoundUpdates
+
+
+@dataclass(frozen=True)
+class RobustSettings:
+    """`federation.aggregator` and its parameters (see `FederationConfig`)."""
+
+    rule: str = "mean"
+    f: int = 1
+    beta: float = 0.1
+    clip: float = 1.0
+    keep: int | None = None
+
+    @property
+    def holds(self) -> bool:
+        return RULES[self.rule].holds
+
+
+def member_updates(values: Tensor, starts: Tensor | None, personal_mask: Tensor | None) -> Tensor:
+    """Each row's update: trained minus start (the values themselves when no starts are given, e.g. deltas), with
+    the personal entries zeroed: they are not aggregated, so they must not count in norms and distances."""
+    updates = values if starts is None else values - starts
+    return updates if personal_mask is None else updates.masked_fill(personal_mask, 0)
+
+
+def add_starts(base: ClusterAverage, clusters: Tensor, starts: Tensor | None) -> None:
+    """Count each row once in its cluster's mean start (`base`); without starts the rows are updates already, so the
+    base stays 0 and only the members are counted."""
+    ones = torch.ones(len(clusters), dtype=torch.float64, device=clusters.device)
+    if starts is not None:
+        base.add(clusters, ones, starts)
+    else:
+        base.totals.index_add_(0, clusters, ones)
+
+
+class RobustClusterAggregate:
+    """A robust rule within each cluster: rows are kept (held rules) or summed clipped (`clipped_mean`), and the
+    result is the members' mean start plus the rule's combination of their updates. The starts of a cluster's
+    members agree on the shared entries (the cluster model), so this is the rule applied to the models, shifted."""
+
+    def __init__(self, settings: RobustSettings, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
+                 personal_mask: Tensor | None = None) -> None:
+        self.settings, self.dtype, self.personal_mask = settings, dtype, personal_mask
+        self.base = ClusterAverage(clusters, dim, dtype, device)      # mean start of each cluster's members
+        self.clipped = ClusterAverage(clusters, dim, dtype, device)   # clipped_mean: its running sums
+        self.rows: list[tuple[Tensor, Tensor, Tensor]] = []           # held rules: (clusters, weights, updates)
+
+    def add(self, clusters: Tensor, weights: Tensor, values: Tensor, starts: Tensor | None = None) -> None:
+        """Rows `values` of clusters `clusters` with weights `weights`, trained from `starts` (None: the values are
+        updates already). Rows of weight 0 (a client without samples) are left out, as the mean leaves them out."""
+        keep = weights > 0
+        clusters, weights, values = clusters[keep], weights[keep], values[keep]
+        starts = None if starts is None else starts[keep]
+        updates = member_updates(values, starts, self.personal_mask)
+        add_starts(self.base, clusters, starts)
+        if self.settings.rule == "clipped_mean":
+            self.clipped.add(clusters, weights, clip_rows(updates, self.settings.clip))
+        else:
+            self.rows.append((clusters, weights, updates))
+
+    def reduce(self, updates: "RoundUpdates") -> None:
+        """Streamed (`clipped_mean`): add the sums over the processes; held rules see every row on every process."""
+        updates.sum_over_processes_(self.base.sums, self.base.totals, self.clipped.sums, self.clipped.totals)
+
+    def means(self) -> tuple[Tensor, Tensor]:
+        """(clusters with a member, their new models) in the rows' dtype."""
+        active = (self.base.totals > 0).nonzero().flatten()
+        base = self.base.sums[active] / self.base.totals[active, None]
+        if self.settings.rule == "clipped_mean":
+            combined = self.clipped.sums[active] / self.clipped.totals[active, None]
+            return active, (base + combined).to(self.dtype)
+        clusters = torch.cat([c for c, _, _ in self.rows])
+        weights = torch.cat([w for _, w, _ in self.rows])
+        updates = torch.cat([u for _, _, u in self.rows])
+        s = self.settings
+        combined = torch.stack([apply_rule(s.rule, updates[clusters == k], weights[clusters == k], s.f, s.beta,
+                                           s.clip, s.keep).double() for k in active.tolist()])
+        return active, (base + combined).to(self.dtype)
+
+
+class ClusterAggregation:
+    """The run's choice of cluster aggregator (engine-owned; one per federation), handing a fresh aggregator to each
+    call of `ServerContext.cluster_aggregator`, and what it records each round."""
+
+    def __init__(self, settings: RobustSettings, privacy: "PrivacyMechanism | None" = None) -> None:
+        self.settings, self.privacy = settings, privacy
+        self.made = 0  # aggregators handed out this round
+
+    @property
+    def default(self) -> bool:
+        """The plain weighted mean (FedAvg's numbers)."""
+        return self.settings.rule == "mean" and self.privacy is None
+
+    def hold_reason(self) -> str | None:
+        """Why the plan must hold every update of a round (None: the aggregator streams)."""
+        if self.settings.holds:
+            return f"federation.aggregator {self.settings.rule} needs every update of a cluster"
+        return None
+
+    def describe(self) -> str:
+        parts = [] if self.settings.rule == "mean" else [f"aggregator {self.settings.rule}"]
+        if self.privacy is not None:
+            parts.append(self.privacy.describe())
+        return ", ".join(parts)
+
+    def begin_round(self, round: int) -> None:
+        self.made = 0
+        if self.privacy is not None:
+            self.privacy.begin_round(round)
+
+    def new(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
+            personal_mask: Tensor | None = None) -> Any:
+        """A fresh aggregator over `clusters` cluster rows of `dim` entries."""
+        self.made += 1
+        if self.privacy is not None:
+            return self.privacy.aggregator(clusters, dim, dtype, device, personal_mask)
+        if self.settings.rule == "mean":
+            return ClusterAverage(clusters, dim, dtype, device)
+        return RobustClusterAggregate(self.settings, clusters, dim, dtype, device, personal_mask)
+
+    def end_round(self, clients: int, num_clients: int) -> tuple[dict[str, float], str | None]:
+        """(scalars to log, a reason to stop the run or None) once the round has aggregated."""
+        if self.privacy is None:
+            return {}, None
+        return self.privacy.end_round(clients, num_clients)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.privacy is None else self.privacy.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.privacy is not None and state is not None:
+            self.privacy.load_state_dict(state)
+
+
+def largest_f(rule: str, members: int) -> int:
+    """The most attackers `rule` tolerates among `members` clients (-1: too few clients even for none)."""
+    f = 0
+    while RULES[rule].min_members(f + 1) <= members:
+        f += 1
+    return f if RULES[rule].min_members(0) <= members else -1
+
+
+def clients_per_round(algorithm: Any, num_clients: int) -> int:
+    """Clients selected a round: the algorithm's `participation` share of them, at least one."""
+    return max(1, math.ceil(getattr(algorithm, "participation", 1.0) * num_clients))
+
+
+def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, num_clients: int) -> None:
+    """Refuse, before anything runs, a robust rule or DP for an algorithm that aggregates its own way, and an f too
+    large for the clients of a round (a cluster never has more members than that)."""
+    settings = aggregation.settings
+    if not aggregation.default and algorithm.own_aggregation:
+        asked = aggregation.describe()
+        raise ValueError(f"{type(algorithm).__name__} combines its clients' updates its own way (own_aggregation), so "
+                         f"{asked} cannot apply: run it with federation.aggregator: mean and no privacy section")
+    if aggregation.privacy is not None and settings.rule != "mean":
+        raise ValueError(f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs federation.aggregator "
+                         f"mean, got {settings.rule}: drop one of the two")
+    per_round = clients_per_round(algorithm, num_clients)
+    need = RULES[settings.rule].min_members(settings.f)
+    if need > per_round:
+        most = largest_f(settings.rule, per_round)
+        fix = (f"lower federation.aggregator_f to {most}" if most >= 0 else
+               "use more clients a round or another federation.aggregator")
+        raise ValueError(f"federation.aggregator_f {settings.f} is too large for {settings.rule} with {per_round} "
+                         f"clients a round (it needs {need}): {fix}")

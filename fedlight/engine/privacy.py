@@ -1,0 +1,265 @@
+"""Client-level differential privacy (the `privacy:` section of a run config): DP-FedAvg, adaptive clipping, and
+Opacus's accountant.
+
+DP-FedAvg ("Learning Differentially Private Recurrent Language Models", McMahan et al., ICLR 2018, Algorithm 1):
+each client's update (trained minus start) is clipped to norm C, every client counts once, and Gaussian noise
+N(0, z^2 C^2) is added to each cluster's sum of clipped updates before it is divided by the cluster's member count.
+A client belongs to one cluster, so the clusters' sums are one Gaussian mechanism of sensitivity C per round (their
+concatenation), and the accountant steps once per round. Weights: every client counts once (the weighted
+estimators of McMahan et al., section 2, need weights capped in advance).
+
+Adaptive clipping ("Differentially Private Learning with Adaptive Clipping", Andrew et al., NeurIPS 2021, Algorithm
+1 and Theorem 1): the clip follows the `target_quantile` of the update norms, C <- C exp(-eta (b - gamma)), where b
+is the share of clients whose norm was within C, counted with noise N(0, sigma_b^2) (sigma_b = clients per round /
+20 by default, as the paper's experiments). The privacy of the pair is that of one Gaussian mechanism of noise z
+when the updates get z_update = (z^-2 - (2 sigma_b)^-2)^-1/2, so `noise_multiplier` stays the one accounted.
+
+The accountant is Opacus's (`RDPAccountant` or `PRVAccountant`) for the sampled Gaussian mechanism, with sample
+rate = clients selected per round / clients. Clients are drawn as a fixed-size sample, not Poisson: the usual
+approximation (McMahan et al., section 3). `privacy/epsilon` is logged for `delta` every round; its history is part of
+the checkpoint. The guarantee covers the released cluster models: the server is trusted, and what it computes from
+the raw updates before aggregating (a clustering, a trigger) is not privatized, nor is a model an algorithm writes
+from raw trained models itself (IFCA's warm-up seeding). The member count a noised sum is divided by is not noised
+either (McMahan et al.'s fixed-denominator estimator would divide by the expected count instead).
+
+Opacus is imported only when a run turns privacy on, so starting the command line stays fast.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.engine.aggregation import ClusterAverage
+from fedlight.engine.cluster_aggregator import add_starts, member_updates
+from fedlight.engine.robust import clip_rows
+
+if TYPE_CHECKING:
+    from fedlight.engine.round_updates import RoundUpdates
+
+ACCOUNTANTS = ("rdp", "prv")
+
+
+@dataclass
+class PrivacyConfig:
+    """Client-level DP (the `privacy:` section; leave it out for none).
+
+    Args:
+        noise_multiplier: z, the noise's standard deviation over the clip. None: chosen from `target_epsilon` for the
+            configured rounds.
+        clip: C, the norm every update is clipped to (the initial clip with `adaptive`). Required.
+        delta: the delta `privacy/epsilon` is reported for.
+        target_epsilon: with no `noise_multiplier`, the epsilon z is chosen to reach after `federation.rounds`;
+            with one, the run stops after the last round whose epsilon stays within it.
+        accountant: "rdp" or "prv" (Opacus's accountants).
+        adaptive: follow the `target_quantile` of the update norms (Andrew et al.) instead of a fixed clip.
+        target_quantile: gamma, the share of updates meant to be within the clip.
+        clip_learning_rate: eta, the step of the clip's geometric update.
+        count_noise: sigma_b, the noise on the count of unclipped updates (None: clients per round / 20).
+    """
+
+    noise_multiplier: float | None = None
+    clip: float | None = None
+    delta: float = 1e-5
+    target_epsilon: float | None = None
+    accountant: str = "rdp"
+    adaptive: bool = False
+    target_quantile: float = 0.5
+    clip_learning_rate: float = 0.2
+    count_noise: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.clip is None or self.clip <= 0:
+            raise ValueError(f"privacy.clip must be given, above 0 (the norm each update is clipped to: DP needs a "
+                             f"bound on a client's contribution), got {self.clip}")
+        if self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError("privacy needs privacy.noise_multiplier or privacy.target_epsilon (or leave the privacy "
+                             "section out)")
+        if self.noise_multiplier is not None and self.noise_multiplier <= 0:
+            raise ValueError(f"privacy.noise_multiplier must be above 0, got {self.noise_multiplier}")
+        if self.target_epsilon is not None and self.target_epsilon <= 0:
+            raise ValueError(f"privacy.target_epsilon must be above 0, got {self.target_epsilon}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"privacy.delta must be in (0, 1), got {self.delta}")
+        if self.accountant not in ACCOUNTANTS:
+            raise ValueError(f"privacy.accountant must be 'rdp' or 'prv', got {self.accountant!r}")
+        if not 0 < self.target_quantile < 1 or self.clip_learning_rate <= 0:
+            raise ValueError(f"privacy.target_quantile must be in (0, 1) and privacy.clip_learning_rate above 0, got "
+                             f"{self.target_quantile} and {self.clip_learning_rate}")
+        if self.count_noise is not None and self.count_noise <= 0:
+            raise ValueError(f"privacy.count_noise must be above 0, got {self.count_noise}")
+
+
+def quiet_accounting() -> None:
+    """Inside `warnings.catch_warnings()`: silence what Opacus says on every call that is no news for a run (PRV's
+    log(0) at a sample rate of 1, harmless; RDP's optimal order at the end of its range, which only loosens the
+    bound), so a run does not print it every round."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    warnings.filterwarnings("ignore", message="Optimal order is the (smallest|largest) alpha")
+
+
+def make_accountant(kind: str) -> Any:
+    """A fresh Opacus accountant ("rdp" or "prv")."""
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    return RDPAccountant() if kind == "rdp" else PRVAccountant()
+
+
+def epsilon_of(accountant: Any, delta: float, eps_error: float = 0.01) -> float:
+    """The accountant's epsilon at `delta` (0 before any step). PRV's is an upper bound within `eps_error` of the
+    exact value (Opacus's default 0.01; smaller is slower)."""
+    if not accountant.history:
+        return 0.0
+    extra = {"eps_error": eps_error} if accountant.mechanism() == "prv" else {}
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        quiet_accounting()
+        return float(accountant.get_epsilon(delta=delta, **extra))
+
+
+def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, steps: int, kind: str) -> float:
+    """The noise multiplier that reaches `target_epsilon` after `steps` rounds (Opacus's search)."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        quiet_accounting()
+        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
+                                          steps=steps, accountant=kind))
+
+
+def update_noise(z: float, count_noise: float) -> float:
+    """z_update of adaptive clipping (Andrew et al., Theorem 1): the updates' noise multiplier that, with noise
+    `count_noise` on the count, makes the pair as private as one Gaussian mechanism of noise z."""
+    if z >= 2 * count_noise:
+        raise ValueError(f"privacy.noise_multiplier {z:.3g} leaves no noise for the updates with adaptive clipping at "
+                         f"count noise {count_noise:.3g} (it must be below 2 x count noise): raise privacy.count_noise "
+                         f"above {z / 2:.3g} or turn privacy.adaptive off")
+    return (z ** -2 - (2 * count_noise) ** -2) ** -0.5
+
+
+class PrivacyMechanism:
+    """The run's DP state: the noise multiplier, the clip (adaptive or fixed), the accountant; it hands out the
+    aggregators that clip and noise (`PrivateClusterAggregate`) and steps the accountant once a round."""
+
+    def __init__(self, config: PrivacyConfig, rounds: int, clients_per_round: int, num_clients: int,
+                 seed_parts: list[int]) -> None:
+        self.config, self.seed_parts = config, seed_parts
+        self.sample_rate = clients_per_round / num_clients
+        if config.noise_multiplier is None:
+            self.noise_multiplier = noise_for_epsilon(config.target_epsilon, config.delta, self.sample_rate, rounds,
+                                                      config.accountant)
+            self.stop_at = None
+        else:
+            self.noise_multiplier = config.noise_multiplier
+            self.stop_at = config.target_epsilon
+        self.count_noise = config.count_noise or clients_per_round / 20
+        self.update_noise = (update_noise(self.noise_multiplier, self.count_noise) if config.adaptive
+                             else self.noise_multiplier)
+        self.clip = float(config.clip)
+        self.accountant = make_accountant(config.accountant)
+        self.round, self.calls, self.released = 0, 0, False
+        self.within_clip: tuple[float, float] | None = None  # (updates within the clip, updates) of the round
+
+    def describe(self) -> str:
+        clip = "adaptive clip from" if self.config.adaptive else "clip"
+        return f"DP noise multiplier {self.noise_multiplier:.3g}, {clip} {self.clip:g}, {self.config.accountant}"
+
+    def begin_round(self, round: int) -> None:
+        self.round, self.calls, self.released, self.within_clip = round, 0, False, None
+
+    def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
+                   personal_mask: Tensor | None) -> "PrivateClusterAggregate":
+        self.calls += 1
+        return PrivateClusterAggregate(self, self.calls, clusters, dim, dtype, device, personal_mask)
+
+    def noise(self, call: int, cluster: int, dim: int, device: torch.device) -> Tensor:
+        """N(0, (z_update C)^2) in float64 for one cluster's sum, from a stream of (seed, round, call, cluster): every
+        process draws the same, and a resumed run the same as an uninterrupted one."""
+        generator = torch.Generator(device=device)
+        key = [*self.seed_parts, self.round, call, cluster]
+        generator.manual_seed(int(np.random.SeedSequence(key).generate_state(1)[0]))
+        draw = torch.randn(dim, generator=generator, device=device, dtype=torch.float64)
+        return draw * (self.update_noise * self.clip)
+
+    def released_sums(self, within: float, count: float) -> None:
+        """An aggregator released noised sums this round; `within` of its `count` updates were inside the clip."""
+        self.released = True
+        self.within_clip = (within, count)
+
+    def end_round(self, clients: int, num_clients: int) -> tuple[dict[str, float], str | None]:
+        """Step the accountant when the round released sums, adapt the clip, and report; (scalars, stop reason)."""
+        clip_used = self.clip
+        if self.released:
+            self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=clients / num_clients)
+            if self.config.adaptive and self.within_clip is not None:
+                self._adapt_clip(clients)
+        epsilon = epsilon_of(self.accountant, self.config.delta)
+        scalars = {"privacy/epsilon": epsilon, "privacy/clip": clip_used,
+                   "privacy/noise_multiplier": self.noise_multiplier}
+        stop = None
+        if self.stop_at is not None and self._next_epsilon(clients / num_clients) > self.stop_at:
+            stop = (f"privacy.target_epsilon {self.stop_at:g} reached: epsilon {epsilon:.3g} now, another round would "
+                    "exceed it")
+        return scalars, stop
+
+    def _adapt_clip(self, clients: int) -> None:
+        """C <- C exp(-eta (b - gamma)), b the noised share of updates within the clip (Andrew et al., Algorithm 1)."""
+        within, _ = self.within_clip
+        rng = np.random.default_rng([*self.seed_parts, self.round, 0])
+        share = (within + rng.normal(0.0, self.count_noise)) / max(clients, 1)
+        self.clip *= math.exp(-self.config.clip_learning_rate * (share - self.config.target_quantile))
+
+    def _next_epsilon(self, sample_rate: float) -> float:
+        ahead = copy.deepcopy(self.accountant)
+        ahead.step(noise_multiplier=self.noise_multiplier, sample_rate=sample_rate)
+        return epsilon_of(ahead, self.config.delta)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [list(step) for step in self.accountant.history], "clip": self.clip,
+                "noise_multiplier": self.noise_multiplier}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.accountant.history = [tuple(step) for step in state["history"]]
+        self.clip, self.noise_multiplier = float(state["clip"]), float(state["noise_multiplier"])
+
+
+class PrivateClusterAggregate:
+    """DP-FedAvg's aggregation within each cluster: clipped updates summed (streamed, and over the processes), the
+    sum noised and divided by the members, added to the members' mean start."""
+
+    def __init__(self, mechanism: PrivacyMechanism, call: int, clusters: int, dim: int, dtype: torch.dtype,
+                 device: torch.device, personal_mask: Tensor | None) -> None:
+        self.mechanism, self.call, self.dtype, self.personal_mask = mechanism, call, dtype, personal_mask
+        self.base = ClusterAverage(clusters, dim, dtype, device)
+        self.sums = ClusterAverage(clusters, dim, dtype, device)
+        self.within = torch.zeros(1, dtype=torch.float64, device=device)
+
+    def add(self, clusters: Tensor, weights: Tensor, values: Tensor, starts: Tensor | None = None) -> None:
+        """Rows trained from `starts` (None: `values` are updates); every client counts once whatever its weight."""
+        keep = weights > 0
+        clusters, values = clusters[keep], values[keep]
+        starts = None if starts is None else starts[keep]
+        updates = member_updates(values, starts, self.personal_mask)
+        clip = self.mechanism.clip
+        self.within += (updates.double().norm(dim=1) <= clip).sum()
+        add_starts(self.base, clusters, starts)
+        self.sums.add(clusters, torch.ones(len(clusters), dtype=torch.float64, device=values.device),
+                      clip_rows(updates, clip))
+
+    def reduce(self, updates: "RoundUpdates") -> None:
+        updates.sum_over_processes_(self.base.sums, self.base.totals, self.sums.sums, self.sums.totals, self.within)
+
+    def means(self) -> tuple[Tensor, Tensor]:
+        active = (self.base.totals > 0).nonzero().flatten()
+        base = self.base.sums[active] / self.base.totals[active, None]
+        dim, device = self.sums.sums.shape[1], self.sums.sums.device
+        noised = torch.stack([self.sums.sums[k] + self.mechanism.noise(self.call, k, dim, device)
+                              for k in active.tolist()]) if len(active) else self.sums.sums[active]
+        count = self.sums.totals[active, None]
+        self.mechanism.released_sums(float(self.within), float(self.base.totals.sum()))
+        return active, (base + noised / count).to(self.dtype)

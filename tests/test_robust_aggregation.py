@@ -1,0 +1,168 @@
+"""Robust aggregation rules against hand-worked cases, the engine's cluster aggregator on updates, and the bad
+settings refused in one line."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import small_federation
+from fedlight.algorithms.fedavg import FedAvg
+from fedlight.algorithms.local import Local
+from fedlight.engine.cluster_aggregator import RobustClusterAggregate, RobustSettings
+from fedlight.engine.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
+                                    multikrum, trimmed_mean)
+
+
+def column(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)[:, None]
+
+
+def test_coordinate_median_takes_the_middle_of_each_coordinate():
+    x = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [100.0, -5.0]])
+    # sorted: 1 2 3 100 -> (2 + 3) / 2; -5 10 20 30 -> (10 + 20) / 2
+    assert coordinate_median(x).tolist() == [2.5, 15.0]
+    assert coordinate_median(x[:3]).tolist() == [2.0, 20.0]
+
+
+def test_trimmed_mean_drops_the_extremes_of_each_coordinate():
+    x = torch.tensor([[1.0, -50.0], [2.0, 0.0], [3.0, 1.0], [4.0, 2.0], [100.0, 3.0]])
+    # beta 0.2 of 5 rows: one value cut at each end -> mean(2, 3, 4) and mean(0, 1, 2)
+    assert trimmed_mean(x, 0.2).tolist() == [3.0, 1.0]
+    assert trimmed_mean(x, 0.0).tolist() == pytest.approx([22.0, -8.8])
+
+
+def test_krum_picks_the_point_with_the_closest_neighbours():
+    x = column(0.0, 1.0, 2.5, 3.0, 50.0)
+    # f = 1, m = 5: each row sums its m - f - 2 = 2 smallest squared distances
+    # 0: 1 + 6.25; 1: 1 + 2.25; 2.5: 0.25 + 2.25; 3: 0.25 + 4; 50: 47^2 + 47.5^2
+    assert krum_scores(x, 1).tolist() == [7.25, 3.25, 2.5, 4.25, 47.0 ** 2 + 47.5 ** 2]
+    assert krum(x, 1).item() == 2.5
+    # Multi-Krum keeps m - f = 4 lowest scores: every point but 50
+    assert multikrum(x, 1).item() == pytest.approx((0 + 1 + 2.5 + 3) / 4)
+    assert multikrum(x, 1, keep=2).item() == pytest.approx((2.5 + 1) / 2)
+
+
+def test_bulyan_selects_by_krum_then_averages_around_the_median():
+    x = column(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 100.0)
+    # f = 1, m = 7: theta = 5 rows chosen by Krum one at a time (worked by hand: 2, 3, 1, 4, 0), so the attacker 100
+    # and 5 are out; beta = theta - 2f = 3 values closest to the median 2 of {0..4}: 1, 2, 3 -> 2
+    assert bulyan(x, 1).item() == 2.0
+    two_d = torch.cat([x, -3 * x], dim=1)  # each coordinate on its own: the same selection, scaled
+    assert bulyan(two_d, 1).tolist() == [2.0, -6.0]
+
+
+def test_krum_and_bulyan_lower_f_in_a_cluster_too_small_for_it():
+    three = column(0.0, 1.0, 10.0)
+    # f = 5 with 3 members becomes f = 0: one nearest neighbour each, scores 1, 1, 81 -> the first
+    assert apply_rule("krum", three, torch.ones(3), f=5).item() == 0.0
+    # Bulyan with f = 0 keeps every row and averages each coordinate's values: the mean
+    assert apply_rule("bulyan", three, torch.ones(3), f=5).item() == pytest.approx(11 / 3)
+
+
+def test_geometric_median_of_known_configurations():
+    square = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert geometric_median(square, torch.ones(4)).tolist() == pytest.approx([0.5, 0.5], abs=1e-5)
+    # a vertex whose weight is at least the others' together is the weighted geometric median
+    triangle = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    assert geometric_median(triangle, torch.tensor([3.0, 1.0, 1.0])).tolist() == pytest.approx([0, 0], abs=1e-4)
+    # equilateral triangle: the Fermat point is the centroid; a far outlier moves it little (unlike the mean)
+    h = math.sqrt(3) / 2
+    equilateral = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.5, h]], dtype=torch.float64)
+    assert geometric_median(equilateral, torch.ones(3)).tolist() == pytest.approx([0.5, h / 3], abs=1e-5)
+    points = torch.tensor([[-1.0], [0.0], [1.0], [1000.0]], dtype=torch.float64).repeat(1, 2)
+    assert 0 <= geometric_median(points, torch.ones(4))[0].item() <= 1  # every point of [0, 1] is a median
+
+
+def test_clipped_rows_have_norm_at_most_the_bound_and_keep_their_direction():
+    torch.manual_seed(0)
+    x = torch.randn(50, 30) * torch.logspace(-2, 2, 50)[:, None]
+    clipped = clip_rows(x, 1.5)
+    norms = clipped.norm(dim=1)
+    assert bool((norms <= 1.5 * (1 + 1e-6)).all())
+    small = x.norm(dim=1) <= 1.5
+    assert torch.equal(clipped[small], x[small])
+    assert torch.allclose(norms[~small], torch.full_like(norms[~small], 1.5), rtol=1e-5)
+    cosine = torch.nn.functional.cosine_similarity(clipped, x)
+    assert torch.allclose(cosine, torch.ones(50), atol=1e-5)
+
+
+def test_the_cluster_aggregator_applies_the_rule_to_updates_within_each_cluster():
+    starts = torch.tensor([[10.0, 10.0]] * 3 + [[-4.0, 0.0]] * 3)
+    updates = torch.tensor([[1.0, 0.0], [2.0, 0.0], [90.0, 0.0], [0.0, 1.0], [0.0, 3.0], [0.0, -60.0]])
+    clusters = torch.tensor([0, 0, 0, 2, 2, 2])
+    aggregate = RobustClusterAggregate(RobustSettings("median"), 3, 2, torch.float32, torch.device("cpu"))
+    aggregate.add(clusters, torch.ones(6), starts + updates, starts)
+    active, models = aggregate.means()
+    assert active.tolist() == [0, 2]
+    assert models.tolist() == [[12.0, 10.0], [-4.0, 1.0]]  # start + the median update of each cluster
+    # the clipped mean clips updates (not models): norms 1, 2, 90 clipped to 1.5 -> (1 + 1.5 + 1.5) / 3
+    clipped = RobustClusterAggregate(RobustSettings("clipped_mean", clip=1.5), 3, 2, torch.float32,
+                                     torch.device("cpu"))
+    clipped.add(clusters[:3], torch.ones(3), starts[:3] + updates[:3], starts[:3])
+    assert clipped.means()[1][0].tolist() == pytest.approx([10.0 + 4.0 / 3, 10.0])
+
+
+def test_personal_entries_count_in_no_distance():
+    """Krum on models with a personal entry: the personal values (huge, different per client) must not decide."""
+    starts = torch.zeros(5, 2)
+    trained = torch.tensor([[0.0, 1e3], [1.0, -1e3], [2.5, 5e3], [3.0, 0.0], [50.0, 0.0]])
+    aggregate = RobustClusterAggregate(RobustSettings("krum", f=1), 1, 2, torch.float32, torch.device("cpu"),
+                                       personal_mask=torch.tensor([False, True]))
+    aggregate.add(torch.zeros(5, dtype=torch.long), torch.ones(5), trained, starts)
+    assert aggregate.means()[1][0, 0].item() == 2.5
+
+
+def test_a_held_rule_holds_the_round_and_says_why():
+    fed = small_federation(FedAvg(), num_clients=5, rounds=1, aggregator="median")
+    assert fed.execution.plan.updates == "hold"
+    assert "median needs every update" in fed.execution.plan.describe()
+    fed.run_round(1)
+    streamed = small_federation(FedAvg(), num_clients=5, rounds=1, aggregator="clipped_mean")
+    assert streamed.execution.plan.updates == "stream" and streamed.execution.plan.hold_reason is None
+
+
+def test_median_of_one_cluster_run_equals_the_median_of_the_trained_models():
+    """Independent of the rule's code path: the trained models' coordinate median worked directly (4 clients: the
+    mean of the two middle values)."""
+    held = small_federation(FedAvg(), num_clients=4, rounds=1, aggregator="median")
+    start = held.algorithm.models[0].clone()
+    round_updates = held.execution.round_updates(1, [0, 1, 2, 3])
+    trained = round_updates.all().params
+    held.algorithm.aggregate(1, round_updates)
+    expected = start + (trained - start).sort(dim=0).values[1:3].mean(dim=0)
+    assert torch.allclose(held.algorithm.models[0], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"aggregator": "krum", "aggregator_f": 2}, "aggregator_f 2 is too large for krum with 6 clients"),
+    ({"aggregator": "bulyan", "aggregator_f": 1}, "lower federation.aggregator_f to 0"),
+    ({"aggregator": "trimmed_mean", "aggregator_beta": 0.5}, "aggregator_beta must be in [0, 0.5)"),
+    ({"aggregator": "mode"}, "federation.aggregator must be one of"),
+])
+def test_bad_settings_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        small_federation(FedAvg(), num_clients=6, rounds=1, **settings)
+
+
+def test_an_algorithm_with_its_own_aggregation_refuses_a_robust_rule():
+    with pytest.raises(ValueError, match="Local combines its clients' updates its own way"):
+        small_federation(Local(), num_clients=4, rounds=1, aggregator="median")
+
+
+def test_a_run_folder_written_before_the_aggregator_settings_existed_resumes(tmp_path, tiny_run_args):
+    """Its config.yaml has no federation.aggregator*: the defaults (the mean) are what it ran with."""
+    import yaml
+
+    from fedlight.run.cli import main
+
+    assert main(tiny_run_args + ["--run_name", "old", "--federation.rounds", "1"]) == 0
+    config = tmp_path / "old" / "config.yaml"
+    saved = yaml.safe_load(config.read_text())
+    saved["federation"] = {k: v for k, v in saved["federation"].items() if not k.startswith("aggregator")}
+    saved.pop("attack"), saved.pop("privacy")
+    config.write_text(yaml.safe_dump(saved))
+    assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "2"]) == 0
+    assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "3", "--federation.aggregator",
+                 "median"]) == 2  # a setting it did not run with is still refused
