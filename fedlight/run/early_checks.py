@@ -12,7 +12,8 @@ import yaml
 
 from fedlight.run.config_errors import closest_key
 
-#: sections whose keys depend on the class they name (checked by the parser once the class is imported)
+#: sections whose keys depend on the class they name (checked by the parser once the class is imported); sections
+#: typed as a whole (attack, privacy) are left to the parser too
 CLASS_SECTIONS = ("data", "model", "algorithm", "callbacks")
 
 
@@ -30,7 +31,7 @@ def check_fit_arguments(arguments: list[str], options: Iterable[str]) -> None:
             path = token.split("=", 1)[1] if "=" in token else (arguments[i + 1] if i + 1 < len(arguments) else None)
             if path is not None and Path(path).is_file():
                 check_config_keys(Path(path), known)
-        elif not _in_class_section(key) and f"--{key}" not in known:
+        elif not _left_to_parser(key, known) and f"--{key}" not in known:
             close = closest_key(key, known)
             hint = f" (did you mean --{close}?)" if close else " (see `fedlight fit --help`)"
             raise ValueError(f"unknown option --{key}{hint}; options are never abbreviated")
@@ -46,7 +47,7 @@ def check_config_keys(path: Path, known: set[str]) -> None:
     if not isinstance(document, dict):
         return
     for key, value in document.items():
-        if not isinstance(key, str) or _in_class_section(key):
+        if not isinstance(key, str) or _left_to_parser(f"{key}.", known):
             continue
         keys = [f"{key}.{sub}" for sub in value if isinstance(sub, str)] if isinstance(value, dict) else [key]
         for dotted in keys:
@@ -56,5 +57,11 @@ def check_config_keys(path: Path, known: set[str]) -> None:
                 raise ValueError(f"unknown config key {dotted}{hint}")
 
 
-def _in_class_section(key: str) -> bool:
-    return key.split(".", 1)[0] in CLASS_SECTIONS
+def _left_to_parser(key: str, known: set[str]) -> bool:
+    """Whether the parser alone can judge `key`: it lies in a class section, or in a section typed as a whole
+    (`--attack`, `--privacy`: their keys are the type's, with no option of their own)."""
+    head, dot, _ = key.partition(".")
+    if head in CLASS_SECTIONS:
+        return True
+    own = [k for k in known if k.startswith(f"--{head}.") and k != f"--{head}.help"]
+    return bool(dot) and f"--{head}" in known and not own
