@@ -1,5 +1,5 @@
-"""`python -m fedlight fit --config run.yaml`, `fit --resume RUN`, `list`, `report RUN [RUN ...]` and
-`sweep --config sweep.yaml`, on jsonargparse in LightningCLI's conventions: `--print_config`, dotted overrides
+"""`python -m fedlight fit --config run.yaml`, `fit --resume RUN`, `list`, `report RUN [RUN ...]`,
+`sweep --config sweep.yaml` and `tune --config run.yaml --space space.yaml --trials N`, on jsonargparse in LightningCLI's conventions: `--print_config`, dotted overrides
 (`--algorithm.init_args.mu 0.01`), type-checked configs that stop on an unknown key or a wrong type before any work
 starts.
 
@@ -27,7 +27,7 @@ from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.federation import Federation
 from fedlight.reports import report, wandb_report
-from fedlight.run import registry, sweep
+from fedlight.run import registry, sweep, tune
 from fedlight.run.callbacks import Callback
 from fedlight.run.checkpoint import CheckpointError
 from fedlight.run.config_errors import explain
@@ -77,6 +77,8 @@ def build_parser() -> ArgumentParser:
     sweep_parser = ArgumentParser(description="Run every algorithm x seed of a sweep file, then its report.", **STRICT)
     sweep_parser.add_argument("--config", type=str, required=True, help="a sweep YAML (see configs/sweeps/)")
     commands.add_subcommand("sweep", sweep_parser, help="run a grid of algorithms x seeds and write the report")
+    commands.add_subcommand("tune", tune.add_arguments(fit_parser()),
+                            help="search hyperparameters on validation data with Optuna (configs/tune/)")
     return parser
 
 
@@ -169,9 +171,11 @@ def new_run_dir(cfg: Namespace) -> Path:
     return run_dir
 
 
-def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = None) -> dict[str, Any]:
+def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = None,
+            callbacks: list[Callback] | None = None) -> dict[str, Any]:
     """Set everything up (after seeding, so the model's initial weights follow the seed), then run: the run folder
-    and its config.yaml are written only once the run is accepted (`fedlight.run.runner.fit`)."""
+    and its config.yaml are written only once the run is accepted (`fedlight.run.runner.fit`). `callbacks` join the
+    config's own (tune's trial reporter)."""
     console = console or make_console()
     torch.manual_seed(cfg.seed)
     resume = cfg.resume is not None
@@ -189,7 +193,7 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
     return fit(federation, run_dir, config_text, init.logger, run_dir.name, cfg.checkpoint_every, resume=resume,
-               console=console, callbacks=init.callbacks)
+               console=console, callbacks=[*(init.callbacks or []), *(callbacks or [])])
 
 
 def print_components(console: Console) -> None:
@@ -236,13 +240,15 @@ def main(argv: list[str] | None = None) -> int:
                 run_report(cfg.report, console)
             elif cfg.command == "sweep":
                 sweep.run(cfg.sweep.config, main, console)
+            elif cfg.command == "tune":
+                tune.run(cfg.tune, parser.fit_parser, run_fit, console)
             else:
                 run_fit(parser.fit_parser, cfg.fit, console)
     except RunInterrupted as stop:
         saved = f"rounds 1-{stop.saved_round} are saved" if stop.saved_round else "no round had finished"
         errors.print(f"fedlight: interrupted; {saved}. Continue with: python -m fedlight fit --resume {stop.run_dir}")
         return 130
-    except sweep.SweepInterrupted as stop:
+    except (sweep.SweepInterrupted, tune.TuneInterrupted) as stop:
         errors.print(f"fedlight: {stop}")
         return 130
     except KeyboardInterrupt:
