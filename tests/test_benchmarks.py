@@ -15,6 +15,7 @@ import overhead  # noqa: E402
 import processes  # noqa: E402
 import round as round_benchmark  # noqa: E402
 import similarity  # noqa: E402
+import tune_overhead  # noqa: E402
 import vectorized  # noqa: E402
 
 
@@ -75,3 +76,10 @@ def test_processes_benchmark_times_one_and_two_processes(monkeypatch, tmp_path):
                     "--repeats", "1")
     assert [r["devices"] for r in rows] == [1, 2] and rows[0]["speedup"] == 1.0
     assert all(r["round_s"] > 0 and r["rounds_timed"] == 1 for r in rows)
+
+
+@pytest.mark.slow
+def test_tune_overhead_benchmark_runs_the_trials_configurations_again_by_hand(monkeypatch, tmp_path):
+    result = run_main(tune_overhead, monkeypatch, tmp_path, "--trials", "2", "--rounds", "1", "--repeats", "1")
+    assert result["trials"] == 2 and result["tune_s"] > 0 and result["fit_s"] > 0
+    assert 0 < result["tune_outside_runs_s"] < result["tune_s"]
