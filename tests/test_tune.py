@@ -215,6 +215,22 @@ def test_selecting_on_the_test_split_is_refused_in_one_line(tmp_path, tiny_run_a
     assert not (tmp_path / "tune-s").exists()
 
 
+@pytest.mark.parametrize("storage, expected", [("nodb://where", "cannot open it"),
+                                               ("postgresql://user@localhost/optuna", "driver is not installed")])
+def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, tiny_run_args, capsys, storage, expected):
+    assert cli.main(tune_args(tiny_run_args, write_space(tmp_path, LR_SPACE), 2, "--storage", storage)) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--storage {storage}" in err and expected in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "tune-s").exists()
+
+
+def test_a_study_made_for_another_metric_is_refused_rather_than_mixed(tmp_path, tiny_run_args, capsys):
+    storage = f"sqlite:///{tmp_path / 'm.db'}"
+    optuna.create_study(study_name="s", storage=storage, direction="maximize").set_user_attr("metric", "val/f1_mean")
+    assert cli.main(tune_args(tiny_run_args, write_space(tmp_path, LR_SPACE), 2, "--storage", storage)) == 2
+    assert "selects on val/f1_mean, not val/acc_mean" in capsys.readouterr().err
+
+
 def test_a_searched_key_that_only_some_categorical_choices_have_needs_when(tmp_path, tiny_run_args, capsys):
     mu = {"type": "float", "low": 0.001, "high": 1.0, "log": True}
     space = {"params": {"algorithm": {"type": "categorical", "choices": ["fedavg", "fedprox"]},

@@ -118,11 +118,13 @@ class Tuner:
         import optuna
 
         optuna.logging.set_verbosity(logging.ERROR)  # each trial gets its own line below
-        self.folder.mkdir(parents=True, exist_ok=True)
+        if not self.cfg.storage:  # the default SQLite file lives in the study folder
+            self.folder.mkdir(parents=True, exist_ok=True)
         url = self.cfg.storage or tune_study.default_storage(self.folder)
         self.study = tune_study.open_study(
             self.name, url, self.cfg.metric, self.direction, tune_study.sampler(self.cfg.sampler, self.cfg.sampler_seed),
             tune_study.pruner(self.cfg.pruner, self.cfg.pruner_startup_trials, self.cfg.pruner_warmup_rounds))
+        self.folder.mkdir(parents=True, exist_ok=True)
         return self.study
 
     # -- one trial ------------------------------------------------------------------------------------------

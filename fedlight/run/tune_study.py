@@ -11,6 +11,7 @@ Trial numbers come from the storage, in creation order, so which trial is surplu
 """
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 
 #: seconds between a running trial's heartbeats, and after which a silent one is failed (and retried)
 HEARTBEAT_S, GRACE_S = 30, 120
+#: tries to open a storage (processes started together race to create a new database)
+OPEN_ATTEMPTS = 5
 SAMPLERS = ("tpe", "random", "gp")
 PRUNERS = ("median", "hyperband", "none")
 
@@ -35,18 +38,25 @@ def storage(url: str) -> Any:
     queued again."""
     import optuna
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    from sqlalchemy.exc import IntegrityError, OperationalError
 
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        try:
-            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
-        except (ImportError, ModuleNotFoundError) as error:
-            raise StudyError(f"--storage {url}: its database driver is not installed ({error}); install it into the "
-                             "virtualenv (e.g. psycopg2-binary for postgresql, PyMySQL for mysql+pymysql)") from None
-        except Exception as error:  # sqlalchemy's ArgumentError, OperationalError: a bad URL or an unreachable server
-            raise StudyError(f"--storage {url}: cannot open it ({' '.join(str(error).split())[:200]})") from None
+    for attempt in range(OPEN_ATTEMPTS):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            try:
+                return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+            except (ImportError, ModuleNotFoundError) as error:
+                raise StudyError(f"--storage {url}: its database driver is not installed ({error}); install it into "
+                                 "the virtualenv (e.g. psycopg2-binary for postgresql, PyMySQL for "
+                                 "mysql+pymysql)") from None
+            except Exception as error:  # a bad URL, an unreachable server, or another process creating the tables
+                if attempt + 1 == OPEN_ATTEMPTS or not isinstance(error, (IntegrityError, OperationalError)):
+                    raise StudyError(f"--storage {url}: cannot open it ({' '.join(str(error).split())[:200]})") \
+                        from None
+        time.sleep(0.5 * (attempt + 1))  # processes started together race to create a new database's tables
+    raise AssertionError("unreachable")
 
 
 def sampler(name: str, seed: int | None) -> Any:
