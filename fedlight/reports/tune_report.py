@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from fedlight.reports import plots, report
 
@@ -57,6 +58,7 @@ def history_figure(records: Sequence[TrialRecord], metric: str, maximize: bool) 
     if len(numbers):
         ax.step(numbers, best, where="post", color="#ff7f0e", label="best so far", linewidth=1.4)
     ax.set(title="Objective by trial", xlabel="trial", ylabel=metric)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="best")
     return figure
 

@@ -293,8 +293,9 @@ def parameter_importances(study: Any) -> dict[str, float]:
     import optuna
 
     try:
-        return optuna.importance.get_param_importances(
+        found = optuna.importance.get_param_importances(
             study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+        return {name: float(value) for name, value in found.items()}
     except (RuntimeError, ValueError):
         return {}
 
