@@ -133,6 +133,9 @@ class Tuner:
                 "--output_dir", str(self.folder), "--run_name", name, "--logger.group", self.name]
 
     def objective(self, trial: Any) -> float:
+        """Optuna's objective: skip a surplus trial, run the trial, and queue it again when Ctrl-C stops it."""
+        import optuna
+
         trials = self.study.get_trials(deepcopy=False)
         if len(tune_study.occupying(trials, before=trial.number)) >= self.cfg.trials:
             trial.set_user_attr("surplus", True)  # other processes' trials reached the total first
@@ -144,9 +147,10 @@ class Tuner:
         except (KeyboardInterrupt, RunInterrupted):
             self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number if origin is None else origin})
             raise KeyboardInterrupt from None
-        except Exception as error:
-            if not isinstance(error, optuna_pruned()):
-                self.console.print(f"trial {trial.number} failed: {' '.join(str(error).split())}", markup=False)
+        except optuna.TrialPruned:
+            raise
+        except Exception as error:  # recorded as failed by Optuna; the study goes on
+            self.console.print(f"trial {trial.number} failed: {' '.join(str(error).split())}", markup=False)
             raise
 
     def run_trial(self, trial: Any, origin: int | None) -> float:
@@ -195,7 +199,6 @@ class Tuner:
         except KeyboardInterrupt:
             raise TuneInterrupted(f"tuning interrupted; the study {self.name} is saved, and rerunning the same command "
                                   "continues it (the interrupted trial resumes from its last round)") from None
-
 
     # -- after the search ---------------------------------------------------------------------------------
     def final_runs(self, params: dict[str, Any]) -> list[Path]:
@@ -266,12 +269,6 @@ class Tuner:
             std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
             shown = "tuned" if label == "best" else "default"
             self.console.print(f"{shown:>8}: {metric} {mean:.4f} ± {std:.4f} over {plural(len(values), 'seed')}")
-
-
-def optuna_pruned() -> type:
-    import optuna
-
-    return optuna.TrialPruned
 
 
 def study_records(trials: list[Any]) -> list[Any]:
