@@ -35,7 +35,8 @@ def test_a_grid_over_any_key_runs_every_combination_with_every_algorithm_and_see
     assert [c.name for c in grid] == [f"{a}-lr{lr}-local_epochs{e}-s0" for a in ("fedavg", "fedprox")
                                       for lr in (0.01, 0.1) for e in (1, 2)]
     args = fit_args(grid[5], Path("base.yaml"), config)  # fedprox, lr 0.01, 2 local epochs
-    assert args[args.index("--model.init_args.lr") + 1] == "0.01" and args[args.index("--federation.local_epochs") + 1] == "2"
+    assert args[args.index("--model.init_args.lr") + 1] == "0.01"
+    assert args[args.index("--federation.local_epochs") + 1] == "2"
     assert "fedprox" in args[args.index("--algorithm") + 1]
 
 

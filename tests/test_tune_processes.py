@@ -38,7 +38,8 @@ def test_two_processes_sharing_one_sqlite_study_finish_its_trials_between_them(t
     folders = [Path(t.user_attrs["run_dir"]) for t in counted]
     assert len(set(folders)) == TRIALS and all((f / "summary.json").is_file() for f in folders)
     assert sorted(p.name for p in (tmp_path / "tune-shared").glob("trial-*")) == sorted(f.name for f in folders)
-    ran = [line for out, _ in outputs for line in out.splitlines() if line.startswith("trial ") and " of study " in line]
+    ran = [line for out, _ in outputs for line in out.splitlines()
+           if line.startswith("trial ") and " of study " in line]
     assert len(ran) == TRIALS  # each counted trial was run by exactly one of the processes
     assert any("study shared: 4 of 4 trials have an outcome" in out for out, _ in outputs)  # the last to end
 

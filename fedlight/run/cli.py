@@ -1,7 +1,7 @@
 """`python -m fedlight fit --config run.yaml`, `fit --resume RUN`, `list`, `report RUN [RUN ...]`,
-`sweep --config sweep.yaml` and `tune --config run.yaml --space space.yaml --trials N`, on jsonargparse in LightningCLI's conventions: `--print_config`, dotted overrides
-(`--algorithm.init_args.mu 0.01`), type-checked configs that stop on an unknown key or a wrong type before any work
-starts.
+`sweep --config sweep.yaml` and `tune --config run.yaml --space space.yaml --trials N`, on jsonargparse in
+LightningCLI's conventions: `--print_config`, dotted overrides (`--algorithm.init_args.mu 0.01`), type-checked
+configs that stop on an unknown key or a wrong type before any work starts.
 
 Every refusal is one line on stderr, cause first, and leaves no run folder behind: the folder is made only once
 the data, the model and the algorithm are set up.
@@ -74,9 +74,11 @@ def build_parser() -> ArgumentParser:
     commands.add_subcommand("list", ArgumentParser(description="List algorithms, data and models.", **STRICT),
                             help="list algorithms, data modules and models, entry points included")
     commands.add_subcommand("report", report_parser(), help="one HTML page comparing runs (figures and a table)")
-    sweep_parser = ArgumentParser(description="Run every algorithm x seed of a sweep file, then its report.", **STRICT)
+    sweep_parser = ArgumentParser(description="Run every algorithm x grid point x seed of a sweep file, then its "
+                                              "report.", **STRICT)
     sweep_parser.add_argument("--config", type=str, required=True, help="a sweep YAML (see configs/sweeps/)")
-    commands.add_subcommand("sweep", sweep_parser, help="run a grid of algorithms x seeds and write the report")
+    commands.add_subcommand("sweep", sweep_parser,
+                            help="run a grid of algorithms x settings x seeds and write the report")
     commands.add_subcommand("tune", tune.add_arguments(fit_parser()),
                             help="search hyperparameters on validation data with Optuna (configs/tune/)")
     return parser

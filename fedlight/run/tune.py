@@ -76,7 +76,8 @@ def check_options(cfg: Namespace) -> None:
     split = cfg.metric.split("/", 1)[0]
     if split.startswith("test"):
         raise ValueError(f"--metric {cfg.metric}: selecting on the test split is refused (it would make the test "
-                         f"score optimistic); tune on {cfg.metric.replace(split, 'val', 1)}, the final seeds report test")
+                         f"score optimistic); tune on {cfg.metric.replace(split, 'val', 1)}, the final seeds report "
+                         "test")
     if not split.startswith("val") or "/" not in cfg.metric:
         raise ValueError(f"--metric {cfg.metric}: give a validation metric such as val/acc_mean or val/loss_mean")
     if cfg.resume or cfg.run_name:
@@ -121,9 +122,9 @@ class Tuner:
         if not self.cfg.storage:  # the default SQLite file lives in the study folder
             self.folder.mkdir(parents=True, exist_ok=True)
         url = self.cfg.storage or tune_study.default_storage(self.folder)
-        self.study = tune_study.open_study(
-            self.name, url, self.cfg.metric, self.direction, tune_study.sampler(self.cfg.sampler, self.cfg.sampler_seed),
-            tune_study.pruner(self.cfg.pruner, self.cfg.pruner_startup_trials, self.cfg.pruner_warmup_rounds))
+        sampler = tune_study.sampler(self.cfg.sampler, self.cfg.sampler_seed)
+        pruner = tune_study.pruner(self.cfg.pruner, self.cfg.pruner_startup_trials, self.cfg.pruner_warmup_rounds)
+        self.study = tune_study.open_study(self.name, url, self.cfg.metric, self.direction, sampler, pruner)
         self.folder.mkdir(parents=True, exist_ok=True)
         return self.study
 
@@ -176,7 +177,9 @@ class Tuner:
             raise optuna.TrialPruned(f"round {reporter.pruned_round}")
         value = reporter.objective()
         if not math.isfinite(value):
-            raise TrialFailed(f"{self.cfg.metric} is {value}")
+            never = all(not math.isfinite(v) for _, v in reporter.values)
+            hint = " in every evaluated round: does the data have a validation split (data.init_args.val_fraction)?"
+            raise TrialFailed(f"{self.cfg.metric} is {value}{hint if never else ''}")
         self.console.print(f"trial {trial.number}: {self.cfg.metric} {value:.4f} (mean of the last "
                            f"{min(self.cfg.last_rounds, len(reporter.values))} evaluated rounds)")
         return value

@@ -31,8 +31,8 @@ import yaml
 from fedlight.run import registry
 
 KINDS = ("float", "int", "categorical")
-FIELDS = {"float": {"type", "low", "high", "log", "step", "when"}, "int": {"type", "low", "high", "log", "step", "when"},
-          "categorical": {"type", "choices", "when"}}
+RANGE_FIELDS = {"type", "low", "high", "log", "step", "when"}
+FIELDS = {"float": RANGE_FIELDS, "int": RANGE_FIELDS, "categorical": {"type", "choices", "when"}}
 #: keys a space may not set: trials always evaluate on validation data, and each trial runs in one process
 RESERVED = ("federation.eval_split", "output_dir", "run_name", "resume", "federation.devices", "federation.num_nodes")
 #: the most categorical combinations checked against the parser
@@ -155,7 +155,8 @@ def _param(path: Path, key: Any, spec: Any, earlier: dict[str, Param]) -> Param:
             raise _fail(path, f"{key}: a {kind} parameter needs low and high (no {missing[0]})")
         numbers = [spec[name] for name in ("low", "high", "step") if spec.get(name) is not None]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
-            raise _fail(path, f"{key}: low, high and step must be numbers, got {[spec.get(n) for n in ('low', 'high')]}")
+            given = [spec.get(n) for n in ("low", "high")]
+            raise _fail(path, f"{key}: low, high and step must be numbers, got {given}")
         if kind == "int" and not all(isinstance(v, int) for v in numbers):
             raise _fail(path, f"{key}: an int parameter has whole-number low, high and step; use type: float")
         param = Param(key, kind, spec["low"], spec["high"], bool(spec.get("log", False)), spec.get("step"),
