@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +81,8 @@ def check_options(cfg: Namespace) -> None:
                          "test")
     if not split.startswith("val") or "/" not in cfg.metric:
         raise ValueError(f"--metric {cfg.metric}: give a validation metric such as val/acc_mean or val/loss_mean")
+    if cfg.study is not None and not re.fullmatch(r"[\w.-]+", cfg.study):
+        raise ValueError(f"--study {cfg.study!r}: use letters, digits, '_', '-' and '.' (it names the study's folder)")
     if cfg.resume or cfg.run_name:
         raise ValueError("--resume/--run_name: tune names its trials' run folders; rerun the tune command to continue")
     if cfg.federation.devices != 1 or cfg.federation.num_nodes != 1:
