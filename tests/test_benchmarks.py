@@ -16,6 +16,7 @@ import processes  # noqa: E402
 import round as round_benchmark  # noqa: E402
 import similarity  # noqa: E402
 import startup  # noqa: E402
+import tune_overhead  # noqa: E402
 import vectorized  # noqa: E402
 
 
@@ -84,3 +85,10 @@ def test_startup_benchmark_times_every_command(monkeypatch, tmp_path):
     assert set(result["median_s"]) == {"list", "--help", "fit --help", "option typo (--federaton.rounds)",
                                        "config key typo (federation.roundz)", "import lightning (reference)"}
     assert all(t > 0 for t in result["median_s"].values())
+
+
+@pytest.mark.slow
+def test_tune_overhead_benchmark_runs_the_trials_configurations_again_by_hand(monkeypatch, tmp_path):
+    result = run_main(tune_overhead, monkeypatch, tmp_path, "--trials", "2", "--rounds", "1", "--repeats", "1")
+    assert result["trials"] == 2 and result["tune_s"] > 0 and result["fit_s"] > 0
+    assert 0 < result["tune_outside_runs_s"] < result["tune_s"]

@@ -118,21 +118,35 @@ class Federation:
         training = updates.finish()
         self.round = round
         clusters = alg.cluster_labels()
-        aggregated, stop = self.aggregation.end_round(len(clients), self.num_clients)
+        stop = self.end_aggregation(len(clients))
+        logged, matrices = self.server.round_log.take()
+        result = RoundResult(round, len(clients), training.left_out, training.metrics, {**logged, **alg.round_metrics()},
+                             self.cluster_scores(clusters), matrices=matrices, stop_reason=stop)
+        if round % self.config.eval_every == 0 or round == self.config.rounds:
+            self.evaluate_round(result, training, clusters)
+        return result
+
+    def end_aggregation(self, selected: int) -> str | None:
+        """Record what the round's aggregation measured (privacy spent, the adaptive clip); why the run must stop
+        before the next round (a privacy budget reached), or None."""
+        aggregated, stop = self.aggregation.end_round(selected, self.num_clients)
         for name, value in aggregated.items():
             self.server.round_log.scalar(name, value)
-        logged, matrices = self.server.round_log.take()
+        return stop
+
+    def cluster_scores(self, clusters: np.ndarray | None) -> dict[str, float]:
+        """The clustering against the true clusters, and against them with the attackers as a cluster of their own."""
         scores = self.evaluator.score_clusters(clusters)
         if self.attack is not None and clusters is not None:
             scores["cluster/ari_attackers"] = self.attack.ari_with_attackers(self.data.cluster_labels, clusters)
-        result = RoundResult(round, len(clients), training.left_out, training.metrics,
-                             {**logged, **alg.round_metrics()}, scores, matrices=matrices, stop_reason=stop)
-        if round % self.config.eval_every == 0 or round == self.config.rounds:
-            result.evaluation, result.per_client = self.evaluate_clients(round, training, clusters)
-            if self.newcomers is not None:
-                unseen, result.newcomers = self.evaluate_newcomers(round, clusters)
-                result.evaluation.update(unseen)
-        return result
+        return scores
+
+    def evaluate_round(self, result: RoundResult, training: TrainingReport, clusters: np.ndarray | None) -> None:
+        """Fill `result` with the training clients' evaluation and the newcomers' (`unseen/*`)."""
+        result.evaluation, result.per_client = self.evaluate_clients(result.round, training, clusters)
+        if self.newcomers is not None:
+            unseen, result.newcomers = self.evaluate_newcomers(result.round, clusters)
+            result.evaluation.update(unseen)
 
     def evaluate(self, split: str | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """(summaries across clients, per-client values) of every client's own model on `split` (default: the

@@ -6,4 +6,5 @@
 | `run_groups` | which runs are one configuration (`config_group`) |
 | `plots` | every figure, matplotlib's object-oriented API |
 | `wandb_report` | the same comparison as a W&B Report; whether W&B runs online |
+| `tune_report` | a tuning study's page: search history, parameter importance, tuned against default settings |
 """

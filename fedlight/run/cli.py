@@ -1,7 +1,7 @@
-"""`python -m fedlight fit --config run.yaml`, `fit --resume RUN`, `list`, `report RUN [RUN ...]` and
-`sweep --config sweep.yaml`, on jsonargparse in LightningCLI's conventions: `--print_config`, dotted overrides
-(`--algorithm.init_args.mu 0.01`), type-checked configs that stop on an unknown key or a wrong type before any work
-starts.
+"""`python -m fedlight fit --config run.yaml`, `fit --resume RUN`, `list`, `report RUN [RUN ...]`,
+`sweep --config sweep.yaml` and `tune --config run.yaml --space space.yaml --trials N`, on jsonargparse in
+LightningCLI's conventions: `--print_config`, dotted overrides (`--algorithm.init_args.mu 0.01`), type-checked
+configs that stop on an unknown key or a wrong type before any work starts.
 
 Every refusal is one line on stderr, cause first, and leaves no run folder behind: the folder is made only once
 the data, the model and the algorithm are set up.
@@ -25,7 +25,7 @@ from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.attacks import AttackConfig
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.privacy import PrivacyConfig
-from fedlight.run import catalog, registry
+from fedlight.run import catalog, registry, tune
 from fedlight.run.callbacks import Callback, RunInterrupted
 from fedlight.run.config_errors import explain
 from fedlight.run.console import make_console
@@ -77,9 +77,13 @@ def build_parser() -> ArgumentParser:
     commands.add_subcommand("list", ArgumentParser(description="List algorithms, data and models.", **STRICT),
                             help="list algorithms, data modules and models, entry points included")
     commands.add_subcommand("report", report_parser(), help="one HTML page comparing runs (figures and a table)")
-    sweep_parser = ArgumentParser(description="Run every algorithm x seed of a sweep file, then its report.", **STRICT)
+    sweep_parser = ArgumentParser(description="Run every algorithm x grid point x seed of a sweep file, then its "
+                                              "report.", **STRICT)
     sweep_parser.add_argument("--config", type=str, required=True, help="a sweep YAML (see configs/sweeps/)")
-    commands.add_subcommand("sweep", sweep_parser, help="run a grid of algorithms x seeds and write the report")
+    commands.add_subcommand("sweep", sweep_parser,
+                            help="run a grid of algorithms x settings x seeds and write the report")
+    commands.add_subcommand("tune", tune.add_arguments(fit_parser()),
+                            help="search hyperparameters on validation data with Optuna (configs/tune/)")
     return parser
 
 
@@ -175,9 +179,11 @@ def new_run_dir(cfg: Namespace) -> Path:
     return run_dir
 
 
-def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = None) -> dict[str, Any]:
+def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = None,
+            callbacks: list[Callback] | None = None) -> dict[str, Any]:
     """Set everything up (after seeding, so the model's initial weights follow the seed), then run: the run folder
-    and its config.yaml are written only once the run is accepted (`fedlight.run.runner.fit`)."""
+    and its config.yaml are written only once the run is accepted (`fedlight.run.runner.fit`). `callbacks` join the
+    config's own (tune's trial reporter)."""
     import torch  # the heavy modules load only once a run is accepted by the parser
 
     from fedlight.engine.federation import Federation
@@ -205,7 +211,7 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
     return fit(federation, run_dir, config_text, init.logger, run_dir.name, cfg.checkpoint_every, resume=resume,
-               console=console, callbacks=init.callbacks)
+               console=console, callbacks=[*(init.callbacks or []), *(callbacks or [])])
 
 
 def print_components(console: Console) -> None:
@@ -257,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_report(cfg.report, console)
             elif cfg.command == "sweep":
                 return run_sweep(cfg.sweep.config, console, errors)
+            elif cfg.command == "tune":
+                return run_tune(cfg.tune, parser.fit_parser, console, errors)
             else:
                 run_fit(parser.fit_parser, cfg.fit, console)
     except RunInterrupted as stop:
@@ -272,6 +280,16 @@ def main(argv: list[str] | None = None) -> int:
         message = str(error)  # a section's own check, reached through a union (attack, privacy), comes nested
         errors.print(f"fedlight: error: {explain(message) if chr(10) in message else message}")
         return 2
+    return 0
+
+
+def run_tune(cfg: Namespace, fit_parser: ArgumentParser, console: Console, errors: Console) -> int:
+    """Search on validation data with Optuna (`fedlight.run.tune`); Ctrl-C leaves a study that resumes."""
+    try:
+        tune.run(cfg, fit_parser, run_fit, console)
+    except tune.TuneInterrupted as stop:
+        errors.print(f"fedlight: {stop}")
+        return 130
     return 0
 
 

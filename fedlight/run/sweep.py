@@ -1,4 +1,5 @@
-"""`fedlight sweep --config sweep.yaml`: every algorithm x seed of one base run config, then the report of them all.
+"""`fedlight sweep --config sweep.yaml`: every algorithm x grid point x seed of one base run config, then the report
+of them all.
 
 The runs go one after another in this process: each `fit` seeds torch first and every random choice depends only
 on (seed, round, client), so a run gives the same numbers as it would alone, without paying the start-up of torch
@@ -12,11 +13,18 @@ is resumed (`fit --resume`, with the run's own config), so rerunning an interrup
       - {class_path: fedprox, init_args: {mu: 0.01}}
       - {class_path: fedavg, name: fedavg-ft, overrides: {federation.finetune_epochs: 1}}
     seeds: [0, 1, 2]
+    grid:                               # any dotted `fit` key -> its values: every combination runs
+      model.init_args.lr: [0.01, 0.05]
+      federation.local_epochs: [1, 2]
     overrides: {federation.rounds: 10}  # any `fit` option, for every run
+
+Without `algorithms`, every run keeps the base config's algorithm. A grid point's run folder is named after its
+values: `fedprox-lr0.01-local_epochs2-s0`.
 """
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -48,7 +56,10 @@ class SweepConfig:
         algorithms: short names (`fedlight list`), class paths, or mappings with `class_path`, optional
             `init_args`, an optional `name` (the run folders' prefix; needed when one algorithm appears twice) and
             optional `overrides` for that entry's runs only (FedAvg-FT: fedavg with federation.finetune_epochs).
+            Empty: the base config's own algorithm (then give a `grid`).
         seeds: the seeds every algorithm runs with.
+        grid: dotted `fit` keys, each with a list of values; every combination of them runs with every algorithm
+            and seed (an entry's own `overrides` win over the grid).
         output_dir: the folder of the run folders and the report.
         overrides: `fit` options for every run, as dotted keys (`federation.rounds: 5`).
         report: the report's file name inside output_dir.
@@ -56,8 +67,9 @@ class SweepConfig:
     """
 
     base: str
-    algorithms: list[str | dict[str, Any]]
+    algorithms: list[str | dict[str, Any]] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0])
+    grid: dict[str, list[Any]] = field(default_factory=dict)
     output_dir: str = "runs/sweep"
     overrides: dict[str, Any] = field(default_factory=dict)
     report: str = "report.html"
@@ -66,8 +78,8 @@ class SweepConfig:
 
 @dataclass
 class Combination:
-    name: str           # run folder name
-    algorithm: str      # the --algorithm value: a class path, or a JSON object with init_args
+    name: str              # run folder name
+    algorithm: str | None  # the --algorithm value: a class path, or a JSON object with init_args (None: the base's)
     seed: int
     overrides: dict[str, Any] = field(default_factory=dict)  # the entry's own fit options
 
@@ -87,13 +99,15 @@ def load(path: str | Path) -> tuple[SweepConfig, Path]:
     unknown = [k for k in document if k not in known]
     if unknown:
         raise SweepError(f"{path}: unknown key {unknown[0]!r}; a sweep file has {', '.join(known)}")
-    missing = [k for k in ("base", "algorithms") if k not in document]
-    if missing:
-        raise SweepError(f"{path}: no {missing[0]!r}; give the run config to start from (base) and a list of "
-                         "algorithms")
+    if "base" not in document or not (document.get("algorithms") or document.get("grid")):
+        raise SweepError(f"{path}: give the run config to start from (base) and a list of algorithms, a grid of "
+                         "values (grid: {model.init_args.lr: [0.01, 0.1]}), or both")
     config = SweepConfig(**document)
-    if not config.algorithms or not config.seeds:
-        raise SweepError(f"{path}: empty algorithms or seeds; list at least one of each")
+    if not config.seeds:
+        raise SweepError(f"{path}: empty seeds; list at least one")
+    if not isinstance(config.grid, dict) or not all(isinstance(v, list) and v for v in config.grid.values()):
+        raise SweepError(f"{path}: grid maps dotted fit keys to non-empty lists of values, e.g. grid: "
+                         "{model.init_args.lr: [0.01, 0.1]}")
     base = path.parent / config.base
     if not base.is_file():
         raise SweepError(f"{path}: base config {config.base} not found (looked for {base}); base is relative to the "
@@ -118,9 +132,21 @@ def _class_path(value: str, source: Path) -> str:
     return path
 
 
+def grid_points(grid: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Every combination of the grid's values, with its part of the run folder name: each key's last part (the
+    whole key where two keys share it) followed by the value, e.g. 'lr0.01-local_epochs2'."""
+    tails = [key.rsplit(".", 1)[-1] for key in grid]
+    labels = [tail if tails.count(tail) == 1 else key for key, tail in zip(grid, tails)]
+    points = []
+    for values in itertools.product(*grid.values()):
+        name = "-".join(f"{label}{value}".replace("/", "_") for label, value in zip(labels, values))
+        points.append((name, dict(zip(grid, values))))
+    return points
+
+
 def combinations(config: SweepConfig, source: Path) -> list[Combination]:
-    """Every (algorithm, seed) of the sweep, all algorithms checked before anything runs."""
-    entries = []
+    """Every (algorithm, grid point, seed) of the sweep, all algorithms checked before anything runs."""
+    entries: list[tuple[str, str | None, dict[str, Any]]] = [] if config.algorithms else [("", None, {})]
     for entry in config.algorithms:
         spec = {"class_path": entry} if isinstance(entry, str) else dict(entry)
         if "class_path" not in spec:
@@ -138,8 +164,10 @@ def combinations(config: SweepConfig, source: Path) -> list[Combination]:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise SweepError(f"{source}: algorithm {twice[0]!r} appears twice; give each entry its own `name`")
-    return [Combination(f"{name}-s{seed}", value, int(seed), overrides) for name, value, overrides in entries
-            for seed in config.seeds]
+    points = grid_points(config.grid) or [("", {})]
+    return [Combination("-".join(part for part in (name, label, f"s{seed}") if part), value, int(seed),
+                        {**point, **overrides})
+            for name, value, overrides in entries for label, point in points for seed in config.seeds]
 
 
 def fit_args(combination: Combination, base: Path, config: SweepConfig) -> list[str]:
@@ -148,7 +176,8 @@ def fit_args(combination: Combination, base: Path, config: SweepConfig) -> list[
     folder = Path(config.output_dir) / combination.name
     if (folder / "config.yaml").is_file():
         return ["fit", "--resume", str(folder)]
-    args = ["fit", "--config", str(base), "--algorithm", combination.algorithm, "--seed", str(combination.seed),
+    chosen = ["--algorithm", combination.algorithm] if combination.algorithm else []
+    args = ["fit", "--config", str(base), *chosen, "--seed", str(combination.seed),
             "--output_dir", config.output_dir, "--run_name", combination.name]
     for key, value in {**config.overrides, **combination.overrides}.items():
         args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
