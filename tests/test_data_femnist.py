@@ -121,6 +121,6 @@ def test_bad_arguments() -> None:
 
 
 def test_listed() -> None:
-    from fedlight.run.registry import components
+    from fedlight.run.catalog import components
 
     assert components()["data modules"]["FEMNISTFederated"] == "fedlight.datamodules.femnist.FEMNISTFederated"

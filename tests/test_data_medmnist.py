@@ -181,7 +181,7 @@ def test_one_federated_round_on_uint8_images(tmp_path) -> None:
 
 
 def test_listed() -> None:
-    from fedlight.run.registry import components
+    from fedlight.run.catalog import components
 
     listed = components()["data modules"]
     assert listed["MedMNISTFederated"] == "fedlight.datamodules.medmnist.MedMNISTFederated"

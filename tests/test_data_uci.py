@@ -168,7 +168,7 @@ def test_bad_arguments() -> None:
 
 
 def test_listed() -> None:
-    from fedlight.run.registry import components
+    from fedlight.run.catalog import components
 
     listed = components()["data modules"]
     for name in ("AdultFederated", "BankMarketingFederated", "DiabetesFederated"):

@@ -222,7 +222,7 @@ def test_download_lands_complete(tmp_path) -> None:
 
 
 def test_listed() -> None:
-    from fedlight.run.registry import components
+    from fedlight.run.catalog import components
 
     listed = components()["data modules"]
     for name in ("MNISTFederated", "FashionMNISTFederated", "EMNISTFederated", "CIFAR10Federated",

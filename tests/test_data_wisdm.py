@@ -160,6 +160,6 @@ def test_bad_arguments(tmp_path) -> None:
 
 
 def test_listed() -> None:
-    from fedlight.run.registry import components
+    from fedlight.run.catalog import components
 
     assert components()["data modules"]["WISDMFederated"] == "fedlight.datamodules.wisdm.WISDMFederated"
