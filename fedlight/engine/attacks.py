@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.cluster.scores import clustering_scores
 from fedlight.engine.data import ClientSplit, FederatedData
 
 if TYPE_CHECKING:
@@ -163,6 +162,8 @@ class Attack:
     def ari_with_attackers(self, true_clusters: np.ndarray | None, predicted: np.ndarray) -> float:
         """ARI of `predicted` against the true clusters with the attackers as one more cluster of their own (honest
         clients in one cluster when the data defines none)."""
+        from fedlight.cluster.scores import clustering_scores  # scikit-learn takes a second to load: only when scored
+
         truth = np.zeros(len(predicted), dtype=np.int64) if true_clusters is None else np.asarray(true_clusters).copy()
         truth[self.is_malicious] = truth.max() + 1
         return clustering_scores(truth, predicted)["ari"]
