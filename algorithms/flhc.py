@@ -112,7 +112,7 @@ class FLHC(Algorithm):
         if round != self.cluster_round or self.clustered:
             return
         held = updates.all()
-        deltas = held.deltas[:, self.mask]
+        deltas = held.masked_deltas(self.mask)
         self.log_matrix("update_l2_distance", l2_distance_matrix(deltas))
         labels = torch.as_tensor(self.cluster(deltas.double().cpu().numpy()), device=self.models.device)
         self.reference = self.models[0].clone()

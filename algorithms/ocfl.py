@@ -81,7 +81,7 @@ class OCFL(Algorithm):
         """Until the shot: the update cosine distances (logged), their temperature, and the shot when it fires;
         after it: clients seen for the first time join a cluster."""
         updates = updates.all()
-        deltas = updates.deltas if self.mask is None else updates.deltas[:, self.mask]
+        deltas = updates.masked_deltas(self.mask)
         if self.clustered_round:
             self._place_newcomers(updates, deltas)
             return

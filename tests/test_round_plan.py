@@ -167,3 +167,29 @@ def test_what_clients_send_beside_their_models_reaches_the_hooks_by_name():
         pass
     clients, rows = updates.state("id")
     assert clients.tolist() == [0, 2, 3, 4] and rows.tolist() == [[c, c] for c in (0.0, 2.0, 3.0, 4.0)]
+
+
+def test_clients_starting_from_one_model_share_one_copy_of_it_in_their_updates():
+    from fedlight.engine.execution import stacked_starts
+
+    models = torch.arange(12.0).reshape(3, 4)
+    shared = stacked_starts([models[1], models[1], models[1]])
+    assert shared.shape == (3, 4) and shared.stride(0) == 0 and torch.equal(shared, models[[1, 1, 1]])
+    models[1] = -1.0  # the server moves on; the round's starts do not
+    assert torch.equal(shared[2], torch.tensor([4.0, 5.0, 6.0, 7.0]))
+    mixed = stacked_starts([models[0], models[2], models[0]])
+    assert mixed.stride(0) == 4 and torch.equal(mixed, models[[0, 2, 0]])
+
+
+def test_masked_deltas_are_the_changes_on_the_masked_entries_whatever_the_starts():
+    from fedlight.engine.execution import stacked_starts
+    from fedlight.engine.updates import Updates
+
+    params = torch.arange(12.0).reshape(3, 4)
+    mask = torch.tensor([True, False, True, True])
+    for starts in (stacked_starts([torch.ones(4)] * 3), torch.arange(12.0).flip(0).reshape(3, 4)):
+        updates = Updates(torch.arange(3), params.clone(), starts, torch.ones(3), torch.zeros(3))
+        expected = (params - starts)[:, mask]  # worked the plain way
+        assert torch.equal(updates.masked_deltas(mask), expected)
+        assert torch.equal(updates.params, params)  # the trained models are left as they were
+    assert torch.equal(updates.masked_deltas(None), params - updates.starts)

@@ -28,10 +28,16 @@ class TrainingReport:
     per_client: dict[str, np.ndarray]
 
 
+CHECK_ENTRIES = 1 << 24  # entries checked for finiteness at a time (16 MB of booleans)
+
+
 def finite(updates: Updates, left_out: list[int]) -> Updates:
     """The updates whose trained model and training loss are finite; the clients of the others are appended to
     `left_out` (a NaN in a client's data or an exploding loss must not poison a cluster's average)."""
-    keep = torch.isfinite(updates.params).all(dim=1) & torch.isfinite(updates.train_loss)
+    params = updates.params
+    step = max(1, CHECK_ENTRIES // max(1, params.shape[1]))  # a boolean copy of every model would cost a quarter of them
+    rows = [torch.isfinite(params[begin: begin + step]).all(dim=1) for begin in range(0, len(params), step)]
+    keep = torch.cat([params.new_zeros(0, dtype=torch.bool), *rows]) & torch.isfinite(updates.train_loss)
     if bool(keep.all()):
         return updates
     left_out.extend(updates.clients[~keep].tolist())

@@ -37,6 +37,19 @@ class Updates:
         """Each client's change to its starting model (trained minus start)."""
         return self.params - self.starts
 
+    def masked_deltas(self, mask: Tensor | None = None) -> Tensor:
+        """Each client's change on the entries where `mask` is True (all entries when None), built in one (m, masked)
+        matrix: `deltas[:, mask]` would hold the whole (m, d) change besides it, twice the memory a held round of
+        large models needs (1.3 GB more for 15 ResNet-34 clients)."""
+        if mask is None:
+            return self.deltas
+        rows = self.params[:, mask]
+        if len(rows) and self.starts.stride(0) == 0:  # every client started from one model (`stacked_starts`)
+            return rows.sub_(self.starts[0][mask])
+        for i in range(len(rows)):
+            rows[i].sub_(self.starts[i][mask])
+        return rows
+
     def __len__(self) -> int:
         return len(self.clients)
 
