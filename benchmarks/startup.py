@@ -1,7 +1,7 @@
 """Start-up time of the commands that need no run: `list`, `--help`, `fit --help` and a config typo (on the command
 line and in a file), each a fresh `python -m fedlight` process, the commands taking turns, median of `--repeats`.
 
-    python benchmarks/startup.py [--repeats 5] [--json out.json]
+    python benchmarks/startup.py [--repeats 5] [--json out.json] [--commands list "fit --help"]
 """
 from __future__ import annotations
 
@@ -42,9 +42,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--commands", nargs="+", default=None, help="time only these (names as in the table)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         runs = commands(Path(folder))
+        runs = {name: argv for name, argv in runs.items() if args.commands is None or name in args.commands}
         times: dict[str, list[float]] = {name: [] for name in runs}
         seconds(["list"])  # a first start warms the file cache
         for _ in range(args.repeats):

@@ -81,14 +81,13 @@ def test_processes_benchmark_times_one_and_two_processes(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_startup_benchmark_times_every_command(monkeypatch, tmp_path):
-    result = run_main(startup, monkeypatch, tmp_path, "--repeats", "1")
-    assert set(result["median_s"]) == {"list", "--help", "fit --help", "option typo (--federaton.rounds)",
-                                       "config key typo (federation.roundz)", "import lightning (reference)"}
+    result = run_main(startup, monkeypatch, tmp_path, "--repeats", "1", "--commands", "list", "fit --help")
+    assert set(result["median_s"]) == {"list", "fit --help"}  # every command is one fresh process: two suffice here
     assert all(t > 0 for t in result["median_s"].values())
 
 
 @pytest.mark.slow
 def test_tune_overhead_benchmark_runs_the_trials_configurations_again_by_hand(monkeypatch, tmp_path):
-    result = run_main(tune_overhead, monkeypatch, tmp_path, "--trials", "2", "--rounds", "1", "--repeats", "1")
-    assert result["trials"] == 2 and result["tune_s"] > 0 and result["fit_s"] > 0
+    result = run_main(tune_overhead, monkeypatch, tmp_path, "--trials", "1", "--rounds", "1", "--repeats", "1")
+    assert result["trials"] == 1 and result["tune_s"] > 0 and result["fit_s"] > 0
     assert 0 < result["tune_outside_runs_s"] < result["tune_s"]

@@ -42,6 +42,18 @@ def fedlight(args: list[str], cwd: Path, threads: int | None = 1, launcher: list
     assert "deprecated" not in result.stderr, result.stderr[-3000:]  # the collectives print no warning per call
 
 
+def in_this_process(args: list[str], cwd: Path) -> None:
+    """The one-process reference run inside the test's own process (no start-up of Python, torch and Lightning to
+    pay), with one thread as the processes run (`fedlight`'s OMP_NUM_THREADS=1), restored afterwards."""
+    from fedlight.run.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(args + ["--output_dir", str(cwd / "runs"), "--federation.threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 def rows(path: Path) -> list[dict]:
     with path.open() as f:
         return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in csv.DictReader(f)]
@@ -60,25 +72,22 @@ def assert_same_numbers(a: Path, b: Path, rel_tol: float = 0.0) -> None:
                         (table, key, x[key], y[key])
 
 
-@pytest.mark.parametrize("algorithm", [["--algorithm", "fedavg"], ["--algorithm", "ocfl"],
-                                       ["--algorithm", "fedper", "--algorithm.init_args.personal_layers", "1"],
-                                       ["--algorithm", "ditto"], ["--algorithm", "scaffold"],
-                                       ["--algorithm", "fedavg", "--federation.aggregator", "clipped_mean",
-                                        "--federation.aggregator_clip", "0.3", "--attack.kind", "gaussian",
-                                        "--attack.fraction", "0.34", "--attack.scale", "0.01"],
-                                       ["--algorithm", "fedavg", "--federation.aggregator", "median",
-                                        "--attack.kind", "sign_flip"],
-                                       ["--algorithm", "fedavg", "--privacy.noise_multiplier", "0.5",
-                                        "--privacy.clip", "0.5", "--privacy.adaptive", "true",
-                                        "--privacy.count_noise", "1"],
-                                       ["--algorithm", "ifca", "--algorithm.init_args.num_clusters", "2",
-                                        "--data.holdout_clients", "2", "--federation.finetune_epochs", "1"]],
-                         ids=["fedavg", "ocfl", "fedper", "ditto (personal state in the updates)",
-                              "scaffold (control variates)", "clipped mean (streamed) against random updates",
-                              "median (held) against sign flips", "DP-FedAvg with adaptive clipping", "ifca with held-out clients"])
+@pytest.mark.parametrize("algorithm", [
+    ["--algorithm", "fedavg", "--federation.aggregator", "clipped_mean", "--federation.aggregator_clip", "0.3",
+     "--attack.kind", "gaussian", "--attack.fraction", "0.34", "--attack.scale", "0.01"],
+    ["--algorithm", "ocfl", "--federation.aggregator", "median", "--attack.kind", "sign_flip"],
+    ["--algorithm", "fedper", "--algorithm.init_args.personal_layers", "1"],
+    ["--algorithm", "ditto", "--privacy.noise_multiplier", "0.5", "--privacy.clip", "0.5", "--privacy.adaptive",
+     "true", "--privacy.count_noise", "1"],
+    ["--algorithm", "scaffold"],
+    ["--algorithm", "ifca", "--algorithm.init_args.num_clusters", "2", "--data.holdout_clients", "2",
+     "--federation.finetune_epochs", "1"]],
+    ids=["fedavg, clipped mean (streamed) against random updates", "ocfl, median (held) against sign flips",
+         "fedper (personal parts)", "ditto (personal state in the updates) with DP-FedAvg and adaptive clipping",
+         "scaffold (control variates)", "ifca with held-out clients"])
 def test_two_processes_give_the_metrics_of_one_bit_for_bit_and_one_run_folder(tmp_path, algorithm):
     args = RUN + EXACT + algorithm + ["--federation.rounds", "3"]
-    fedlight(args + ["--run_name", "one", "--federation.devices", "1"], tmp_path)
+    in_this_process(args + ["--run_name", "one", "--federation.devices", "1"], tmp_path)
     fedlight(args + ["--run_name", "two", "--federation.devices", "2"], tmp_path)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["one", "two"]
     assert_same_numbers(tmp_path / "runs" / "one", tmp_path / "runs" / "two")
@@ -94,7 +103,7 @@ LAUNCHERS = {"torchrun": [sys.executable, "-m", "torch.distributed.run", "--stan
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
 def test_a_launcher_that_starts_the_processes_gives_the_same_run(tmp_path, launcher):
     args = RUN + EXACT + ["--algorithm", "ocfl", "--federation.rounds", "2"]
-    fedlight(args + ["--run_name", "one"], tmp_path)
+    in_this_process(args + ["--run_name", "one"], tmp_path)
     fedlight(args + ["--run_name", "launched", "--federation.devices", "2"], tmp_path, launcher=LAUNCHERS[launcher])
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["launched", "one"]
     assert_same_numbers(tmp_path / "runs" / "one", tmp_path / "runs" / "launched")
@@ -103,7 +112,7 @@ def test_a_launcher_that_starts_the_processes_gives_the_same_run(tmp_path, launc
 def test_processes_started_by_slurm_read_their_ranks_from_its_environment(tmp_path):
     """What `srun` gives each task (SLURM_NTASKS, SLURM_PROCID, ...), set by hand for two local tasks."""
     args = RUN + EXACT + ["--algorithm", "fedavg", "--federation.rounds", "2"]
-    fedlight(args + ["--run_name", "one"], tmp_path)
+    in_this_process(args + ["--run_name", "one"], tmp_path)
     slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "fedlight",
              "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4321", "MASTER_PORT": str(20000 + os.getpid() % 5000),
              "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
@@ -126,7 +135,7 @@ def test_vectorized_processes_with_default_threads_agree_to_float_rounding(tmp_p
 
 def test_a_run_over_two_processes_resumes_over_two_processes(tmp_path):
     args = RUN + EXACT + ["--algorithm", "ocfl"]
-    fedlight(args + ["--run_name", "whole", "--federation.rounds", "4"], tmp_path)
+    in_this_process(args + ["--run_name", "whole", "--federation.rounds", "4"], tmp_path)
     fedlight(args + ["--run_name", "split", "--federation.rounds", "2", "--federation.devices", "2"], tmp_path)
     fedlight(["fit", "--resume", "runs/split", "--federation.rounds", "4"], tmp_path)
     assert_same_numbers(tmp_path / "runs" / "whole", tmp_path / "runs" / "split")
