@@ -42,16 +42,17 @@ def fedlight(args: list[str], cwd: Path, threads: int | None = 1, launcher: list
     assert "deprecated" not in result.stderr, result.stderr[-3000:]  # the collectives print no warning per call
 
 
-def in_this_process(args: list[str], cwd: Path) -> None:
+def in_this_process(args: list[str], cwd: Path, threads: int | None = 1) -> None:
     """The one-process reference run inside the test's own process (no start-up of Python, torch and Lightning to
-    pay), with one thread as the processes run (`fedlight`'s OMP_NUM_THREADS=1), restored afterwards."""
+    pay), with `threads` threads as `fedlight` runs its processes (None: the usable cores), restored afterwards."""
     from fedlight.run.cli import main
 
-    threads = torch.get_num_threads()
+    before = torch.get_num_threads()
+    pinned = [] if threads is None else ["--federation.threads", str(threads)]
     try:
-        assert main(args + ["--output_dir", str(cwd / "runs"), "--federation.threads", "1"]) == 0
+        assert main(args + ["--output_dir", str(cwd / "runs"), *pinned]) == 0
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def rows(path: Path) -> list[dict]:
@@ -128,7 +129,7 @@ def test_processes_started_by_slurm_read_their_ranks_from_its_environment(tmp_pa
 
 def test_vectorized_processes_with_default_threads_agree_to_float_rounding(tmp_path):
     args = RUN + ["--algorithm", "fedavg", "--federation.vectorize", "6", "--federation.rounds", "3"]
-    fedlight(args + ["--run_name", "one", "--federation.devices", "1"], tmp_path, threads=None)
+    in_this_process(args + ["--run_name", "one", "--federation.devices", "1"], tmp_path, threads=None)
     fedlight(args + ["--run_name", "two", "--federation.devices", "2"], tmp_path, threads=None)
     assert_same_numbers(tmp_path / "runs" / "one", tmp_path / "runs" / "two", rel_tol=1e-4)
 

@@ -16,42 +16,32 @@ from fedlight.run.early_checks import check_fit_arguments
 PROBE = """
 import sys
 from fedlight.run.cli import main
-code = main({argv!r})
-print("LIGHTNING_LOADED" if "lightning" in sys.modules else "LIGHTNING_NOT_LOADED", code)
+codes = []
+for argv in {commands!r}:
+    try:
+        codes.append(main(argv))
+    except SystemExit as stop:  # --help
+        codes.append(stop.code)
+print("LIGHTNING_LOADED" if "lightning" in sys.modules else "LIGHTNING_NOT_LOADED", *codes)
 """
 
 
-def answered_without_lightning(argv: list[str], tmp_path) -> tuple[bool, int, str]:
-    done = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
+def test_list_help_and_typos_outside_class_sections_never_load_lightning(tmp_path):
+    """Every command a user types before a run, one after another in one fresh interpreter: none imports Lightning,
+    and each answers as it should (0, or 2 for a refused typo)."""
+    config, typo = tmp_path / "run.yaml", tmp_path / "typo.yaml"
+    config.write_text("data:\n  class_path: fedlight.datamodules.DigitsFederated\n"
+                      "model:\n  class_path: fedlight.models.Classifier\n")
+    typo.write_text("federation:\n  roundz: 2\n")
+    commands = [["list"], ["--help"], ["fit", "--help"],
+                ["fit", "--federaton.rounds", "3", "--config", str(config)],
+                ["fit", "--config", str(config), "--config", str(typo)]]
+    done = subprocess.run([sys.executable, "-c", PROBE.format(commands=commands)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)
-    last = done.stdout.strip().splitlines()[-1]
-    marker, code = last.split()
-    return marker == "LIGHTNING_NOT_LOADED", int(code), done.stdout + done.stderr
-
-
-@pytest.mark.parametrize("argv, code", [
-    (["list"], 0),
-    (["fit", "--federaton.rounds", "3", "--config", "CONFIG"], 2),
-    (["fit", "--config", "CONFIG", "--config", "TYPO"], 2),
-])
-def test_list_and_typos_outside_class_sections_never_load_lightning(argv, code, tmp_path):
-    (tmp_path / "run.yaml").write_text("data:\n  class_path: fedlight.datamodules.DigitsFederated\n"
-                                       "model:\n  class_path: fedlight.models.Classifier\n")
-    (tmp_path / "typo.yaml").write_text("federation:\n  roundz: 2\n")
-    argv = [str(tmp_path / "run.yaml") if a == "CONFIG" else str(tmp_path / "typo.yaml") if a == "TYPO" else a
-            for a in argv]
-    without, exit_code, output = answered_without_lightning(argv, tmp_path)
-    assert exit_code == code, output
-    assert without, output
-
-
-@pytest.mark.parametrize("argv", [["--help"], ["fit", "--help"]])
-def test_help_never_loads_lightning(argv, tmp_path):
-    probe = PROBE.replace("code = main", "try:\n    main").replace(
-        ")\nprint", ")\nexcept SystemExit as stop:\n    code = stop.code\nprint")
-    done = subprocess.run([sys.executable, "-c", probe.format(argv=argv)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
-    assert "--" in done.stdout and done.stdout.strip().endswith("LIGHTNING_NOT_LOADED 0"), done.stdout + done.stderr
+    marker, *codes = done.stdout.strip().splitlines()[-1].split()
+    assert marker == "LIGHTNING_NOT_LOADED", done.stdout + done.stderr
+    assert [int(c) for c in codes] == [0, 0, 0, 2, 2], done.stdout + done.stderr
+    assert "did you mean --federation.rounds?" in done.stderr and "did you mean federation.rounds?" in done.stderr
 
 
 # -- the catalog against importing the packages --------------------------------------------------------------
