@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import overhead  # noqa: E402
 import processes  # noqa: E402
 import round as round_benchmark  # noqa: E402
+import shipped_configs  # noqa: E402
 import similarity  # noqa: E402
 import startup  # noqa: E402
 import tune_overhead  # noqa: E402
@@ -91,3 +92,16 @@ def test_tune_overhead_benchmark_runs_the_trials_configurations_again_by_hand(mo
     result = run_main(tune_overhead, monkeypatch, tmp_path, "--trials", "1", "--rounds", "1", "--repeats", "1")
     assert result["trials"] == 1 and result["tune_s"] > 0 and result["fit_s"] > 0
     assert 0 < result["tune_outside_runs_s"] < result["tune_s"]
+
+
+def test_shipped_configs_benchmark_finds_run_configs_and_compares_auto_with_the_faster_trainer():
+    found = shipped_configs.configs_under([BENCHMARKS.parent / "configs" / "digits"])
+    names = {p.relative_to(BENCHMARKS.parent).as_posix() for p in found}
+    assert "configs/digits/fedavg.yaml" in names and "configs/digits/skew/ditto.yaml" in names
+    assert not any("/common/" in n for n in names)  # the shared pieces a config includes are not runs
+    row = {"config": "configs/digits/x.yaml",
+           "auto": {"s_per_round": 1.1, "wall_s": 9.0, "peak_mb": 900.0,
+                    "summary": {"plan": {"trainer": "sequential", "reason": "probe"}}},
+           "sequential": {"s_per_round": 1.0, "wall_s": 8.0, "peak_mb": 800.0}, "vectorized": {"error": "out of memory"}}
+    assert shipped_configs.table_row(row) == ("| configs/digits/x.yaml | 1.10 | 1.00 | out of memory | sequential (probe) "
+                                              "| 1.10x | 9.0/8.0/- | 900/800/- |")

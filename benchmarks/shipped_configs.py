@@ -1,0 +1,99 @@
+"""The shipped configs end to end, three ways: `federation.vectorize` -1 (auto), 0 (sequential) and the clients'
+count (vectorized: one group of up to 256), each a fresh `python -m fedlight fit` process (set-up, probe, training, evaluation), the three
+taking turns per config. Reported per config: seconds per round (the rounds' own times in metrics.csv, the probe,
+training and evaluation included; the process's start-up and set-up are reported apart as its wall time), auto's
+choice and reason (summary.json's plan), and each way's peak resident memory.
+
+    python benchmarks/shipped_configs.py [--configs configs/digits] [--rounds 5] [--json out.json]
+
+Auto's choice is remembered per machine (`FEDLIGHT_CACHE_DIR`); every run here gets an empty cache of its own, so
+auto probes every time, as on a new machine.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+#: vectorize settings: auto, one client at a time, and every client in one group (a CPU group holds up to 256)
+MODES = {"auto": "-1", "sequential": "0", "vectorized": "256"}
+
+
+def configs_under(folders: list[Path]) -> list[Path]:
+    """Run configs (files naming data and model) among `folders` (or files), not the shared pieces they include."""
+    found = []
+    for folder in folders:
+        for path in [folder] if folder.is_file() else sorted(folder.rglob("*.yaml")):
+            document = yaml.safe_load(path.read_text())
+            if isinstance(document, dict) and {"data", "model"} <= set(document):
+                found.append(path)
+    return found
+
+
+def run(config: Path, vectorize: str, rounds: int, folder: Path) -> dict:
+    """One fresh process: seconds per round (its rounds' times), its wall time, peak resident memory, summary."""
+    name = f"{config.relative_to(ROOT).with_suffix('').as_posix().replace('/', '_')}-{vectorize}"
+    env = {**os.environ, "WANDB_MODE": "offline", "FEDLIGHT_CACHE_DIR": str(folder / f"cache-{name}")}
+    command = [sys.executable, "-m", "fedlight", "fit", "--config", str(config), "--federation.rounds", str(rounds),
+               "--federation.vectorize", vectorize, "--logger.wandb", "false", "--output_dir", str(folder),
+               "--run_name", name]
+    errors = folder / f"{name}.err"
+    started = time.perf_counter()
+    with errors.open("w") as err:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(process.pid, 0)  # this child's own peak memory, not every child's
+    wall = time.perf_counter() - started
+    if os.waitstatus_to_exitcode(status):
+        lines = errors.read_text().strip().splitlines()
+        return {"error": lines[-1] if lines else f"status {status}"}
+    summary = json.loads((folder / name / "summary.json").read_text())
+    with (folder / name / "metrics.csv").open() as f:
+        rounds_s = sum(float(r["time/round_s"]) for r in csv.DictReader(f))
+    return {"s_per_round": rounds_s / rounds, "wall_s": wall, "peak_mb": usage.ru_maxrss / 1024, "summary": summary}
+
+
+def table_row(row: dict) -> str:
+    def seconds(mode: str) -> str:
+        return f"{row[mode]['s_per_round']:.2f}" if "s_per_round" in row[mode] else row[mode]["error"][:60]
+
+    plan = row["auto"].get("summary", {}).get("plan", {})
+    reason = plan.get("reason") or ""
+    times = [row[m]["s_per_round"] for m in ("sequential", "vectorized") if "s_per_round" in row[m]]
+    versus = f"{row['auto']['s_per_round'] / min(times):.2f}x" if times and "s_per_round" in row["auto"] else "-"
+    peaks = "/".join(f"{row[m]['peak_mb']:.0f}" if "peak_mb" in row[m] else "-" for m in MODES)
+    walls = "/".join(f"{row[m]['wall_s']:.1f}" if "wall_s" in row[m] else "-" for m in MODES)
+    return (f"| {row['config']} | {seconds('auto')} | {seconds('sequential')} | {seconds('vectorized')} | "
+            f"{plan.get('trainer', '?')}{f' ({reason})' if reason else ''} | {versus} | {walls} | {peaks} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", nargs="+", type=Path, default=[ROOT / "configs" / "digits"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    rows = []
+    print("| config | auto s/round | sequential s/round | vectorized s/round | auto's choice (reason) | auto vs faster | "
+          "process wall s (auto/seq/vec) | peak RSS MB (auto/seq/vec) |\n|---|---|---|---|---|---|---|---|", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in configs_under([c.resolve() for c in args.configs]):
+            row: dict = {"config": str(config.relative_to(ROOT))}
+            for mode, vectorize in MODES.items():  # the three take turns on each config
+                row[mode] = run(config, vectorize, args.rounds, Path(tmp))
+            rows.append(row)
+            print(table_row(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
