@@ -296,3 +296,18 @@ def test_an_unknown_algorithm_lists_every_shipped_one_also_beside_an_installed_p
             assert set(SHIPPED) | set(installed) <= set(listed), listed
     finally:
         registry.short_names.cache_clear()
+
+
+def test_a_terminal_sees_a_status_while_the_config_loads_and_the_run_is_set_up(tiny_run_args, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from fedlight.run import cli
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli, "make_console", lambda quiet=False: Console(file=screen, force_terminal=True, width=120))
+    assert main(tiny_run_args + ["--run_name", "shown"]) == 0
+    text = screen.getvalue()
+    assert "reading the config" in text and "setting up shown: data, model, algorithm" in text
+    assert text.index("reading the config") < text.index("setting up shown") < text.index("run folder:")

@@ -158,7 +158,8 @@ class Federation:
         one), the mean of its primary metric within each true and each found cluster (`cluster_acc/true_<c>`,
         `cluster_acc/found_<c>`), its training values and its facts."""
         train, epochs = self.server.train, self.config.finetune_epochs
-        summary, values = self.evaluated(self.evaluator, self.algorithm.evaluation_models(),
+        models = self.algorithm.evaluation_models()
+        summary, values = self.evaluated(self.evaluator, models,
                                          lambda client, start: train(round, client, start, epochs=epochs,
                                                                      purpose="finetune")[0])
         metric = "acc" if "acc" in values else next(iter(values))
@@ -170,8 +171,7 @@ class Federation:
             facts.update(self.attack.client_columns())
             if self.attack.config.kind == "backdoor":
                 split = self.config.eval_split
-                success, baseline = self.attack.backdoor_success(self.evaluator, self.algorithm.evaluation_models(),
-                                                                 split)
+                success, baseline = self.attack.backdoor_success(self.evaluator, models, split)
                 summary[f"{split}/backdoor_success"], summary[f"{split}/backdoor_baseline"] = success, baseline
         return summary, {**values, **training.per_client, **facts}
 
