@@ -21,8 +21,8 @@ class FederationConfig:
             clustering that are scored on the data they fit).
         eval_batch_size: rows per forward pass during evaluation and inference.
         vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: groups
-            of as many as half the free memory holds, on a CPU at most 256, and in the first round both trainers
-            are timed on the same batches and the faster is kept, see `fedlight.training.probe`). Give 0 or a group size
+            of as many as half the free memory holds, on a CPU at most 256; round 1 trains part of the first group
+            each way, timed, and the faster is kept, see `fedlight.training.probe`). Give 0 or a group size
             for runs that must repeat bit for bit on other machines: the two trainers agree only up to float
             rounding. What cannot be vectorized (other optimizers, a gradient scaler) trains sequentially. An
             algorithm that aggregates by running sums (FedAvg, FedProx, FedPer, ...) also receives the updates

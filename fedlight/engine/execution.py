@@ -12,6 +12,7 @@ result to the algorithm as a `RoundUpdates`.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -24,8 +25,8 @@ from fedlight.engine.devices import available_memory
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_updates import RoundUpdates
 from fedlight.engine.updates import Updates
-from fedlight.training.probe import (PROBE_CLIENTS, ProbeResult, device_name, probe, probe_key, recall, remember,
-                                     without_dropout)
+from fedlight.training.probe import (AGREEMENT, CHECK_CLIENTS, ProbeResult, agreement, decide, device_name, probe_key,
+                                     recall, remember, sequential_share, step_seconds, timed, without_dropout)
 from fedlight.training.sequential import ClientTrainer, Trained
 from fedlight.training.vectorized import VectorizedTrainer, unsupported_reason
 
@@ -100,7 +101,6 @@ class ClientExecution:
         self.tamper = tamper  # what attackers do to their trained models (`fedlight.engine.attacks`), or None
         self.device = server.device
         self.probe_result: ProbeResult | None = None  # what `vectorize: -1` measured and chose
-        self.round_clients: list[int] = []  # this process's clients of the current round
         self.vectorized: VectorizedTrainer | None = None
         trainer_kind, reason = self._choose_trainer()
         self.plan = ExecutionPlan("hold" if self.holds else "stream", trainer_kind, reason,
@@ -131,7 +131,6 @@ class ClientExecution:
         """The round's updates, trained when the algorithm asks for them."""
         alg = self.algorithm
         mine = self.collective.shard(clients)  # every client, unless the round is spread over processes
-        self.round_clients = mine  # the probe's budget is a share of their training
         if self.holds:
             groups = [mine]
         else:
@@ -177,13 +176,12 @@ class ClientExecution:
         return Trained(params, losses, logs, state)
 
     def _try_vectorized(self, round: int, clients: list[int], starts: Tensor) -> Trained | None:
-        """Vectorized training, or None (and sequential training from then on) when the probe prefers it or the
-        module's training step fails under torch.func, e.g. because it reads values back with .item()."""
+        """Vectorized training (round 1 under auto: the probe's split, `_train_and_probe`), or None (and sequential
+        training from then on) when the module's training step fails under torch.func, e.g. because it reads values
+        back with .item()."""
         try:
             if self.plan.trainer == "auto" and self.probe_result is None:
-                self._probe(round, clients, starts)
-                if self.vectorized is None:
-                    return None
+                return self._train_and_probe(round, clients, starts)
             return self._train_vectorized(round, clients, starts)
         except Exception as error:  # any failure inside vmap: the module is not vectorizable
             reason = f"training_step failed under torch.func ({error!r})"
@@ -200,44 +198,68 @@ class ClientExecution:
                 starts[begin: begin + size], [self.server.split("train").client(c) for c in group],
                 [self.server.client_seed(round, c) for c in group], self._row_hook(group),
                 lr_scale=self.algorithm.learning_rate_scale(round), round=round))
-        names = dict.fromkeys(name for part in parts for name in part.logs)
-        return Trained(torch.cat([p.params for p in parts]), torch.cat([p.loss for p in parts]),
-                       {name: torch.cat([p.logs[name] for p in parts]) for name in names})
+        return Trained.cat(parts)
 
-    def _probe(self, round: int, clients: list[int], starts: Tensor) -> None:
-        """Time both trainers on this round's first group (`fedlight.training.probe`) and keep the faster; or take
-        the decision this machine remembers for the same model, batch size, clients, precision and device."""
-        alg = self.algorithm
+    def _train_and_probe(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """The first group's training under auto, timed (`fedlight.training.probe`): its first `sequential_share`
+        clients one after another, client by client; then, if the agreement check passes, the rest of the group
+        vectorized. The faster per client step (or the decision this machine remembers) trains the rest of
+        `clients` and every later round. The same clients train each way whatever the decision, so a remembered
+        decision gives the numbers of a measured one."""
         group = clients[: self.group_size(len(clients))]
         key = probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
-                        batch_size=self.config.batch_size, clients=min(len(group), PROBE_CLIENTS),
-                        gradient_hook=alg.corrects_gradient, precision=self._precision_name(),
-                        device=device_name(self.device))
-        remembered = recall(key) if self.collective.rank == 0 else None
-        if self.collective.broadcast(remembered is not None):
-            self._keep_probe(self.collective.broadcast(remembered))
-            return
-        seeds = [self.server.client_seed(round, c) for c in group]
-        lr_scale = alg.learning_rate_scale(round)
-
-        def sequential(rows: Tensor, data: list[tuple[Tensor, Tensor]]) -> Tensor:
-            return torch.stack([self.trainer.fit(start, x, y, seed, self._gradient_hook(c), lr_scale, epochs=1,
-                                                 round=round).params
-                                for start, (x, y), seed, c in zip(rows, data, seeds, group)])
-
-        def vectorized(rows: Tensor, data: list[tuple[Tensor, Tensor]]) -> Tensor:
-            return self.vectorized.fit_many(rows, data, seeds[: len(rows)], self._row_hook(group), lr_scale, round,
-                                            epochs=1).params
-
-        data = [self.server.split("train").client(c) for c in group]
-        with without_dropout(self.trainer.module):  # the trainers draw other masks: compare like with like
-            round_steps = sum(self.server.local_steps(c) for c in self.round_clients or group)
-            measured = probe(starts[: len(group)], data, self.config.batch_size, sequential, vectorized, self.device,
-                             round_steps)
-        result = self.collective.broadcast(measured)  # every process trains the way the first chose
-        if self.collective.rank == 0:
+                        batch_size=self.config.batch_size, clients=len(group), gradient_hook=self.algorithm.corrects_gradient,
+                        precision=self._precision_name(), device=device_name(self.device))
+        remembered = self._recall(key)
+        first = sequential_share(len(group))
+        parts, seconds = [], []
+        for row in range(first):
+            one, spent = timed(self.device, lambda: self._train_one_by_one(round, clients[row: row + 1],
+                                                                           starts[row: row + 1]))
+            parts.append(one)
+            seconds.append(spent)
+        rest, rest_starts = clients[first: len(group)], starts[first: len(group)]
+        difference = remembered.difference if remembered else \
+            self.collective.broadcast(self._check_agreement(round, group, starts) if rest else 0.0)
+        vectorized_s = math.nan
+        if rest and difference <= AGREEMENT:
+            trained, vectorized_s = timed(self.device, lambda: self._train_vectorized(round, rest, rest_starts))
+            vectorized_s /= sum(self.server.local_steps(c) for c in rest)
+        else:
+            trained = self._train_one_by_one(round, rest, rest_starts)
+        parts.append(trained)
+        sequential_s = step_seconds(seconds, [self.server.local_steps(c) for c in clients[:first]])
+        result = remembered or self.collective.broadcast(
+            decide(first, len(rest) if not math.isnan(vectorized_s) else 0, sequential_s, vectorized_s, difference))
+        if remembered is None and self.collective.rank == 0:
             remember(key, result)
         self._keep_probe(result)
+        if len(clients) > len(group):
+            later, later_starts = clients[len(group):], starts[len(group):]
+            parts.append(self._train_vectorized(round, later, later_starts) if self.vectorized is not None else
+                         self._train_one_by_one(round, later, later_starts))
+        return Trained.cat(parts)
+
+    def _recall(self, key: str) -> ProbeResult | None:
+        """The decision this machine remembers under `key` (the first process's memory, for every process)."""
+        remembered = recall(key) if self.collective.rank == 0 else None
+        return self.collective.broadcast(remembered) if self.collective.broadcast(remembered is not None) else None
+
+    def _check_agreement(self, round: int, group: list[int], starts: Tensor) -> float:
+        """Both trainers on the first `CHECK_CLIENTS` clients' first batch (one step), dropout off: how far the
+        vectorized models are from the sequential ones (`agreement`). Also the vectorized trainer's warm-up."""
+        rows = group[:CHECK_CLIENTS]
+        seeds = [self.server.client_seed(round, c) for c in rows]
+        lr_scale = self.algorithm.learning_rate_scale(round)
+        batch = self.config.batch_size
+        data = [(x[:batch], y[:batch]) for x, y in (self.server.split("train").client(c) for c in rows)]
+        with without_dropout(self.trainer.module):
+            sequential = torch.stack([self.trainer.fit(start, x, y, seed, self._gradient_hook(c), lr_scale, epochs=1,
+                                                       round=round).params
+                                      for start, (x, y), seed, c in zip(starts, data, seeds, rows)])
+            vectorized = self.vectorized.fit_many(starts[: len(rows)], data, seeds, self._row_hook(rows), lr_scale,
+                                                  round, epochs=1).params
+        return agreement(sequential, vectorized, starts[: len(rows)])
 
     def _precision_name(self) -> str:
         plugin = self.trainer.fabric.strategy.precision

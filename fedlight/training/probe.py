@@ -1,32 +1,32 @@
-"""`federation.vectorize: -1` (auto): time both client trainers on the same work once, and keep the faster one.
+"""`federation.vectorize: -1` (auto): time both client trainers on round 1's own training, and keep the faster one.
 
 Which trainer is faster depends on the model, the batch size and the device: batched kernels win when every
 client's step is small (small batches, linear layers, a GPU), and a grouped convolution over the clients can lose
 to one ordinary convolution per client on a CPU when batches are large. A cost model would have to know every
-kernel of every device, so the engine measures instead. In the first round, the clients of the first group train
-`PROBE_STEPS` local steps on their own first batches, once as a batch and once one after another (after a warm-up
-step of each, interleaved, best of `PROBE_REPEATS`).
+kernel of every device, so the engine measures instead, on work the round needs anyway: round 1's first group
+trains its first `sequential_share(n)` clients one after another, timed client by client, and the rest of the group
+vectorized, timed as one call. The faster per client step is kept for the rest of the run. Nothing is trained twice,
+so the probe costs only the slower trainer's excess on part of one round (a probe that repeated both trainers on
+the same clients cost a round of 15 ResNet-34 clients 9.2x its time, and short runs of small models up to 1.47x).
 
-The probe bounds its own cost: it spends about `PROBE_SHARE` of the round's sequential training time (estimated
-from the first warm-up step and the round's client steps), or `PROBE_FLOOR_S` when that is more. When the full
-probe would cost more, it takes fewer steps and then fewer clients (at least 2); it stops repeating once the budget
-is spent or one trainer is clearly slower (`CLEARLY_SLOWER` times the other). A round of 15 ResNet-34 clients of
-one step each used to be trained about 7 times over before it started. Both must give the same models up to float rounding, or
-vectorized training is off. The two trainers draw different dropout masks by design (one stream per client against
-one per group), so dropout layers are switched off while the probe runs (`without_dropout`): the check compares like
-with like, and a model with dropout vectorizes when vectorized training is faster. The probe's training is discarded: it uses each client's own seeds, and the round then
-trains as it would have anyway. The decision is part of the checkpoint, so a resumed run keeps it.
+Vectorized training must give the models of sequential training up to float rounding, or it is off. That is
+checked before any client trains vectorized for real (`check_agreement`): 2 clients, 1 local step, both trainers,
+dropout switched off (`without_dropout`: the trainers draw other masks by design, one stream per client against one
+per group, so the check compares like with like). The check is also the vectorized trainer's warm-up, so its
+first-call costs stay out of the timing; the first sequential client is left out of its timing for the same reason.
 
 Timings are noisy (another process on the same cores can flip them), so a decision is also remembered on the machine,
-keyed by what it depends on (the model, its size, the batch size, the clients timed, the precision, the device, the
-threads and torch's version; `probe_key`): the same config run again on the same machine trains the same way and
-gives the same numbers. The memory is a JSON file in `$FEDLIGHT_CACHE_DIR` (default `~/.cache/fedlight`); delete
-it to measure again.
+keyed by what it depends on (the model, its size, the batch size, the group's clients, the precision, the device,
+the threads and torch's version; `probe_key`). The same config run again on the same machine takes the remembered
+decision, and round 1 still trains the same clients each way, so it gives the same numbers. The memory is a JSON
+file in `$FEDLIGHT_CACHE_DIR` (default `~/.cache/fedlight`); delete it to measure again. The decision is part of
+the checkpoint, so a resumed run keeps it.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -34,33 +34,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.dropout import _DropoutNd
 
-PROBE_STEPS = 8
-PROBE_REPEATS = 3
-PROBE_CLIENTS = 64        # at most this many clients per probe (the vectorized speed-up saturates well before)
-AGREEMENT = 0.05          # mean |vectorized - sequential| at most this share of the mean |update|
-PROBE_SHARE = 0.2         # the probe's budget: this share of the round's estimated sequential training time ...
-PROBE_FLOOR_S = 1.0       # ... or this many seconds, when that is more (a tiny round's probe is cheap anyway)
-CLEARLY_SLOWER = 2.0      # a trainer this many times slower than the other is not timed again
+AGREEMENT = 0.05   # mean |vectorized - sequential| at most this share of the mean |update|
+CHECK_CLIENTS = 2  # clients (rows) of the agreement check, one local step each
 
-TrainMany = Callable[[Tensor, list[tuple[Tensor, Tensor]]], Tensor]
+T = TypeVar("T")
 
 
 @dataclass
 class ProbeResult:
-    """What the probe measured and chose (recorded in summary.json)."""
+    """What round 1 measured and chose (recorded in summary.json and the checkpoint)."""
 
-    clients: int
-    steps: int
-    sequential_s: float
-    vectorized_s: float
-    difference: float  # mean |vectorized - sequential| over mean |update|
-    choice: str        # "vectorized" or "sequential"
+    sequential_clients: int
+    vectorized_clients: int
+    sequential_step_s: float  # seconds per client step, one client after another (the first client left out)
+    vectorized_step_s: float  # seconds per client step in the vectorized group (nan when it did not run)
+    difference: float         # the check: mean |vectorized - sequential| over mean |update|
+    choice: str               # "vectorized" or "sequential"
     remembered: bool = False  # taken from an earlier run's probe on this machine (`recall`)
 
     @property
@@ -68,45 +63,47 @@ class ProbeResult:
         """Why clients train one after another, or None when they train vectorized."""
         if self.choice == "vectorized":
             return None
-        if self.difference > AGREEMENT:
-            return (f"auto: vectorized training gave other models than sequential training in the probe (mean "
+        if not self.difference <= AGREEMENT:
+            return (f"auto: vectorized training gave other models than sequential training in the check (mean "
                     f"difference {self.difference:.1%} of an update)")
-        return (f"auto: one client at a time was faster in the probe ({self.sequential_s:.3f} s against "
-                f"{self.vectorized_s:.3f} s vectorized for {self.clients} clients x {self.steps} steps)")
+        if self.vectorized_clients == 0:
+            return "auto: round 1 had one client per group, nothing to train vectorized"
+        return (f"auto: one client at a time was faster in round 1 ({1e3 * self.sequential_step_s:.3g} ms against "
+                f"{1e3 * self.vectorized_step_s:.3g} ms per client step vectorized)")
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def probe(starts: Tensor, data: list[tuple[Tensor, Tensor]], batch_size: int, sequential: TrainMany,
-          vectorized: TrainMany, device: torch.device, round_steps: int | None = None) -> ProbeResult:
-    """Time `sequential` and `vectorized` (each: (starts, data) -> trained rows, one local epoch) on the clients'
-    first `PROBE_STEPS` batches; choose the faster when both give the same models. `round_steps`, the client steps
-    of the whole round, bounds the probe's cost (None: no bound)."""
-    began = time.perf_counter()
-    starts, data = starts[:PROBE_CLIENTS], data[:PROBE_CLIENTS]
-    steps = min(PROBE_STEPS, max(-(-len(y) // batch_size) for _, y in data))
-    warm = [(x[:batch_size], y[:batch_size]) for x, y in data]
-    step_s = _timed(device, sequential, starts[:1], warm[:1])[1]  # one client step, first-call costs included
-    budget = float("inf") if round_steps is None else max(PROBE_SHARE * step_s * round_steps, PROBE_FLOOR_S)
-    clients, steps = _within(budget - (time.perf_counter() - began), step_s, len(starts), steps)
-    starts, data, warm = starts[:clients], data[:clients], warm[:clients]
-    first = [(x[: steps * batch_size], y[: steps * batch_size]) for x, y in data]
-    vectorized(starts, warm)
-    best = {"sequential": float("inf"), "vectorized": float("inf")}
-    results = {}
-    for _ in range(PROBE_REPEATS):
-        for name, train in (("vectorized", vectorized), ("sequential", sequential)):
-            results[name], seconds = _timed(device, train, starts, first)
-            best[name] = min(best[name], seconds)
-        slower = max(best.values()) / max(min(best.values()), 1e-12)
-        if time.perf_counter() - began >= budget or slower >= CLEARLY_SLOWER:
-            break
-    update = (results["sequential"] - starts).abs().mean()
-    difference = float((results["vectorized"] - results["sequential"]).abs().mean() / update.clamp(min=1e-12))
-    faster = best["vectorized"] <= best["sequential"]
+def sequential_share(clients: int) -> int:
+    """How many of round 1's first group train one after another while the rest train vectorized: a quarter (at least
+    2, so that one is timed warm, and at least 1 left to vectorize), all of a group of one."""
+    if clients <= 1:
+        return clients
+    return min(clients - 1, max(2, math.ceil(clients / 4)))
+
+
+def step_seconds(seconds: list[float], steps: list[int]) -> float:
+    """Seconds per client step of clients timed one by one, the first left out when there are others (it pays the
+    trainer's first-call costs)."""
+    if len(seconds) > 1:
+        seconds, steps = seconds[1:], steps[1:]
+    return sum(seconds) / max(1, sum(steps))
+
+
+def agreement(sequential: Tensor, vectorized: Tensor, starts: Tensor) -> float:
+    """Mean |vectorized - sequential| as a share of the mean |update| (sequential minus start)."""
+    update = (sequential - starts).abs().mean()
+    return float((vectorized - sequential).abs().mean() / update.clamp(min=1e-12))
+
+
+def decide(sequential_clients: int, vectorized_clients: int, sequential_step_s: float, vectorized_step_s: float,
+           difference: float) -> ProbeResult:
+    """Vectorized when the check agreed and its step was at most the sequential one."""
+    faster = vectorized_clients > 0 and vectorized_step_s <= sequential_step_s
     choice = "vectorized" if faster and difference <= AGREEMENT else "sequential"
-    return ProbeResult(len(starts), steps, best["sequential"], best["vectorized"], difference, choice)
+    return ProbeResult(sequential_clients, vectorized_clients, sequential_step_s, vectorized_step_s, difference,
+                       choice)
 
 
 @contextmanager
@@ -123,24 +120,11 @@ def without_dropout(module: nn.Module) -> Iterator[None]:
             m.p = p
 
 
-def _within(budget_s: float, step_s: float, clients: int, steps: int) -> tuple[int, int]:
-    """(clients, steps) whose vectorized warm-up and one timed repeat of both trainers (about clients x (1 + 2 steps)
-    client steps) fit in `budget_s`: fewer steps first, then fewer clients, never below 1 step and 2 clients."""
-    def cost(c: int, s: int) -> float:
-        return c * (1 + 2 * s) * step_s
-
-    while steps > 1 and cost(clients, steps) > budget_s:
-        steps -= 1
-    while clients > 2 and cost(clients, steps) > budget_s:
-        clients -= 1
-    return clients, steps
-
-
-def _timed(device: torch.device, train: TrainMany, starts: Tensor, data: list) -> tuple[Tensor, float]:
-    """(what `train` returned, its wall time), the device synchronized around it."""
+def timed(device: torch.device, work: Callable[[], T]) -> tuple[T, float]:
+    """(what `work` returned, its wall time), the device synchronized around it."""
     _sync(device)
     began = time.perf_counter()
-    out = train(starts, data)
+    out = work()
     _sync(device)
     return out, time.perf_counter() - began
 

@@ -37,6 +37,18 @@ class Trained:
     logs: dict[str, Tensor] = field(default_factory=dict)
     state: dict[str, Tensor] = field(default_factory=dict)  # what an algorithm's own local work sends beside
 
+    @staticmethod
+    def cat(parts: "list[Trained]") -> "Trained":
+        """The parts' clients in order, as one; a log that a part lacks is NaN for its clients."""
+        def column(part: Trained, name: str) -> Tensor:
+            value = part.logs.get(name)
+            return value if value is not None else torch.full_like(part.loss, float("nan"))
+
+        names = dict.fromkeys(name for part in parts for name in part.logs)
+        return Trained(torch.cat([p.params for p in parts]), torch.cat([p.loss for p in parts]),
+                       {name: torch.cat([column(p, name) for p in parts]) for name in names})
+
+
 warnings.filterwarnings("ignore", message=r".*self\.log\(\)` but the `self\.trainer` reference is not registered.*")
 
 
