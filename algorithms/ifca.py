@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.cluster.differences import Differences
 from fedlight.cluster.similarity import cosine_distance_matrix
 from fedlight.engine.round_updates import RoundUpdates
 
@@ -53,16 +54,16 @@ class IFCA(Algorithm):
         super().aggregate(round, updates)
         if round == self.warmup_rounds and self.warmup_rounds:
             trained = updates.all()
-            self.models = trained.params[self.farthest_first(trained.deltas)].clone()
+            self.models = trained.params[self.farthest_first(trained.delta_rows())].clone()
             self.seeded = True
 
     def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         if self.seeded:
             self.assign_by_loss()
 
-    def farthest_first(self, deltas: torch.Tensor) -> list[int]:
+    def farthest_first(self, deltas: torch.Tensor | Differences) -> list[int]:
         """k row indices: start from the update farthest from the rest on average, then repeatedly the one
-        farthest from those chosen."""
+        farthest from those chosen (`Differences`: the updates read a block at a time, never held whole)."""
         distance = cosine_distance_matrix(deltas)
         chosen = [int(distance.mean(dim=1).argmax())]
         while len(chosen) < min(self.num_clusters, len(deltas)):

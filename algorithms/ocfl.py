@@ -18,6 +18,7 @@ from torch import Tensor
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.newcomers import Newcomers, nearest_update_direction
 from fedlight.cluster.clusterers import HDBSCAN, Clusterer
+from fedlight.cluster.differences import Differences
 from fedlight.cluster.similarity import cosine_distance_matrix
 from fedlight.engine.round_updates import RoundUpdates
 from fedlight.engine.updates import Updates
@@ -79,9 +80,10 @@ class OCFL(Algorithm):
 
     def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """Until the shot: the update cosine distances (logged), their temperature, and the shot when it fires;
-        after it: clients seen for the first time join a cluster."""
+        after it: clients seen for the first time join a cluster. The updates are read a block at a time
+        (`delta_rows`), never held besides the trained models."""
         updates = updates.all()
-        deltas = updates.masked_deltas(self.mask)
+        deltas = updates.delta_rows(self.mask)
         if self.clustered_round:
             self._place_newcomers(updates, deltas)
             return
@@ -101,26 +103,27 @@ class OCFL(Algorithm):
         self.assignment[updates.clients] = labels
         self.clustered_round = round
 
-    def _place_newcomers(self, updates: Updates, deltas: Tensor) -> None:
-        """Clients absent at the shot join the cluster whose members' mean delta is nearest in cosine."""
+    def _place_newcomers(self, updates: Updates, deltas: Differences) -> None:
+        """Clients absent at the shot join the cluster whose members' mean delta is nearest in cosine (the means
+        weigh the newcomers' rows 0, so no row is copied for them; only the newcomers' own deltas are built)."""
         new = self.unassigned[updates.clients]
         if not new.any():
             return
         known = ~new
         if not known.any():
             return
-        active, centers = self.cluster_means(updates.subset(known), torch.ones(int(known.sum()), device=deltas.device),
-                                             deltas[known])
+        active, centers = self.cluster_means(updates, known.to(self.models.dtype), deltas)
         distances = cosine_distance_matrix(torch.cat([deltas[new], centers]))[: int(new.sum()), int(new.sum()):]
         chosen = updates.clients[new]
         self.assignment[chosen] = active[distances.argmin(dim=1)]
         self.unassigned[chosen] = False
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
-        """Each cluster moves by server_lr times its members' mean delta (unweighted by default)."""
+        """Each cluster moves by server_lr times its members' mean delta (unweighted by default), the deltas built
+        a chunk of rows at a time."""
         updates = updates.all()
         weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
-        active, mean_delta = self.cluster_means(updates, weights.to(self.models.dtype), updates.deltas)
+        active, mean_delta = self.cluster_means(updates, weights.to(self.models.dtype), updates.delta_rows())
         self.set_shared(active, self.models[active] + self.server_lr * mean_delta)
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor]:

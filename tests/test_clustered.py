@@ -82,6 +82,75 @@ def test_ocfl_aggregates_unweighted_mean_deltas_with_the_server_lr():
     assert torch.allclose(alg.models[0], start + 0.5 * 3.0)
 
 
+@pytest.fixture
+def no_delta_matrix(monkeypatch):
+    """Building the full (clients x parameters) delta matrix raises: a hook must read the updates lazily."""
+    def refuse(*args):
+        raise AssertionError("built the full delta matrix")
+    monkeypatch.setattr(Updates, "deltas", property(refuse))
+    monkeypatch.setattr(Updates, "masked_deltas", refuse)
+
+
+def two_cluster_round(alg, d: int, shared_start: bool) -> Updates:
+    """Six clients in clusters 0, 1, 0, 1, 1, 0 (two cluster models) with random deltas; their starts are the one
+    model expanded (stride 0) or each client's own cluster model, stacked."""
+    g = torch.Generator().manual_seed(1)
+    alg.models = torch.stack([alg.models[0], alg.models[0] + torch.randn(d, generator=g)])
+    alg.assignment = torch.tensor([0, 1, 0, 1, 1, 0])
+    starts = alg.models[0].clone().expand(6, d) if shared_start else alg.models[alg.assignment]
+    params = starts + torch.randn(6, d, generator=g)
+    return Updates(torch.arange(6), params, starts, torch.tensor([5, 1, 2, 7, 3, 4]), torch.zeros(6))
+
+
+@pytest.mark.parametrize("shared_start", [True, False], ids=["stride-0 starts", "stacked starts"])
+def test_ocfl_aggregates_without_a_delta_matrix_to_the_dense_reference_bit_for_bit(shared_start, no_delta_matrix):
+    fed = small_federation(OCFL(server_lr=0.5), num_clients=6)
+    alg = fed.algorithm
+    d = fed.flat.numel
+    updates = two_cluster_round(alg, d, shared_start)
+    before = alg.models.clone()
+    deltas = updates.params - updates.starts  # float32, as the dense path held them, then float64 sums
+    expected = torch.stack([before[k] + 0.5 * (deltas[alg.assignment == k].double().sum(0) / 3).float()
+                            for k in (0, 1)])
+    alg.aggregate(1, RoundUpdates.of(updates))
+    assert torch.equal(alg.models, expected)
+
+
+def test_ocfl_measures_the_masked_update_cosines_without_a_delta_matrix(no_delta_matrix):
+    fed = small_federation(OCFL(), num_clients=6)
+    alg = fed.algorithm
+    d = fed.flat.numel
+    alg.mask = torch.arange(d) % 3 != 1
+    updates = two_cluster_round(alg, d, shared_start=True)
+    alg.models = alg.models[:1]
+    deltas = (updates.params.double() - updates.starts.double())[:, alg.mask]
+    gamma = 1 - torch.nn.functional.cosine_similarity(deltas[:, None], deltas[None], dim=-1)
+    alg.pre_aggregation(1, RoundUpdates.of(updates))
+    assert alg.temperatures[-1] == pytest.approx(temperature(gamma.fill_diagonal_(0)), abs=1e-6)
+
+
+def test_ocfl_places_a_client_absent_at_the_shot_by_its_masked_update_without_a_delta_matrix(no_delta_matrix):
+    fed = small_federation(OCFL(), num_clients=6)
+    alg = fed.algorithm
+    d = fed.flat.numel
+    alg.mask = torch.arange(d) >= d // 2  # cluster 0 and 1 differ on the masked half only
+    g = torch.Generator().manual_seed(2)
+    up, down = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    up[alg.mask], down[alg.mask] = 1.0, -1.0
+    alg.models = alg.models[0].repeat(2, 1)
+    alg.clustered_round = 1
+    alg.assignment = torch.tensor([0, 0, 1, 1, 0, 0])
+    alg.unassigned[:] = False
+    alg.unassigned[torch.tensor([4, 5])] = True  # clients 4 and 5 were not there at the shot
+    # client 4 follows cluster 1 on the masked half, but cluster 0 (ten times larger) on the other half
+    follower = torch.where(alg.mask, down, 10 * up)
+    directions = torch.stack([up, up, down, down, follower, up]) + 0.1 * torch.randn(6, d, generator=g)
+    starts = alg.models[alg.assignment]
+    alg.pre_aggregation(2, RoundUpdates.of(Updates(torch.arange(6), starts + directions, starts,
+                                                   torch.ones(6, dtype=torch.long), torch.zeros(6))))
+    assert alg.assignment.tolist() == [0, 0, 1, 1, 1, 0] and not alg.unassigned.any()
+
+
 # -- CFL --------------------------------------------------------------------------------------------
 def opposed_deltas(d: int, scale: float = 1.0) -> torch.Tensor:
     v = torch.zeros(d)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
-MODULES = ("clusterers", "similarity", "kcenters", "hopkins", "scores")
+MODULES = ("clusterers", "similarity", "differences", "kcenters", "hopkins", "scores")
 
 
 def documented() -> dict[str, set[str]]:

@@ -13,6 +13,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from conftest import crash_and_resume
+from fedlight.cluster.differences import Differences
 from fedlight.engine.privacy import (PrivacyConfig, PrivacyMechanism, epsilon_of, make_accountant, update_noise)
 from fedlight.run.cli import main
 
@@ -42,6 +43,19 @@ def test_each_update_counts_at_most_the_clip():
     assert torch.allclose(models, torch.tensor([[1.75, 2.0], [-0.2, 2.6]], dtype=torch.float64), atol=1e-6)
     assert float((models[1] - 1).norm()) <= 2.0 + 1e-6
     assert found.within_clip == (1.0, 3.0)  # only the update of norm 0.5 was within the clip
+
+
+def test_updates_read_lazily_are_clipped_and_noised_as_the_built_updates():
+    """OCFL hands the aggregator its updates as `Differences` (built on demand): the same clipped, noised means."""
+    g = torch.Generator().manual_seed(0)
+    starts = torch.randn(6, 30, generator=g, dtype=torch.float64)
+    params = starts + torch.randn(6, 30, generator=g, dtype=torch.float64)
+    found = []
+    for values in (params - starts, Differences(params, starts)):
+        rows = mechanism(clip=2.0).aggregator(3, 30, torch.float64, torch.device("cpu"), None)
+        rows.add(torch.tensor([0, 2, 2, 0, 2, 0]), torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0]), values)
+        found.append(rows.means())
+    assert torch.equal(found[0][0], found[1][0]) and torch.equal(found[0][1], found[1][1])
 
 
 @pytest.mark.parametrize("members", [1, 4])

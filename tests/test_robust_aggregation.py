@@ -10,6 +10,7 @@ import torch
 from conftest import small_federation
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.local import Local
+from fedlight.cluster.differences import Differences
 from fedlight.engine.cluster_aggregator import RobustClusterAggregate, RobustSettings
 from fedlight.engine.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
                                     multikrum, trimmed_mean)
@@ -102,6 +103,23 @@ def test_the_cluster_aggregator_applies_the_rule_to_updates_within_each_cluster(
                                      torch.device("cpu"))
     clipped.add(clusters[:3], torch.ones(3), starts[:3] + updates[:3], starts[:3])
     assert clipped.means()[1][0].tolist() == pytest.approx([10.0 + 4.0 / 3, 10.0])
+
+
+@pytest.mark.parametrize("rule", ["median", "clipped_mean", "krum"])
+def test_updates_read_lazily_combine_as_the_built_updates(rule):
+    """OCFL hands the cluster aggregator its updates as `Differences` (trained minus start, built on demand): a
+    rule combines them as it combines the same updates built, and leaves out a row of weight 0 alike."""
+    g = torch.Generator().manual_seed(0)
+    starts = torch.randn(5, generator=g).expand(7, 5)
+    params = starts + torch.randn(7, 5, generator=g)
+    clusters, weights = torch.tensor([0, 1, 0, 1, 0, 1, 0]), torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    found = []
+    for values in (params - starts, Differences(params, starts)):
+        aggregate = RobustClusterAggregate(RobustSettings(rule, f=0, clip=1.0), 2, 5, torch.float32,
+                                           torch.device("cpu"))
+        aggregate.add(clusters, weights, values)
+        found.append(aggregate.means())
+    assert torch.equal(found[0][0], found[1][0]) and torch.equal(found[0][1], found[1][1])
 
 
 def test_personal_entries_count_in_no_distance():

@@ -7,6 +7,7 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from sklearn.metrics.pairwise import cosine_distances, cosine_similarity, euclidean_distances
 
+from fedlight.cluster.differences import Differences, true_runs
 from fedlight.cluster.similarity import (
     agreement_similarity,
     cosine_distance_matrix,
@@ -163,3 +164,43 @@ def test_soft_agreement():
     torch.testing.assert_close(agreement_similarity(onehot, soft=True), agreement_similarity(probs))
     with pytest.raises(ValueError, match="probabilities"):
         agreement_similarity(torch.randn(5, 12, 3), soft=True)
+
+
+def test_true_runs_by_hand():
+    mask = torch.tensor([True, True, False, True, False, False, True])
+    assert true_runs(mask) == [(0, 2), (3, 4), (6, 7)]
+    assert true_runs(torch.zeros(4, dtype=torch.bool)) == []
+    assert true_runs(torch.ones(3, dtype=torch.bool)) == [(0, 3)]
+
+
+def trained_and_starts(shared_start: bool, n: int = 6, d: int = 41) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trained rows and their starts: one start expanded to every row (stride 0, as `stacked_starts` gives when
+    every client starts from one model) or a start of each row's own."""
+    g = torch.Generator().manual_seed(3)
+    starts = torch.randn(d, generator=g).expand(n, d) if shared_start else torch.randn(n, d, generator=g)
+    return starts + 0.1 * torch.randn(n, d, generator=g), starts
+
+
+@pytest.mark.parametrize("shared_start", [True, False], ids=["stride-0 starts", "stacked starts"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no mask", "mask"])
+def test_cosine_of_differences_in_blocks_smaller_than_a_row_matches_a_dense_float64_reference(shared_start, masked):
+    params, starts = trained_and_starts(shared_start)
+    d = params.shape[1]
+    # runs of every shape: the first and last columns masked, a run of one, runs longer than a block
+    columns = [c for c in range(d) if c % 7 not in (2, 3)] if masked else list(range(d))
+    mask = torch.zeros(d, dtype=torch.bool)
+    mask[columns] = True
+    rows = Differences(params, starts, mask if masked else None)
+    deltas = params.double()[:, columns] - starts.double()[:, columns]  # built explicitly, in float64
+    reference = torch.nn.functional.cosine_similarity(deltas[:, None, :], deltas[None, :, :], dim=-1)
+    assert rows.shape == (6, len(columns))
+    for chunk_size in (1, 5, 13, None):
+        torch.testing.assert_close(cosine_similarity_matrix(rows, chunk_size).double(), reference, atol=1e-6, rtol=0)
+        torch.testing.assert_close(cosine_distance_matrix(rows, chunk_size).double(), (1 - reference).fill_diagonal_(0),
+                                   atol=1e-6, rtol=0)
+    # rows and column blocks are built with float32's subtraction, exactly as the dense matrix would hold them
+    dense = (params - starts)[:, columns]
+    assert torch.equal(rows[:], dense) and torch.equal(rows[2], dense[2]) and torch.equal(rows[-1], dense[-1])
+    assert torch.equal(rows[torch.tensor([4, 1])], dense[[4, 1]])
+    assert torch.equal(rows[torch.tensor([True, False, True, False, False, True])], dense[[0, 2, 5]])
+    assert torch.equal(rows[1:5], dense[1:5]) and torch.equal(rows.columns(3, 17), dense[:, 3:17])

@@ -20,7 +20,8 @@ block, and only when a block needs a dtype conversion or centring. No normalized
 divides the Gram matrix by the outer product of the row norms afterwards. Accumulation is always in fp32,
 whatever the input dtype, so updates can be stored in bf16 (1000 clients x 11M parameters: 22 GB instead of
 44 GB) with cosines within about 1e-4 of fp32's (`benchmarks/similarity.py` measures it). A list of n flat
-rows also works: only one (n, chunk_size) block is ever stacked.
+rows also works: only one (n, chunk_size) block is ever stacked. So does a `fedlight.cluster.differences.Differences`
+(clients' updates as trained minus start, on a mask's entries, never built whole): one block of it is built at a time.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ from typing import Union
 import torch
 from torch import Tensor
 
-Rows = Union[Tensor, Sequence[Tensor]]
+from fedlight.cluster.differences import Differences
+
+Rows = Union[Tensor, Sequence[Tensor], Differences]
 
 _EPS = 1e-12
 BLOCK_ENTRIES = 1 << 26
@@ -56,6 +59,8 @@ def stack_flat(items: Sequence[Tensor | Sequence[Tensor] | Mapping[str, Tensor]]
 
 
 def _shape(U: Rows) -> tuple[int, int, torch.device]:
+    if isinstance(U, Differences):
+        return U.shape[0], U.shape[1], U.device
     if isinstance(U, Tensor):
         if U.dim() != 2:
             raise ValueError(f"expected an (n, d) matrix with one row per client, got shape {tuple(U.shape)}")
@@ -72,6 +77,8 @@ def _block(U: Rows, start: int, stop: int) -> Tensor:
     """Columns [start, stop) of U as fp32, (n, stop - start); a view when U is already fp32."""
     if isinstance(U, Tensor):
         return U[:, start:stop].float()
+    if isinstance(U, Differences):
+        return U.columns(start, stop).float()
     return torch.stack([u.reshape(-1)[start:stop] for u in U]).float()
 
 
@@ -84,7 +91,8 @@ def auto_chunk_size(n: int) -> int:
 def gram_matrix(U: Rows, chunk_size: int | None = None, center: bool = False) -> Tensor:
     """U Uᵀ in fp32, accumulated over column blocks of `chunk_size` (default `auto_chunk_size`).
 
-    U is an (n, d) tensor or a list of n flat tensors (then only one (n, chunk_size) block is ever stacked).
+    U is an (n, d) tensor, a list of n flat tensors (then only one (n, chunk_size) block is ever stacked) or a
+    `Differences` (then only one block of it is ever built).
     With `center=True` each block is centred on its column mean first, which gives the Gram matrix of the
     centred rows: distances are unchanged by it and it avoids cancellation when rows share a large common part.
     Peak extra memory: the (n, n) result plus one (n, chunk_size) fp32 block. The products run in full fp32

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from fedlight.cluster.differences import Differences
+
 if TYPE_CHECKING:
     from fedlight.engine.round_updates import RoundUpdates
 
@@ -26,9 +28,11 @@ class ClusterAverage:
         self.sums = torch.zeros(clusters, dim, dtype=torch.float64, device=device)
         self.totals = torch.zeros(clusters, dtype=torch.float64, device=device)
 
-    def add(self, clusters: Tensor, weights: Tensor, values: Tensor, starts: Tensor | None = None) -> None:
+    def add(self, clusters: Tensor, weights: Tensor, values: Tensor | Differences,
+            starts: Tensor | None = None) -> None:
         """Add row i of `values` with weight `weights[i]` to cluster `clusters[i]`: a weighted membership matrix
-        times the rows, a chunk of rows at a time. `starts` (the models the rows were trained from) is not needed:
+        times the rows, a chunk of rows at a time (`Differences`, e.g. the updates, are built a chunk at a time, so
+        they are never held whole). `starts` (the models the rows were trained from) is not needed:
         a mean commutes with shifting every row; other cluster aggregators take it (`cluster_aggregator`)."""
         member = torch.zeros(len(self.sums), len(values), dtype=torch.float64, device=values.device)
         member[clusters, torch.arange(len(values), device=values.device)] = weights.to(torch.float64)

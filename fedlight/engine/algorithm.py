@@ -49,6 +49,7 @@ from fedlight.engine.aggregation import ClientModels, ClusterAverage
 from fedlight.engine.updates import Updates
 
 if TYPE_CHECKING:
+    from fedlight.cluster.differences import Differences
     from fedlight.engine.newcomers import Newcomers
     from fedlight.engine.round_updates import RoundUpdates
     from fedlight.engine.server import ServerContext
@@ -232,10 +233,12 @@ class Algorithm:
         model[self.personal_mask] = self.personal[client]
         return model
 
-    def cluster_means(self, updates: Updates, weights: Tensor, values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def cluster_means(self, updates: Updates, weights: Tensor,
+                      values: Tensor | Differences | None = None) -> tuple[Tensor, Tensor]:
         """(clusters with a member in `updates`, weighted mean of their members' `values`), as one matrix product
         over a weighted membership matrix. `values` defaults to the trained models (then measured from the
-        clients' starts); given values (updates) are combined as they are. The combination is the engine's cluster
+        clients' starts); given values (updates) are combined as they are: `updates.delta_rows()` gives the updates
+        without building them whole (the mean builds a chunk of rows at a time). The combination is the engine's cluster
         aggregator, as in `aggregate`: a robust rule or DP's noised mean when the run configures one."""
         starts = updates.starts if values is None else None
         values = updates.params if values is None else values

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from fedlight.cluster.differences import Differences
+
 
 @dataclass
 class Updates:
@@ -37,18 +39,16 @@ class Updates:
         """Each client's change to its starting model (trained minus start)."""
         return self.params - self.starts
 
+    def delta_rows(self, mask: Tensor | None = None) -> Differences:
+        """Each client's change on the entries where `mask` is True (all entries when None), never built whole: rows
+        and blocks of columns are built as they are read (`Differences`). A similarity matrix or a cluster mean of
+        the changes then needs no (m, d) matrix besides the trained models (1.3 GB for 15 ResNet-34 clients)."""
+        return Differences(self.params, self.starts, mask)
+
     def masked_deltas(self, mask: Tensor | None = None) -> Tensor:
         """Each client's change on the entries where `mask` is True (all entries when None), built in one (m, masked)
-        matrix: `deltas[:, mask]` would hold the whole (m, d) change besides it, twice the memory a held round of
-        large models needs (1.3 GB more for 15 ResNet-34 clients)."""
-        if mask is None:
-            return self.deltas
-        rows = self.params[:, mask]
-        if len(rows) and self.starts.stride(0) == 0:  # every client started from one model (`stacked_starts`)
-            return rows.sub_(self.starts[0][mask])
-        for i in range(len(rows)):
-            rows[i].sub_(self.starts[i][mask])
-        return rows
+        matrix: `deltas[:, mask]` would hold the whole (m, d) change besides it."""
+        return self.delta_rows(mask)[:]
 
     def __len__(self) -> int:
         return len(self.clients)
