@@ -99,11 +99,38 @@ def test_automatic_group_size_follows_free_memory(monkeypatch):
     import fedlight.engine.execution as execution
 
     fed = small_federation(FedAvg(), num_clients=7, vectorize=-1)
-    per_client = fed.flat.numel * 4 * 8  # params, grads, optimizer state, temporaries in fp32
+    activations = 5 * fed.flat.numel * 4
+    monkeypatch.setattr(execution.ClientExecution, "activation_bytes", lambda self: activations)
+    per_client = fed.flat.numel * 4 * 8 + 2 * activations  # params, grads, state, temporaries; activations twice
     monkeypatch.setattr(execution, "available_memory", lambda device: 2 * 3 * per_client)  # half holds 3
     assert fed.execution.group_size(7) == 3
+    monkeypatch.setattr(execution, "available_memory", lambda device: 2 * 3 * fed.flat.numel * 4 * 8)
+    assert fed.execution.group_size(7) == 1  # what the parameters alone would fit 3 of
     monkeypatch.setattr(execution, "available_memory", lambda device: 10**15)
     assert fed.execution.group_size(7) == 7 and fed.execution.group_size(1000) == execution.CPU_GROUP
     monkeypatch.setattr(execution, "available_memory", lambda device: None)  # unknown: the CPU cap only
     free = execution.available_memory(torch.device("cpu"))
     assert fed.execution.group_size(7) == 7 and (free is None or free > 0)
+
+
+def test_a_client_step_keeps_its_activations_measured_by_hand():
+    """An MLP 64 -> h -> 10 on a batch of 10: widening the hidden layer by 32 keeps 10 x 32 more fp32 values (the
+    ReLU's output, which the next layer saves too: counted once); a BatchNorm's statistics do not move."""
+    from fedlight import Federation, FederationConfig
+    from fedlight.datamodules import DigitsFederated
+    from fedlight.models import MLP, Classifier
+
+    def measured(network: torch.nn.Module) -> int:
+        config = FederationConfig(rounds=1, batch_size=10, accelerator="cpu", vectorize=-1)
+        fed = Federation(DigitsFederated(num_clients=3), Classifier(network), FedAvg(), config)
+        before = fed.flat.vector.clone()
+        kept = fed.execution.activation_bytes()
+        assert torch.equal(fed.flat.vector, before)
+        return kept
+
+    narrow, wide = measured(MLP(64, [32], 10)), measured(MLP(64, [64], 10))
+    assert wide - narrow == 10 * 32 * 4
+    assert narrow >= 10 * (64 + 32 + 10) * 4  # at least the input, the hidden layer and the log-probabilities
+    normed = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
+                                 torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    assert measured(normed) > narrow  # BatchNorm's input is kept besides; the buffer check ran inside

@@ -102,6 +102,7 @@ class ClientExecution:
         self.device = server.device
         self.probe_result: ProbeResult | None = None  # what `vectorize: -1` measured and chose
         self.vectorized: VectorizedTrainer | None = None
+        self._activation_bytes: int | None = None  # measured once, when a group size first needs it
         trainer_kind, reason = self._choose_trainer()
         self.plan = ExecutionPlan("hold" if self.holds else "stream", trainer_kind, reason,
                                   algorithm.corrects_gradient, collective.world, *threads,
@@ -293,14 +294,27 @@ class ClientExecution:
 
     def group_size(self, clients: int) -> int:
         """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise as
-        many as half the free memory holds (on a CPU also at most `CPU_GROUP`)."""
+        many as half the free memory holds (on a CPU also at most `CPU_GROUP`), counting for each client its
+        parameters, gradients, optimizer state and temporaries, and, when it may train vectorized, twice the
+        activations its step keeps (`activation_bytes`: the saved tensors, then their gradients)."""
         if self.config.vectorize > 0:
             return self.config.vectorize
         flat = self.trainer.flat
-        per_client = flat.numel * flat.vector.element_size() * 8  # params, grads, state, temporaries
+        per_client = flat.numel * flat.vector.element_size() * 8 + 2 * self.activation_bytes()
         free = available_memory(self.device)
         fits = clients if free is None else max(1, int(0.5 * free // per_client))
         return min(clients, fits) if self.device.type == "cuda" else min(clients, fits, CPU_GROUP)
+
+    def activation_bytes(self) -> int:
+        """What one client's vectorized step keeps for backward, measured once on a full batch of the training
+        data (`VectorizedTrainer.activation_bytes`); 0 when clients cannot train vectorized."""
+        if self.vectorized is None:
+            return 0
+        if self._activation_bytes is None:
+            split = self.server.split("train")
+            batch = self.config.batch_size
+            self._activation_bytes = self.vectorized.activation_bytes(split.x[:batch], split.y[:batch])
+        return self._activation_bytes
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any] | None:
