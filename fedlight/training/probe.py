@@ -68,11 +68,15 @@ class ProbeResult:
                     f"difference {self.difference:.1%} of an update)")
         if self.vectorized_clients == 0:
             return "auto: round 1 had one client per group, nothing to train vectorized"
-        return (f"auto: one client at a time was faster in round 1 ({1e3 * self.sequential_step_s:.3g} ms against "
-                f"{1e3 * self.vectorized_step_s:.3g} ms per client step vectorized)")
+        return (f"auto: one client at a time was faster in round 1 ({_duration(self.sequential_step_s)} against "
+                f"{_duration(self.vectorized_step_s)} per client step vectorized)")
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{1e3 * seconds:.3g} ms"
 
 
 def sequential_share(clients: int) -> int:
