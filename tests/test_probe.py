@@ -4,7 +4,6 @@ twice; the choice is recorded, remembered on the machine and survives a resume."
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedprox import FedProx
 from fedlight.datamodules import DigitsFederated, QuantitySkew
 from fedlight.models import MLP, Classifier
+import fedlight.training.probe as probe_module
 from fedlight.training.probe import AGREEMENT, decide, sequential_share, step_seconds
 from fedlight.training.vectorized import VectorizedTrainer
 from fedlight.training.sequential import ClientTrainer
@@ -33,12 +33,30 @@ def client_steps(trainer, args) -> int:
     return sum(-(-len(y) // trainer.batch_size) for y in ys)
 
 
+class FakeClock:
+    """The probe's clock (`fedlight.training.probe.time`), moved only by `slowed` trainers: the decision then depends
+    on the costs a test sets, not on how busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(probe_module, "time", fake)
+    return fake
+
+
 def slowed(cls, method: str, monkeypatch, seconds: float = 0.005) -> None:
-    """Make one trainer `seconds` slower per client step (far above a step's own time and its noise)."""
+    """Make one trainer `seconds` slower per client step on the probe's clock."""
     real = getattr(cls, method)
 
     def slow(self, *args, **kwargs):
-        time.sleep(seconds * client_steps(self, args))
+        probe_module.time.now += seconds * client_steps(self, args)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(cls, method, slow)
