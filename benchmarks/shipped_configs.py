@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -39,26 +40,63 @@ def configs_under(folders: list[Path]) -> list[Path]:
     return found
 
 
-def run(config: Path, vectorize: str, rounds: int, folder: Path) -> dict:
-    """One fresh process: seconds per round (its rounds' times), its wall time, peak resident memory, summary."""
+def run(config: Path, vectorize: str, rounds: int, folder: Path, extra: tuple[str, ...] = (),
+        launcher: tuple[str, ...] = ("-m", "fedlight"), env: dict[str, str] | None = None,
+        timeout: float | None = None, max_mb: float | None = None) -> dict:
+    """One fresh process: seconds per round (its rounds' times), its wall time, peak resident memory, summary.
+    `extra` options follow the command's own; `launcher` is what follows `python` (`-m fedlight`); a run past
+    `timeout` seconds or `max_mb` of resident memory is stopped, and its wall time and peak memory until then
+    are reported with the error. (Linux counts in a child's peak the pages of this process it starts with, so
+    the caller keeps its own peak below the runs'.)"""
     name = f"{config.relative_to(ROOT).with_suffix('').as_posix().replace('/', '_')}-{vectorize}"
-    env = {**os.environ, "WANDB_MODE": "offline", "FEDLIGHT_CACHE_DIR": str(folder / f"cache-{name}")}
-    command = [sys.executable, "-m", "fedlight", "fit", "--config", str(config), "--federation.rounds", str(rounds),
+    env = {**os.environ, "WANDB_MODE": "offline", "FEDLIGHT_CACHE_DIR": str(folder / f"cache-{name}"), **(env or {})}
+    command = [sys.executable, *launcher, "fit", "--config", str(config), "--federation.rounds", str(rounds),
                "--federation.vectorize", vectorize, "--logger.wandb", "false", "--output_dir", str(folder),
-               "--run_name", name]
+               "--run_name", name, *extra]
     errors = folder / f"{name}.err"
     started = time.perf_counter()
     with errors.open("w") as err:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(process.pid, 0)  # this child's own peak memory, not every child's
+        status, usage = wait_for(process, timeout, max_mb)  # this child's own peak memory, not every child's
     wall = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status):
+    measured = {"wall_s": wall, "peak_mb": usage.ru_maxrss / 1024}
+    if status is None:
+        past = f"{timeout:.0f} s" if timeout is not None and wall >= timeout else f"{max_mb:.0f} MB"
+        return {"error": f"stopped past {past}", **measured}
+    code = os.waitstatus_to_exitcode(status)
+    if code:
         lines = errors.read_text().strip().splitlines()
-        return {"error": lines[-1] if lines else f"status {status}"}
+        return {"error": lines[-1] if lines else f"killed by signal {-code}" if code < 0 else f"exit {code}",
+                **measured}
     summary = json.loads((folder / name / "summary.json").read_text())
     with (folder / name / "metrics.csv").open() as f:
         rounds_s = sum(float(r["time/round_s"]) for r in csv.DictReader(f))
-    return {"s_per_round": rounds_s / rounds, "wall_s": wall, "peak_mb": usage.ru_maxrss / 1024, "summary": summary}
+    return {"s_per_round": rounds_s / rounds, **measured, "summary": summary}
+
+
+def wait_for(process: subprocess.Popen, timeout: float | None = None,
+             max_mb: float | None = None) -> tuple[int | None, os.struct_rusage]:
+    """(wait status, or None when the process was stopped: past `timeout` seconds, or its resident memory past
+    `max_mb` (read every 0.2 s, so the peak may pass it by what 0.2 s allocates); its resource usage)."""
+    if timeout is None and max_mb is None:
+        return os.wait4(process.pid, 0)[1:]
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    while time.monotonic() < deadline and (max_mb is None or resident_mb(process.pid) <= max_mb):
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            return status, usage
+        time.sleep(0.2)
+    process.kill()
+    return None, os.wait4(process.pid, 0)[2]
+
+
+def resident_mb(pid: int) -> float:
+    """A running process's resident memory now (Linux's /proc; 0 where it cannot be read)."""
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0.0
+    return int(line.split()[1]) / 1024
 
 
 def table_row(row: dict) -> str:

@@ -2,6 +2,7 @@
 checked here: speed is measured by running the benchmarks, see benchmarks/RESULTS.md)."""
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import overhead  # noqa: E402
+import paper_configs  # noqa: E402
 import processes  # noqa: E402
 import round as round_benchmark  # noqa: E402
 import shipped_configs  # noqa: E402
@@ -105,3 +107,35 @@ def test_shipped_configs_benchmark_finds_run_configs_and_compares_auto_with_the_
            "sequential": {"s_per_round": 1.0, "wall_s": 8.0, "peak_mb": 800.0}, "vectorized": {"error": "out of memory"}}
     assert shipped_configs.table_row(row) == ("| configs/digits/x.yaml | 1.10 | 1.00 | out of memory | sequential (probe) "
                                               "| 1.10x | 9.0/8.0/- | 900/800/- |")
+
+
+def test_paper_configs_benchmark_picks_the_configs_that_make_their_data_and_caps_their_rounds():
+    papers = BENCHMARKS.parent / "configs" / "papers"
+    synthetic, flis = papers / "pfclus" / "syn_o_h2_kfed.yaml", papers / "flis" / "cifar10" / "ls20_fedavg.yaml"
+    assert not paper_configs.reads_files(synthetic)  # SyntheticGaussians draws its points
+    assert paper_configs.reads_files(flis)  # its data section is a file naming CIFAR10Federated (a root)
+    assert paper_configs.configured_rounds(synthetic, 10) == 1  # its own
+    assert paper_configs.configured_rounds(flis, 10) == 10  # 200 in common/federation.yaml, capped
+    assert {f.config for f in paper_configs.FAMILIES} <= {p.relative_to(BENCHMARKS.parent).as_posix()
+                                                           for p in shipped_configs.configs_under([papers])}
+
+
+def test_a_run_past_its_time_or_memory_is_stopped_with_its_peak_memory():
+    sleeper = [sys.executable, "-c", "import time; b = b'x' * (50 << 20); time.sleep(30)"]
+    status, usage = shipped_configs.wait_for(subprocess.Popen(sleeper), timeout=1.5)
+    assert status is None and usage.ru_maxrss / 1024 > 50  # its 50 MB buffer was counted before it was stopped
+    status, usage = shipped_configs.wait_for(subprocess.Popen(sleeper), max_mb=40)
+    assert status is None and usage.ru_maxrss / 1024 > 40
+    status, _ = shipped_configs.wait_for(subprocess.Popen([sys.executable, "-c", "pass"]), timeout=30, max_mb=1000)
+    assert status == 0  # a run within both limits ends by itself
+    row = {"config": "c.yaml", "data": "d", "rounds": 1,
+           "result": {"error": "stopped past 300 s", "wall_s": 300.4, "peak_mb": 2048.0}}
+    assert paper_configs.table_row(row) == "| c.yaml | d | 1 | stopped past 300 s | - | 300.4 | 2048 |"
+
+
+def test_paper_configs_benchmark_runs_a_made_data_config_end_to_end(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    config = BENCHMARKS.parent / "configs" / "papers" / "pfclus" / "syn_o_h2_kfed.yaml"
+    [row] = run_main(paper_configs, monkeypatch, tmp_path, "--configs", str(config), "--families", "none")
+    assert row["rounds"] == 1 and row["result"]["s_per_round"] > 0 and row["result"]["peak_mb"] > 0
+    assert row["result"]["summary"]["plan"]["trainer"] == "sequential"  # k-FED trains its clients itself

@@ -1,43 +1,13 @@
 """FEMNIST data module on small LEAF JSON files (train/ and test/ folders, or all_data/)."""
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pytest
 import torch
+from _data_files import WRITERS, write_leaf
 from _data_helpers import check_federated
 
 from fedlight.datamodules import IID, FEMNISTFederated, Natural
 from fedlight.datamodules.support import CorruptFileError
-
-# writer -> (train samples, test samples)
-WRITERS = {"f0003_12": (8, 2), "f0001_40": (6, 2), "f0002_07": (12, 3), "f0000_01": (3, 1), "f0004_33": (9, 2)}
-
-
-def write_leaf(root, folders=("train", "test"), writers=WRITERS) -> dict[str, list[int]]:
-    """LEAF's layout: per folder two JSON files, each with some writers. Pixels are k/255; sample number s
-    (global) is written into the first two pixels; returns each writer's sample numbers per folder."""
-    rng = np.random.default_rng(0)
-    numbers: dict[str, list[int]] = {}
-    counter = 0
-    for f, folder in enumerate(folders):
-        (root / folder).mkdir(parents=True)
-        names = sorted(writers)
-        for part, chunk in enumerate((names[::2], names[1::2])):
-            doc = {"users": [], "num_samples": [], "user_data": {}}
-            for w in chunk:
-                n = writers[w][f] if len(folders) == 2 else sum(writers[w])
-                pixels = rng.integers(0, 256, (n, 784))
-                ids = np.arange(counter, counter + n)
-                pixels[:, 0], pixels[:, 1] = ids % 256, ids // 256
-                counter += n
-                numbers.setdefault(f"{folder}:{w}", []).extend(ids.tolist())
-                doc["users"].append(w)
-                doc["num_samples"].append(n)
-                doc["user_data"][w] = {"x": (pixels / 255.0).tolist(), "y": rng.integers(0, 62, n).tolist()}
-            (root / folder / f"all_data_{part}_niid_0_keep_0_{folder}_9.json").write_text(json.dumps(doc))
-    return numbers
 
 
 def ids_of(x: torch.Tensor) -> list[int]:

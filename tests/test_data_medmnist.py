@@ -4,39 +4,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _data_files import MEDMNIST_SIZES as SIZES
+from _data_files import write_medmnist
 from _data_helpers import check_federated, file_url, leftovers
 
 from fedlight.datamodules import IID, Dirichlet, MedMNISTFederated, MissingClasses
 from fedlight.datamodules.base import OFFICIAL_TEST, OFFICIAL_TRAIN, OFFICIAL_VAL
 from fedlight.datamodules.support import CorruptFileError, md5sum
 
-SIZES = {"train": 60, "val": 12, "test": 18}
 
 
 @pytest.fixture(autouse=True)
 def _medmnist_home(tmp_path, monkeypatch):
     """Importing medmnist creates ~/.medmnist: keep that inside the test's folder."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-
-
-def write_medmnist(root, flag: str, num_classes: int, channels: int, size: int = 28, sizes=SIZES) -> dict:
-    """A small `<flag>[_size].npz` in MedMNIST's layout. Sample i (counting train, val, test in order) carries
-    its index in its first two pixels, so every sample is distinct and traceable."""
-    rng = np.random.default_rng(0)
-    arrays, start = {}, 0
-    for split, n in sizes.items():
-        shape = (n, size, size) if channels == 1 else (n, size, size, channels)
-        images = rng.integers(0, 256, shape, dtype=np.uint8)
-        ids = np.arange(start, start + n)
-        images[:, 0, 0, ...] = (ids % 256)[:, None] if channels > 1 else ids % 256
-        images[:, 0, 1, ...] = (ids // 256)[:, None] if channels > 1 else ids // 256
-        arrays[f"{split}_images"] = images
-        arrays[f"{split}_labels"] = (ids % num_classes).astype(np.uint8).reshape(n, 1)
-        start += n
-    root.mkdir(parents=True, exist_ok=True)
-    suffix = "" if size == 28 else f"_{size}"
-    np.savez_compressed(root / f"{flag}{suffix}.npz", **arrays)
-    return arrays
 
 
 def ids_of(x: torch.Tensor) -> torch.Tensor:

@@ -6,13 +6,14 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from _data_files import N_ROWS as N
+from _data_files import bank_text, write_adult
 from _data_helpers import check_federated, file_url, leftovers
 
 from fedlight.datamodules import (IID, AdultFederated, BankMarketingFederated, ClassesPerClient,
                                   DiabetesFederated)
 from fedlight.datamodules.support import CorruptFileError
 
-N = 60
 DIABETES_HEADER = (
     "encounter_id,patient_nbr,race,gender,age,weight,admission_type_id,discharge_disposition_id,admission_source_id,"
     "time_in_hospital,payer_code,medical_specialty,num_lab_procedures,num_procedures,num_medications,"
@@ -21,38 +22,6 @@ DIABETES_HEADER = (
     "tolbutamide,pioglitazone,rosiglitazone,acarbose,miglitol,troglitazone,tolazamide,examide,citoglipton,insulin,"
     "glyburide-metformin,glipizide-metformin,glimepiride-pioglitazone,metformin-rosiglitazone,"
     "metformin-pioglitazone,change,diabetesMed,readmitted")
-
-
-def write_adult(root, n: int = N) -> np.ndarray:
-    """`adult.data`: no header, ', '-separated, '?' for missing categorical values, a blank last line."""
-    rng = np.random.default_rng(0)
-    rows, values = [], []
-    for i in range(n):
-        v = [int(rng.integers(17, 90)), 10000 + 37 * i, int(rng.integers(1, 17)), int(rng.integers(0, 3) * 5000),
-             int(rng.integers(10, 80))]
-        income = ">50K" if i % 3 == 0 else "<=50K"
-        work = "?" if i % 7 == 0 else "Private"
-        rows.append(f"{v[0]}, {work}, {v[1]}, Bachelors, {v[2]}, Never-married, Adm-clerical, Not-in-family, "
-                    f"White, Male, {v[3]}, 0, {v[4]}, United-States, {income}")
-        values.append(v)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "adult.data").write_text("\n".join(rows) + "\n\n")
-    return np.asarray(values, dtype=np.float64)
-
-
-def bank_text(n: int = N) -> str:
-    """`bank-additional-full.csv`: ';'-separated, quoted header and strings."""
-    rng = np.random.default_rng(1)
-    header = ('"age";"job";"marital";"education";"default";"housing";"loan";"contact";"month";"day_of_week";'
-              '"duration";"campaign";"pdays";"previous";"poutcome";"emp.var.rate";"cons.price.idx";"cons.conf.idx";'
-              '"euribor3m";"nr.employed";"y"')
-    rows = [header]
-    for i in range(n):
-        rows.append(f'{int(rng.integers(18, 90))};"housemaid";"married";"basic.4y";"no";"no";"no";"telephone";'
-                    f'"may";"mon";{100 + 7 * i};{int(rng.integers(1, 10))};999;0;"nonexistent";1.1;'
-                    f'{rng.uniform(92, 95):.3f};-36.4;{rng.uniform(0.6, 5):.3f};{rng.choice([5191, 5228.1, 4963.6])};'
-                    f'"{"yes" if i % 4 == 0 else "no"}"')
-    return "\n".join(rows) + "\n"
 
 
 def write_diabetes(root, n: int = N) -> np.ndarray:

@@ -4,13 +4,12 @@ small stand-ins cannot match it, so those tests let torchvision's integrity chec
 from __future__ import annotations
 
 import os
-import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _data_files import N_TEST, N_TRAIN, write_cifar, write_mnist_like, write_svhn
 from _data_helpers import check_federated, leftovers
 
 from fedlight.datamodules import (IID, CIFAR10Federated, CIFAR100Federated, ClassesPerClient, Dirichlet,
@@ -19,75 +18,9 @@ from fedlight.datamodules import (IID, CIFAR10Federated, CIFAR100Federated, Clas
 from fedlight.datamodules.base import SPLITS
 from fedlight.datamodules.support import CorruptFileError
 
-N_TRAIN, N_TEST = 40, 12
-
-
-def images(n: int, channels: int, side: int, start: int, seed: int = 0) -> np.ndarray:
-    """Random uint8 (n, C, side, side) images whose first two pixels carry the sample number."""
-    x = np.random.default_rng(seed + start).integers(0, 256, (n, channels, side, side), dtype=np.uint8)
-    ids = np.arange(start, start + n)
-    x[:, 0, 0, 0], x[:, 0, 0, 1] = ids % 256, ids // 256
-    return x
-
 
 def ids_of(x: torch.Tensor) -> torch.Tensor:
     return x[:, 0, 0, 0].long() + 256 * x[:, 0, 0, 1].long()
-
-
-def write_idx(path, array: np.ndarray) -> None:
-    """The idx format (big-endian dims after a magic of 0, 0, type 0x08 = ubyte, number of dims)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = bytes([0, 0, 8, array.ndim]) + b"".join(struct.pack(">i", d) for d in array.shape)
-    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
-
-
-def write_mnist_like(root, folder: str, num_classes: int = 10, transpose: bool = False, prefix=None) -> dict:
-    out = {}
-    for split, n, start in (("train", N_TRAIN, 0), ("t10k", N_TEST, N_TRAIN)):
-        x = images(n, 1, 28, start)[:, 0]
-        y = (np.arange(start, start + n) % num_classes).astype(np.uint8)
-        name = prefix(split) if prefix else split
-        write_idx(root / folder / "raw" / f"{name}-images-idx3-ubyte", x.transpose(0, 2, 1) if transpose else x)
-        write_idx(root / folder / "raw" / f"{name}-labels-idx1-ubyte", y)
-        out[split] = (x, y)
-    return out
-
-
-def write_cifar(root, hundred: bool = False) -> dict:
-    folder = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
-    folder.mkdir(parents=True)
-    key = "fine_labels" if hundred else "labels"
-    classes = 100 if hundred else 10
-    names = ["train"] if hundred else [f"data_batch_{i}" for i in range(1, 6)]
-    per = N_TRAIN // len(names)
-    out, start = {}, 0
-    for name in names + ["test"]:
-        n = N_TEST if name == "test" else per
-        x = images(n, 3, 32, start)
-        y = (np.arange(start, start + n) % classes).tolist()
-        entry = {"data": x.reshape(n, -1), key: y}
-        with open(folder / (name if hundred or name != "test" else "test_batch"), "wb") as f:
-            pickle.dump(entry, f)
-        out[name] = (x, y)
-        start += n
-    meta = {"fine_label_names": [f"c{i}" for i in range(100)]} if hundred else \
-        {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]}
-    with open(folder / ("meta" if hundred else "batches.meta"), "wb") as f:
-        pickle.dump(meta, f)
-    return out
-
-
-def write_svhn(root) -> dict:
-    from scipy.io import savemat
-
-    out = {}
-    for split, n, start in (("train", N_TRAIN, 0), ("test", N_TEST, N_TRAIN)):
-        x = images(n, 3, 32, start)
-        digits = np.arange(start, start + n) % 10
-        savemat(root / f"{split}_32x32.mat", {"X": x.transpose(2, 3, 1, 0),  # SVHN stores (H, W, C, N)
-                                               "y": np.where(digits == 0, 10, digits).reshape(n, 1).astype(np.uint8)})
-        out[split] = (x, digits)
-    return out
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import tarfile
 import numpy as np
 import pytest
 import torch
+from _data_files import MALFORMED, RUNS, write_wisdm
 from _data_helpers import check_federated, file_url, leftovers
 
 import fedlight.datamodules.wisdm as wisdm
@@ -15,47 +16,7 @@ from fedlight.datamodules import Natural, WISDMFederated
 from fedlight.datamodules.support import CorruptFileError
 from fedlight.datamodules.wisdm import ACTIVITIES, parse_wisdm, window_starts
 
-# (user, activity, records) runs in file order
-RUNS = [(1, "Walking", 25), (1, "Jogging", 12), (2, "Walking", 30), (2, "Sitting", 5), (3, "Upstairs", 22),
-        (5, "Standing", 15), (5, "Walking", 20)]
 WINDOW, STEP = 10, 5
-# malformed records of the kinds found in the real file, and how many of them are skipped
-MALFORMED = [
-    "1,Walking,49106062271000,,;",  # missing values
-    "1,Walking,,5.0,1.0,2.0;",  # missing timestamp
-    "2,Walking,49106062271000,0.1,0.2;",  # missing z
-    "3,Upstair,49106062271000,1.0,2.0,3.0;",  # unknown activity
-    "5,Walking,49106062271000,NaN,1.0,2.0;",  # not a finite reading
-    "5,Walking,49106062271000,1.0,2.0,3.0,4.0;",  # too many values
-]
-
-
-def record(run: int, index: int, user: int, activity: str, z: float) -> str:
-    """x = run number, y = global record number, so windows are traceable; z is noise."""
-    return f"{user},{activity},{49105962326000 + 50_000_000 * index},{run},{index},{z:.6f}"
-
-
-def write_wisdm(root) -> str:
-    """The raw file: one record per line ending in ';', with malformed lines, several records on one line,
-    trailing commas and blank lines mixed in, as in the real file."""
-    rng = np.random.default_rng(0)
-    lines, index, bad = [], 0, iter(MALFORMED)
-    for run, (user, activity, n) in enumerate(RUNS):
-        k = 0
-        while k < n:
-            if k == 3 and n - k >= 2:  # several records on one line
-                lines.append(record(run, index, user, activity, rng.normal()) + ";"
-                             + record(run, index + 1, user, activity, rng.normal()) + ";")
-                index, k = index + 2, k + 2
-                continue
-            text = record(run, index, user, activity, rng.normal())
-            lines.append(text + (",;" if k == 5 else ";"))  # a trailing comma
-            index, k = index + 1, k + 1
-            if k == 7:
-                lines.append(next(bad, ""))  # a malformed record inside the run, or a blank line
-    root.mkdir(parents=True, exist_ok=True)
-    (root / wisdm.FILE).write_text("\n".join(lines) + "\n")
-    return "\n".join(lines)
 
 
 def expected_windows() -> int:
