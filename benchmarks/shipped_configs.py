@@ -4,7 +4,7 @@ taking turns per config. Reported per config: seconds per round (the rounds' own
 training and evaluation included; the process's start-up and set-up are reported apart as its wall time), auto's
 choice and reason (summary.json's plan), and each way's peak resident memory.
 
-    python benchmarks/shipped_configs.py [--configs configs/digits] [--rounds 5] [--json out.json]
+    python benchmarks/shipped_configs.py [--configs configs/digits] [--rounds 5] [--repeats 1] [--json out.json]
 
 Auto's choice is remembered per machine (`FEDLIGHT_CACHE_DIR`); every run here gets an empty cache of its own, so
 auto probes every time, as on a new machine.
@@ -42,13 +42,15 @@ def configs_under(folders: list[Path]) -> list[Path]:
 
 def run(config: Path, vectorize: str, rounds: int, folder: Path, extra: tuple[str, ...] = (),
         launcher: tuple[str, ...] = ("-m", "fedlight"), env: dict[str, str] | None = None,
-        timeout: float | None = None, max_mb: float | None = None) -> dict:
+        timeout: float | None = None, max_mb: float | None = None, repeat: int = 0) -> dict:
     """One fresh process: seconds per round (its rounds' times), its wall time, peak resident memory, summary.
     `extra` options follow the command's own; `launcher` is what follows `python` (`-m fedlight`); a run past
     `timeout` seconds or `max_mb` of resident memory is stopped, and its wall time and peak memory until then
-    are reported with the error. (Linux counts in a child's peak the pages of this process it starts with, so
-    the caller keeps its own peak below the runs'.)"""
+    are reported with the error; `repeat` numbers a repetition (its own run folder and empty probe cache). (Linux
+    counts in a child's peak the pages of this process it starts with, so the caller keeps its own peak below the
+    runs'.)"""
     name = f"{config.relative_to(ROOT).with_suffix('').as_posix().replace('/', '_')}-{vectorize}"
+    name += f"-r{repeat}" if repeat else ""
     env = {**os.environ, "WANDB_MODE": "offline", "FEDLIGHT_CACHE_DIR": str(folder / f"cache-{name}"), **(env or {})}
     command = [sys.executable, *launcher, "fit", "--config", str(config), "--federation.rounds", str(rounds),
                "--federation.vectorize", vectorize, "--logger.wandb", "false", "--output_dir", str(folder),
@@ -99,12 +101,20 @@ def resident_mb(pid: int) -> float:
     return int(line.split()[1]) / 1024
 
 
+def fastest(runs: list[dict]) -> dict:
+    """The run with the fewest seconds per round (the least disturbed by the machine), or the first failed one."""
+    done = [r for r in runs if "s_per_round" in r]
+    return min(done, key=lambda r: r["s_per_round"]) if done else runs[0]
+
+
 def table_row(row: dict) -> str:
     def seconds(mode: str) -> str:
         return f"{row[mode]['s_per_round']:.2f}" if "s_per_round" in row[mode] else row[mode]["error"][:60]
 
     plan = row["auto"].get("summary", {}).get("plan", {})
     reason = plan.get("reason") or ""
+    others = [c for c in row.get("auto_choices", []) if c != plan.get("trainer")]
+    reason += f"{'; ' if reason else ''}other repetitions chose {', '.join(others)}" if others else ""
     times = [row[m]["s_per_round"] for m in ("sequential", "vectorized") if "s_per_round" in row[m]]
     versus = f"{row['auto']['s_per_round'] / min(times):.2f}x" if times and "s_per_round" in row["auto"] else "-"
     peaks = "/".join(f"{row[m]['peak_mb']:.0f}" if "peak_mb" in row[m] else "-" for m in MODES)
@@ -117,6 +127,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", nargs="+", type=Path, default=[ROOT / "configs" / "digits"])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the three ways this many times in turn per config and keep each way's fastest run")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = []
@@ -124,9 +136,12 @@ def main() -> None:
           "process wall s (auto/seq/vec) | peak RSS MB (auto/seq/vec) |\n|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for config in configs_under([c.resolve() for c in args.configs]):
-            row: dict = {"config": str(config.relative_to(ROOT))}
-            for mode, vectorize in MODES.items():  # the three take turns on each config
-                row[mode] = run(config, vectorize, args.rounds, Path(tmp))
+            runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+            for repeat in range(args.repeats):
+                for mode, vectorize in MODES.items():  # the three take turns on each config
+                    runs[mode].append(run(config, vectorize, args.rounds, Path(tmp), repeat=repeat))
+            row: dict = {"config": str(config.relative_to(ROOT)), **{mode: fastest(r) for mode, r in runs.items()},
+                         "auto_choices": [r.get("summary", {}).get("plan", {}).get("trainer") for r in runs["auto"]]}
             rows.append(row)
             print(table_row(row), flush=True)
     if args.json:

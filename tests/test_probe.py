@@ -120,9 +120,10 @@ def test_auto_never_trains_with_a_vectorized_trainer_that_gives_other_models(mon
     assert torch.equal(updates.params, one_by_one(fed, 1, updates.starts))  # the check ran before any real training
 
 
-def test_round_one_trains_every_client_once_plus_the_two_step_check(monkeypatch):
+def test_round_one_trains_every_client_once_plus_the_one_step_check(monkeypatch):
     """The probe's timing is the round's own training: the client steps trained in round 1 are each client's local
-    steps (ceil(samples / batch), counted here from the data) plus the check's 2 clients x 1 step per trainer."""
+    steps (ceil(samples / batch), counted here from the data) plus the check: 1 step of each of the 3 clients about to
+    train vectorized, and of 2 of them one after another."""
     steps = {"sequential": 0, "vectorized": 0}
     real_fit, real_many = ClientTrainer.fit, VectorizedTrainer.fit_many
 
@@ -140,7 +141,7 @@ def test_round_one_trains_every_client_once_plus_the_two_step_check(monkeypatch)
     fed.execution.train(1, list(range(5)))
     sizes = fed.server.train_sizes.tolist()
     local = [-(-int(n) // 10) for n in sizes]
-    assert steps == {"sequential": sum(local[:2]) + 2, "vectorized": sum(local[2:]) + 2}
+    assert steps == {"sequential": sum(local[:2]) + 2, "vectorized": sum(local[2:]) + 3}
 
 
 @pytest.mark.parametrize("batch_size", [10, 64])

@@ -221,7 +221,7 @@ class ClientExecution:
             seconds.append(spent)
         rest, rest_starts = clients[first: len(group)], starts[first: len(group)]
         difference = remembered.difference if remembered else \
-            self.collective.broadcast(self._check_agreement(round, group, starts) if rest else 0.0)
+            self.collective.broadcast(self._check_agreement(round, rest, rest_starts) if rest else 0.0)
         vectorized_s = math.nan
         if rest and difference <= AGREEMENT:
             trained, vectorized_s = timed(self.device, lambda: self._train_vectorized(round, rest, rest_starts))
@@ -246,21 +246,21 @@ class ClientExecution:
         remembered = recall(key) if self.collective.rank == 0 else None
         return self.collective.broadcast(remembered) if self.collective.broadcast(remembered is not None) else None
 
-    def _check_agreement(self, round: int, group: list[int], starts: Tensor) -> float:
-        """Both trainers on the first `CHECK_CLIENTS` clients' first batch (one step), dropout off: how far the
-        vectorized models are from the sequential ones (`agreement`). Also the vectorized trainer's warm-up."""
-        rows = group[:CHECK_CLIENTS]
-        seeds = [self.server.client_seed(round, c) for c in rows]
+    def _check_agreement(self, round: int, clients: list[int], starts: Tensor) -> float:
+        """One local step on each client's first batch, dropout off: `clients` vectorized (the warm-up of the
+        trainer at the group size it is then timed at: a first call costs 20-30 % more per step) and the first
+        `CHECK_CLIENTS` of them sequentially; how far the vectorized models are from the sequential ones."""
+        seeds = [self.server.client_seed(round, c) for c in clients]
         lr_scale = self.algorithm.learning_rate_scale(round)
         batch = self.config.batch_size
-        data = [(x[:batch], y[:batch]) for x, y in (self.server.split("train").client(c) for c in rows)]
+        data = [(x[:batch], y[:batch]) for x, y in (self.server.split("train").client(c) for c in clients)]
         with without_dropout(self.trainer.module):
+            vectorized = self.vectorized.fit_many(starts, data, seeds, self._row_hook(clients), lr_scale, round,
+                                                  epochs=1).params[:CHECK_CLIENTS]
             sequential = torch.stack([self.trainer.fit(start, x, y, seed, self._gradient_hook(c), lr_scale, epochs=1,
                                                        round=round).params
-                                      for start, (x, y), seed, c in zip(starts, data, seeds, rows)])
-            vectorized = self.vectorized.fit_many(starts[: len(rows)], data, seeds, self._row_hook(rows), lr_scale,
-                                                  round, epochs=1).params
-        return agreement(sequential, vectorized, starts[: len(rows)])
+                                      for start, (x, y), seed, c in zip(starts, data, seeds, clients[:CHECK_CLIENTS])])
+        return agreement(sequential, vectorized, starts[: len(sequential)])
 
     def _precision_name(self) -> str:
         plugin = self.trainer.fabric.strategy.precision

@@ -10,9 +10,10 @@ so the probe costs only the slower trainer's excess on part of one round (a prob
 the same clients cost a round of 15 ResNet-34 clients 9.2x its time, and short runs of small models up to 1.47x).
 
 Vectorized training must give the models of sequential training up to float rounding, or it is off. That is
-checked before any client trains vectorized for real (`check_agreement`): 2 clients, 1 local step, both trainers,
-dropout switched off (`without_dropout`: the trainers draw other masks by design, one stream per client against one
-per group, so the check compares like with like). The check is also the vectorized trainer's warm-up, so its
+checked before any client trains vectorized for real: 1 local step of the clients about to train vectorized, and of
+the first 2 of them one after another, dropout switched off (`without_dropout`: the trainers draw other masks by
+design, one stream per client against one per group, so the check compares like with like). The check is also the
+vectorized trainer's warm-up at the group size it is then timed at (a first call costs 20-30 % more per step), so
 first-call costs stay out of the timing; the first sequential client is left out of its timing for the same reason.
 
 Timings are noisy (another process on the same cores can flip them), so a decision is also remembered on the machine,
@@ -41,7 +42,7 @@ from torch import Tensor, nn
 from torch.nn.modules.dropout import _DropoutNd
 
 AGREEMENT = 0.05   # mean |vectorized - sequential| at most this share of the mean |update|
-CHECK_CLIENTS = 2  # clients (rows) of the agreement check, one local step each
+CHECK_CLIENTS = 2  # clients the agreement check also trains sequentially (one local step each)
 
 T = TypeVar("T")
 
