@@ -72,8 +72,8 @@ def run(config: Path, vectorize: str, rounds: int, folder: Path, extra: tuple[st
                 **measured}
     summary = json.loads((folder / name / "summary.json").read_text())
     with (folder / name / "metrics.csv").open() as f:
-        rounds_s = sum(float(r["time/round_s"]) for r in csv.DictReader(f))
-    return {"s_per_round": rounds_s / rounds, **measured, "summary": summary}
+        rounds_s = [float(r["time/round_s"]) for r in csv.DictReader(f)]
+    return {"s_per_round": sum(rounds_s) / rounds, "rounds_s": rounds_s, **measured, "summary": summary}
 
 
 def wait_for(process: subprocess.Popen, timeout: float | None = None,
