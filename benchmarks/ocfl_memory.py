@@ -16,29 +16,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs/papers/ocfl/pathmnist/n15_no_balanced.yaml"
 SIZES = {"train": 900, "val": 90, "test": 270}
-CLASSES = 9
 
-
-def write_pathmnist(root: Path, seed: int = 0) -> None:
-    """`root/pathmnist.npz` in MedMNIST's layout: `<split>_images` (n, 28, 28, 3) and `<split>_labels` (n, 1)."""
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for split, n in SIZES.items():
-        arrays[f"{split}_images"] = rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8)
-        arrays[f"{split}_labels"] = (np.arange(n) % CLASSES).astype(np.uint8).reshape(n, 1)
-    root.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(root / "pathmnist.npz", **arrays)
+sys.path.insert(0, str(ROOT / "tests"))
+from _data_files import write_medmnist  # noqa: E402  (the data-module tests' writer of MedMNIST's format)
 
 
 def peak_rss_gb(folder: Path) -> float:
     """Run the round under `/usr/bin/time -f %M` and return its peak resident memory in GB (10^9 bytes)."""
     data, output, report = folder / "data", folder / "runs", folder / "time.txt"
-    write_pathmnist(data)
+    write_medmnist(data, "pathmnist", num_classes=9, channels=3, sizes=SIZES)
     command = ["/usr/bin/time", "-f", "%M", "-o", str(report), sys.executable, "-m", "fedlight", "fit",
                "--config", str(CONFIG), "--data.init_args.root", str(data), "--federation.rounds", "1",
                "--federation.local_epochs", "1", "--federation.vectorize", "0", "--logger.wandb", "false",
