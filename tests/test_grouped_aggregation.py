@@ -134,3 +134,18 @@ def test_a_client_step_keeps_its_activations_measured_by_hand():
     normed = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
                                  torch.nn.ReLU(), torch.nn.Linear(32, 10))
     assert measured(normed) > narrow  # BatchNorm's input is kept besides; the buffer check ran inside
+
+
+def test_a_step_that_cannot_be_measured_counts_no_activations(monkeypatch):
+    """Measuring the activations runs the module's training_step once; if that fails, the group is sized from the
+    parameters as before (the vectorized path then reports its own failure), not the run stopped."""
+    import fedlight.engine.execution as execution
+    from fedlight.training.vectorized import VectorizedTrainer
+
+    def broken(self, x, y):
+        raise RuntimeError("this step cannot run outside the trainer")
+
+    monkeypatch.setattr(VectorizedTrainer, "activation_bytes", broken)
+    fed = small_federation(FedAvg(), num_clients=7, vectorize=-1)
+    monkeypatch.setattr(execution, "available_memory", lambda device: 2 * 3 * fed.flat.numel * 4 * 8)
+    assert fed.execution.activation_bytes() == 0 and fed.execution.group_size(7) == 3

@@ -313,7 +313,10 @@ class ClientExecution:
         if self._activation_bytes is None:
             split = self.server.split("train")
             batch = self.config.batch_size
-            self._activation_bytes = self.vectorized.activation_bytes(split.x[:batch], split.y[:batch])
+            try:
+                self._activation_bytes = self.vectorized.activation_bytes(split.x[:batch], split.y[:batch])
+            except Exception:  # a step that cannot run here cannot run vectorized either: that path says why
+                self._activation_bytes = 0
         return self._activation_bytes
 
     # -- checkpoints -----------------------------------------------------------------------------------------
