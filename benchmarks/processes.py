@@ -62,20 +62,19 @@ def plain_worker(args: argparse.Namespace) -> None:
 
     from plain_loop import PlainLoop
     from random_data import MnistLike
+    from vectorized import LR, MOMENTUM, NETWORKS
 
     from fedlight.algorithms.fedavg import FedAvg
     from fedlight.engine.federation import Federation, FederationConfig
-    from fedlight.models import Classifier, LeNet5
+    from fedlight.models import Classifier
 
-    def network() -> torch.nn.Module:
-        return LeNet5(in_channels=1, num_classes=10, image_size=28)
-
+    network = NETWORKS["lenet5"]
     config = FederationConfig(rounds=args.rounds, local_epochs=1, batch_size=args.batch_size, accelerator="cpu",
                               eval_every=10**6, eval_split="train", vectorize=0)
     torch.manual_seed(0)
-    fed = Federation(MnistLike(args.clients, args.pool), Classifier(network(), lr=0.01, momentum=0.5), FedAvg(),
+    fed = Federation(MnistLike(args.clients, args.pool), Classifier(network(), lr=LR, momentum=MOMENTUM), FedAvg(),
                      config)
-    plain = PlainLoop(fed, network, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.5))
+    plain = PlainLoop(fed, network, lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM))
     times = []
     for round in range(1, args.rounds + 1):
         began = time.perf_counter()

@@ -198,3 +198,13 @@ def test_a_model_with_dropout_is_compared_like_with_like_and_vectorizes_when_fas
     result = fed.execution.probe_result
     assert result.difference <= AGREEMENT and result.choice == "vectorized"
     assert [m.p for m in network.modules() if isinstance(m, torch.nn.Dropout)] == [0.5]  # restored after the check
+
+
+def test_the_probe_s_two_parts_join_in_order_and_a_log_one_part_lacks_is_nan():
+    from fedlight.training.sequential import Trained
+
+    one = Trained(torch.ones(1, 2), torch.tensor([0.5]), {"acc": torch.tensor([0.9])})
+    two = Trained(torch.zeros(2, 2), torch.tensor([0.1, 0.2]))
+    joined = Trained.cat([one, two])
+    assert joined.params.tolist() == [[1, 1], [0, 0], [0, 0]] and joined.loss.tolist() == pytest.approx([0.5, 0.1, 0.2])
+    assert joined.logs["acc"][0].item() == pytest.approx(0.9) and joined.logs["acc"][1:].isnan().all()

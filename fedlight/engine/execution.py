@@ -209,8 +209,9 @@ class ClientExecution:
         decision gives the numbers of a measured one."""
         group = clients[: self.group_size(len(clients))]
         key = probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
-                        batch_size=self.config.batch_size, clients=len(group), gradient_hook=self.algorithm.corrects_gradient,
-                        precision=self._precision_name(), device=device_name(self.device))
+                        batch_size=self.config.batch_size, clients=len(group),
+                        gradient_hook=self.algorithm.corrects_gradient, precision=self._precision_name(),
+                        device=device_name(self.device))
         remembered = self._recall(key)
         first = sequential_share(len(group))
         parts, seconds = [], []
@@ -222,16 +223,16 @@ class ClientExecution:
         rest, rest_starts = clients[first: len(group)], starts[first: len(group)]
         difference = remembered.difference if remembered else \
             self.collective.broadcast(self._check_agreement(round, rest, rest_starts) if rest else 0.0)
-        vectorized_s = math.nan
-        if rest and difference <= AGREEMENT:
+        vectorizes = bool(rest) and difference <= AGREEMENT
+        if vectorizes:
             trained, vectorized_s = timed(self.device, lambda: self._train_vectorized(round, rest, rest_starts))
             vectorized_s /= sum(self.server.local_steps(c) for c in rest)
         else:
-            trained = self._train_one_by_one(round, rest, rest_starts)
+            trained, vectorized_s = self._train_one_by_one(round, rest, rest_starts), math.nan
         parts.append(trained)
         sequential_s = step_seconds(seconds, [self.server.local_steps(c) for c in clients[:first]])
         result = remembered or self.collective.broadcast(
-            decide(first, len(rest) if not math.isnan(vectorized_s) else 0, sequential_s, vectorized_s, difference))
+            decide(first, len(rest) if vectorizes else 0, sequential_s, vectorized_s, difference))
         if remembered is None and self.collective.rank == 0:
             remember(key, result)
         self._keep_probe(result)
