@@ -14,8 +14,9 @@ client is evaluated with its v_bar_i.
 
 How it maps onto fedlight: the local loop is the algorithm's own (`own_training`), built from
 `server.batches` (the batches the module's SGD would take) and `server.loss_and_grad`. v_i and alpha_i are per-client
-state: the client sends them back beside w (`Updates.state`: "local" and "alpha") and `aggregate` writes them,
-so every process reaches the same state; they are saved in the checkpoint.
+state (the client states "local" and "alpha"): the client sends them back beside w (`Updates.state`) and the
+engine stores them, gathered over the processes, so every process reaches the same state; they are saved in the
+checkpoint.
 
 Defaults: alpha = 0.5, the initial mixing weight of the authors' released implementation (FedTorch);
 adaptive = True, alpha updated at every local step as in the paper's update; alpha_lr = None: alpha steps with the
@@ -37,14 +38,12 @@ Deviations and limits:
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.round_updates import RoundUpdates
 
 
 class APFL(Algorithm):
@@ -68,16 +67,14 @@ class APFL(Algorithm):
         if alpha_lr is not None and not alpha_lr > 0:
             raise ValueError(f"alpha_lr must be > 0 (or None: the clients' learning rate), got {alpha_lr}")
         self.initial_alpha, self.adaptive, self.alpha_lr = alpha, adaptive, alpha_lr
-        self.local = torch.empty(0)
-        self.alpha = torch.empty(0)
 
     def setup(self, server) -> None:
         super().setup(server)
         if not bool(server.parameter_mask().all()):
             warnings.warn("APFL's local loop does not update buffers (BatchNorm running statistics): they keep "
                           "their initial values; use a network without BatchNorm", stacklevel=2)
-        self.local = self.models.repeat(server.num_clients, 1)
-        self.alpha = self.models.new_full((server.num_clients,), self.initial_alpha)
+        self.local = server.client_state("local", initial=server.initial_params)
+        self.alpha = server.client_state("alpha", initial=self.models.new_tensor(self.initial_alpha))
 
     def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """Algorithm 1's local steps: (trained w, mean loss of w over the last epoch, {"local": v, "alpha": alpha})."""
@@ -101,13 +98,6 @@ class APFL(Algorithm):
             steps += 1
         return w, loss_sum / max(steps, 1), {"local": v, "alpha": alpha}
 
-    def aggregate(self, round: int, updates: RoundUpdates) -> None:
-        """FedAvg of the trained w's (size-weighted); each client's local model and alpha are stored."""
-        super().aggregate(round, updates)
-        clients, local = updates.state("local")
-        self.local[clients] = local
-        self.alpha[clients] = updates.state("alpha")[1]
-
     def personalized_model(self, client: int) -> Tensor:
         """v_bar_i = alpha_i v_i + (1 - alpha_i) w."""
         alpha = self.alpha[client]
@@ -118,12 +108,4 @@ class APFL(Algorithm):
         return ClientModels(self.personalized_model, n), torch.arange(n, device=self.server.device)
 
     def round_metrics(self) -> dict[str, float]:
-        return {"apfl/alpha_mean": float(self.alpha.mean())}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "local": self.local, "alpha": self.alpha}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.local = state["local"]
-        self.alpha = state["alpha"]
+        return {"apfl/alpha_mean": float(self.alpha.read(torch.arange(self.server.num_clients)).mean())}

@@ -12,14 +12,13 @@ SGD (`train_client` is overridden), and two extra scores are logged every round:
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.evaluation import summarize
+from fedlight.engine.updates import Updates
 from fedlight.cluster.scores import clustering_scores
 
 
@@ -42,7 +41,6 @@ class CentroidAlgorithm(Algorithm):
         if n_init < 1 or max_iter < 1 or tol < 0:
             raise ValueError(f"need n_init >= 1, max_iter >= 1 and tol >= 0, got {n_init}, {max_iter}, {tol}")
         self.n_init, self.max_iter, self.tol = n_init, max_iter, tol
-        self.local_counts = torch.empty(0, dtype=torch.long)
 
     # -- set-up ------------------------------------------------------------------------------------
     def setup(self, server) -> None:
@@ -58,21 +56,25 @@ class CentroidAlgorithm(Algorithm):
             raise ValueError(f"{name} is one-shot: set federation.rounds: 1 (got {server.rounds})")
         self.k, self.ell, self.medoids = module.num_centers, module.ell, module.medoids
         self.all_points(server.split("train").x[:1])  # the data's feature count must match the model's dim
-        self.local_counts = torch.zeros(server.num_clients, dtype=torch.long, device=server.device)
 
     # -- local work ------------------------------------------------------------------------------
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
+    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, ...]:
         """The client's local clustering (`local_fit`) on its training points, instead of SGD."""
         x = self.client_points(client)
         with kcenters.small_problem_threads(x.numel(), x.device):
             return self.local_fit(round, client, x, start)
 
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
-        """(the client's fitted flat model, its mean cost per point) from its points `x` (n, h). The default
-        is the model's (k, l)-clustering, seeded by (run seed, round, client)."""
+    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
+        """(the client's fitted flat model, its mean cost per point[, what it sends beside them]) from its points `x`
+        (n, h). The default is the model's (k, l)-clustering, seeded by (run seed, round, client)."""
         fit = self.cluster(x, self.generator(self.server.client_seed(round, client)))
-        self.local_counts[client] = len(fit.centers)
-        return self.to_flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
+        return self.fitted(fit, x)
+
+    def fitted(self, fit: kcenters.CenterFit, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """A local fit as the client sends it: (its centers as a flat model, its mean cost per point, {"counts": how
+        many of the centers are its own, the rest being padding})."""
+        return self.to_flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device), \
+            {"counts": torch.tensor(len(fit.centers), device=x.device)}
 
     # -- services ----------------------------------------------------------------------------------
     def client_points(self, client: int, split: str = "train") -> Tensor:
@@ -103,9 +105,9 @@ class CentroidAlgorithm(Algorithm):
     def centers(self, flat: Tensor) -> Tensor:
         return self.server.model.centers_of(flat)
 
-    def uploads(self, params: Tensor, clients: Tensor) -> list[Tensor]:
-        """Each client's uploaded centers without padding (client order as given)."""
-        return [c[: int(self.local_counts[k])] for c, k in zip(self.centers(params), clients.tolist())]
+    def uploads(self, updates: Updates) -> list[Tensor]:
+        """Each client's uploaded centers without padding (in the order of the updates)."""
+        return [c[:count] for c, count in zip(self.centers(updates.params), updates.state["counts"].tolist())]
 
     @torch.no_grad()
     def labels_and_metrics(self, models: Tensor, group_of_client: Tensor,
@@ -156,11 +158,3 @@ class CentroidAlgorithm(Algorithm):
         if len(true) == 0:
             return {}
         return {"cluster/point_ari": clustering_scores(true.cpu().numpy(), labels.cpu().numpy())["ari"]}
-
-    # -- checkpoints -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "local_counts": self.local_counts}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.local_counts = state["local_counts"]

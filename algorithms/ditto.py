@@ -7,7 +7,8 @@ A selected client, in every round t:
   1. trains the global model w^t with the module's SGD, as FedAvg does, and sends its result back;
   2. trains its personal model v_k from its previous v_k with the module's SGD on F_k(v) + lambda/2 ||v - w^t||^2
      (the proximal gradient lambda (v - w^t) added to every gradient), for `personal_epochs` epochs.
-The server averages the global updates (weighted by training-set size) and stores every returned v_k.
+The server averages the global updates (weighted by training-set size) and stores every returned v_k (the engine
+writes it: a client whose v_k is not finite is left out of the round).
 
 Defaults and choices:
 - `lam` = 1: the value of the authors' released experiments (Fashion-MNIST and Vehicle, clean and attacked); the
@@ -27,18 +28,17 @@ Deviations:
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
+from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.round_updates import RoundUpdates
 
 
 class Ditto(Algorithm):
-    """FedAvg for the global model plus one proximally regularized personal model per client (n x d on the
-    device), trained beside the global update and sent back as `Updates.state["personal"]`.
+    """FedAvg for the global model plus one proximally regularized personal model per client (the client state
+    "personal": rows for the clients trained so far), trained beside the global update and sent back as
+    `Updates.state["personal"]`, which the engine stores.
 
     Args:
         lam: lambda >= 0, the weight of lambda/2 ||v - w||^2 pulling each personal model towards the global one
@@ -56,11 +56,10 @@ class Ditto(Algorithm):
         if personal_epochs is not None and personal_epochs < 1:
             raise ValueError(f"personal_epochs must be >= 1 (None: the local epochs), got {personal_epochs}")
         self.lam, self.personal_epochs = lam, personal_epochs
-        self.personal_models = torch.empty(0)
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.personal_models = server.initial_params.repeat(server.num_clients, 1)
+        self.personal_models = server.client_state("personal", initial=server.initial_params)
 
     def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The global update from `start` (FedAvg's), then the personal model's update towards `start`."""
@@ -72,21 +71,7 @@ class Ditto(Algorithm):
                                         self.learning_rate_scale(round), hook)
         return trained, loss, {"personal": personal}
 
-    def aggregate(self, round: int, updates: RoundUpdates) -> None:
-        """FedAvg of the global updates, streamed a group at a time; every returned personal model is stored (one
-        that is not finite is dropped, the client keeping its previous one)."""
-        super().aggregate(round, updates)
-        clients, personal = updates.state("personal")
-        finite = torch.isfinite(personal).all(dim=1)
-        self.personal_models[clients[finite]] = personal[finite]
-
-    def evaluation_models(self) -> tuple[Tensor, Tensor]:
+    def evaluation_models(self) -> tuple[ClientModels, Tensor]:
         """Every client is evaluated with its personal model."""
-        return self.personal_models, torch.arange(self.server.num_clients, device=self.server.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "personal_models": self.personal_models}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.personal_models = state["personal_models"]
+        n = self.server.num_clients
+        return ClientModels(self.personal_models.__getitem__, n), torch.arange(n, device=self.server.device)

@@ -90,7 +90,6 @@ class FedEM(Algorithm):
         if num_components < 1:
             raise ValueError(f"algorithm.init_args.num_components must be >= 1, got {num_components}")
         self.num_components = num_components
-        self.mixture = torch.empty(0)
 
     def setup(self, server) -> None:
         super().setup(server)
@@ -100,7 +99,7 @@ class FedEM(Algorithm):
                              f"clients: give at most {server.num_clients}")
         seeds = server.rng(0, "fedem-components").integers(2**31, size=m)
         self.models = torch.stack([server.initial_params] + [server.random_params(int(s)) for s in seeds[1:]])
-        self.mixture = self.models.new_full((server.num_clients, m), 1.0 / m)
+        self.mixture = server.client_state("mixture", initial=self.models.new_full((m,), 1.0 / m))
 
     def sample_losses(self, client: int) -> Tensor:
         """(M, samples) every component's cross-entropy on each of the client's training samples."""
@@ -110,17 +109,18 @@ class FedEM(Algorithm):
 
     def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """E-step, M-step of the mixture weights, and every component's weighted training: (component 0, the sum
-        over components of their weighted losses, {"others": components 1..M-1, "weights": the new pi_t})."""
+        over components of their weighted losses, {"others": components 1..M-1, "mixture": the new pi_t}, which the
+        engine stores)."""
         if self.num_components == 1:
             trained, loss = super().train_client(round, client, start)
-            return trained, loss, {"others": trained.new_zeros(0, len(trained)), "weights": self.mixture[client]}
+            return trained, loss, {"others": trained.new_zeros(0, len(trained)), "mixture": self.mixture[client]}
         q = posterior(self.mixture[client].log(), self.sample_losses(client))
         scale = self.learning_rate_scale(round)
         trained = [self.server.train(round, client, theta, lr_scale=scale, sample_weights=q[:, m])
                    for m, theta in enumerate(self.models)]
         loss = torch.stack([part[1] for part in trained]).sum()
         return trained[0][0], loss, {"others": torch.stack([part[0] for part in trained[1:]]),
-                                     "weights": q.mean(dim=0).to(self.mixture.dtype)}
+                                     "mixture": q.mean(dim=0).to(self.mixture.dtype)}
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each component becomes the training-set-size weighted mean of the clients' trained copies (a client with a
@@ -136,9 +136,8 @@ class FedEM(Algorithm):
             del group, copies
         updates.sum_over_processes_(average.sums, average.totals)
         self.set_shared(*average.means())
-        clients, weights = updates.state("weights")
-        self.mixture[clients] = weights
-        self.assignment = self.mixture.argmax(dim=1)
+        clients, weights = updates.state("mixture")  # stored by the engine after the round
+        self.assignment[clients] = weights.argmax(dim=1)
 
     def mixture_predictor(self, log_weights: Tensor) -> MixturePredictor:
         return MixturePredictor(self.server.predict, self.models, log_weights)
@@ -164,10 +163,3 @@ class FedEM(Algorithm):
 
     def cluster_labels(self) -> np.ndarray:
         return self.assignment.cpu().numpy()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "mixture": self.mixture}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.mixture = state["mixture"]

@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.client_state import ClientState
 from fedlight.engine.newcomers import Newcomers
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import agreement_similarity
@@ -76,8 +78,7 @@ class FlisDC(InferenceSimilarity):
                  evaluate: Literal["local", "pool"] = "local", participation: float = 1.0) -> None:
         super().__init__(beta, soft, participation)
         self.selection_split, self.evaluate = selection_split, evaluate
-        self.local_models: Tensor | None = None
-        self.trained = torch.empty(0, dtype=torch.bool)
+        self.local_models: ClientState | None = None
 
     def setup(self, server) -> None:
         super().setup(server)
@@ -88,9 +89,9 @@ class FlisDC(InferenceSimilarity):
                              f"have no {self.selection_split!r} samples (clients {empty[:10].tolist()}): raise "
                              f"data.init_args.{self.selection_split}_fraction, or set "
                              "algorithm.init_args.selection_split: train")
-        self.trained = torch.zeros(server.num_clients, dtype=torch.bool, device=server.device)
-        if self.evaluate == "local":
-            self.local_models = server.initial_params.repeat(server.num_clients, 1)
+        if self.evaluate == "local":  # a client that has not trained yet reads its pool model
+            self.local_models = server.client_state("local_models",
+                                                    initial=lambda clients: self.models[self.assignment[clients]])
 
     def assign_to_pool(self) -> None:
         """Every client starts from the pool model with the lowest loss on its selection split."""
@@ -105,30 +106,21 @@ class FlisDC(InferenceSimilarity):
         member = (similarity >= self.beta).to(updates.params.dtype)
         weights = member * updates.num_samples.to(updates.params.dtype)[None, :]
         self.models = (weights / weights.sum(dim=1, keepdim=True)) @ updates.params
-        self.trained[updates.clients] = True
         if self.local_models is not None:
-            self.local_models[updates.clients] = updates.params
+            self.local_models.write(updates.clients, updates.params)
 
     def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """Every client moves to the new pool model with the lowest loss on its data (once per round)."""
         self.assign_to_pool()
 
-    def evaluation_models(self) -> tuple[Tensor, Tensor]:
+    def evaluation_models(self) -> tuple[Tensor | ClientModels, Tensor]:
         if self.local_models is None:
             return self.models, self.assignment
         n = self.server.num_clients
-        models = torch.where(self.trained[:, None], self.local_models, self.models[self.assignment])
-        return models, torch.arange(n, device=models.device)
+        return ClientModels(self.local_models.__getitem__, n), torch.arange(n, device=self.models.device)
 
     def round_metrics(self) -> dict[str, float]:
         return {"cluster/pool_size": float(len(self.models))}
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "local_models": self.local_models, "trained": self.trained}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.local_models, self.trained = state["local_models"], state["trained"]
 
 
 class FlisHC(InferenceSimilarity):

@@ -50,11 +50,10 @@ class KFED(CentroidAlgorithm):
         if self.local_k is not None and self.local_k > self.k:
             raise ValueError(f"local_k={self.local_k} exceeds the model's {self.k} centers")
 
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
         fit = kcenters.awasthi_sheffet(x, self.local_k or self.k, self.generator(self.server.client_seed(round, client)),
                                      self.max_iter, self.tol)
-        self.local_counts[client] = len(fit.centers)
-        return self.to_flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
+        return self.fitted(fit, x)
 
     def start_centers(self, round: int, uploads: list[Tensor]) -> Tensor:
         first = 0 if self.start_client == "first" else int(self.server.rng(round, "start").integers(len(uploads)))
@@ -62,7 +61,7 @@ class KFED(CentroidAlgorithm):
 
     def aggregate(self, round: int, updates) -> None:
         updates = updates.all()
-        uploads = self.uploads(updates.params, updates.clients)
+        uploads = self.uploads(updates)
         pooled = torch.cat(uploads)
         start = kcenters.farthest_first(pooled, self.start_centers(round, uploads), self.k)
         fit = kcenters.lloyd(pooled, start, max_iter=self.server_steps or self.max_iter, tol=self.tol)

@@ -1,25 +1,41 @@
 """Local training: every client trains its own model on its own data; nothing is ever averaged."""
-import torch
+import math
 
+import torch
+from torch import Tensor
+
+from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.newcomers import Newcomers
 from fedlight.engine.round_updates import RoundUpdates
 
 
 class Local(Algorithm):
-    """Each client is its own cluster of one, so its model is simply its own trained model. All clients train
-    every round."""
+    """Each client is its own cluster of one, so its model is simply its own trained model (a row of the client
+    state "local_models", the initial model until it trains). All clients train every round."""
 
     holds_updates = True  # keeps every client's trained model
     own_aggregation = True  # nothing is averaged: a robust rule or DP noise has nothing to act on
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.models = server.initial_params.repeat(server.num_clients, 1)
-        self.assignment = torch.arange(server.num_clients, device=server.device)
+        self.local_models = server.client_state("local_models", initial=server.initial_params)
 
     def select_clients(self, round: int) -> list[int]:
         return list(range(self.server.num_clients))
 
+    def client_model(self, client: int) -> Tensor:
+        return self.local_models[client]
+
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         updates = updates.all()
-        self.models[updates.clients] = updates.params
+        self.local_models.write(updates.clients, updates.params)
+
+    def evaluation_models(self) -> tuple[ClientModels, Tensor]:
+        n = self.server.num_clients
+        return ClientModels(self.client_model, n), torch.arange(n, device=self.server.device)
+
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[ClientModels, Tensor, None]:
+        """Each newcomer gets the client model with the lowest loss on its training split."""
+        models = ClientModels(self.client_model, self.server.num_clients)
+        return models, torch.nan_to_num(newcomers.losses(models), nan=math.inf).argmin(dim=0), None

@@ -14,7 +14,7 @@ n each): the new C_g. Every client is evaluated with C_g. k-means only (l = 2).
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -40,21 +40,19 @@ class MFC(CentroidAlgorithm):
         if score not in ("repo", "cost_drop"):
             raise ValueError(f"score must be 'repo' or 'cost_drop', got {score!r}")
         self.score = score
-        self.shared = torch.empty(0)        # (Z, h+1): each client's last upload (mean, size)
 
     def setup(self, server) -> None:
         super().setup(server)
         if self.ell != 2 or self.medoids:
             raise ValueError("MFC is a k-means method: use a CentroidModel with ell: 2 and medoids: false")
-        self.shared = torch.zeros(server.num_clients, server.model.dim + 1, device=server.device)
+        self.shared = server.client_state("shared", initial=torch.zeros(server.model.dim + 1))  # last (mean, size)
 
     # -- clients -------------------------------------------------------------------------------------
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
         if round == 1:
             fit = kcenters.awasthi_sheffet(x, self.k, self.generator(self.server.client_seed(round, client)),
                                          self.max_iter, self.tol)
-            self.local_counts[client] = len(fit.centers)
-            return self.to_flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device)
+            return self.fitted(fit, x)
         centers = self.centers(start)
         dist, labels = kcenters.nearest(x, centers)
         member = torch.nn.functional.one_hot(labels, self.k).to(x.dtype)          # (n, k)
@@ -67,29 +65,22 @@ class MFC(CentroidAlgorithm):
             score = (member * (dist ** 2)[:, None]).sum(dim=0) / sizes.clamp(min=1) - score
         score = torch.where(present, score, torch.full_like(score, -torch.inf))
         best = int(score.argmax())
-        self.shared[client] = torch.cat([means[best], sizes[best: best + 1]]).to(self.shared.dtype)
+        shared = torch.cat([means[best], sizes[best: best + 1]]).to(self.shared.dtype)
         recentered = torch.where(present[:, None], means, centers)               # one local Lloyd step
-        return recentered.reshape(-1), score[best].detach()
+        return recentered.reshape(-1), score[best].detach(), {"shared": shared}
 
     # -- server --------------------------------------------------------------------------------------
     def aggregate(self, round: int, updates) -> None:
         updates = updates.all()
         if round == 1:
-            pooled = torch.cat(self.uploads(updates.params, updates.clients))
+            pooled = torch.cat(self.uploads(updates))
             start = kcenters.farthest_first(pooled, pooled[:1], self.k)
             fit = kcenters.lloyd(pooled, start, max_iter=self.max_iter, tol=self.tol)
         else:
             current = self.centers(self.models[0])
-            shared = self.shared[updates.clients]
+            shared = updates.state["shared"]  # stored by the engine after the round
             means, sizes = shared[:, :-1], shared[:, -1]
             points = torch.cat([means, current])
             weights = torch.cat([sizes, sizes.max().expand(len(current))])
             fit = self.cluster(points, self.server_generator(round), weights)
         self.models = self.to_flat(fit.centers).unsqueeze(0)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "shared": self.shared}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.shared = state["shared"]

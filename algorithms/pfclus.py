@@ -112,11 +112,10 @@ class PFClus(CentroidAlgorithm):
         self.lam, self.epochs, self.eta0, self.eta_mode = lam, epochs, eta0, eta_mode
         self.snap, self.chain_clients = snap, chain_clients
         self.global_centers = torch.empty(0)
-        self.local_centers = torch.empty(0)
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.local_centers = server.initial_params.repeat(server.num_clients, 1)
+        self.local_centers = server.client_state("local_centers", initial=server.initial_params)
         self.global_centers = server.initial_params.clone()
 
     # phase 1, the clients' local (k, l)-clustering, is the inherited `local_fit`
@@ -124,8 +123,8 @@ class PFClus(CentroidAlgorithm):
     # -- phase 2: server -----------------------------------------------------------------------------
     def aggregate(self, round: int, updates) -> None:
         updates = updates.all()
-        self.local_centers[updates.clients] = updates.params
-        pooled = torch.cat(self.uploads(updates.params, updates.clients))
+        self.local_centers.write(updates.clients, updates.params)
+        pooled = torch.cat(self.uploads(updates))
         fit = self.cluster(pooled, self.server_generator(round))
         self.global_centers = self.to_flat(fit.centers)
         self.models = self.global_centers.unsqueeze(0).clone()
@@ -140,7 +139,7 @@ class PFClus(CentroidAlgorithm):
         """(Z, k*h) every client's personalized centers, each started from `global_centers` (flat)."""
         data = self.server.split("train")
         x = self.all_points(data.x)
-        local = self.centers(self.local_centers)
+        local = self.centers(self.local_centers.read(torch.arange(self.server.num_clients)))
         start = self.centers(global_centers)
         kw = dict(ell=self.ell, lam=self.lam, epochs=self.epochs, eta0=self.eta0, eta_mode=self.eta_mode)
         if self.chain_clients:
@@ -169,12 +168,11 @@ class PFClus(CentroidAlgorithm):
         own = torch.arange(n, device=self.server.device)
         return {**super().round_metrics(),
                 **self.center_metrics(self.global_centers.unsqueeze(0), zeros, "global"),
-                **self.center_metrics(self.local_centers, own, "local")}
+                **self.center_metrics(self.local_centers.read(own), own, "local")}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "global_centers": self.global_centers, "local_centers": self.local_centers}
+        return {**super().state_dict(), "global_centers": self.global_centers}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.global_centers = state["global_centers"]
-        self.local_centers = state["local_centers"]

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.round_updates import RoundUpdates
 
@@ -87,11 +87,10 @@ class PFedMe(Algorithm):
         if beta <= 0:
             raise ValueError(f"beta must be > 0, got {beta}")
         self.lam, self.K, self.personal_lr, self.beta = lam, int(K), personal_lr, beta
-        self.personal_models = torch.empty(0)
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.personal_models = server.initial_params.repeat(server.num_clients, 1)  # (n, d): every client's theta
+        self.personal_models = server.client_state("personal", initial=server.initial_params)  # every client's theta
 
     def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """Algorithm 1's client: (w_local, mean loss f(theta; batch) of the last epoch, {"personal": theta})."""
@@ -111,22 +110,14 @@ class PFedMe(Algorithm):
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """w <- (1 - beta) w + beta * (training-set-size weighted mean of the clients' w_local); each trained
-        client's theta is kept for its evaluation."""
+        client's theta is kept for its evaluation (the engine stores what clients return as "personal")."""
         before = self.models[0].clone()
         super().aggregate(round, updates)  # models[0] becomes the mean (kept when nobody trained)
-        clients, thetas = updates.state("personal")
-        self.personal_models[clients] = thetas
         if self.beta != 1:
             mean = self.models[0].double()
             self.models[0] = ((1 - self.beta) * before.double() + self.beta * mean).to(self.models.dtype)
 
-    def evaluation_models(self) -> tuple[Tensor, Tensor]:
+    def evaluation_models(self) -> tuple[ClientModels, Tensor]:
         """Every client's own personalized model theta_i."""
-        return self.personal_models, torch.arange(self.server.num_clients, device=self.server.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "personal_models": self.personal_models}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.personal_models = state["personal_models"]
+        n = self.server.num_clients
+        return ClientModels(self.personal_models.__getitem__, n), torch.arange(n, device=self.server.device)

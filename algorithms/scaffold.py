@@ -1,7 +1,7 @@
 """SCAFFOLD (Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled Averaging for
 Federated Learning", ICML 2020, Algorithm 1 with option II of the client control variate).
 
-The server keeps a control variate c (d,) and every client one, c_i (n x d). A client of round r starts from the
+The server keeps a control variate c (d,) and every client one, c_i (client state). A client of round r starts from the
 server model x and takes its K local steps (`server.local_steps(client)`) at the learning rate eta_l
 (`server.learning_rate(r)`) with the corrected gradient g + c - c_i, reaching y_i; option II then sets
 c_i+ = c_i - c + (x - y_i) / (K eta_l). The server applies x <- x + eta_g mean(y_i - x) and
@@ -59,13 +59,12 @@ class SCAFFOLD(Algorithm):
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         self.server_lr = server_lr
         self.control = torch.empty(0)
-        self.client_controls = torch.empty(0)
 
     def setup(self, server) -> None:
         super().setup(server)
         d, n = server.num_params, server.num_clients
         self.control = self.models.new_zeros(d)
-        self.client_controls = self.models.new_zeros(n, d)
+        self.client_controls = server.client_state("client_controls", initial=self.models.new_zeros(d))
         self.parameter_entries = server.parameter_mask().to(server.device)
         self.steps = torch.tensor([server.local_steps(c) for c in range(n)], device=server.device)
 
@@ -83,7 +82,7 @@ class SCAFFOLD(Algorithm):
         control_change = torch.zeros_like(x, dtype=torch.float64)    # sum of c_i+ - c_i
         ids, rows = [x.new_zeros(0, dtype=torch.long)], [x.new_zeros(0, len(x))]
         for group in updates.groups():
-            old = self.client_controls[group.clients]
+            old = self.client_controls.read(group.clients)
             scale = (self.steps[group.clients] * rate).to(x.dtype)[:, None]
             new = old - self.control + torch.where(self.parameter_entries, (x - group.params) / scale, 0)
             total += len(group)
@@ -93,7 +92,8 @@ class SCAFFOLD(Algorithm):
             rows.append(new)
             del group
         updates.sum_over_processes_(total, model_sum, control_change)
-        self.client_controls[updates.cat_over_processes(torch.cat(ids))] = updates.cat_over_processes(torch.cat(rows))
+        clients, controls = (updates.cat_over_processes(torch.cat(part)) for part in (ids, rows))
+        self.client_controls.write(clients, controls)
         if total.item() == 0:
             return
         x64 = x.double()
@@ -103,9 +103,8 @@ class SCAFFOLD(Algorithm):
         self.control += (control_change / self.server.num_clients).to(x.dtype)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "control": self.control, "client_controls": self.client_controls}
+        return {**super().state_dict(), "control": self.control}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.control = state["control"]
-        self.client_controls = state["client_controls"]

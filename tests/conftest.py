@@ -29,6 +29,14 @@ def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed
     return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed)
 
 
+def every_row(value):
+    """A client state (`fedlight.engine.client_state.ClientState`) as one tensor of every client's row; any other
+    value as it is: to compare an algorithm's attributes across runs."""
+    from fedlight.engine.client_state import ClientState
+
+    return value.read(range(value.num_clients)) if isinstance(value, ClientState) else value
+
+
 @pytest.fixture(autouse=True)
 def own_trainer_memory(tmp_path_factory):
     """Every test starts with an empty memory of trainer choices (`fedlight.training.probe.recall`), so a test
@@ -54,21 +62,29 @@ def tiny_run_args(tmp_path):
             "--federation.vectorize", "6", "--logger.wandb", "false", "--output_dir", str(tmp_path)]
 
 
-def crash_and_resume(args: list[str], run_dir, monkeypatch, crash_round: int = 3) -> None:
+def crash_and_resume(args: list[str], run_dir, monkeypatch, crash_round: int = 3, after_the_work: bool = False,
+                     before_resuming=None) -> None:
     """Run `args` as run folder `run_dir` (its --output_dir) with a crash (Ctrl-C) in `crash_round`, then resume it
-    to the end; the rounds before the crash must be saved."""
+    to the end; the rounds before the crash must be saved. The crash comes as the round starts, or with
+    `after_the_work` once the round's work is done (its client state written) but before anything records it;
+    `before_resuming(run_dir)` may then change the folder (remove a checkpoint)."""
     from fedlight.engine.federation import Federation
     from fedlight.run.cli import main
 
     real_run_round = Federation.run_round
 
     def crash(self, round):
+        if round == crash_round and not after_the_work:
+            raise KeyboardInterrupt("killed")
+        result = real_run_round(self, round)
         if round == crash_round:
             raise KeyboardInterrupt("killed")
-        return real_run_round(self, round)
+        return result
 
     monkeypatch.setattr(Federation, "run_round", crash)
     assert main(args + ["--run_name", run_dir.name]) == 130
     monkeypatch.setattr(Federation, "run_round", real_run_round)
     assert (run_dir / "metrics.csv").read_text().count("\n") == crash_round  # the header and the saved rounds
+    if before_resuming is not None:
+        before_resuming(run_dir)
     assert main(args + ["--run_name", run_dir.name, "--resume", str(run_dir)]) == 0

@@ -9,6 +9,7 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
+from conftest import every_row
 from fedlight.algorithms.centclus import CentClus
 from fedlight.algorithms.kfed import KFED
 from fedlight.algorithms.mfc import MFC
@@ -118,7 +119,7 @@ def test_each_client_personalizes_its_own_copy_of_the_server_centers():
     before = alg.global_centers.clone()
     data = fed.data.train
     start = alg.centers(alg.global_centers)
-    local = alg.centers(alg.local_centers)
+    local = alg.centers(every_row(alg.local_centers))
     for z in range(6):
         x, _ = data.client(z)
         alone = personalize(start, local[z: z + 1], x, [0, len(x)], ell=2, lam=0.05, epochs=2)[0]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import small_federation
+from conftest import every_row, small_federation
 from fedlight import Federation, FederationConfig, RoundUpdates
 from fedlight.algorithms.apfl import APFL
 from fedlight.algorithms.fedavg import FedAvg
@@ -57,7 +57,7 @@ def resumed_equals_uninterrupted(make, names: tuple[str, ...]) -> None:
     b.load_state_dict(state)
     a.run_round(3), b.run_round(3)
     for name in ("models", *names):
-        assert torch.equal(getattr(a.algorithm, name), getattr(b.algorithm, name)), name
+        assert torch.equal(every_row(getattr(a.algorithm, name)), every_row(getattr(b.algorithm, name))), name
 
 
 # ----------------------------------------------------------------------------- SCAFFOLD
@@ -75,7 +75,7 @@ def test_scaffold_first_round_is_the_unweighted_mean_of_fedavg_clients():
     assert not torch.allclose(model, (sizes[:, None] * trained).sum(0) / sizes.sum(), rtol=0, atol=1e-4)
     # with every client taking part, c moves to the mean of the clients' variates (c = 0 before)
     alg = scaffold.algorithm
-    assert torch.allclose(alg.control, alg.client_controls.mean(0), atol=1e-6)
+    assert torch.allclose(alg.control, every_row(alg.client_controls).mean(0), atol=1e-6)
 
 
 def test_scaffold_control_variates_follow_option_two_by_hand():
@@ -83,7 +83,7 @@ def test_scaffold_control_variates_follow_option_two_by_hand():
                             partition=QuantitySkew(min_size=30))
     fed.run_round(1)
     alg = fed.algorithm
-    x, c, c_i = alg.models[0].double(), alg.control.double(), alg.client_controls.double()
+    x, c, c_i = alg.models[0].double(), alg.control.double(), every_row(alg.client_controls).double()
     clients = alg.select_clients(2)
     assert len(clients) == 2 and c_i.abs().sum() > 0
     assert fed.server.train_sizes[clients[0]] != fed.server.train_sizes[clients[1]]  # steps K differ
@@ -93,7 +93,7 @@ def test_scaffold_control_variates_follow_option_two_by_hand():
     for row, k in enumerate(clients):
         steps = math.ceil(int(fed.server.train_sizes[k]) / 32)  # one local epoch of batches of 32
         expected_ci[k] = c_i[k] - c + (x - updates.params[row].double()) / (steps * LR)
-    assert torch.allclose(alg.client_controls.double(), expected_ci, atol=1e-5)
+    assert torch.allclose(every_row(alg.client_controls).double(), expected_ci, atol=1e-5)
     change = sum(expected_ci[k] - c_i[k] for k in clients) / 4  # (|S| / N) times the mean change
     assert torch.allclose(alg.control.double(), c + change, atol=1e-6)
     step = (updates.params.double() - x).mean(0)
@@ -106,7 +106,7 @@ def test_scaffold_corrected_step_is_g_plus_c_minus_ci(vectorize):
     fed = linear_federation(SCAFFOLD(), num_clients=3, batch_size=4096, vectorize=vectorize)
     fed.run_round(1)
     alg = fed.algorithm
-    x, c, c_i = alg.models[0].double(), alg.control.double(), alg.client_controls.double()
+    x, c, c_i = alg.models[0].double(), alg.control.double(), every_row(alg.client_controls).double()
     assert (c_i - c).abs().max() > 1e-3  # a real correction in round 2
     updates = fed.execution.train(2, [0, 1, 2])
     grads = [linear_gradient(alg.models[0], *client_data(fed, k)) for k in range(3)]
@@ -138,7 +138,7 @@ def test_apfl_with_alpha_fixed_at_zero_is_fedavg():
         a, b = fedavg.run_round(r), apfl.run_round(r)
         assert torch.allclose(fedavg.algorithm.models, apfl.algorithm.models, rtol=0, atol=1e-6)
     assert a.scalars["test/acc_mean"] == pytest.approx(b.scalars["test/acc_mean"])
-    assert torch.equal(apfl.algorithm.alpha, torch.zeros(4))
+    assert torch.equal(every_row(apfl.algorithm.alpha), torch.zeros(4))
 
 
 @pytest.mark.parametrize("alpha_lr, clipped", [(None, False), (1e6, True)])
@@ -146,7 +146,7 @@ def test_apfl_one_step_matches_a_hand_computation(alpha_lr, clipped):
     fed = linear_federation(APFL(alpha=0.5, alpha_lr=alpha_lr), num_clients=3, batch_size=4096)
     fed.run_round(1)  # v and w part: round 2's alpha gradient <v - w, g> is not zero
     alg = fed.algorithm
-    w, v, alpha = alg.models[0].double(), alg.local.double().clone(), alg.alpha.double().clone()
+    w, v, alpha = alg.models[0].double(), every_row(alg.local).double(), every_row(alg.alpha).double()
     fed.run_round(2)
     sizes = fed.server.train_sizes.double()
     rate = LR if alpha_lr is None else alpha_lr
@@ -170,7 +170,7 @@ def test_apfl_evaluates_each_client_with_its_mixture():
     fed.run_round(1)
     result = fed.run_round(2)
     alg = fed.algorithm
-    assert not torch.equal(alg.alpha, torch.full((4,), 0.3))  # adapted
+    assert not torch.equal(every_row(alg.alpha), torch.full((4,), 0.3))  # adapted
     models, groups = alg.evaluation_models()
     assert torch.equal(groups, torch.arange(4))
     for k in range(4):

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import every_row
 from fedlight import Federation, FederationConfig, RoundUpdates
 from fedlight.algorithms.ditto import Ditto
 from fedlight.algorithms.fedavg import FedAvg
@@ -58,10 +59,11 @@ def test_ditto_with_lam_zero_personal_models_are_local_training_and_the_global_m
     for r in (1, 2):
         for fed in (ditto, local, fedavg):
             fed.run_round(r)
-    assert torch.equal(ditto.algorithm.personal_models, local.algorithm.models)
+    assert torch.equal(every_row(ditto.algorithm.personal_models), every_row(local.algorithm.local_models))
     assert torch.equal(ditto.algorithm.models, fedavg.algorithm.models)
     models, groups = ditto.algorithm.evaluation_models()
-    assert torch.equal(models, local.algorithm.models) and torch.equal(groups, torch.arange(5))
+    assert torch.equal(torch.stack(list(models)), every_row(local.algorithm.local_models))
+    assert torch.equal(groups, torch.arange(5))
 
 
 def test_ditto_personal_step_adds_the_proximal_gradient_worked_by_hand():
@@ -71,7 +73,7 @@ def test_ditto_personal_step_adds_the_proximal_gradient_worked_by_hand():
     noise = torch.Generator().manual_seed(1)
     w = server.initial_params + 0.05 * torch.randn(server.num_params, generator=noise)
     v = server.initial_params + 0.05 * torch.randn(server.num_params, generator=noise)
-    alg.personal_models[1] = v
+    alg.personal_models.write([1], v[None])
     trained, _, state = alg.train_client(1, 1, w)
     [(_, _, batch)] = list(server.batches(1, 1, 1))
     lr = server.learning_rate(1)
@@ -201,4 +203,6 @@ def test_resume_repeats_round_three_exactly(make):
     b.load_state_dict(copy.deepcopy(a.state_dict()))
     ra, rb = a.run_round(3), b.run_round(3)
     assert_states_equal(a.algorithm.state_dict(), b.algorithm.state_dict())
+    assert_states_equal(*({name: every_row(store) for name, store in fed.client_states.stores.items()}
+                          for fed in (a, b)))
     assert ra.scalars["test/acc_mean"] == rb.scalars["test/acc_mean"]

@@ -8,6 +8,7 @@
 | `round_log`, `round_result` | what an algorithm records as it acts, and the typed record a round produces |
 | `federation` | `Federation`: set-up and `run_round`, select -> train -> aggregate -> evaluate |
 | `execution` | the plan and how clients train: groups, vectorized or sequential, the probe, processes |
+| `client_state`, `spill` | `ClientState`: a per-client tensor the engine keeps for an algorithm (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |
 | `aggregation` | cluster-wise weighted averages as running sums; per-client models built on demand |
 | `robust`, `cluster_aggregator` | robust rules on update matrices (median, Krum, ...); the engine's choice of aggregator per run |
 | `attacks` | malicious clients for testing robustness: data attacks (label flip, backdoor) and update attacks (sign flip, scaling, random) |

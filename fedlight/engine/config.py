@@ -50,6 +50,9 @@ class FederationConfig:
         aggregator_beta: share of values trimmed at each end of every coordinate by "trimmed_mean", in [0, 0.5).
         aggregator_clip: norm each update is clipped to by "clipped_mean".
         aggregator_keep: updates Multi-Krum averages (None: the clients of the cluster minus f).
+        client_state_memory: GB of per-client state (personal models, control variates: `fedlight.engine.client_state`)
+            kept in memory, over all of the algorithm's stores; rows beyond it go to memory-mapped files in the run
+            folder's `client_state/`. None: a quarter of the memory available on the device at set-up.
     """
 
     rounds: int = 20
@@ -71,6 +74,7 @@ class FederationConfig:
     aggregator_beta: float = 0.1
     aggregator_clip: float = 1.0
     aggregator_keep: int | None = None
+    client_state_memory: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
@@ -94,6 +98,9 @@ class FederationConfig:
             raise ValueError(f"federation.aggregator_clip must be above 0, got {self.aggregator_clip}")
         if self.aggregator_keep is not None and self.aggregator_keep < 1:
             raise ValueError(f"federation.aggregator_keep must be at least 1 or None, got {self.aggregator_keep}")
+        if self.client_state_memory is not None and not self.client_state_memory > 0:
+            raise ValueError(f"federation.client_state_memory must be above 0 GB (or null: a quarter of the available "
+                             f"memory), got {self.client_state_memory}")
         if not (self.devices == "auto" or isinstance(self.devices, int) and self.devices >= 1) or self.num_nodes < 1:
             raise ValueError(f"federation.devices must be 'auto' or at least 1 and federation.num_nodes at least 1, got "
                              f"{self.devices!r} and {self.num_nodes}")

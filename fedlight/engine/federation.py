@@ -18,6 +18,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.attacks import Attack, AttackConfig
+from fedlight.engine.client_state import ClientStates, memory_budget
 from fedlight.engine.cluster_aggregator import (ClusterAggregation, RobustSettings, check_aggregation,
                                                 clients_per_round)
 from fedlight.engine.config import FederationConfig
@@ -67,9 +68,12 @@ class Federation:
         trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs)
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
         self.aggregation = self._aggregation(privacy)
+        # every process keeps the same rows in memory, so their spill files are laid out alike: the first one's budget
+        budget = self.collective.broadcast(memory_budget(self.config.client_state_memory, self.device))
+        self.client_states = ClientStates(self.device, budget, self.collective.rank)
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
-                                    self.aggregation)
+                                    self.aggregation, self.client_states)
         tamper = self.attack.tamper if self.attack is not None and self.attack.tampers() else None
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
                                          threads, self.aggregation.hold_reason(), tamper)
@@ -116,6 +120,7 @@ class Federation:
         alg.aggregate(round, updates)
         alg.post_aggregation(round, updates)
         training = updates.finish()
+        self.client_states.write_returned(updates)
         self.round = round
         clusters = alg.cluster_labels()
         stop = self.end_aggregation(len(clients))
@@ -203,12 +208,13 @@ class Federation:
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": self.execution.state_dict(),
-                "aggregation": self.aggregation.state_dict(),
+                "aggregation": self.aggregation.state_dict(), "client_state": self.client_states.state_dict(),
                 "attack": None if self.attack is None else self.attack.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = state["round"]
         self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))
+        self.client_states.load_state_dict(state.get("client_state"))
         self.execution.load_state_dict(state.get("probe"))
         self.aggregation.load_state_dict(state.get("aggregation"))
         if self.attack is not None:

@@ -15,7 +15,7 @@ class RoundResult:
     Attributes:
         round: the round (1-based).
         clients_trained: clients selected this round (over every process).
-        left_out: clients left out of aggregation (non-finite update or loss).
+        left_out: clients left out of aggregation (non-finite update, loss or returned state).
         training: `train/loss`, `train/<name>` of what training_step logged, `train/lr`.
         logged: what the algorithm recorded (`Algorithm.log`) and its `round_metrics()`.
         clustering: `cluster/count` and the scores against the true clusters, when the algorithm clusters.

@@ -20,7 +20,7 @@ from fedlight.engine.updates import Updates
 
 @dataclass
 class TrainingReport:
-    """What a round's local training reports: the clients left out (non-finite update or loss), the scalars
+    """What a round's local training reports: the clients left out (non-finite update, loss or state), the scalars
     (`train/loss`, `train/<logged name>`, `train/lr`) and each client's values (`train/<name>`)."""
 
     left_out: list[int]
@@ -31,13 +31,22 @@ class TrainingReport:
 CHECK_ENTRIES = 1 << 24  # entries checked for finiteness at a time (16 MB of booleans)
 
 
+def finite_rows(values: Tensor) -> Tensor:
+    """(m,) whether every entry of each of the m rows of `values` is finite, checked a block of rows at a time (a
+    boolean copy of every model would cost a quarter of them)."""
+    rows = values.flatten(1) if values.dim() > 1 else values[:, None]
+    step = max(1, CHECK_ENTRIES // max(1, rows.shape[1]))
+    blocks = [torch.isfinite(rows[begin: begin + step]).all(dim=1) for begin in range(0, len(rows), step)]
+    return torch.cat([rows.new_zeros(0, dtype=torch.bool), *blocks])
+
+
 def finite(updates: Updates, left_out: list[int]) -> Updates:
-    """The updates whose trained model and training loss are finite; the clients of the others are appended to
-    `left_out` (a NaN in a client's data or an exploding loss must not poison a cluster's average)."""
-    params = updates.params
-    step = max(1, CHECK_ENTRIES // max(1, params.shape[1]))  # a boolean copy of every model would cost a quarter of them
-    rows = [torch.isfinite(params[begin: begin + step]).all(dim=1) for begin in range(0, len(params), step)]
-    keep = torch.cat([params.new_zeros(0, dtype=torch.bool), *rows]) & torch.isfinite(updates.train_loss)
+    """The updates whose trained model, training loss and every row of state they returned (`Updates.state`) are
+    finite; the clients of the others are appended to `left_out` (a NaN in a client's data or an exploding loss must
+    not poison a cluster's average, nor be stored as the client's state)."""
+    keep = finite_rows(updates.params) & torch.isfinite(updates.train_loss)
+    for rows in updates.state.values():
+        keep &= finite_rows(rows).to(keep.device)
     if bool(keep.all()):
         return updates
     left_out.extend(updates.clients[~keep].tolist())
@@ -78,8 +87,8 @@ class RoundUpdates:
 
     @property
     def left_out(self) -> list[int]:
-        """Clients left out of aggregation (non-finite model or loss): held, every one of the round; streamed, this
-        process's so far (complete once `groups()` has run through)."""
+        """Clients left out of aggregation (non-finite model, loss or returned state): held, every one of the round;
+        streamed, this process's so far (complete once `groups()` has run through)."""
         if self.holds:
             self.all()
         return self._left_out
@@ -130,6 +139,14 @@ class RoundUpdates:
         clients = torch.cat([like.new_zeros(0, dtype=torch.long), *(c for c, _ in parts)])
         rows = torch.cat([like[:0], *(r for _, r in parts)])
         return self._collective.gather(clients), self._collective.gather(rows)
+
+    def state_names(self) -> list[str]:
+        """The names the round's clients sent state under (`Updates.state`), any process's. Streamed, it covers the
+        groups `groups()` has run through."""
+        if self.holds:
+            return sorted(self.all().state)
+        mine = {name for _, state in self._sent for name in state}
+        return sorted(set().union(*self._collective.gather_objects(mine)))
 
     # -- held --------------------------------------------------------------------------------------------------
     def all(self) -> Updates:

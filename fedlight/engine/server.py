@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlight.engine.client_state import ClientState, ClientStates, Initial, memory_budget
 from fedlight.engine.cluster_aggregator import ClusterAggregation, RobustSettings
 from fedlight.engine.data import ClientSplit, FederatedData
 from fedlight.engine.round_log import RoundLog
@@ -68,7 +69,8 @@ class ServerContext:
 
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
                  fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
-                 eval_batch_size: int, aggregation: "ClusterAggregation | None" = None) -> None:
+                 eval_batch_size: int, aggregation: "ClusterAggregation | None" = None,
+                 client_states: ClientStates | None = None) -> None:
         self._data, self._flat, self._trainer, self._fabric = data, flat, trainer, fabric
         self._transform, self._eval_batch_size = transform, eval_batch_size
         self.model = model
@@ -81,6 +83,7 @@ class ServerContext:
         self._rows = {name: data.split(name).client_of_row() for name in ("train", "val", "test")}
         self.round_log = RoundLog()
         self._aggregation = aggregation or ClusterAggregation(RobustSettings())
+        self._client_states = client_states or ClientStates(self.device, memory_budget(None, self.device))
 
     @property
     def num_params(self) -> int:
@@ -98,6 +101,16 @@ class ServerContext:
     def inputs(self, x: Tensor) -> Tensor:
         """Raw samples converted as the model sees them (the data module's on-device batch conversion)."""
         return self._transform((x, None), 0)[0]
+
+    # -- per-client state ------------------------------------------------------------------------------------
+    def client_state(self, name: str, initial: Initial) -> ClientState:
+        """A per-client tensor the engine keeps for the algorithm (`fedlight.engine.client_state`), declared once in
+        `setup`: `read(clients)`, `write(clients, rows)`, `touched()`. A client never written reads `initial` (a
+        tensor of the row shape, or a callable `initial(clients) -> rows`); rows live in memory up to
+        `federation.client_state_memory`, beyond it in a file of the run folder, and are checkpointed. What a
+        client's own local work returns under `name` (`train_client`'s third element) is written by the engine
+        after `post_aggregation`."""
+        return self._client_states.declare(name, self.num_clients, initial)
 
     # -- aggregation -----------------------------------------------------------------------------------
     def cluster_aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,

@@ -10,7 +10,8 @@ set-up by `Algorithm.holds_updates`:
 - held (`holds_updates = True`, methods that compare every update): `all()` is the whole round, every process's
   clients gathered back in the single-process order, on every process; the two helpers then do nothing.
 
-A client whose trained model or training loss is not finite is left out of both and named in `left_out`.
+A client whose trained model, training loss or any row of its returned `state` is not finite is left out of both
+and named in `left_out`.
 """
 from __future__ import annotations
 

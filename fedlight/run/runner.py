@@ -21,6 +21,7 @@ from fedlight.run.recorder import CsvRecorder
 from fedlight.run.wandb_logger import LoggerConfig, WandbLogger
 
 CHECKPOINTS = Path("checkpoints")
+CLIENT_STATE = Path("client_state")  # the spill files of per-client state (`fedlight.engine.client_state`)
 
 
 class Totals(Callback):
@@ -44,7 +45,8 @@ class Totals(Callback):
 
 class Checkpointer(Callback):
     """Writes the round checkpoint every `every` rounds, after the last and when the run stops early: the
-    federation's state and every callback's (the first process only)."""
+    federation's state and every callback's (the first process only); every process then marks the checkpoint
+    taken, so no spilled client-state row it refers to is overwritten while a kept checkpoint may be read back."""
 
     def __init__(self, every: int, callbacks: list[Any]) -> None:
         self.every, self.callbacks = every, callbacks
@@ -59,6 +61,7 @@ class Checkpointer(Callback):
         if run.main_process:
             state = {"federation": run.federation.state_dict(), "callbacks": callback_states(self.callbacks)}
             checkpoint.save(state, run.run_dir / CHECKPOINTS)
+        run.federation.client_states.checkpointed()
         self.saved_round = result.round
 
 
@@ -84,6 +87,7 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
     stateful = [*observers, *(callbacks or [])]
     checkpointer = Checkpointer(checkpoint_every, stateful)
     every = [*stateful, checkpointer]
+    federation.client_states.use_folder(run_dir / CLIENT_STATE)  # read back on resume, so set before it
     run.resumed = collective.broadcast(resume and checkpoint.exists(run_dir / CHECKPOINTS))  # a run stopped before
     if run.resumed:                                                                        # its first checkpoint
         state = collective.broadcast(checkpoint.load(run_dir / CHECKPOINTS) if main_process else None)  # restarts
