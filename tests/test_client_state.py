@@ -138,6 +138,13 @@ def test_bad_declarations_and_writes_are_refused_in_one_line():
         FederationConfig(client_state_memory=0)
 
 
+def test_the_folder_of_the_spill_files_is_chosen_before_a_row_spills(tmp_path):
+    states, store = store_of(0)  # a temporary folder, made by the first spill
+    store.write([0], torch.ones(1, 4))
+    with pytest.raises(RuntimeError, match="before the run chose their folder"):
+        states.use_folder(tmp_path)
+
+
 class Noted(Algorithm):
     """FedAvg whose clients send a note beside their model (the client state "note"); client `bad` sends NaN."""
 

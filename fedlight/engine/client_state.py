@@ -2,9 +2,9 @@
 
 An algorithm declares each per-client tensor once in `setup`, and reads and writes rows of it:
 
-    self.personal = server.client_state("personal", initial=server.initial_params)
-    rows = self.personal.read(clients)          # (len(clients), *row_shape) on the server's device
-    self.personal.write(clients, rows)          # the same rows on every process
+    self.personal_models = server.client_state("personal", initial=server.initial_params)
+    rows = self.personal_models.read(clients)   # (len(clients), *row_shape) on the server's device
+    self.personal_models.write(clients, rows)   # the same rows on every process
 
 A client never written reads `initial` (a tensor of the row shape, or a callable `initial(clients) -> rows`), of
 which no per-client copy is kept: memory grows with the clients written and is bounded by a byte budget
@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fedlight.engine.devices import available_memory
 from fedlight.engine.spill import SpillFile
 
 if TYPE_CHECKING:
@@ -46,17 +45,7 @@ if TYPE_CHECKING:
 Clients = Sequence[int] | Tensor
 Initial = Tensor | Callable[[Tensor], Tensor]
 
-DEFAULT_SHARE = 0.25             # of the device's available memory, when `federation.client_state_memory` is None
-UNKNOWN_MEMORY_BUDGET = 1 << 30  # where the available memory cannot be read
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-
-
-def memory_budget(gigabytes: float | None, device: torch.device) -> int:
-    """Bytes of client rows the stores may keep in memory: the setting, or a quarter of `device`'s available memory."""
-    if gigabytes is not None:
-        return int(gigabytes * 1e9)
-    free = available_memory(device)
-    return UNKNOWN_MEMORY_BUDGET if free is None else int(DEFAULT_SHARE * free)
 
 
 class MemoryBudget:
@@ -226,7 +215,7 @@ class ClientStates:
 
     Args:
         device: where rows are read to and kept in memory.
-        memory_limit: bytes of rows kept in memory over all stores (`memory_budget`).
+        memory_limit: bytes of rows kept in memory over all stores (`fedlight.engine.devices.client_state_budget`).
         rank: this process's rank (each process keeps its own spill files).
     """
 
@@ -257,7 +246,7 @@ class ClientStates:
         return self._folder
 
     def use_folder(self, folder: Path) -> None:
-        """Keep the spill files in `folder` (the runner's `<run folder>/client_state`), moving any that exist."""
+        """Keep the spill files in `folder` (the runner's `<run folder>/client_state`), before any row spills."""
         self._folder = Path(folder)
         for name, store in self.stores.items():
             store.relocate(self._spill_path(name))
@@ -278,6 +267,9 @@ class ClientStates:
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Restore every store from a checkpoint, which is then one the run keeps (`checkpointed`)."""
+        if state is None and self.stores:
+            raise ValueError(f"the checkpoint holds no client state (it predates it), the algorithm declares "
+                             f"{sorted(self.stores)}: start the run again")
         state = state or {}
         if set(state) != set(self.stores):
             raise ValueError(f"the checkpoint holds client state {sorted(state)}, the algorithm declares "

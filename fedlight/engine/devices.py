@@ -26,6 +26,19 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
+CLIENT_STATE_SHARE = 0.25  # of the available memory kept for client state when `client_state_memory` is None
+UNKNOWN_MEMORY_BUDGET = 1 << 30  # bytes of client state in memory where the available memory cannot be read
+
+
+def client_state_budget(gigabytes: float | None, device: torch.device) -> int:
+    """Bytes of per-client state kept in memory (`fedlight.engine.client_state`): `federation.client_state_memory`,
+    or a quarter of `device`'s available memory."""
+    if gigabytes is not None:
+        return int(gigabytes * 1e9)
+    free = available_memory(device)
+    return UNKNOWN_MEMORY_BUDGET if free is None else int(CLIENT_STATE_SHARE * free)
+
+
 def make_fabric(config: FederationConfig, precision: str) -> L.Fabric:
     """A Fabric for the configured device(s), with its processes started and joined; or a one-line error naming
     the setting when this machine cannot honour it."""

@@ -1,6 +1,7 @@
 """The federated loop: each round is the algorithm's story, select -> train -> pre_aggregation -> aggregate ->
 post_aggregation -> evaluate (docs/architecture.md, "The round as data flow"). How clients train and where
-(groups, trainers, processes) is `fedlight.engine.execution`'s; evaluation is `fedlight.engine.evaluator`'s.
+(groups, trainers, processes) is `fedlight.engine.execution`'s; evaluation is `fedlight.engine.evaluator`'s; the
+per-client state the algorithm declares is `fedlight.engine.client_state`'s, written after `post_aggregation`.
 
 Every random choice is a pure function of (seed, round, client, purpose), so a run resumed from a round
 checkpoint repeats exactly what the uninterrupted run does, and the order clients are trained in does not
@@ -18,12 +19,12 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.attacks import Attack, AttackConfig
-from fedlight.engine.client_state import ClientStates, memory_budget
+from fedlight.engine.client_state import ClientStates
 from fedlight.engine.cluster_aggregator import (ClusterAggregation, RobustSettings, check_aggregation,
                                                 clients_per_round)
 from fedlight.engine.config import FederationConfig
 from fedlight.engine.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
-from fedlight.engine.devices import batch_transform, default_precision, make_fabric
+from fedlight.engine.devices import batch_transform, client_state_budget, default_precision, make_fabric
 from fedlight.engine.evaluation import UNSEEN, per_cluster_means
 from fedlight.engine.evaluator import Evaluator
 from fedlight.engine.newcomers import HeldOutClients
@@ -69,11 +70,11 @@ class Federation:
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
         self.aggregation = self._aggregation(privacy)
         # every process keeps the same rows in memory, so their spill files are laid out alike: the first one's budget
-        budget = self.collective.broadcast(memory_budget(self.config.client_state_memory, self.device))
+        budget = self.collective.broadcast(client_state_budget(self.config.client_state_memory, self.device))
         self.client_states = ClientStates(self.device, budget, self.collective.rank)
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
-                                    self.aggregation, self.client_states)
+                                    self.client_states, self.aggregation)
         tamper = self.attack.tamper if self.attack is not None and self.attack.tampers() else None
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
                                          threads, self.aggregation.hold_reason(), tamper)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlight.engine.client_state import ClientState, ClientStates, Initial, memory_budget
+from fedlight.engine.client_state import ClientState, ClientStates, Initial
 from fedlight.engine.cluster_aggregator import ClusterAggregation, RobustSettings
 from fedlight.engine.data import ClientSplit, FederatedData
 from fedlight.engine.round_log import RoundLog
@@ -69,8 +69,8 @@ class ServerContext:
 
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
                  fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
-                 eval_batch_size: int, aggregation: "ClusterAggregation | None" = None,
-                 client_states: ClientStates | None = None) -> None:
+                 eval_batch_size: int, client_states: ClientStates,
+                 aggregation: "ClusterAggregation | None" = None) -> None:
         self._data, self._flat, self._trainer, self._fabric = data, flat, trainer, fabric
         self._transform, self._eval_batch_size = transform, eval_batch_size
         self.model = model
@@ -83,7 +83,7 @@ class ServerContext:
         self._rows = {name: data.split(name).client_of_row() for name in ("train", "val", "test")}
         self.round_log = RoundLog()
         self._aggregation = aggregation or ClusterAggregation(RobustSettings())
-        self._client_states = client_states or ClientStates(self.device, memory_budget(None, self.device))
+        self._client_states = client_states
 
     @property
     def num_params(self) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,18 +97,11 @@ class SpillFile:
         self._capacity = capacity
 
     def relocate(self, path: Callable[[], Path]) -> None:
-        """Keep the file where `path()` names from now on (moving it there when it exists already)."""
+        """Keep the file where `path()` names (the run folder's, set before the first round)."""
+        if self.path is not None and self.path != path():
+            raise RuntimeError(f"rows spilled to {self.path} before the run chose their folder: set the folder "
+                               "(ClientStates.use_folder) before any client state is written")
         self._path_of = path
-        if self.path is None:
-            return
-        target = path()
-        if target == self.path:
-            return
-        self.flush()
-        self._map, self._capacity = None, 0
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(self.path, target)
-        self.path = target
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
