@@ -7,7 +7,12 @@ the simplex), component m a model theta_m. In a round, each selected client t, o
 - M-step: pi_tm = the mean of q_t(z_i = m) over its samples;
 - trains every component m from the server's theta_m on its data with the per-sample weights q_t(z_i = m) (the
   batch mean of weight x cross-entropy, `ServerContext.train(..., sample_weights=...)`).
-The server averages each component over the clients, weighted by training-set size. A client predicts with its
+The server averages each component over the clients, weighted by training-set size, through the engine's cluster
+aggregator: each component is a cluster, and every trained client adds one row to each, its copy trained from the
+server's component, so a configured robust rule (`federation.aggregator`) or DP (`privacy:`) applies per component.
+Under DP the unit of privacy stays the client: its M copies' updates are clipped to C / sqrt(M) each, so together
+they have norm at most C, the M noised sums are one Gaussian mechanism of noise multiplier z, and the accountant steps
+once a round at the rate of clients selected (`fedlight.engine.privacy`). A client predicts with its
 mixture, p(y | x) = sum_m pi_tm p_m(y | x) (the evaluation model is a callable returning its logarithm); the cluster
 it is logged with is the argmax of its weights.
 
@@ -34,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels, ClusterAverage
+from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.newcomers import Newcomers
 from fedlight.engine.round_updates import RoundUpdates
@@ -126,15 +131,17 @@ class FedEM(Algorithm):
         """Each component becomes the training-set-size weighted mean of the clients' trained copies (a client with a
         non-finite copy is left out); every trained client's mixture weights are stored."""
         m, d = self.models.shape
-        average = ClusterAverage(m, d, self.models.dtype, self.models.device)
+        # the run's cluster aggregator, a component a cluster: the weighted mean, or the configured rule or DP
+        average = self.server.cluster_aggregator(m, d, self.models.dtype, self.models.device, rows_per_client=m)
         components = torch.arange(m, device=self.models.device)
         for group in updates.groups():
             copies = torch.cat([group.params[:, None], group.state["others"]], dim=1)
             finite = torch.isfinite(copies).flatten(1).all(dim=1)
-            average.add(components.repeat(int(finite.sum())), group.num_samples[finite].to(self.models.dtype)
-                        .repeat_interleave(m), copies[finite].reshape(-1, d))
+            kept = int(finite.sum())  # a kept client's rows: its copies of components 0..M-1, and their starts
+            average.add(components.repeat(kept), group.num_samples[finite].to(self.models.dtype).repeat_interleave(m),
+                        copies[finite].reshape(-1, d), self.models.repeat(kept, 1))
             del group, copies
-        updates.sum_over_processes_(average.sums, average.totals)
+        average.reduce(updates)
         self.set_shared(*average.means())
         clients, weights = updates.state("weights")
         self.mixture[clients] = weights

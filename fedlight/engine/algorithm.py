@@ -73,8 +73,10 @@ class Algorithm:
     own_training: bool = False
     #: `local_gradient` edits every client's flat gradient after each backward pass (FedProx's proximal term)
     corrects_gradient: bool = False
-    #: `aggregate` combines the updates its own way, not through the engine's cluster aggregator (`cluster_means` or
-    #: the inherited `aggregate`): a run that configures a robust aggregator or differential privacy is then refused
+    #: `aggregate` combines the updates its own way, not through the engine's cluster aggregator (`cluster_means`,
+    #: the inherited `aggregate` or `server.cluster_aggregator`): a run that configures a robust aggregator or
+    #: differential privacy is then refused at set-up. Undeclared, such a run is stopped after round 1 when no
+    #: aggregator of the round combined anything (the setting would have had no effect)
     own_aggregation: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -115,6 +115,8 @@ class Federation:
         alg.pre_aggregation(round, updates)
         alg.aggregate(round, updates)
         alg.post_aggregation(round, updates)
+        if round == 1:
+            self.aggregation.check_applied(alg)
         training = updates.finish()
         self.round = round
         clusters = alg.cluster_labels()

@@ -101,12 +101,14 @@ class ServerContext:
 
     # -- aggregation -----------------------------------------------------------------------------------
     def cluster_aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-                           personal_mask: Tensor | None = None) -> Any:
+                           personal_mask: Tensor | None = None, rows_per_client: int = 1) -> Any:
         """A fresh aggregator of rows into `clusters` cluster models of `dim` entries (`add(clusters, weights,
         values, starts)`, `reduce(updates)`, `means()`), as the run configures it
         (`fedlight.engine.cluster_aggregator`): the weighted mean by default, a robust rule or DP's noised mean.
-        Entries under `personal_mask` are not aggregated and count in no norm or distance."""
-        return self._aggregation.new(clusters, dim, dtype, device, personal_mask)
+        Entries under `personal_mask` are not aggregated and count in no norm or distance. `rows_per_client`: how
+        many rows each client adds, one to each of that many clusters (FedEM: a copy of every component); DP then
+        splits a client's clip over its rows, so the privacy unit stays the client."""
+        return self._aggregation.new(clusters, dim, dtype, device, personal_mask, rows_per_client)
 
     # -- running the model -----------------------------------------------------------------------------
     @torch.no_grad()
