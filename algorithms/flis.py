@@ -162,9 +162,9 @@ class FlisHC(InferenceSimilarity):
     def phase_zero(self) -> None:
         """Every client trains the initial model once (round index 0); the similarity of the results fixes the
         clusters; every cluster model restarts from the initial model."""
-        start = self.server.initial_params
-        trained = torch.stack([self.server.train(0, c, start, epochs=self.phase_zero_epochs)[0]
-                               for c in range(self.server.num_clients)])
+        n = self.server.num_clients
+        trained = self.server.train_many(0, list(range(n)), self.server.initial_params.expand(n, -1),
+                                         epochs=self.phase_zero_epochs).params
         self.phase_zero_inferences = self.inferences(trained)
         similarity = agreement_similarity(self.phase_zero_inferences, soft=self.soft).cpu().numpy()
         self.log_matrix("inference_similarity", similarity)

@@ -144,11 +144,18 @@ class ClientExecution:
 
     def train(self, round: int, clients: list[int]) -> Updates:
         """Local training of `clients`: the algorithm's `train_group` (the module's SGD by default, vectorized when
-        the plan allows), or its own `train_client` one client after another."""
+        the plan allows; called for one client at a time when clients train one after another, so that a custom
+        group loop repeats exactly what it does for one client alone), or its own `train_client` one client after
+        another."""
         alg = self.algorithm
         starts = stacked_starts([alg.client_model(c) for c in clients])
-        trained = self._train_own(round, clients, starts) if alg.own_training else \
-            alg.train_group(round, clients, starts)
+        if alg.own_training:
+            trained = self._train_own(round, clients, starts)
+        elif self.training.choice == "sequential":  # a group of one: a custom loop draws what it drew alone
+            trained = Trained.cat([alg.train_group(round, clients[i: i + 1], starts[i: i + 1])
+                                   for i in range(len(clients))])
+        else:
+            trained = alg.train_group(round, clients, starts)
         if self.tamper is not None:
             trained.params = self.tamper(round, clients, starts, trained.params)
         ids = torch.tensor(clients, device=self.device)

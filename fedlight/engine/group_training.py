@@ -89,7 +89,8 @@ class GroupTraining:
 
     # -- training --------------------------------------------------------------------------------------------
     def fit(self, round: int, clients: list[int], starts: Tensor, work: LocalWork = LocalWork()) -> Trained:
-        """`clients` trained from the rows of `starts` as `work` says; the frozen entries restored."""
+        """`clients` trained from the rows of `starts` as `work` says; the frozen entries restored. `round` seeds the
+        clients' batches; a set-up phase numbered 0 trains at round 1's learning rates."""
         trained = self._try_vectorized(round, clients, starts, work) if self.vectorized is not None else None
         if trained is None:
             trained = self._one_by_one(round, clients, starts, work)
@@ -124,7 +125,7 @@ class GroupTraining:
             x, y = self.train_split.client(client)
             weights = None if work.sample_weights is None else work.sample_weights[offset + row]
             one = self.trainer.fit(start, x, y, seeds[row], client_hook(hook, offset + row), work.lr_scale,
-                                   work.epochs, round=round, sample_weights=weights)
+                                   work.epochs, round=max(round, 1), sample_weights=weights)
             params[row], losses[row] = one.params, one.loss
             for name, value in one.logs.items():
                 logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value
@@ -157,7 +158,7 @@ class GroupTraining:
                 work.sample_weights[offset + begin: offset + end]
             parts.append(self.vectorized.fit_many(
                 starts[begin: end], [self.train_split.client(c) for c in clients[begin: end]], seeds[begin: end],
-                shifted, lr_scale=work.lr_scale, round=round, epochs=work.epochs, sample_weights=weights))
+                shifted, lr_scale=work.lr_scale, round=max(round, 1), epochs=work.epochs, sample_weights=weights))
         return Trained.cat(parts)
 
     def _fit_and_probe(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:
@@ -217,11 +218,11 @@ class GroupTraining:
         hook = work.hook()
         shifted = None if hook is None else lambda rows, p, g, s: hook([offset + r for r in rows], p, g, s)
         with without_dropout(self.trainer.module):
-            vectorized = self.vectorized.fit_many(starts, data, seeds, shifted, work.lr_scale, round, epochs=1,
+            vectorized = self.vectorized.fit_many(starts, data, seeds, shifted, work.lr_scale, max(round, 1), epochs=1,
                                                   sample_weights=weights).params[:CHECK_CLIENTS]
             sequential = torch.stack([
                 self.trainer.fit(starts[i], *data[i], seeds[i], client_hook(hook, offset + i), work.lr_scale, epochs=1,
-                                 round=round, sample_weights=None if weights is None else weights[i]).params
+                                 round=max(round, 1), sample_weights=None if weights is None else weights[i]).params
                 for i in range(min(CHECK_CLIENTS, len(clients)))])
         return agreement(sequential, vectorized, starts[: len(sequential)])
 

@@ -35,8 +35,10 @@ def group_steps(data: list[tuple[Tensor, Tensor]], seeds: list[int], batch_size:
                 transform: Callable[[Any, int], Any], device: torch.device) -> Iterator[GroupStep]:
     """The `GroupStep`s of `epochs` local epochs of clients with training data `data` and seeds `seeds`: client r
     takes exactly the batches `ClientTrainer.batch_rows(len(data[r][1]), seeds[r], epochs)` gives it alone. Random
-    layers (dropout) draw from one stream seeded by all the seeds, as the vectorized trainer's do."""
-    seed_random_layers(int(np.random.SeedSequence(seeds).generate_state(1)[0]), device)
+    layers (dropout) draw from one stream seeded by all the seeds, as the vectorized trainer's do (by the client's own
+    seed when it is alone, as `batch_rows` seeds them)."""
+    one = seeds[0] if len(seeds) == 1 else int(np.random.SeedSequence(seeds).generate_state(1)[0])
+    seed_random_layers(one, device)  # one client alone draws what `batch_rows` draws
     generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     sizes = [len(y) for _, y in data]
     steps = [math.ceil(n / batch_size) for n in sizes]
