@@ -182,7 +182,7 @@ class FlisHC(InferenceSimilarity):
         if not self.clustered or self.phase_zero_inferences is None:
             return super().newcomer_models(newcomers)
         start, count = self.server.initial_params, newcomers.count
-        own = self.inferences(torch.stack([newcomers.train(j, start, self.phase_zero_epochs) for j in range(count)]))
+        own = self.inferences(newcomers.train_many(list(range(count)), start.expand(count, -1), self.phase_zero_epochs))
         similarity = agreement_similarity(torch.cat([own, self.phase_zero_inferences]), soft=self.soft)[:count, count:]
         members = F.one_hot(self.assignment, len(self.models)).to(similarity.dtype)  # (clients, clusters)
         placed = (similarity @ members / members.sum(dim=0)).argmax(dim=1)  # mean similarity to each cluster

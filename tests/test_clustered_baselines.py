@@ -53,6 +53,9 @@ class FederationNewcomers:
     def train(self, newcomer, start, epochs=None, purpose="newcomer"):
         return self.server.train(self.round, newcomer, start, epochs, purpose=purpose)[0]
 
+    def train_many(self, newcomers, starts, epochs=None, purpose="newcomer"):
+        return self.server.train_many(self.round, newcomers, starts, epochs, purpose=purpose).params
+
     def batches(self, newcomer, epochs=None, purpose="newcomer"):
         return self.server.batches(self.round, newcomer, epochs, purpose)
 

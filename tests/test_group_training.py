@@ -164,3 +164,20 @@ def test_a_group_loop_that_cannot_run_vectorized_falls_back_to_one_model_at_a_ti
     with pytest.warns(UserWarning, match="vectorized training is off"):
         fed.run_round(1)
     assert fed.execution.plan.trainer == "sequential" and "torch.func" in fed.execution.plan.reason
+
+
+@pytest.mark.parametrize("vectorize", [0, 4])
+def test_newcomers_train_as_a_group_what_each_trains_alone(vectorize):
+    torch.manual_seed(0)
+    model = Classifier(MLP(64, [32], 10), lr=0.05, momentum=0.9)
+    config = FederationConfig(rounds=1, batch_size=16, accelerator="cpu", vectorize=vectorize)
+    fed = Federation(DigitsFederated(num_clients=8, holdout_clients=3), model, Algorithm(), config)
+    newcomers = fed.newcomers
+    newcomers.round = 2
+    starts = noisy_starts(fed, 3)
+    group = newcomers.train_many([2, 0, 1], starts, epochs=2, purpose="finetune")
+    each = torch.stack([newcomers.train(j, s, 2, "finetune") for j, s in zip([2, 0, 1], starts)])
+    if vectorize:
+        assert torch.allclose(group, each, atol=1e-6) and not torch.equal(group, starts)
+    else:
+        assert torch.equal(group, each)

@@ -9,6 +9,7 @@ trainers on its own clients and keeps the faster (`fedlight.training.probe`), so
 """
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Callable
@@ -81,6 +82,15 @@ class GroupTraining:
                                             trainer.learning_rates, trainer.batch_transform, self.config.batch_size,
                                             self.config.local_epochs)
         return ("auto" if self.config.vectorize == -1 else "vectorized"), None
+
+    def on(self, split: "ClientSplit", seed_of: Callable[[int, int, str], int]) -> "GroupTraining":
+        """The same trainers and choice on other clients (the newcomers): a view that trains the clients of `split`,
+        seeded by `seed_of`, vectorized unless the training clients train one after another (it never probes)."""
+        view = copy.copy(self)
+        view.train_split, view.seed_of, view.on_choice = split, seed_of, lambda choice, reason: None
+        if view.choice == "auto":
+            view.choice = "vectorized" if view.vectorized is not None else "sequential"
+        return view
 
     def _sequential_from_now(self, reason: str) -> None:
         self.vectorized = None
