@@ -43,6 +43,7 @@ from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.newcomers import Newcomers
 from fedlight.engine.round_updates import RoundUpdates
+from fedlight.training.sequential import Trained
 
 
 def posterior(log_weights: Tensor, losses: Tensor) -> Tensor:
@@ -88,8 +89,6 @@ class FedEM(Algorithm):
         participation: share of clients per round.
     """
 
-    own_training = True  # a client trains every component with its E-step's sample weights
-
     def __init__(self, num_components: int = 3, participation: float = 1.0) -> None:
         super().__init__(participation)
         if num_components < 1:
@@ -113,19 +112,24 @@ class FedEM(Algorithm):
         return torch.stack([F.cross_entropy(self.server.predict(theta, x), y, reduction="none")
                             for theta in self.models])
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """E-step, M-step of the mixture weights, and every component's weighted training: (component 0, the sum
-        over components of their weighted losses, {"others": components 1..M-1, "weights": the new pi_t})."""
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """E-step, M-step of the mixture weights, and every component's weighted training, one group call per
+        component: (component 0, the sum over components of their weighted losses, {"others": components 1..M-1,
+        "weights": the new pi_t})."""
         if self.num_components == 1:
-            trained, loss = super().train_client(round, client, start)
-            return trained, loss, {"others": trained.new_zeros(0, len(trained)), "weights": self.mixture[client]}
-        q = posterior(self.mixture[client].log(), self.sample_losses(client))
+            trained = super().train_group(round, clients, starts)
+            trained.state = {"others": starts.new_zeros(len(clients), 0, starts.shape[1]),
+                             "weights": self.mixture[clients]}
+            return trained
+        q = [posterior(self.mixture[c].log(), self.sample_losses(c)) for c in clients]
         scale = self.learning_rate_scale(round)
-        trained = [self.server.train(round, client, theta, lr_scale=scale, sample_weights=q[:, m])
+        trained = [self.server.train_many(round, clients, theta.expand(len(clients), -1), lr_scale=scale,
+                                          sample_weights=[qc[:, m] for qc in q])
                    for m, theta in enumerate(self.models)]
-        loss = torch.stack([part[1] for part in trained]).sum()
-        return trained[0][0], loss, {"others": torch.stack([part[0] for part in trained[1:]]),
-                                     "weights": q.mean(dim=0).to(self.mixture.dtype)}
+        loss = torch.stack([part.loss for part in trained]).sum(dim=0)
+        return Trained(trained[0].params, loss, {}, {
+            "others": torch.stack([part.params for part in trained[1:]], dim=1),
+            "weights": torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype)})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each component becomes the training-set-size weighted mean of the clients' trained copies (a client with a

@@ -77,7 +77,7 @@ class Federation:
         self.newcomers: HeldOutClients | None = None  # clients held out of training (`unseen/*`)
         self.newcomer_evaluator: Evaluator | None = None
         if self.data.newcomers is not None:
-            self.newcomers = HeldOutClients(self.data.newcomers, self.server, trainer)
+            self.newcomers = HeldOutClients(self.data.newcomers, self.server, trainer, self.execution.training)
             self.newcomer_evaluator = Evaluator(self.server, model, self.data.newcomers, self.collective, UNSEEN)
         self.round = 0
         self.algorithm.setup(self.server)
