@@ -12,8 +12,9 @@ with v_bar_i, v_i and w of the step's start on the right-hand sides (the updates
 Algorithm 1), and one batch for the w step and the v step. The server averages the trained w's (FedAvg); each
 client is evaluated with its v_bar_i.
 
-How it maps onto fedlight: the local loop is the algorithm's own (`own_training`), built from
-`server.batches` (the batches the module's SGD would take) and `server.loss_and_grad`. v_i and alpha_i are per-client
+How it maps onto fedlight: the local loop is the algorithm's own group loop (`train_group`), built from
+`server.group_batches` (the batches the module's SGD would take, for a group of clients at once) and
+`server.group_loss_and_grad` (every client's gradient of a step in one vectorized call when the plan allows). v_i and alpha_i are per-client
 state (the client states "local" and "alpha"): the client sends them back beside w (`Updates.state`) and the
 engine stores them, gathered over the processes, so every process reaches the same state; they are saved in the
 checkpoint.
@@ -44,6 +45,7 @@ from torch import Tensor
 
 from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
+from fedlight.training.sequential import Trained
 
 
 class APFL(Algorithm):
@@ -56,8 +58,6 @@ class APFL(Algorithm):
         alpha_lr: step size of the alpha update (> 0); None: the clients' learning rate.
         participation: share of clients selected each round.
     """
-
-    own_training = True  # two models and a mixing weight per step: not the module's own SGD
 
     def __init__(self, alpha: float = 0.5, adaptive: bool = True, alpha_lr: float | None = None,
                  participation: float = 1.0) -> None:
@@ -76,27 +76,30 @@ class APFL(Algorithm):
         self.local = server.client_state("local", initial=server.initial_params)
         self.alpha = server.client_state("alpha", initial=self.models.new_tensor(self.initial_alpha))
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """Algorithm 1's local steps: (trained w, mean loss of w over the last epoch, {"local": v, "alpha": alpha})."""
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """Algorithm 1's local steps for a group of clients at once (`server.group_batches`, each step's gradients of
+        every client in one `server.group_loss_and_grad`): (trained w's, mean loss of each w over its last epoch,
+        {"local": v's, "alpha": alphas})."""
         server = self.server
         rate = server.learning_rate(round) * self.learning_rate_scale(round)
         alpha_rate = rate if self.alpha_lr is None else self.alpha_lr
-        w, v, alpha = start.clone(), self.local[client].clone(), self.alpha[client].clone()
-        loss_sum, steps = torch.zeros((), device=w.device), 0
-        for _, step, batch in server.batches(round, client):
-            if step == 0:
-                loss_sum.zero_()
-                steps = 0
-            loss, grad_w = server.loss_and_grad(w, batch, step)
-            _, grad_mixed = server.loss_and_grad(alpha * v + (1 - alpha) * w, batch, step)
-            grad_alpha = torch.dot(v - w, grad_mixed)
-            w.sub_(grad_w, alpha=rate)
-            v.sub_(alpha * rate * grad_mixed)
+        w, v, alpha = starts.clone(), self.local.read(clients), self.alpha.read(clients)
+        loss_sum, steps = torch.zeros(len(clients), device=w.device), torch.zeros(len(clients), device=w.device)
+        for group in server.group_batches(round, clients):
+            rows = group.rows
+            if group.step == 0:
+                loss_sum[rows], steps[rows] = 0, 0
+            w_rows, v_rows, a_rows = w[rows], v[rows], alpha[rows][:, None]
+            loss, grad_w = server.group_loss_and_grad(w_rows, group.batch, group.step)
+            _, grad_mixed = server.group_loss_and_grad(a_rows * v_rows + (1 - a_rows) * w_rows, group.batch, group.step)
+            grad_alpha = torch.stack([torch.dot(a, b) for a, b in zip(v_rows - w_rows, grad_mixed)])
+            w[rows] = w_rows.sub_(grad_w, alpha=rate)
+            v[rows] = v_rows.sub_(a_rows * rate * grad_mixed)
             if self.adaptive:
-                alpha = (alpha - alpha_rate * grad_alpha).clamp(0, 1)
-            loss_sum += loss
-            steps += 1
-        return w, loss_sum / max(steps, 1), {"local": v, "alpha": alpha}
+                alpha[rows] = (alpha[rows] - alpha_rate * grad_alpha).clamp(0, 1)
+            loss_sum[rows] += loss
+            steps[rows] += 1
+        return Trained(w, loss_sum / steps.clamp(min=1), {}, {"local": v, "alpha": alpha})
 
     def personalized_model(self, client: int) -> Tensor:
         """v_bar_i = alpha_i v_i + (1 - alpha_i) w."""

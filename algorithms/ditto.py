@@ -33,12 +33,13 @@ from torch import Tensor
 
 from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
+from fedlight.training.sequential import Trained
 
 
 class Ditto(Algorithm):
     """FedAvg for the global model plus one proximally regularized personal model per client (the client state
-    "personal": rows for the clients trained so far), trained beside the global update and sent back as
-    `Updates.state["personal"]`, which the engine stores.
+    "personal": rows for the clients trained so far), trained beside the global update (two group calls of
+    `server.train_many`) and sent back as `Updates.state["personal"]`, which the engine stores.
 
     Args:
         lam: lambda >= 0, the weight of lambda/2 ||v - w||^2 pulling each personal model towards the global one
@@ -46,8 +47,6 @@ class Ditto(Algorithm):
         personal_epochs: local epochs of the personal model per round (>= 1); None: the federation's local epochs.
         participation: share of clients selected each round.
     """
-
-    own_training = True  # a client trains two models (global and personal) and returns its personal one
 
     def __init__(self, lam: float = 1.0, personal_epochs: int | None = None, participation: float = 1.0) -> None:
         super().__init__(participation)
@@ -61,15 +60,17 @@ class Ditto(Algorithm):
         super().setup(server)
         self.personal_models = server.client_state("personal", initial=server.initial_params)
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """The global update from `start` (FedAvg's), then the personal model's update towards `start`."""
-        trained, loss = super().train_client(round, client, start)
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """Two group calls: the global update from `starts` (FedAvg's), then the personal models' update towards
+        `starts` (the proximal gradient lam (v - w) added after every backward pass)."""
+        trained = super().train_group(round, clients, starts)
         hook = None
         if self.lam:
-            hook = lambda params, grad, begin: grad.add_(params - start, alpha=self.lam)  # noqa: E731
-        personal, _ = self.server.train(round, client, self.personal_models[client], self.personal_epochs,
-                                        self.learning_rate_scale(round), hook)
-        return trained, loss, {"personal": personal}
+            hook = lambda rows, params, grad, begin: grad.add_(params - starts[rows], alpha=self.lam)  # noqa: E731
+        personal = self.server.train_many(round, clients, self.personal_models.read(clients), self.personal_epochs,
+                                          self.learning_rate_scale(round), hook)
+        trained.state = {"personal": personal.params}
+        return trained
 
     def evaluation_models(self) -> tuple[ClientModels, Tensor]:
         """Every client is evaluated with its personal model."""

@@ -7,7 +7,12 @@ the simplex), component m a model theta_m. In a round, each selected client t, o
 - M-step: pi_tm = the mean of q_t(z_i = m) over its samples;
 - trains every component m from the server's theta_m on its data with the per-sample weights q_t(z_i = m) (the
   batch mean of weight x cross-entropy, `ServerContext.train(..., sample_weights=...)`).
-The server averages each component over the clients, weighted by training-set size. A client predicts with its
+The server averages each component over the clients, weighted by training-set size, through the engine's cluster
+aggregator: each component is a cluster, and every trained client adds one row to each, its copy trained from the
+server's component, so a configured robust rule (`federation.aggregator`) or DP (`privacy:`) applies per component.
+Under DP the unit of privacy stays the client: its M copies' updates are clipped to C / sqrt(M) each, so together
+they have norm at most C, the M noised sums are one Gaussian mechanism of noise multiplier z, and the accountant steps
+once a round at the rate of clients selected (`fedlight.engine.privacy`). A client predicts with its
 mixture, p(y | x) = sum_m pi_tm p_m(y | x) (the evaluation model is a callable returning its logarithm); the cluster
 it is logged with is the argmax of its weights.
 
@@ -34,10 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels, ClusterAverage
+from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.newcomers import Newcomers
 from fedlight.engine.round_updates import RoundUpdates
+from fedlight.training.sequential import Trained
 
 
 def posterior(log_weights: Tensor, losses: Tensor) -> Tensor:
@@ -83,8 +89,6 @@ class FedEM(Algorithm):
         participation: share of clients per round.
     """
 
-    own_training = True  # a client trains every component with its E-step's sample weights
-
     def __init__(self, num_components: int = 3, participation: float = 1.0) -> None:
         super().__init__(participation)
         if num_components < 1:
@@ -107,34 +111,40 @@ class FedEM(Algorithm):
         return torch.stack([F.cross_entropy(self.server.predict(theta, x), y, reduction="none")
                             for theta in self.models])
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """E-step, M-step of the mixture weights, and every component's weighted training: (component 0, the sum
-        over components of their weighted losses, {"others": components 1..M-1, "mixture": the new pi_t}, which the
-        engine stores)."""
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """E-step, M-step of the mixture weights, and every component's weighted training, one group call per
+        component: (component 0, the sum over components of their weighted losses, {"others": components 1..M-1,
+        "mixture": the new pi_t, which the engine stores})."""
         if self.num_components == 1:
-            trained, loss = super().train_client(round, client, start)
-            return trained, loss, {"others": trained.new_zeros(0, len(trained)), "mixture": self.mixture[client]}
-        q = posterior(self.mixture[client].log(), self.sample_losses(client))
+            trained = super().train_group(round, clients, starts)
+            trained.state = {"others": starts.new_zeros(len(clients), 0, starts.shape[1]),
+                             "mixture": self.mixture.read(clients)}
+            return trained
+        q = [posterior(self.mixture[c].log(), self.sample_losses(c)) for c in clients]
         scale = self.learning_rate_scale(round)
-        trained = [self.server.train(round, client, theta, lr_scale=scale, sample_weights=q[:, m])
+        trained = [self.server.train_many(round, clients, theta.expand(len(clients), -1), lr_scale=scale,
+                                          sample_weights=[qc[:, m] for qc in q])
                    for m, theta in enumerate(self.models)]
-        loss = torch.stack([part[1] for part in trained]).sum()
-        return trained[0][0], loss, {"others": torch.stack([part[0] for part in trained[1:]]),
-                                     "mixture": q.mean(dim=0).to(self.mixture.dtype)}
+        loss = torch.stack([part.loss for part in trained]).sum(dim=0)
+        return Trained(trained[0].params, loss, {}, {
+            "others": torch.stack([part.params for part in trained[1:]], dim=1),
+            "mixture": torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype)})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each component becomes the training-set-size weighted mean of the clients' trained copies (a client with a
         non-finite copy is left out); every trained client's mixture weights are stored."""
         m, d = self.models.shape
-        average = ClusterAverage(m, d, self.models.dtype, self.models.device)
+        # the run's cluster aggregator, a component a cluster: the weighted mean, or the configured rule or DP
+        average = self.server.cluster_aggregator(m, d, self.models.dtype, self.models.device, rows_per_client=m)
         components = torch.arange(m, device=self.models.device)
         for group in updates.groups():
             copies = torch.cat([group.params[:, None], group.state["others"]], dim=1)
             finite = torch.isfinite(copies).flatten(1).all(dim=1)
-            average.add(components.repeat(int(finite.sum())), group.num_samples[finite].to(self.models.dtype)
-                        .repeat_interleave(m), copies[finite].reshape(-1, d))
+            kept = int(finite.sum())  # a kept client's rows: its copies of components 0..M-1, and their starts
+            average.add(components.repeat(kept), group.num_samples[finite].to(self.models.dtype).repeat_interleave(m),
+                        copies[finite].reshape(-1, d), self.models.repeat(kept, 1))
             del group, copies
-        updates.sum_over_processes_(average.sums, average.totals)
+        average.reduce(updates)
         self.set_shared(*average.means())
         clients, weights = updates.state("mixture")  # stored by the engine after the round
         self.assignment[clients] = weights.argmax(dim=1)

@@ -27,10 +27,12 @@ from __future__ import annotations
 from torch import Tensor
 
 from fedlight.engine.algorithm import Algorithm
+from fedlight.training.sequential import Trained
 
 
 class FedRep(Algorithm):
-    """Shared body (FedAvg), personal head (`set_personal_mask`), head-then-body local training.
+    """Shared body (FedAvg), personal head (`set_personal_mask`), head-then-body local training, each phase one
+    group call of `server.train_many` with the other part frozen.
 
     Args:
         head_layers: how many layers, counted from the output, form the personal head (> 0; a half count takes
@@ -39,8 +41,6 @@ class FedRep(Algorithm):
         body_epochs: local epochs of the body per round, head frozen (>= 1).
         participation: share of clients selected each round.
     """
-
-    own_training = True  # two phases, each with a part of the model frozen
 
     def __init__(self, head_layers: float = 1, head_epochs: int = 10, body_epochs: int = 1,
                  participation: float = 1.0) -> None:
@@ -56,17 +56,10 @@ class FedRep(Algorithm):
         self.head = server.layer_count_mask(self.head_layers, "last")
         self.set_personal_mask(self.head)
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
-        """The head phase (batch stream "head"), then the body phase (the ordinary stream "train")."""
-        tuned, _ = self.train_part(round, client, start, self.head, self.head_epochs, "head")
-        return self.train_part(round, client, tuned, ~self.head, self.body_epochs, "train")
-
-    def train_part(self, round: int, client: int, start: Tensor, part: Tensor, epochs: int,
-                   purpose: str) -> tuple[Tensor, Tensor]:
-        """(model with only the entries `part` trained for `epochs`, mean loss of the last epoch); the rest equals
-        `start` exactly."""
-        frozen = ~part
-        trained, loss = self.server.train(round, client, start, epochs, self.learning_rate_scale(round),
-                                          lambda params, grad, begin: grad.masked_fill_(frozen, 0), purpose)
-        trained[frozen] = start[frozen]
-        return trained, loss
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """The head phase (batch stream "head", body frozen), then the body phase (the ordinary stream "train", head
+        frozen); the frozen part of each phase equals its start exactly."""
+        scale = self.learning_rate_scale(round)
+        tuned = self.server.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
+                                       purpose="head")
+        return self.server.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head)

@@ -110,7 +110,8 @@ class FeSEM(Algorithm):
         if not self.seeded:
             return super().newcomer_models(newcomers)
         start = self.center_mean()
-        local = torch.stack([newcomers.train(k, start)[self.mask] for k in range(newcomers.count)])
+        count = newcomers.count
+        local = newcomers.train_many(list(range(count)), start.expand(count, -1))[:, self.mask]
         groups = kcenters.nearest(local.double(), self.models[:, self.mask].double())[1]
         return self.models, groups, groups
 

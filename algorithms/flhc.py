@@ -126,8 +126,9 @@ class FLHC(Algorithm):
         model joins the cluster at the smallest linkage distance."""
         if not self.clustered:
             return super().newcomer_models(newcomers)
-        mine = torch.stack([(newcomers.train(k, self.reference) - self.reference)[self.mask]
-                            for k in range(newcomers.count)]).double().cpu().numpy()
+        count = newcomers.count
+        trained = newcomers.train_many(list(range(count)), self.reference.expand(count, -1))
+        mine = (trained - self.reference)[:, self.mask].double().cpu().numpy()
         theirs = self.cluster_updates.double().cpu().numpy()
         labels = self.assignment[self.members].cpu().numpy()
         if self.linkage == "ward":

@@ -154,9 +154,9 @@ class FlisHC(InferenceSimilarity):
     def phase_zero(self) -> None:
         """Every client trains the initial model once (round index 0); the similarity of the results fixes the
         clusters; every cluster model restarts from the initial model."""
-        start = self.server.initial_params
-        trained = torch.stack([self.server.train(0, c, start, epochs=self.phase_zero_epochs)[0]
-                               for c in range(self.server.num_clients)])
+        n = self.server.num_clients
+        trained = self.server.train_many(0, list(range(n)), self.server.initial_params.expand(n, -1),
+                                         epochs=self.phase_zero_epochs).params
         self.phase_zero_inferences = self.inferences(trained)
         similarity = agreement_similarity(self.phase_zero_inferences, soft=self.soft).cpu().numpy()
         self.log_matrix("inference_similarity", similarity)
@@ -174,7 +174,7 @@ class FlisHC(InferenceSimilarity):
         if not self.clustered or self.phase_zero_inferences is None:
             return super().newcomer_models(newcomers)
         start, count = self.server.initial_params, newcomers.count
-        own = self.inferences(torch.stack([newcomers.train(j, start, self.phase_zero_epochs) for j in range(count)]))
+        own = self.inferences(newcomers.train_many(list(range(count)), start.expand(count, -1), self.phase_zero_epochs))
         similarity = agreement_similarity(torch.cat([own, self.phase_zero_inferences]), soft=self.soft)[:count, count:]
         members = F.one_hot(self.assignment, len(self.models)).to(similarity.dtype)  # (clients, clusters)
         placed = (similarity @ members / members.sum(dim=0)).argmax(dim=1)  # mean similarity to each cluster

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
+from fedlight.training.sequential import Trained
 
 #: (loss, flat gradient) of the local loss on one batch at a flat model
 LossAndGrad = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -91,8 +92,6 @@ class PerFedAvg(Algorithm):
         participation: share of clients selected each round.
     """
 
-    own_training = True  # each local step is a meta-learning step on two or three batches, not the module's SGD
-
     def __init__(self, alpha: float = 0.001, beta: float = 0.001, variant: Literal["fo", "hf"] = "hf",
                  delta: float = 0.001, participation: float = 1.0) -> None:
         super().__init__(participation)
@@ -106,23 +105,27 @@ class PerFedAvg(Algorithm):
             raise ValueError(f"delta must be > 0, got {delta}")
         self.alpha, self.beta, self.variant, self.delta = alpha, beta, variant, delta
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor]:
-        """Algorithm 1's client: (w after the round's meta steps, mean of f(temp; D2) over the last epoch). D1 is
-        the stream `server.train` would take, D2 and D3 independent ones ("meta", "hessian")."""
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """Algorithm 1's client for a group at once: (w's after the round's meta steps, mean of f(temp; D2) over each
+        client's last epoch). D1 is the stream `server.train_many` would take, D2 and D3 independent ones ("meta",
+        "hessian"), each a `server.group_batches` stream; every gradient of a step is one `group_loss_and_grad`."""
         server = self.server
         purposes = ("train", "meta", "hessian") if self.variant == "hf" else ("train", "meta")
-        streams = [server.batches(round, client, purpose=p) for p in purposes]
-        w, losses = start, []
-        for batches in zip(*streams):
-            step = batches[0][1]
+        streams = [server.group_batches(round, clients, purpose=p) for p in purposes]
+        w = starts.clone()
+        losses: list[list[Tensor]] = [[] for _ in clients]
+        for groups in zip(*streams):
+            rows, step = groups[0].rows, groups[0].step
             if step == 0:
-                losses = []  # the mean loss of the last epoch, as the module's SGD reports
-            grads = [partial(server.loss_and_grad, batch=batch, step=step) for _, _, batch in batches]
+                for row in rows:
+                    losses[row] = []  # the mean loss of the last epoch, as the module's SGD reports
+            grads = [partial(server.group_loss_and_grad, batch=group.batch, step=step) for group in groups]
             hessian = replayed(grads[2], w.device) if len(grads) == 3 else None
-            w, loss = meta_step(w, grads[0], grads[1], self.alpha, self.beta, hessian, self.delta)
-            losses.append(loss)
-        loss = torch.stack(losses).mean() if losses else start.new_full((), float("nan"))
-        return w, loss
+            w[rows], loss = meta_step(w[rows], grads[0], grads[1], self.alpha, self.beta, hessian, self.delta)
+            for i, row in enumerate(rows):
+                losses[row].append(loss[i])
+        loss = torch.stack([torch.stack(kept).mean() if kept else starts.new_full((), float("nan")) for kept in losses])
+        return Trained(w, loss)
 
     def evaluation_models(self) -> tuple[ClientModels, Tensor]:
         """Every client's model after one adaptation step from the global model, built when evaluated."""

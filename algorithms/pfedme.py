@@ -43,6 +43,7 @@ from torch import Tensor
 from fedlight.engine.aggregation import ClientModels
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.round_updates import RoundUpdates
+from fedlight.training.sequential import Trained
 
 #: (loss, flat gradient) of the local loss at a flat model
 LossAndGrad = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -73,8 +74,6 @@ class PFedMe(Algorithm):
         participation: share of clients selected each round.
     """
 
-    own_training = True  # the local work is pFedMe's bi-level loop, not the module's SGD
-
     def __init__(self, lam: float = 15.0, K: int = 5, personal_lr: float = 0.09, beta: float = 1.0,
                  participation: float = 1.0) -> None:
         super().__init__(participation)
@@ -92,21 +91,26 @@ class PFedMe(Algorithm):
         super().setup(server)
         self.personal_models = server.client_state("personal", initial=server.initial_params)  # every client's theta
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """Algorithm 1's client: (w_local, mean loss f(theta; batch) of the last epoch, {"personal": theta})."""
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """Algorithm 1's client for a group at once (`server.group_batches`, `server.group_loss_and_grad`):
+        (w_local's, mean loss f(theta; batch) of each client's last epoch, {"personal": theta's})."""
         server = self.server
         eta = server.learning_rate(round)
-        local, theta = start.clone(), start.clone()
-        losses: list[Tensor] = []
-        for _, step, batch in server.batches(round, client):
-            if step == 0:
-                losses = []  # the mean loss of the last epoch, as the module's SGD reports
-            theta, loss = personalize(partial(server.loss_and_grad, batch=batch, step=step), theta, local,
-                                      self.lam, self.personal_lr, self.K)
-            local = local - eta * self.lam * (local - theta)
-            losses.append(loss)
-        loss = torch.stack(losses).mean() if losses else start.new_full((), float("nan"))
-        return local, loss, {"personal": theta}
+        local, theta = starts.clone(), starts.clone()
+        losses: list[list[Tensor]] = [[] for _ in clients]
+        for group in server.group_batches(round, clients):
+            rows = group.rows
+            if group.step == 0:
+                for row in rows:
+                    losses[row] = []  # the mean loss of the last epoch, as the module's SGD reports
+            solved, loss = personalize(partial(server.group_loss_and_grad, batch=group.batch, step=group.step),
+                                       theta[rows], local[rows], self.lam, self.personal_lr, self.K)
+            theta[rows] = solved
+            local[rows] = local[rows] - eta * self.lam * (local[rows] - solved)
+            for i, row in enumerate(rows):
+                losses[row].append(loss[i])
+        loss = torch.stack([torch.stack(kept).mean() if kept else starts.new_full((), float("nan")) for kept in losses])
+        return Trained(local, loss, {}, {"personal": theta})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """w <- (1 - beta) w + beta * (training-set-size weighted mean of the clients' w_local); each trained

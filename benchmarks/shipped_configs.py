@@ -42,14 +42,15 @@ def configs_under(folders: list[Path]) -> list[Path]:
 
 def run(config: Path, vectorize: str, rounds: int, folder: Path, extra: tuple[str, ...] = (),
         launcher: tuple[str, ...] = ("-m", "fedlight"), env: dict[str, str] | None = None,
-        timeout: float | None = None, max_mb: float | None = None, repeat: int = 0) -> dict:
+        timeout: float | None = None, max_mb: float | None = None, repeat: int = 0, name: str | None = None) -> dict:
     """One fresh process: seconds per round (its rounds' times), its wall time, peak resident memory, summary.
     `extra` options follow the command's own; `launcher` is what follows `python` (`-m fedlight`); a run past
     `timeout` seconds or `max_mb` of resident memory is stopped, and its wall time and peak memory until then
-    are reported with the error; `repeat` numbers a repetition (its own run folder and empty probe cache). (Linux
+    are reported with the error; `repeat` numbers a repetition (its own run folder and empty probe cache); `name`
+    names the run folder (default: the config's path and `vectorize`). (Linux
     counts in a child's peak the pages of this process it starts with, so the caller keeps its own peak below the
     runs'.)"""
-    name = f"{config.relative_to(ROOT).with_suffix('').as_posix().replace('/', '_')}-{vectorize}"
+    name = name or f"{config.relative_to(ROOT).with_suffix('').as_posix().replace('/', '_')}-{vectorize}"
     name += f"-r{repeat}" if repeat else ""
     env = {**os.environ, "WANDB_MODE": "offline", "FEDLIGHT_CACHE_DIR": str(folder / f"cache-{name}"), **(env or {})}
     command = [sys.executable, *launcher, "fit", "--config", str(config), "--federation.rounds", str(rounds),

@@ -1,11 +1,21 @@
 """Run callbacks: a user's own by class path sees every round as metrics.csv records it, EarlyStopping stops where a
-hand computation over an uninterrupted run says it must, and its state survives a resume."""
+hand computation over an uninterrupted run says it must, and its state survives a resume; a checkpoint keeps each
+callback's state under its class and arguments, so reordering the callbacks of a resumed run swaps nothing."""
 from __future__ import annotations
 
 import csv
 import json
 
+import pytest
+import torch
+
+from conftest import small_federation
+from fedlight import Callback, EarlyStopping
+from fedlight.run import checkpoint
+from fedlight.run.callbacks import callback_states, load_callback_states
 from fedlight.run.cli import main
+from fedlight.run.runner import CHECKPOINTS, fit
+from fedlight.run.wandb_logger import LoggerConfig
 
 CALLBACK = '''
 from fedlight import Callback
@@ -97,3 +107,85 @@ def test_early_stopping_on_a_metric_the_run_does_not_log_is_one_line(tmp_path, t
     err = capsys.readouterr().err.strip()
     assert err.startswith("fedlight: error: EarlyStopping monitors 'test/acc_meen'") and "test/acc_mean" in err
     assert len(err.splitlines()) == 1
+
+
+class Counter(Callback):
+    """Adds `step` every round: after n rounds its count is n * step, however the run was split."""
+
+    def __init__(self, step: int, label: str = "") -> None:
+        self.step, self.label, self.count = step, label, 0
+
+    def on_round_end(self, run, result):
+        self.count += self.step
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def early(patience: int = 50) -> EarlyStopping:
+    return EarlyStopping("train/loss", "min", patience)  # never stops within these runs
+
+
+def run_rounds(run_dir, rounds: int, callbacks: list, resume: bool = False) -> None:
+    fit(small_federation(rounds=rounds), run_dir, "seed: 0\n", LoggerConfig(wandb=False), resume=resume,
+        callbacks=callbacks)
+
+
+def test_reordered_callbacks_of_one_class_with_different_arguments_each_get_their_own_state_back(tmp_path):
+    ones, tens, stopping = Counter(1), Counter(10), early()
+    run_rounds(tmp_path / "run", 2, [ones, tens, stopping])
+    saved = {"best": stopping.best, "best_round": stopping.best_round, "waited": stopping.waited}
+    ones, tens, stopping = Counter(1), Counter(10), early()
+    restored = {}
+    stopping.on_fit_start = lambda run: restored.update(stopping.state_dict())
+    run_rounds(tmp_path / "run", 3, [stopping, tens, ones], resume=True)  # the order reversed
+    assert (ones.count, tens.count) == (3, 30)  # by position the two Counters would have swapped: 21 and 12
+    assert restored == saved and saved["best_round"] >= 1
+
+
+def test_a_checkpoint_of_format_1_resumes_with_the_states_by_class_name_and_position(tmp_path):
+    run_dir = tmp_path / "run"
+    run_rounds(run_dir, 2, [Counter(1), Counter(10)])
+    last = run_dir / CHECKPOINTS / checkpoint.LAST
+    state = checkpoint.read(last)
+    by_class = {key.split("(")[0].rsplit(".", 1)[-1]: value for key, value in state["callbacks"].items()}
+    # as fedlight wrote it before checkpoints had a format version: states by class name, "#2" for the second
+    torch.save({"federation": state["federation"],
+                "callbacks": {"CsvRecorder": by_class["CsvRecorder"], "Totals": by_class["Totals"],
+                              "ConsoleReporter": {}, "Counter": {"count": 2}, "Counter#2": {"count": 20}}}, last)
+    ones, tens = Counter(1), Counter(10)
+    run_rounds(run_dir, 3, [ones, tens], resume=True)
+    assert (ones.count, tens.count) == (3, 30)
+    assert [row["round"] for row in rows(run_dir / "metrics.csv")] == ["1", "2", "3"]
+    resaved = checkpoint.read(last)
+    assert resaved["format_version"] == checkpoint.FORMAT_VERSION == 2
+    assert resaved["federation"]["round"] == 3 and not any(key.startswith("Counter") for key in resaved["callbacks"])
+
+
+def test_callbacks_of_one_class_and_the_same_arguments_take_their_states_in_order():
+    first, second = Counter(1, "x"), Counter(step=1, label="x")  # positional or by name: the same arguments
+    first.count, second.count = 5, 7
+    states = callback_states([first, second])
+    assert len(states) == 2
+    again = [Counter(1, "x"), Counter(1, "x")]
+    load_callback_states(again, states)
+    assert [c.count for c in again] == [5, 7]
+
+
+def test_a_callback_whose_arguments_changed_takes_the_state_of_its_class_when_it_is_the_only_one():
+    before = early(patience=3)
+    before.best, before.best_round, before.waited = 0.5, 4, 2
+    after, counter = early(patience=9), Counter(1)
+    load_callback_states([counter, after], callback_states([before]))
+    assert (after.best, after.best_round, after.waited, counter.count) == (0.5, 4, 2, 0)
+
+
+def test_two_callbacks_of_a_class_both_with_changed_arguments_are_refused_in_one_line():
+    first, second = Counter(1), Counter(2)
+    first.count, second.count = 5, 7
+    with pytest.raises(ValueError, match="which is which cannot be told") as error:
+        load_callback_states([Counter(3), Counter(4)], callback_states([first, second]))
+    assert "Counter(step=1, label='')" in str(error.value) and len(str(error.value).splitlines()) == 1

@@ -53,6 +53,9 @@ class FederationNewcomers:
     def train(self, newcomer, start, epochs=None, purpose="newcomer"):
         return self.server.train(self.round, newcomer, start, epochs, purpose=purpose)[0]
 
+    def train_many(self, newcomers, starts, epochs=None, purpose="newcomer"):
+        return self.server.train_many(self.round, newcomers, starts, epochs, purpose=purpose).params
+
     def batches(self, newcomer, epochs=None, purpose="newcomer"):
         return self.server.batches(self.round, newcomer, epochs, purpose)
 
@@ -240,7 +243,8 @@ def test_fedem_trains_each_component_with_its_posterior_weights_and_stores_the_m
     alg = fed.algorithm
     before, mixture = alg.models.clone(), every_row(alg.mixture)
     q = posterior(mixture[1].log(), alg.sample_losses(1))
-    trained, _, sent = alg.train_client(1, 1, alg.client_model(1))
+    out = alg.train_group(1, [1], alg.client_model(1)[None])
+    sent = {name: value[0] for name, value in out.state.items()}
     expected = fed.server.train(1, 1, before[1], sample_weights=q[:, 1])[0]
     assert torch.equal(sent["others"][0], expected)
     assert torch.allclose(sent["mixture"], q.mean(dim=0))

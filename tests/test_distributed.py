@@ -80,6 +80,8 @@ def assert_same_numbers(a: Path, b: Path, rel_tol: float = 0.0) -> None:
     ["--algorithm", "fedper", "--algorithm.init_args.personal_layers", "1"],
     ["--algorithm", "ditto", "--privacy.noise_multiplier", "0.5", "--privacy.clip", "0.5", "--privacy.adaptive",
      "true", "--privacy.count_noise", "1"],
+    ["--algorithm", "fedem", "--algorithm.init_args.num_components", "2", "--privacy.noise_multiplier", "0.5",
+     "--privacy.clip", "0.5", "--privacy.adaptive", "true", "--privacy.count_noise", "1"],
     ["--algorithm", "scaffold"],
     ["--algorithm", "pfedme", "--algorithm.init_args.participation", "0.5",
      "--federation.client_state_memory", "2e-5"],
@@ -87,6 +89,7 @@ def assert_same_numbers(a: Path, b: Path, rel_tol: float = 0.0) -> None:
      "--federation.finetune_epochs", "1"]],
     ids=["fedavg, clipped mean (streamed) against random updates", "ocfl, median (held) against sign flips",
          "fedper (personal parts)", "ditto (personal state in the updates) with DP-FedAvg and adaptive clipping",
+         "fedem (a row per component from every client) with DP-FedAvg and adaptive clipping",
          "scaffold (control variates)", "pfedme, personal models beyond one spilled to each process's file",
          "ifca with held-out clients"])
 def test_two_processes_give_the_metrics_of_one_bit_for_bit_and_one_run_folder(tmp_path, algorithm):

@@ -96,11 +96,11 @@ def test_personalized_clients_are_evaluated_one_model_at_a_time():
 
 
 def test_automatic_group_size_follows_free_memory(monkeypatch):
-    import fedlight.engine.execution as execution
+    import fedlight.engine.group_training as execution
 
     fed = small_federation(FedAvg(), num_clients=7, vectorize=-1)
     activations = 5 * fed.flat.numel * 4
-    monkeypatch.setattr(execution.ClientExecution, "activation_bytes", lambda self: activations)
+    monkeypatch.setattr(execution.GroupTraining, "activation_bytes", lambda self: activations)
     per_client = fed.flat.numel * 4 * 8 + 2 * activations  # params, grads, state, temporaries; activations twice
     monkeypatch.setattr(execution, "available_memory", lambda device: 2 * 3 * per_client)  # half holds 3
     assert fed.execution.group_size(7) == 3
@@ -139,7 +139,7 @@ def test_a_client_step_keeps_its_activations_measured_by_hand():
 def test_a_step_that_cannot_be_measured_counts_no_activations(monkeypatch):
     """Measuring the activations runs the module's training_step once; if that fails, the group is sized from the
     parameters as before (the vectorized path then reports its own failure), not the run stopped."""
-    import fedlight.engine.execution as execution
+    import fedlight.engine.group_training as execution
     from fedlight.training.vectorized import VectorizedTrainer
 
     def broken(self, x, y):

@@ -199,6 +199,9 @@ class Stub:
         self.starts.append(start.clone())
         return start + self.moves[newcomer]
 
+    def train_many(self, newcomers, starts, epochs=None, purpose="newcomer"):
+        return torch.stack([self.train(j, s, epochs, purpose) for j, s in zip(newcomers, starts)])
+
 
 def test_a_newcomer_joins_the_cluster_its_update_points_to_from_the_mean_model():
     e1, e2, c = torch.eye(3)[0], torch.eye(3)[1], torch.tensor([5.0, -2.0, 1.0])

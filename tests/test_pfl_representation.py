@@ -74,7 +74,8 @@ def test_ditto_personal_step_adds_the_proximal_gradient_worked_by_hand():
     w = server.initial_params + 0.05 * torch.randn(server.num_params, generator=noise)
     v = server.initial_params + 0.05 * torch.randn(server.num_params, generator=noise)
     alg.personal_models.write([1], v[None])
-    trained, _, state = alg.train_client(1, 1, w)
+    out = alg.train_group(1, [1], w[None])
+    trained, state = out.params[0], {"personal": out.state["personal"][0]}
     [(_, _, batch)] = list(server.batches(1, 1, 1))
     lr = server.learning_rate(1)
     grad_v, grad_w = server.loss_and_grad(v, batch)[1], server.loss_and_grad(w, batch)[1]
@@ -112,11 +113,11 @@ def test_fedrep_phases_leave_the_frozen_part_bit_for_bit_under_momentum_and_weig
     fed = federation(FedRep(head_epochs=2), momentum=0.9, weight_decay=0.01)
     alg = fed.algorithm
     head, start = alg.head, alg.client_model(0)
-    tuned, _ = alg.train_part(1, 0, start, head, 2, "head")
+    tuned = fed.server.train_many(1, [0], start[None], 2, trainable=head, purpose="head").params[0]
     assert torch.equal(tuned[~head], start[~head]) and not torch.equal(tuned[head], start[head])
-    trained, _ = alg.train_part(1, 0, tuned, ~head, 1, "train")
+    trained = fed.server.train_many(1, [0], tuned[None], 1, trainable=~head).params[0]
     assert torch.equal(trained[head], tuned[head]) and not torch.equal(trained[~head], tuned[~head])
-    assert torch.equal(alg.train_client(1, 0, start)[0], trained)  # train_client is the two phases
+    assert torch.equal(alg.train_group(1, [0], start[None]).params[0], trained)  # train_group is the two phases
 
 
 def test_fedrep_client_update_is_a_plain_loop_that_trains_the_head_then_the_body():
@@ -124,7 +125,7 @@ def test_fedrep_client_update_is_a_plain_loop_that_trains_the_head_then_the_body
     alg = fed.algorithm
     head, start = alg.head, alg.client_model(2)
     expected = plain_phases(fed, 1, 2, start, [(head, 2, "head"), (~head, 1, "train")], momentum=0.9)
-    assert torch.allclose(alg.train_client(1, 2, start)[0], expected, atol=1e-5)
+    assert torch.allclose(alg.train_group(1, [2], start[None]).params[0], expected, atol=1e-5)
 
 
 def test_fedrep_averages_bodies_and_never_heads():

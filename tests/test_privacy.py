@@ -1,5 +1,6 @@
-"""Client-level DP: clipping, the noise's standard deviation, adaptive clipping's step, the accountant against
-closed forms, target epsilon (sigma up front, or a stop), resume with the same epsilon, and the refusals."""
+"""Client-level DP: clipping (a client's rows together, when it sends one to each of several clusters), the noise's
+standard deviation, adaptive clipping's step, the accountant against closed forms (FedEM's components too), target
+epsilon (sigma up front, or a stop), resume with the same epsilon, and the refusals."""
 from __future__ import annotations
 
 import csv
@@ -12,7 +13,9 @@ import torch
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from conftest import crash_and_resume
+from conftest import crash_and_resume, small_federation
+from fedlight import RoundUpdates, Updates
+from fedlight.algorithms.fedem import FedEM
 from fedlight.cluster.differences import Differences
 from fedlight.engine.privacy import (PrivacyConfig, PrivacyMechanism, epsilon_of, make_accountant, update_noise)
 from fedlight.run.cli import main
@@ -27,8 +30,9 @@ def mechanism(z: float = 1.0, clip: float = 1.0, **config) -> PrivacyMechanism:
     return found
 
 
-def aggregate(found: PrivacyMechanism, clusters: list[int], updates: torch.Tensor, start: torch.Tensor):
-    rows = found.aggregator(3, updates.shape[1], torch.float64, torch.device("cpu"), None)
+def aggregate(found: PrivacyMechanism, clusters: list[int], updates: torch.Tensor, start: torch.Tensor,
+              rows_per_client: int = 1):
+    rows = found.aggregator(3, updates.shape[1], torch.float64, torch.device("cpu"), None, rows_per_client)
     starts = start.expand(len(updates), -1)
     rows.add(torch.tensor(clusters), torch.ones(len(updates)), starts + updates, starts)
     return rows.means()
@@ -43,6 +47,62 @@ def test_each_update_counts_at_most_the_clip():
     assert torch.allclose(models, torch.tensor([[1.75, 2.0], [-0.2, 2.6]], dtype=torch.float64), atol=1e-6)
     assert float((models[1] - 1).norm()) <= 2.0 + 1e-6
     assert found.within_clip == (1.0, 3.0)  # only the update of norm 0.5 was within the clip
+
+
+def test_a_client_with_a_row_in_each_of_two_clusters_is_clipped_as_a_whole():
+    """Two rows a client (FedEM's components): each row is clipped to C / sqrt(2), so a client's two rows together
+    stay within C, and a row within its clip counts 1/2, so the count is in clients."""
+    found = mechanism(z=1e-9, clip=2.0)  # a row's clip: sqrt(2)
+    # client A: (3, 4) to cluster 0 (norm 5, clipped to sqrt(2) (0.6, 0.8)), (0.3, 0.4) to cluster 1 (within);
+    # client B: (0, 1) to cluster 0 (within), (-6, 8) to cluster 1 (norm 10, clipped to sqrt(2) (-0.6, 0.8))
+    updates = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 1.0], [-6.0, 8.0]])
+    active, models = aggregate(found, [0, 1, 0, 1], updates, torch.tensor([1.0, 1.0]), rows_per_client=2)
+    r = math.sqrt(2)
+    expected = torch.tensor([[1 + 0.6 * r / 2, 1 + (0.8 * r + 1) / 2],
+                             [1 + (0.3 - 0.6 * r) / 2, 1 + (0.4 + 0.8 * r) / 2]], dtype=torch.float64)
+    assert active.tolist() == [0, 1] and torch.allclose(models, expected, atol=1e-6)
+    assert found.within_clip == (1.0, 2.0)  # 2 rows of 4 within: 1 client's worth of 2
+
+
+@pytest.mark.parametrize("rows_per_client", [1, 3])
+def test_the_noise_is_sigma_times_the_clients_clip_however_many_rows_it_sends(rows_per_client):
+    found = mechanism(z=0.7, clip=3.0)
+    dim = 40_000
+    _, models = aggregate(found, [1], torch.zeros(1, dim), torch.zeros(dim), rows_per_client)
+    assert abs(float(models[0].std()) - 0.7 * 3.0) < 0.02 * 0.7 * 3.0
+
+
+def test_fedem_under_dp_clips_each_clients_copies_together():
+    """Two clients, two components, clip C = 2, next to no noise: each copy's update is clipped to C / sqrt(2) (so a
+    client's two copies together stay within C) and each component moves by the mean of its two clipped rows."""
+    fed = small_federation(FedEM(num_components=2), num_clients=2, rounds=1,
+                           privacy=PrivacyConfig(noise_multiplier=1e-9, clip=2.0))
+    alg, r = fed.algorithm, math.sqrt(2)
+    fed.aggregation.begin_round(1)
+    start = alg.models.clone()
+    moves = torch.zeros(2, 2, start.shape[1])  # (client, component, d): updates on the first three entries
+    moves[0, 0, :2] = torch.tensor([3.0, 4.0])  # norm 5: clipped to sqrt(2) (0.6, 0.8)
+    moves[0, 1, 2] = 0.1                        # within
+    moves[1, 0, 0] = 6.0                        # clipped to sqrt(2) (1, 0)
+    moves[1, 1, 1] = 8.0                        # clipped to sqrt(2) (0, 1)
+    copies = start + moves
+    updates = Updates(torch.tensor([0, 1]), copies[:, 0], start[alg.assignment[:2]], torch.tensor([5, 7]),
+                      torch.zeros(2), state={"others": copies[:, 1:], "mixture": alg.mixture.read([0, 1])})
+    alg.aggregate(1, RoundUpdates.of(updates))
+    expected = start.clone()
+    expected[0, :2] += torch.tensor([0.6 * r + r, 0.8 * r]) / 2
+    expected[1, 1:3] += torch.tensor([r, 0.1]) / 2
+    assert torch.allclose(alg.models, expected, atol=1e-6)
+
+
+def test_fedem_under_dp_steps_the_accountant_once_a_round_for_its_clients():
+    """The privacy unit is the client: one round of all 4 clients (sample rate 1) at z spends exactly one Gaussian
+    mechanism's RDP epsilon (not one per component, nor one at z / sqrt(2))."""
+    fed = small_federation(FedEM(num_components=2), num_clients=4, rounds=1,
+                           privacy=PrivacyConfig(noise_multiplier=1.5, clip=1.0))
+    result = fed.run_round(1)
+    assert result.scalars["privacy/epsilon"] == pytest.approx(rdp_epsilon(1.5, 1, DELTA), rel=1e-9)
+    assert result.scalars["privacy/epsilon"] > 0
 
 
 def test_updates_read_lazily_are_clipped_and_noised_as_the_built_updates():

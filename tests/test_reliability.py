@@ -129,6 +129,30 @@ def test_a_crash_between_the_two_renames_resumes_from_the_previous_checkpoint(tm
     assert checkpoint.load(folder)["federation"]["round"] == 1
 
 
+def test_a_checkpoint_carries_its_format_version_and_one_without_it_is_read_as_version_1(tmp_path):
+    folder = tmp_path / "checkpoints"
+    checkpoint.save({"federation": {"round": 1}}, folder)
+    assert checkpoint.read(folder / "last.ckpt")["format_version"] == 2
+    torch.save({"federation": {"round": 1}, "callbacks": {}}, folder / "last.ckpt")  # as fedlight wrote it before
+    assert checkpoint.format_version(checkpoint.load(folder)) == 1
+
+
+@pytest.mark.parametrize("version, expected", [
+    (3, "has format version 3, newer than this fedlight reads (up to 2): upgrade fedlight"),
+    (0, "has format version 0, which this fedlight (format 2) cannot read"),
+    ("2", "has format version '2', which this fedlight (format 2) cannot read"),
+])
+def test_a_checkpoint_of_a_format_this_code_cannot_read_is_one_line_naming_both_versions(tmp_path, version,
+                                                                                         expected):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    torch.save({"federation": {"round": 1}, "callbacks": {}, "format_version": version}, folder / "last.ckpt")
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        checkpoint.load(folder)
+    message = str(error.value)
+    assert expected in message and str(folder / "last.ckpt") in message and len(message.splitlines()) == 1
+
+
 @pytest.mark.parametrize("where", ["first round", "logger start"])
 def test_a_new_run_stopped_before_its_first_checkpoint_leaves_nothing_and_its_name_free(tmp_path, tiny_run_args,
                                                                                          monkeypatch, capsys, where):

@@ -1,5 +1,6 @@
-"""Robust aggregation rules against hand-worked cases, the engine's cluster aggregator on updates, and the bad
-settings refused in one line."""
+"""Robust aggregation rules against hand-worked cases, the engine's cluster aggregator on updates (FedEM's
+components too), and the bad settings refused in one line, at set-up or, for an algorithm that combined its
+updates without the aggregator, after round 1."""
 from __future__ import annotations
 
 import math
@@ -8,10 +9,13 @@ import pytest
 import torch
 
 from conftest import small_federation
+from fedlight import Algorithm
 from fedlight.algorithms.fedavg import FedAvg
+from fedlight.algorithms.fedem import FedEM
 from fedlight.algorithms.local import Local
 from fedlight.cluster.differences import Differences
 from fedlight.engine.cluster_aggregator import RobustClusterAggregate, RobustSettings
+from fedlight.engine.privacy import PrivacyConfig
 from fedlight.engine.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
                                     multikrum, trimmed_mean)
 
@@ -184,3 +188,62 @@ def test_a_run_folder_written_before_the_aggregator_settings_existed_resumes(tmp
     assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "2"]) == 0
     assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "3", "--federation.aggregator",
                  "median"]) == 2  # a setting it did not run with is still refused
+
+
+def test_fedem_median_is_each_components_coordinate_median_of_the_clients_copies():
+    """Three clients, two components: every component becomes the coordinate-wise middle value of the three
+    clients' trained copies of it (worked directly on the copies, not on the updates), not their mean."""
+    fed = small_federation(FedEM(num_components=2), num_clients=3, rounds=1, aggregator="median")
+    alg = fed.algorithm
+    round_updates = fed.execution.round_updates(1, [0, 1, 2])
+    held = round_updates.all()
+    copies = torch.cat([held.params[:, None], held.state["others"]], dim=1)  # (clients, components, d)
+    alg.aggregate(1, round_updates)
+    middle = copies.sort(dim=0).values[1]  # of 3 values the second smallest
+    assert torch.allclose(alg.models, middle, atol=1e-6)
+    sizes = held.num_samples.to(copies.dtype)
+    mean = torch.einsum("c,cmd->md", sizes, copies) / sizes.sum()
+    assert not torch.allclose(alg.models, mean, atol=1e-4)
+
+
+class OwnMean(Algorithm):
+    """The weighted mean of the trained models, summed by the algorithm itself: the engine's cluster aggregator is
+    never asked for, and `own_aggregation` is not declared."""
+
+    def aggregate(self, round, updates) -> None:
+        sums, total = torch.zeros_like(self.models[0]), 0.0
+        for group in updates.groups():
+            weights = group.num_samples.to(sums.dtype)
+            sums += weights @ group.params
+            total += float(weights.sum())
+        self.models[0] = sums / total
+
+
+@pytest.mark.parametrize("setting, named", [
+    ({"aggregator": "median"}, "federation.aggregator: median"),
+    ({"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)}, "the privacy section"),
+])
+def test_an_algorithm_that_bypasses_the_aggregator_is_stopped_after_round_1(setting, named):
+    fed = small_federation(OwnMean(), num_clients=4, rounds=2, **setting)
+    with pytest.raises(ValueError) as error:
+        fed.run_round(1)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"OwnMean combined its clients' updates in round 1 without the engine's cluster "
+                              f"aggregator, so {named} had no effect: declare `own_aggregation = True`")
+    assert "cluster_means" in message and "server.cluster_aggregator" in message
+
+
+def test_an_algorithm_that_bypasses_the_aggregator_runs_with_the_default_mean():
+    fed = small_federation(OwnMean(), num_clients=4, rounds=2)
+    start = fed.algorithm.models[0].clone()
+    fed.run_round(1)
+    fed.run_round(2)
+    assert not torch.equal(fed.algorithm.models[0], start)
+
+
+def test_fedem_with_median_runs_its_rounds():
+    fed = small_federation(FedEM(num_components=2), num_clients=4, rounds=2, aggregator="median")
+    for round in (1, 2):
+        result = fed.run_round(round)
+    assert torch.isfinite(fed.algorithm.models).all() and "test/acc_mean" in result.scalars

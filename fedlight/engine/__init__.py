@@ -7,7 +7,8 @@
 | `updates`, `round_updates` | `Updates` (stacked rows of trained models) and `RoundUpdates` (a round's, streamed or held) |
 | `round_log`, `round_result` | what an algorithm records as it acts, and the typed record a round produces |
 | `federation` | `Federation`: set-up and `run_round`, select -> train -> aggregate -> evaluate |
-| `execution` | the plan and how clients train: groups, vectorized or sequential, the probe, processes |
+| `execution` | the plan and a round's training: its groups, spread over processes, each group's `train_group` |
+| `group_training` | both trainers, the probe's choice between them, group sizes by memory: every `train_many` call |
 | `client_state`, `spill` | `ClientState`: a per-client tensor the engine keeps for an algorithm (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |
 | `aggregation` | cluster-wise weighted averages as running sums; per-client models built on demand |
 | `robust`, `cluster_aggregator` | robust rules on update matrices (median, Krum, ...); the engine's choice of aggregator per run |

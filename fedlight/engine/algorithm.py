@@ -23,6 +23,7 @@ may record scalars and matrices as they act (`log`, `log_matrix`).
     setup(server)                      once: build the state; `server` is the run's `ServerContext`
     begin_round(round)                 first thing in a round: one-time phases
     select_clients(round) ?            the clients that train
+    train_group(round, clients, starts) a group's local work: the module's SGD (`server.train_many`) by default
     train_client(round, client, start) one client's own local work (only with own_training = True)
       learning_rate_scale(round) ?     SGD clients train at the configured learning rate times this
       local_gradient(client, ...)      ... with the gradient edited in place (only with corrects_gradient = True)
@@ -47,6 +48,8 @@ from torch import Tensor
 
 from fedlight.engine.aggregation import ClientModels, ClusterAverage
 from fedlight.engine.updates import Updates
+from fedlight.training.sequential import Trained
+from fedlight.training.vectorized import GroupHook
 
 if TYPE_CHECKING:
     from fedlight.cluster.differences import Differences
@@ -69,12 +72,15 @@ class Algorithm:
     #: the aggregation hooks look at every update of a round at once (`updates.all()`); False: they stream them a
     #: group at a time (`updates.groups()`), so memory never holds every client's model
     holds_updates: bool = False
-    #: `train_client` is this algorithm's own local work (local k-means, ...): clients then train one at a time
+    #: `train_client` is this algorithm's own local work that is not gradient descent (local k-means, ...): clients
+    #: then train one at a time. Gradient-based local work overrides `train_group` instead (no declaration needed)
     own_training: bool = False
     #: `local_gradient` edits every client's flat gradient after each backward pass (FedProx's proximal term)
     corrects_gradient: bool = False
-    #: `aggregate` combines the updates its own way, not through the engine's cluster aggregator (`cluster_means` or
-    #: the inherited `aggregate`): a run that configures a robust aggregator or differential privacy is then refused
+    #: `aggregate` combines the updates its own way, not through the engine's cluster aggregator (`cluster_means`,
+    #: the inherited `aggregate` or `server.cluster_aggregator`): a run that configures a robust aggregator or
+    #: differential privacy is then refused at set-up. Undeclared, such a run is stopped after round 1 when no
+    #: aggregator of the round combined anything (the setting would have had no effect)
     own_aggregation: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -83,6 +89,9 @@ class Algorithm:
             if hook in vars(cls) and not getattr(cls, flag):
                 raise TypeError(f"{cls.__name__} overrides {hook}, which runs only when the class declares "
                                 f"`{flag} = True`: add that line to the class")
+        if "train_group" in vars(cls) and cls.own_training:
+            raise TypeError(f"{cls.__name__} overrides train_group but declares `own_training = True`, under which "
+                            "clients run train_client one at a time: remove one of the two")
 
     def __init__(self, participation: float = 1.0) -> None:
         if not 0 < participation <= 1:
@@ -112,6 +121,29 @@ class Algorithm:
         if m == n:
             return list(range(n))
         return sorted(self.server.rng(round, "select").choice(n, size=m, replace=False).tolist())
+
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """The local work of a group of clients from their models `starts` (one row each): a `Trained` with the
+        trained models (rows), each client's mean training loss and, in `state`, per-client tensors sent beside
+        the models (a personal model, mixture weights: (len(clients), ...) each), which reach the aggregation hooks
+        as `Updates.state`. Build it from `server.train_many` calls (several for several models, each with its own
+        gradient hook, trainable entries or sample weights) and `server.group_batches` / `server.group_loss_and_grad`
+        for a custom loop: the engine sizes the groups by memory and trains each call vectorized when the plan
+        allows. This default is the module's SGD at `learning_rate_scale`, with `local_gradient` when the class
+        corrects gradients."""
+        return self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+                                      gradient_hook=self.gradient_hook(clients))
+
+    def gradient_hook(self, clients: list[int]) -> GroupHook | None:
+        """`local_gradient` as a hook of `train_many` over `clients` (None when the class does not correct)."""
+        if not self.corrects_gradient:
+            return None
+
+        def hook(rows: list[int], params: Tensor, grad: Tensor, starts: Tensor) -> None:
+            for i, row in enumerate(rows):
+                self.local_gradient(clients[row], params[i], grad[i], starts[i])
+
+        return hook
 
     def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, ...]:
         """One client's own local work from its model `start`: (trained flat model, mean training loss), optionally

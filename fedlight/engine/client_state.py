@@ -12,10 +12,10 @@ which no per-client copy is kept: memory grows with the clients written and is b
 one per store and process, in the run folder's `client_state/` (`fedlight.engine.spill`; a federation built
 without the runner uses a temporary folder, removed at exit). A row stays where it was first stored.
 
-When a client's own local work returns a tensor under a store's name (`train_client`'s third element, reaching
-`Updates.state`), the engine writes the round's rows, gathered over the processes, after `post_aggregation`
-(`ClientStates.write_returned`); a client whose model, loss or any returned row is not finite is left out of the
-round and none of its rows is written.
+When the clients' local work returns rows under a store's name (`train_group`'s `Trained.state`, or an own
+`train_client`'s third element, reaching `Updates.state`), the engine writes the round's rows, gathered over the
+processes, after `post_aggregation` (`ClientStates.write_returned`); a client whose model, loss or any returned row
+is not finite is left out of the round and none of its rows is written.
 
 Checkpoints: every store is saved in the federation's state (`ClientStates.state_dict`): the rows in memory
 themselves, and for the rows in the file only their slots, so a checkpoint stays small however many rows spilled.

@@ -4,14 +4,18 @@
 feed it rows a group at a time, as they fed `ClusterAverage` before; which one they get is the run's configuration,
 never the algorithm's choice:
 
-- `federation.aggregator: mean` with no privacy: `ClusterAverage` itself, the running float64 weighted sums (the
-  numbers of a run without this feature, bit for bit);
+- `federation.aggregator: mean` with no privacy: `ClusterAverage`, the running float64 weighted sums (the numbers
+  of a run without this feature, bit for bit);
 - another rule (`fedlight.engine.robust`): `RobustClusterAggregate`, the rule applied within each cluster to the
   members' updates (trained minus start), added back to the cluster's start;
 - `privacy:` on: `fedlight.engine.privacy.PrivateClusterAggregate`, DP-FedAvg's clipped and noised sums.
 
 A rule that needs every update of a cluster (the median, Krum, ...) makes the plan hold the round's updates
 (`ExecutionPlan.hold_reason`); the sums of the mean, the clipped mean and DP stream a group at a time.
+
+Every aggregator handed out counts the means taken from it (`CountedAggregator`), so a run that configures a rule or
+DP for an algorithm that combined its updates some other way without declaring `own_aggregation` is stopped after
+round 1 (`ClusterAggregation.check_applied`) instead of running with the setting silently ignored.
 """
 from __future__ import annotations
 
@@ -107,13 +111,31 @@ class RobustClusterAggregate:
         return active, (base + combined).to(self.dtype)
 
 
+class CountedAggregator:
+    """An aggregator as `ClusterAggregation` hands it out: the same `add`, `reduce` and `means`, each `means` counted
+    in the round's `combined`, the evidence that the configured rule or DP made a cluster model."""
+
+    def __init__(self, inner: Any, owner: "ClusterAggregation") -> None:
+        self.inner, self.owner = inner, owner
+
+    def add(self, clusters: Tensor, weights: Tensor, values: Any, starts: Tensor | None = None) -> None:
+        self.inner.add(clusters, weights, values, starts)
+
+    def reduce(self, updates: "RoundUpdates") -> None:
+        self.inner.reduce(updates)
+
+    def means(self) -> tuple[Tensor, Tensor]:
+        self.owner.combined += 1
+        return self.inner.means()
+
+
 class ClusterAggregation:
     """The run's choice of cluster aggregator (engine-owned; one per federation), handing a fresh aggregator to each
     call of `ServerContext.cluster_aggregator`, and what it records each round."""
 
     def __init__(self, settings: RobustSettings, privacy: "PrivacyMechanism | None" = None) -> None:
         self.settings, self.privacy = settings, privacy
-        self.made = 0  # aggregators handed out this round
+        self.combined = 0  # means taken this round from the aggregators handed out
 
     @property
     def default(self) -> bool:
@@ -126,6 +148,11 @@ class ClusterAggregation:
             return f"federation.aggregator {self.settings.rule} needs every update of a cluster"
         return None
 
+    def configured(self) -> str:
+        """The settings that make this aggregation other than the default, as a config names them."""
+        parts = [] if self.settings.rule == "mean" else [f"federation.aggregator: {self.settings.rule}"]
+        return " and ".join(parts + ([] if self.privacy is None else ["the privacy section"]))
+
     def describe(self) -> str:
         parts = [] if self.settings.rule == "mean" else [f"aggregator {self.settings.rule}"]
         if self.privacy is not None:
@@ -133,19 +160,32 @@ class ClusterAggregation:
         return ", ".join(parts)
 
     def begin_round(self, round: int) -> None:
-        self.made = 0
+        self.combined = 0
         if self.privacy is not None:
             self.privacy.begin_round(round)
 
     def new(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-            personal_mask: Tensor | None = None) -> Any:
-        """A fresh aggregator over `clusters` cluster rows of `dim` entries."""
-        self.made += 1
+            personal_mask: Tensor | None = None, rows_per_client: int = 1) -> CountedAggregator:
+        """A fresh aggregator over `clusters` cluster rows of `dim` entries, to which every client adds
+        `rows_per_client` rows (each in another cluster: FedEM's copy of each component)."""
         if self.privacy is not None:
-            return self.privacy.aggregator(clusters, dim, dtype, device, personal_mask)
-        if self.settings.rule == "mean":
-            return ClusterAverage(clusters, dim, dtype, device)
-        return RobustClusterAggregate(self.settings, clusters, dim, dtype, device, personal_mask)
+            inner: Any = self.privacy.aggregator(clusters, dim, dtype, device, personal_mask, rows_per_client)
+        elif self.settings.rule == "mean":
+            inner = ClusterAverage(clusters, dim, dtype, device)
+        else:
+            inner = RobustClusterAggregate(self.settings, clusters, dim, dtype, device, personal_mask)
+        return CountedAggregator(inner, self)
+
+    def check_applied(self, algorithm: Any) -> None:
+        """After round 1: refuse a run whose configured rule or DP no aggregator of the round combined (the
+        algorithm averaged its own way without declaring `own_aggregation`), rather than let it run unapplied."""
+        if self.default or self.combined:
+            return
+        name = type(algorithm).__name__
+        raise ValueError(f"{name} combined its clients' updates in round 1 without the engine's cluster aggregator, "
+                         f"so {self.configured()} had no effect: declare `own_aggregation = True` on {name} (the run "
+                         f"is then refused at set-up) or combine the updates through `cluster_means` or "
+                         f"`server.cluster_aggregator`")
 
     def end_round(self, clients: int, num_clients: int) -> tuple[dict[str, float], str | None]:
         """(scalars to log, a reason to stop the run or None) once the round has aggregated."""

@@ -82,7 +82,7 @@ class Federation:
         self.newcomers: HeldOutClients | None = None  # clients held out of training (`unseen/*`)
         self.newcomer_evaluator: Evaluator | None = None
         if self.data.newcomers is not None:
-            self.newcomers = HeldOutClients(self.data.newcomers, self.server, trainer)
+            self.newcomers = HeldOutClients(self.data.newcomers, self.server, trainer, self.execution.training)
             self.newcomer_evaluator = Evaluator(self.server, model, self.data.newcomers, self.collective, UNSEEN)
         self.round = 0
         self.algorithm.setup(self.server)
@@ -120,6 +120,8 @@ class Federation:
         alg.pre_aggregation(round, updates)
         alg.aggregate(round, updates)
         alg.post_aggregation(round, updates)
+        if round == 1:
+            self.aggregation.check_applied(alg)
         training = updates.finish()
         self.client_states.write_returned(updates)
         self.round = round

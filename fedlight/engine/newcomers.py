@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedlight.engine.data import SPLITS, ClientSplit, FederatedData
-
 from fedlight.engine.server import split_losses
+from fedlight.training.local_work import LocalWork
 
 if TYPE_CHECKING:
+    from fedlight.engine.group_training import GroupTraining
     from fedlight.engine.server import ServerContext
     from fedlight.training.sequential import ClientTrainer
 
@@ -59,6 +60,12 @@ class Newcomers(Protocol):
         draws another stream of batches (fine-tuning)."""
         ...
 
+    def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
+                   purpose: str = "newcomer") -> Tensor:
+        """(len(newcomers), d) `train` of each newcomer from its row of `starts`, as one group: vectorized when the
+        run's plan trains its clients vectorized (`ServerContext.train_many`)."""
+        ...
+
     def batches(self, newcomer: int, epochs: int | None = None,
                 purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of one newcomer's training split, as `ServerContext.batches` gives a training
@@ -71,8 +78,10 @@ class HeldOutClients:
     own module, trainer and seeds (`ServerContext.predict`, `client_seed`), so a newcomer is run exactly as a
     training client would be. The engine sets `round` before each evaluation."""
 
-    def __init__(self, data: FederatedData, server: "ServerContext", trainer: "ClientTrainer") -> None:
+    def __init__(self, data: FederatedData, server: "ServerContext", trainer: "ClientTrainer",
+                 training: "GroupTraining | None" = None) -> None:
         self.data, self.server, self.trainer = data, server, trainer
+        self.training = training  # the training clients' group training, run on the newcomers' data
         self.count = data.num_clients
         self.round = 0
         self.train_sizes = torch.as_tensor(data.train.sizes(), device=server.device)
@@ -100,6 +109,13 @@ class HeldOutClients:
         return self.trainer.fit(start, x, y, self.seed(newcomer, purpose), epochs=epochs,
                                 round=max(self.round, 1)).params
 
+    def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
+                   purpose: str = "newcomer") -> Tensor:
+        if self.training is None:
+            return torch.stack([self.train(j, s, epochs, purpose) for j, s in zip(newcomers, starts)])
+        view = self.training.on(self.data.train, lambda round, j, p: self.seed(j, p))
+        return view.fit(self.round, list(newcomers), starts, LocalWork(epochs, purpose=purpose)).params
+
     def batches(self, newcomer: int, epochs: int | None = None,
                 purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
         x, y = self.data.train.client(newcomer)
@@ -115,7 +131,8 @@ def nearest_update_direction(newcomers: Newcomers, models: Tensor, members: Tens
     with. `mask` restricts the comparison to some entries (parameters without buffers)."""
     weights = members.to(models.dtype)
     centre = (weights[:, None] * models).sum(dim=0) / weights.sum()
-    updates = torch.stack([newcomers.train(j, centre) - centre for j in range(newcomers.count)])
+    count = newcomers.count
+    updates = newcomers.train_many(list(range(count)), centre.expand(count, -1)) - centre
     directions = models - centre
     if mask is not None:
         updates, directions = updates[:, mask], directions[:, mask]

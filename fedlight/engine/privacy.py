@@ -8,6 +8,12 @@ A client belongs to one cluster, so the clusters' sums are one Gaussian mechanis
 concatenation), and the accountant steps once per round. Weights: every client counts once (the weighted
 estimators of McMahan et al., section 2, need weights capped in advance).
 
+The unit of privacy is the client, also when a client sends one row to each of r clusters (FedEM: a copy of every
+component, `rows_per_client` = r): each row is clipped to C / sqrt(r), so the client's rows together have norm at
+most C (McMahan et al.'s per-layer clipping, the bound split equally), the concatenated sums are still one Gaussian
+mechanism of sensitivity C with noise z C, and the accountant steps once a round at the clients' sample rate. For
+adaptive clipping a row within its clip counts 1 / r, so each client adds at most 1 to the count, as with one row.
+
 Adaptive clipping ("Differentially Private Learning with Adaptive Clipping", Andrew et al., NeurIPS 2021, Algorithm
 1 and Theorem 1): the clip follows the `target_quantile` of the update norms, C <- C exp(-eta (b - gamma)), where b
 is the share of clients whose norm was within C, counted with noise N(0, sigma_b^2) (sigma_b = clients per round /
@@ -173,9 +179,9 @@ class PrivacyMechanism:
         self.round, self.calls, self.released, self.within_clip = round, 0, False, None
 
     def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-                   personal_mask: Tensor | None) -> "PrivateClusterAggregate":
+                   personal_mask: Tensor | None, rows_per_client: int = 1) -> "PrivateClusterAggregate":
         self.calls += 1
-        return PrivateClusterAggregate(self, self.calls, clusters, dim, dtype, device, personal_mask)
+        return PrivateClusterAggregate(self, self.calls, clusters, dim, dtype, device, personal_mask, rows_per_client)
 
     def noise(self, call: int, cluster: int, dim: int, device: torch.device) -> Tensor:
         """N(0, (z_update C)^2) in float64 for one cluster's sum, from a stream of (seed, round, call, cluster): every
@@ -230,11 +236,13 @@ class PrivacyMechanism:
 
 class PrivateClusterAggregate:
     """DP-FedAvg's aggregation within each cluster: clipped updates summed (streamed, and over the processes), the
-    sum noised and divided by the members, added to the members' mean start."""
+    sum noised and divided by the members, added to the members' mean start. With `rows_per_client` r > 1 every
+    client adds r rows (one to each of r clusters), each clipped to C / sqrt(r) and counted 1 / r."""
 
     def __init__(self, mechanism: PrivacyMechanism, call: int, clusters: int, dim: int, dtype: torch.dtype,
-                 device: torch.device, personal_mask: Tensor | None) -> None:
+                 device: torch.device, personal_mask: Tensor | None, rows_per_client: int = 1) -> None:
         self.mechanism, self.call, self.dtype, self.personal_mask = mechanism, call, dtype, personal_mask
+        self.rows_per_client = rows_per_client
         self.base = ClusterAverage(clusters, dim, dtype, device)
         self.sums = ClusterAverage(clusters, dim, dtype, device)
         self.within = torch.zeros(1, dtype=torch.float64, device=device)
@@ -245,8 +253,8 @@ class PrivateClusterAggregate:
         clusters, values = clusters[keep], values[keep]
         starts = None if starts is None else starts[keep]
         updates = member_updates(values, starts, self.personal_mask)
-        clip = self.mechanism.clip
-        self.within += (updates.double().norm(dim=1) <= clip).sum()
+        clip = self.mechanism.clip / math.sqrt(self.rows_per_client)
+        self.within += (updates.double().norm(dim=1) <= clip).sum().double() / self.rows_per_client
         add_starts(self.base, clusters, starts)
         self.sums.add(clusters, torch.ones(len(clusters), dtype=torch.float64, device=values.device),
                       clip_rows(updates, clip))
@@ -261,5 +269,5 @@ class PrivateClusterAggregate:
         noised = torch.stack([self.sums.sums[k] + self.mechanism.noise(self.call, k, dim, device)
                               for k in active.tolist()]) if len(active) else self.sums.sums[active]
         count = self.sums.totals[active, None]
-        self.mechanism.released_sums(float(self.within), float(self.base.totals.sum()))
+        self.mechanism.released_sums(float(self.within), float(self.base.totals.sum()) / self.rows_per_client)
         return active, (base + noised / count).to(self.dtype)

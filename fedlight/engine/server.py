@@ -23,8 +23,11 @@ from fedlight.engine.cluster_aggregator import ClusterAggregation, RobustSetting
 from fedlight.engine.data import ClientSplit, FederatedData
 from fedlight.engine.round_log import RoundLog
 from fedlight.training.flat import FlatModel
+from fedlight.training.group_batches import GroupStep, group_steps
 from fedlight.training.layer_masks import layer_count_mask
-from fedlight.training.sequential import ClientTrainer, GradientHook
+from fedlight.training.local_work import LocalWork
+from fedlight.training.sequential import ClientTrainer, GradientHook, Trained
+from fedlight.training.vectorized import GroupHook
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
     import lightning as L
@@ -84,6 +87,15 @@ class ServerContext:
         self.round_log = RoundLog()
         self._aggregation = aggregation or ClusterAggregation(RobustSettings())
         self._client_states = client_states
+        self._train_many: Callable[[int, list[int], Tensor, LocalWork], Trained] | None = None
+        self._loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None] | None = None
+
+    def bind_group_training(self, train_many: Callable[[int, list[int], Tensor, LocalWork], Trained],
+                            loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None]
+                            ) -> None:
+        """The engine's group training (`fedlight.engine.group_training`), which `train_many` and
+        `group_loss_and_grad` hand their work to (set by the engine once its plan is made)."""
+        self._train_many, self._loss_and_grads = train_many, loss_and_grads
 
     @property
     def num_params(self) -> int:
@@ -107,19 +119,21 @@ class ServerContext:
         """A per-client tensor the engine keeps for the algorithm (`fedlight.engine.client_state`), declared once in
         `setup`: `read(clients)`, `write(clients, rows)`, `touched()`. A client never written reads `initial` (a
         tensor of the row shape, or a callable `initial(clients) -> rows`); rows live in memory up to
-        `federation.client_state_memory`, beyond it in a file of the run folder, and are checkpointed. What a
-        client's own local work returns under `name` (`train_client`'s third element) is written by the engine
-        after `post_aggregation`."""
+        `federation.client_state_memory`, beyond it in a file of the run folder, and are checkpointed. What the
+        clients' local work returns under `name` (`train_group`'s `Trained.state`, `train_client`'s third element)
+        is written by the engine after `post_aggregation`."""
         return self._client_states.declare(name, self.num_clients, initial)
 
     # -- aggregation -----------------------------------------------------------------------------------
     def cluster_aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-                           personal_mask: Tensor | None = None) -> Any:
+                           personal_mask: Tensor | None = None, rows_per_client: int = 1) -> Any:
         """A fresh aggregator of rows into `clusters` cluster models of `dim` entries (`add(clusters, weights,
         values, starts)`, `reduce(updates)`, `means()`), as the run configures it
         (`fedlight.engine.cluster_aggregator`): the weighted mean by default, a robust rule or DP's noised mean.
-        Entries under `personal_mask` are not aggregated and count in no norm or distance."""
-        return self._aggregation.new(clusters, dim, dtype, device, personal_mask)
+        Entries under `personal_mask` are not aggregated and count in no norm or distance. `rows_per_client`: how
+        many rows each client adds, one to each of that many clusters (FedEM: a copy of every component); DP then
+        splits a client's clip over its rows, so the privacy unit stays the client."""
+        return self._aggregation.new(clusters, dim, dtype, device, personal_mask, rows_per_client)
 
     # -- running the model -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -158,6 +172,41 @@ class ServerContext:
                                     lr_scale=lr_scale, epochs=epochs, round=max(round, 1),
                                     sample_weights=sample_weights)
         return trained.params, trained.loss
+
+    def train_many(self, round: int, clients: list[int], starts: Tensor, epochs: int | None = None,
+                   lr_scale: float = 1.0, gradient_hook: GroupHook | None = None, trainable: Tensor | None = None,
+                   sample_weights: list[Tensor] | None = None, purpose: str = "train") -> Trained:
+        """Train `clients` from the rows of `starts` with the module's `training_step` and optimizer, as `train`
+        does for each alone (same batches, same seeds), but as one group: vectorized when the run's plan allows,
+        in groups sized by memory. Returns a `Trained` (models (len(clients), d), each client's mean loss of the last
+        epoch, what `training_step` logged). `gradient_hook(rows, params, grad, starts)` edits the gradients of
+        the clients at positions `rows` in place after every backward pass; `trainable` ((d,) bool) trains only
+        those entries, the others keep their starting values; `sample_weights` (one tensor per client, a weight
+        per row of its training split) weight each sample's cross-entropy; another `purpose` draws another stream
+        of batches (`fedlight.training.local_work.LocalWork`)."""
+        return self._train_many(round, list(clients), starts,
+                                LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose))
+
+    def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
+                      purpose: str = "train") -> Iterator[GroupStep]:
+        """The steps of a custom local loop for a group of clients at once: each a `GroupStep` (epoch, step, the
+        clients' positions `rows` in `clients`, and their batches stacked, (len(rows), batch, ...), converted as
+        the model sees them). Client c's batches are those `batches(round, c, epochs, purpose)` gives, in the same
+        order; clients whose last batch is short, or who have no batch left, are in other steps or none."""
+        data = [self._data.train.client(c) for c in clients]
+        seeds = [self.client_seed(round, c, purpose) for c in clients]
+        epochs = self._trainer.local_epochs if epochs is None else epochs
+        return group_steps(data, seeds, self._trainer.batch_size, epochs, self._trainer.batch_transform, self.device)
+
+    def group_loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
+        """(losses (k,), flat gradients (k, d)) of the module's `training_step` at k flat models, each on its own
+        batch of a `GroupStep`: vectorized when the plan allows, else `loss_and_grad` one model after another."""
+        x, y = batch
+        vectorized = self._loss_and_grads(params, x, y, step)
+        if vectorized is not None:
+            return vectorized
+        pairs = [self._trainer.loss_and_grad(p, (x[i], y[i]), step) for i, p in enumerate(params)]
+        return torch.stack([loss for loss, _ in pairs]), torch.stack([grad for _, grad in pairs])
 
     def batches(self, round: int, client: int, epochs: int | None = None,
                 purpose: str = "train") -> Iterator[tuple[int, int, Any]]:

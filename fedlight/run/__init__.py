@@ -6,7 +6,7 @@
 | `config_errors`, `registry` | jsonargparse errors explained; algorithms, data and models found by entry point |
 | `early_checks`, `lazy_types`, `catalog` | what the command line answers before Lightning loads: option and key typos, the parser's base classes, `list` read from the source files |
 | `runner` | `fit`: rounds, resume, Ctrl-C, the summary; callbacks called by hook name |
-| `callbacks` | `Callback`, `Run`, `EarlyStopping` |
+| `callbacks`, `callback_keys` | `Callback`, `Run`, `EarlyStopping`; the key of a callback's state in a checkpoint (its class and arguments) |
 | `recorder`, `wandb_logger`, `console`, `checkpoint` | the built-in callbacks: CSV files, W&B, the console, round checkpoints |
 | `sweep` | a grid of runs in one process, then the report |
 | `tune`, `tune_space`, `tune_study`, `trial_reporter` | `fedlight tune`: Optuna search on validation data; the search-space file; the study's storage and trial count; the callback reporting each round to the trial |

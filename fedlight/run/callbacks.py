@@ -5,7 +5,9 @@ A callback overrides any of `on_fit_start(run)`, `on_round_end(run, result)`, `o
 `on_interrupt(run)` and `on_exception(run, error)`; `run` is the `Run` (its federation, folder and config),
 `result` the round's `RoundResult`.
 Setting `run.should_stop` ends the run after the current round (`EarlyStopping`). A callback with state to keep
-across a resume returns it from `state_dict()` (plain values and tensors) and takes it back in `load_state_dict`.
+across a resume returns it from `state_dict()` (plain values and tensors) and takes it back in `load_state_dict`;
+the checkpoint keeps it under the callback's class and the arguments it was built with (`callback_keys`), which
+`Callback.__new__` records, so the order of the callbacks does not matter.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
+
+from fedlight.run.callback_keys import construction_key, key_class, state_keys
 
 if TYPE_CHECKING:
     from fedlight.engine.federation import Federation
@@ -60,6 +64,13 @@ class Run:
 class Callback:
     """Base of run callbacks: every hook does nothing."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Callback":
+        """Record the class and the arguments the callback is built with (by a config or in Python): the key of
+        its state in a checkpoint. Here rather than in `__init__`, which subclasses override without `super()`."""
+        callback = super().__new__(cls)
+        callback._construction_key = construction_key(cls, args, kwargs)
+        return callback
+
     def on_fit_start(self, run: Run) -> None:
         """Before the first round to run (after a checkpoint was loaded when resuming)."""
 
@@ -90,28 +101,33 @@ def call(callbacks: list[Any], hook: str, *args: Any) -> None:
             method(*args)
 
 
-def _keys(callbacks: list[Any]) -> list[str]:
-    """A name per callback: its class name, numbered from the second of a class on ("EarlyStopping#2")."""
-    seen: dict[str, int] = {}
-    keys = []
-    for callback in callbacks:
-        name = type(callback).__name__
-        seen[name] = seen.get(name, 0) + 1
-        keys.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
-    return keys
-
-
 def callback_states(callbacks: list[Any]) -> dict[str, Any]:
-    """Every callback's state by name (what a checkpoint keeps)."""
-    return {key: c.state_dict() for key, c in zip(_keys(callbacks), callbacks)
+    """Every callback's state by its key (what a checkpoint keeps)."""
+    return {key: c.state_dict() for key, c in zip(state_keys(callbacks), callbacks)
             if callable(getattr(c, "state_dict", None))}
 
 
 def load_callback_states(callbacks: list[Any], states: dict[str, Any]) -> None:
-    """Give every callback the state saved under its name (a callback added since has none to take)."""
-    for key, callback in zip(_keys(callbacks), callbacks):
-        if key in states and callable(getattr(callback, "load_state_dict", None)):
-            callback.load_state_dict(states[key])
+    """Give every callback the state saved under its key, whatever the callbacks' order. A callback built with
+    other arguments than the saved one (the logger's settings, which a resume may change) takes the state left over
+    of its class when it is the only one of its class on both sides; with several, which is which cannot be told
+    and the resume is refused. A callback added since has no state to take; the state of one removed is dropped."""
+    keys = state_keys(callbacks)
+    given = {key: states[key] for key in keys if key in states}
+    left_saved = [key for key in states if key not in given]
+    left_new = [key for key in keys if key not in given]
+    for name in dict.fromkeys(key_class(key) for key in left_new):
+        saved = [key for key in left_saved if key_class(key) == name and states[key]]  # an empty state: no swap
+        new = [key for key in left_new if key_class(key) == name]
+        if len(saved) == len(new) == 1:
+            given[new[0]] = states[saved[0]]
+        elif saved:
+            raise ValueError(f"the checkpoint holds the state of {', '.join(saved)}, and this run has "
+                             f"{', '.join(new)} instead: which is which cannot be told; resume with the callbacks' "
+                             "arguments as they were saved, or start a new run")
+    for key, callback in zip(keys, callbacks):
+        if key in given and callable(getattr(callback, "load_state_dict", None)):
+            callback.load_state_dict(given[key])
 
 
 class EarlyStopping(Callback):

@@ -4,16 +4,24 @@
 an intact checkpoint: `last.ckpt`, or `previous.ckpt` when the crash fell between the two renames. `load` reads
 with `torch.load(weights_only=True)`, which refuses anything but tensors and plain containers, and a file that
 cannot be read stops the resume with one line naming it and the previous good checkpoint.
+
+Every checkpoint carries `format_version` (`FORMAT_VERSION`; one without it is version 1). `load` refuses a
+version newer than this code reads, and `upgrade` brings an older one to the current format, one step a version
+(`UPGRADES`), before the run takes its state.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from fedlight.run.callback_keys import state_keys, v1_keys
+
 LAST, PREVIOUS = "last.ckpt", "previous.ckpt"
+#: the format `save` writes: 1 kept the callbacks' states by class name and position, 2 by class and arguments
+FORMAT_VERSION = 2
 
 
 class CheckpointError(ValueError):
@@ -24,7 +32,7 @@ def save(state: dict[str, Any], folder: Path) -> Path:
     """Write `state` as `folder/last.ckpt`, keeping the one it replaces as `folder/previous.ckpt`."""
     folder.mkdir(parents=True, exist_ok=True)
     last, tmp = folder / LAST, folder / (LAST + ".tmp")
-    torch.save(state, tmp)
+    torch.save({**state, "format_version": FORMAT_VERSION}, tmp)
     if last.exists():
         os.replace(last, folder / PREVIOUS)
     os.replace(tmp, last)
@@ -47,15 +55,57 @@ def load(folder: Path) -> dict[str, Any]:
     last, previous = folder / LAST, folder / PREVIOUS
     if not last.is_file():
         if previous.is_file():
-            return read(previous)
+            return _readable(read(previous), previous)
         raise CheckpointError(f"no checkpoint at {last}: --resume needs a run folder whose checkpoints/ holds "
                               f"{LAST} (written after each round)")
     try:
-        return read(last)
+        state = read(last)
     except Exception as error:  # truncated, corrupt, or holding code: all mean "do not trust this file"
         fallback = _describe(previous)
         raise CheckpointError(f"checkpoint {last} cannot be read ({type(error).__name__}: "
                               f"{str(error).splitlines()[0][:120]}); {fallback}") from None
+    return _readable(state, last)
+
+
+def format_version(state: dict[str, Any]) -> Any:
+    """The format a checkpoint was written in (1 for one written before checkpoints carried it)."""
+    return state.get("format_version", 1)
+
+
+def upgrade(state: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
+    """`state` in the current format: every step from its version on applied in turn. `callbacks` are the run's
+    (a step may need them: version 1 named their states by position)."""
+    while (version := format_version(state)) < FORMAT_VERSION:
+        state = {**UPGRADES[version](state, callbacks), "format_version": version + 1}
+    return state
+
+
+def _callback_keys_by_class_and_arguments(state: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
+    """Version 1 -> 2: a callback's state under its class and arguments instead of its class name and place among
+    the callbacks of that name; taken as format 1 took it, from the callback in that place in this run (a state
+    whose callback the run no longer has is dropped, as format 1 dropped it)."""
+    new_key = dict(zip(v1_keys(callbacks), state_keys(callbacks)))
+    return {**state, "callbacks": {new_key[key]: value for key, value in state["callbacks"].items() if key in new_key}}
+
+
+#: version -> the step that upgrades a checkpoint of that version to the next one
+UPGRADES: dict[int, Callable[[dict[str, Any], list[Any]], dict[str, Any]]] = {
+    1: _callback_keys_by_class_and_arguments,
+}
+
+
+def _readable(state: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`state` when this code reads its format; else one line naming both versions and what to do."""
+    version = format_version(state)
+    whole = isinstance(version, int) and not isinstance(version, bool)
+    if whole and version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {version}, newer than this fedlight reads "
+                              f"(up to {FORMAT_VERSION}): upgrade fedlight to resume the run")
+    if not whole or (version != FORMAT_VERSION and version not in UPGRADES):
+        raise CheckpointError(f"checkpoint {path} has format version {version!r}, which this fedlight (format "
+                              f"{FORMAT_VERSION}) cannot read: resume it with the fedlight that wrote it, or start "
+                              "the run again")
+    return state
 
 
 def _describe(previous: Path) -> str:

@@ -91,6 +91,7 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
     run.resumed = collective.broadcast(resume and checkpoint.exists(run_dir / CHECKPOINTS))  # a run stopped before
     if run.resumed:                                                                        # its first checkpoint
         state = collective.broadcast(checkpoint.load(run_dir / CHECKPOINTS) if main_process else None)  # restarts
+        state = checkpoint.upgrade(state, stateful)  # an older format's, in this process's callbacks' terms
         federation.load_state_dict(state["federation"])
         load_callback_states(stateful, state["callbacks"])
         if federation.round > federation.config.rounds:

@@ -6,6 +6,8 @@
 | `layer_masks` | layer-count masks (half layers included) for personalization layers |
 | `sequential` | `ClientTrainer`: one client at a time with the module's own training_step and optimizer |
 | `vectorized` | `VectorizedTrainer`: many clients at once through torch.func.vmap, functional optimizer |
+| `local_work` | `LocalWork`: what one group call of local training does (epochs, hook, trainable entries, weights) |
+| `group_batches` | a group's batches step by step, each client's exactly as alone, for custom group loops |
 | `probe` | times both trainers on the same work and keeps the faster (`federation.vectorize: -1`) |
 | `schedules` | learning-rate schedulers on the federation's clock |
 | `step_logs` | what training_step logs with self.log, captured per client without device syncs |

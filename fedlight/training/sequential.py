@@ -39,14 +39,16 @@ class Trained:
 
     @staticmethod
     def cat(parts: "list[Trained]") -> "Trained":
-        """The parts' clients in order, as one; a log that a part lacks is NaN for its clients."""
+        """The parts' clients in order, as one; a log that a part lacks is NaN for its clients (every part sends the
+        same state)."""
         def column(part: Trained, name: str) -> Tensor:
             value = part.logs.get(name)
             return value if value is not None else torch.full_like(part.loss, float("nan"))
 
         names = dict.fromkeys(name for part in parts for name in part.logs)
         return Trained(torch.cat([p.params for p in parts]), torch.cat([p.loss for p in parts]),
-                       {name: torch.cat([column(p, name) for p in parts]) for name in names})
+                       {name: torch.cat([column(p, name) for p in parts]) for name in names},
+                       {name: torch.cat([p.state[name] for p in parts]) for name in parts[0].state})
 
 
 warnings.filterwarnings("ignore", message=r".*self\.log\(\)` but the `self\.trainer` reference is not registered.*")

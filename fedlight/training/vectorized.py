@@ -31,12 +31,14 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates
 from fedlight.training.step_logs import LogSums, StepLogs
-from fedlight.training.sequential import Trained, seed_random_layers, training_loss
+from fedlight.training.sequential import Trained, seed_random_layers, training_loss, weighted_loss
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
     import lightning as L
 
-RowHook = Callable[[int, Tensor, Tensor, Tensor], None]  # (row, params, grad, start) of one client
+#: (rows, params, grad, starts) of several clients at once: `rows` are their positions in the group as given, the
+#: tensors (len(rows), d) full-length flat rows; the hook edits `grad` in place
+GroupHook = Callable[[list[int], Tensor, Tensor, Tensor], None]
 
 
 @contextmanager
@@ -67,8 +69,11 @@ class _TrainingStep(nn.Module):
         self.inner = inner
         self.logs: StepLogs | None = None
 
-    def forward(self, batch, batch_idx: int) -> tuple[Tensor, dict[str, Tensor]]:
-        loss = training_loss(self.inner.training_step(batch, batch_idx))
+    def forward(self, batch, batch_idx: int, weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        if weights is None:
+            loss = training_loss(self.inner.training_step(batch, batch_idx))
+        else:  # per-sample weights (a mixture component's M-step): the weighted cross-entropy of the outputs
+            loss = weighted_loss(self.inner, batch, weights)
         return loss, self.logs.take() if self.logs is not None else {}
 
 
@@ -197,6 +202,8 @@ class VectorizedTrainer:
         self._other_buffers = {f"inner.{name}": b for name, b in module.named_buffers() if name not in flat_buffers}
         self._grad_and_loss = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None),
                                    randomness="different")
+        self._weighted_grad_and_loss = vmap(grad_and_value(self._weighted_loss, has_aux=True),
+                                            in_dims=(0, 0, 0, 0, None, 0), randomness="different")
 
     def activation_bytes(self, x: Tensor, y: Tensor) -> int:
         """Bytes one client's training step on the batch (x, y) keeps for its backward pass (its activations):
@@ -234,6 +241,11 @@ class VectorizedTrainer:
               batch_idx: int) -> tuple[Tensor, dict[str, Tensor]]:
         return functional_call(self.step_module, {**dict(zip(self._names, tensors)), **buffers}, ((x, y), batch_idx))
 
+    def _weighted_loss(self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
+                       batch_idx: int, weights: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        return functional_call(self.step_module, {**dict(zip(self._names, tensors)), **buffers},
+                               ((x, y), batch_idx, weights))
+
     def _buffers(self, starts: Tensor) -> dict[str, Tensor]:
         """Every client's buffers as one (clients, ...) tensor each: the federated ones from the flat rows, the
         others (BatchNorm's batch counter) as per-client copies of the module's. Each must be a tensor of its
@@ -249,18 +261,37 @@ class VectorizedTrainer:
         return [block[:, o: o + e.numel].view(len(rows), *e.shape)
                 for e, o in zip(self.param_entries, self.param_offsets)]
 
-    def _grads(self, params: list[Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
-               step: int) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
+    def _grads(self, params: list[Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor, step: int,
+               weights: Tensor | None = None) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
         """(gradient of each parameter tensor, losses, logged values) of a range of rows, from the views of their
         parameters; `buffers` (one row per client) are updated in place. Differentiating with respect to one
         view per tensor is O(d); differentiating slices of one flat row would build a full-length zero gradient
-        per tensor and add them all up."""
-        grads, (losses, logged) = self._grad_and_loss(tuple(params), buffers, x, y, step)
+        per tensor and add them all up. `weights` (rows, batch): per-sample weights of a weighted loss."""
+        if weights is None:
+            grads, (losses, logged) = self._grad_and_loss(tuple(params), buffers, x, y, step)
+        else:
+            grads, (losses, logged) = self._weighted_grad_and_loss(tuple(params), buffers, x, y, step, weights)
         return list(grads), losses, logged
 
+    def loss_and_grads(self, params: Tensor, x: Tensor, y: Tensor, step: int = 0) -> tuple[Tensor, Tensor]:
+        """(losses (k,), flat gradients (k, d)) of the module's `training_step` at k flat models on their own
+        batches (x: (k, batch, ...), y: (k, batch), converted as the module sees them), in training mode and the
+        run's precision: one step of a custom local loop for a group of clients at once (`loss_and_grad` of the
+        sequential trainer, per client). Buffers are read from the rows and not updated; their gradient is 0."""
+        k = len(params)
+        views = self._tensor_views(params[:, self.param_mask].contiguous(), range(0, k))
+        self.step_module.train()
+        with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module), self.fabric.autocast():
+            self.step_module.logs = step_logs
+            grads, losses, _ = self._grads(views, self._buffers(params), x, y, step)
+            self.step_module.logs = None
+        flat = torch.zeros_like(params)
+        flat[:, self.param_mask] = torch.cat([g.reshape(k, -1) for g in grads], dim=1).to(params.dtype)
+        return losses.detach().float(), flat
+
     def fit_many(self, starts: Tensor, data: list[tuple[Tensor, Tensor]], seeds: list[int],
-                 row_hook: RowHook | None = None, lr_scale: float = 1.0, round: int = 1,
-                 epochs: int | None = None) -> Trained:
+                 hook: GroupHook | None = None, lr_scale: float = 1.0, round: int = 1,
+                 epochs: int | None = None, sample_weights: list[Tensor] | None = None) -> Trained:
         """Train each row of `starts` on its (x, y) with its seed for `epochs` (default: the configured local
         epochs) at the learning rates of round `round` times `lr_scale`: the trained flat models, the mean loss of
         each client's last epoch and each client's logged values, as `ClientTrainer.fit` gives for each client
@@ -278,6 +309,7 @@ class VectorizedTrainer:
         order = sorted(range(clients), key=lambda r: -len(data[r][1]))  # stable: ties keep their order
         sorted_starts = starts[order]
         data, seeds = [data[r] for r in order], [seeds[r] for r in order]
+        w_all = None if sample_weights is None else torch.cat([sample_weights[r] for r in order])
         params = sorted_starts[:, self.param_mask].clone()
         buffers = self._buffers(sorted_starts)
         state = self.optimizer.init_state(params)
@@ -307,14 +339,15 @@ class VectorizedTrainer:
                         group_buffers = buffers if whole else {k: v[rows.start: rows.stop].clone()
                                                                for k, v in buffers.items()}
                         param_views = self._tensor_views(params, rows)
+                        weights = None if w_all is None else w_all[index]
                         with self.fabric.autocast():
-                            grads, losses, logged = self._grads(param_views, group_buffers, x, y, step)
+                            grads, losses, logged = self._grads(param_views, group_buffers, x, y, step, weights)
                         if not whole:
                             for name, value in group_buffers.items():
                                 buffers[name][rows.start: rows.stop] = value
                         grads = [g.to(params.dtype) for g in grads]
-                        if row_hook is not None:
-                            grads = self._apply_hook(row_hook, order, rows, params, grads, sorted_starts)
+                        if hook is not None:
+                            grads = self._apply_hook(hook, order, rows, params, grads, sorted_starts)
                         lr = self._rate(rates, rows, steps, epoch, step, device)
                         self.optimizer.step(param_views, grads, state, lambda m: self._tensor_views(m, rows), rows,
                                             lr)
@@ -357,16 +390,15 @@ class VectorizedTrainer:
         flat_x, flat_y = self.batch_transform((x.reshape(c * n, *x.shape[2:]), y.reshape(c * n)), 0)
         return flat_x.reshape(c, n, *flat_x.shape[1:]), flat_y.reshape(c, n)
 
-    def _apply_hook(self, hook: RowHook, order: list[int], rows: range, params: Tensor, grads: list[Tensor],
+    def _apply_hook(self, hook: GroupHook, order: list[int], rows: range, params: Tensor, grads: list[Tensor],
                     starts: Tensor) -> list[Tensor]:
-        """Run the algorithm's per-client gradient correction on full-length flat rows (buffers included); the
-        hook is told each client's row as given to `fit_many` (`order` maps sorted rows back)."""
+        """Run the gradient correction on the full-length flat rows (buffers included) of a range of rows at once;
+        the hook is told the clients' positions as given to `fit_many` (`order` maps sorted rows back)."""
         mask = self.param_mask
         k = len(rows)
         full = starts[rows.start: rows.stop].clone()
         full[:, mask] = params[rows.start: rows.stop]
         scratch = torch.zeros_like(full)
         scratch[:, mask] = torch.cat([g.reshape(k, -1) for g in grads], dim=1).to(scratch.dtype)
-        for i, row in enumerate(rows):
-            hook(order[row], full[i], scratch[i], starts[row])
+        hook([order[row] for row in rows], full, scratch, starts[rows.start: rows.stop])
         return self._tensor_views(scratch[:, mask].contiguous(), range(0, k))

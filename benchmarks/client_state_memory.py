@@ -1,0 +1,120 @@
+"""Peak resident memory of methods with per-client state at cross-device scale: 3,400 clients, 10 of them a round,
+LEAF's FEMNIST CNN (6.6 M parameters: "LEAF: A Benchmark for Federated Settings", Caldas et al., its CNN), 5 rounds.
+
+Held as (clients x parameters) tensors, Ditto's personal models or SCAFFOLD's control variates would take
+3,400 x 6.6 M x 4 bytes = 90 GB before round 1; in the engine's client-state store (`fedlight.plugin.client_state`)
+memory grows with the clients a run has touched (50 here) and the store's budget. Each method runs in a fresh
+process (random 28 x 28 images, 10 a client, uint8 like FEMNIST's, 62 classes; W&B off); the peak is the process's
+`ru_maxrss`. The issue's target: under 4 GB over 5 rounds.
+
+    python benchmarks/client_state_memory.py [--methods ditto scaffold] [--clients 3400] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = {"ditto": "fedlight.algorithms.ditto:Ditto", "scaffold": "fedlight.algorithms.scaffold:SCAFFOLD",
+           "fedavg": "fedlight.algorithms.fedavg:FedAvg", "apfl": "fedlight.algorithms.apfl:APFL",
+           "pfedme": "fedlight.algorithms.pfedme:PFedMe", "fedem": "fedlight.algorithms.fedem:FedEM"}
+
+
+class LeafCNN(nn.Module):
+    """LEAF's FEMNIST CNN: two 5x5 'same' convolutions (32, 64 channels) each followed by 2x2 max pooling, a
+    2048-unit dense layer and the 62-way output: 6,603,710 parameters."""
+
+    def __init__(self, num_classes: int = 62) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                                  nn.Linear(64 * 7 * 7, 2048), nn.ReLU())
+        self.fc = nn.Linear(2048, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x))
+
+
+def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path) -> dict:
+    """One federation in this process; its peak resident memory and round times."""
+    from fedlight import Federation, FederationConfig
+    from fedlight.datamodules.base import FederatedDataModule
+    from fedlight.models import Classifier
+
+    class FemnistShaped(FederatedDataModule):
+        """`samples` random 1x28x28 uint8 images a client with 62 random labels, all for training."""
+
+        def __init__(self, num_clients: int, samples: int) -> None:
+            super().__init__(num_clients=num_clients, val_fraction=0.0, test_fraction=0.0)
+            self.samples = samples
+
+        @property
+        def num_classes(self) -> int:
+            return 62
+
+        def load_pool(self):
+            g = torch.Generator().manual_seed(0)
+            n = self.num_clients * self.samples
+            return (torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=g),
+                    torch.randint(0, 62, (n,), generator=g))
+
+        def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
+            x, y = batch
+            return x.float().div_(255.0), y
+
+    module_name, class_name = METHODS[method].split(":")
+    algorithm = getattr(__import__(module_name, fromlist=[class_name]), class_name)(participation=per_round / clients)
+    torch.manual_seed(0)
+    model = Classifier(LeafCNN(62), lr=0.1)
+    data = FemnistShaped(num_clients=clients, samples=10)
+    config = FederationConfig(rounds=rounds, batch_size=20, accelerator="cpu", eval_every=rounds, eval_split="train",
+                              eval_batch_size=512)
+    os.environ["FEDLIGHT_CLIENT_STATE_DIR"] = str(folder)
+    started = time.perf_counter()
+    fed = Federation(data, model, algorithm, config)
+    setup_s = time.perf_counter() - started
+    times, selected = [], []
+    for number in range(1, rounds + 1):
+        began = time.perf_counter()
+        result = fed.run_round(number)
+        times.append(time.perf_counter() - began)
+        selected.append(result.clients_trained)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return {"method": method, "clients": clients, "per_round": selected, "params": fed.flat.numel,
+            "setup_s": setup_s, "round_s": times, "peak_rss_gb": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="+", default=["ditto", "scaffold"], choices=list(METHODS))
+    parser.add_argument("--clients", type=int, default=3400)
+    parser.add_argument("--per_round", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a worker: run this method and print JSON
+    parser.add_argument("--folder", type=Path, default=Path("/tmp/fedlight-client-state-bench"))
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one, args.clients, args.per_round, args.rounds, args.folder)))
+        return
+    for method in args.methods:
+        command = [sys.executable, __file__, "--one", method, "--clients", str(args.clients), "--per_round",
+                   str(args.per_round), "--rounds", str(args.rounds), "--folder", str(args.folder / method)]
+        output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT,
+                                env={**os.environ, "WANDB_MODE": "offline"}).stdout
+        row = json.loads(output.strip().splitlines()[-1])
+        rounds = ", ".join(f"{t:.1f}" for t in row["round_s"])
+        print(f"{method:9s} {row['clients']} clients, {row['params']:,} parameters: peak RSS {row['peak_rss_gb']:.2f} GB, "
+              f"set-up {row['setup_s']:.1f} s, rounds {rounds} s")
+
+
+if __name__ == "__main__":
+    main()

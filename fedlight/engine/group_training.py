@@ -1,0 +1,290 @@
+"""Group training: the one place where clients' local SGD runs, for the round's default training and for every
+call of `ServerContext.train_many` an algorithm's own group work makes.
+
+`GroupTraining.fit(round, clients, starts, work)` trains a group of clients from their starting models as one
+`LocalWork` says (epochs, learning-rate factor, gradient hook, trainable entries, sample weights, batch stream):
+through the vectorized trainer (`fedlight.training.vectorized`) in groups that fit in memory when the plan allows,
+else one client after another (`fedlight.training.sequential`). Under `vectorize: -1` the first call times both
+trainers on its own clients and keeps the faster (`fedlight.training.probe`), so nothing is trained twice.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fedlight.engine.devices import available_memory
+from fedlight.engine.processes import Collective
+from fedlight.training.local_work import LocalWork
+from fedlight.training.probe import (AGREEMENT, CHECK_CLIENTS, ProbeResult, agreement, decide, device_name, probe_key,
+                                     recall, remember, sequential_share, step_seconds, timed, without_dropout)
+from fedlight.training.sequential import ClientTrainer, GradientHook, Trained
+from fedlight.training.vectorized import GroupHook, VectorizedTrainer, unsupported_reason
+
+if TYPE_CHECKING:
+    from fedlight.engine.config import FederationConfig
+    from fedlight.engine.data import ClientSplit
+
+CPU_GROUP = 256  # most clients per group on a CPU: plenty for full-width vectorized steps
+
+
+def client_hook(hook: GroupHook | None, row: int) -> GradientHook | None:
+    """A group hook as the sequential trainer's hook of the client at position `row` (its flat vectors as rows of
+    one, views, so the hook's in-place edits reach the trainer's gradient)."""
+    if hook is None:
+        return None
+    return lambda params, grad, start: hook([row], params[None], grad[None], start[None])
+
+
+class GroupTraining:
+    """Both trainers, the choice between them (kept in `choice`: "vectorized", "sequential" or "auto" until the
+    probe decides, with `reason` when sequential), and group sizes by memory.
+
+    Args:
+        trainer: the sequential trainer (also the module, its optimizer and schedules).
+        train: every client's training split.
+        seed_of: (round, client, purpose) -> the client's seed (`ServerContext.client_seed`).
+        config: the federation's settings (`vectorize`, `batch_size`, `local_epochs`).
+        collective: the processes (the probe's decision is the first process's, for all).
+        hook_flag: whether the run's default training has a gradient hook (part of the probe's memory key).
+        forced_reason: why clients must train one after another whatever the settings (None: they need not).
+        on_choice: called with (choice, reason) whenever they change (the plan printed and recorded follows them).
+    """
+
+    def __init__(self, trainer: ClientTrainer, train: "ClientSplit", seed_of: Callable[[int, int, str], int],
+                 config: "FederationConfig", collective: Collective, hook_flag: bool = False,
+                 forced_reason: str | None = None,
+                 on_choice: Callable[[str, str | None], None] = lambda choice, reason: None) -> None:
+        self.trainer, self.train_split, self.seed_of = trainer, train, seed_of
+        self.config, self.collective, self.hook_flag, self.on_choice = config, collective, hook_flag, on_choice
+        self.device = trainer.fabric.device
+        self.vectorized: VectorizedTrainer | None = None
+        self.probe_result: ProbeResult | None = None  # what `vectorize: -1` measured and chose
+        self._activation_bytes: int | None = None  # measured once, when a group size first needs it
+        self.choice, self.reason = self._choose(forced_reason)
+
+    def _choose(self, forced_reason: str | None) -> tuple[str, str | None]:
+        if forced_reason:
+            return "sequential", forced_reason
+        if not self.config.vectorize:
+            return "sequential", "federation.vectorize is 0"
+        trainer = self.trainer
+        reason = unsupported_reason(trainer.module, trainer.raw_optimizer, trainer.scaler)
+        if reason:
+            warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=4)
+            return "sequential", reason
+        self.vectorized = VectorizedTrainer(trainer.fabric, trainer.module, trainer.flat, trainer.raw_optimizer,
+                                            trainer.learning_rates, trainer.batch_transform, self.config.batch_size,
+                                            self.config.local_epochs)
+        return ("auto" if self.config.vectorize == -1 else "vectorized"), None
+
+    def on(self, split: "ClientSplit", seed_of: Callable[[int, int, str], int]) -> "GroupTraining":
+        """The same trainers and choice on other clients (the newcomers): a view that trains the clients of `split`,
+        seeded by `seed_of`, vectorized unless the training clients train one after another (it never probes)."""
+        view = copy.copy(self)
+        view.train_split, view.seed_of, view.on_choice = split, seed_of, lambda choice, reason: None
+        if view.choice == "auto":
+            view.choice = "vectorized" if view.vectorized is not None else "sequential"
+        return view
+
+    def _sequential_from_now(self, reason: str) -> None:
+        self.vectorized = None
+        self.choice, self.reason = "sequential", reason
+        self.on_choice(self.choice, reason)
+
+    # -- training --------------------------------------------------------------------------------------------
+    def fit(self, round: int, clients: list[int], starts: Tensor, work: LocalWork = LocalWork()) -> Trained:
+        """`clients` trained from the rows of `starts` as `work` says; the frozen entries restored. `round` seeds the
+        clients' batches; a set-up phase numbered 0 trains at round 1's learning rates."""
+        trained = self._try_vectorized(round, clients, starts, work) if self.vectorized is not None else None
+        if trained is None:
+            trained = self._one_by_one(round, clients, starts, work)
+        work.restore_frozen(trained.params, starts)
+        return trained
+
+    def loss_and_grads(self, params: Tensor, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
+        """(losses, flat gradients) of k models on their batches through the vectorized trainer, or None when
+        clients train one after another (the caller then loops). Under auto before the probe has decided, the
+        vectorized trainer is used: a custom loop's steps are the same computation either way."""
+        if self.vectorized is None:
+            return None
+        try:
+            return self.vectorized.loss_and_grads(params, x, y, step)
+        except Exception as error:  # the module's step fails under torch.func: one model after another from now
+            reason = f"training_step failed under torch.func ({error!r})"
+            warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)
+            self._sequential_from_now(reason)
+            return None
+
+    def _seeds(self, round: int, clients: list[int], work: LocalWork) -> list[int]:
+        return [self.seed_of(round, c, work.purpose) for c in clients]
+
+    def _one_by_one(self, round: int, clients: list[int], starts: Tensor, work: LocalWork,
+                    offset: int = 0) -> Trained:
+        """Written in place, so the trained models are never held twice. `offset`: the position of `clients[0]` in
+        the call's clients (what the gradient hook is told)."""
+        params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
+        logs: dict[str, Tensor] = {}
+        hook, seeds = work.hook(), self._seeds(round, clients, work)
+        for row, (client, start) in enumerate(zip(clients, starts)):
+            x, y = self.train_split.client(client)
+            weights = None if work.sample_weights is None else work.sample_weights[offset + row]
+            one = self.trainer.fit(start, x, y, seeds[row], client_hook(hook, offset + row), work.lr_scale,
+                                   work.epochs, round=max(round, 1), sample_weights=weights)
+            params[row], losses[row] = one.params, one.loss
+            for name, value in one.logs.items():
+                logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value
+        return Trained(params, losses, logs)
+
+    def _try_vectorized(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained | None:
+        """Vectorized training (the first call under auto: the probe's split, `_fit_and_probe`), or None (and
+        sequential training from then on) when the module's training step fails under torch.func, e.g. because it
+        reads values back with .item()."""
+        try:
+            if self.choice == "auto" and self.probe_result is None:
+                return self._fit_and_probe(round, clients, starts, work)
+            return self._vectorized(round, clients, starts, work)
+        except Exception as error:  # any failure inside vmap: the module is not vectorizable
+            reason = f"training_step failed under torch.func ({error!r})"
+            warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)
+            self._sequential_from_now(reason)
+            return None
+
+    def _vectorized(self, round: int, clients: list[int], starts: Tensor, work: LocalWork,
+                    offset: int = 0) -> Trained:
+        size = self.group_size(len(clients))
+        hook, seeds = work.hook(), self._seeds(round, clients, work)
+        parts = []
+        for begin in range(0, len(clients), size):
+            end = min(begin + size, len(clients))
+            shifted = None if hook is None else \
+                (lambda at: lambda rows, p, g, s: hook([at + r for r in rows], p, g, s))(offset + begin)
+            weights = None if work.sample_weights is None else \
+                work.sample_weights[offset + begin: offset + end]
+            parts.append(self.vectorized.fit_many(
+                starts[begin: end], [self.train_split.client(c) for c in clients[begin: end]], seeds[begin: end],
+                shifted, lr_scale=work.lr_scale, round=max(round, 1), epochs=work.epochs, sample_weights=weights))
+        return Trained.cat(parts)
+
+    def _fit_and_probe(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:
+        """The first group's training under auto, timed (`fedlight.training.probe`): its first `sequential_share`
+        clients one after another, client by client; then, if the agreement check passes, the rest of the group
+        vectorized. The faster per client step (or the decision this machine remembers) trains the rest of
+        `clients` and every later call. The same clients train each way whatever the decision, so a remembered
+        decision gives the numbers of a measured one."""
+        group = clients[: self.group_size(len(clients))]
+        key = probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
+                        batch_size=self.config.batch_size, clients=len(group), gradient_hook=self.hook_flag,
+                        precision=self._precision_name(), device=device_name(self.device))
+        remembered = self._recall(key)
+        first = sequential_share(len(group))
+        parts, seconds = [], []
+        for row in range(first):
+            one, spent = timed(self.device, lambda: self._one_by_one(round, clients[row: row + 1],
+                                                                     starts[row: row + 1], work, row))
+            parts.append(one)
+            seconds.append(spent)
+        rest, rest_starts = clients[first: len(group)], starts[first: len(group)]
+        difference = remembered.difference if remembered else \
+            self.collective.broadcast(self._check_agreement(round, rest, rest_starts, work, first) if rest else 0.0)
+        vectorizes = bool(rest) and difference <= AGREEMENT
+        if vectorizes:
+            trained, vectorized_s = timed(self.device, lambda: self._vectorized(round, rest, rest_starts, work, first))
+            vectorized_s /= sum(self.local_steps(c, work.epochs) for c in rest)
+        else:
+            trained, vectorized_s = self._one_by_one(round, rest, rest_starts, work, first), math.nan
+        parts.append(trained)
+        sequential_s = step_seconds(seconds, [self.local_steps(c, work.epochs) for c in clients[:first]])
+        result = remembered or self.collective.broadcast(
+            decide(first, len(rest) if vectorizes else 0, sequential_s, vectorized_s, difference))
+        if remembered is None and self.collective.rank == 0:
+            remember(key, result)
+        self.keep_probe(result)
+        if len(clients) > len(group):
+            later, later_starts = clients[len(group):], starts[len(group):]
+            parts.append(self._vectorized(round, later, later_starts, work, len(group)) if self.vectorized is not None
+                         else self._one_by_one(round, later, later_starts, work, len(group)))
+        return Trained.cat(parts)
+
+    def _recall(self, key: str) -> ProbeResult | None:
+        """The decision this machine remembers under `key` (the first process's memory, for every process)."""
+        remembered = recall(key) if self.collective.rank == 0 else None
+        return self.collective.broadcast(remembered) if self.collective.broadcast(remembered is not None) else None
+
+    def _check_agreement(self, round: int, clients: list[int], starts: Tensor, work: LocalWork, offset: int) -> float:
+        """One local step on each client's first batch, dropout off: `clients` vectorized (the warm-up of the
+        trainer at the group size it is then timed at: a first call costs 20-30 % more per step) and the first
+        `CHECK_CLIENTS` of them sequentially; how far the vectorized models are from the sequential ones."""
+        seeds = self._seeds(round, clients, work)
+        batch = self.config.batch_size
+        data = [(x[:batch], y[:batch]) for x, y in (self.train_split.client(c) for c in clients)]
+        weights = None if work.sample_weights is None else \
+            [w[:batch] for w in work.sample_weights[offset: offset + len(clients)]]
+        hook = work.hook()
+        shifted = None if hook is None else lambda rows, p, g, s: hook([offset + r for r in rows], p, g, s)
+        with without_dropout(self.trainer.module):
+            vectorized = self.vectorized.fit_many(starts, data, seeds, shifted, work.lr_scale, max(round, 1), epochs=1,
+                                                  sample_weights=weights).params[:CHECK_CLIENTS]
+            sequential = torch.stack([
+                self.trainer.fit(starts[i], *data[i], seeds[i], client_hook(hook, offset + i), work.lr_scale, epochs=1,
+                                 round=max(round, 1), sample_weights=None if weights is None else weights[i]).params
+                for i in range(min(CHECK_CLIENTS, len(clients)))])
+        return agreement(sequential, vectorized, starts[: len(sequential)])
+
+    def _precision_name(self) -> str:
+        plugin = self.trainer.fabric.strategy.precision
+        return str(getattr(plugin, "precision", type(plugin).__name__))
+
+    def keep_probe(self, result: ProbeResult) -> None:
+        self.probe_result = result
+        if result.choice == "sequential":
+            self._sequential_from_now(result.reason)
+        else:
+            self.choice = "vectorized"
+            self.on_choice(self.choice, None)
+
+    # -- sizes -----------------------------------------------------------------------------------------------
+    def local_steps(self, client: int, epochs: int | None = None) -> int:
+        """Optimizer steps of one client's local training: its batches times `epochs` (default: the local epochs)."""
+        batches = -(-len(self.train_split.client(client)[1]) // self.config.batch_size)
+        return batches * (self.config.local_epochs if epochs is None else epochs)
+
+    def group_size(self, clients: int) -> int:
+        """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise as
+        many as half the free memory holds (on a CPU also at most `CPU_GROUP`), counting for each client its
+        parameters, gradients, optimizer state and temporaries, and, when it may train vectorized, twice the
+        activations its step keeps (`activation_bytes`: the saved tensors, then their gradients)."""
+        if self.config.vectorize > 0:
+            return self.config.vectorize
+        flat = self.trainer.flat
+        per_client = flat.numel * flat.vector.element_size() * 8 + 2 * self.activation_bytes()
+        free = available_memory(self.device)
+        fits = clients if free is None else max(1, int(0.5 * free // per_client))
+        return min(clients, fits) if self.device.type == "cuda" else min(clients, fits, CPU_GROUP)
+
+    def activation_bytes(self) -> int:
+        """What one client's vectorized step keeps for backward, measured once on a full batch of the training
+        data (`VectorizedTrainer.activation_bytes`); 0 when clients cannot train vectorized."""
+        if self.vectorized is None:
+            return 0
+        if self._activation_bytes is None:
+            batch = self.config.batch_size
+            try:
+                self._activation_bytes = self.vectorized.activation_bytes(self.train_split.x[:batch],
+                                                                          self.train_split.y[:batch])
+            except Exception:  # a step that cannot run here cannot run vectorized either: that path says why
+                self._activation_bytes = 0
+        return self._activation_bytes
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.probe_result is None else self.probe_result.as_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is not None and self.choice == "auto":  # the resumed run keeps its choice
+            self.keep_probe(ProbeResult(**state))

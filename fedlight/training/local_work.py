@@ -1,0 +1,59 @@
+"""`LocalWork`: what one call of group training does beyond the module's SGD on the clients' batches.
+
+An algorithm's local work is one or more calls of `ServerContext.train_many` on a group of clients; each call
+says, in one value, how many epochs, at which learning-rate factor, with which gradient correction, which entries
+train, how the samples are weighted, and which stream of batches it draws. The engine carries it out vectorized
+or one client after another, as the run's plan says, so the algorithm never loops over clients itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from fedlight.training.vectorized import GroupHook
+
+
+@dataclass(frozen=True)
+class LocalWork:
+    """One call of local training on a group of clients.
+
+    Attributes:
+        epochs: local epochs (None: the federation's `local_epochs`).
+        lr_scale: factor on the module's configured learning rate of the round.
+        gradient_hook: `hook(rows, params, grad, starts)` edits the (len(rows), d) flat gradients in place after
+            every backward pass; `rows` are the clients' positions in the call's `clients`.
+        trainable: (d,) bool, True on the entries that train; the others (buffers included) keep their starting
+            values: their gradient is zeroed at every step and they are restored at the end (None: all train).
+        sample_weights: one (samples,) tensor per client, one weight per row of its training split: each step's
+            loss is then the batch mean of weight x cross-entropy of the module's outputs (None: `training_step`).
+        purpose: the stream of batches (and dropout) drawn: "train" is the round's ordinary stream; another name
+            draws an independent one with the same batch sizes.
+    """
+
+    epochs: int | None = None
+    lr_scale: float = 1.0
+    gradient_hook: GroupHook | None = None
+    trainable: Tensor | None = None
+    sample_weights: list[Tensor] | None = None
+    purpose: str = "train"
+
+    def hook(self) -> GroupHook | None:
+        """The gradient hook the trainers run: the algorithm's correction, then the frozen entries zeroed."""
+        if self.trainable is None:
+            return self.gradient_hook
+        frozen, inner = ~self.trainable, self.gradient_hook
+
+        def hook(rows: list[int], params: Tensor, grad: Tensor, starts: Tensor) -> None:
+            if inner is not None:
+                inner(rows, params, grad, starts)
+            grad.masked_fill_(frozen, 0)
+
+        return hook
+
+    def restore_frozen(self, params: Tensor, starts: Tensor) -> None:
+        """Set the entries that do not train back to their starting values (weight decay and BatchNorm's running
+        statistics move them within the call)."""
+        if self.trainable is not None:
+            frozen = ~self.trainable
+            params[:, frozen] = starts[:, frozen]

@@ -1,0 +1,183 @@
+"""Group training (`ServerContext.train_many`, `group_batches`, `group_loss_and_grad`) against independent
+computations: each client trained alone by the sequential trainer, each client's batches drawn alone, and the
+personalized methods' group work vectorized against the same work one client at a time."""
+import pytest
+import torch
+from torch import nn
+
+from fedlight.algorithms.apfl import APFL
+from fedlight.algorithms.ditto import Ditto
+from fedlight.algorithms.fedem import FedEM
+from fedlight.algorithms.fedrep import FedRep
+from fedlight.algorithms.perfedavg import PerFedAvg
+from fedlight.algorithms.pfedme import PFedMe
+from fedlight.datamodules import DigitsFederated, QuantitySkew
+from fedlight.engine.algorithm import Algorithm
+from fedlight.engine.federation import Federation, FederationConfig
+from fedlight.models import MLP, Classifier
+
+
+def mlp_federation(algorithm=None, vectorize=8, num_clients=5, batch_size=16, weight_decay=0.0) -> Federation:
+    """An MLP on digits of unequal clients (short last batches, other step counts): no max-pool ties, so the two
+    trainers agree to float rounding."""
+    torch.manual_seed(0)
+    model = Classifier(MLP(64, [32], 10), lr=0.05, momentum=0.9, weight_decay=weight_decay)
+    config = FederationConfig(rounds=2, local_epochs=2, batch_size=batch_size, accelerator="cpu", vectorize=vectorize)
+    data = DigitsFederated(num_clients=num_clients, partition=QuantitySkew(alpha=0.5, min_size=20))
+    return Federation(data, model, algorithm or Algorithm(), config)
+
+
+def alone(fed: Federation, round: int, clients: list[int], starts: torch.Tensor, **options) -> torch.Tensor:
+    """Each client trained by the sequential trainer alone, with `server.train`'s options."""
+    return torch.stack([fed.server.train(round, c, s, **options)[0] for c, s in zip(clients, starts)])
+
+
+def noisy_starts(fed: Federation, count: int) -> torch.Tensor:
+    noise = torch.Generator().manual_seed(3)
+    return fed.server.initial_params + 0.05 * torch.randn(count, fed.server.num_params, generator=noise)
+
+
+def test_clients_are_unequal_so_groups_have_short_and_missing_batches():
+    sizes = mlp_federation().data.train.sizes()
+    assert len(set(sizes.tolist())) > 3 and len(set((sizes % 16).tolist())) > 1
+
+
+def test_train_many_one_client_after_another_is_train_for_each_client_bit_for_bit():
+    fed = mlp_federation(vectorize=0)
+    starts, clients = noisy_starts(fed, 4), [3, 0, 4, 1]
+    weights = [torch.rand(int(fed.server.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients]
+    got = fed.server.train_many(2, clients, starts, epochs=1, lr_scale=0.5, sample_weights=weights,
+                                purpose="other").params
+    expected = torch.stack([fed.server.train(2, c, s, epochs=1, lr_scale=0.5, purpose="other", sample_weights=w)[0]
+                            for c, s, w in zip(clients, starts, weights)])
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_train_many_vectorized_matches_each_client_alone(weighted):
+    fed = mlp_federation(vectorize=3)  # groups of 3 and 2
+    starts, clients = noisy_starts(fed, 5), [0, 1, 2, 3, 4]
+    weights = [torch.rand(int(fed.server.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients] \
+        if weighted else None
+    got = fed.server.train_many(1, clients, starts, sample_weights=weights)
+    expected = torch.stack([fed.server.train(1, c, s, sample_weights=None if weights is None else weights[i])[0]
+                            for i, (c, s) in enumerate(zip(clients, starts))])
+    assert fed.execution.plan.trainer == "vectorized"
+    assert torch.allclose(got.params, expected, atol=1e-6)
+
+
+def test_a_group_hook_sees_each_clients_rows_and_positions():
+    """A proximal pull towards a per-client anchor, written once for the group, equals the per-client hook."""
+    fed = mlp_federation(vectorize=2)
+    starts, anchors, clients = noisy_starts(fed, 4), noisy_starts(fed, 4).flip(0), [4, 2, 1, 0]
+    seen = set()
+
+    def group_hook(rows, params, grad, begin):
+        seen.update(rows)
+        grad.add_(params - anchors[rows], alpha=0.3)
+
+    got = fed.server.train_many(1, clients, starts, gradient_hook=group_hook).params
+    expected = torch.stack([fed.server.train(1, c, s, gradient_hook=lambda p, g, b, a=a: g.add_(p - a, alpha=0.3))[0]
+                            for c, s, a in zip(clients, starts, anchors)])
+    assert seen == {0, 1, 2, 3}
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("vectorize", [0, 3])
+def test_trainable_entries_train_and_the_rest_keep_their_start_exactly(vectorize):
+    fed = mlp_federation(vectorize=vectorize, weight_decay=0.01)  # weight decay moves frozen entries: restored
+    last = fed.server.layer_mask(fed.server.layers()[-1:])
+    starts = noisy_starts(fed, 5)
+    got = fed.server.train_many(1, list(range(5)), starts, trainable=last).params
+    assert torch.equal(got[:, ~last], starts[:, ~last]) and not torch.equal(got[:, last], starts[:, last])
+    expected = alone(fed, 1, list(range(5)), starts, gradient_hook=lambda p, g, b: g.masked_fill_(~last, 0))
+    assert torch.allclose(got[:, last], expected[:, last], atol=1e-6)
+
+
+def test_group_batches_give_each_client_its_own_batches_in_order():
+    """Every client's rows of the group steps, in order, are the batches `server.batches` gives it alone; every step
+    stacks batches of one size."""
+    fed = mlp_federation()
+    clients = [4, 1, 0, 3]
+    mine = {row: [] for row in range(len(clients))}
+    for step in fed.server.group_batches(1, clients, purpose="meta"):
+        x, y = step.batch
+        assert x.shape[:2] == y.shape and len(step.rows) == len(x)
+        for i, row in enumerate(step.rows):
+            mine[row].append((step.epoch, step.step, x[i], y[i]))
+    for row, client in enumerate(clients):
+        expected = list(fed.server.batches(1, client, purpose="meta"))
+        assert len(mine[row]) == len(expected) == fed.server.local_steps(client)
+        for (epoch, step, x, y), (e, s, (ex, ey)) in zip(mine[row], expected):
+            assert (epoch, step) == (e, s) and torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_group_loss_and_grad_is_each_models_loss_and_grad():
+    fed = mlp_federation(vectorize=4)
+    params = noisy_starts(fed, 3)
+    step = next(iter(fed.server.group_batches(1, [0, 1, 2])))
+    losses, grads = fed.server.group_loss_and_grad(params, step.batch, step.step)
+    x, y = step.batch
+    for i in range(3):
+        loss, grad = fed.server.loss_and_grad(params[i], (x[i], y[i]), step.step)
+        assert torch.allclose(losses[i], loss, atol=1e-6) and torch.allclose(grads[i], grad, atol=1e-6)
+
+
+METHODS = {"ditto": lambda: Ditto(lam=0.5), "fedrep": lambda: FedRep(head_epochs=2),
+           "fedem": lambda: FedEM(num_components=2), "apfl": lambda: APFL(alpha=0.3),
+           "pfedme": lambda: PFedMe(lam=5.0, K=2, personal_lr=0.05),
+           "perfedavg": lambda: PerFedAvg(alpha=0.01, beta=0.01)}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_methods_group_work_vectorized_matches_one_client_at_a_time(name):
+    """Two rounds: each method's round, vectorized, gives the models and the state each client sends of the same
+    work run for one client at a time (`vectorize: 0`), to float rounding; the plan says vectorized."""
+    vectorized, sequential = mlp_federation(METHODS[name](), vectorize=5), mlp_federation(METHODS[name](), vectorize=0)
+    assert vectorized.execution.plan.trainer == "vectorized" and sequential.execution.plan.trainer == "sequential"
+    for round in (1, 2):
+        got, expected = (fed.execution.train(round, list(range(5))) for fed in (vectorized, sequential))
+        assert torch.allclose(got.params, expected.params, atol=1e-5), round
+        assert torch.allclose(got.train_loss, expected.train_loss, atol=1e-5), round
+        assert got.state.keys() == expected.state.keys()
+        for key in got.state:
+            assert torch.allclose(got.state[key], expected.state[key], atol=1e-5), (round, key)
+        for fed in (vectorized, sequential):
+            fed.run_round(round)  # the same server state for the next round (up to rounding)
+        assert torch.allclose(vectorized.algorithm.models, sequential.algorithm.models, atol=1e-4)
+
+
+def test_a_group_loop_that_cannot_run_vectorized_falls_back_to_one_model_at_a_time():
+    class ReadsBack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = MLP(64, [32], 10)
+
+        def forward(self, x):
+            float(x.sum())  # .item()-like read: fails under torch.func
+            return self.inner(x)
+
+    torch.manual_seed(0)
+    model = Classifier(ReadsBack(), lr=0.05)
+    config = FederationConfig(rounds=1, batch_size=16, accelerator="cpu", vectorize=3)
+    fed = Federation(DigitsFederated(num_clients=3), model, APFL(), config)
+    with pytest.warns(UserWarning, match="vectorized training is off"):
+        fed.run_round(1)
+    assert fed.execution.plan.trainer == "sequential" and "torch.func" in fed.execution.plan.reason
+
+
+@pytest.mark.parametrize("vectorize", [0, 4])
+def test_newcomers_train_as_a_group_what_each_trains_alone(vectorize):
+    torch.manual_seed(0)
+    model = Classifier(MLP(64, [32], 10), lr=0.05, momentum=0.9)
+    config = FederationConfig(rounds=1, batch_size=16, accelerator="cpu", vectorize=vectorize)
+    fed = Federation(DigitsFederated(num_clients=8, holdout_clients=3), model, Algorithm(), config)
+    newcomers = fed.newcomers
+    newcomers.round = 2
+    starts = noisy_starts(fed, 3)
+    group = newcomers.train_many([2, 0, 1], starts, epochs=2, purpose="finetune")
+    each = torch.stack([newcomers.train(j, s, 2, "finetune") for j, s in zip([2, 0, 1], starts)])
+    if vectorize:
+        assert torch.allclose(group, each, atol=1e-6) and not torch.equal(group, starts)
+    else:
+        assert torch.equal(group, each)
