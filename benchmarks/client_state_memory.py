@@ -2,12 +2,12 @@
 LEAF's FEMNIST CNN (6.6 M parameters: "LEAF: A Benchmark for Federated Settings", Caldas et al., its CNN), 5 rounds.
 
 Held as (clients x parameters) tensors, Ditto's personal models or SCAFFOLD's control variates would take
-3,400 x 6.6 M x 4 bytes = 90 GB before round 1; in the engine's client-state store (`fedlight.plugin.client_state`)
+3,400 x 6.6 M x 4 bytes = 90 GB before round 1; in the engine's client-state store (`fedlight.engine.client_state`)
 memory grows with the clients a run has touched (50 here) and the store's budget. Each method runs in a fresh
 process (random 28 x 28 images, 10 a client, uint8 like FEMNIST's, 62 classes; W&B off); the peak is the process's
 `ru_maxrss`. The issue's target: under 4 GB over 5 rounds.
 
-    python benchmarks/client_state_memory.py [--methods ditto scaffold] [--clients 3400] [--rounds 5]
+    python benchmarks/client_state_memory.py [--methods ditto scaffold] [--clients 3400] [--rounds 5] [--memory GB]
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class LeafCNN(nn.Module):
         return self.fc(self.body(x))
 
 
-def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path) -> dict:
+def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path, memory: float | None) -> dict:
     """One federation in this process; its peak resident memory and round times."""
     from fedlight import Federation, FederationConfig
     from fedlight.datamodules.base import FederatedDataModule
@@ -77,10 +77,10 @@ def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path
     model = Classifier(LeafCNN(62), lr=0.1)
     data = FemnistShaped(num_clients=clients, samples=10)
     config = FederationConfig(rounds=rounds, batch_size=20, accelerator="cpu", eval_every=rounds, eval_split="train",
-                              eval_batch_size=512)
-    os.environ["FEDLIGHT_CLIENT_STATE_DIR"] = str(folder)
+                              eval_batch_size=512, client_state_memory=memory)
     started = time.perf_counter()
     fed = Federation(data, model, algorithm, config)
+    fed.client_states.use_folder(folder)  # rows beyond the memory budget go there (as a run folder's client_state/)
     setup_s = time.perf_counter() - started
     times, selected = [], []
     for number in range(1, rounds + 1):
@@ -89,8 +89,10 @@ def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path
         times.append(time.perf_counter() - began)
         selected.append(result.clients_trained)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    stores = {name: f"{store.memory_bytes / 1e9:.2f} GB in memory, {store.spilled_rows} rows in its file"
+              for name, store in fed.client_states.stores.items()}
     return {"method": method, "clients": clients, "per_round": selected, "params": fed.flat.numel,
-            "setup_s": setup_s, "round_s": times, "peak_rss_gb": peak}
+            "setup_s": setup_s, "round_s": times, "peak_rss_gb": peak, "client_state": stores}
 
 
 def main() -> None:
@@ -101,19 +103,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a worker: run this method and print JSON
     parser.add_argument("--folder", type=Path, default=Path("/tmp/fedlight-client-state-bench"))
+    parser.add_argument("--memory", type=float, default=None,
+                        help="federation.client_state_memory in GB (default: a quarter of the available memory)")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.clients, args.per_round, args.rounds, args.folder)))
+        print(json.dumps(run_one(args.one, args.clients, args.per_round, args.rounds, args.folder, args.memory)))
         return
     for method in args.methods:
         command = [sys.executable, __file__, "--one", method, "--clients", str(args.clients), "--per_round",
-                   str(args.per_round), "--rounds", str(args.rounds), "--folder", str(args.folder / method)]
+                   str(args.per_round), "--rounds", str(args.rounds), "--folder", str(args.folder / method),
+                   *(["--memory", str(args.memory)] if args.memory is not None else [])]
         output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT,
                                 env={**os.environ, "WANDB_MODE": "offline"}).stdout
         row = json.loads(output.strip().splitlines()[-1])
         rounds = ", ".join(f"{t:.1f}" for t in row["round_s"])
         print(f"{method:9s} {row['clients']} clients, {row['params']:,} parameters: peak RSS {row['peak_rss_gb']:.2f} GB, "
-              f"set-up {row['setup_s']:.1f} s, rounds {rounds} s")
+              f"set-up {row['setup_s']:.1f} s, rounds {rounds} s; client state: {row['client_state'] or 'none'}")
 
 
 if __name__ == "__main__":
