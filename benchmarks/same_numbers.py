@@ -105,9 +105,10 @@ def is_timing(column: str) -> bool:
 
 def differing_csv(a: Path, b: Path) -> str | None:
     """The first cell (outside the timing columns) where two CSV files differ, with the largest absolute
-    difference of their numeric cells; None when they are the same."""
+    difference of their numeric cells; None when they are the same. Columns only the second file has (a value
+    logged since) are not compared: every value of the first must be in the second, unchanged."""
     (columns_a, rows_a), (columns_b, rows_b) = read_csv(a), read_csv(b)
-    if columns_a != columns_b:
+    if not set(columns_a) <= set(columns_b):  # a column gone is a difference; one added changes no number
         return (f"columns differ: only before {sorted(set(columns_a) - set(columns_b))}, "
                 f"only after {sorted(set(columns_b) - set(columns_a))}")
     if len(rows_a) != len(rows_b):
@@ -173,6 +174,15 @@ def differing_run(a: Path, b: Path) -> str | None:
     return None
 
 
+def added_columns(a: Path, b: Path) -> list[str]:
+    """Columns of the second run's CSV files that the first run's lack."""
+    added = []
+    for name in ("metrics.csv", "clients.csv"):
+        if (a / name).is_file() and (b / name).is_file():
+            added += sorted(set(read_csv(b / name)[0]) - set(read_csv(a / name)[0]))
+    return added
+
+
 def run_names(folder: Path) -> set[str]:
     """The run folders (those with a metrics.csv) under `folder`."""
     return {p.parent.name for p in folder.glob("*/metrics.csv")}
@@ -189,8 +199,10 @@ def compare(before: Path, after: Path) -> int:
             line = f"DIFFERS: recorded only {'after' if name in names_b else 'before'}"
         else:
             difference = differing_run(before / name, after / name)
-            line = f"DIFFERS: {difference}" if difference else "identical"
-        differ += line != "identical"
+            added = added_columns(before / name, after / name)
+            line = f"DIFFERS: {difference}" if difference else \
+                "identical" + (f" (columns added: {', '.join(added)})" if added else "")
+        differ += line.startswith("DIFFERS")
         print(f"{name}: {line}")
     print(f"{differ} of {len(names_a | names_b)} runs differ")
     return int(differ > 0)

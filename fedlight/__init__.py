@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 #: public name -> the module that defines it
 API = {"Algorithm": "fedlight.engine.algorithm", "FederationConfig": "fedlight.engine.config",
        "Federation": "fedlight.engine.federation", "RoundResult": "fedlight.engine.round_result",
-       "RoundUpdates": "fedlight.engine.round_updates", "ServerContext": "fedlight.engine.server",
+       "RoundUpdates": "fedlight.engine.round_updates", "RoundExtension": "fedlight.engine.extensions",
+       "ServerContext": "fedlight.engine.server",
        "Updates": "fedlight.engine.updates", "Callback": "fedlight.run.callbacks", "EarlyStopping": "fedlight.run.callbacks",
        "Run": "fedlight.run.callbacks"}
 
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from fedlight.engine.algorithm import Algorithm
     from fedlight.engine.config import FederationConfig
+    from fedlight.engine.extensions import RoundExtension
     from fedlight.engine.federation import Federation
     from fedlight.engine.round_result import RoundResult
     from fedlight.engine.round_updates import RoundUpdates

@@ -45,7 +45,7 @@ def test_label_flip_changes_only_the_attackers_training_labels():
     for client in range(5):
         rows = slice(bounds[client], bounds[client + 1])
         y, attacked = clean.data.train.y[rows], flipped.data.train.y[rows]
-        assert torch.equal(attacked, 9 - y if client in flipped.attack.malicious else y)
+        assert torch.equal(attacked, 9 - y if client in flipped.extension(Attack).malicious else y)
     assert torch.equal(clean.data.test.y, flipped.data.test.y) and torch.equal(clean.data.train.x, flipped.data.train.x)
 
 
@@ -57,7 +57,7 @@ def test_backdoor_triggers_a_share_of_the_attackers_rows_with_the_target_label()
         rows = slice(bounds[client], bounds[client + 1])
         x, px, py = clean.data.train.x[rows], poisoned.data.train.x[rows], poisoned.data.train.y[rows]
         changed = (x != px).flatten(1).any(dim=1)
-        if client not in poisoned.attack.malicious:
+        if client not in poisoned.extension(Attack).malicious:
             assert not changed.any()
             continue
         triggered = (px[:, 0, -3:, -3:] == 1.0).flatten(1).all(dim=1)  # digits are in [0, 1]: the trigger is 1
@@ -67,6 +67,7 @@ def test_backdoor_triggers_a_share_of_the_attackers_rows_with_the_target_label()
 
 def test_backdoor_success_counts_honest_samples_turned_to_the_target():
     fed = federation(AttackConfig("backdoor", 0.4, target=7), num_clients=5, rounds=1)
+    attack = fed.extension(Attack)
 
     def trigger_reader(x: torch.Tensor) -> torch.Tensor:  # predicts 7 exactly when the trigger square is on
         on = (x[:, 0, -3:, -3:] == 1.0).flatten(1).all(dim=1)
@@ -76,11 +77,11 @@ def test_backdoor_success_counts_honest_samples_turned_to_the_target():
         return torch.nn.functional.one_hot(torch.full((len(x),), 9), 10).float()
 
     groups = torch.zeros(5, dtype=torch.long)
-    assert fed.attack.backdoor_success(fed.evaluator, ([trigger_reader], groups), "test") == (1.0, 0.0)
-    assert fed.attack.backdoor_success(fed.evaluator, ([always_nine], groups), "test") == (0.0, 0.0)
+    assert attack.backdoor_success(fed.evaluator, ([trigger_reader], groups), "test") == (1.0, 0.0)
+    assert attack.backdoor_success(fed.evaluator, ([always_nine], groups), "test") == (0.0, 0.0)
     result = fed.run_round(1)
     assert 0 <= result.scalars["test/backdoor_success"] <= 1 and 0 <= result.scalars["test/backdoor_baseline"] <= 1
-    assert result.per_client["malicious"].tolist() == fed.attack.is_malicious.astype(float).tolist()
+    assert result.per_client["malicious"].tolist() == attack.is_malicious.astype(float).tolist()
 
 
 def test_trigger_on_a_table_sets_the_last_features():
@@ -96,14 +97,14 @@ def test_update_attacks_transform_the_attackers_updates(kind, scale):
     honest, sent = clean.execution.train(1, clients), attacked.execution.train(1, clients)
     factor = -scale if kind == "sign_flip" else scale
     for row, client in enumerate(clients):
-        expected = honest.deltas[row] * (factor if client in attacked.attack.malicious else 1)
+        expected = honest.deltas[row] * (factor if client in attacked.extension(Attack).malicious else 1)
         assert torch.allclose(sent.deltas[row], expected, atol=1e-5)
 
 
 def test_a_gaussian_attacker_sends_a_random_update_of_the_given_scale():
     attacked = federation(AttackConfig("gaussian", 0.2, scale=0.5), num_clients=5, rounds=1)
     sent = attacked.execution.train(1, [0, 1, 2, 3, 4])
-    row = int(attacked.attack.malicious[0])
+    row = int(attacked.extension(Attack).malicious[0])
     deltas = sent.deltas[row]
     assert abs(float(deltas.std()) - 0.5) < 0.05 and abs(float(deltas.mean())) < 0.05
 

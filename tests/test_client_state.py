@@ -203,6 +203,9 @@ def test_a_federation_state_restores_every_store_exactly():
     a.run_round(3), b.run_round(3)
     assert torch.equal(every_row(b.algorithm.notes), every_row(a.algorithm.notes))
     assert torch.equal(a.algorithm.models, b.algorithm.models)
+    older = {k: v for k, v in a.state_dict().items() if k != "client_state"}  # format 3: rows were the algorithm's
+    with pytest.raises(ValueError, match="no client state .* start the run again"):
+        make().load_state_dict(older)
 
 
 def rows(path):

@@ -14,6 +14,7 @@ from fedlight.algorithms.pfedme import PFedMe
 from fedlight.datamodules import DigitsFederated, QuantitySkew
 from fedlight.engine.algorithm import Algorithm
 from fedlight.engine.federation import Federation, FederationConfig
+from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.models import MLP, Classifier
 
 
@@ -172,7 +173,7 @@ def test_newcomers_train_as_a_group_what_each_trains_alone(vectorize):
     model = Classifier(MLP(64, [32], 10), lr=0.05, momentum=0.9)
     config = FederationConfig(rounds=1, batch_size=16, accelerator="cpu", vectorize=vectorize)
     fed = Federation(DigitsFederated(num_clients=8, holdout_clients=3), model, Algorithm(), config)
-    newcomers = fed.newcomers
+    newcomers = fed.extension(NewcomerEvaluation).clients
     newcomers.round = 2
     starts = noisy_starts(fed, 3)
     group = newcomers.train_many([2, 0, 1], starts, epochs=2, purpose="finetune")

@@ -128,3 +128,28 @@ def test_every_module_the_docs_name_exists():
     missing = [n for n in named if n not in MODULES and n.rsplit(".", 1)[0] not in MODULES and n != "fedlight.EarlyStopping"
                and not hasattr(__import__("fedlight"), n.split(".")[1])]
     assert not missing, missing
+
+
+def test_federation_names_no_extension_outside_the_place_it_builds_them():
+    """Attacks, privacy and held-out clients are round extensions: federation.py names them only in its imports,
+    the constructor's parameters, the builder `_extensions` and the line that calls it; no `if`, attribute or
+    docstring elsewhere."""
+    path = PACKAGE / "engine" / "federation.py"
+    text = path.read_text()
+    tree = ast.parse(text)
+    allowed: set[int] = set()
+    for node in ast.walk(tree):
+        spans = []
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            spans.append(node)
+        elif isinstance(node, ast.FunctionDef) and node.name == "_extensions":
+            spans.append(node)
+        elif isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            spans.extend(node.args.args + node.args.kwonlyargs)
+            spans.extend(n for n in ast.walk(node) if isinstance(n, ast.Assign) and "_extensions(" in ast.unparse(n))
+        for span in spans:
+            allowed.update(range(span.lineno, span.end_lineno + 1))
+    named = [f"{number}: {line.strip()}" for number, line in enumerate(text.splitlines(), 1)
+             if number not in allowed and re.search(r"attack|privacy|newcomer", line, re.I)]
+    assert not named, named
+    assert len(allowed) > 10  # the builder was found

@@ -26,11 +26,18 @@ from fedlight.cluster import HDBSCAN
 from fedlight.datamodules import DigitsFederated, Rotations, SyntheticGaussians
 from fedlight.datamodules.base import choose_holdout, holdout_count
 from fedlight.engine.evaluation import per_cluster_means
+from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.engine.newcomers import HeldOutClients, Newcomers, nearest_update_direction
 from fedlight.models import CentroidModel, Classifier, SmallCNN
 from fedlight.run.cli import main
 from fedlight.run.recorder import client_rows
 from test_plugin_boundary import shipped
+
+
+def held_out(fed: Federation) -> HeldOutClients | None:
+    """The federation's held-out clients as its algorithm sees them (None: the data holds none out)."""
+    evaluation = fed.extension(NewcomerEvaluation)
+    return None if evaluation is None else evaluation.clients
 
 
 def federation(algorithm, num_clients: int = 8, holdout: int | float = 2, clusters: int = 2, rounds: int = 2,
@@ -127,7 +134,7 @@ def test_the_held_out_clients_data_changes_nothing_for_the_training_clients():
         assert training == {k: b.scalars[k] for k in training}
         assert all(np.array_equal(a.per_client[k], b.per_client[k]) for k in a.per_client)
     assert results[0][1].scalars["unseen/loss_mean"] != results[1][1].scalars["unseen/loss_mean"]
-    assert runs[0].num_clients == 6 and runs[0].newcomers.count == 2
+    assert runs[0].num_clients == 6 and held_out(runs[0]).count == 2
 
 
 # -- unseen metrics by hand ------------------------------------------------------------------------------------
@@ -163,7 +170,7 @@ def test_fedavg_gives_newcomers_the_global_model_and_fine_tunes_it_on_their_own_
         plain.append(float((fed.server.predict(w, x).argmax(dim=1) == y).float().mean()))
         seed = fed.server.client_seed(1, j, "finetune")  # (seed, round, newcomer, purpose)
         tx, ty = held.train.client(j)
-        model = fed.newcomers.trainer.fit(w, tx, ty, seed, epochs=2).params
+        model = held_out(fed).trainer.fit(w, tx, ty, seed, epochs=2).params
         tuned.append(float((fed.server.predict(model, x).argmax(dim=1) == y).float().mean()))
     assert result.newcomers["acc"].tolist() == pytest.approx(plain)
     assert result.newcomers["ft_acc"].tolist() == pytest.approx(tuned)
@@ -185,7 +192,7 @@ def test_a_round_reports_the_mean_accuracy_of_each_true_and_found_cluster():
     for kind, labels in (("true", truth), ("found", found)):
         for c in set(labels.tolist()):
             assert result.scalars[f"cluster_acc/{kind}_{c}"] == pytest.approx(acc[labels == c].mean())
-    assert not any(k.startswith("unseen") for k in result.scalars) and fed.newcomers is None
+    assert not any(k.startswith("unseen") for k in result.scalars) and held_out(fed) is None
 
 
 # -- each algorithm's model for a newcomer ---------------------------------------------------------------------
@@ -223,7 +230,7 @@ def test_a_personal_part_starts_fresh_for_a_newcomer():
     fed = federation(FedPer(personal_layers=1), rounds=1)
     fed.run_round(1)
     alg = fed.algorithm
-    models, groups, placed = alg.newcomer_models(fed.newcomers)
+    models, groups, placed = alg.newcomer_models(held_out(fed))
     mask = alg.personal_mask
     assert groups.tolist() == [0, 0] and placed is None
     assert torch.equal(models[0][mask], fed.server.initial_params[mask])
@@ -259,14 +266,14 @@ def test_every_algorithm_gives_each_newcomer_a_model_without_changing_its_state(
         fed = federation(algorithm, public_size=60, rounds=2)
     for round in range(1, fed.config.rounds + 1):
         result = fed.run_round(round)
-    fed.newcomers.round = fed.config.rounds
+    held_out(fed).round = fed.config.rounds
     before = copy.deepcopy(algorithm.state_dict())
-    answers = [algorithm.newcomer_models(fed.newcomers) for _ in range(2)]
+    answers = [algorithm.newcomer_models(held_out(fed)) for _ in range(2)]
     for models, groups, placed in answers:
         assert len(groups) == 2 and all(0 <= int(g) < len(models) for g in groups)
         assert placed is None or (len(placed) == 2 and algorithm.cluster_labels() is not None)
     (m1, g1, p1), (m2, g2, p2) = answers
-    x = fed.newcomers.split("train").x[:8]
+    x = held_out(fed).split("train").x[:8]
 
     def same(a, b) -> bool:  # a flat model, or a predictor of the algorithm's own (FedEM's mixture)
         return torch.equal(a(x), b(x)) if callable(a) else torch.equal(a, b)
@@ -305,7 +312,7 @@ def test_newcomers_to_digits_rotations_join_their_true_cluster(algorithm, rounds
                      momentum=0.9, public_size=200, local_epochs=2, batch_size=16, eval_every=rounds)
     for round in range(1, rounds + 1):
         result = fed.run_round(round)
-    assert fed.newcomers.count == 4 and sorted(result.newcomers["true_cluster"].tolist()) == [0, 1, 2, 3]
+    assert held_out(fed).count == 4 and sorted(result.newcomers["true_cluster"].tolist()) == [0, 1, 2, 3]
     assert result.scalars["cluster/ari"] == 1.0
     assert result.scalars["unseen/ari"] >= 0.9
     assert placed_with_their_peers(result)
@@ -372,7 +379,7 @@ def test_the_report_shows_unseen_accuracy_when_a_run_has_held_out_clients(tmp_pa
 def test_a_newcomers_local_work_is_seeded_by_the_round_and_its_purpose():
     fed = federation(FedAvg(), rounds=1)
     fed.run_round(1)
-    newcomers, start = fed.newcomers, fed.algorithm.models[0]
+    newcomers, start = held_out(fed), fed.algorithm.models[0]
     assert isinstance(newcomers, HeldOutClients) and isinstance(newcomers, Newcomers)
     newcomers.round = 1
     first = newcomers.train(0, start)

@@ -17,7 +17,8 @@ from conftest import crash_and_resume, small_federation
 from fedlight import RoundUpdates, Updates
 from fedlight.algorithms.fedem import FedEM
 from fedlight.cluster.differences import Differences
-from fedlight.engine.privacy import (PrivacyConfig, PrivacyMechanism, epsilon_of, make_accountant, update_noise)
+from fedlight.engine.privacy import PrivacyConfig, PrivacyMechanism, epsilon_of, make_accountant, update_noise
+from fedlight.run import checkpoint
 from fedlight.run.cli import main
 
 DELTA = 1e-5
@@ -78,7 +79,7 @@ def test_fedem_under_dp_clips_each_clients_copies_together():
     fed = small_federation(FedEM(num_components=2), num_clients=2, rounds=1,
                            privacy=PrivacyConfig(noise_multiplier=1e-9, clip=2.0))
     alg, r = fed.algorithm, math.sqrt(2)
-    fed.aggregation.begin_round(1)
+    fed.extension(PrivacyMechanism).begin_round(1)
     start = alg.models.clone()
     moves = torch.zeros(2, 2, start.shape[1])  # (client, component, d): updates on the first three entries
     moves[0, 0, :2] = torch.tensor([3.0, 4.0])  # norm 5: clipped to sqrt(2) (0.6, 0.8)
@@ -141,7 +142,7 @@ def test_adaptive_clipping_moves_the_clip_towards_the_quantile():
     # Andrew et al.: C <- C exp(-eta (b - gamma)); every update within the clip (b = 1), gamma 0.5, eta 0.2
     found = mechanism(z=1e-6, clip=2.0, adaptive=True, count_noise=1e-5)
     aggregate(found, [0, 0, 0, 0], torch.full((4, 3), 0.1), torch.zeros(3))
-    scalars, _ = found.end_round(4, 8)
+    scalars, _ = found.end_round(1, 4)  # 4 of the 8 clients
     assert scalars["privacy/clip"] == 2.0  # the clip this round used
     assert found.clip == pytest.approx(2.0 * math.exp(-0.2 * 0.5), rel=1e-4)
     # the updates' noise keeps the pair as private as noise z (Theorem 1): (1 - 1/4)^(-1/2) for z = sigma_b = 1
@@ -184,7 +185,7 @@ def test_epsilon_of_opacus_published_configuration():
     found.load_state_dict({"history": [[1.5, 0.04, 2249]], "clip": 1.0, "noise_multiplier": 1.5})
     found.begin_round(2250)
     found.released_sums(1.0, 1.0)  # what an aggregator reports when it releases its noised sums
-    scalars, _ = found.end_round(1, 25)
+    scalars, _ = found.end_round(2250, 1)  # 1 of the 25 clients
     assert round(scalars["privacy/epsilon"], 2) == round(7.32911117143, 2)
 
 
@@ -236,6 +237,21 @@ def test_resume_gives_the_same_epsilon_and_numbers(tmp_path, tiny_run_args, monk
     whole = rows(tmp_path / "whole" / "metrics.csv")
     assert rows(crashed / "metrics.csv") == whole
     assert len({r["privacy/clip"] for r in whole}) == 4 and float(whole[-1]["privacy/epsilon"]) > 0
+
+
+def test_a_checkpoint_that_kept_dp_under_aggregation_resumes_with_its_accountant():
+    """Format 2 kept the accountant's history and the clip under the federation's `aggregation` (None without DP):
+    upgraded, a resumed run takes them (2 rounds at z = 1.5 and sample rate 1: two Gaussian mechanisms' epsilon)."""
+    fed = small_federation(num_clients=4, rounds=3, privacy=PrivacyConfig(noise_multiplier=1.5, clip=1.0))
+    written = {k: v for k, v in fed.state_dict().items() if k != "privacy"}
+    written["aggregation"] = {"history": [[1.5, 1.0, 2]], "clip": 0.7, "noise_multiplier": 1.5}
+    state = checkpoint.upgrade({"federation": written, "callbacks": {}, "format_version": 2}, [])
+    assert state["format_version"] == 4 and "aggregation" not in state["federation"]
+    fed.load_state_dict(state["federation"])
+    found = fed.extension(PrivacyMechanism)
+    assert found.clip == 0.7 and epsilon_of(found.accountant, DELTA) == pytest.approx(rdp_epsilon(1.5, 2, DELTA))
+    without = checkpoint.upgrade({"federation": {"round": 1, "aggregation": None}, "format_version": 2}, [])
+    assert without["federation"] == {"round": 1}
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -12,11 +12,13 @@
 | `client_state`, `spill` | `ClientState`: a per-client tensor the engine keeps for an algorithm (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |
 | `aggregation` | cluster-wise weighted averages as running sums; per-client models built on demand |
 | `robust`, `cluster_aggregator` | robust rules on update matrices (median, Krum, ...); the engine's choice of aggregator per run |
-| `attacks` | malicious clients for testing robustness: data attacks (label flip, backdoor) and update attacks (sign flip, scaling, random) |
-| `privacy` | client-level DP: DP-FedAvg's clipped and noised cluster sums, adaptive clipping, Opacus's accountant |
+| `extensions` | `RoundExtension`: hooks at fixed points of the set-up and the round for what a run adds around it (attacks, DP, held-out clients); `RoundExtensions`, a run's list |
+| `attacks` | malicious clients for testing robustness, a round extension: data attacks (label flip, backdoor) and update attacks (sign flip, scaling, random) |
+| `privacy` | client-level DP, a round extension: DP-FedAvg's clipped and noised cluster sums, adaptive clipping, Opacus's accountant |
 | `evaluator`, `evaluation` | every client's model on its split (sharded over processes); per-client metrics and summaries |
 | `processes` | the collectives of a federation spread over processes |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `HeldOutClients`, the engine's; `nearest_update_direction` |
+| `newcomer_evaluation` | `NewcomerEvaluation`: the round extension that evaluates the held-out clients at every evaluation (`unseen/*`) |
 | `data`, `config`, `devices` | the data contract, the federation's settings, Fabric and devices |
 | `threads` | torch's CPU threads: the usable cores (affinity, cgroup quota) shared among processes and parallel runs |
 | `training_stats` | a round's training losses and logged values, reduced in client order |

@@ -132,9 +132,9 @@ class Algorithm:
         allows. This default is the module's SGD at `learning_rate_scale`, with `local_gradient` when the class
         corrects gradients."""
         return self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                      gradient_hook=self.gradient_hook(clients))
+                                      gradient_hook=self._gradient_hook(clients))
 
-    def gradient_hook(self, clients: list[int]) -> GroupHook | None:
+    def _gradient_hook(self, clients: list[int]) -> GroupHook | None:
         """`local_gradient` as a hook of `train_many` over `clients` (None when the class does not correct)."""
         if not self.corrects_gradient:
             return None

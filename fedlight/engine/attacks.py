@@ -6,7 +6,7 @@ A share `attack.fraction` of the clients is malicious: the same clients every ro
 - data attacks change their training rows once, after loading, so they work with any data module:
   `label_flip` (label l becomes C - 1 - l) and `backdoor` (a trigger pattern on a share of their rows, relabelled
   to `attack.target`; "How To Backdoor Federated Learning", Bagdasaryan et al., AISTATS 2020, section 3);
-- update attacks change the models they send, after honest local training (`ClientExecution`'s `tamper`):
+- update attacks change the models they send, after honest local training (the `tamper` hook):
   `sign_flip` (the update times -s), `scale` (the update times s: model replacement, Bagdasaryan et al., section
   3.2) and `gaussian` (a random update, every entry N(0, s^2); "Machine Learning with Adversaries", Blanchard et
   al., NeurIPS 2017, section 5).
@@ -16,6 +16,8 @@ than the target, that their own model classifies as the target once the trigger 
 is the same share without the trigger), and
 `cluster/ari_attackers`, the ARI of the algorithm's clustering against the true clusters with the attackers as one
 more cluster of their own (did the clustering isolate them?).
+
+`Attack` is a round extension (`fedlight.engine.extensions`): the federation calls its hooks and never names it.
 """
 from __future__ import annotations
 
@@ -28,9 +30,11 @@ import torch
 from torch import Tensor
 
 from fedlight.engine.data import ClientSplit, FederatedData
+from fedlight.engine.extensions import RoundExtension
 
 if TYPE_CHECKING:
     from fedlight.engine.evaluator import Evaluator
+    from fedlight.engine.federation import Federation
 
 DATA_ATTACKS = ("label_flip", "backdoor")
 UPDATE_ATTACKS = ("sign_flip", "scale", "gaussian")
@@ -88,8 +92,12 @@ def apply_trigger(x: Tensor, value: float, size: int) -> Tensor:
     return x
 
 
-class Attack:
-    """The malicious clients of a run and what they do. `rng` is the run's (seed, purpose) stream of the attack."""
+class Attack(RoundExtension):
+    """The malicious clients of a run and what they do; `seed_parts` is the run's (seed, "attack") stream. As a
+    round extension: the data attacks in `prepare_data`, the update attacks in `tamper`, `cluster/ari_attackers`,
+    the `malicious` column and, for a backdoor, `<split>/backdoor_success` and `<split>/backdoor_baseline`."""
+
+    name = "attack"
 
     def __init__(self, config: AttackConfig, num_clients: int, num_classes: int, seed_parts: list[int]) -> None:
         self.config, self.num_classes, self.seed_parts = config, num_classes, seed_parts
@@ -105,11 +113,22 @@ class Attack:
         self.is_malicious[self.malicious] = True
         self.scale = config.scale if config.scale is not None else DEFAULT_SCALE.get(config.kind, 1.0)
         self.trigger_value = 1.0
+        self.true_clusters: np.ndarray | None = None  # the clients' true clusters, once the data is prepared
+        self.evaluator: "Evaluator | None" = None     # the training clients' evaluator, once set up
+        self.split = "test"
 
     def describe(self) -> str:
         return f"attack {self.config.kind} by {len(self.malicious)} clients"
 
     # -- data attacks ----------------------------------------------------------------------------------------
+    def prepare_data(self, data: FederatedData) -> FederatedData:
+        """The data the run trains on: the attackers' rows poisoned, the true clusters kept for the ARI."""
+        self.true_clusters = data.cluster_labels
+        return self.poison(data)
+
+    def setup(self, federation: "Federation") -> None:
+        self.evaluator, self.split = federation.evaluator, federation.config.eval_split
+
     def poison(self, data: FederatedData) -> FederatedData:
         """The data with the attackers' training rows changed (label_flip, backdoor); other kinds: unchanged."""
         kind, train = self.config.kind, data.train
@@ -134,8 +153,9 @@ class Attack:
         return self.config.kind in UPDATE_ATTACKS
 
     def tamper(self, round: int, clients: list[int], starts: Tensor, params: Tensor) -> Tensor:
-        """The models the round's `clients` send: the attackers' rows replaced by their attack on the update."""
-        rows = [i for i, c in enumerate(clients) if self.is_malicious[c]]
+        """The models the round's `clients` send: the attackers' rows replaced by their attack on the update (an
+        update attack; a data attack sends what it trained)."""
+        rows = [i for i, c in enumerate(clients) if self.is_malicious[c]] if self.tampers() else []
         if not rows:
             return params
         params = params.clone()
@@ -158,6 +178,19 @@ class Attack:
     def client_columns(self) -> dict[str, np.ndarray]:
         """clients.csv's `malicious` column (1 for an attacker)."""
         return {"malicious": self.is_malicious.astype(np.float64)}
+
+    def cluster_scores(self, clusters: np.ndarray | None) -> dict[str, float]:
+        """`cluster/ari_attackers` of a clustering (none when the algorithm does not cluster)."""
+        return {} if clusters is None else {"cluster/ari_attackers": self.ari_with_attackers(self.true_clusters,
+                                                                                             clusters)}
+
+    def evaluate(self, round: int, models: tuple, clusters: np.ndarray | None
+                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """A backdoor's `<split>/backdoor_success` and `<split>/backdoor_baseline` of the evaluation models."""
+        if self.config.kind != "backdoor":
+            return {}, {}
+        success, baseline = self.backdoor_success(self.evaluator, models, self.split)
+        return {f"{self.split}/backdoor_success": success, f"{self.split}/backdoor_baseline": baseline}, {}
 
     def ari_with_attackers(self, true_clusters: np.ndarray | None, predicted: np.ndarray) -> float:
         """ARI of `predicted` against the true clusters with the attackers as one more cluster of their own (honest

@@ -8,7 +8,8 @@ never the algorithm's choice:
   of a run without this feature, bit for bit);
 - another rule (`fedlight.engine.robust`): `RobustClusterAggregate`, the rule applied within each cluster to the
   members' updates (trained minus start), added back to the cluster's start;
-- `privacy:` on: `fedlight.engine.privacy.PrivateClusterAggregate`, DP-FedAvg's clipped and noised sums.
+- `privacy:` on: `fedlight.engine.privacy.PrivateClusterAggregate`, DP-FedAvg's clipped and noised sums (the
+  privacy extension puts its mechanism in, and keeps its accounting: `PrivacyMechanism.aggregation`).
 
 A rule that needs every update of a cluster (the median, Krum, ...) makes the plan hold the round's updates
 (`ExecutionPlan.hold_reason`); the sums of the mean, the clipped mean and DP stream a group at a time.
@@ -131,7 +132,7 @@ class CountedAggregator:
 
 class ClusterAggregation:
     """The run's choice of cluster aggregator (engine-owned; one per federation), handing a fresh aggregator to each
-    call of `ServerContext.cluster_aggregator`, and what it records each round."""
+    call of `ServerContext.cluster_aggregator` and counting the means taken from them each round."""
 
     def __init__(self, settings: RobustSettings, privacy: "PrivacyMechanism | None" = None) -> None:
         self.settings, self.privacy = settings, privacy
@@ -154,15 +155,11 @@ class ClusterAggregation:
         return " and ".join(parts + ([] if self.privacy is None else ["the privacy section"]))
 
     def describe(self) -> str:
-        parts = [] if self.settings.rule == "mean" else [f"aggregator {self.settings.rule}"]
-        if self.privacy is not None:
-            parts.append(self.privacy.describe())
-        return ", ".join(parts)
+        """The start line's note of a robust rule ('' for the mean; DP describes itself as an extension)."""
+        return "" if self.settings.rule == "mean" else f"aggregator {self.settings.rule}"
 
     def begin_round(self, round: int) -> None:
         self.combined = 0
-        if self.privacy is not None:
-            self.privacy.begin_round(round)
 
     def new(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
             personal_mask: Tensor | None = None, rows_per_client: int = 1) -> CountedAggregator:
@@ -187,19 +184,6 @@ class ClusterAggregation:
                          f"is then refused at set-up) or combine the updates through `cluster_means` or "
                          f"`server.cluster_aggregator`")
 
-    def end_round(self, clients: int, num_clients: int) -> tuple[dict[str, float], str | None]:
-        """(scalars to log, a reason to stop the run or None) once the round has aggregated."""
-        if self.privacy is None:
-            return {}, None
-        return self.privacy.end_round(clients, num_clients)
-
-    def state_dict(self) -> dict[str, Any] | None:
-        return None if self.privacy is None else self.privacy.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        if self.privacy is not None and state is not None:
-            self.privacy.load_state_dict(state)
-
 
 def largest_f(rule: str, members: int) -> int:
     """The most attackers `rule` tolerates among `members` clients (-1: too few clients even for none)."""
@@ -219,7 +203,7 @@ def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, num_clien
     large for the clients of a round (a cluster never has more members than that)."""
     settings = aggregation.settings
     if not aggregation.default and algorithm.own_aggregation:
-        asked = aggregation.describe()
+        asked = aggregation.configured()
         raise ValueError(f"{type(algorithm).__name__} combines its clients' updates its own way (own_aggregation), so "
                          f"{asked} cannot apply: run it with federation.aggregator: mean and no privacy section")
     if aggregation.privacy is not None and settings.rule != "mean":

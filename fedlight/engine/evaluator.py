@@ -80,6 +80,19 @@ class Evaluator:
         component models, as FedEM predicts)."""
         return model(x) if callable(model) else self.server.predict(model, x)
 
+    def evaluate_and_fine_tune(self, models_and_groups: tuple,
+                               fine_tune: "Callable[[int, torch.Tensor], torch.Tensor] | None" = None
+                               ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """(summaries, per-client values) of the models, and with a `fine_tune(client, start)` (the run's
+        `finetune_epochs`) of the models each client fine-tunes from its own (summaries `<name>_ft/`, values
+        `ft_<metric>`)."""
+        summary, values = self.evaluate(models_and_groups)
+        if fine_tune is not None:
+            tuned_summary, tuned_values = self.evaluate(self.fine_tuned(models_and_groups, fine_tune), suffix="_ft")
+            summary = {**summary, **tuned_summary}
+            values = {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
+        return summary, values
+
     def fine_tuned(self, models_and_groups: tuple, train: "Callable[[int, torch.Tensor], torch.Tensor]"
                    ) -> tuple[ClientModels, torch.Tensor]:
         """Every client's evaluation model (as `models_and_groups` gives them) fine-tuned by `train(client, start)`

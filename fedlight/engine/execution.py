@@ -94,7 +94,7 @@ class ClientExecution:
         self.algorithm, self.server, self.trainer = algorithm, server, trainer
         self.config, self.collective = config, collective
         self.holds = algorithm.holds_updates or hold_reason is not None
-        self.tamper = tamper  # what attackers do to their trained models (`fedlight.engine.attacks`), or None
+        self.tamper = tamper  # what clients send of the models they trained (round extensions' `tamper`), or None
         self.device = server.device
         own = f"{type(algorithm).__name__} trains its clients itself (train_client)" if algorithm.own_training else None
         self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, algorithm.corrects_gradient,

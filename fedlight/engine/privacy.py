@@ -29,6 +29,10 @@ from raw trained models itself (IFCA's warm-up seeding). The member count a nois
 either (McMahan et al.'s fixed-denominator estimator would divide by the expected count instead).
 
 Opacus is imported only when a run turns privacy on, so starting the command line stays fast.
+
+`PrivacyMechanism` is a round extension (`fedlight.engine.extensions`): it puts itself into the run's cluster
+aggregation, steps the accountant at the end of every round and stops the run at its budget; the federation calls
+its hooks and never names it.
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ import torch
 from torch import Tensor
 
 from fedlight.engine.aggregation import ClusterAverage
-from fedlight.engine.cluster_aggregator import add_starts, member_updates
+from fedlight.engine.cluster_aggregator import ClusterAggregation, add_starts, member_updates
+from fedlight.engine.extensions import RoundExtension
 from fedlight.engine.robust import clip_rows
 
 if TYPE_CHECKING:
@@ -148,13 +153,16 @@ def update_noise(z: float, count_noise: float) -> float:
     return (z ** -2 - (2 * count_noise) ** -2) ** -0.5
 
 
-class PrivacyMechanism:
+class PrivacyMechanism(RoundExtension):
     """The run's DP state: the noise multiplier, the clip (adaptive or fixed), the accountant; it hands out the
-    aggregators that clip and noise (`PrivateClusterAggregate`) and steps the accountant once a round."""
+    aggregators that clip and noise (`PrivateClusterAggregate`) and steps the accountant once a round. Its state
+    (the accountant's history, the clip) is saved under `privacy` in the federation's checkpoint."""
+
+    name = "privacy"
 
     def __init__(self, config: PrivacyConfig, rounds: int, clients_per_round: int, num_clients: int,
                  seed_parts: list[int]) -> None:
-        self.config, self.seed_parts = config, seed_parts
+        self.config, self.seed_parts, self.num_clients = config, seed_parts, num_clients
         self.sample_rate = clients_per_round / num_clients
         if config.noise_multiplier is None:
             self.noise_multiplier = noise_for_epsilon(config.target_epsilon, config.delta, self.sample_rate, rounds,
@@ -174,6 +182,10 @@ class PrivacyMechanism:
     def describe(self) -> str:
         clip = "adaptive clip from" if self.config.adaptive else "clip"
         return f"DP noise multiplier {self.noise_multiplier:.3g}, {clip} {self.clip:g}, {self.config.accountant}"
+
+    def aggregation(self, aggregation: ClusterAggregation) -> ClusterAggregation:
+        """The run's aggregation with DP-FedAvg's noised sums in place of the mean."""
+        return ClusterAggregation(aggregation.settings, self)
 
     def begin_round(self, round: int) -> None:
         self.round, self.calls, self.released, self.within_clip = round, 0, False, None
@@ -197,9 +209,10 @@ class PrivacyMechanism:
         self.released = True
         self.within_clip = (within, count)
 
-    def end_round(self, clients: int, num_clients: int) -> tuple[dict[str, float], str | None]:
-        """Step the accountant when the round released sums, adapt the clip, and report; (scalars, stop reason)."""
-        clip_used = self.clip
+    def end_round(self, round: int, clients: int) -> tuple[dict[str, float], str | None]:
+        """Step the accountant when the round of `clients` selected clients released sums, adapt the clip, and
+        report: (`privacy/*` scalars, a reason to stop before the budget is exceeded or None)."""
+        clip_used, num_clients = self.clip, self.num_clients
         if self.released:
             self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=clients / num_clients)
             if self.config.adaptive and self.within_clip is not None:
@@ -229,7 +242,9 @@ class PrivacyMechanism:
         return {"history": [list(step) for step in self.accountant.history], "clip": self.clip,
                 "noise_multiplier": self.noise_multiplier}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            return
         self.accountant.history = [tuple(step) for step in state["history"]]
         self.clip, self.noise_multiplier = float(state["clip"]), float(state["noise_multiplier"])
 

@@ -20,8 +20,9 @@ import torch
 from fedlight.run.callback_keys import state_keys, v1_keys
 
 LAST, PREVIOUS = "last.ckpt", "previous.ckpt"
-#: the format `save` writes: 1 kept the callbacks' states by class name and position, 2 by class and arguments
-FORMAT_VERSION = 2
+#: the format `save` writes: 1 kept the callbacks' states by class name and position, 2 by class and arguments, 3
+#: keeps each round extension's state under its name (DP's under `privacy`, not `aggregation`)
+FORMAT_VERSION = 4
 
 
 class CheckpointError(ValueError):
@@ -88,9 +89,26 @@ def _callback_keys_by_class_and_arguments(state: dict[str, Any], callbacks: list
     return {**state, "callbacks": {new_key[key]: value for key, value in state["callbacks"].items() if key in new_key}}
 
 
+def _privacy_state_under_its_name(state: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
+    """Version 2 -> 3: the DP accountant's history and clip, which version 2 kept under the federation's
+    `aggregation` (None without DP), under `privacy`, the name of the round extension that holds them now."""
+    federation = dict(state["federation"])
+    privacy = federation.pop("aggregation", None)
+    return {**state, "federation": {**federation, **({"privacy": privacy} if privacy is not None else {})}}
+
+
+def _client_state_kept_by_the_engine(state: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
+    """Version 3 -> 4: per-client rows (personal models, control variates) moved from the algorithm's state to the
+    federation's `client_state` (`fedlight.engine.client_state`). A version-3 checkpoint has none: it resumes an
+    algorithm that declares no client state, and one that declares some is refused in one line."""
+    return state
+
+
 #: version -> the step that upgrades a checkpoint of that version to the next one
 UPGRADES: dict[int, Callable[[dict[str, Any], list[Any]], dict[str, Any]]] = {
     1: _callback_keys_by_class_and_arguments,
+    2: _privacy_state_under_its_name,
+    3: _client_state_kept_by_the_engine,
 }
 
 

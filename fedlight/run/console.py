@@ -41,7 +41,10 @@ class ConsoleReporter(Callback):
         federation = run.federation
         if run.resumed:
             self.console.print(f"Resuming {run.run_dir} after round {federation.round}", highlight=False)
-        held = f" + {federation.newcomers.count} held out" if federation.newcomers is not None else ""
+        from fedlight.engine.newcomer_evaluation import NewcomerEvaluation  # loaded with the federation already
+
+        newcomers = federation.extension(NewcomerEvaluation)
+        held = f" + {newcomers.clients.count} held out" if newcomers is not None else ""
         self.console.print(f"{type(federation.algorithm).__name__}, {federation.num_clients} clients{held}: "
                            f"{federation.execution.plan.describe()}{federation.describe_threats()}", highlight=False)
         if self.console.is_terminal:

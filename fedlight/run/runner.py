@@ -13,6 +13,7 @@ from rich.console import Console
 
 from fedlight.engine.evaluation import higher_is_better
 from fedlight.engine.federation import Federation
+from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.engine.round_result import RoundResult
 from fedlight.run import checkpoint
 from fedlight.run.callbacks import Callback, Run, RunInterrupted, call, callback_states, load_callback_states
@@ -146,11 +147,12 @@ def _track_best(best: dict[str, Any], metrics: dict[str, Any], split: str) -> No
 
 def _summary(run: Run, totals: Totals) -> dict[str, Any]:
     federation, plan = run.federation, run.federation.execution.plan
+    newcomers = federation.extension(NewcomerEvaluation)
     final = {k: v for k, v in totals.last_eval.items() if k != "round" and not k.startswith("time/")}
     probe = federation.execution.probe_result
     return {"run": run.name, "algorithm": type(federation.algorithm).__name__, "rounds": federation.round,
             "num_clients": federation.num_clients,
-            **({"held_out_clients": federation.newcomers.count} if federation.newcomers is not None else {}),
+            **({"held_out_clients": newcomers.clients.count} if newcomers is not None else {}),
             "seed": federation.seed, "precision": federation.precision,
             "device": str(federation.device), "plan": plan.as_dict(), "vectorized": plan.trainer != "sequential",
             "vectorized_reason": plan.reason, "vectorize_probe": None if probe is None else probe.as_dict(),

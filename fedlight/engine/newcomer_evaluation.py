@@ -1,0 +1,57 @@
+"""The clients held out of training, evaluated at every evaluated round (`unseen/*`): a round extension
+(`fedlight.engine.extensions`) that asks the algorithm for their models (`Algorithm.newcomer_models`), evaluates
+them as the training clients are evaluated (fine-tuned too, with `federation.finetune_epochs`) and scores where they
+were placed (`unseen/ari`). The federation calls its hooks and never names it."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedlight.engine.data import FederatedData
+from fedlight.engine.evaluation import UNSEEN
+from fedlight.engine.evaluator import Evaluator
+from fedlight.engine.extensions import RoundExtension
+from fedlight.engine.newcomers import HeldOutClients
+
+if TYPE_CHECKING:
+    from fedlight.engine.algorithm import Algorithm
+    from fedlight.engine.federation import Federation
+
+
+class NewcomerEvaluation(RoundExtension):
+    """`unseen/*` summaries and the held-out clients' rows of clients.csv. `clients` is the `Newcomers` the
+    algorithm is handed (set up with the federation); nothing of theirs is checkpointed: their local work is
+    seeded by (seed, round, newcomer, purpose), so an evaluation repeats exactly in a resumed run."""
+
+    name = "newcomers"
+
+    def __init__(self, data: FederatedData) -> None:
+        self.data = data
+        self.clients: HeldOutClients | None = None
+        self.evaluator: Evaluator | None = None
+        self.algorithm: "Algorithm | None" = None
+        self.training_truth: np.ndarray | None = None
+        self.finetune_epochs = 0
+
+    def setup(self, federation: "Federation") -> None:
+        server, execution = federation.server, federation.execution
+        self.clients = HeldOutClients(self.data, server, execution.trainer, execution.training)
+        self.evaluator = Evaluator(server, federation.module, self.data, federation.collective, UNSEEN)
+        self.algorithm, self.training_truth = federation.algorithm, federation.data.cluster_labels
+        self.finetune_epochs = federation.config.finetune_epochs
+
+    def evaluate(self, round: int, models: tuple, clusters: np.ndarray | None
+                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """(`unseen/*` summaries, per-newcomer columns): the held-out clients evaluated with the models the
+        algorithm gives them at this round, and where they were placed scored with the training clients'
+        `clusters` against the true clusters (`unseen/ari`)."""
+        clients, evaluator, epochs = self.clients, self.evaluator, self.finetune_epochs
+        clients.round = round
+        models, groups, placed = self.algorithm.newcomer_models(clients)
+        fine_tune = (lambda j, start: clients.train(j, start, epochs, purpose="finetune")) if epochs else None
+        summary, values = evaluator.evaluate_and_fine_tune((models, groups), fine_tune)
+        placed = None if placed is None else torch.as_tensor(placed).cpu().numpy()
+        summary.update(evaluator.score_newcomers(clusters, self.training_truth, placed))
+        return summary, {**values, **evaluator.client_facts(placed)}
