@@ -43,9 +43,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.algorithm import Algorithm
-from fedlight.training.sequential import Trained
+from fedlight.plugin import Algorithm, ClientModels, Trained
 
 
 class APFL(Algorithm):

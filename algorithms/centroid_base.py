@@ -16,9 +16,7 @@ import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.evaluation import summarize
-from fedlight.engine.updates import Updates
+from fedlight.plugin import Algorithm, Updates, summarize
 from fedlight.cluster.scores import clustering_scores
 
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.newcomers import Newcomers, nearest_update_direction
+from fedlight.plugin import Algorithm, Newcomers, RoundUpdates, nearest_update_direction
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import cosine_similarity_matrix
-from fedlight.engine.round_updates import RoundUpdates
 
 
 class CFL(Algorithm):

@@ -31,9 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.algorithm import Algorithm
-from fedlight.training.sequential import Trained
+from fedlight.plugin import Algorithm, ClientModels, Trained
 
 
 class Ditto(Algorithm):

@@ -1,5 +1,5 @@
 """FedAvg (McMahan et al., 2017): sample clients, train locally, average weighted by data size."""
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin import Algorithm
 
 
 class FedAvg(Algorithm):

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.round_updates import RoundUpdates
+from fedlight.plugin import Algorithm, RoundUpdates
 
 
 class FedBABU(Algorithm):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin import Algorithm
 
 
 class FedBN(Algorithm):

@@ -12,7 +12,7 @@ aggregator: each component is a cluster, and every trained client adds one row t
 server's component, so a configured robust rule (`federation.aggregator`) or DP (`privacy:`) applies per component.
 Under DP the unit of privacy stays the client: its M copies' updates are clipped to C / sqrt(M) each, so together
 they have norm at most C, the M noised sums are one Gaussian mechanism of noise multiplier z, and the accountant steps
-once a round at the rate of clients selected (`fedlight.engine.privacy`). A client predicts with its
+once a round at the rate of clients selected (`fedlight.aggregators.privacy`). A client predicts with its
 mixture, p(y | x) = sum_m pi_tm p_m(y | x) (the evaluation model is a callable returning its logarithm); the cluster
 it is logged with is the argmax of its weights.
 
@@ -39,11 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.newcomers import Newcomers
-from fedlight.engine.round_updates import RoundUpdates
-from fedlight.training.sequential import Trained
+from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates, Trained
 
 
 def posterior(log_weights: Tensor, losses: Tensor) -> Tensor:

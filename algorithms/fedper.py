@@ -1,7 +1,7 @@
 """FedPer (Arivazhagan et al., 2019): base layers are federated, the last layers stay with each client."""
 from __future__ import annotations
 
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin import Algorithm
 
 
 class FedPer(Algorithm):

@@ -1,7 +1,7 @@
 """FedProx (Li et al., 2020): FedAvg with a proximal term mu/2 ||w - w_start||^2 in the local objective."""
 from torch import Tensor
 
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin import Algorithm
 
 
 class FedProx(Algorithm):

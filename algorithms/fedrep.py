@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from fedlight.engine.algorithm import Algorithm
-from fedlight.training.sequential import Trained
+from fedlight.plugin import Algorithm, Trained
 
 
 class FedRep(Algorithm):

@@ -31,12 +31,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin import Algorithm, RoundUpdates, half_step
 from fedlight.cluster.clusterers import DBSCAN
 from fedlight.cluster.hopkins import default_sample_size, hopkins
-from fedlight.training.layer_masks import half_step
 from fedlight.cluster.similarity import js_divergence_matrix, l2_distance_matrix
-from fedlight.engine.round_updates import RoundUpdates
 
 
 class FedTSDP(Algorithm):

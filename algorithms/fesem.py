@@ -35,9 +35,7 @@ import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.newcomers import Newcomers
-from fedlight.engine.round_updates import RoundUpdates
+from fedlight.plugin import Algorithm, Newcomers, RoundUpdates
 
 
 class FeSEM(Algorithm):

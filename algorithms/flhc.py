@@ -31,9 +31,7 @@ from sklearn.metrics import pairwise_distances
 from torch import Tensor
 
 from fedlight.cluster.clusterers import linkage_to_clusters, relabel
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.newcomers import Newcomers
-from fedlight.engine.round_updates import RoundUpdates
+from fedlight.plugin import Algorithm, Newcomers, RoundUpdates
 from fedlight.cluster.similarity import l2_distance_matrix
 
 Linkage = Literal["ward", "average", "complete", "single"]

@@ -22,13 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.client_state import ClientState
-from fedlight.engine.newcomers import Newcomers
+from fedlight.plugin import Algorithm, ClientModels, ClientState, Newcomers, RoundUpdates
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import agreement_similarity
-from fedlight.engine.round_updates import RoundUpdates
 
 
 class InferenceSimilarity(Algorithm):

@@ -6,10 +6,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin import Algorithm, RoundUpdates
 from fedlight.cluster.differences import Differences
 from fedlight.cluster.similarity import cosine_distance_matrix
-from fedlight.engine.round_updates import RoundUpdates
 
 
 class IFCA(Algorithm):

@@ -2,7 +2,7 @@
 representation); only the last layers are global and averaged."""
 from __future__ import annotations
 
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin import Algorithm
 
 
 class LGFedAvg(Algorithm):

@@ -4,10 +4,7 @@ import math
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.newcomers import Newcomers
-from fedlight.engine.round_updates import RoundUpdates
+from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates
 
 
 class Local(Algorithm):

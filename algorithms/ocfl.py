@@ -15,13 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.newcomers import Newcomers, nearest_update_direction
+from fedlight.plugin import Algorithm, Newcomers, RoundUpdates, Updates, nearest_update_direction
 from fedlight.cluster.clusterers import HDBSCAN, Clusterer
 from fedlight.cluster.differences import Differences
 from fedlight.cluster.similarity import cosine_distance_matrix
-from fedlight.engine.round_updates import RoundUpdates
-from fedlight.engine.updates import Updates
 
 
 def temperature(gamma: Tensor, p: float = 2.0) -> float:

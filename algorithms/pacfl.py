@@ -33,9 +33,7 @@ import torch
 from torch import Tensor
 
 from fedlight.cluster.clusterers import Agglomerative, linkage_to_clusters
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.data import ClientSplit
-from fedlight.engine.newcomers import Newcomers
+from fedlight.plugin import Algorithm, ClientSplit, Newcomers
 
 Linkage = Literal["average", "complete", "single"]
 

@@ -44,9 +44,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.algorithm import Algorithm
-from fedlight.training.sequential import Trained
+from fedlight.plugin import Algorithm, ClientModels, Trained
 
 #: (loss, flat gradient) of the local loss on one batch at a flat model
 LossAndGrad = Callable[[Tensor], tuple[Tensor, Tensor]]

@@ -40,10 +40,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.round_updates import RoundUpdates
-from fedlight.training.sequential import Trained
+from fedlight.plugin import Algorithm, ClientModels, RoundUpdates, Trained
 
 #: (loss, flat gradient) of the local loss at a flat model
 LossAndGrad = Callable[[Tensor], tuple[Tensor, Tensor]]

@@ -38,8 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.round_updates import RoundUpdates
+from fedlight.plugin import Algorithm, RoundUpdates
 
 
 class SCAFFOLD(Algorithm):

@@ -1,5 +1,5 @@
 """The federated data module: a pool of samples cut into clients, kept as tensors on the device, in the form of
-the engine's data contract (`fedlight.engine.data`: `FederatedData` of `ClientSplit`s).
+the engine's data contract (`fedlight.plugin.data`: `FederatedData` of `ClientSplit`s).
 
 A subclass only says how to load its pool (`load_pool`); the base class holds out the server's public
 data, partitions the rest with a `PartitionScheme`, applies the scheme's per-cluster transform, splits
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.engine.data import SPLITS, ClientSplit, FederatedData
+from fedlight.plugin.data import SPLITS, ClientSplit, FederatedData
 from fedlight.datamodules.partition import IID, PartitionScheme
 
 OFFICIAL_TRAIN, OFFICIAL_VAL, OFFICIAL_TEST = 0, 1, 2  # codes of `pool_splits`

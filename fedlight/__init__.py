@@ -12,25 +12,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 #: public name -> the module that defines it
-API = {"Algorithm": "fedlight.engine.algorithm", "FederationConfig": "fedlight.engine.config",
+API = {"Algorithm": "fedlight.plugin.algorithm", "FederationConfig": "fedlight.engine.config",
        "Federation": "fedlight.engine.federation", "RoundResult": "fedlight.engine.round_result",
-       "RoundUpdates": "fedlight.engine.round_updates", "RoundExtension": "fedlight.engine.extensions",
-       "ServerContext": "fedlight.engine.server",
-       "Updates": "fedlight.engine.updates", "Callback": "fedlight.run.callbacks", "EarlyStopping": "fedlight.run.callbacks",
+       "RoundUpdates": "fedlight.plugin.round_updates", "RoundExtension": "fedlight.plugin.extension",
+       "ServerContext": "fedlight.plugin.server",
+       "Updates": "fedlight.plugin.updates", "Callback": "fedlight.run.callbacks", "EarlyStopping": "fedlight.run.callbacks",
        "Run": "fedlight.run.callbacks"}
 
 __all__ = sorted(API)
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fedlight.engine.algorithm import Algorithm
+    from fedlight.plugin.algorithm import Algorithm
     from fedlight.engine.config import FederationConfig
-    from fedlight.engine.extensions import RoundExtension
+    from fedlight.plugin.extension import RoundExtension
     from fedlight.engine.federation import Federation
     from fedlight.engine.round_result import RoundResult
-    from fedlight.engine.round_updates import RoundUpdates
-    from fedlight.engine.server import ServerContext
-    from fedlight.engine.updates import Updates
+    from fedlight.plugin.round_updates import RoundUpdates
+    from fedlight.plugin.server import ServerContext
+    from fedlight.plugin.updates import Updates
     from fedlight.run.callbacks import Callback, EarlyStopping, Run
 
 

@@ -32,9 +32,9 @@ def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed
 
 
 def every_row(value):
-    """A client state (`fedlight.engine.client_state.ClientState`) as one tensor of every client's row; any other
+    """A client state (`fedlight.plugin.client_state.ClientState`) as one tensor of every client's row; any other
     value as it is: to compare an algorithm's attributes across runs."""
-    from fedlight.engine.client_state import ClientState
+    from fedlight.plugin.client_state import ClientState
 
     return value.read(range(value.num_clients)) if isinstance(value, ClientState) else value
 

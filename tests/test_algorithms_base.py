@@ -3,7 +3,7 @@ import torch
 
 from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.engine.algorithm import Algorithm, Updates
+from fedlight.plugin.algorithm import Algorithm, Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedprox import FedProx
 from fedlight.algorithms.local import Local

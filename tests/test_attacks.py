@@ -13,8 +13,8 @@ import torch
 from fedlight import Federation, FederationConfig
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.datamodules import IID, DigitsFederated
-from fedlight.engine.attacks import Attack, AttackConfig, apply_trigger
-from fedlight.engine.server import stream_seed
+from fedlight.aggregators.attacks import Attack, AttackConfig, apply_trigger
+from fedlight.plugin.server import stream_seed
 from fedlight.models import Classifier, SmallCNN
 from fedlight.run.cli import main
 

@@ -103,7 +103,7 @@ def test_list_shows_algorithms_data_and_models(capsys):
 
 
 PLUGIN = '''
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin.algorithm import Algorithm
 
 
 class HalfStep(Algorithm):

@@ -1,4 +1,4 @@
-"""Per-client state the engine keeps (`fedlight.engine.client_state`): rows read back as written whether in memory
+"""Per-client state the engine keeps (`fedlight.plugin.client_state`): rows read back as written whether in memory
 or spilled to the file, untouched clients cost nothing, the engine stores what clients return and leaves out what is
 not finite, and checkpoints (in memory, and a run resumed after a crash) give back exactly the rows they saved."""
 import copy
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from conftest import crash_and_resume, every_row, small_federation
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.client_state import ClientStates
+from fedlight.plugin.algorithm import Algorithm
+from fedlight.plugin.client_state import ClientStates
 from fedlight.engine.config import FederationConfig
-from fedlight.engine.round_updates import finite
-from fedlight.engine.updates import Updates
+from fedlight.plugin.round_updates import finite
+from fedlight.plugin.updates import Updates
 from fedlight.models import SmallCNN
 from fedlight.run import checkpoint
 from fedlight.run.cli import main

@@ -7,7 +7,7 @@ import torch
 
 from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.engine.algorithm import Updates
+from fedlight.plugin.algorithm import Updates
 from fedlight.algorithms.cfl import CFL
 from fedlight.algorithms.flis import FlisDC, FlisHC
 from fedlight.algorithms.ifca import IFCA

@@ -24,8 +24,8 @@ from fedlight.algorithms.flhc import FLHC, ward_to_clusters
 from fedlight.algorithms.pacfl import PACFL, data_subspace, principal_angles
 from fedlight.cluster.clusterers import linkage_to_clusters
 from fedlight.datamodules import Rotations
-from fedlight.engine.newcomers import Newcomers
-from fedlight.engine.updates import Updates
+from fedlight.plugin.newcomers import Newcomers
+from fedlight.plugin.updates import Updates
 
 ROTATED = dict(num_clients=8, partition=Rotations(2), lr=0.05, momentum=0.9)
 

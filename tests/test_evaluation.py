@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
 
-from fedlight.engine.evaluation import per_client_classification, summarize
+from fedlight.plugin.evaluation import per_client_classification, summarize
 
 
 def test_matches_torchmetrics_per_client():

@@ -7,7 +7,7 @@ import torch
 
 from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.engine.algorithm import Updates
+from fedlight.plugin.algorithm import Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedtsdp import FedTSDP
 from fedlight.datamodules import ClassesPerClient, DigitsFederated

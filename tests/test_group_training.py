@@ -12,7 +12,7 @@ from fedlight.algorithms.fedrep import FedRep
 from fedlight.algorithms.perfedavg import PerFedAvg
 from fedlight.algorithms.pfedme import PFedMe
 from fedlight.datamodules import DigitsFederated, QuantitySkew
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin.algorithm import Algorithm
 from fedlight.engine.federation import Federation, FederationConfig
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.models import MLP, Classifier

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from conftest import small_federation
-from fedlight.engine.aggregation import ClientModels, ClusterAverage
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin.aggregation import ClientModels, ClusterAverage
+from fedlight.plugin.algorithm import Algorithm
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
 

@@ -13,10 +13,12 @@ from fedlight.engine.federation import Federation
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "fedlight"
-SUBPACKAGES = ("engine", "training", "run", "reports", "cluster")
-#: what each subpackage may import of fedlight (besides itself)
-ALLOWED = {"training": set(), "cluster": set(), "engine": {"training", "cluster"}, "reports": {"engine"},
-           "run": {"engine", "training", "reports", "cluster"}}
+SUBPACKAGES = ("plugin", "aggregators", "engine", "training", "run", "reports", "cluster")
+#: what each subpackage may import of fedlight (besides itself) when it runs: training and cluster are leaves, the
+#: plugin namespace builds on them, the aggregators on the plugin's values, the engine proper on all of these
+ALLOWED = {"training": set(), "cluster": set(), "plugin": {"training", "cluster"},
+           "aggregators": {"plugin", "training", "cluster"}, "engine": {"plugin", "aggregators", "training", "cluster"},
+           "reports": {"engine", "plugin"}, "run": {"engine", "plugin", "aggregators", "training", "reports", "cluster"}}
 
 
 def module_name(path: Path) -> str:
@@ -24,11 +26,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def runtime_imports(path: Path) -> set[str]:
-    """The fedlight modules `path` imports when it runs (imports under `if TYPE_CHECKING:` left out)."""
+def runtime_imports(path: Path, type_only: bool = False) -> set[str]:
+    """The fedlight modules `path` imports when it runs (with `type_only`, also those under `if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-               for child in node.body for n in ast.walk(child)}
+    skipped = set() if type_only else {
+        id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in node.body for n in ast.walk(child)}
     found = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -70,8 +73,9 @@ def test_imports_point_one_way(subpackage):
                 f"{path.relative_to(REPO)} ({subpackage}) imports {name}"
 
 
-def test_no_import_circle_inside_fedlight():
-    graph = {name: {m for m in runtime_imports(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+def test_no_import_circle_inside_fedlight_type_only_imports_included():
+    graph = {name: {m for m in runtime_imports(path, type_only=True) if m in MODULES and m != name}
+             for name, path in MODULES.items()}
     graph = {name: {m for m in edges if not name.startswith(m + ".")} for name, edges in graph.items()}  # a parent
     state: dict[str, int] = {}                                                               # package is no circle
 
@@ -88,6 +92,21 @@ def test_no_import_circle_inside_fedlight():
     for name in sorted(graph):
         if name not in state:
             visit(name, [])
+
+
+def test_algorithms_import_only_the_plugin_namespace_and_the_clustering_toolkit():
+    """An algorithm is written against `fedlight.plugin` (and `fedlight.cluster`, and a sibling algorithm it builds
+    on), never against the engine's modules, so the engine can change behind the plugin boundary."""
+    plugin_modules = {p.stem for p in (PACKAGE / "plugin").glob("*.py")}
+    for path in sorted((REPO / "algorithms").glob("*.py")):
+        for name in runtime_imports(path, type_only=True):
+            parts = name.split(".")
+            if parts[1] == "plugin":
+                assert len(parts) == 2 or parts[2] not in plugin_modules, \
+                    f"{path.relative_to(REPO)} imports {name}: import its names from fedlight.plugin itself"
+            else:
+                assert parts[1] in ("cluster", "algorithms"), \
+                    f"{path.relative_to(REPO)} imports {name}: an algorithm imports fedlight.plugin and fedlight.cluster"
 
 
 def test_the_execution_path_is_declared_not_inferred_from_overrides():

@@ -25,9 +25,10 @@ from fedlight.algorithms.pfclus import PFClus
 from fedlight.cluster import HDBSCAN
 from fedlight.datamodules import DigitsFederated, Rotations, SyntheticGaussians
 from fedlight.datamodules.base import choose_holdout, holdout_count
-from fedlight.engine.evaluation import per_cluster_means
+from fedlight.plugin.evaluation import per_cluster_means
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
-from fedlight.engine.newcomers import HeldOutClients, Newcomers, nearest_update_direction
+from fedlight.engine.held_out import HeldOutClients
+from fedlight.plugin.newcomers import Newcomers, nearest_update_direction
 from fedlight.models import CentroidModel, Classifier, SmallCNN
 from fedlight.run.cli import main
 from fedlight.run.recorder import client_rows

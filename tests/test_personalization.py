@@ -5,7 +5,7 @@ import torch
 
 from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.engine.updates import Updates
+from fedlight.plugin.updates import Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
 from fedlight.algorithms.lgfedavg import LGFedAvg

@@ -274,7 +274,7 @@ def test_the_pfclus_configs_parse_and_name_their_data_sets_as_strings():
 
 
 def test_the_centroid_model_also_trains_by_gradient_steps_with_the_default_algorithm():
-    from fedlight.engine.algorithm import Algorithm
+    from fedlight.plugin.algorithm import Algorithm
 
     data = SyntheticGaussians("NO", 2, num_clients=4, points_per_client=40)
     config = FederationConfig(rounds=1, eval_split="train", accelerator="cpu", local_epochs=3, batch_size=8, vectorize=0)

@@ -11,7 +11,7 @@ from fedlight import Federation, FederationConfig, RoundUpdates
 from fedlight.algorithms.perfedavg import PerFedAvg, meta_step, replayed
 from fedlight.algorithms.pfedme import PFedMe, personalize
 from fedlight.datamodules import DigitsFederated, Rotations
-from fedlight.engine.updates import Updates
+from fedlight.plugin.updates import Updates
 from fedlight.models import Classifier, FedTSDPCNN
 
 

@@ -17,7 +17,7 @@ from conftest import crash_and_resume, small_federation
 from fedlight import RoundUpdates, Updates
 from fedlight.algorithms.fedem import FedEM
 from fedlight.cluster.differences import Differences
-from fedlight.engine.privacy import PrivacyConfig, PrivacyMechanism, epsilon_of, make_accountant, update_noise
+from fedlight.aggregators.privacy import PrivacyConfig, PrivacyMechanism, epsilon_of, make_accountant, update_noise
 from fedlight.run import checkpoint
 from fedlight.run.cli import main
 

@@ -17,7 +17,7 @@ from fedlight.run import checkpoint
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.ocfl import OCFL
 from fedlight.run.cli import main
-from fedlight.engine.evaluation import summarize
+from fedlight.plugin.evaluation import summarize
 from fedlight.engine.execution import ClientExecution
 from fedlight.engine.federation import Federation
 from fedlight.run.callbacks import Run

@@ -14,9 +14,9 @@ from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedem import FedEM
 from fedlight.algorithms.local import Local
 from fedlight.cluster.differences import Differences
-from fedlight.engine.cluster_aggregator import RobustClusterAggregate, RobustSettings
-from fedlight.engine.privacy import PrivacyConfig
-from fedlight.engine.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
+from fedlight.aggregators.cluster_aggregator import RobustClusterAggregate, RobustSettings
+from fedlight.aggregators.privacy import PrivacyConfig
+from fedlight.aggregators.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
                                     multikrum, trimmed_mean)
 
 

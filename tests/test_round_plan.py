@@ -183,7 +183,7 @@ def test_clients_starting_from_one_model_share_one_copy_of_it_in_their_updates()
 
 def test_masked_deltas_are_the_changes_on_the_masked_entries_whatever_the_starts():
     from fedlight.engine.execution import stacked_starts
-    from fedlight.engine.updates import Updates
+    from fedlight.plugin.updates import Updates
 
     params = torch.arange(12.0).reshape(3, 4)
     mask = torch.tensor([True, False, True, True])

@@ -5,7 +5,7 @@ from torch import nn
 
 from fedlight import RoundUpdates
 from conftest import small_federation
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin.algorithm import Algorithm
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedprox import FedProx
 from fedlight.datamodules import DigitsFederated, QuantitySkew

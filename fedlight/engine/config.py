@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedlight.engine.robust import RULES
+from fedlight.aggregators.robust import RULES
 
 
 @dataclass
@@ -40,7 +40,7 @@ class FederationConfig:
             use (affinity, cgroup quota) shared among the run's processes on the machine and the runs launched beside
             it (`fedlight.engine.threads`), so parallel runs do not oversubscribe the cores.
         aggregator: how the members' updates of each cluster are combined, for every algorithm that aggregates
-            through the engine (`fedlight.engine.robust`): "mean" (weighted, FedAvg's), "median" (coordinate-wise),
+            through the engine (`fedlight.aggregators.robust`): "mean" (weighted, FedAvg's), "median" (coordinate-wise),
             "trimmed_mean" (`aggregator_beta`), "krum" and "multikrum" (`aggregator_f`, `aggregator_keep`),
             "bulyan" (`aggregator_f`), "geomed" (the geometric median, RFA's Weiszfeld iterations), "clipped_mean"
             (each update clipped to norm `aggregator_clip`). All but the mean and the clipped mean hold every update
@@ -50,7 +50,7 @@ class FederationConfig:
         aggregator_beta: share of values trimmed at each end of every coordinate by "trimmed_mean", in [0, 0.5).
         aggregator_clip: norm each update is clipped to by "clipped_mean".
         aggregator_keep: updates Multi-Krum averages (None: the clients of the cluster minus f).
-        client_state_memory: GB of per-client state (personal models, control variates: `fedlight.engine.client_state`)
+        client_state_memory: GB of per-client state (personal models, control variates: `fedlight.plugin.client_state`)
             kept in memory, over all of the algorithm's stores; rows beyond it go to memory-mapped files in the run
             folder's `client_state/`. None: a quarter of the memory available on the device at set-up.
     """

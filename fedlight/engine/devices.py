@@ -31,7 +31,7 @@ UNKNOWN_MEMORY_BUDGET = 1 << 30  # bytes of client state in memory where the ava
 
 
 def client_state_budget(gigabytes: float | None, device: torch.device) -> int:
-    """Bytes of per-client state kept in memory (`fedlight.engine.client_state`): `federation.client_state_memory`,
+    """Bytes of per-client state kept in memory (`fedlight.plugin.client_state`): `federation.client_state_memory`,
     or a quarter of `device`'s available memory."""
     if gigabytes is not None:
         return int(gigabytes * 1e9)

@@ -11,13 +11,13 @@ import numpy as np
 import torch
 
 from fedlight.cluster.scores import clustering_scores
-from fedlight.engine.aggregation import ClientModels
-from fedlight.engine.data import FederatedData
-from fedlight.engine.evaluation import per_client_classification, summarize
+from fedlight.plugin.aggregation import ClientModels
+from fedlight.plugin.data import FederatedData
+from fedlight.plugin.evaluation import per_client_classification, summarize
 from fedlight.engine.processes import Collective
 
 if TYPE_CHECKING:
-    from fedlight.engine.server import ServerContext
+    from fedlight.plugin.server import ServerContext
 
 
 class Evaluator:

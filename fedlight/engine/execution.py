@@ -22,17 +22,17 @@ from torch import Tensor
 
 from fedlight.engine.group_training import CPU_GROUP, GroupTraining  # noqa: F401 (CPU_GROUP: the plan's limit)
 from fedlight.engine.processes import Collective
-from fedlight.engine.round_updates import RoundUpdates
-from fedlight.engine.updates import Updates
+from fedlight.plugin.round_updates import RoundUpdates
+from fedlight.plugin.updates import Updates
 from fedlight.training.local_work import LocalWork
 from fedlight.training.probe import ProbeResult
 from fedlight.training.sequential import ClientTrainer, Trained
 from fedlight.training.vectorized import VectorizedTrainer
 
 if TYPE_CHECKING:
-    from fedlight.engine.algorithm import Algorithm
+    from fedlight.plugin.algorithm import Algorithm
     from fedlight.engine.config import FederationConfig
-    from fedlight.engine.server import ServerContext
+    from fedlight.plugin.server import ServerContext
 
 def stacked_starts(models: list[Tensor]) -> Tensor:
     """The clients' starting models as rows. When every client starts from one model (FedAvg, every round before a

@@ -1,7 +1,7 @@
 """The federated loop: each round is the algorithm's story, select -> train -> pre_aggregation -> aggregate ->
 post_aggregation -> evaluate (docs/architecture.md, "The round as data flow"). How clients train and where
 (groups, trainers, processes) is `fedlight.engine.execution`'s; evaluation is `fedlight.engine.evaluator`'s; the
-per-client state the algorithm declares is `fedlight.engine.client_state`'s, written after `post_aggregation`.
+per-client state the algorithm declares is `fedlight.plugin.client_state`'s, written after `post_aggregation`.
 
 Every random choice is a pure function of (seed, round, client, purpose), so a run resumed from a round
 checkpoint repeats exactly what the uninterrupted run does, and the order clients are trained in does not
@@ -16,24 +16,24 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.attacks import Attack, AttackConfig
-from fedlight.engine.client_state import ClientStates
-from fedlight.engine.cluster_aggregator import (ClusterAggregation, RobustSettings, check_aggregation,
+from fedlight.plugin.algorithm import Algorithm
+from fedlight.aggregators.attacks import Attack, AttackConfig
+from fedlight.plugin.client_state import ClientStates
+from fedlight.aggregators.cluster_aggregator import (ClusterAggregation, RobustSettings, check_aggregation,
                                                 clients_per_round)
 from fedlight.engine.config import FederationConfig
-from fedlight.engine.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
+from fedlight.plugin.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import batch_transform, client_state_budget, default_precision, make_fabric
-from fedlight.engine.evaluation import per_cluster_means
+from fedlight.plugin.evaluation import per_cluster_means
 from fedlight.engine.evaluator import Evaluator
 from fedlight.engine.execution import ClientExecution
 from fedlight.engine.extensions import Extension, RoundExtension, RoundExtensions
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
-from fedlight.engine.privacy import PrivacyConfig, PrivacyMechanism
+from fedlight.aggregators.privacy import PrivacyConfig, PrivacyMechanism
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
-from fedlight.engine.round_updates import TrainingReport
-from fedlight.engine.server import ServerContext, stream_seed
+from fedlight.plugin.round_updates import TrainingReport
+from fedlight.plugin.server import ServerContext, stream_seed
 from fedlight.engine.threads import use_threads
 from fedlight.training.flat import FlatModel
 from fedlight.training.sequential import ClientTrainer
@@ -45,7 +45,7 @@ class Federation:
     What a run adds around the round (the constructor's threat and DP settings, clients held out of training, and
     `extensions` of one's own) are round extensions (`fedlight.engine.extensions`), called at fixed points of the
     set-up and of every round; `config.aggregator` picks the rule that combines each cluster's updates
-    (`fedlight.engine.cluster_aggregator`). None of them changes anything when left at its default."""
+    (`fedlight.aggregators.cluster_aggregator`). None of them changes anything when left at its default."""
 
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
                  config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,

@@ -28,7 +28,7 @@ from fedlight.training.vectorized import GroupHook, VectorizedTrainer, unsupport
 
 if TYPE_CHECKING:
     from fedlight.engine.config import FederationConfig
-    from fedlight.engine.data import ClientSplit
+    from fedlight.plugin.data import ClientSplit
 
 CPU_GROUP = 256  # most clients per group on a CPU: plenty for full-width vectorized steps
 

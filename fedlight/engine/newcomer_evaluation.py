@@ -4,20 +4,19 @@ them as the training clients are evaluated (fine-tuned too, with `federation.fin
 were placed (`unseen/ari`). The federation calls its hooks and never names it."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from fedlight.engine.data import FederatedData
-from fedlight.engine.evaluation import UNSEEN
+from fedlight.plugin.data import FederatedData
+from fedlight.plugin.evaluation import UNSEEN
 from fedlight.engine.evaluator import Evaluator
-from fedlight.engine.extensions import RoundExtension
-from fedlight.engine.newcomers import HeldOutClients
+from fedlight.plugin.extension import RoundExtension
+from fedlight.engine.held_out import HeldOutClients
 
 if TYPE_CHECKING:
-    from fedlight.engine.algorithm import Algorithm
-    from fedlight.engine.federation import Federation
+    from fedlight.plugin.algorithm import Algorithm
 
 
 class NewcomerEvaluation(RoundExtension):
@@ -35,7 +34,7 @@ class NewcomerEvaluation(RoundExtension):
         self.training_truth: np.ndarray | None = None
         self.finetune_epochs = 0
 
-    def setup(self, federation: "Federation") -> None:
+    def setup(self, federation: Any) -> None:  # fedlight.engine.federation.Federation
         server, execution = federation.server, federation.execution
         self.clients = HeldOutClients(self.data, server, execution.trainer, execution.training)
         self.evaluator = Evaluator(server, federation.module, self.data, federation.collective, UNSEEN)

@@ -36,6 +36,11 @@ class Collective:
     def spread(self) -> bool:
         return self.world > 1
 
+    @property
+    def device(self) -> torch.device:
+        """Where this process's tensors live."""
+        return self.fabric.device if self.fabric is not None else torch.device("cpu")
+
     def shard(self, clients: list[int]) -> list[int]:
         """This process's share of `clients`: every `world`-th client, so shards differ by one client at most."""
         return clients[self.rank:: self.world] if self.spread else clients
@@ -85,10 +90,3 @@ class Collective:
         """Rank 0's `obj` on every process."""
         return self.fabric.broadcast(obj, src=0) if self.spread else obj
 
-
-def gather_logs(collective: Collective, logs: dict[str, Tensor], rows: int, device: torch.device) -> dict[str, Tensor]:
-    """Per-row logged values from every process (`rows` of them on this one); a name a process did not log, e.g.
-    because it trained no client this round, is NaN for its rows."""
-    names = sorted(set().union(*collective.gather_objects(set(logs))))
-    return {name: collective.gather(logs.get(name, torch.full((rows,), float("nan"), device=device)))
-            for name in names}

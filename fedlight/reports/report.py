@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedlight.engine.evaluation import UNSEEN
+from fedlight.plugin.evaluation import UNSEEN
 from fedlight.reports import plots
 from fedlight.reports.run_groups import RUN_ONLY_KEYS, config_group
 

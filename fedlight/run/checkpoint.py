@@ -99,7 +99,7 @@ def _privacy_state_under_its_name(state: dict[str, Any], callbacks: list[Any]) -
 
 def _client_state_kept_by_the_engine(state: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
     """Version 3 -> 4: per-client rows (personal models, control variates) moved from the algorithm's state to the
-    federation's `client_state` (`fedlight.engine.client_state`). A version-3 checkpoint has none: it resumes an
+    federation's `client_state` (`fedlight.plugin.client_state`). A version-3 checkpoint has none: it resumes an
     algorithm that declares no client state, and one that declares some is refused in one line."""
     return state
 

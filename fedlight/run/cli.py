@@ -21,10 +21,10 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace, set_loader
 from rich.console import Console
 
-from fedlight.engine.algorithm import Algorithm
-from fedlight.engine.attacks import AttackConfig
+from fedlight.plugin.algorithm import Algorithm
+from fedlight.aggregators.attacks import AttackConfig
 from fedlight.engine.config import FederationConfig
-from fedlight.engine.privacy import PrivacyConfig
+from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.run import catalog, registry, tune
 from fedlight.run.callbacks import Callback, RunInterrupted
 from fedlight.run.config_errors import explain
@@ -56,13 +56,13 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--checkpoint_every", type=int, default=1, help="rounds between checkpoints")
     parser.add_subclass_arguments(LightningDataModule, "data", required=True)
     parser.add_subclass_arguments(LightningModule, "model", required=True)
-    parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.engine.algorithm.Algorithm"})
+    parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.plugin.algorithm.Algorithm"})
     parser.add_class_arguments(FederationConfig, "federation")
     parser.add_argument("--attack", type=AttackConfig | None, default=None,
-                        help="malicious clients: attack.kind, attack.fraction, ... (fedlight.engine.attacks)")
+                        help="malicious clients: attack.kind, attack.fraction, ... (fedlight.aggregators.attacks)")
     parser.add_argument("--privacy", type=PrivacyConfig | None, default=None,
                         help="client-level DP: privacy.noise_multiplier, privacy.clip, privacy.delta, ... "
-                             "(fedlight.engine.privacy)")
+                             "(fedlight.aggregators.privacy)")
     parser.add_class_arguments(LoggerConfig, "logger")
     parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
                         help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedlight.engine.evaluation import UNSEEN
+from fedlight.plugin.evaluation import UNSEEN
 from fedlight.run.callbacks import Callback, Run
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from fedlight.engine.evaluation import higher_is_better
+from fedlight.plugin.evaluation import higher_is_better
 from fedlight.engine.federation import Federation
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.engine.round_result import RoundResult
@@ -22,7 +22,7 @@ from fedlight.run.recorder import CsvRecorder
 from fedlight.run.wandb_logger import LoggerConfig, WandbLogger
 
 CHECKPOINTS = Path("checkpoints")
-CLIENT_STATE = Path("client_state")  # the spill files of per-client state (`fedlight.engine.client_state`)
+CLIENT_STATE = Path("client_state")  # the spill files of per-client state (`fedlight.plugin.client_state`)
 
 
 class Totals(Callback):

@@ -36,7 +36,7 @@ from rich.console import Console
 
 from fedlight.reports import report
 from fedlight.run import registry
-from fedlight.engine.algorithm import Algorithm
+from fedlight.plugin.algorithm import Algorithm
 
 
 class SweepError(ValueError):

@@ -24,7 +24,7 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 from rich.console import Console
 
-from fedlight.engine.evaluation import higher_is_better
+from fedlight.plugin.evaluation import higher_is_better
 from fedlight.run import tune_space, tune_study
 from fedlight.run.callbacks import RunInterrupted
 from fedlight.run.config_errors import explain

@@ -29,12 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.engine.data import ClientSplit, FederatedData
-from fedlight.engine.extensions import RoundExtension
+from fedlight.plugin.data import ClientSplit, FederatedData
+from fedlight.plugin.extension import RoundExtension
 
 if TYPE_CHECKING:
     from fedlight.engine.evaluator import Evaluator
-    from fedlight.engine.federation import Federation
 
 DATA_ATTACKS = ("label_flip", "backdoor")
 UPDATE_ATTACKS = ("sign_flip", "scale", "gaussian")
@@ -126,7 +125,7 @@ class Attack(RoundExtension):
         self.true_clusters = data.cluster_labels
         return self.poison(data)
 
-    def setup(self, federation: "Federation") -> None:
+    def setup(self, federation: Any) -> None:  # fedlight.engine.federation.Federation
         self.evaluator, self.split = federation.evaluator, federation.config.eval_split
 
     def poison(self, data: FederatedData) -> FederatedData:

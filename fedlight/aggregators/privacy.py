@@ -46,13 +46,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClusterAverage
-from fedlight.engine.cluster_aggregator import ClusterAggregation, add_starts, member_updates
-from fedlight.engine.extensions import RoundExtension
-from fedlight.engine.robust import clip_rows
+from fedlight.plugin.aggregation import ClusterAverage
+from fedlight.aggregators.cluster_aggregator import ClusterAggregation, add_starts, member_updates
+from fedlight.plugin.extension import RoundExtension
+from fedlight.aggregators.robust import clip_rows
 
 if TYPE_CHECKING:
-    from fedlight.engine.round_updates import RoundUpdates
+    from fedlight.plugin.round_updates import RoundUpdates
 
 ACCOUNTANTS = ("rdp", "prv")
 

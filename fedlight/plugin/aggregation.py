@@ -11,7 +11,7 @@ from torch import Tensor
 from fedlight.cluster.differences import Differences
 
 if TYPE_CHECKING:
-    from fedlight.engine.round_updates import RoundUpdates
+    from fedlight.plugin.round_updates import RoundUpdates
 
 
 class ClusterAverage:

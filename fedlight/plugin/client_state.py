@@ -9,7 +9,7 @@ An algorithm declares each per-client tensor once in `setup`, and reads and writ
 A client never written reads `initial` (a tensor of the row shape, or a callable `initial(clients) -> rows`), of
 which no per-client copy is kept: memory grows with the clients written and is bounded by a byte budget
 (`federation.client_state_memory`), shared by the run's stores. Rows beyond the budget go to a memory-mapped file,
-one per store and process, in the run folder's `client_state/` (`fedlight.engine.spill`; a federation built
+one per store and process, in the run folder's `client_state/` (`fedlight.plugin.spill`; a federation built
 without the runner uses a temporary folder, removed at exit). A row stays where it was first stored.
 
 When the clients' local work returns rows under a store's name (`train_group`'s `Trained.state`, or an own
@@ -21,7 +21,7 @@ Checkpoints: every store is saved in the federation's state (`ClientStates.state
 themselves, and for the rows in the file only their slots, so a checkpoint stays small however many rows spilled.
 A slot a kept checkpoint may refer to is never overwritten: the runner reports each checkpoint it takes
 (`checkpointed`), rows written since the last one are rewritten in place, others go to another slot and their old
-slot is reused only once two newer checkpoints exist (`fedlight.engine.spill`). A run resumed from either kept
+slot is reused only once two newer checkpoints exist (`fedlight.plugin.spill`). A run resumed from either kept
 checkpoint, even after a crash that wrote the next round's rows, then reads exactly the rows it saved.
 """
 from __future__ import annotations
@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fedlight.engine.spill import SpillFile
+from fedlight.plugin.spill import SpillFile
 
 if TYPE_CHECKING:
-    from fedlight.engine.round_updates import RoundUpdates
+    from fedlight.plugin.round_updates import RoundUpdates
 
 Clients = Sequence[int] | Tensor
 Initial = Tensor | Callable[[Tensor], Tensor]
@@ -280,6 +280,6 @@ class ClientStates:
 
     def checkpointed(self) -> None:
         """A round checkpoint was taken (called on every process): no row it refers to is overwritten while it may
-        still be read back (`fedlight.engine.spill`)."""
+        still be read back (`fedlight.plugin.spill`)."""
         for store in self.stores.values():
             store.checkpointed()

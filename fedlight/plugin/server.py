@@ -18,10 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlight.engine.client_state import ClientState, ClientStates, Initial
-from fedlight.engine.cluster_aggregator import ClusterAggregation, RobustSettings
-from fedlight.engine.data import ClientSplit, FederatedData
-from fedlight.engine.round_log import RoundLog
+from fedlight.plugin.client_state import ClientState, ClientStates, Initial
+from fedlight.plugin.data import ClientSplit, FederatedData
+from fedlight.plugin.round_log import RoundLog
 from fedlight.training.flat import FlatModel
 from fedlight.training.group_batches import GroupStep, group_steps
 from fedlight.training.layer_masks import layer_count_mask
@@ -31,6 +30,8 @@ from fedlight.training.vectorized import GroupHook
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
     import lightning as L
+
+    from fedlight.aggregators.cluster_aggregator import ClusterAggregation
 
 
 def stream_seed(*parts: int | str) -> list[int]:
@@ -73,7 +74,7 @@ class ServerContext:
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
                  fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
                  eval_batch_size: int, client_states: ClientStates,
-                 aggregation: "ClusterAggregation | None" = None) -> None:
+                 aggregation: "ClusterAggregation") -> None:
         self._data, self._flat, self._trainer, self._fabric = data, flat, trainer, fabric
         self._transform, self._eval_batch_size = transform, eval_batch_size
         self.model = model
@@ -85,7 +86,7 @@ class ServerContext:
         self.public_x = data.public_x
         self._rows = {name: data.split(name).client_of_row() for name in ("train", "val", "test")}
         self.round_log = RoundLog()
-        self._aggregation = aggregation or ClusterAggregation(RobustSettings())
+        self._aggregation = aggregation
         self._client_states = client_states
         self._train_many: Callable[[int, list[int], Tensor, LocalWork], Trained] | None = None
         self._loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None] | None = None
@@ -116,7 +117,7 @@ class ServerContext:
 
     # -- per-client state ------------------------------------------------------------------------------------
     def client_state(self, name: str, initial: Initial) -> ClientState:
-        """A per-client tensor the engine keeps for the algorithm (`fedlight.engine.client_state`), declared once in
+        """A per-client tensor the engine keeps for the algorithm (`fedlight.plugin.client_state`), declared once in
         `setup`: `read(clients)`, `write(clients, rows)`, `touched()`. A client never written reads `initial` (a
         tensor of the row shape, or a callable `initial(clients) -> rows`); rows live in memory up to
         `federation.client_state_memory`, beyond it in a file of the run folder, and are checkpointed. What the
@@ -129,7 +130,7 @@ class ServerContext:
                            personal_mask: Tensor | None = None, rows_per_client: int = 1) -> Any:
         """A fresh aggregator of rows into `clusters` cluster models of `dim` entries (`add(clusters, weights,
         values, starts)`, `reduce(updates)`, `means()`), as the run configures it
-        (`fedlight.engine.cluster_aggregator`): the weighted mean by default, a robust rule or DP's noised mean.
+        (`fedlight.aggregators.cluster_aggregator`): the weighted mean by default, a robust rule or DP's noised mean.
         Entries under `personal_mask` are not aggregated and count in no norm or distance. `rows_per_client`: how
         many rows each client adds, one to each of that many clusters (FedEM: a copy of every component); DP then
         splits a client's clip over its rows, so the privacy unit stays the client."""

@@ -6,9 +6,9 @@ never the algorithm's choice:
 
 - `federation.aggregator: mean` with no privacy: `ClusterAverage`, the running float64 weighted sums (the numbers
   of a run without this feature, bit for bit);
-- another rule (`fedlight.engine.robust`): `RobustClusterAggregate`, the rule applied within each cluster to the
+- another rule (`fedlight.aggregators.robust`): `RobustClusterAggregate`, the rule applied within each cluster to the
   members' updates (trained minus start), added back to the cluster's start;
-- `privacy:` on: `fedlight.engine.privacy.PrivateClusterAggregate`, DP-FedAvg's clipped and noised sums (the
+- `privacy:` on: `fedlight.aggregators.privacy.PrivateClusterAggregate`, DP-FedAvg's clipped and noised sums (the
   privacy extension puts its mechanism in, and keeps its accounting: `PrivacyMechanism.aggregation`).
 
 A rule that needs every update of a cluster (the median, Krum, ...) makes the plan hold the round's updates
@@ -22,17 +22,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClusterAverage
-from fedlight.engine.robust import RULES, apply_rule, clip_rows
+from fedlight.plugin.aggregation import ClusterAverage
+from fedlight.aggregators.robust import RULES, apply_rule, clip_rows
 
 if TYPE_CHECKING:
-    from fedlight.engine.privacy import PrivacyMechanism
-    from fedlight.engine.round_updates import RoundUpdates
+    from fedlight.plugin.round_updates import RoundUpdates
+
+
+class NoisedAggregation(Protocol):
+    """What the cluster aggregation asks of a privacy mechanism (`fedlight.aggregators.privacy.PrivacyMechanism`):
+    a fresh noised aggregator per call."""
+
+    def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
+                   personal_mask: Tensor | None, rows_per_client: int = 1) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,7 @@ class ClusterAggregation:
     """The run's choice of cluster aggregator (engine-owned; one per federation), handing a fresh aggregator to each
     call of `ServerContext.cluster_aggregator` and counting the means taken from them each round."""
 
-    def __init__(self, settings: RobustSettings, privacy: "PrivacyMechanism | None" = None) -> None:
+    def __init__(self, settings: RobustSettings, privacy: NoisedAggregation | None = None) -> None:
         self.settings, self.privacy = settings, privacy
         self.combined = 0  # means taken this round from the aggregators handed out
 

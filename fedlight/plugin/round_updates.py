@@ -1,4 +1,4 @@
-"""`RoundUpdates`: a round's updates as a value the aggregation hooks ask for (see `fedlight.engine.updates`).
+"""`RoundUpdates`: a round's updates as a value the aggregation hooks ask for (see `fedlight.plugin.updates`).
 
 It trains lazily: a streamed round trains each group when `groups()` reaches it, a held round trains everything at
 the first `all()`. `finish()` (called by the engine after `post_aggregation`) trains whatever no hook asked for,
@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.engine.processes import Collective, gather_logs
-from fedlight.engine.training_stats import TrainingStats
-from fedlight.engine.updates import Updates
+from fedlight.plugin.collective import OneProcess, Processes, gather_logs
+from fedlight.plugin.training_stats import TrainingStats
+from fedlight.plugin.updates import Updates
 
 
 @dataclass
@@ -68,7 +68,7 @@ class RoundUpdates:
     """
 
     def __init__(self, clients: list[int], holds: bool, groups: list[list[int]], train: Callable[[list[int]], Updates],
-                 collective: Collective, num_clients: int, learning_rate: float | None = None) -> None:
+                 collective: Processes, num_clients: int, learning_rate: float | None = None) -> None:
         self.clients, self.holds = clients, holds
         self._groups, self._train, self._collective = groups, train, collective
         self._num_clients, self._learning_rate = num_clients, learning_rate
@@ -83,7 +83,7 @@ class RoundUpdates:
         """A held round made of given updates on one process: to call the aggregation hooks directly (tests, an
         algorithm that runs another's hooks)."""
         clients = updates.clients.tolist()
-        return cls(clients, True, [clients], lambda _: updates, Collective(), int(max(clients, default=-1)) + 1)
+        return cls(clients, True, [clients], lambda _: updates, OneProcess(), int(max(clients, default=-1)) + 1)
 
     @property
     def left_out(self) -> list[int]:
@@ -133,7 +133,7 @@ class RoundUpdates:
         if self._collective.spread:  # every process asks; one that trained nobody sends rows of the others' shape
             shapes = self._collective.gather_objects(None if like is None else like[:0].cpu())
             if like is None:
-                like = next(t for t in shapes if t is not None).to(self._collective.fabric.device)
+                like = next(t for t in shapes if t is not None).to(self._collective.device)
         if like is None:
             raise RuntimeError(f"no client sent {name!r} this round: call state() after groups() has run through")
         clients = torch.cat([like.new_zeros(0, dtype=torch.long), *(c for c, _ in parts)])

@@ -2,17 +2,12 @@
 reduced across clients for metrics.csv and kept per client for clients.csv."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.engine.processes import gather_logs
-from fedlight.engine.updates import Updates
-
-if TYPE_CHECKING:
-    from fedlight.engine.processes import Collective
+from fedlight.plugin.collective import Processes, gather_logs
+from fedlight.plugin.updates import Updates
 
 
 class TrainingStats:
@@ -27,11 +22,11 @@ class TrainingStats:
         self.parts.append((updates.clients, updates.train_loss.detach(), updates.num_samples, dict(updates.logs)))
         return updates
 
-    def share(self, collective: "Collective") -> None:
+    def share(self, collective: Processes) -> None:
         """Replace what this process added by what every process added (when the round is spread over them)."""
         if not collective.spread:
             return
-        device = collective.fabric.device
+        device = collective.device
 
         def column(i: int, dtype: torch.dtype) -> Tensor:
             parts = [part[i] for part in self.parts]

@@ -2,7 +2,7 @@
 
 Each rule is vectorized over the coordinates (a sort, a pairwise-distance matrix, a few matrix-vector products), so
 it runs as well on a GPU as on a CPU. The engine applies them within each cluster to the members' updates (trained
-minus start, `fedlight.engine.cluster_aggregator`); every rule here but `clipped_mean` commutes with a shift of all
+minus start, `fedlight.aggregators.cluster_aggregator`); every rule here but `clipped_mean` commutes with a shift of all
 rows, so applying it to updates or to models gives the same cluster model.
 
 Weights: the mean, `clipped_mean` and `geometric_median` use the clients' weights (as FedAvg and RFA do); the

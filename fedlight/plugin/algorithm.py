@@ -46,16 +46,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.engine.aggregation import ClientModels, ClusterAverage
-from fedlight.engine.updates import Updates
+from fedlight.plugin.aggregation import ClientModels, ClusterAverage
+from fedlight.plugin.updates import Updates
 from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
 
 if TYPE_CHECKING:
     from fedlight.cluster.differences import Differences
-    from fedlight.engine.newcomers import Newcomers
-    from fedlight.engine.round_updates import RoundUpdates
-    from fedlight.engine.server import ServerContext
+    from fedlight.plugin.newcomers import Newcomers
+    from fedlight.plugin.round_updates import RoundUpdates
+    from fedlight.plugin.server import ServerContext
 
 #: hooks that run only when the class declares the matching attribute (checked when a subclass is defined)
 DECLARED_BY = {"train_client": "own_training", "local_gradient": "corrects_gradient"}
@@ -206,7 +206,7 @@ class Algorithm:
 
     def newcomer_models(self, newcomers: "Newcomers") -> tuple[Tensor | Sequence[Tensor], Tensor, Tensor | None]:
         """(models, model of each newcomer, cluster of each newcomer or None) for clients held out of training
-        (`fedlight.engine.newcomers`), as `evaluation_models` gives models and groups; the clusters, in the labels
+        (`fedlight.plugin.newcomers`), as `evaluation_models` gives models and groups; the clusters, in the labels
         of `cluster_labels()`, are scored with the training clients' against the true clusters (`unseen/ari`) when
         the algorithm clusters. Called at every evaluation, on every process. This default picks, for
         each newcomer, the cluster model with the lowest loss on its training split (one model: the global one, as

@@ -1,0 +1,40 @@
+"""The plugin namespace: everything an algorithm (or a round extension, a data module) may import, from one package.
+
+    from fedlight.plugin import Algorithm, RoundUpdates, ClientModels, Trained
+
+| module | what it holds |
+|---|---|
+| `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg |
+| `server` | `ServerContext`: the services an algorithm may use (data, running the model, group training, layer masks, randomness) |
+| `updates`, `round_updates` | `Updates` (stacked rows of trained models) and `RoundUpdates` (a round's, streamed or held) |
+| `collective` | `Processes`: the collectives a round's updates use (the engine's `Collective` meets it), `OneProcess` |
+| `training_stats` | a round's training losses and logged values, reduced in client order |
+| `client_state`, `spill` | `ClientState`: a per-client tensor the engine keeps for an algorithm (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |
+| `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
+| `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction` |
+| `extension` | `RoundExtension`: hooks at fixed points of the set-up and the round for what a run adds around it |
+| `round_log` | what an algorithm records as it acts (`Algorithm.log`, `log_matrix`) |
+| `data` | the data contract: `ClientSplit`, `FederatedData`, what a data module gives |
+| `evaluation` | per-client metrics and their summaries (mean, spread, worst client) |
+
+What an algorithm may import is this package and `fedlight.cluster` (tests/test_layout.py checks `algorithms/`).
+"""
+from fedlight.plugin.aggregation import ClientModels, ClusterAverage
+from fedlight.plugin.algorithm import Algorithm
+from fedlight.plugin.client_state import ClientState
+from fedlight.plugin.data import ClientSplit, FederatedData
+from fedlight.plugin.evaluation import summarize
+from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.newcomers import Newcomers, nearest_update_direction, unit_rows
+from fedlight.plugin.round_updates import RoundUpdates
+from fedlight.plugin.server import ServerContext
+from fedlight.plugin.updates import Updates
+from fedlight.training.group_batches import GroupStep
+from fedlight.training.layer_masks import half_step
+from fedlight.training.local_work import LocalWork
+from fedlight.training.sequential import Trained
+from fedlight.training.vectorized import GroupHook
+
+__all__ = ["Algorithm", "ClientModels", "ClientSplit", "ClientState", "ClusterAverage", "FederatedData", "GroupHook",
+           "GroupStep", "LocalWork", "Newcomers", "RoundExtension", "RoundUpdates", "ServerContext", "Trained",
+           "Updates", "half_step", "nearest_update_direction", "summarize", "unit_rows"]
