@@ -66,10 +66,13 @@ class SCAFFOLD(Algorithm):
         self.client_controls = server.client_state("client_controls", initial=self.models.new_zeros(d))
         self.parameter_entries = server.parameter_mask().to(server.device)
         self.steps = torch.tensor([server.local_steps(c) for c in range(n)], device=server.device)
+        self.training_controls: dict[int, Tensor] = {}  # c_i of the clients training now: read once, not every step
 
     def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
         """g + c - c_i."""
-        grad.add_(self.control).sub_(self.client_controls[client])
+        if client not in self.training_controls:
+            self.training_controls[client] = self.client_controls[client]
+        grad.add_(self.control).sub_(self.training_controls[client])
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Option II's c_i+ for every client of the round, then x <- x + eta_g mean(y_i - x) and
@@ -82,6 +85,8 @@ class SCAFFOLD(Algorithm):
         ids, rows = [x.new_zeros(0, dtype=torch.long)], [x.new_zeros(0, len(x))]
         for group in updates.groups():
             old = self.client_controls.read(group.clients)
+            for client in group.clients.tolist():  # trained: its c_i is not needed again this round
+                self.training_controls.pop(client, None)
             scale = (self.steps[group.clients] * rate).to(x.dtype)[:, None]
             new = old - self.control + torch.where(self.parameter_entries, (x - group.params) / scale, 0)
             total += len(group)
@@ -90,6 +95,7 @@ class SCAFFOLD(Algorithm):
             ids.append(group.clients)
             rows.append(new)
             del group
+        self.training_controls.clear()  # and those of clients left out
         updates.sum_over_processes_(total, model_sum, control_change)
         clients, controls = (updates.cat_over_processes(torch.cat(part)) for part in (ids, rows))
         self.client_controls.write(clients, controls)

@@ -10,6 +10,7 @@ checkpoints have been taken (the runner keeps two: last.ckpt and previous.ckpt),
 from __future__ import annotations
 
 import heapq
+import mmap
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,8 @@ class SpillFile:
     def __init__(self, path: Callable[[], Path], row_bytes: int) -> None:
         self._path_of, self.row_bytes = path, row_bytes
         self.path: Path | None = None
-        self._map: np.memmap | None = None
+        self._mmap: mmap.mmap | None = None   # the file, mapped shared
+        self._rows: np.ndarray | None = None  # (capacity, row_bytes) uint8 view of it
         self._capacity = 0
         self.next_slot = 0                      # slots [0, next_slot) have been written at least once
         self.free: list[int] = []               # a heap: slots no kept checkpoint refers to
@@ -68,16 +70,26 @@ class SpillFile:
     def write(self, slots: list[int], rows: torch.Tensor) -> None:
         """Write (len(slots), row_bytes) uint8 rows into their slots."""
         self._ensure(max(slots) + 1)
-        self._map[np.asarray(slots)] = rows.numpy()
+        self._rows[np.asarray(slots)] = rows.numpy()
+        self._release_pages()
 
     def read(self, slots: list[int]) -> torch.Tensor:
         """(len(slots), row_bytes) uint8 rows, copied out of the file."""
         self._ensure(0)
-        return torch.from_numpy(np.asarray(self._map[np.asarray(slots)]))
+        rows = torch.from_numpy(self._rows[np.asarray(slots)])
+        self._release_pages()
+        return rows
 
     def flush(self) -> None:
-        if self._map is not None:
-            self._map.flush()
+        if self._mmap is not None:
+            self._mmap.flush()
+
+    def _release_pages(self) -> None:
+        """Take the file's pages out of this process's memory. The mapping is shared, so every row stays in the
+        file (and in the kernel's page cache until the kernel writes it back and reclaims it): the process's
+        resident memory grows with the memory budget, not with the rows spilled."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED)
 
     def _ensure(self, slots: int) -> None:
         """Open the file (creating it and its folder on the first spill) and grow it to hold `slots` slots."""
@@ -85,15 +97,19 @@ class SpillFile:
             self.path = self._path_of()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.touch()
-        if self._map is not None and slots <= self._capacity:
+        if self._mmap is not None and slots <= self._capacity:
             return
         size = os.path.getsize(self.path) // self.row_bytes
         capacity = max(size, 1) if slots <= size else max(slots, 2 * self._capacity, 8)
-        if capacity * self.row_bytes > os.path.getsize(self.path):
+        if self._mmap is not None:
             self.flush()
-            self._map = None
+            self._rows = None  # the only view of the old mapping, which can then be closed
+            self._mmap.close()
+        if capacity * self.row_bytes > os.path.getsize(self.path):
             os.truncate(self.path, capacity * self.row_bytes)  # grows a sparse file: no disk is used until written
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(capacity, self.row_bytes))
+        with open(self.path, "r+b") as file:
+            self._mmap = mmap.mmap(file.fileno(), capacity * self.row_bytes)
+        self._rows = np.frombuffer(self._mmap, dtype=np.uint8).reshape(capacity, self.row_bytes)
         self._capacity = capacity
 
     def relocate(self, path: Callable[[], Path]) -> None:
