@@ -88,7 +88,9 @@ class SCAFFOLD(Algorithm):
             for client in group.clients.tolist():  # trained: its c_i is not needed again this round
                 self.training_controls.pop(client, None)
             scale = (self.steps[group.clients] * rate).to(x.dtype)[:, None]
-            new = old - self.control + torch.where(self.parameter_entries, (x - group.params) / scale, 0)
+            drift = torch.sub(x, group.params).div_(scale).masked_fill_(~self.parameter_entries, 0)  # in place: a
+            new = old.sub(self.control).add_(drift)  # group of large models holds few (clients x parameters) copies
+            del drift
             total += len(group)
             model_sum += group.params.sum(0, dtype=torch.float64)
             control_change += (new - old).sum(0, dtype=torch.float64)
