@@ -42,24 +42,26 @@ def configs_under(folders: list[Path]) -> list[Path]:
 
 def run(config: Path, vectorize: str, rounds: int, folder: Path, extra: tuple[str, ...] = (),
         launcher: tuple[str, ...] = ("-m", "fedlight"), env: dict[str, str] | None = None,
-        timeout: float | None = None, max_mb: float | None = None, repeat: int = 0, name: str | None = None) -> dict:
+        timeout: float | None = None, max_mb: float | None = None, repeat: int = 0, name: str | None = None,
+        checkout: Path = ROOT, python: str = sys.executable) -> dict:
     """One fresh process: seconds per round (its rounds' times), its wall time, peak resident memory, summary.
     `extra` options follow the command's own; `launcher` is what follows `python` (`-m fedlight`); a run past
     `timeout` seconds or `max_mb` of resident memory is stopped, and its wall time and peak memory until then
     are reported with the error; `repeat` numbers a repetition (its own run folder and empty probe cache); `name`
-    names the run folder (default: the config's path and `vectorize`). (Linux
+    names the run folder (default: the config's path and `vectorize`); `checkout` and `python` run another copy of
+    fedlight (an older commit's, to compare) with its own interpreter. (Linux
     counts in a child's peak the pages of this process it starts with, so the caller keeps its own peak below the
     runs'.)"""
     name = name or f"{config.relative_to(ROOT).with_suffix('').as_posix().replace('/', '_')}-{vectorize}"
     name += f"-r{repeat}" if repeat else ""
     env = {**os.environ, "WANDB_MODE": "offline", "FEDLIGHT_CACHE_DIR": str(folder / f"cache-{name}"), **(env or {})}
-    command = [sys.executable, *launcher, "fit", "--config", str(config), "--federation.rounds", str(rounds),
+    command = [python, *launcher, "fit", "--config", str(config), "--federation.rounds", str(rounds),
                "--federation.vectorize", vectorize, "--logger.wandb", "false", "--output_dir", str(folder),
                "--run_name", name, *extra]
     errors = folder / f"{name}.err"
     started = time.perf_counter()
     with errors.open("w") as err:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        process = subprocess.Popen(command, cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=err)
         status, usage = wait_for(process, timeout, max_mb)  # this child's own peak memory, not every child's
     wall = time.perf_counter() - started
     measured = {"wall_s": wall, "peak_mb": usage.ru_maxrss / 1024}

@@ -109,10 +109,13 @@ class GroupTraining:
 
     def loss_and_grads(self, params: Tensor, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
         """(losses, flat gradients) of k models on their batches through the vectorized trainer, or None when
-        clients train one after another (the caller then loops). Under auto before the probe has decided, the
-        vectorized trainer is used: a custom loop's steps are the same computation either way."""
+        clients train one after another (the caller then loops). Under auto, a group loop trains vectorized from its
+        first step on (the plan then says so): the probe times `train_many` calls, which a group loop does not make."""
         if self.vectorized is None:
             return None
+        if self.choice == "auto":  # a group loop has no sequential twin to time: it runs vectorized, and says so
+            self.choice = "vectorized"
+            self.on_choice(self.choice, None)
         try:
             return self.vectorized.loss_and_grads(params, x, y, step)
         except Exception as error:  # the module's step fails under torch.func: one model after another from now
