@@ -47,35 +47,14 @@ class LeafCNN(nn.Module):
 def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path, memory: float | None) -> dict:
     """One federation in this process; its peak resident memory and round times."""
     from fedlight import Federation, FederationConfig
-    from fedlight.datamodules.base import FederatedDataModule
     from fedlight.models import Classifier
-
-    class FemnistShaped(FederatedDataModule):
-        """`samples` random 1x28x28 uint8 images a client with 62 random labels, all for training."""
-
-        def __init__(self, num_clients: int, samples: int) -> None:
-            super().__init__(num_clients=num_clients, val_fraction=0.0, test_fraction=0.0)
-            self.samples = samples
-
-        @property
-        def num_classes(self) -> int:
-            return 62
-
-        def load_pool(self):
-            g = torch.Generator().manual_seed(0)
-            n = self.num_clients * self.samples
-            return (torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=g),
-                    torch.randint(0, 62, (n,), generator=g))
-
-        def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
-            x, y = batch
-            return x.float().div_(255.0), y
+    from random_data import RandomImages  # benchmarks/ is on the path: this file's folder
 
     module_name, class_name = METHODS[method].split(":")
     algorithm = getattr(__import__(module_name, fromlist=[class_name]), class_name)(participation=per_round / clients)
     torch.manual_seed(0)
     model = Classifier(LeafCNN(62), lr=0.1)
-    data = FemnistShaped(num_clients=clients, samples=10)
+    data = RandomImages(clients, 10, classes=62, uint8=True)  # FEMNIST's shapes, classes and storage
     config = FederationConfig(rounds=rounds, batch_size=20, accelerator="cpu", eval_every=rounds, eval_split="train",
                               eval_batch_size=512, client_state_memory=memory)
     started = time.perf_counter()

@@ -7,22 +7,27 @@ from fedlight.datamodules.base import FederatedDataModule
 
 
 class RandomImages(FederatedDataModule):
-    """`samples` random (channels, size, size) images with 10 labels per client, cut IID into clients."""
+    """`samples` random (channels, size, size) images per client with `classes` random labels, cut IID into clients;
+    `uint8` stores them as bytes (MNIST's and FEMNIST's storage), converted to [0, 1] floats batch by batch."""
 
     def __init__(self, num_clients: int, samples: int, channels: int = 1, size: int = 28,
-                 test_fraction: float = 0.0) -> None:
+                 test_fraction: float = 0.0, classes: int = 10, uint8: bool = False) -> None:
         super().__init__(num_clients=num_clients, val_fraction=0.0, test_fraction=test_fraction)
-        self.samples, self.channels, self.size = samples, channels, size
+        self.samples, self.channels, self.size, self.classes, self.uint8 = samples, channels, size, classes, uint8
 
     @property
     def num_classes(self) -> int:
-        return 10
+        return self.classes
 
     def load_pool(self):
         g = torch.Generator().manual_seed(0)
-        n = self.num_clients * self.samples
-        return (torch.rand(n, self.channels, self.size, self.size, generator=g),
-                torch.randint(0, 10, (n,), generator=g))
+        n, shape = self.num_clients * self.samples, (self.num_clients * self.samples, self.channels, self.size, self.size)
+        x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g) if self.uint8 else torch.rand(shape, generator=g)
+        return x, torch.randint(0, self.classes, (n,), generator=g)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
+        x, y = batch
+        return (x.float().div_(255.0) if self.uint8 else x), y
 
 
 class MnistLike(FederatedDataModule):
@@ -48,3 +53,4 @@ class MnistLike(FederatedDataModule):
     def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
         x, y = batch
         return x.float().div_(255.0), y
+
