@@ -103,9 +103,7 @@ class FedEM(Algorithm):
 
     def sample_losses(self, client: int) -> Tensor:
         """(M, samples) every component's cross-entropy on each of the client's training samples."""
-        x, y = self.server.split("train").client(client)
-        return torch.stack([F.cross_entropy(self.server.predict(theta, x), y, reduction="none")
-                            for theta in self.models])
+        return self.server.clients.sample_losses(self.models, [client])[0]
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """E-step, M-step of the mixture weights, and every component's weighted training, one group call per

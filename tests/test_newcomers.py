@@ -29,6 +29,7 @@ from fedlight.plugin.evaluation import per_cluster_means
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.engine.held_out import HeldOutClients
 from fedlight.plugin.newcomers import Newcomers, nearest_update_direction
+from fedlight.plugin.population import ClientPopulation
 from fedlight.models import CentroidModel, Classifier, SmallCNN
 from fedlight.run.cli import main
 from fedlight.run.recorder import client_rows
@@ -393,6 +394,22 @@ def test_a_newcomers_local_work_is_seeded_by_the_round_and_its_purpose():
     assert torch.allclose(losses[0], F.cross_entropy(fed.server.predict(start, x), y, reduction="none"))
     assert torch.allclose(newcomers.losses(fed.algorithm.models)[0],
                           torch.stack([losses[0][rows == j].mean() for j in range(2)]))
+
+
+def test_training_clients_and_newcomers_are_one_population_class():
+    fed = federation(FedAvg(), rounds=1)
+    server, models = fed.server, fed.server.initial_params[None]
+    assert type(server.clients) is type(held_out(fed).population) is ClientPopulation
+    assert server.clients.count == server.num_clients and torch.equal(server.clients.train_sizes, server.train_sizes)
+    losses, owner = server.clients.sample_losses(models, [2, 0])  # two clients' rows, client 2's first
+    x2, y2 = server.split("train").client(2)
+    x0, y0 = server.split("train").client(0)
+    assert owner.tolist() == [2] * len(y2) + [0] * len(y0)
+    by_hand = [F.cross_entropy(server.predict(models[0], x), y, reduction="none") for x, y in ((x2, y2), (x0, y0))]
+    assert torch.allclose(losses[0], torch.cat(by_hand))
+    assert torch.allclose(server.client_losses(models)[0, 2], by_hand[0].mean())
+    params, _ = server.train(1, 2, models[0])
+    assert torch.equal(params, server.clients.train(1, 2, models[0]).params)
 
 
 def test_the_console_prints_the_held_out_clients_apart():

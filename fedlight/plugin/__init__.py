@@ -11,6 +11,7 @@
 | `training_stats` | a round's training losses and logged values, reduced in client order |
 | `client_state`, `spill` | `ClientState`: a per-client tensor the engine keeps for an algorithm (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
+| `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction` |
 | `extension` | `RoundExtension`: hooks at fixed points of the set-up and the round for what a run adds around it |
 | `round_log` | what an algorithm records as it acts (`Algorithm.log`, `log_matrix`) |
@@ -26,6 +27,7 @@ from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.evaluation import summarize
 from fedlight.plugin.extension import RoundExtension
 from fedlight.plugin.newcomers import Newcomers, nearest_update_direction, unit_rows
+from fedlight.plugin.population import ClientPopulation
 from fedlight.plugin.round_updates import RoundUpdates
 from fedlight.plugin.server import ServerContext
 from fedlight.plugin.updates import Updates
@@ -35,6 +37,6 @@ from fedlight.training.local_work import LocalWork
 from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
 
-__all__ = ["Algorithm", "ClientModels", "ClientSplit", "ClientState", "ClusterAverage", "FederatedData", "GroupHook",
-           "GroupStep", "LocalWork", "Newcomers", "RoundExtension", "RoundUpdates", "ServerContext", "Trained",
-           "Updates", "half_step", "nearest_update_direction", "summarize", "unit_rows"]
+__all__ = ["Algorithm", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
+           "FederatedData", "GroupHook", "GroupStep", "LocalWork", "Newcomers", "RoundExtension", "RoundUpdates",
+           "ServerContext", "Trained", "Updates", "half_step", "nearest_update_direction", "summarize", "unit_rows"]

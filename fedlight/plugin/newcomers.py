@@ -2,7 +2,9 @@
 model at each evaluation by `Algorithm.newcomer_models` and scored apart from the training clients (`unseen/*`).
 
 `Newcomers` is what an algorithm sees of them: their data and ways to run a model on it, never their labels'
-ground-truth clusters (the engine's implementation: `fedlight.engine.held_out.HeldOutClients`). A newcomer's local work (training from a start, its batches) is seeded by (seed, round,
+ground-truth clusters. The engine's implementation, `fedlight.engine.held_out.HeldOutClients`, is a
+`ClientPopulation` (`fedlight.plugin.population`, the class of the training clients, `ServerContext.clients`) at the
+round being evaluated. A newcomer's local work (training from a start, its batches) is seeded by (seed, round,
 newcomer, purpose), so an evaluation repeats exactly in a resumed run.
 """
 from __future__ import annotations

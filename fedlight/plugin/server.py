@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.plugin.client_state import ClientState, ClientStates, Initial
 from fedlight.plugin.data import ClientSplit, FederatedData
+from fedlight.plugin.population import ClientPopulation, GroupTrainer
 from fedlight.plugin.round_log import RoundLog
 from fedlight.training.flat import FlatModel
-from fedlight.training.group_batches import GroupStep, group_steps
+from fedlight.training.group_batches import GroupStep
 from fedlight.training.layer_masks import layer_count_mask
 from fedlight.training.local_work import LocalWork
 from fedlight.training.sequential import ClientTrainer, GradientHook, Trained
@@ -39,21 +39,6 @@ def stream_seed(*parts: int | str) -> list[int]:
     return [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
 
 
-@torch.no_grad()
-def split_losses(predict: Callable[[Tensor, Tensor], Tensor], models: Tensor, data: ClientSplit,
-                 client_of_row: Tensor) -> Tensor:
-    """(K, clients) mean cross-entropy of each of K flat models on each client's rows of a split, one batched pass
-    per model (NaN for a client without rows): `ServerContext.client_losses` of the training clients, and
-    `HeldOutClients.losses` of the newcomers."""
-    num_clients = data.num_clients
-    counts = torch.bincount(client_of_row, minlength=num_clients)
-    losses = torch.empty(len(models), num_clients, device=data.y.device)
-    for j, params in enumerate(models):
-        per_row = F.cross_entropy(predict(params, data.x), data.y, reduction="none")
-        losses[j] = torch.bincount(client_of_row, weights=per_row, minlength=num_clients) / counts
-    return losses
-
-
 class ServerContext:
     """The run as an algorithm sees it. Tensors are on `device`; flat models are vectors of `num_params` entries.
 
@@ -64,6 +49,8 @@ class ServerContext:
         rounds: rounds the run is configured for.
         eval_split: the client split evaluation reports on ("test", "val" or "train").
         initial_params: the model's initial flat parameters (do not write into it; clone first).
+        clients: the training clients as a `ClientPopulation` (sizes, splits, losses, per-sample losses, local
+            training), the same class as the engine's newcomers; the methods below on them delegate to it.
         train_sizes: (num_clients,) training-set sizes, the usual averaging weights.
         public_x: the server's unlabelled public data, or None when the data module holds none out.
         model: the LightningModule clients train; read its attributes (e.g. a centroid model's k), but change
@@ -75,28 +62,28 @@ class ServerContext:
                  fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
                  eval_batch_size: int, client_states: ClientStates,
                  aggregation: "ClusterAggregation") -> None:
-        self._data, self._flat, self._trainer, self._fabric = data, flat, trainer, fabric
+        self._flat, self._trainer, self._fabric = flat, trainer, fabric
         self._transform, self._eval_batch_size = transform, eval_batch_size
         self.model = model
         self.seed, self.rounds, self.eval_split = seed, rounds, eval_split
-        self.num_clients = data.num_clients
         self.device = fabric.device
+        self.clients = ClientPopulation(data, self.predict, trainer, self.client_seed)
+        self.num_clients = self.clients.count
         self.initial_params = flat.read()
-        self.train_sizes = torch.as_tensor(data.train.sizes(), device=self.device)
+        self.train_sizes = self.clients.train_sizes
         self.public_x = data.public_x
-        self._rows = {name: data.split(name).client_of_row() for name in ("train", "val", "test")}
         self.round_log = RoundLog()
         self._aggregation = aggregation
         self._client_states = client_states
-        self._train_many: Callable[[int, list[int], Tensor, LocalWork], Trained] | None = None
         self._loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None] | None = None
 
-    def bind_group_training(self, train_many: Callable[[int, list[int], Tensor, LocalWork], Trained],
+    def bind_group_training(self, train_many: GroupTrainer,
                             loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None]
                             ) -> None:
         """The engine's group training (`fedlight.engine.group_training`), which `train_many` and
         `group_loss_and_grad` hand their work to (set by the engine once its plan is made)."""
-        self._train_many, self._loss_and_grads = train_many, loss_and_grads
+        self.clients.bind_group_training(train_many)
+        self._loss_and_grads = loss_and_grads
 
     @property
     def num_params(self) -> int:
@@ -105,11 +92,11 @@ class ServerContext:
     # -- data ------------------------------------------------------------------------------------------
     def split(self, name: str) -> ClientSplit:
         """Every client's samples of split `name` ("train", "val" or "test"), raw (see `inputs`)."""
-        return self._data.split(name)
+        return self.clients.split(name)
 
     def client_of_row(self, split: str) -> Tensor:
         """(rows,) the client each row of split `split` belongs to."""
-        return self._rows[split]
+        return self.clients.client_of_row(split)
 
     def inputs(self, x: Tensor) -> Tensor:
         """Raw samples converted as the model sees them (the data module's on-device batch conversion)."""
@@ -156,7 +143,7 @@ class ServerContext:
         """(K, num_clients) mean cross-entropy of each of K flat models on each client's split, one batched pass
         over the split per model (to pick a model by loss, as IFCA and FLIS do). NaN for a client with no
         samples in the split."""
-        return split_losses(self.predict, models, self.split(split), self._rows[split])
+        return self.clients.losses(models, split)
 
     def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
               gradient_hook: GradientHook | None = None, purpose: str = "train",
@@ -168,10 +155,7 @@ class ServerContext:
         personal model's training beside the global one, fine-tuning). `sample_weights`, one per row of the
         client's training split, replace `training_step`'s loss with the batch mean of weight x cross-entropy of the
         module's outputs (a mixture component's M-step, FedEM)."""
-        x, y = self._data.train.client(client)
-        trained = self._trainer.fit(start, x, y, self.client_seed(round, client, purpose), gradient_hook,
-                                    lr_scale=lr_scale, epochs=epochs, round=max(round, 1),
-                                    sample_weights=sample_weights)
+        trained = self.clients.train(round, client, start, epochs, lr_scale, gradient_hook, purpose, sample_weights)
         return trained.params, trained.loss
 
     def train_many(self, round: int, clients: list[int], starts: Tensor, epochs: int | None = None,
@@ -185,8 +169,8 @@ class ServerContext:
         those entries, the others keep their starting values; `sample_weights` (one tensor per client, a weight
         per row of its training split) weight each sample's cross-entropy; another `purpose` draws another stream
         of batches (`fedlight.training.local_work.LocalWork`)."""
-        return self._train_many(round, list(clients), starts,
-                                LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose))
+        return self.clients.train_many(round, clients, starts,
+                                       LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose))
 
     def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
                       purpose: str = "train") -> Iterator[GroupStep]:
@@ -194,10 +178,7 @@ class ServerContext:
         clients' positions `rows` in `clients`, and their batches stacked, (len(rows), batch, ...), converted as
         the model sees them). Client c's batches are those `batches(round, c, epochs, purpose)` gives, in the same
         order; clients whose last batch is short, or who have no batch left, are in other steps or none."""
-        data = [self._data.train.client(c) for c in clients]
-        seeds = [self.client_seed(round, c, purpose) for c in clients]
-        epochs = self._trainer.local_epochs if epochs is None else epochs
-        return group_steps(data, seeds, self._trainer.batch_size, epochs, self._trainer.batch_transform, self.device)
+        return self.clients.group_batches(round, clients, epochs, purpose)
 
     def group_loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
         """(losses (k,), flat gradients (k, d)) of the module's `training_step` at k flat models, each on its own
@@ -215,8 +196,7 @@ class ServerContext:
         converted as the model sees them: the batches `train` would take in this round for purpose "train", an
         independent stream for any other purpose. With `loss_and_grad` it is what a custom local loop needs
         (APFL, pFedMe, Per-FedAvg)."""
-        x, y = self._data.train.client(client)
-        return self._trainer.batches(x, y, self.client_seed(round, client, purpose), epochs)
+        return self.clients.batches(round, client, epochs, purpose)
 
     def loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
         """(loss, flat gradient) of the module's `training_step` on `batch` at the flat model `params`."""
@@ -224,8 +204,7 @@ class ServerContext:
 
     def local_steps(self, client: int, epochs: int | None = None) -> int:
         """Optimizer steps of one client's local training: its batches times `epochs` (default: the local epochs)."""
-        batches = -(-int(self.train_sizes[client]) // self._trainer.batch_size)
-        return batches * (self._trainer.local_epochs if epochs is None else epochs)
+        return self.clients.local_steps(client, epochs)
 
     def learning_rate(self, round: int) -> float:
         """The clients' configured learning rate at the start of round `round` (the module's optimizer and its

@@ -1,0 +1,133 @@
+"""`ClientPopulation`: one set of clients and their data, run through the federation's module, trainer and seeds.
+
+The training clients (`ServerContext.clients`) and the clients held out of training (the engine's `Newcomers`) are
+two populations of one class, so their sizes, splits, losses, per-sample losses and local training are the same
+code: a newcomer is run exactly as a training client would be.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedlight.plugin.data import SPLITS, ClientSplit, FederatedData
+from fedlight.training.group_batches import GroupStep, group_steps
+from fedlight.training.local_work import LocalWork
+from fedlight.training.sequential import ClientTrainer, GradientHook, Trained
+
+GroupTrainer = Callable[[int, list[int], Tensor, LocalWork], Trained]
+"""(round, clients, starts, work) -> the clients trained as one group (the engine's group training)."""
+
+
+class ClientPopulation:
+    """Clients 0..count-1 of `data` (their own numbering), with ways to run flat models on them.
+
+    Args:
+        data: the clients' samples.
+        predict: (flat model, raw inputs) -> logits (`ServerContext.predict`).
+        trainer: the module's local training (its optimizer, batch size and local epochs).
+        seed_of: (round, client, purpose) -> the seed of a client's local work (`ServerContext.client_seed`).
+        train_group: the engine's group training of these clients (`bind_group_training` sets it later).
+
+    Attributes:
+        count: how many clients there are.
+        train_sizes: (count,) their training-set sizes, on the data's device.
+    """
+
+    def __init__(self, data: FederatedData, predict: Callable[[Tensor, Tensor], Tensor], trainer: ClientTrainer,
+                 seed_of: Callable[[int, int, str], int], train_group: GroupTrainer | None = None) -> None:
+        self.data, self.predict, self.trainer, self.seed_of = data, predict, trainer, seed_of
+        self._train_group = train_group
+        self.count = data.num_clients
+        self.train_sizes = torch.as_tensor(data.train.sizes(), device=data.train.x.device)
+        self._rows = {name: data.split(name).client_of_row() for name in SPLITS}
+
+    def bind_group_training(self, train_group: GroupTrainer) -> None:
+        """The engine's group training, which `train_many` hands its work to (set once the engine's plan is made)."""
+        self._train_group = train_group
+
+    # -- data ------------------------------------------------------------------------------------------------
+    def split(self, name: str) -> ClientSplit:
+        """Every client's samples of split `name` ("train", "val" or "test"), raw."""
+        return self.data.split(name)
+
+    def client_of_row(self, split: str) -> Tensor:
+        """(rows,) the client each row of split `split` belongs to."""
+        return self._rows[split]
+
+    # -- losses ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def losses(self, models: Tensor, split: str = "train") -> Tensor:
+        """(K, count) mean cross-entropy of each of K flat models on each client's split, one batched pass over the
+        split per model (to pick a model by loss: IFCA, FLIS); NaN for a client without samples in the split."""
+        data, owner = self.split(split), self._rows[split]
+        counts = torch.bincount(owner, minlength=self.count)
+        losses = torch.empty(len(models), self.count, device=data.y.device)
+        for j, params in enumerate(models):
+            losses[j] = torch.bincount(owner, weights=self._cross_entropy(params, data.x, data.y),
+                                       minlength=self.count) / counts
+        return losses
+
+    @torch.no_grad()
+    def sample_losses(self, models: Tensor, clients: list[int] | None = None) -> tuple[Tensor, Tensor]:
+        """((K, rows) cross-entropy of each flat model on every training row, (rows,) the client of each row): what
+        a mixture's E-step needs (FedEM). `clients`: only their rows, client after client (default: every row)."""
+        train = self.data.train
+        if clients is None:
+            return self._per_sample(models, train.x, train.y), self._rows["train"]
+        parts = [train.client(c) for c in clients]
+        sizes = torch.as_tensor([len(y) for _, y in parts], device=train.y.device)
+        owner = torch.repeat_interleave(torch.as_tensor(clients, dtype=torch.long, device=train.y.device), sizes)
+        return self._per_sample(models, torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])), owner
+
+    def _per_sample(self, models: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """(K, len(y)) cross-entropy of each flat model on each sample."""
+        if not len(models):
+            return torch.zeros(0, len(y), device=y.device)
+        return torch.stack([self._cross_entropy(params, x, y) for params in models])
+
+    def _cross_entropy(self, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """(len(y),) cross-entropy of one flat model on each sample, in one batched pass (`predict`)."""
+        return F.cross_entropy(self.predict(params, x), y, reduction="none")
+
+    # -- local training --------------------------------------------------------------------------------------
+    def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
+              gradient_hook: GradientHook | None = None, purpose: str = "train",
+              sample_weights: Tensor | None = None) -> Trained:
+        """One client's local training from `start` on its training split, seeded by (round, client, purpose)
+        (`ServerContext.train` says what each argument does); a set-up phase numbered 0 trains at round 1's rates."""
+        x, y = self.data.train.client(client)
+        return self.trainer.fit(start, x, y, self.seed_of(round, client, purpose), gradient_hook, lr_scale=lr_scale,
+                                epochs=epochs, round=max(round, 1), sample_weights=sample_weights)
+
+    def train_many(self, round: int, clients: list[int], starts: Tensor, work: LocalWork = LocalWork()) -> Trained:
+        """`clients` trained from the rows of `starts` as `work` says, as one group (`ServerContext.train_many`)."""
+        if self._train_group is None:
+            raise RuntimeError("ClientPopulation.train_many before the engine bound its group training: "
+                               "call bind_group_training first")
+        return self._train_group(round, list(clients), starts, work)
+
+    def batches(self, round: int, client: int, epochs: int | None = None,
+                purpose: str = "train") -> Iterator[tuple[int, int, Any]]:
+        """(epoch, step, batch) of one client's training split, converted as the model sees them: the batches
+        `train` takes in this round for this purpose."""
+        x, y = self.data.train.client(client)
+        return self.trainer.batches(x, y, self.seed_of(round, client, purpose), epochs)
+
+    def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
+                      purpose: str = "train") -> Iterator[GroupStep]:
+        """The steps of a custom loop of a group of clients at once, each client's batches those `batches` gives it
+        (`ServerContext.group_batches`)."""
+        data = [self.data.train.client(c) for c in clients]
+        seeds = [self.seed_of(round, c, purpose) for c in clients]
+        epochs = self.trainer.local_epochs if epochs is None else epochs
+        return group_steps(data, seeds, self.trainer.batch_size, epochs, self.trainer.batch_transform,
+                           self.train_sizes.device)
+
+    def local_steps(self, client: int, epochs: int | None = None) -> int:
+        """Optimizer steps of one client's local training: its batches times `epochs` (default: the local epochs)."""
+        batches = -(-int(self.train_sizes[client]) // self.trainer.batch_size)
+        return batches * (self.trainer.local_epochs if epochs is None else epochs)
