@@ -251,7 +251,7 @@ def test_clients_without_evaluation_samples_are_left_out_of_the_means_not_counte
     test = fed.data.test
     start = test.bounds[2]  # client 0 and 1 lose their test rows, 2 and 3 keep theirs
     fed.data.test = type(test)(test.x[start:], test.y[start:], [0, 0, 0] + [b - start for b in test.bounds[3:]])
-    fed.server._rows["test"] = fed.data.test.client_of_row()
+    fed.server.clients._rows["test"] = fed.data.test.client_of_row()
     summary, per_client = fed.evaluate()
     acc = per_client["acc"]
     assert np.isnan(acc[:2]).all() and np.isfinite(acc[2:]).all()
