@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fedlight.engine.group_training import CPU_GROUP, GroupTraining  # noqa: F401 (CPU_GROUP: the plan's limit)
+from fedlight.engine.group_training import GroupTraining
 from fedlight.engine.processes import Collective
 from fedlight.plugin.round_updates import RoundUpdates
 from fedlight.plugin.updates import Updates
@@ -180,7 +180,7 @@ class ClientExecution:
     def local_steps(self, clients: list[int]) -> int:
         """Local optimizer steps of the longest of `clients` in a round (its batches times the local epochs)."""
         longest = int(self.server.train_sizes[clients].max()) if clients else 0
-        return max(1, -(-longest // self.config.batch_size) * self.config.local_epochs)
+        return max(1, self.trainer.local_steps(longest))
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any] | None:

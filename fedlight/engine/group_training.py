@@ -254,8 +254,7 @@ class GroupTraining:
     # -- sizes -----------------------------------------------------------------------------------------------
     def local_steps(self, client: int, epochs: int | None = None) -> int:
         """Optimizer steps of one client's local training: its batches times `epochs` (default: the local epochs)."""
-        batches = -(-len(self.train_split.client(client)[1]) // self.config.batch_size)
-        return batches * (self.config.local_epochs if epochs is None else epochs)
+        return self.trainer.local_steps(len(self.train_split.client(client)[1]), epochs)
 
     def group_size(self, clients: int) -> int:
         """Clients trained (vectorized) or aggregated together: `vectorize` when it is a count; otherwise as

@@ -129,5 +129,4 @@ class ClientPopulation:
 
     def local_steps(self, client: int, epochs: int | None = None) -> int:
         """Optimizer steps of one client's local training: its batches times `epochs` (default: the local epochs)."""
-        batches = -(-int(self.train_sizes[client]) // self.trainer.batch_size)
-        return batches * (self.trainer.local_epochs if epochs is None else epochs)
+        return self.trainer.local_steps(int(self.train_sizes[client]), epochs)

@@ -101,6 +101,11 @@ class ClientTrainer:
         self.backward = fabric.backward if self.scaler else Tensor.backward
         self.step = self.optimizer.step if self.scaler else raw.step
 
+    def local_steps(self, samples: int, epochs: int | None = None) -> int:
+        """Optimizer steps of local training on `samples` rows: the batches times `epochs` (default: the local
+        epochs)."""
+        return -(-samples // self.batch_size) * (self.local_epochs if epochs is None else epochs)
+
     def reset_optimizer(self) -> None:
         """Forget momentum/Adam statistics and restore the configured hyper-parameters."""
         self.raw_optimizer.state.clear()
