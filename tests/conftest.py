@@ -9,6 +9,8 @@ for _var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR
     os.environ.setdefault(_var, _wandb_home)
 
 import pytest  # noqa: E402
+
+import fedlight  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads, see fedlight/__init__)
 import torch  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models: no gain from intra-op threads, and no stalls on a loaded machine

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fedlight as fedlight_package
+from _prestarted import Prestarted, ranks_env
 from conftest import small_federation
 from fedlight.engine.processes import Collective
 
@@ -31,15 +32,23 @@ EXACT = ["--federation.vectorize", "0"]  # with OMP_NUM_THREADS=1, see the modul
 
 
 def fedlight(args: list[str], cwd: Path, threads: int | None = 1, launcher: list[str] | None = None) -> None:
-    """`python -m fedlight ARGS` in `cwd`, or the fedlight module started by `launcher`."""
+    """`python -m fedlight ARGS` in `cwd`, or the fedlight module started by `launcher` (real interpreters). Without a
+    launcher, a run over two processes starts both as a launcher (torchrun) would, forked from the preloaded
+    server (`tests/_prestarted.py`); with `--resume` fedlight's own launcher starts the second process."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     env.pop("OMP_NUM_THREADS", None)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    command = [*(launcher or [sys.executable, "-m", "fedlight"]), *args]
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "deprecated" not in result.stderr, result.stderr[-3000:]  # the collectives print no warning per call
+    if launcher is None:
+        two = "--federation.devices" in args and args[args.index("--federation.devices") + 1] == "2"
+        processes = [Prestarted(args, cwd, e) for e in (ranks_env(env) if two else [env])]
+        results = [(p, *p.communicate(timeout=600)) for p in processes]
+    else:
+        result = subprocess.run([*launcher, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        results = [(result, result.stdout, result.stderr)]
+    for process, _, err in results:
+        assert process.returncode == 0, err[-3000:]
+        assert "deprecated" not in err, err[-3000:]  # the collectives print no warning per call
 
 
 def in_this_process(args: list[str], cwd: Path, threads: int | None = 1) -> None:
@@ -123,9 +132,8 @@ def test_processes_started_by_slurm_read_their_ranks_from_its_environment(tmp_pa
     slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "fedlight",
              "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4321", "MASTER_PORT": str(20000 + os.getpid() % 5000),
              "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    tasks = [subprocess.Popen([sys.executable, "-m", "fedlight", *args, "--run_name", "srun", "--federation.devices", "2"],
-                              cwd=tmp_path, env={**os.environ, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    tasks = [Prestarted([*args, "--run_name", "srun", "--federation.devices", "2"], tmp_path,
+                        {**os.environ, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}) for r in range(2)]
     for task in tasks:
         _, err = task.communicate(timeout=600)
         assert task.returncode == 0, err[-3000:]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from _prestarted import Prestarted
+
 pytestmark = pytest.mark.slow  # real processes: skipped by `pytest -m "not slow"`
 
 ROUNDS = 8
@@ -25,10 +27,10 @@ RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clie
        "--federation.vectorize", "6", "--logger.wandb", "false"]  # a fixed path: runs are compared exactly
 
 
-def fedlight(args: list[str], cwd: Path) -> subprocess.Popen:
+def fedlight(args: list[str], cwd: Path) -> Prestarted:
+    """A real `python -m fedlight ARGS` process, forked from the preloaded server (`tests/_prestarted.py`)."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "fedlight", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return Prestarted(args, cwd, env)
 
 
 def finished(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -49,7 +51,7 @@ def rounds_done(run: Path) -> int:
         return 0
 
 
-def kill_after(process: subprocess.Popen, run: Path, rounds: int, delay: float) -> None:
+def kill_after(process: Prestarted, run: Path, rounds: int, delay: float) -> None:
     """SIGKILL once `rounds` rounds are in metrics.csv, `delay` seconds later (or when the run ends first)."""
     while rounds_done(run) < rounds and process.poll() is None:
         time.sleep(0.02)
@@ -113,7 +115,9 @@ def test_output_to_a_pipe_is_plain_lines_with_the_clustering_events(tmp_path):
 
 
 def test_ctrl_c_while_the_modules_load_prints_one_line(tmp_path):
-    process = fedlight(["list"], tmp_path)
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "fedlight", "list"], cwd=tmp_path, env=env,  # a real start-up
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.8)  # importing torch and Lightning takes seconds: the signal lands during the imports
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)

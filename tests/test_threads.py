@@ -75,3 +75,30 @@ def test_federation_threads_below_one_is_refused():
     from fedlight.engine.config import FederationConfig
     with pytest.raises(ValueError, match="federation.threads"):
         FederationConfig(threads=0)
+
+
+WAIT_POLICY_PROBE = "import os, sys, fedlight; print(os.environ['OMP_WAIT_POLICY'], fedlight.WAIT_POLICY_SET)"
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE True"), ("ACTIVE", "ACTIVE False")])
+def test_importing_fedlight_makes_idle_openmp_threads_sleep_unless_the_user_chose(given, expected):
+    """Set before torch loads (libgomp reads it then): spinning threads of runs sharing cores cost 10x (README)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    out = subprocess.run([sys.executable, "-c", WAIT_POLICY_PROBE], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert " ".join(out) == expected
+
+
+def test_a_program_that_loaded_torch_first_is_told_fedlight_did_not_choose_its_policy():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", "import torch; " + WAIT_POLICY_PROBE], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == ["PASSIVE", "False"]  # its own threads keep torch's policy; the processes it starts get passive

@@ -1,19 +1,20 @@
 """`fedlight tune` as processes: two on one SQLite study (Optuna's distributed mode on one machine) finish the
 study's total between them, every counted trial run once in its own folder and none counted twice; and a real
-Ctrl-C leaves a study that the same command resumes, the interrupted trial's run continued from its checkpoint."""
+Ctrl-C leaves a study that the same command resumes, the interrupted trial's run continued from its checkpoint.
+The processes are forked from a preloaded server (`tests/_prestarted.py`)."""
 from __future__ import annotations
 
 import csv
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
+
+from _prestarted import Prestarted, fedlight_result
 
 TRIALS = 4
 
@@ -26,8 +27,7 @@ def test_two_processes_sharing_one_sqlite_study_finish_its_trials_between_them(t
     args = ["tune", *tiny_run_args[1:], "--space", str(space), "--trials", str(TRIALS), "--storage", storage,
             "--study", "shared", "--federation.rounds", "2", "--pruner", "none", "--sampler", "random"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "JSONARGPARSE_DEPRECATION_WARNINGS": "off"}
-    processes = [subprocess.Popen([sys.executable, "-m", "fedlight", *args], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    processes = [Prestarted(args, Path.cwd(), env) for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in processes]
     for process, (out, err) in zip(processes, outputs):
         assert process.returncode == 0, err[-2000:]
@@ -48,11 +48,11 @@ def test_two_processes_sharing_one_sqlite_study_finish_its_trials_between_them(t
 def test_ctrl_c_during_a_trial_exits_130_and_the_same_command_resumes_that_trials_run(tmp_path, tiny_run_args):
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({"params": {"model.init_args.lr": {"type": "float", "low": 0.02, "high": 0.2}}}))
-    args = [sys.executable, "-m", "fedlight", "tune", *tiny_run_args[1:], "--space", str(space), "--trials", "2",
+    args = ["tune", *tiny_run_args[1:], "--space", str(space), "--trials", "2",
             "--study", "c", "--federation.rounds", "8", "--pruner", "none", "--sampler_seed", "0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "JSONARGPARSE_DEPRECATION_WARNINGS": "off"}
     folder = tmp_path / "tune-c" / "trial-0001"
-    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = Prestarted(args, Path.cwd(), env)
     deadline = time.monotonic() + 300
     while not list(folder.glob("checkpoints/*")) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -62,7 +62,7 @@ def test_ctrl_c_during_a_trial_exits_130_and_the_same_command_resumes_that_trial
     rounds_before = len((folder / "metrics.csv").read_text().splitlines()) - 1
     assert 1 <= rounds_before < 8  # stopped inside trial 1
 
-    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    again = fedlight_result(args, Path.cwd(), env)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "continuing trial 1" in again.stdout
     trials = sorted(optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'tune-c' / 'study.db'}").trials,
