@@ -393,12 +393,20 @@ class VectorizedTrainer:
     def _apply_hook(self, hook: GroupHook, order: list[int], rows: range, params: Tensor, grads: list[Tensor],
                     starts: Tensor) -> list[Tensor]:
         """Run the gradient correction on the full-length flat rows (buffers included) of a range of rows at once;
-        the hook is told the clients' positions as given to `fit_many` (`order` maps sorted rows back)."""
+        the hook is told the clients' positions as given to `fit_many` (`order` maps sorted rows back). When the
+        flat rows hold parameters only (no buffers), the rows are `params` themselves: the hook sees views of them
+        and of the starts and one concatenated gradient, with no full-length copies (a quarter of Ditto's
+        training time went into them)."""
         mask = self.param_mask
         k = len(rows)
+        positions = [order[row] for row in rows]
+        if not self.buffer_entries:
+            flat_grad = torch.cat([g.reshape(k, -1) for g in grads], dim=1)
+            hook(positions, params[rows.start: rows.stop], flat_grad, starts[rows.start: rows.stop])
+            return self._tensor_views(flat_grad, range(0, k))
         full = starts[rows.start: rows.stop].clone()
         full[:, mask] = params[rows.start: rows.stop]
         scratch = torch.zeros_like(full)
         scratch[:, mask] = torch.cat([g.reshape(k, -1) for g in grads], dim=1).to(scratch.dtype)
-        hook([order[row] for row in rows], full, scratch, starts[rows.start: rows.stop])
+        hook(positions, full, scratch, starts[rows.start: rows.stop])
         return self._tensor_views(scratch[:, mask].contiguous(), range(0, k))
