@@ -5,6 +5,10 @@ LEAF (`github.com/TalwalkarLab/leaf`, `data/femnist/preprocess.sh`) writes `trai
 `{"users": [...], "num_samples": [...], "user_data": {user: {"x": [[784 floats]], "y": [int]}}}`.
 Pixels are k/255 (1.0 = white background), so they are stored losslessly as uint8 (N, 1, 28, 28) and
 scaled back per batch on the device.
+
+Parsing LEAF's JSON (a text float per pixel; 3,550 writers, 805,263 images at full size) is slow, so the parsed
+writers are cached once in an array file beside the data (`fedlight.datamodules.femnist_cache`): later loads read
+that, memory-mapped, and give exactly the same pool; changing a JSON file makes the next load rebuild it.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 from torch import Tensor
 
 from fedlight.datamodules.base import OFFICIAL_TEST, OFFICIAL_TRAIN, FederatedDataModule
+from fedlight.datamodules.femnist_cache import LeafWriters, cached_writers
 from fedlight.datamodules.partition import Natural, PartitionScheme
 from fedlight.datamodules.support import ImageBatches, check_channels, corrupt, require
 
@@ -47,6 +52,9 @@ class FEMNISTFederated(FederatedDataModule):
         official_splits: use LEAF's per-writer train/test split (see above); False pools both and re-splits
             by `val_fraction` / `test_fraction`.
         download: FEMNIST cannot be downloaded directly; True only explains how to make the files.
+        cache: keep the parsed writers in a cache file (`fedlight-cache/` in `root`, or the machine's cache folder
+            when `root` cannot be written) and read them from there while the JSON files are unchanged; False
+            parses the JSON every time and writes nothing.
         normalize, mean, std: optional per-batch normalization after scaling to [0, 1] (off by default, as LEAF).
         val_fraction, test_fraction, public_size, split_seed: as in FederatedDataModule.
     """
@@ -54,8 +62,8 @@ class FEMNISTFederated(FederatedDataModule):
     def __init__(self, root: str, num_writers: int | None = None, min_samples: int = 0,
                  writer_order: str = "random", writer_seed: int = 0, num_clients: int | None = None,
                  partition: PartitionScheme | None = None, official_splits: bool = True, download: bool = False,
-                 normalize: bool = False, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                 **kwargs) -> None:
+                 cache: bool = True, normalize: bool = False, mean: Sequence[float] | None = None,
+                 std: Sequence[float] | None = None, **kwargs) -> None:
         if num_writers is not None and num_writers < 1:
             raise ValueError(f"num_writers must be at least 1 (or None for all), got {num_writers}")
         if min_samples < 0:
@@ -67,7 +75,7 @@ class FEMNISTFederated(FederatedDataModule):
         self.clients_per_writer = num_clients is None
         self.root, self.num_writers, self.min_samples = Path(root), num_writers, min_samples
         self.writer_order, self.writer_seed = writer_order, writer_seed
-        self.official_splits, self.download = official_splits, download
+        self.official_splits, self.download, self.cache = official_splits, download, cache
         if normalize:
             mean, std = (mean or [0.5]), (std or [0.5])
             check_channels(mean, 1, "mean")
@@ -87,12 +95,23 @@ class FEMNISTFederated(FederatedDataModule):
             return [(train, OFFICIAL_TRAIN), (test, OFFICIAL_TEST)]
         return [(all_data, OFFICIAL_TRAIN)]
 
-    def _read_folder(self, folder: Path, code: int, out: dict[str, list]) -> None:
-        place = PLACE.format(root=self.root)
-        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-        if not files:
-            require(folder / "*.json", LEAF, place)
-        for path in files:
+    def json_files(self) -> list[tuple[Path, int]]:
+        """LEAF's JSON files in reading order, each with its folder's split code; a folder without any stops with
+        its expected path and how to make the files."""
+        files = []
+        for folder, code in self._folders():
+            found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+            if not found:
+                require(folder / "*.json", LEAF, PLACE.format(root=self.root))
+            files += [(path, code) for path in found]
+        return files
+
+    def parse_json(self, files: list[tuple[Path, int]]) -> LeafWriters:
+        """Every writer's samples in `files`, checked (784 pixels in [0, 1], labels 0..61), each pixel k/255 kept
+        as the uint8 k; a file that is not LEAF's FEMNIST JSON stops with its path."""
+        names: dict[str, int] = {}
+        xs, ys, chunk_writer, chunk_split = [], [], [], []
+        for path, code in files:
             try:
                 with open(path) as f:
                     doc = json.load(f)
@@ -104,9 +123,27 @@ class FEMNISTFederated(FederatedDataModule):
                         raise ValueError(f"writer {user}: x has shape {x.shape}, y {y.shape}; expected (n, 784), (n,)")
                     if len(y) and (y.min() < 0 or y.max() >= 62 or x.min() < 0 or x.max() > 1):
                         raise ValueError(f"writer {user}: labels outside 0..61 or pixels outside [0, 1]")
-                    out.setdefault(user, []).append((np.rint(x * 255).astype(np.uint8), y, code))
+                    xs.append(np.rint(x * 255).astype(np.uint8))
+                    ys.append(y)
+                    chunk_writer.append(names.setdefault(user, len(names)))
+                    chunk_split.append(code)
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
-                raise corrupt(path, f"not LEAF's FEMNIST JSON: {type(e).__name__}: {e}", LEAF, place) from e
+                raise corrupt(path, f"not LEAF's FEMNIST JSON: {type(e).__name__}: {e}", LEAF,
+                              PLACE.format(root=self.root)) from e
+        return LeafWriters(names=np.array(list(names), dtype=str),
+                           x=np.concatenate([np.zeros((0, 784), np.uint8), *xs]),
+                           y=np.concatenate([np.zeros(0, np.int64), *ys]),
+                           chunk_writer=np.array(chunk_writer, dtype=np.int64),
+                           chunk_split=np.array(chunk_split, dtype=np.int8),
+                           offsets=np.cumsum([0] + [len(y) for y in ys], dtype=np.int64))
+
+    def read_writers(self) -> LeafWriters:
+        """Every writer's samples: from the cache of the parsed JSON when it matches the files (`cache`), else parsed
+        (and cached)."""
+        files = self.json_files()
+        if not self.cache:
+            return self.parse_json(files)
+        return cached_writers(self.root, [path for path, _ in files], lambda: self.parse_json(files))
 
     def choose_writers(self, counts: dict[str, int]) -> list[str]:
         """The writers kept, in id order: at least `min_samples` samples, then `num_writers` of them."""
@@ -127,24 +164,15 @@ class FEMNISTFederated(FederatedDataModule):
         if self.download and not any(folder.is_dir() for folder, _ in self._folders()):
             raise FileNotFoundError(f"FEMNIST cannot be downloaded directly (download: true).\n  "
                                     f"{PLACE.format(root=self.root)}")
-        per_writer: dict[str, list] = {}
-        for folder, code in self._folders():
-            self._read_folder(folder, code, per_writer)
-        self.writers = self.choose_writers({w: sum(len(p[1]) for p in parts) for w, parts in per_writer.items()})
-        xs, ys, owners, codes = [], [], [], []
-        for k, writer in enumerate(self.writers):
-            for x, y, code in per_writer.pop(writer):
-                xs.append(x)
-                ys.append(y)
-                owners.append(np.full(len(y), k, dtype=np.int64))
-                codes.append(np.full(len(y), code, dtype=np.int8))
+        parsed = self.read_writers()
+        self.writers = self.choose_writers(parsed.sample_counts())
+        x, y, owners, splits = parsed.gather(self.writers)
         if self.clients_per_writer:
             self.num_clients = len(self.writers)
-        self.pool_owners = np.concatenate(owners)
+        self.pool_owners = owners
         has_test = any(code == OFFICIAL_TEST for _, code in self._folders())  # all_data/ has no official split
-        self.pool_splits = np.concatenate(codes) if self.official_splits and has_test else None
-        x = torch.from_numpy(np.concatenate(xs)).view(-1, 1, 28, 28)
-        return x, torch.from_numpy(np.concatenate(ys))
+        self.pool_splits = splits if self.official_splits and has_test else None
+        return torch.from_numpy(x).view(-1, 1, 28, 28), torch.from_numpy(y)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
         x, y = batch

@@ -13,8 +13,10 @@ import tarfile
 import tempfile
 import urllib.request
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from torch import Tensor
@@ -63,14 +65,26 @@ def _temporary_beside(path: Path) -> Path:
     return Path(tmp)
 
 
-def write_atomic(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` through a temporary file renamed into place (no half-written file)."""
-    tmp = _temporary_beside(path)
+@contextmanager
+def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+    """A binary file that becomes `path` only when the block ends without error: a temporary file beside it,
+    flushed to disk and renamed into place, removed on any failure, so an interrupted write (an error, Ctrl-C, a
+    crash) never leaves a half-written file at `path`."""
+    tmp = _temporary_beside(Path(path))
     try:
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file renamed into place (no half-written file)."""
+    with atomic_writer(path) as out:
+        out.write(data)
     return path
 
 

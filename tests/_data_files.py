@@ -3,6 +3,7 @@ ones (tests/test_data_*.py), benchmarks/paper_configs.py writes them at the publ
 config's memory. Sample i carries its number in its first two pixels (mod 256 each), so the tests can trace it."""
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import struct
@@ -151,9 +152,38 @@ def bank_text(n: int = N_ROWS) -> str:
     return "\n".join(rows) + "\n"
 
 
-def write_leaf(root, folders=("train", "test"), writers=WRITERS, files: int = 2) -> dict[str, list[int]]:
+@functools.cache
+def _pixel_tokens(separator: str) -> tuple[np.ndarray, np.ndarray]:
+    """The JSON text of k/255 as json.dumps writes it, then `separator`, for k = 0..255: (256, width) bytes
+    padded with zeros, and each one's length."""
+    texts = [(json.dumps(k / 255) + separator).encode() for k in range(256)]
+    table = np.zeros((256, max(map(len, texts))), dtype=np.uint8)
+    for k, text in enumerate(texts):
+        table[k, :len(text)] = np.frombuffer(text, np.uint8)
+    return table, np.array([len(t) for t in texts])
+
+
+def leaf_pixels_json(pixels: np.ndarray) -> bytes:
+    """uint8 rows (n, d) as LEAF's JSON list of rows of k/255, the text json.dumps writes, built by numpy
+    (json.dumps of FEMNIST's 805,263 images would take many minutes)."""
+    n, d = pixels.shape
+    if n == 0:
+        return b"[]"
+    inner, inner_length = _pixel_tokens(", ")
+    last, last_length = _pixel_tokens("], [")  # a row's last value closes it and opens the next
+    text = np.zeros((n, d, last.shape[1]), dtype=np.uint8)
+    text[:, :-1, :inner.shape[1]] = inner[pixels[:, :-1]]
+    text[:, -1] = last[pixels[:, -1]]
+    length = np.concatenate([inner_length[pixels[:, :-1]], last_length[pixels[:, -1:]]], axis=1)
+    body = text[np.arange(text.shape[2]) < length[..., None]].tobytes()
+    return b"[[" + body[:-len(b", [")] + b"]"
+
+
+def write_leaf(root, folders=("train", "test"), writers=WRITERS, files: int = 2,
+               ink: float | None = None) -> dict[str, list[int]]:
     """LEAF's FEMNIST layout: per folder `files` JSON files, each with some writers (LEAF's hold about 100).
-    Pixels are k/255; sample number s (global) is written into the first two pixels; returns each writer's sample
+    Pixels are k/255, uniform over k, or with `ink` that share of them random and the rest white (1.0, as LEAF's
+    background); sample number s (global) is written into the first two pixels; returns each writer's sample
     numbers per folder."""
     rng = np.random.default_rng(0)
     numbers: dict[str, list[int]] = {}
@@ -162,18 +192,23 @@ def write_leaf(root, folders=("train", "test"), writers=WRITERS, files: int = 2)
         (root / folder).mkdir(parents=True)
         names = sorted(writers)
         for part, chunk in enumerate(names[i::files] for i in range(files)):
-            doc = {"users": [], "num_samples": [], "user_data": {}}
-            for w in chunk:
-                n = writers[w][f] if len(folders) == 2 else sum(writers[w])
-                pixels = rng.integers(0, 256, (n, 784))
-                ids = np.arange(counter, counter + n)
-                pixels[:, 0], pixels[:, 1] = ids % 256, ids // 256 % 256
-                counter += n
-                numbers.setdefault(f"{folder}:{w}", []).extend(ids.tolist())
-                doc["users"].append(w)
-                doc["num_samples"].append(n)
-                doc["user_data"][w] = {"x": (pixels / 255.0).tolist(), "y": rng.integers(0, 62, n).tolist()}
-            (root / folder / f"all_data_{part}_niid_0_keep_0_{folder}_9.json").write_text(json.dumps(doc))
+            sizes = [writers[w][f] if len(folders) == 2 else sum(writers[w]) for w in chunk]
+            with open(root / folder / f"all_data_{part}_niid_0_keep_0_{folder}_9.json", "wb") as out:
+                out.write(f'{{"users": {json.dumps(chunk)}, "num_samples": {json.dumps(sizes)}, "user_data": {{'
+                          .encode())
+                for j, (w, n) in enumerate(zip(chunk, sizes)):
+                    if ink is None:
+                        pixels = rng.integers(0, 256, (n, 784))
+                    else:
+                        pixels = np.where(rng.random((n, 784)) < ink, rng.integers(0, 255, (n, 784)), 255)
+                    ids = np.arange(counter, counter + n)
+                    pixels[:, 0], pixels[:, 1] = ids % 256, ids // 256 % 256
+                    counter += n
+                    numbers.setdefault(f"{folder}:{w}", []).extend(ids.tolist())
+                    labels = json.dumps(rng.integers(0, 62, n).tolist())
+                    out.write(f'{", " if j else ""}{json.dumps(w)}: {{"x": '.encode()
+                              + leaf_pixels_json(pixels.astype(np.uint8)) + f', "y": {labels}}}'.encode())
+                out.write(b"}}")
     return numbers
 
 

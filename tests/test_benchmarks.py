@@ -12,6 +12,7 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import femnist_load  # noqa: E402
 import overhead  # noqa: E402
 import paper_configs  # noqa: E402
 import processes  # noqa: E402
@@ -87,6 +88,17 @@ def test_startup_benchmark_times_every_command(monkeypatch, tmp_path):
     result = run_main(startup, monkeypatch, tmp_path, "--repeats", "1", "--commands", "list", "fit --help")
     assert set(result["median_s"]) == {"list", "fit --help"}  # every command is one fresh process: two suffice here
     assert all(t > 0 for t in result["median_s"].values())
+
+
+def test_femnist_load_benchmark_writes_leaf_files_and_loads_them_twice_alike(monkeypatch, tmp_path):
+    writers = femnist_load.leaf_writers(7, 70)
+    assert sum(a + b for a, b in writers.values()) == 70 and all(a >= 1 and b >= 1 for a, b in writers.values())
+    monkeypatch.setattr(femnist_load, "load_in_a_fresh_process", femnist_load.load)  # the same load, in this process
+    result = run_main(femnist_load, monkeypatch, tmp_path, "--writers", "7", "--images", "70",
+                      "--writers_per_file", "3", "--folder", str(tmp_path / "leaf"))
+    assert len(list((tmp_path / "leaf" / "train").glob("*.json"))) == 3  # 7 writers, 3 a file
+    assert result["images"] == 70 and result["writers"] == 7 and result["identical"]
+    assert result["cache_mb"] > 70 * 784 / 2**20  # the pixels as bytes, and the rest
 
 
 @pytest.mark.slow

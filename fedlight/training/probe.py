@@ -156,9 +156,16 @@ def probe_key(**facts: Any) -> str:
     return hashlib.sha1(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def memory_file() -> Path:
+def machine_cache_dir() -> Path:
+    """fedlight's folder of things remembered on this machine: `$FEDLIGHT_CACHE_DIR`, else `~/.cache/fedlight`
+    (under `$XDG_CACHE_HOME` when set). The trainer choices live here, and data caches that cannot sit beside
+    their data (`fedlight.datamodules.femnist_cache`)."""
     root = os.environ.get("FEDLIGHT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedlight"
-    return Path(root) / "trainer_choices.json"
+    return Path(root)
+
+
+def memory_file() -> Path:
+    return machine_cache_dir() / "trainer_choices.json"
 
 
 def recall(key: str) -> ProbeResult | None:
