@@ -37,6 +37,7 @@ from fedlight.plugin.server import ServerContext, stream_seed
 from fedlight.engine.threads import use_threads
 from fedlight.training.flat import FlatModel
 from fedlight.training.sequential import ClientTrainer
+from fedlight.training.trainer_stand_in import TrainerStandIn
 
 
 class Federation:
@@ -64,8 +65,11 @@ class Federation:
         self.module = model
         self.fabric.setup_module(model)
         model._fabric = None  # per-step self.log through Fabric would sync the device; training logs per round
+        # (the module's `self.trainer` is then the stand-in the client trainer attaches)
         self.flat = flat = FlatModel(model)
-        trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs)
+        trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs,
+                                self._trainer_stand_in())
+        trainer.learning_rates.check(self.config.rounds, trainer.stand_in.estimated_stepping_batches)
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
         self.aggregation = self._aggregation()
         # every process keeps the same rows in memory, so their spill files are laid out alike: the first one's budget
@@ -96,6 +100,12 @@ class Federation:
         if self.data.newcomers is not None:
             built.append(NewcomerEvaluation(self.data.newcomers))
         return RoundExtensions(built + own)
+
+    def _trainer_stand_in(self) -> TrainerStandIn:
+        """What the module reads as `self.trainer` (`fedlight.training.trainer_stand_in`): the local epochs, the
+        batches of an epoch of the largest client (every client trains on the same schedule) and the processes."""
+        return TrainerStandIn.of_run(self.fabric, self.config.num_nodes, self.config.local_epochs,
+                                     self.config.batch_size, self.data.largest_training_split())
 
     def _aggregation(self) -> ClusterAggregation:
         """The cluster aggregator the configuration and the extensions ask for, checked against the algorithm and

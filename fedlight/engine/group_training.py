@@ -24,6 +24,7 @@ from fedlight.training.local_work import LocalWork
 from fedlight.training.probe import (AGREEMENT, CHECK_CLIENTS, ProbeResult, agreement, decide, device_name, probe_key,
                                      recall, remember, sequential_share, step_seconds, timed, without_dropout)
 from fedlight.training.sequential import ClientTrainer, GradientHook, Trained
+from fedlight.training.trainer_stand_in import TrainerAttributeError
 from fedlight.training.vectorized import GroupHook, VectorizedTrainer, unsupported_reason
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class GroupTraining:
             return "sequential", reason
         self.vectorized = VectorizedTrainer(trainer.fabric, trainer.module, trainer.flat, trainer.raw_optimizer,
                                             trainer.learning_rates, trainer.batch_transform, self.config.batch_size,
-                                            self.config.local_epochs)
+                                            self.config.local_epochs, trainer.stand_in)
         return ("auto" if self.config.vectorize == -1 else "vectorized"), None
 
     def on(self, split: "ClientSplit", seed_of: Callable[[int, int, str], int]) -> "GroupTraining":
@@ -118,6 +119,8 @@ class GroupTraining:
             self.on_choice(self.choice, None)
         try:
             return self.vectorized.loss_and_grads(params, x, y, step)
+        except TrainerAttributeError:  # the module read what a federated run has not: its one line, no fall-back
+            raise
         except Exception as error:  # the module's step fails under torch.func: one model after another from now
             reason = f"training_step failed under torch.func ({error!r})"
             warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)
@@ -152,6 +155,8 @@ class GroupTraining:
             if self.choice == "auto" and self.probe_result is None:
                 return self._fit_and_probe(round, clients, starts, work)
             return self._vectorized(round, clients, starts, work)
+        except TrainerAttributeError:  # the module read what a federated run has not: its one line, no fall-back
+            raise
         except Exception as error:  # any failure inside vmap: the module is not vectorizable
             reason = f"training_step failed under torch.func ({error!r})"
             warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)

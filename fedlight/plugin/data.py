@@ -79,6 +79,11 @@ class FederatedData:
             raise ValueError(f"unknown split {name!r}; the splits are {SPLITS}")
         return getattr(self, name)
 
+    def largest_training_split(self) -> int:
+        """The most training rows any client has, the held-out clients' included (they train with the same module)."""
+        sizes = [*self.train.sizes(), *([] if self.newcomers is None else self.newcomers.train.sizes())]
+        return int(max(sizes, default=0))
+
     def to(self, device: torch.device | str) -> "FederatedData":
         public = None if self.public_x is None else self.public_x.to(device)
         newcomers = None if self.newcomers is None else self.newcomers.to(device)

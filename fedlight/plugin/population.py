@@ -115,17 +115,20 @@ class ClientPopulation:
         """(epoch, step, batch) of one client's training split, converted as the model sees them: the batches
         `train` takes in this round for this purpose."""
         x, y = self.data.train.client(client)
-        return self.trainer.batches(x, y, self.seed_of(round, client, purpose), epochs)
+        return self.trainer.batches(x, y, self.seed_of(round, client, purpose), epochs, max(round, 1))
 
     def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
                       purpose: str = "train") -> Iterator[GroupStep]:
         """The steps of a custom loop of a group of clients at once, each client's batches those `batches` gives it
-        (`ServerContext.group_batches`)."""
+        (`ServerContext.group_batches`); the module's trainer is told each step's place in the round, as the
+        trainers tell it."""
         data = [self.data.train.client(c) for c in clients]
         seeds = [self.seed_of(round, c, purpose) for c in clients]
         epochs = self.trainer.local_epochs if epochs is None else epochs
-        return group_steps(data, seeds, self.trainer.batch_size, epochs, self.trainer.batch_transform,
-                           self.train_sizes.device)
+        for step in group_steps(data, seeds, self.trainer.batch_size, epochs, self.trainer.batch_transform,
+                                self.train_sizes.device):
+            self.trainer.stand_in.at(max(round, 1), step.epoch, step.step)
+            yield step
 
     def local_steps(self, client: int, epochs: int | None = None) -> int:
         """Optimizer steps of one client's local training: its batches times `epochs` (default: the local epochs)."""

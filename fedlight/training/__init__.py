@@ -11,4 +11,5 @@
 | `probe` | times both trainers on the same work and keeps the faster (`federation.vectorize: -1`) |
 | `schedules` | learning-rate schedulers on the federation's clock |
 | `step_logs` | what training_step logs with self.log, captured per client without device syncs |
+| `trainer_stand_in` | `TrainerStandIn`: what a client module reads as `self.trainer`, with federated meanings |
 """

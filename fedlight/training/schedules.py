@@ -13,7 +13,9 @@ needs no monitored metric works, chained or not), once per round for as many loc
 client takes, and the trainers set them step by step. So a client's learning rates depend only on (round, local
 step), a resumed run has the same ones, and a round costs the same whatever its number. A scheduler with a fixed
 length (OneCycleLR's `total_steps`) is built for one round's local steps, since step schedulers start afresh each
-round; asked for more, the error names the scheduler, the round and the steps needed.
+round: `total_steps=self.trainer.estimated_stepping_batches` is exactly that (`fedlight.training.trainer_stand_in`).
+Asked for more, the error names the scheduler, the round and the steps needed; `LearningRates.check` asks for a whole
+run's at set-up, so a schedule too short for the run's rounds or a round's steps stops it before any training.
 """
 from __future__ import annotations
 
@@ -85,6 +87,13 @@ class LearningRates:
             self._round, self._rates = round, self._simulate(round, max(steps, known))
         return self._rates[:steps]
 
+    def check(self, rounds: int, steps: int) -> None:
+        """Before any training: the error `rates` would raise in the round a fixed-length scheduler runs out (a step
+        scheduler shorter than `steps` local steps fails in round 1, an epoch scheduler shorter than `rounds` - 1
+        rounds in the last round), so a run that cannot finish its schedule does not start."""
+        self.rates(1, steps)
+        self.rates(rounds, 1)
+
     def round_rate(self, round: int, steps: int = 1) -> float:
         """The mean rate of the first parameter group over the first `steps` local steps of round `round`: the
         round's rate for an epoch schedule, what a client of `steps` steps trained at for a step schedule."""
@@ -122,6 +131,11 @@ def _step(s: Scheduler, round: int, steps: int) -> None:
     try:
         s.scheduler.step()
     except ValueError as error:
-        unit = "local steps of a round (step schedulers start afresh each round)" if s.interval == "step" else "rounds"
+        example = f"e.g. OneCycleLR(total_steps={steps})"
+        if s.interval == "step":
+            fix = f"build it for {steps} local steps of a round, {example} (step schedulers start afresh each round)"
+        else:  # Lightning's own OneCycleLR example leaves the interval at 'epoch', which is a round here
+            fix = (f"build it for {steps} rounds, {example}, or give it 'interval': 'step' to step after every "
+                   "local step")
         raise ValueError(f"{type(s.scheduler).__name__} (interval {s.interval!r}) cannot step again in round "
-                         f"{round}: {error}; build it for {steps} {unit}, e.g. OneCycleLR(total_steps={steps})") from None
+                         f"{round}: {error}; {fix}") from None

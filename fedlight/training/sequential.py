@@ -20,6 +20,7 @@ from torch import Tensor
 from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates, parse_optimizers
 from fedlight.training.step_logs import LogSums, StepLogs
+from fedlight.training.trainer_stand_in import TrainerStandIn
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
     import lightning as L
@@ -52,6 +53,8 @@ class Trained:
 
 
 warnings.filterwarnings("ignore", message=r".*self\.log\(\)` but the `self\.trainer` reference is not registered.*")
+# a self.log outside training_step (in forward, say) is skipped, as Lightning skips it with no Trainer attached
+warnings.filterwarnings("ignore", message=r".*self\.log\(\)` but `Trainer\(barebones=True\)` is configured.*")
 
 
 def training_loss(output) -> Tensor:
@@ -80,16 +83,20 @@ def seed_random_layers(seed: int, device: torch.device) -> None:
 
 
 class ClientTrainer:
-    """Trains the shared module from a given flat model on one client's data and returns the result."""
+    """Trains the shared module from a given flat model on one client's data and returns the result. The module is
+    attached to `stand_in` (what it reads as `self.trainer`, `fedlight.training.trainer_stand_in`) before its
+    `configure_optimizers` runs, and told where local training is at every step."""
 
     def __init__(self, fabric: L.Fabric, module: L.LightningModule, flat: FlatModel,
-                 batch_transform: Callable, batch_size: int, local_epochs: int) -> None:
+                 batch_transform: Callable, batch_size: int, local_epochs: int, stand_in: TrainerStandIn) -> None:
         self.fabric = fabric
         self.module = module
         self.flat = flat
         self.batch_transform = batch_transform
         self.batch_size = batch_size
         self.local_epochs = local_epochs
+        self.stand_in = stand_in
+        module.trainer = stand_in  # as Trainer.fit attaches itself, for configure_optimizers and training_step
         raw, schedulers = parse_optimizers(module.configure_optimizers())
         self.learning_rates = LearningRates(raw, schedulers)
         self.optimizer = fabric.setup_optimizers(raw)
@@ -135,6 +142,7 @@ class ClientTrainer:
                 if step == 0:
                     loss_sum.zero_()
                     logs.clear()
+                self.stand_in.at(round, epoch, step)
                 with self.fabric.autocast():
                     if sample_weights is None:
                         loss = training_loss(module.training_step(batch, step))
@@ -165,10 +173,13 @@ class ClientTrainer:
             for step, begin in enumerate(range(0, n, b)):
                 yield epoch, step, order[begin: begin + b]
 
-    def batches(self, x: Tensor, y: Tensor, seed: int, epochs: int | None = None) -> Iterator[tuple[int, int, Any]]:
+    def batches(self, x: Tensor, y: Tensor, seed: int, epochs: int | None = None,
+                round: int = 1) -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of a client's local epochs on (x, y), converted as the module sees them, in the order
-        `fit` takes them (`batch_rows`), so a custom local loop (`ServerContext.batches`) draws what `fit` would."""
+        `fit` takes them (`batch_rows`), so a custom local loop (`ServerContext.batches`) draws what `fit` would; the
+        module's trainer is told each step's place in round `round`, as `fit` tells it."""
         for epoch, step, rows in self.batch_rows(len(y), seed, epochs, x.device):
+            self.stand_in.at(round, epoch, step)
             yield epoch, step, self.batch_transform((x[rows], y[rows]), 0)
 
     def loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:

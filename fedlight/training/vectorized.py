@@ -32,6 +32,7 @@ from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates
 from fedlight.training.step_logs import LogSums, StepLogs
 from fedlight.training.sequential import Trained, seed_random_layers, training_loss, weighted_loss
+from fedlight.training.trainer_stand_in import TrainerStandIn
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
     import lightning as L
@@ -184,11 +185,14 @@ def _add_scaled(params: list[Tensor], direction: list[Tensor], lr: float | Tenso
 
 
 class VectorizedTrainer:
-    """Trains several clients at once from their flat starting models on the shared module's structure."""
+    """Trains several clients at once from their flat starting models on the shared module's structure; the module's
+    trainer (`stand_in`, attached by the sequential trainer) is told where local training is at every step, in plain
+    ints, so `training_step` reads under vmap what it reads alone."""
 
     def __init__(self, fabric: L.Fabric, module: L.LightningModule, flat: FlatModel, optimizer: torch.optim.Optimizer,
-                 learning_rates: LearningRates, batch_transform: Callable, batch_size: int, local_epochs: int) -> None:
-        self.fabric, self.flat, self.module = fabric, flat, module
+                 learning_rates: LearningRates, batch_transform: Callable, batch_size: int, local_epochs: int,
+                 stand_in: TrainerStandIn) -> None:
+        self.fabric, self.flat, self.module, self.stand_in = fabric, flat, module, stand_in
         self.batch_transform, self.batch_size, self.local_epochs = batch_transform, batch_size, local_epochs
         self.optimizer = FunctionalOptimizer(optimizer)
         self.learning_rates = learning_rates
@@ -331,6 +335,7 @@ class VectorizedTrainer:
                 loss_sum.zero_()
                 logs.clear()
                 for step in range(max(steps)):
+                    self.stand_in.at(round, epoch, step)
                     for rows, count in self._ranges(step, sizes, steps):
                         index = torch.stack([orders[r][step * b: step * b + count] for r in rows])
                         index = index + offsets[rows.start: rows.stop, None]
