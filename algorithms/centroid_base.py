@@ -50,6 +50,7 @@ class CentroidAlgorithm(Algorithm):
                              f"not {type(module).__name__}")
         if server.num_params != module.num_centers * module.dim:
             raise ValueError(f"{name} needs a model made only of its {module.num_centers} x {module.dim} centers")
+        server.needs_every_client(name, "in every round (each uploads its local clustering)")
         if self.one_shot and server.rounds != 1:
             raise ValueError(f"{name} is one-shot: set federation.rounds: 1 (got {server.rounds})")
         self.k, self.ell, self.medoids = module.num_centers, module.ell, module.medoids

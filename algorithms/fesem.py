@@ -12,7 +12,8 @@ Defaults and choices:
 - `num_clusters` = 4, a starting point (the paper sets K per experiment; give the true count when known);
 - the centers are seeded by k-means (the best of 10 k-means++ restarts refined by Lloyd) on the local models of
   round `seed_round`, which trains every client from the one model of FedAvg before it (`seed_round` = 1: from
-  the initial model); each center is then its members' mean.
+  the initial model); each center is then its members' mean. A run with `federation.clients_per_round` below
+  the clients is therefore refused.
   Centers drawn independently of the clients, as a random initialization would be, leave every client nearest the
   model it started from; and local models one round away from a random initialization differ mostly by noise, so
   a later seeding round (a FedAvg warm-up, as IFCA's `warmup_rounds`) separates the clusters better: the digits
@@ -62,6 +63,7 @@ class FeSEM(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
+        server.needs_every_client(type(self).__name__, f"in its seeding round (seed_round {self.seed_round})")
         if self.num_clusters > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
                              f"{server.num_clients} clients: give at most {server.num_clients}")

@@ -12,7 +12,8 @@ one Ward admits); `cluster_round` = 10 and `distance_threshold` = 3.0 are starti
 `update_l2_distance`).
 
 Deviations and choices:
-- the clustering round trains every client, whatever `participation` (every client needs a cluster);
+- the clustering round trains every client, whatever `participation` (every client needs a cluster), so a run
+  with `federation.clients_per_round` below the clients is refused;
 - the updates are the trainable parameters' (buffers such as BatchNorm statistics left out), as OCFL's are;
 - a client whose update is not finite in the clustering round stays in the first cluster.
 
@@ -86,6 +87,7 @@ class FLHC(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
+        server.needs_every_client(type(self).__name__, f"in its clustering round (cluster_round {self.cluster_round})")
         if self.num_clusters is not None and self.num_clusters > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
                              f"{server.num_clients} clients: give at most {server.num_clients}")

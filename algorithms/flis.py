@@ -131,7 +131,8 @@ class FlisHC(InferenceSimilarity):
             set-up step outside the round budget (our reading of Algorithm 3, whose loop
             starts at t = 0 but clusters "if t = 1"); its models must be trained enough for their
             predictions to differ by data (the paper trains E = 10 epochs).
-        participation: share of clients per round after phase 0.
+        participation: share of clients per round after phase 0 (a run with `federation.clients_per_round` below
+            the clients is refused: phase 0 trains every client).
     """
 
     def __init__(self, beta: float = 0.3, tau: float | None = None,
@@ -142,6 +143,10 @@ class FlisHC(InferenceSimilarity):
         self.linkage, self.phase_zero_epochs = linkage, phase_zero_epochs
         self.clustered = False
         self.phase_zero_inferences: Tensor | None = None  # every client's phase-0 inferences (to place newcomers)
+
+    def setup(self, server) -> None:
+        super().setup(server)
+        server.needs_every_client(type(self).__name__, "in its phase 0 (round 1)")
 
     def begin_round(self, round: int) -> None:
         if not self.clustered:

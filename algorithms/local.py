@@ -9,7 +9,8 @@ from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates
 
 class Local(Algorithm):
     """Each client is its own cluster of one, so its model is simply its own trained model (a row of the client
-    state "local_models", the initial model until it trains). All clients train every round."""
+    state "local_models", the initial model until it trains). Every client trains every round, unless the run
+    selects fewer (`participation`, `federation.clients_per_round`): a client then trains only in its rounds."""
 
     holds_updates = True  # keeps every client's trained model
     own_aggregation = True  # nothing is averaged: a robust rule or DP noise has nothing to act on
@@ -17,9 +18,6 @@ class Local(Algorithm):
     def setup(self, server) -> None:
         super().setup(server)
         self.local_models = server.client_state("local_models", initial=server.initial_params)
-
-    def select_clients(self, round: int) -> list[int]:
-        return list(range(self.server.num_clients))
 
     def client_model(self, client: int) -> Tensor:
         return self.local_models[client]

@@ -1,5 +1,5 @@
 """Peak resident memory of methods with per-client state at cross-device scale: 3,400 clients, 10 of them a round,
-LEAF's FEMNIST CNN (6.6 M parameters: "LEAF: A Benchmark for Federated Settings", Caldas et al., its CNN), 5 rounds.
+LEAF's FEMNIST CNN (`fedlight.models.LeafCNN`, 6.6 M parameters), 5 rounds.
 
 Held as (clients x parameters) tensors, Ditto's personal models or SCAFFOLD's control variates would take
 3,400 x 6.6 M x 4 bytes = 90 GB before round 1; in the engine's client-state store (`fedlight.plugin.client_state`)
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = {"ditto": "fedlight.algorithms.ditto:Ditto", "scaffold": "fedlight.algorithms.scaffold:SCAFFOLD",
@@ -29,34 +28,19 @@ METHODS = {"ditto": "fedlight.algorithms.ditto:Ditto", "scaffold": "fedlight.alg
            "pfedme": "fedlight.algorithms.pfedme:PFedMe", "fedem": "fedlight.algorithms.fedem:FedEM"}
 
 
-class LeafCNN(nn.Module):
-    """LEAF's FEMNIST CNN: two 5x5 'same' convolutions (32, 64 channels) each followed by 2x2 max pooling, a
-    2048-unit dense layer and the 62-way output: 6,603,710 parameters."""
-
-    def __init__(self, num_classes: int = 62) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                                  nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                                  nn.Linear(64 * 7 * 7, 2048), nn.ReLU())
-        self.fc = nn.Linear(2048, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.body(x))
-
-
 def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path, memory: float | None) -> dict:
     """One federation in this process; its peak resident memory and round times."""
     from fedlight import Federation, FederationConfig
-    from fedlight.models import Classifier
+    from fedlight.models import Classifier, LeafCNN
     from random_data import RandomImages  # benchmarks/ is on the path: this file's folder
 
     module_name, class_name = METHODS[method].split(":")
-    algorithm = getattr(__import__(module_name, fromlist=[class_name]), class_name)(participation=per_round / clients)
+    algorithm = getattr(__import__(module_name, fromlist=[class_name]), class_name)()
     torch.manual_seed(0)
-    model = Classifier(LeafCNN(62), lr=0.1)
+    model = Classifier(LeafCNN(num_classes=62), lr=0.1)
     data = RandomImages(clients, 10, classes=62, uint8=True)  # FEMNIST's shapes, classes and storage
-    config = FederationConfig(rounds=rounds, batch_size=20, accelerator="cpu", eval_every=rounds, eval_split="train",
-                              eval_batch_size=512, client_state_memory=memory)
+    config = FederationConfig(rounds=rounds, clients_per_round=per_round, batch_size=20, accelerator="cpu",
+                              eval_every=rounds, eval_split="train", eval_batch_size=512, client_state_memory=memory)
     started = time.perf_counter()
     fed = Federation(data, model, algorithm, config)
     fed.client_states.use_folder(folder)  # rows beyond the memory budget go there (as a run folder's client_state/)

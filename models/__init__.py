@@ -1,6 +1,6 @@
 """LightningModules and the papers' networks (installed as `fedlight.models`)."""
 from fedlight.models.classifier import Classifier
-from fedlight.models.cnn import FedAvgCNN, FedTSDPCNN, OCFLCNN, SmallCNN
+from fedlight.models.cnn import FedAvgCNN, FedTSDPCNN, LeafCNN, OCFLCNN, SmallCNN
 from fedlight.models.conv1d import Conv1DNet
 from fedlight.models.lenet import LeNet5
 from fedlight.models.mlp import MLP

@@ -5,6 +5,8 @@
   ``FMNIST_Expanded_CNN``).
 - ``FedTSDPCNN``: FedTSDP's CIFAR/SVHN network ("Federated Two Stage Decoupling With Adaptive Personalization
   Layers", section 4.1.2).
+- ``FedAvgCNN``: FedAvg's CNN as PFLlib and FL-bench build it.
+- ``LeafCNN``: LEAF's FEMNIST network ("LEAF: A Benchmark for Federated Settings", Caldas et al., 2018).
 - ``SmallCNN``: a small, fast network for scikit-learn's digits (the quickstart default).
 """
 
@@ -86,21 +88,20 @@ class FedTSDPCNN(nn.Module):
         return default_layer_names(self)
 
 
-class FedAvgCNN(nn.Module):
-    """The CNN of FedAvg ("Communication-Efficient Learning of Deep Networks from Decentralized Data", McMahan et
-    al., 2017, section 3) as PFLlib and FL-bench build it: conv5x5(32)-ReLU-pool2-conv5x5(64)-ReLU-pool2-FC 512-ReLU-
-    FC C, without padding, so 582,026 parameters on 28x28 inputs (the paper's padded version has 1.66 M)."""
+class ConvPoolCNN(nn.Module):
+    """conv5x5(32)-ReLU-pool2-conv5x5(64)-ReLU-pool2-FC `hidden`-ReLU-FC C, the two-convolution CNN of FedAvg's paper
+    that FedAvgCNN and LeafCNN build with their padding and dense width."""
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, padding: int, hidden: int) -> None:
         super().__init__()
-        side = ((image_size - 4) // 2 - 4) // 2
+        side = ((image_size + 2 * padding - 4) // 2 + 2 * padding - 4) // 2
         if side < 1:
-            raise ValueError(f"FedAvgCNN needs image_size >= 16, got {image_size}")
-        self.conv1 = nn.Conv2d(in_channels, 32, 5)
-        self.conv2 = nn.Conv2d(32, 64, 5)
+            raise ValueError(f"{type(self).__name__} needs a larger image_size, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 32, 5, padding=padding)
+        self.conv2 = nn.Conv2d(32, 64, 5, padding=padding)
         self.pool = nn.MaxPool2d(2)
-        self.fc1 = nn.Linear(64 * side * side, 512)
-        self.fc = nn.Linear(512, num_classes)
+        self.fc1 = nn.Linear(64 * side * side, hidden)
+        self.fc = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(F.relu(self.conv1(x)))
@@ -110,6 +111,24 @@ class FedAvgCNN(nn.Module):
     def layer_names(self) -> list[str]:
         """conv1, conv2, fc1, fc."""
         return default_layer_names(self)
+
+
+class FedAvgCNN(ConvPoolCNN):
+    """The CNN of FedAvg ("Communication-Efficient Learning of Deep Networks from Decentralized Data", McMahan et
+    al., 2017, section 3) as PFLlib and FL-bench build it: conv5x5(32)-ReLU-pool2-conv5x5(64)-ReLU-pool2-FC 512-ReLU-
+    FC C, without padding, so 582,026 parameters on 28x28 inputs (the paper's padded version has 1.66 M)."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
+        super().__init__(in_channels, num_classes, image_size, padding=0, hidden=512)
+
+
+class LeafCNN(ConvPoolCNN):
+    """LEAF's FEMNIST CNN (Caldas et al., 2018): conv5x5(32, 'same')-ReLU-pool2-conv5x5(64, 'same')-ReLU-pool2-FC
+    2048-ReLU-FC C: 6,603,710 parameters on 28x28x1 inputs with 62 classes, almost all in fc1 (64*7*7 -> 2048).
+    The network of cross-device runs at LEAF's size (3,400 writers, 10 a round)."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 62, image_size: int = 28) -> None:
+        super().__init__(in_channels, num_classes, image_size, padding=2, hidden=2048)
 
 
 class SmallCNN(nn.Module):

@@ -1,9 +1,9 @@
 """The papers' networks: output shapes, parameter counts and layer_names.
 
-The papers: FLIS ("FLIS: Clustered Federated Learning via Inference Similarity for Non-IID Data Distribution"),
-OCFL ("One-Shot Clustering for Federated Learning Under Clustering-Agnostic Assumption") and FedTSDP ("Federated
-Two Stage Decoupling With Adaptive Personalization Layers"). Expected parameter counts are hand arithmetic from
-the layer shapes, never the code's own output.
+The papers: LEAF ("LEAF: A Benchmark for Federated Settings"), FLIS ("FLIS: Clustered Federated Learning via
+Inference Similarity for Non-IID Data Distribution"), OCFL ("One-Shot Clustering for Federated Learning Under
+Clustering-Agnostic Assumption") and FedTSDP ("Federated Two Stage Decoupling With Adaptive Personalization
+Layers"). Expected parameter counts are hand arithmetic from the layer shapes, never the code's own output.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedlight.models.cnn import FedTSDPCNN, OCFLCNN, SmallCNN
+from fedlight.models.cnn import FedAvgCNN, FedTSDPCNN, LeafCNN, OCFLCNN, SmallCNN
 from fedlight.models.conv1d import Conv1DNet
 from fedlight.models.layers import default_layer_names
 from fedlight.training.layer_masks import layer_halves
@@ -71,6 +71,14 @@ CASES = [
     ("mlp", lambda: MLP(64, [128, 64], 10, dropout=0.1), (1, 8, 8), 10,
      fc(64, 128) + fc(128, 64) + fc(64, 10)),
     ("mlp-linear", lambda: MLP(14, [], 2), (14,), 2, fc(14, 2)),
+    # FedAvg's CNN without padding (PFLlib, FL-bench): 28 -> 24 -> 12 -> 8 -> 4, so fc1 sees 64*4*4 = 1,024 inputs.
+    ("fedavgcnn", lambda: FedAvgCNN(), (1, 28, 28), 10,
+     conv(1, 32, 5) + conv(32, 64, 5) + fc(64 * 4 * 4, 512) + fc(512, 10)),  # = 582,026
+    # LEAF's FEMNIST CNN: 5x5 'same' convs keep 28x28, two 2x2 pools leave 7x7x64 = 3,136 inputs to the dense layer:
+    # (25*1*32 + 32) + (25*32*64 + 64) + (3,136*2,048 + 2,048) + (2,048*62 + 62)
+    # = 832 + 51,264 + 6,424,576 + 127,038 = 6,603,710 (the count usually cited for it).
+    ("leafcnn", lambda: LeafCNN(), (1, 28, 28), 62,
+     conv(1, 32, 5) + conv(32, 64, 5) + fc(64 * 7 * 7, 2048) + fc(2048, 62)),
     ("smallcnn", lambda: SmallCNN(), (1, 8, 8), 10,
      conv(1, 32, 3) + conv(32, 64, 3) + fc(64 * 4 * 4, 10)),  # = 29,066
     ("conv1dnet", lambda: Conv1DNet(), (3, 200), 6,
@@ -87,6 +95,7 @@ def case(request):
 
 def test_known_totals() -> None:
     """The arithmetic above reproduces the published totals."""
+    assert conv(1, 32, 5) + conv(32, 64, 5) + fc(64 * 7 * 7, 2048) + fc(2048, 62) == 6_603_710  # LEAF's FEMNIST CNN
     assert cifar_resnet([2, 2, 2, 2], 10) == 11_173_962
     assert cifar_resnet([3, 4, 6, 3], 10) == 21_282_122
 
@@ -136,6 +145,7 @@ def test_layer_names_in_forward_order(case) -> None:
 def test_specific_layer_names() -> None:
     assert LeNet5().layer_names() == ["conv1", "conv2", "fc1", "fc2", "fc3"]
     assert FedTSDPCNN().layer_names() == ["conv1", "conv2", "fc1", "fc2"]  # L_total = 4
+    assert LeafCNN().layer_names() == ["conv1", "conv2", "fc1", "fc"]
     assert MLP(4, [8, 8], 3).layer_names() == ["hidden.0", "hidden.1", "out"]
     # ResNet-18 has 10 FedTSDP layer units (stem, 8 BasicBlocks, fc; the paper does not define them).
     names = ResNet18().layer_names()

@@ -198,6 +198,9 @@ def test_wrong_settings_are_refused():
     with pytest.raises(ValueError, match="dim"):
         Federation(SyntheticGaussians(), CentroidModel(10, 3), PFClus(),
                    FederationConfig(rounds=1, accelerator="cpu", eval_split="train", vectorize=0))
+    with pytest.raises(ValueError, match="PFClus trains every client in every round.*allows 3 of 12"):
+        Federation(SyntheticGaussians("NO", 2, 12, 40, 0), CentroidModel(10, 2), PFClus(),
+                   FederationConfig(rounds=1, accelerator="cpu", eval_split="train", clients_per_round=3))
 
 
 # -- the data --------------------------------------------------------------------------------------------

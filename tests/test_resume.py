@@ -20,7 +20,8 @@ def rows(path, drop=("time/round_s",)):
     ["--algorithm", "flis_dc", "--algorithm.init_args.participation", "0.5", "--data.public_size", "60"],
     ["--algorithm", "ifca", "--algorithm.init_args.num_clusters", "2", "--data.holdout_clients", "2",
      "--federation.finetune_epochs", "1"],
-], ids=["fedprox", "local", "ocfl", "flis_dc", "ifca with held-out clients"])
+    ["--algorithm", "ditto", "--federation.clients_per_round", "2"],
+], ids=["fedprox", "local", "ocfl", "flis_dc", "ifca with held-out clients", "ditto with 2 clients a round"])
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch, algorithm):
     args = tiny_run_args + algorithm + ["--federation.rounds", "4"]
     assert main(args + ["--run_name", "whole"]) == 0

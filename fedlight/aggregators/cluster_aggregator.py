@@ -20,7 +20,6 @@ round 1 (`ClusterAggregation.check_applied`) instead of running with the setting
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -200,14 +199,9 @@ def largest_f(rule: str, members: int) -> int:
     return f if RULES[rule].min_members(0) <= members else -1
 
 
-def clients_per_round(algorithm: Any, num_clients: int) -> int:
-    """Clients selected a round: the algorithm's `participation` share of them, at least one."""
-    return max(1, math.ceil(getattr(algorithm, "participation", 1.0) * num_clients))
-
-
-def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, num_clients: int) -> None:
+def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, per_round: int) -> None:
     """Refuse, before anything runs, a robust rule or DP for an algorithm that aggregates its own way, and an f too
-    large for the clients of a round (a cluster never has more members than that)."""
+    large for the `per_round` clients of a round (a cluster never has more members than that)."""
     settings = aggregation.settings
     if not aggregation.default and algorithm.own_aggregation:
         asked = aggregation.configured()
@@ -216,7 +210,6 @@ def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, num_clien
     if aggregation.privacy is not None and settings.rule != "mean":
         raise ValueError(f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs federation.aggregator "
                          f"mean, got {settings.rule}: drop one of the two")
-    per_round = clients_per_round(algorithm, num_clients)
     need = RULES[settings.rule].min_members(settings.f)
     if need > per_round:
         most = largest_f(settings.rule, per_round)

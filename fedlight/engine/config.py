@@ -13,6 +13,9 @@ class FederationConfig:
     Args:
         rounds: communication rounds.
         local_epochs: passes over its training data each selected client makes per round.
+        clients_per_round: exactly this many clients train every round, drawn from a (seed, round) stream, whatever
+            the algorithm (`fedlight.plugin.cohort`: 10 of 3,400 for cross-device runs); None: the algorithm's
+            `participation` share. Give one of the two: with a count, participation stays 1.0.
         batch_size: local mini-batch size.
         accelerator: "auto", "cpu", "cuda", ... (Lightning Fabric's names).
         precision: Fabric precision; None picks bf16-mixed (or 16-mixed) on a GPU and 32-true on a CPU.
@@ -57,6 +60,7 @@ class FederationConfig:
 
     rounds: int = 20
     local_epochs: int = 1
+    clients_per_round: int | None = None
     batch_size: int = 32
     accelerator: str = "auto"
     precision: str | None = None
@@ -80,6 +84,9 @@ class FederationConfig:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"federation.{name} must be at least 1, got {getattr(self, name)}")
+        if self.clients_per_round is not None and self.clients_per_round < 1:
+            raise ValueError(f"federation.clients_per_round must be at least 1 (or null: the algorithm's participation "
+                             f"share), got {self.clients_per_round}")
         if self.finetune_epochs < 0:
             raise ValueError(f"federation.finetune_epochs must be 0 (off) or more, got {self.finetune_epochs}")
         if self.vectorize < -1:

@@ -19,8 +19,8 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from fedlight.plugin.algorithm import Algorithm
 from fedlight.aggregators.attacks import Attack, AttackConfig
 from fedlight.plugin.client_state import ClientStates
-from fedlight.aggregators.cluster_aggregator import (ClusterAggregation, RobustSettings, check_aggregation,
-                                                clients_per_round)
+from fedlight.plugin.cohort import Cohort
+from fedlight.aggregators.cluster_aggregator import ClusterAggregation, RobustSettings, check_aggregation
 from fedlight.engine.config import FederationConfig
 from fedlight.plugin.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import batch_transform, client_state_budget, default_precision, make_fabric
@@ -59,6 +59,8 @@ class Federation:
         self.collective = Collective(self.fabric)
         threads = use_threads(self.config.threads, max(1, self.fabric.world_size // self.config.num_nodes))
         self.data: FederatedData = load_clients(data, seed).to(self.device)
+        self.cohort = Cohort(self.data.num_clients, getattr(self.algorithm, "participation", 1.0),
+                             self.config.clients_per_round)
         self.extensions = self._extensions(attack, privacy, extensions or [])
         self.data = self.extensions.prepare_data(self.data)
         self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
@@ -77,7 +79,7 @@ class Federation:
         self.client_states = ClientStates(self.device, budget, self.collective.rank)
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
-                                    self.client_states, self.aggregation)
+                                    self.client_states, self.aggregation, self.config.clients_per_round)
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
                                          threads, self.aggregation.hold_reason(), self.extensions.tamper)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
@@ -93,7 +95,7 @@ class Federation:
         n, seed = self.data.num_clients, self.seed
         built: list[RoundExtension] = []
         if privacy is not None:
-            built.append(PrivacyMechanism(privacy, self.config.rounds, clients_per_round(self.algorithm, n), n,
+            built.append(PrivacyMechanism(privacy, self.config.rounds, self.cohort.size, n,
                                           stream_seed(seed, "privacy")))
         if attack is not None and attack.active:
             built.append(Attack(attack, n, self.data.num_classes, stream_seed(seed, "attack")))
@@ -113,7 +115,7 @@ class Federation:
         c = self.config
         settings = RobustSettings(c.aggregator, c.aggregator_f, c.aggregator_beta, c.aggregator_clip, c.aggregator_keep)
         aggregation = self.extensions.aggregation(ClusterAggregation(settings))
-        check_aggregation(aggregation, self.algorithm, self.data.num_clients)
+        check_aggregation(aggregation, self.algorithm, self.cohort.size)
         return aggregation
 
     def describe_threats(self) -> str:
@@ -140,6 +142,7 @@ class Federation:
         self.extensions.begin_round(round)
         alg.begin_round(round)
         clients = alg.select_clients(round)
+        self.cohort.check_selected(type(alg).__name__, round, len(clients))
         updates = self.execution.round_updates(round, clients)
         alg.pre_aggregation(round, updates)
         alg.aggregate(round, updates)

@@ -5,6 +5,7 @@
 | module | what it holds |
 |---|---|
 | `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg |
+| `cohort` | `Cohort`: the clients of a round, an exact count (`federation.clients_per_round`) or a share (`participation`) |
 | `server` | `ServerContext`: the services an algorithm may use (data, running the model, group training, layer masks, randomness) |
 | `updates`, `round_updates` | `Updates` (stacked rows of trained models) and `RoundUpdates` (a round's, streamed or held) |
 | `collective` | `Processes`: the collectives a round's updates use (the engine's `Collective` meets it), `OneProcess` |

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from fedlight.plugin.aggregation import ClientModels, ClusterAverage
+from fedlight.plugin.cohort import Cohort
 from fedlight.plugin.updates import Updates
 from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
@@ -67,6 +68,10 @@ class Algorithm:
     Args:
         participation: share of clients selected each round (at least one), drawn from a per-round stream
             that depends only on (seed, round), so resumed and uninterrupted runs select the same clients.
+            An exact count is the federation's instead (`federation.clients_per_round`, read by `select_clients`
+            from the server): the clients a round can reach are a property of the federation, not of the method,
+            so every algorithm and plugin honours the count without an argument of its own
+            (`fedlight.plugin.cohort`).
     """
 
     #: the aggregation hooks look at every update of a round at once (`updates.all()`); False: they stream them a
@@ -115,9 +120,10 @@ class Algorithm:
         client once and clusters them before its first round)."""
 
     def select_clients(self, round: int) -> list[int]:
-        """The clients that train this round: a `participation` share, sampled without replacement."""
+        """The clients that train this round, sampled without replacement: exactly `federation.clients_per_round`
+        when the run gives it, else a `participation` share."""
         n = self.server.num_clients
-        m = max(1, math.ceil(self.participation * n))
+        m = Cohort(n, self.participation, self.server.clients_per_round).size
         if m == n:
             return list(range(n))
         return sorted(self.server.rng(round, "select").choice(n, size=m, replace=False).tolist())

@@ -44,6 +44,8 @@ class ServerContext:
 
     Attributes:
         num_clients: clients in the federation.
+        clients_per_round: the exact count of clients every round trains (`federation.clients_per_round`), or None:
+            the algorithm's `participation` share (`fedlight.plugin.cohort`).
         device: where the data, the model and the server state live.
         seed: the run's seed (every random stream below derives from it).
         rounds: rounds the run is configured for.
@@ -61,7 +63,7 @@ class ServerContext:
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
                  fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
                  eval_batch_size: int, client_states: ClientStates,
-                 aggregation: "ClusterAggregation") -> None:
+                 aggregation: "ClusterAggregation", clients_per_round: int | None = None) -> None:
         self._flat, self._trainer, self._fabric = flat, trainer, fabric
         self._transform, self._eval_batch_size = transform, eval_batch_size
         self.model = model
@@ -69,6 +71,7 @@ class ServerContext:
         self.device = fabric.device
         self.clients = ClientPopulation(data, self.predict, trainer, self.client_seed)
         self.num_clients = self.clients.count
+        self.clients_per_round = clients_per_round
         self.initial_params = flat.read()
         self.train_sizes = self.clients.train_sizes
         self.public_x = data.public_x
@@ -88,6 +91,14 @@ class ServerContext:
     @property
     def num_params(self) -> int:
         return self._flat.numel
+
+    def needs_every_client(self, method: str, when: str) -> None:
+        """Refuse, in an algorithm's `setup`, a `clients_per_round` below the clients for a method that trains every
+        client `when` (FL+HC's clustering round, FeSEM's seeding round): that round would break the count."""
+        count = self.clients_per_round
+        if count is not None and count < self.num_clients:
+            raise ValueError(f"{method} trains every client {when}, but federation.clients_per_round allows "
+                             f"{count} of {self.num_clients:,}: leave clients_per_round out for {method}")
 
     # -- data ------------------------------------------------------------------------------------------
     def split(self, name: str) -> ClientSplit:

@@ -45,7 +45,7 @@ class ConsoleReporter(Callback):
 
         newcomers = federation.extension(NewcomerEvaluation)
         held = f" + {newcomers.clients.count} held out" if newcomers is not None else ""
-        self.console.print(f"{type(federation.algorithm).__name__}, {federation.num_clients} clients{held}: "
+        self.console.print(f"{type(federation.algorithm).__name__}, {federation.cohort.describe()}{held}: "
                            f"{federation.execution.plan.describe()}{federation.describe_threats()}", highlight=False)
         if self.console.is_terminal:
             self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
