@@ -32,9 +32,12 @@ def _context():
     return _CONTEXT
 
 
-def _child(args: list[str], cwd: str, env: dict[str, str], out_path: str, err_path: str) -> None:
+def _child(args: list[str], cwd: str, env: dict[str, str], out_path: str, err_path: str, own_group: bool) -> None:
     """In the forked process: the folder, environment, streams and argv of `python -m fedlight ARGS`, then its
-    main; exit handlers run as at an interpreter's exit (multiprocessing's children skip them)."""
+    main; exit handlers run as at an interpreter's exit (multiprocessing's children skip them). `own_group`: a
+    session and process group of its own (`start_new_session`)."""
+    if own_group:
+        os.setsid()
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -59,13 +62,15 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out_path: str, err_pa
 
 
 class Prestarted:
-    """One `python -m fedlight ARGS` in `cwd` with environment `env`, forked from the preloaded server."""
+    """One `python -m fedlight ARGS` in `cwd` with environment `env`, forked from the preloaded server;
+    `own_group`: in a process group of its own, as `Popen(start_new_session=True)`."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str], own_group: bool = False) -> None:
         self._folder = tempfile.mkdtemp(prefix="fedlight-prestarted-")
         self._out, self._err = os.path.join(self._folder, "out"), os.path.join(self._folder, "err")
         self.args = args
-        self._process = _context().Process(target=_child, args=(args, str(cwd), dict(env), self._out, self._err))
+        self._process = _context().Process(target=_child, args=(args, str(cwd), dict(env), self._out, self._err,
+                                                                        own_group))
         self._process.start()
         self.pid = self._process.pid
 

@@ -1,5 +1,6 @@
 """Real processes: a run killed with SIGKILL at random points and resumed ends with the numbers of an uninterrupted
-run; Ctrl-C prints one line; output to a pipe is plain lines with the clustering events."""
+run; Ctrl-C and SIGTERM (one process or two) print one line; output to a pipe is plain lines with the clustering
+events."""
 from __future__ import annotations
 
 import csv
@@ -27,10 +28,11 @@ RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clie
        "--federation.vectorize", "6", "--logger.wandb", "false"]  # a fixed path: runs are compared exactly
 
 
-def fedlight(args: list[str], cwd: Path) -> Prestarted:
-    """A real `python -m fedlight ARGS` process, forked from the preloaded server (`tests/_prestarted.py`)."""
+def fedlight(args: list[str], cwd: Path, own_group: bool = False) -> Prestarted:
+    """A real `python -m fedlight ARGS` process in `cwd`, forked from the preloaded server (`tests/_prestarted.py`);
+    `own_group`: in a process group of its own (with the processes it starts), which a scheduler signals as a whole."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return Prestarted(args, cwd, env)
+    return Prestarted(args, cwd, env, own_group=own_group)
 
 
 def finished(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -85,18 +87,58 @@ def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_metrics(tm
         assert a == b
 
 
-def test_ctrl_c_in_a_real_process_prints_one_line_and_the_run_resumes(tmp_path):
+def saved_round(run: Path) -> int:
+    import torch
+
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["federation"]["round"]
+
+
+@pytest.mark.parametrize("stop, code, said", [(signal.SIGINT, 130, "interrupted"),
+                                              (signal.SIGTERM, 143, "terminated (SIGTERM)")], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_in_a_real_process_prints_one_line_and_the_run_resumes(tmp_path, stop, code, said):
     run = tmp_path / "runs" / "stopped"
     process = fedlight(RUN + ["--output_dir", "runs", "--run_name", "stopped"], tmp_path)
     while rounds_done(run) < 2 and process.poll() is None:
         time.sleep(0.02)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 130, err
+    assert process.returncode == code, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert err.startswith("fedlight: interrupted; rounds 1-") and "python -m fedlight fit --resume runs/stopped" in err
+    assert err.startswith(f"fedlight: {said}; rounds 1-{saved_round(run)} are saved. Continue with: python -m "
+                          "fedlight fit --resume runs/stopped")
     assert finished(["fit", "--resume", "runs/stopped"], tmp_path).returncode == 0
     assert rounds_done(run) == ROUNDS
+
+
+@pytest.mark.parametrize("signalled", ["every process", "the first process"])
+def test_sigterm_to_two_processes_stops_both_after_one_round(tmp_path, signalled):
+    """As a scheduler ends a job (every process gets SIGTERM, wherever in the round each one is), or as `kill PID`
+    does (the first alone: the processes tell each other)."""
+    run = tmp_path / "runs" / "two"
+    process = fedlight(RUN + ["--output_dir", "runs", "--run_name", "two", "--federation.devices", "2"], tmp_path,
+                       own_group=True)
+    while rounds_done(run) < 1 and process.poll() is None:
+        time.sleep(0.02)
+    if signalled == "every process":
+        os.killpg(process.pid, signal.SIGTERM)
+    else:
+        process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("fedlight:")]
+    assert "Traceback" not in err and len(lines) == 1, err[-3000:]  # the first process reports, the other is quiet
+    saved = saved_round(run)
+    assert lines[0] == (f"fedlight: terminated (SIGTERM); rounds 1-{saved} are saved. Continue with: python -m "
+                        "fedlight fit --resume runs/two")
+    assert rounds_done(run) == saved < ROUNDS  # the round in progress was finished and saved, no later one begun
+    for _ in range(600):  # the other process is gone too
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("a process of the run outlived SIGTERM")
 
 
 def test_output_to_a_pipe_is_plain_lines_with_the_clustering_events(tmp_path):

@@ -1,5 +1,5 @@
-"""A sweep entry's own overrides reach only that entry's runs (FedAvg-FT beside FedAvg in one sweep), and a grid
-over any key runs every combination."""
+"""A sweep entry's own overrides reach only that entry's runs (FedAvg-FT beside FedAvg in one sweep), a grid
+over any key runs every combination, and a sweep stopped by Ctrl-C or SIGTERM exits with that run's code."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -60,3 +60,17 @@ def test_a_grid_without_algorithms_keeps_the_base_configs_algorithm_and_runs(tmp
     lrs = [yaml.safe_load((tmp_path / "runs" / name / "config.yaml").read_text())["model"]["init_args"]["lr"]
            for name in ("lr0.05-s0", "lr0.2-s0")]
     assert lrs == [0.05, 0.2] and report.is_file()
+
+
+@pytest.mark.parametrize("code", [130, 143])
+def test_a_sweep_whose_run_is_stopped_by_ctrl_c_or_sigterm_stops_with_that_runs_exit_code(tmp_path, code):
+    from fedlight.run import sweep
+
+    (tmp_path / "base.yaml").write_text("seed: 0\n")
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump({"base": "base.yaml", "seeds": [0, 1], "algorithms": ["fedavg"],
+                                          "output_dir": str(tmp_path / "runs")}))
+    calls = []
+    with pytest.raises(sweep.SweepInterrupted, match="rerun `fedlight sweep") as stop:
+        sweep.run(sweep_file, lambda args: calls.append(args) or code)
+    assert stop.value.exit_code == code and len(calls) == 1  # the next run is not started

@@ -100,8 +100,9 @@ class FakeRuns:
     (`table[lr] = (val, test)`), so that which trial is best on which split is known in advance."""
 
     def __init__(self, table: dict[float, tuple[float, float]], interrupt_at: int | None = None,
-                 fail: float | None = None) -> None:
+                 fail: float | None = None, interrupt: BaseException | None = None) -> None:
         self.table, self.interrupt_at, self.fail = table, interrupt_at, fail
+        self.interrupt = interrupt or KeyboardInterrupt()  # what stops the run `interrupt_at` (Ctrl-C by default)
         self.calls: list[SimpleNamespace] = []
 
     def __call__(self, parser, cfg, console=None, callbacks=()) -> dict:
@@ -114,7 +115,7 @@ class FakeRuns:
             callback.on_fit_start(run)
         for round in range(1, 4):
             if len(self.calls) == self.interrupt_at and round == 2:
-                raise KeyboardInterrupt
+                raise self.interrupt
             val, test = self.table[lr]
             result = SimpleNamespace(round=round, evaluated=True, scalars={"val/acc_mean": val, "test/acc_mean": test})
             for callback in callbacks:
@@ -168,6 +169,18 @@ def test_ctrl_c_leaves_a_study_whose_interrupted_trial_runs_again_when_the_comma
     assert study.trials[3].params == study.trials[1].params and study.trials[3].user_attrs["run_dir"].endswith(
         "trial-0001")  # the retry continues the interrupted trial's run folder
     assert len(runs.calls) == 2
+
+
+def test_sigterm_in_a_trial_queues_it_again_as_ctrl_c_does_and_tuning_exits_143(tmp_path):
+    from fedlight.run.callbacks import RunInterrupted
+
+    table = {0.01: (0.5, 0.5), 0.03: (0.7, 0.4), 0.1: (0.6, 0.5)}
+    terminated = RunInterrupted(tmp_path / "trial-0001", 1, terminated=True)  # what fit raises after SIGTERM
+    with pytest.raises(tune.TuneInterrupted) as stop:
+        fake_tune(tmp_path, FakeRuns(table, interrupt_at=2, interrupt=terminated), [0.01, 0.03, 0.1], 3)
+    assert stop.value.exit_code == 143
+    study = optuna.load_study(study_name="f", storage=f"sqlite:///{tmp_path / 'f.db'}")
+    assert states(study) == ["COMPLETE", "FAIL", "WAITING", "WAITING"] and study.trials[3].user_attrs["retry_of"] == 1
 
 
 def test_the_objective_is_the_mean_over_the_last_evaluated_rounds_and_survives_a_resume():

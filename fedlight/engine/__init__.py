@@ -9,6 +9,7 @@ Algorithms never import it: they see the run through `fedlight.plugin`.
 | `extensions` | `RoundExtensions`: a run's round extensions, each hook called on all of them in order |
 | `held_out`, `newcomer_evaluation` | `HeldOutClients`, the engine's `Newcomers`; the round extension that evaluates them (`unseen/*`) |
 | `round_result` | the typed record a round produces |
+| `divergence` | `RoundDiverged`: a round whose server model is not finite or whose clients were all left out stops the run |
 | `evaluator` | every client's model on its split (sharded over processes) |
 | `processes` | the collectives of a federation spread over processes |
 | `config`, `devices` | the federation's settings, Fabric and devices (and the memory they have) |

@@ -24,6 +24,7 @@ from fedlight.aggregators.cluster_aggregator import ClusterAggregation, RobustSe
 from fedlight.engine.config import FederationConfig
 from fedlight.plugin.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import batch_transform, client_state_budget, default_precision, make_fabric
+from fedlight.engine.divergence import watched_round
 from fedlight.plugin.evaluation import per_cluster_means
 from fedlight.engine.evaluator import Evaluator
 from fedlight.engine.execution import ClientExecution
@@ -136,7 +137,7 @@ class Federation:
         return self.data.num_clients
 
     def run_round(self, round: int) -> RoundResult:
-        """Run round `round` (1-based) and return what it produced."""
+        """Run round `round` (1-based) and return what it produced (`RoundDiverged`: it left nothing to go on)."""
         alg = self.algorithm
         self.aggregation.begin_round(round)
         self.extensions.begin_round(round)
@@ -144,12 +145,13 @@ class Federation:
         clients = alg.select_clients(round)
         self.cohort.check_selected(type(alg).__name__, round, len(clients))
         updates = self.execution.round_updates(round, clients)
-        alg.pre_aggregation(round, updates)
-        alg.aggregate(round, updates)
-        alg.post_aggregation(round, updates)
-        if round == 1:
-            self.aggregation.check_applied(alg)
-        training = updates.finish()
+        with watched_round(round, updates, alg, self.extensions.describe(), self.aggregation.default):
+            alg.pre_aggregation(round, updates)
+            alg.aggregate(round, updates)
+            alg.post_aggregation(round, updates)
+            if round == 1:
+                self.aggregation.check_applied(alg)
+            training = updates.finish()
         self.client_states.write_returned(updates)
         self.round = round
         clusters = alg.cluster_labels()

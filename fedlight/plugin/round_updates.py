@@ -93,6 +93,12 @@ class RoundUpdates:
             self.all()
         return self._left_out
 
+    @property
+    def nothing_received(self) -> bool:
+        """Whether a held round was trained and left every selected client out: its hooks got no update at all (a
+        streamed round's groups may each be empty, which running sums take in their stride)."""
+        return self.holds and self._all is not None and len(self._all) == 0 and len(self.clients) > 0
+
     # -- streamed ----------------------------------------------------------------------------------------------
     def groups(self) -> Iterator[Updates]:
         """This process's finite updates a group at a time, each trained when reached (held: the one group of

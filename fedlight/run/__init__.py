@@ -5,7 +5,8 @@
 | `cli` | `python -m fedlight fit / list / report / sweep / tune`, config parsing and one-line errors |
 | `config_errors`, `registry` | jsonargparse errors explained; algorithms, data and models found by entry point |
 | `early_checks`, `lazy_types`, `catalog` | what the command line answers before Lightning loads: option and key typos, the parser's base classes, `list` read from the source files |
-| `runner` | `fit`: rounds, resume, Ctrl-C, the summary; callbacks called by hook name |
+| `runner` | `fit`: rounds, resume, Ctrl-C and SIGTERM, the summary; callbacks called by hook name |
+| `termination`, `failures` | SIGTERM handled as Ctrl-C (exit 143; several processes stop after the same round); the line after a failed run's error |
 | `callbacks`, `callback_keys` | `Callback`, `Run`, `EarlyStopping`; the key of a callback's state in a checkpoint (its class and arguments) |
 | `recorder`, `wandb_logger`, `console`, `checkpoint` | the built-in callbacks: CSV files, W&B, the console, round checkpoints |
 | `sweep` | a grid of runs in one process, then the report |

@@ -2,8 +2,8 @@
 console, W&B and checkpoints are callbacks, and a config's `callbacks:` list adds a user's own by class path.
 
 A callback overrides any of `on_fit_start(run)`, `on_round_end(run, result)`, `on_fit_end(run, summary)`,
-`on_interrupt(run)` and `on_exception(run, error)`; `run` is the `Run` (its federation, folder and config),
-`result` the round's `RoundResult`.
+`on_interrupt(run)` (Ctrl-C, SIGTERM) and `on_exception(run, error)`; `run` is the `Run` (its federation, folder
+and config), `result` the round's `RoundResult`.
 Setting `run.should_stop` ends the run after the current round (`EarlyStopping`). A callback with state to keep
 across a resume returns it from `state_dict()` (plain values and tensors) and takes it back in `load_state_dict`;
 the checkpoint keeps it under the callback's class and the arguments it was built with (`callback_keys`), which
@@ -26,11 +26,13 @@ if TYPE_CHECKING:
 
 
 class RunInterrupted(Exception):
-    """Ctrl-C during a run: the rounds up to `saved_round` are in the run folder's checkpoint."""
+    """Ctrl-C or SIGTERM (`terminated`) during a run: the rounds up to `saved_round` are in the run folder's
+    checkpoint. `main_process`: raised in the process that reports for the run (the first of several)."""
 
-    def __init__(self, run_dir: Path, saved_round: int) -> None:
-        super().__init__(f"interrupted after round {saved_round}")
+    def __init__(self, run_dir: Path, saved_round: int, terminated: bool = False, main_process: bool = True) -> None:
+        super().__init__(f"{'terminated' if terminated else 'interrupted'} after round {saved_round}")
         self.run_dir, self.saved_round = run_dir, saved_round
+        self.terminated, self.main_process = terminated, main_process
 
 
 @dataclass
@@ -81,7 +83,7 @@ class Callback:
         """After the last round, with the run's summary (what summary.json holds)."""
 
     def on_interrupt(self, run: Run) -> None:
-        """After Ctrl-C stopped the run (the last checkpoint is intact)."""
+        """After Ctrl-C or SIGTERM stopped the run (the last checkpoint is intact)."""
 
     def on_exception(self, run: Run, error: BaseException) -> None:
         """After an error stopped the run (the last checkpoint is intact)."""

@@ -25,7 +25,8 @@ from fedlight.plugin.algorithm import Algorithm
 from fedlight.aggregators.attacks import AttackConfig
 from fedlight.engine.config import FederationConfig
 from fedlight.aggregators.privacy import PrivacyConfig
-from fedlight.run import catalog, registry, tune
+from fedlight.engine.divergence import RoundDiverged
+from fedlight.run import catalog, failures, registry, termination, tune
 from fedlight.run.callbacks import Callback, RunInterrupted
 from fedlight.run.config_errors import explain
 from fedlight.run.console import make_console
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         print_components(console)
         return 0
     try:
-        with one_line_warnings(errors):
+        with termination.sigterm_as_interrupt(), one_line_warnings(errors):  # SIGTERM stops a run as Ctrl-C does
             if cfg.command == "report":
                 run_report(cfg.report, console)
             elif cfg.command == "sweep":
@@ -268,40 +269,58 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 run_fit(parser.fit_parser, cfg.fit, console)
     except RunInterrupted as stop:
+        if not stop.main_process:  # the first process reports; the others end quietly, so a launcher watching
+            return 0               # them (Fabric's) does not kill the first before it has reported
         saved = f"rounds 1-{stop.saved_round} are saved" if stop.saved_round else "no round had finished"
-        errors.print(f"fedlight: interrupted; {saved}. Continue with: python -m fedlight fit --resume {stop.run_dir}")
-        return 130
-    except KeyboardInterrupt:
-        errors.print("fedlight: interrupted before the first round; nothing was saved")
-        return 130
+        errors.print(f"fedlight: {stopped(stop)}; {saved}. Continue with: python -m fedlight fit --resume "
+                     f"{stop.run_dir}")
+        return termination.exit_code(stop)
+    except KeyboardInterrupt as interrupt:
+        errors.print(f"fedlight: {stopped(interrupt)} before the first round; nothing was saved")
+        return termination.exit_code(interrupt)
+    except RoundDiverged as error:  # one line: the round, the likely cause, and the checkpoint kept
+        if os.environ.get("FEDLIGHT_DEBUG"):
+            raise
+        if not failures.from_follower(error):  # the first of several processes reports it
+            errors.print(f"fedlight: error: {'; '.join([str(error), *failures.notes(error)])}")
+        return 1
     except (FileNotFoundError, ValueError) as error:  # CheckpointError is a ValueError
         if os.environ.get("FEDLIGHT_DEBUG"):
             raise
+        if failures.from_follower(error):  # the first of several processes reports it
+            return 2
         message = str(error)  # a section's own check, reached through a union (attack, privacy), comes nested
         errors.print(f"fedlight: error: {explain(message) if chr(10) in message else message}")
+        for note in getattr(error, "__notes__", []):  # a run that failed after its first checkpoint: how to go on
+            errors.print(note)
         return 2
     return 0
 
 
+def stopped(stop: BaseException) -> str:
+    """'interrupted' (Ctrl-C) or 'terminated (SIGTERM)', for the line that says how to continue."""
+    return "terminated (SIGTERM)" if termination.terminated(stop) else "interrupted"
+
+
 def run_tune(cfg: Namespace, fit_parser: ArgumentParser, console: Console, errors: Console) -> int:
-    """Search on validation data with Optuna (`fedlight.run.tune`); Ctrl-C leaves a study that resumes."""
+    """Search on validation data with Optuna (`fedlight.run.tune`); Ctrl-C or SIGTERM leaves a study that resumes."""
     try:
         tune.run(cfg, fit_parser, run_fit, console)
     except tune.TuneInterrupted as stop:
         errors.print(f"fedlight: {stop}")
-        return 130
+        return stop.exit_code
     return 0
 
 
 def run_sweep(config: str, console: Console, errors: Console) -> int:
-    """Run a sweep file's runs in this process, then its report; Ctrl-C says how to continue."""
+    """Run a sweep file's runs in this process, then its report; Ctrl-C or SIGTERM says how to continue."""
     from fedlight.run import sweep
 
     try:
         sweep.run(config, main, console)
     except sweep.SweepInterrupted as stop:
         errors.print(f"fedlight: {stop}")
-        return 130
+        return stop.exit_code
     return 0
 
 

@@ -2,6 +2,7 @@
 W&B, a user's own (`callbacks:` in the config) and, last, the round checkpoints. Ends with the summary."""
 from __future__ import annotations
 
+import contextlib
 import numbers
 import shutil
 import time
@@ -15,7 +16,7 @@ from fedlight.plugin.evaluation import higher_is_better
 from fedlight.engine.federation import Federation
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.engine.round_result import RoundResult
-from fedlight.run import checkpoint
+from fedlight.run import checkpoint, failures, termination
 from fedlight.run.callbacks import Callback, Run, RunInterrupted, call, callback_states, load_callback_states
 from fedlight.run.console import ConsoleReporter, make_console
 from fedlight.run.recorder import CsvRecorder
@@ -74,8 +75,10 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
     `config_text` is the resolved config (YAML) the run folder keeps. With `resume`, the state of the last round
     checkpoint in `run_dir` is loaded first (the federation's and every callback's); the metrics files keep the rows
     up to that round, so the run ends exactly as an uninterrupted one would. Nothing is written before the run is
-    accepted, and a new run stopped before its first checkpoint leaves no folder. `callbacks` are the user's own,
-    called after the built-in observers and before the checkpoint."""
+    accepted, and a new run stopped before its first checkpoint (Ctrl-C, SIGTERM, an error) leaves no folder; an
+    error after it carries a note (`failure_note`) saying what is kept and how to go on. SIGTERM stops the run as
+    Ctrl-C does (`fedlight.run.termination`: one process at once, several after the round in progress).
+    `callbacks` are the user's own, called after the built-in observers and before the checkpoint."""
     collective = federation.collective
     main_process = collective.rank == 0  # only the first of several processes writes the run folder and prints
     console = (console or make_console()) if main_process else make_console(quiet=True)
@@ -100,26 +103,40 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
                              f"least {federation.round}")
     if main_process:
         run_dir.mkdir(parents=True, exist_ok=resume)
+    rounds_together = termination.deferred() if collective.spread else contextlib.nullcontext()
     try:
-        call(every, "on_fit_start", run)
-        for round in range(federation.round + 1, federation.config.rounds + 1):
-            started = time.perf_counter()
-            result = federation.run_round(round)
-            result.seconds = time.perf_counter() - started
-            if result.stop_reason:  # the engine's own reason to stop (a privacy budget), seen by every callback
-                run.should_stop, run.stop_reason = True, result.stop_reason
-            call(every, "on_round_end", run, result)
-            if run.should_stop:
-                break
-    except KeyboardInterrupt:
+        with termination.sigterm_as_interrupt(), rounds_together:
+            call(every, "on_fit_start", run)
+            for round in range(federation.round + 1, federation.config.rounds + 1):
+                started = time.perf_counter()
+                result = federation.run_round(round)
+                result.seconds = time.perf_counter() - started
+                if result.stop_reason:  # the engine's own reason to stop (a privacy budget), seen by every callback
+                    run.should_stop, run.stop_reason = True, result.stop_reason
+                terminated = collective.spread and termination.requested_anywhere(collective)
+                run.should_stop |= terminated  # SIGTERM to any of several processes: all stop after this checkpoint
+                call(every, "on_round_end", run, result)
+                if terminated:
+                    raise termination.Terminated()
+                if run.should_stop:
+                    break
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (`termination.Terminated`)
         call(every, "on_interrupt", run)
         if not resume and not checkpointer.saved_round:  # a new run with nothing saved: leave nothing behind
             if main_process:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        raise RunInterrupted(run_dir, checkpointer.saved_round) from None
+        raise RunInterrupted(run_dir, checkpointer.saved_round, termination.terminated(interrupt),
+                             main_process) from None
     except Exception as error:
         call(every, "on_exception", run, error)
+        if main_process:
+            if not resume and not checkpointer.saved_round:  # as after Ctrl-C: the name is free again
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                error.add_note(failures.failure_note(error, run_dir, checkpointer.saved_round))
+        else:
+            failures.mark_follower(error)
         raise
     summary = _summary(run, totals)
     call(every, "on_fit_end", run, summary)

@@ -36,6 +36,7 @@ from rich.console import Console
 
 from fedlight.reports import report
 from fedlight.run import registry
+from fedlight.run.termination import INTERRUPTED_EXIT, TERMINATED_EXIT
 from fedlight.plugin.algorithm import Algorithm
 
 
@@ -44,7 +45,12 @@ class SweepError(ValueError):
 
 
 class SweepInterrupted(Exception):
-    """Ctrl-C during one of the sweep's runs; the message says how to continue."""
+    """Ctrl-C or SIGTERM during one of the sweep's runs; the message says how to continue, `exit_code` is the
+    run's (130 or 143)."""
+
+    def __init__(self, message: str, exit_code: int = INTERRUPTED_EXIT) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass
@@ -198,9 +204,9 @@ def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | No
             continue
         console.print(f"[bold]sweep {i}/{len(grid)}: {combination.name}[/bold]")
         code = fit(fit_args(combination, base, config))
-        if code == 130:
+        if code in (INTERRUPTED_EXIT, TERMINATED_EXIT):
             raise SweepInterrupted(f"sweep interrupted in run {combination.name}; rerun `fedlight sweep --config "
-                                   f"{path}` to continue: finished runs are skipped, unfinished ones resumed")
+                                   f"{path}` to continue: finished runs are skipped, unfinished ones resumed", code)
         if code:
             raise SweepError(f"run {combination.name} failed (exit code {code}, its error is above); fix it and rerun "
                              "the sweep: finished runs are skipped")

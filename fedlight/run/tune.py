@@ -25,7 +25,7 @@ from jsonargparse import ArgumentParser, Namespace
 from rich.console import Console
 
 from fedlight.plugin.evaluation import higher_is_better
-from fedlight.run import tune_space, tune_study
+from fedlight.run import termination, tune_space, tune_study
 from fedlight.run.callbacks import RunInterrupted
 from fedlight.run.config_errors import explain
 from fedlight.run.trial_reporter import TrialReporter
@@ -37,7 +37,11 @@ RunFit = Callable[..., dict[str, Any]]
 
 
 class TuneInterrupted(Exception):
-    """Ctrl-C during a tuning run; the message says how to continue."""
+    """Ctrl-C or SIGTERM during a tuning run; the message says how to continue, `exit_code` is 130 or 143."""
+
+    def __init__(self, message: str, stop: BaseException) -> None:
+        super().__init__(message)
+        self.exit_code = termination.exit_code(stop)
 
 
 class TrialFailed(Exception):
@@ -147,9 +151,9 @@ class Tuner:
         origin = tune_study.retry_origin(next(t for t in trials if t.number == trial.number))
         try:
             return self.run_trial(trial, origin)
-        except (KeyboardInterrupt, RunInterrupted):
+        except (KeyboardInterrupt, RunInterrupted) as stop:
             self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number if origin is None else origin})
-            raise KeyboardInterrupt from None
+            raise termination.same_interrupt(stop) from None
         except optuna.TrialPruned:
             raise
         except Exception as error:  # recorded as failed by Optuna; the study goes on
@@ -201,9 +205,9 @@ class Tuner:
             return
         try:
             self.study.optimize(self.objective, callbacks=[self.stop_at_total], catch=(Exception,))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             raise TuneInterrupted(f"tuning interrupted; the study {self.name} is saved, and rerunning the same command "
-                                  "continues it (the interrupted trial resumes from its last round)") from None
+                                  "continues it (the interrupted trial resumes from its last round)", stop) from None
 
     # -- after the search ---------------------------------------------------------------------------------
     def final_runs(self, params: dict[str, Any]) -> list[Path]:
@@ -223,9 +227,9 @@ class Tuner:
                     cfg = self.parse([*self.run_args(values, folder.name, "test"), "--seed", str(seed)])
                 try:
                     self.run_fit(self.parser, cfg, self.console)
-                except (KeyboardInterrupt, RunInterrupted):
+                except (KeyboardInterrupt, RunInterrupted) as stop:
                     raise TuneInterrupted(f"interrupted in the final run {folder.name}; rerun the same command to "
-                                          "finish the final runs (the search is done)") from None
+                                          "finish the final runs (the search is done)", stop) from None
         return folders
 
     def finish(self) -> Path:

@@ -1,0 +1,77 @@
+"""A round after which the run cannot go on: the server model is not finite, or every client of the round was left
+out (its trained model, loss or returned state was not finite). Going on would only leave out every client of every
+later round, so the run stops in that round, before anything records or checkpoints it (`watched_round`, around
+the round's aggregation hooks: a hook that fails on a round with no update left is reported as this, not as its
+own error).
+
+The check reads the server state in its general form (`Algorithm.models`, `Algorithm.personal`), so it names no
+algorithm; the likely cause it gives is read from the run's aggregation and round extensions' notes.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from torch import Tensor
+
+from fedlight.plugin.round_updates import RoundUpdates, finite_rows
+
+ROBUST_RULES = "median, trimmed_mean, krum, ..."  # what the hint offers (fedlight.aggregators.robust has them all)
+
+
+class RoundDiverged(RuntimeError):
+    """The round `round` left the run nothing to go on; the message names the round, what was not finite and the
+    likely cause."""
+
+    def __init__(self, round: int, problem: str) -> None:
+        super().__init__(f"round {round}: {problem}")
+        self.round = round
+
+
+def server_model_finite(algorithm: Any) -> bool:
+    """Whether every entry of the cluster models and of the clients' personal entries is finite (the models the
+    clients of the next round start from)."""
+    parts = [getattr(algorithm, name, None) for name in ("models", "personal")]
+    return all(bool(finite_rows(part).all()) for part in parts if isinstance(part, Tensor) and part.numel())
+
+
+def likely_cause(notes: list[str], plain_mean: bool) -> str:
+    """What most likely made the training diverge, and the fix: with round extensions at work (`notes`, an attack's
+    'attack sign_flip by 4 clients') under the plain mean, the attackers' updates; otherwise the learning rate."""
+    if notes and plain_mean:
+        return (f"likely {', '.join(notes)} averaged by the plain mean: configure a robust federation.aggregator "
+                f"({ROBUST_RULES}) or lower the learning rate")
+    return "likely a learning rate too high for the model: lower it (or look for huge values in the data)"
+
+
+def all_left_out(selected: int, notes: list[str], plain_mean: bool) -> str:
+    """What went wrong in a round whose `selected` clients were all left out, and its likely cause."""
+    return (f"all {selected} clients of the round were left out (their trained models or losses are not finite), "
+            f"{likely_cause(notes, plain_mean)}")
+
+
+def check_round(round: int, selected: int, left_out: list[int], algorithm: Any, notes: list[str],
+                plain_mean: bool) -> None:
+    """Raise `RoundDiverged` when the server model is not finite after the round's aggregation, or when all
+    `selected` clients were `left_out`; `notes` and `plain_mean` describe the run for the likely cause."""
+    if not server_model_finite(algorithm):
+        raise RoundDiverged(round, f"the server model is not finite after aggregation, "
+                                   f"{likely_cause(notes, plain_mean)}")
+    if selected and len(left_out) >= selected:
+        raise RoundDiverged(round, all_left_out(selected, notes, plain_mean))
+
+
+@contextlib.contextmanager
+def watched_round(round: int, updates: RoundUpdates, algorithm: Any, notes: list[str],
+                  plain_mean: bool) -> Iterator[None]:
+    """Around a round's aggregation hooks and `updates.finish()`: `check_round` once they are done, and
+    `RoundDiverged` when a hook fails on a held round that left every client out (it had no update to work on:
+    the cause, not the hook's error, is reported)."""
+    try:
+        yield
+    except Exception as error:
+        if updates.nothing_received:
+            raise RoundDiverged(round, all_left_out(len(updates.clients), notes, plain_mean)) from error
+        raise
+    check_round(round, len(updates.clients), updates.left_out, algorithm, notes, plain_mean)
