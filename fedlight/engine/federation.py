@@ -139,9 +139,7 @@ class Federation:
     def run_round(self, round: int) -> RoundResult:
         """Run round `round` (1-based) and return what it produced (`RoundDiverged`: it left nothing to go on)."""
         alg = self.algorithm
-        self.aggregation.begin_round(round)
-        self.extensions.begin_round(round)
-        alg.begin_round(round)
+        self.begin_round(round)
         clients = alg.select_clients(round)
         self.cohort.check_selected(type(alg).__name__, round, len(clients))
         updates = self.execution.round_updates(round, clients)
@@ -162,6 +160,12 @@ class Federation:
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             self.evaluate_round(result, training, clusters)
         return result
+
+    def begin_round(self, round: int) -> None:
+        """Tell the aggregation, the round extensions and the algorithm that round `round` begins."""
+        self.aggregation.begin_round(round)
+        self.extensions.begin_round(round)
+        self.algorithm.begin_round(round)
 
     def end_round(self, round: int, selected: int) -> str | None:
         """Log what the extensions measured once the round aggregated (a budget spent, a clip adapted); why the run
