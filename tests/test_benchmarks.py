@@ -101,8 +101,24 @@ def test_femnist_load_benchmark_writes_leaf_files_and_loads_them_twice_alike(mon
     assert result["cache_mb"] > 70 * 784 / 2**20  # the pixels as bytes, and the rest
 
 
+def forked_command(*args: str) -> float:
+    """`tune_overhead.command` (a `python -m fedlight ARGS` and its wall time) as a process forked from the preloaded
+    server (`tests/_prestarted.py`): the benchmark's logic, without two interpreters' start-up."""
+    import os
+    import time
+
+    from _prestarted import fedlight_result
+
+    env = {**os.environ, "WANDB_MODE": "offline", "JSONARGPARSE_DEPRECATION_WARNINGS": "off"}
+    started = time.perf_counter()
+    result = fedlight_result(list(args), tune_overhead.REPO, env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return time.perf_counter() - started
+
+
 @pytest.mark.slow
 def test_tune_overhead_benchmark_runs_the_trials_configurations_again_by_hand(monkeypatch, tmp_path):
+    monkeypatch.setattr(tune_overhead, "command", forked_command)
     result = run_main(tune_overhead, monkeypatch, tmp_path, "--trials", "1", "--rounds", "1", "--repeats", "1")
     assert result["trials"] == 1 and result["tune_s"] > 0 and result["fit_s"] > 0
     assert 0 < result["tune_outside_runs_s"] < result["tune_s"]
