@@ -11,15 +11,15 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 #: True when fedlight chose OpenMP's wait policy: torch's idle threads sleep instead of spinning. Spinning threads
 #: of runs that share cores (seeds side by side, two processes on two cores) take each other's time: three runs on 2
-#: cores took 10.7x one alone, 2.2x with this policy (README, "Runs side by side"). Read when torch loads, so it is
+#: cores took 10.7x one alone, 2.2x with this policy (README, "CPU threads"). Read when torch loads, so it is
 #: set here, before anything imports torch, unless the user chose a policy (a program that imported torch before
 #: fedlight keeps torch's policy; the processes fedlight starts inherit this one).
 WAIT_POLICY_SET = "OMP_WAIT_POLICY" not in os.environ and "torch" not in sys.modules
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from typing import TYPE_CHECKING, Any
 
 #: public name -> the module that defines it
 API = {"Algorithm": "fedlight.plugin.algorithm", "FederationConfig": "fedlight.engine.config",

@@ -18,11 +18,12 @@ from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.models import MLP, Classifier
 
 
-def mlp_federation(algorithm=None, vectorize=8, num_clients=5, batch_size=16, weight_decay=0.0) -> Federation:
-    """An MLP on digits of unequal clients (short last batches, other step counts): no max-pool ties, so the two
-    trainers agree to float rounding."""
+def mlp_federation(algorithm=None, vectorize=8, num_clients=5, batch_size=16, weight_decay=0.0,
+                   network: torch.nn.Module | None = None) -> Federation:
+    """An MLP (or `network`) on digits of unequal clients (short last batches, other step counts): no max-pool ties,
+    so the two trainers agree to float rounding."""
     torch.manual_seed(0)
-    model = Classifier(MLP(64, [32], 10), lr=0.05, momentum=0.9, weight_decay=weight_decay)
+    model = Classifier(network or MLP(64, [32], 10), lr=0.05, momentum=0.9, weight_decay=weight_decay)
     config = FederationConfig(rounds=2, local_epochs=2, batch_size=batch_size, accelerator="cpu", vectorize=vectorize)
     data = DigitsFederated(num_clients=num_clients, partition=QuantitySkew(alpha=0.5, min_size=20))
     return Federation(data, model, algorithm or Algorithm(), config)
@@ -67,9 +68,14 @@ def test_train_many_vectorized_matches_each_client_alone(weighted):
     assert torch.allclose(got.params, expected, atol=1e-6)
 
 
-def test_a_group_hook_sees_each_clients_rows_and_positions():
-    """A proximal pull towards a per-client anchor, written once for the group, equals the per-client hook."""
-    fed = mlp_federation(vectorize=2)
+@pytest.mark.parametrize("buffers", [False, True], ids=["parameters only", "with BatchNorm's buffers"])
+def test_a_group_hook_sees_each_clients_rows_and_positions(buffers):
+    """A proximal pull towards a per-client anchor, written once for the group, equals the per-client hook; the
+    vectorized trainer hands the hook its parameter rows directly, or full-length rows when the flat rows hold
+    buffers too."""
+    bn = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
+                             torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    fed = mlp_federation(vectorize=2, batch_size=20, network=bn if buffers else None)
     starts, anchors, clients = noisy_starts(fed, 4), noisy_starts(fed, 4).flip(0), [4, 2, 1, 0]
     seen = set()
 
