@@ -43,7 +43,7 @@ class CentClus(CentroidAlgorithm):
         else:
             best, centers = float("inf"), None
             for s in range(self.samples):
-                rows = torch.randperm(len(x), generator=generator, device=x.device)[: self.max_points]
+                rows = torch.randperm(len(x), generator=generator)[: self.max_points].to(x.device)
                 candidate = self.cluster(x[rows], generator).centers
                 total = float(kcenters.cost(x, candidate, self.ell))
                 if total < best:

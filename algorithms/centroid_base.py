@@ -86,7 +86,7 @@ class CentroidAlgorithm(Algorithm):
         return self.server.model.points(self.server.inputs(x))
 
     def generator(self, seed: int) -> torch.Generator:
-        return kcenters.generator_for(seed, self.server.device)
+        return kcenters.generator_for(seed)
 
     def server_generator(self, round: int, purpose: str = "server") -> torch.Generator:
         return self.generator(int(self.server.rng(round, purpose).integers(2 ** 62)))

@@ -81,8 +81,7 @@ class FeSEM(Algorithm):
         held = updates.all()
         local = held.params[:, self.mask]
         if not self.seeded:  # k-means on the local models: the centers are then their members' means (M-step)
-            generator = kcenters.generator_for(int(self.server.rng(round, "fesem-seeding").integers(2**62)),
-                                               local.device)
+            generator = kcenters.generator_for(int(self.server.rng(round, "fesem-seeding").integers(2**62)))
             labels = kcenters.fit(local.double(), self.num_clusters, generator=generator).labels
             self.models = self.models.repeat(self.num_clusters, 1)
             self.assignment[held.clients] = labels

@@ -103,10 +103,12 @@ def _weights(x: Tensor, weights: Tensor | None) -> Tensor:
 
 
 def _draw(probs: Tensor, count: int, generator: torch.Generator | None) -> Tensor:
-    """`count` draws with replacement per row of non-negative `probs` (rows summing to zero draw uniformly)."""
+    """`count` draws with replacement per row of non-negative `probs` (rows summing to zero draw uniformly), made
+    on the generator's device (the CPU for `generator_for`'s), so a seed picks the same rows on every device."""
     total = probs.sum(dim=-1, keepdim=True)
     probs = torch.where(total > 0, probs, torch.ones_like(probs))
-    return torch.multinomial(probs, count, replacement=True, generator=generator)
+    on = probs.device if generator is None else generator.device
+    return torch.multinomial(probs.to(on), count, replacement=True, generator=generator).to(probs.device)
 
 
 def kmeans_plusplus(x: Tensor, k: int, ell: float = 2.0, weights: Tensor | None = None, runs: int = 1,
@@ -362,6 +364,7 @@ def pad_centers(centers: Tensor, k: int) -> Tensor:
     return torch.cat([centers, centers[:1].expand(k - len(centers), -1)])
 
 
-def generator_for(seed: int, device: torch.device | str) -> torch.Generator:
-    """A torch generator on `device` seeded with `seed` (reduced to 63 bits)."""
-    return torch.Generator(device=device).manual_seed(int(seed) % (2 ** 63))
+def generator_for(seed: int) -> torch.Generator:
+    """A CPU torch generator seeded with `seed` (reduced to 63 bits): k-means++ draws from it whatever device the
+    points are on, so a run clusters alike on a CPU and a GPU."""
+    return torch.Generator().manual_seed(int(seed) % (2 ** 63))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.training.sequential import seed_random_layers
+from fedlight.training.sequential import sample_order, seed_random_layers
 
 
 @dataclass
@@ -39,11 +39,11 @@ def group_steps(data: list[tuple[Tensor, Tensor]], seeds: list[int], batch_size:
     seed when it is alone, as `batch_rows` seeds them)."""
     one = seeds[0] if len(seeds) == 1 else int(np.random.SeedSequence(seeds).generate_state(1)[0])
     seed_random_layers(one, device)  # one client alone draws what `batch_rows` draws
-    generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
     sizes = [len(y) for _, y in data]
     steps = [math.ceil(n / batch_size) for n in sizes]
     for epoch in range(epochs):
-        orders = [torch.randperm(n, generator=g, device=device) for n, g in zip(sizes, generators)]
+        orders = [sample_order(n, g, device) for n, g in zip(sizes, generators)]
         for step in range(max(steps, default=0)):
             by_count: dict[int, list[int]] = {}
             for row, n in enumerate(sizes):

@@ -82,6 +82,12 @@ def seed_random_layers(seed: int, device: torch.device) -> None:
         torch.manual_seed(seed)
 
 
+def sample_order(n: int, generator: torch.Generator, device: torch.device) -> Tensor:
+    """An epoch's order of a client's n samples, drawn on the CPU from `generator` (a CPU generator) and moved to
+    `device`: the same seed gives the same batches on every device (a CUDA generator draws other permutations)."""
+    return torch.randperm(n, generator=generator).to(device, non_blocking=True)
+
+
 class ClientTrainer:
     """Trains the shared module from a given flat model on one client's data and returns the result. The module is
     attached to `stand_in` (what it reads as `self.trainer`, `fedlight.training.trainer_stand_in`) before its
@@ -166,10 +172,10 @@ class ClientTrainer:
         """(epoch, step, rows) of local epochs over n samples: a permutation per epoch from a generator seeded by
         `seed`, which also seeds the random layers (dropout)."""
         seed_random_layers(seed, device)
-        generator = torch.Generator(device=device).manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
         b = self.batch_size
         for epoch in range(self.local_epochs if epochs is None else epochs):
-            order = torch.randperm(n, generator=generator, device=device)
+            order = sample_order(n, generator, device)
             for step, begin in enumerate(range(0, n, b)):
                 yield epoch, step, order[begin: begin + b]
 

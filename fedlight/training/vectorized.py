@@ -31,7 +31,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates
 from fedlight.training.step_logs import LogSums, StepLogs
-from fedlight.training.sequential import Trained, seed_random_layers, training_loss, weighted_loss
+from fedlight.training.sequential import Trained, sample_order, seed_random_layers, training_loss, weighted_loss
 from fedlight.training.trainer_stand_in import TrainerStandIn
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
@@ -321,7 +321,7 @@ class VectorizedTrainer:
         sizes = [len(y) for _, y in data]
         steps = [math.ceil(n / b) for n in sizes]
         rates = [r[0] * lr_scale for r in self.learning_rates.rates(round, epochs * max(steps))]
-        generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
         x_all = torch.cat([x for x, _ in data])
         y_all = torch.cat([y for _, y in data])
         offsets = torch.tensor([0] + sizes[:-1], device=device).cumsum(0)
@@ -331,7 +331,7 @@ class VectorizedTrainer:
         with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module):
             self.step_module.logs = step_logs
             for epoch in range(epochs):
-                orders = [torch.randperm(n, generator=g, device=device) for n, g in zip(sizes, generators)]
+                orders = [sample_order(n, g, device) for n, g in zip(sizes, generators)]
                 loss_sum.zero_()
                 logs.clear()
                 for step in range(max(steps)):

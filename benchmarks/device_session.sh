@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# A leased GPU machine's checks in one go, within BUDGET seconds: the GPU tests, then the GPU benchmarks of
+# run_all.sh (AMP on and off) cheapest first, then the quickstart end to end on the GPU and on the CPU. Each step
+# gets what is left of the budget at most, so a short lease still brings back the first results.
+#   bash benchmarks/device_session.sh OUTDIR [BUDGET_SECONDS]
+# fedlight must be installed there (`pip install --no-deps --no-build-isolation -e .`, with jsonargparse,
+# docstring_parser and typeshed_client carried as wheels: the device README says how).
+set -uo pipefail
+out=${1:?usage: device_session.sh OUTDIR [BUDGET_SECONDS]}
+budget=${2:-500}
+python=${PYTHON:-python3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+start=$SECONDS
+
+step() {  # step NAME LIMIT COMMAND...: run COMMAND for at most LIMIT seconds (less if the budget is nearly spent)
+  local name=$1 limit=$2 left
+  shift 2
+  left=$((budget - (SECONDS - start)))
+  if [ "$left" -lt 15 ]; then echo "== $name: skipped, $left s of the budget left"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name (at most $limit s)"
+  timeout "$limit" "$@"
+  echo "== $name: exit $? at $((SECONDS - start)) s"
+}
+bench() {  # bench NAME LIMIT SCRIPT ARGS...: a benchmark writing OUTDIR/NAME.md and NAME.json
+  local name=$1 limit=$2
+  shift 2
+  step "$name" "$limit" bash -o pipefail -c "cd '$root/benchmarks' && '$python' $* --json '$out/$name.json' | tee '$out/$name.md'"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
+"$python" -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)" \
+  | tee -a "$out/device.txt"
+step gpu_tests 150 "$python" -m pytest -q -p no:cacheprovider "$root/tests/test_gpu.py"
+bench overhead 60 overhead.py --accelerator cuda --precision bf16-mixed
+bench vectorized_amp 120 vectorized.py --clients 100 --accelerator cuda --precision bf16-mixed
+bench vectorized_fp32 120 vectorized.py --clients 100 --accelerator cuda --precision 32-true
+bench round_lenet5 120 round.py --accelerator cuda --networks lenet5 --clients 100 1000 \
+  --precisions 32-true bf16-mixed --algorithms fedavg fedper fedavg_whole_round
+for device in cuda cpu; do
+  step "quickstart_$device" 60 bash -o pipefail -c "cd '$root' && TIMEFORMAT='quickstart on $device: %R s wall' && \
+    time ('$python' -m fedlight fit --config configs/quickstart.yaml --federation.accelerator $device \
+    --logger.wandb false --output_dir '$out/quickstart_$device' 2>&1 | tail -12)"
+done
+bench similarity 60 similarity.py --accelerator cuda --max_gb 30
+bench round_resnet18 120 round.py --accelerator cuda --networks resnet18 --clients 100 1000 \
+  --precisions 32-true bf16-mixed --algorithms fedavg fedper
+bench startup 40 startup.py --repeats 2
+echo "== done at $((SECONDS - start)) s"
