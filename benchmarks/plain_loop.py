@@ -27,20 +27,21 @@ class PlainLoop:
         self.global_state = {k: v.clone() for k, v in self.net.state_dict().items()}
         self.fed = fed
 
-    def train_clients(self, round: int) -> tuple[list[dict[str, Tensor]], list[int]]:
-        """Every client's trained state dict and training-set size, from the current global model."""
+    def train_clients(self, round: int, clients: list[int] | None = None) -> tuple[list[dict[str, Tensor]], list[int]]:
+        """The clients' (default: every client's) trained state dicts and training-set sizes, from the current global
+        model."""
         fed, net = self.fed, self.net
         states, sizes = [], []
-        for client in range(fed.num_clients):
+        for client in range(fed.num_clients) if clients is None else clients:
             net.load_state_dict(self.global_state)
             optimizer = self.make_optimizer(net.parameters())
             x, y = fed.data.train.client(client)
             seed = fed.server.client_seed(round, client)
             torch.manual_seed(seed)
-            generator = torch.Generator(device=x.device).manual_seed(seed)
+            generator = torch.Generator().manual_seed(seed)  # drawn on the CPU, as fedlight draws sample orders
             net.train()
             for _ in range(fed.config.local_epochs):
-                order = torch.randperm(len(y), generator=generator, device=x.device)
+                order = torch.randperm(len(y), generator=generator).to(x.device)
                 for begin in range(0, len(y), fed.config.batch_size):
                     rows = order[begin: begin + fed.config.batch_size]
                     batch, labels = fed.transform((x[rows], y[rows]), 0)
@@ -53,9 +54,10 @@ class PlainLoop:
             sizes.append(len(y))
         return states, sizes
 
-    def round(self, round: int) -> None:
-        """One FedAvg round: train every client, average their state dicts weighted by data size."""
-        states, sizes = self.train_clients(round)
+    def round(self, round: int, clients: list[int] | None = None) -> None:
+        """One FedAvg round: train the clients (default: every client), average their state dicts weighted by data
+        size."""
+        states, sizes = self.train_clients(round, clients)
         total = sum(sizes)
         self.global_state = {k: sum(s[k] * (n / total) for s, n in zip(states, sizes)) for k in states[0]}
 

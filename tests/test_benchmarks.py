@@ -12,6 +12,7 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import cross_device  # noqa: E402
 import femnist_load  # noqa: E402
 import overhead  # noqa: E402
 import paper_configs  # noqa: E402
@@ -99,6 +100,21 @@ def test_femnist_load_benchmark_writes_leaf_files_and_loads_them_twice_alike(mon
     assert len(list((tmp_path / "leaf" / "train").glob("*.json"))) == 3  # 7 writers, 3 a file
     assert result["images"] == 70 and result["writers"] == 7 and result["identical"]
     assert result["cache_mb"] > 70 * 784 / 2**20  # the pixels as bytes, and the rest
+
+
+def test_cross_device_benchmark_runs_fedavg_like_the_plain_loop_and_names_a_refusal(monkeypatch, tmp_path):
+    def in_this_process(method, args):
+        return cross_device.run_one(method, args.root, args.rounds, args.per_round, args.folder, args.vectorize)
+
+    monkeypatch.setattr(cross_device, "in_a_fresh_process", in_this_process)
+    rows = run_main(cross_device, monkeypatch, tmp_path, "--root", str(tmp_path / "leaf"), "--writers", "6",
+                    "--rounds", "1", "--per_round", "2", "--methods", "fedavg", "flhc", "--vectorize", "0",
+                    "--folder", str(tmp_path / "state"))
+    fedavg, flhc = rows
+    assert fedavg["writers"] == 6 and len(fedavg["round_s"]) == len(fedavg["plain_round_s"]) == 1
+    assert fedavg["max_param_diff"] < 1e-5  # the same two clients' steps; the averages round differently
+    assert 0 <= fedavg["test_acc"] <= 1 and fedavg["eval_s"] > 0 and fedavg["state_file_gb"] == 0
+    assert "clients_per_round" in flhc["refused"] and "round_s" not in flhc
 
 
 def forked_command(*args: str) -> float:
