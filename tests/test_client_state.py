@@ -224,10 +224,10 @@ def test_a_run_that_spills_and_crashes_after_writing_resumes_to_the_uninterrupte
         tmp_path, tiny_run_args, monkeypatch, algorithm, store, before_resuming):
     row_bytes = 4 * sum(t.numel() for t in SmallCNN(1, 10, 8, width=8).state_dict().values())
     args = tiny_run_args + algorithm + ["--algorithm.init_args.participation", "0.5", "--federation.rounds", "5",
-                                        "--federation.client_state_memory", str(2.5 * row_bytes / 1e9)]
-    assert main(args + ["--run_name", "whole"]) == 0
+                                        "--federation.client_state_memory", str(3.5 * row_bytes / 1e9)]
+    assert main(args + ["--run_name", "whole"]) == 0  # the budget holds one round's 3 rows (a smaller one is refused)
     saved = checkpoint.read(tmp_path / "whole" / "checkpoints" / checkpoint.LAST)["federation"]["client_state"][store]
-    assert len(saved["memory_clients"]) == 2 and len(saved["file_clients"]) >= 2  # rows in memory and in the file
+    assert len(saved["memory_clients"]) == 3 and len(saved["file_clients"]) >= 2  # rows in memory and in the file
     crashed = tmp_path / "crashed"
     crash_and_resume(args, crashed, monkeypatch, crash_round=4, after_the_work=True, before_resuming=before_resuming)
     whole = tmp_path / "whole"

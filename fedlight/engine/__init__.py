@@ -12,6 +12,7 @@ Algorithms never import it: they see the run through `fedlight.plugin`.
 | `divergence` | `RoundDiverged`: a round whose server model is not finite or whose clients were all left out stops the run |
 | `evaluator` | every client's model on its split (sharded over processes) |
 | `processes` | the collectives of a federation spread over processes |
+| `state_limits` | the client state's memory budget against one round's rows, and the disk of its spill files against the rows a run may spill |
 | `config`, `devices` | the federation's settings, Fabric and devices (and the memory they have) |
 | `threads` | torch's CPU threads: the usable cores (affinity, cgroup quota) shared among processes and parallel runs |
 """

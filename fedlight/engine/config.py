@@ -55,7 +55,8 @@ class FederationConfig:
         aggregator_keep: updates Multi-Krum averages (None: the clients of the cluster minus f).
         client_state_memory: GB of per-client state (personal models, control variates: `fedlight.plugin.client_state`)
             kept in memory, over all of the algorithm's stores; rows beyond it go to memory-mapped files in the run
-            folder's `client_state/`. None: a quarter of the memory available on the device at set-up.
+            folder's `client_state/`. None: a quarter of the memory available on the device at set-up. It must hold
+            one round's rows, which the round has on the device at once (`fedlight.engine.state_limits`).
     """
 
     rounds: int = 20

@@ -33,6 +33,7 @@ from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.aggregators.privacy import PrivacyConfig, PrivacyMechanism
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
+from fedlight.engine.state_limits import check_round_fits, disk_shortfall
 from fedlight.plugin.round_updates import TrainingReport
 from fedlight.plugin.server import ServerContext, stream_seed
 from fedlight.engine.threads import use_threads
@@ -87,6 +88,8 @@ class Federation:
         self.round = 0
         self.extensions.setup(self)
         self.algorithm.setup(self.server)
+        check_round_fits(self.client_states, self.cohort.size)  # the stores are declared: a round's rows fit?
+        self._disk_checked = False  # the spilled rows' disk: checked once their folder is chosen, or in round 1
 
     def _extensions(self, attack: AttackConfig | None, privacy: PrivacyConfig | None,
                     own: list[RoundExtension]) -> RoundExtensions:
@@ -142,6 +145,7 @@ class Federation:
         self.begin_round(round)
         clients = alg.select_clients(round)
         self.cohort.check_selected(type(alg).__name__, round, len(clients))
+        self.check_client_state(round, len(clients))
         updates = self.execution.round_updates(round, clients)
         with watched_round(round, updates, alg, self.extensions.describe(), self.aggregation.default):
             alg.pre_aggregation(round, updates)
@@ -160,6 +164,24 @@ class Federation:
         if round % self.config.eval_every == 0 or round == self.config.rounds:
             self.evaluate_round(result, training, clusters)
         return result
+
+    def check_client_state(self, round: int, selected: int) -> None:
+        """Refuse in one line a round whose clients' rows exceed the client-state memory budget
+        (`fedlight.engine.state_limits`), and, the first time, a run whose spilled rows cannot fit on the disk."""
+        check_round_fits(self.client_states, selected, round)
+        if not self._disk_checked:
+            self.check_client_state_disk()
+
+    def check_client_state_disk(self) -> None:
+        """Refuse in one line a run whose rows beyond the memory budget cannot fit on the disk of their folder (the
+        runner's, once chosen; else the temporary folder's). The first process measures and every process gets its
+        answer, so all of them stop, or none."""
+        shortfall = disk_shortfall(self.client_states, self.num_clients, self.cohort.size, self.config.rounds,
+                                   self.collective.world) if self.collective.rank == 0 else None
+        shortfall = self.collective.broadcast(shortfall)
+        self._disk_checked = True
+        if shortfall:
+            raise ValueError(shortfall)
 
     def begin_round(self, round: int) -> None:
         """Tell the aggregation, the round extensions and the algorithm that round `round` begins."""

@@ -245,6 +245,19 @@ class ClientStates:
             weakref.finalize(self, shutil.rmtree, self._folder, True)
         return self._folder
 
+    @property
+    def spill_location(self) -> Path:
+        """The folder the spill files are or will be in, without making it: the chosen one, or else the system's
+        temporary folder, in which the first spill makes the run's own (`folder`)."""
+        return self._folder if self._folder is not None else Path(tempfile.gettempdir())
+
+    def spill_files(self) -> list[Path]:
+        """This process's spill files that exist now (one per store that has spilled, or that a resumed run's
+        folder holds)."""
+        if self._folder is None:
+            return []
+        return [path for path in (self._spill_path(name)() for name in self.stores) if path.is_file()]
+
     def use_folder(self, folder: Path) -> None:
         """Keep the spill files in `folder` (the runner's `<run folder>/client_state`), before any row spills."""
         self._folder = Path(folder)

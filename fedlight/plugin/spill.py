@@ -6,12 +6,19 @@ read back, even after a crash in a later round. Hence the rule: a slot that any 
 never written again. A row that no checkpoint has seen yet (written since the last checkpoint) is overwritten in
 place; any other row rewritten goes to a free slot, and its old slot is freed for reuse only after `KEEP` newer
 checkpoints have been taken (the runner keeps two: last.ckpt and previous.ckpt), when neither can refer to it.
+
+The disk blocks of a slot are reserved (`posix_fallocate`) before its first row is written, so a full disk is an
+error at that write (`ClientStateDiskFull`, one line naming the folder), not a SIGBUS when the kernel first needs a
+block for a page of the mapping. The run then stops in that round; its last checkpoint refers only to slots written
+before it, so it stays intact and the run resumes from it once space is freed.
 """
 from __future__ import annotations
 
+import errno
 import heapq
 import mmap
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +27,27 @@ import numpy as np
 import torch
 
 KEEP = 2  # checkpoints kept on disk (`fedlight.run.checkpoint`: last.ckpt and previous.ckpt)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left on the disk, or none left in the user's quota
+NO_RESERVATION = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)  # a file system that cannot reserve blocks
+
+
+class ClientStateDiskFull(OSError):
+    """The disk of a spill file's folder is full: the message names the folder, the file, what the write needed
+    and what is free, and the fixes. A run stops with it in the round it happened (its last checkpoint intact)."""
+
+    def __init__(self, path: Path, needed: int) -> None:
+        folder = path.parent
+        free = shutil.disk_usage(folder).free if folder.is_dir() else 0
+        held = path.stat().st_blocks * 512 if path.is_file() else 0
+        super().__init__(f"no space left on the disk of {folder} for the client-state rows beyond "
+                         f"federation.client_state_memory: {path.name} (holding {held / 1e9:.3g} GB) needed "
+                         f"{needed:,} more bytes and {free:,} are free; free space on that disk (other files there, "
+                         "old runs' client_state/ folders), or raise federation.client_state_memory so fewer rows "
+                         "spill, then resume")
+        self.errno, self.filename = errno.ENOSPC, str(path)
+
+    def __str__(self) -> str:
+        return self.args[0]  # the line alone, not OSError's "[Errno 28] ..." form
 
 
 class SpillFile:
@@ -34,6 +62,7 @@ class SpillFile:
         self._mmap: mmap.mmap | None = None   # the file, mapped shared
         self._rows: np.ndarray | None = None  # (capacity, row_bytes) uint8 view of it
         self._capacity = 0
+        self._reserved = 0                      # slots whose disk blocks this process has reserved
         self.next_slot = 0                      # slots [0, next_slot) have been written at least once
         self.free: list[int] = []               # a heap: slots no kept checkpoint refers to
         self.pending: list[tuple[int, int]] = []  # (checkpoints taken when released, slot): freed KEEP later
@@ -68,9 +97,15 @@ class SpillFile:
 
     # -- rows --------------------------------------------------------------------------------------------------
     def write(self, slots: list[int], rows: torch.Tensor) -> None:
-        """Write (len(slots), row_bytes) uint8 rows into their slots."""
-        self._ensure(max(slots) + 1)
-        self._rows[np.asarray(slots)] = rows.numpy()
+        """Write (len(slots), row_bytes) uint8 rows into their slots (`ClientStateDiskFull` when the disk is)."""
+        try:
+            self._ensure(max(slots) + 1)
+            self._reserve(max(slots) + 1)
+            self._rows[np.asarray(slots)] = rows.numpy()
+        except OSError as error:
+            if error.errno not in DISK_FULL or isinstance(error, ClientStateDiskFull) or self.path is None:
+                raise
+            raise ClientStateDiskFull(self.path, (max(slots) + 1 - self._reserved) * self.row_bytes) from error
         self._release_pages()
 
     def read(self, slots: list[int]) -> torch.Tensor:
@@ -106,11 +141,25 @@ class SpillFile:
             self._rows = None  # the only view of the old mapping, which can then be closed
             self._mmap.close()
         if capacity * self.row_bytes > os.path.getsize(self.path):
-            os.truncate(self.path, capacity * self.row_bytes)  # grows a sparse file: no disk is used until written
+            os.truncate(self.path, capacity * self.row_bytes)  # sparse: blocks are reserved as slots are used
         with open(self.path, "r+b") as file:
             self._mmap = mmap.mmap(file.fileno(), capacity * self.row_bytes)
         self._rows = np.frombuffer(self._mmap, dtype=np.uint8).reshape(capacity, self.row_bytes)
         self._capacity = capacity
+
+    def _reserve(self, slots: int) -> None:
+        """Reserve the disk blocks of the first `slots` slots (those of rows already there stay as they are), so a
+        full disk is an OSError here rather than a SIGBUS when a page of the mapping is first written."""
+        if slots <= self._reserved or not hasattr(os, "posix_fallocate"):
+            return
+        with open(self.path, "r+b") as file:
+            try:
+                os.posix_fallocate(file.fileno(), self._reserved * self.row_bytes,
+                                   (slots - self._reserved) * self.row_bytes)
+            except OSError as error:
+                if error.errno not in NO_RESERVATION:
+                    raise
+        self._reserved = slots
 
     def relocate(self, path: Callable[[], Path]) -> None:
         """Keep the file where `path()` names (the run folder's, set before the first round)."""

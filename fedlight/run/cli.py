@@ -26,6 +26,7 @@ from fedlight.aggregators.attacks import AttackConfig
 from fedlight.engine.config import FederationConfig
 from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.engine.divergence import RoundDiverged
+from fedlight.plugin.spill import ClientStateDiskFull
 from fedlight.run import catalog, failures, registry, termination, tune
 from fedlight.run.callbacks import Callback, RunInterrupted
 from fedlight.run.config_errors import explain
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         errors.print(f"fedlight: {stopped(interrupt)} before the first round; nothing was saved")
         return termination.exit_code(interrupt)
-    except RoundDiverged as error:  # one line: the round, the likely cause, and the checkpoint kept
+    except (RoundDiverged, ClientStateDiskFull) as error:  # one line: what stopped the run, the checkpoint kept
         if os.environ.get("FEDLIGHT_DEBUG"):
             raise
         if not failures.from_follower(error):  # the first of several processes reports it

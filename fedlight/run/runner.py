@@ -92,6 +92,7 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
     checkpointer = Checkpointer(checkpoint_every, stateful)
     every = [*stateful, checkpointer]
     federation.client_states.use_folder(run_dir / CLIENT_STATE)  # read back on resume, so set before it
+    federation.check_client_state_disk()  # the rows beyond the memory budget fit on that folder's disk?
     run.resumed = collective.broadcast(resume and checkpoint.exists(run_dir / CHECKPOINTS))  # a run stopped before
     if run.resumed:                                                                        # its first checkpoint
         state = collective.broadcast(checkpoint.load(run_dir / CHECKPOINTS) if main_process else None)  # restarts
