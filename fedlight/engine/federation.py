@@ -80,13 +80,15 @@ class Federation:
         self.client_states = ClientStates(self.device, budget, self.collective.rank)
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
-                                    self.client_states, self.aggregation, self.config.clients_per_round)
+                                    self.client_states, self.aggregation, self.config.clients_per_round,
+                                    self.config.eval_every)
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
                                          threads, self.aggregation.hold_reason(), self.extensions.tamper)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
         self.extensions.setup(self)
         self.algorithm.setup(self.server)
+        self.execution.plan.every_client = list(self.server.every_client_work)
 
     def _extensions(self, attack: AttackConfig | None, privacy: PrivacyConfig | None,
                     own: list[RoundExtension]) -> RoundExtensions:
@@ -157,7 +159,7 @@ class Federation:
         logged, matrices = self.server.round_log.take()
         result = RoundResult(round, len(clients), training.left_out, training.metrics, {**logged, **alg.round_metrics()},
                              self.cluster_scores(clusters), matrices=matrices, stop_reason=stop)
-        if round % self.config.eval_every == 0 or round == self.config.rounds:
+        if self.server.evaluates(round):
             self.evaluate_round(result, training, clusters)
         return result
 
