@@ -7,8 +7,9 @@ for the printed ||B_i ⊙ B_j||_F, as the authors' code computes it: the Frobeni
 one-hot prediction matrices, i.e. the agreement rate; `soft` uses softmax outputs).
 
 - `FlisDC`: every round, each participant i gets the cluster {j : A_ij >= beta} (overlapping, one per
-  participant), averaged by data size into a pool of models that replaces the last one. A client starts from
-  the pool model with the lowest loss on its own data.
+  participant), averaged by data size into a pool of models that replaces the last one. A client of a round starts
+  from the pool model with the lowest loss on its own data, picked at the start of the round (only the round's clients
+  try the pool, as in the paper's DC algorithm and the authors' code).
 - `FlisHC`: once, all clients train from the initial model (phase 0); complete-linkage agglomerative
   clustering of 1 - A with threshold tau = 1 - beta fixes disjoint clusters, whose models all restart from
   the initial model; then cluster-wise FedAvg.
@@ -65,6 +66,15 @@ class FlisDC(InferenceSimilarity):
             pool model it would start from now. A client that has not trained yet is evaluated with the pool
             model in both cases.
         participation: share of clients per round (the paper: 0.1 of 100).
+
+    Which pool model a client starts from is picked at the start of each round by the round's clients only, so a
+    round's loss passes cover the cohort's rows (10 of 3,400 writers), not every client's. A client evaluated with
+    a pool model (every client under "pool"; under "local", one that has not trained yet) picks it by loss in each
+    evaluated round (`federation.eval_every`, and the last), after aggregation: the model it would start from now,
+    as the `evaluate` option says, rather than one picked from an older pool (or, never selected, from none). That
+    pass over those clients' selection splits is the evaluation's cost, in evaluated rounds only (the start line
+    says so). With every client in every round it is the reassignment after every aggregation the class made
+    before, number for number.
     """
 
     holds_updates = True  # compares every participant's model on the public data
@@ -75,6 +85,7 @@ class FlisDC(InferenceSimilarity):
         super().__init__(beta, soft, participation)
         self.selection_split, self.evaluate = selection_split, evaluate
         self.local_models: ClientState | None = None
+        self.everyone_after = -1  # the round after whose aggregation every client picked its pool model
 
     def setup(self, server) -> None:
         super().setup(server)
@@ -85,13 +96,29 @@ class FlisDC(InferenceSimilarity):
                              f"have no {self.selection_split!r} samples (clients {empty[:10].tolist()}): raise "
                              f"data.init_args.{self.selection_split}_fraction, or set "
                              "algorithm.init_args.selection_split: train")
+        evaluated = "every client" if self.evaluate == "pool" else "every client that has not trained yet"
+        server.declare_every_client_work(f"{evaluated} picks its pool model by loss in each evaluated round "
+                                         "(federation.eval_every)")
         if self.evaluate == "local":  # a client that has not trained yet reads its pool model
             self.local_models = server.client_state("local_models",
                                                     initial=lambda clients: self.models[self.assignment[clients]])
 
-    def assign_to_pool(self) -> None:
-        """Every client starts from the pool model with the lowest loss on its selection split."""
-        self.assignment = self.server.client_losses(self.models, self.selection_split).argmin(dim=0)
+    def begin_round(self, round: int) -> None:
+        """The round's clients pick their starting pool models (unless every client just did, after the last
+        round's aggregation: the pool has not changed since)."""
+        if self.everyone_after != round - 1:
+            self.pick_pool_models(self.select_clients(round))
+
+    def pick_pool_models(self, clients: list[int]) -> None:
+        """Each of `clients` starts from the pool model with the lowest loss on its selection split (the only model,
+        without a loss, when the pool has one: round 1's)."""
+        index = torch.as_tensor(clients, device=self.assignment.device)
+        if len(self.models) == 1:
+            self.assignment[index] = 0
+            return
+        every = len(clients) == self.server.num_clients
+        losses = self.server.client_losses(self.models, self.selection_split, None if every else clients)
+        self.assignment[index] = losses.argmin(dim=0)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """The new pool: for each participant i, the size-weighted mean of the models of {j : A_ij >= beta}; the
@@ -106,8 +133,19 @@ class FlisDC(InferenceSimilarity):
             self.local_models.write(updates.clients, updates.params)
 
     def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
-        """Every client moves to the new pool model with the lowest loss on its data (once per round)."""
-        self.assign_to_pool()
+        """In an evaluated round, every client evaluated with a pool model picks it from the new pool (see the
+        class doc)."""
+        if not self.server.evaluates(round):
+            return
+        n = self.server.num_clients
+        if self.local_models is None:
+            self.pick_pool_models(list(range(n)))
+            self.everyone_after = round
+            return
+        untrained = torch.ones(n, dtype=torch.bool)
+        untrained[self.local_models.touched().cpu()] = False
+        if untrained.any():
+            self.pick_pool_models(untrained.nonzero().flatten().tolist())
 
     def evaluation_models(self) -> tuple[Tensor | ClientModels, Tensor]:
         if self.local_models is None:
@@ -117,6 +155,13 @@ class FlisDC(InferenceSimilarity):
 
     def round_metrics(self) -> dict[str, float]:
         return {"cluster/pool_size": float(len(self.models))}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "everyone_after": self.everyone_after}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.everyone_after = state.get("everyone_after", -1)  # absent from checkpoints before it
 
 
 class FlisHC(InferenceSimilarity):

@@ -88,6 +88,8 @@ class PACFL(Algorithm):
         if self.num_clusters is not None and self.num_clusters > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
                              f"{server.num_clients} clients: give at most {server.num_clients}")
+        server.declare_every_client_work("every client sends its data subspace once, before round 1, and the "
+                                         "server compares every pair")
         self.bases = self.client_bases(server.split("train"), server.num_clients)
         self.proximity = smallest_angles(self.bases, self.bases).fill_diagonal_(0.0)
         labels = self.clusterer.fit_predict(self.proximity.numpy(), kind="distance")

@@ -235,7 +235,7 @@ def test_ifca_assigns_each_client_to_the_model_with_the_lowest_loss_computed_by_
             log_p = biases[j] - torch.logsumexp(biases[j], 0)
             expected_losses[j, k] = -log_p[y].double().mean()
     assert np.allclose(fed.server.client_losses(alg.models, "train").double().numpy(), expected_losses, atol=1e-5)
-    alg.assign_by_loss()
+    alg.pick_clusters(list(range(5)))
     assert alg.assignment.tolist() == expected_losses.argmin(axis=0).tolist()
 
 

@@ -22,13 +22,20 @@ MAKERS = {"fedavg": FedAvg, "ifca": lambda: IFCA(num_clusters=2), "ditto": lambd
 
 
 def recorded_cohorts(federation, rounds: range) -> list[list[int]]:
-    """Run `rounds` of `federation`, recording the clients its algorithm selects in each."""
-    algorithm, cohorts = federation.algorithm, []
+    """Run `rounds` of `federation`, recording the clients its algorithm selects in each. A round may ask more than
+    once (IFCA asks in `begin_round`, to pick its clients' clusters before they train): the same clients each time."""
+    algorithm, cohorts = federation.algorithm, {}
     select = algorithm.select_clients
-    algorithm.select_clients = lambda round: cohorts.append(select(round)) or cohorts[-1]
+
+    def recorded(round: int) -> list[int]:
+        clients = select(round)
+        assert cohorts.setdefault(round, clients) == clients, f"round {round} selected other clients when asked again"
+        return clients
+
+    algorithm.select_clients = recorded
     for round in rounds:
         assert federation.run_round(round).clients_trained == COUNT
-    return cohorts
+    return [cohorts[round] for round in rounds]
 
 
 def counted(make, seed: int = 0, rounds: int = 3):

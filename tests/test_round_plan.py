@@ -147,7 +147,7 @@ def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path,
     threads = streamed["plan"].pop("threads")
     assert threads == torch.get_num_threads() and streamed["plan"].pop("threads_from")
     assert streamed["plan"] == {"updates": "stream", "trainer": "vectorized", "reason": None, "gradient_hook": False,
-                                "processes": 1, "hold_reason": None}
+                                "processes": 1, "hold_reason": None, "every_client": []}
     assert held["plan"]["updates"] == "hold" and streamed["vectorized"] is True
 
 

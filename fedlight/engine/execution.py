@@ -14,7 +14,7 @@ at a time through the algorithm's own `train_client`; `round_updates` hands the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +58,9 @@ class ExecutionPlan:
         threads: torch's CPU threads per process, and where that number comes from (`fedlight.engine.threads`).
         hold_reason: why the round is held though the algorithm streams (a robust aggregator that needs every
             update of a cluster); None otherwise.
+        every_client: what the algorithm does on every client rather than on the round's cohort, as it declared
+            in its `setup` (`ServerContext.declare_every_client_work`): a cross-device run's cost that grows with
+            all clients.
     """
 
     updates: str
@@ -68,6 +71,7 @@ class ExecutionPlan:
     threads: int = 1
     threads_from: str = ""
     hold_reason: str | None = None
+    every_client: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """One line for the start of a run."""
@@ -78,7 +82,8 @@ class ExecutionPlan:
         hook = ", gradient hook after every backward pass" if self.gradient_hook else ""
         spread = f", {self.processes} processes" if self.processes > 1 else ""
         threads = f"; {self.threads} CPU thread{'s' if self.threads != 1 else ''} ({self.threads_from})"
-        return f"{updates}; {trainer}{hook}{spread}{threads}"
+        every = f"; on every client: {'; '.join(self.every_client)}" if self.every_client else ""
+        return f"{updates}; {trainer}{hook}{spread}{threads}{every}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -81,7 +81,8 @@ class Federation:
         self.client_states = ClientStates(self.device, budget, self.collective.rank)
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
-                                    self.client_states, self.aggregation, self.config.clients_per_round)
+                                    self.client_states, self.aggregation, self.config.clients_per_round,
+                                    self.config.eval_every)
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
                                          threads, self.aggregation.hold_reason(), self.extensions.tamper)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
@@ -90,6 +91,7 @@ class Federation:
         self.algorithm.setup(self.server)
         check_round_fits(self.client_states, self.cohort.size)  # the stores are declared: a round's rows fit?
         self._disk_checked = False  # the spilled rows' disk: checked once their folder is chosen, or in round 1
+        self.execution.plan.every_client = list(self.server.every_client_work)
 
     def _extensions(self, attack: AttackConfig | None, privacy: PrivacyConfig | None,
                     own: list[RoundExtension]) -> RoundExtensions:
@@ -161,7 +163,7 @@ class Federation:
         logged, matrices = self.server.round_log.take()
         result = RoundResult(round, len(clients), training.left_out, training.metrics, {**logged, **alg.round_metrics()},
                              self.cluster_scores(clusters), matrices=matrices, stop_reason=stop)
-        if round % self.config.eval_every == 0 or round == self.config.rounds:
+        if self.server.evaluates(round):
             self.evaluate_round(result, training, clusters)
         return result
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -60,15 +61,20 @@ class ClientPopulation:
 
     # -- losses ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def losses(self, models: Tensor, split: str = "train") -> Tensor:
-        """(K, count) mean cross-entropy of each of K flat models on each client's split, one batched pass over the
-        split per model (to pick a model by loss: IFCA, FLIS); NaN for a client without samples in the split."""
-        data, owner = self.split(split), self._rows[split]
-        counts = torch.bincount(owner, minlength=self.count)
-        losses = torch.empty(len(models), self.count, device=data.y.device)
+    def losses(self, models: Tensor, split: str = "train", clients: list[int] | None = None) -> Tensor:
+        """(K, clients) mean cross-entropy of each of K flat models on each client's split, one batched pass over the
+        split per model (to pick a model by loss: IFCA, FLIS); NaN for a client without samples in the split.
+        `clients`: only theirs, in that order (a round's cohort: the passes then cover their rows, not the split's);
+        None: every client."""
+        data, owner, count = self.split(split), self._rows[split], self.count
+        if clients is not None:
+            data = data.select(np.asarray(clients, dtype=np.int64))
+            owner, count = data.client_of_row(), len(clients)
+        counts = torch.bincount(owner, minlength=count)
+        losses = torch.empty(len(models), count, device=data.y.device)
         for j, params in enumerate(models):
             losses[j] = torch.bincount(owner, weights=self._cross_entropy(params, data.x, data.y),
-                                       minlength=self.count) / counts
+                                       minlength=count) / counts
         return losses
 
     @torch.no_grad()

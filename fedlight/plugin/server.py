@@ -50,6 +50,7 @@ class ServerContext:
         seed: the run's seed (every random stream below derives from it).
         rounds: rounds the run is configured for.
         eval_split: the client split evaluation reports on ("test", "val" or "train").
+        eval_every: every client is evaluated after every this many rounds, and after the last (`evaluates`).
         initial_params: the model's initial flat parameters (do not write into it; clone first).
         clients: the training clients as a `ClientPopulation` (sizes, splits, losses, per-sample losses, local
             training), the same class as the engine's newcomers; the methods below on them delegate to it.
@@ -58,16 +59,18 @@ class ServerContext:
         model: the LightningModule clients train; read its attributes (e.g. a centroid model's k), but change
             its weights only through `train` and `predict`, which load a flat model into it.
         round_log: where `Algorithm.log` and `Algorithm.log_matrix` record this round's values.
+        every_client_work: what the algorithm declared it does on every client rather than on the round's
+            (`needs_every_client`, `declare_every_client_work`), for the run's start line and summary.json's plan.
     """
 
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
                  fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
                  eval_batch_size: int, client_states: ClientStates,
-                 aggregation: "ClusterAggregation", clients_per_round: int | None = None) -> None:
+                 aggregation: "ClusterAggregation", clients_per_round: int | None = None, eval_every: int = 1) -> None:
         self._flat, self._trainer, self._fabric = flat, trainer, fabric
         self._transform, self._eval_batch_size = transform, eval_batch_size
         self.model = model
-        self.seed, self.rounds, self.eval_split = seed, rounds, eval_split
+        self.seed, self.rounds, self.eval_split, self.eval_every = seed, rounds, eval_split, eval_every
         self.device = fabric.device
         self.clients = ClientPopulation(data, self.predict, trainer, self.client_seed)
         self.num_clients = self.clients.count
@@ -76,6 +79,7 @@ class ServerContext:
         self.train_sizes = self.clients.train_sizes
         self.public_x = data.public_x
         self.round_log = RoundLog()
+        self.every_client_work: list[str] = []
         self._aggregation = aggregation
         self._client_states = client_states
         self._loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None] | None = None
@@ -94,11 +98,25 @@ class ServerContext:
 
     def needs_every_client(self, method: str, when: str) -> None:
         """Refuse, in an algorithm's `setup`, a `clients_per_round` below the clients for a method that trains every
-        client `when` (FL+HC's clustering round, FeSEM's seeding round): that round would break the count."""
+        client `when` (FL+HC's clustering round, FeSEM's seeding round): that round would break the count. Otherwise
+        the work is declared (`declare_every_client_work`)."""
         count = self.clients_per_round
         if count is not None and count < self.num_clients:
             raise ValueError(f"{method} trains every client {when}, but federation.clients_per_round allows "
                              f"{count} of {self.num_clients:,}: leave clients_per_round out for {method}")
+        self.declare_every_client_work(f"trains every client {when}")
+
+    def declare_every_client_work(self, what: str) -> None:
+        """Say, in an algorithm's `setup`, what it does on every client rather than on the round's cohort, because
+        its paper does (`what`, e.g. "every client picks its cluster by loss in each evaluated round"): the run's
+        start line and summary.json's plan name it, so the cost of a cross-device run (10 of 3,400 clients a round)
+        that grows with all clients is announced, not found out."""
+        self.every_client_work.append(what)
+
+    def evaluates(self, round: int) -> bool:
+        """Whether every client is evaluated after round `round`: every `eval_every` rounds and after the last. Work
+        an evaluation needs of every client (IFCA's clusters picked by loss) can then run in these rounds only."""
+        return round % self.eval_every == 0 or round == self.rounds
 
     # -- data ------------------------------------------------------------------------------------------
     def split(self, name: str) -> ClientSplit:
@@ -150,11 +168,11 @@ class ServerContext:
         return torch.cat(outputs)
 
     @torch.no_grad()
-    def client_losses(self, models: Tensor, split: str = "train") -> Tensor:
-        """(K, num_clients) mean cross-entropy of each of K flat models on each client's split, one batched pass
-        over the split per model (to pick a model by loss, as IFCA and FLIS do). NaN for a client with no
-        samples in the split."""
-        return self.clients.losses(models, split)
+    def client_losses(self, models: Tensor, split: str = "train", clients: list[int] | None = None) -> Tensor:
+        """(K, clients) mean cross-entropy of each of K flat models on each client's split, one batched pass over
+        those clients' rows per model (to pick a model by loss, as IFCA and FLIS do): `clients` in that order (a
+        round's cohort), or None for every client. NaN for a client with no samples in the split."""
+        return self.clients.losses(models, split, clients)
 
     def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
               gradient_hook: GradientHook | None = None, purpose: str = "train",
