@@ -7,8 +7,9 @@ clients, so more clients means smaller clients. Each configuration runs in its o
 then one timed round. Peak memory is what a round adds on top of what was held before it: data, model, server
 state. On a GPU it is the timed round's peak allocated bytes; on a CPU, the peak resident memory over both
 rounds (memory the warm-up round freed stays resident and is reused, so the timed round alone would hide it).
-FedAvg takes its updates in groups (running sums), FedPer (last layer personal) also stores every client's
-personal part; neither holds all clients' models at once, so their peak should not grow with clients x d.
+FedAvg takes its updates in groups (running sums), FedPer (last layer personal) also stores the personal part
+of every client trained (a client state: `personal_gb` is its stored rows); neither holds all clients' models at
+once, so their peak should not grow with clients x d.
 `fedavg_whole_round` is FedAvg handed the whole round at once, as clustered methods that compare all updates
 are: its peak grows with clients x d.
 
@@ -75,7 +76,7 @@ def measure(network: str, clients: int, precision: str, algorithm: str, args: ar
             "vectorized": fed.execution.vectorized is not None, "setup_s": setup_s, "round_s": round_s,
             "peak_added_gb": (peak - before) / 1e9,
             "model_state_gb": fed.algorithm.models.numel() * 4 / 1e9,
-            "personal_gb": 0.0 if fed.algorithm.personal is None else fed.algorithm.personal.numel() * 4 / 1e9}
+            "personal_gb": 0.0 if fed.algorithm.personal is None else fed.algorithm.personal.stored_bytes / 1e9}
 
 
 def run_isolated(job: tuple, args: argparse.Namespace) -> dict:

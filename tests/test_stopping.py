@@ -13,6 +13,7 @@ import torch
 
 from conftest import small_federation
 from fedlight.algorithms.fedavg import FedAvg
+from fedlight.algorithms.fedper import FedPer
 from fedlight.engine.divergence import RoundDiverged, likely_cause, server_model_finite
 from fedlight.engine.execution import ClientExecution
 from fedlight.engine.federation import Federation
@@ -108,16 +109,31 @@ def test_a_hook_that_fails_on_a_held_round_without_updates_is_reported_as_the_ro
         fed.run_round(1)
 
 
-@pytest.mark.parametrize("models, personal, finite", [
-    (torch.zeros(2, 3), None, True),
-    (torch.tensor([[0.0, float("inf"), 0.0]]), None, False),
-    (torch.zeros(1, 3), torch.tensor([[1.0], [float("nan")]]), False),
-    (torch.zeros(1, 3), torch.zeros(2, 0), True),  # nothing personal
+@pytest.mark.parametrize("models, finite", [
+    (torch.zeros(2, 3), True),
+    (torch.tensor([[0.0, float("inf"), 0.0]]), False),
+    (torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), False),
+    (torch.zeros(0, 3), True),  # no cluster model yet
 ])
-def test_the_server_model_is_its_cluster_models_and_the_personal_entries(models, personal, finite):
+def test_the_server_model_is_its_cluster_models(models, finite):
+    """The cluster models are checked; the personal rows need not be: only finite updates write them (below)."""
     algorithm = Algorithm()
-    algorithm.models, algorithm.personal = models, personal
+    algorithm.models = models
     assert server_model_finite(algorithm) is finite
+
+
+def test_a_client_with_a_non_finite_personal_part_is_left_out_and_its_row_not_written(monkeypatch):
+    fed = small_federation(FedPer(personal_layers=1), num_clients=4, rounds=1)
+    mask, real_train = fed.algorithm.personal_mask, ClientExecution.train
+
+    def client_2_nan_in_its_personal_part(self, round, clients):
+        updates = real_train(self, round, clients)
+        updates.params[updates.clients == 2, mask.nonzero()[0]] = float("nan")
+        return updates
+
+    monkeypatch.setattr(ClientExecution, "train", client_2_nan_in_its_personal_part)
+    assert fed.run_round(1).left_out == [2]
+    assert fed.algorithm.personal.touched().tolist() == [0, 1, 3]
 
 
 def test_the_likely_cause_names_round_extensions_under_the_plain_mean_and_else_the_learning_rate():

@@ -4,8 +4,9 @@ later round, so the run stops in that round, before anything records or checkpoi
 the round's aggregation hooks: a hook that fails on a round with no update left is reported as this, not as its
 own error).
 
-The check reads the server state in its general form (`Algorithm.models`, `Algorithm.personal`), so it names no
-algorithm; the likely cause it gives is read from the run's aggregation and round extensions' notes.
+The check reads the server state in its general form (`Algorithm.models`), so it names no algorithm; the likely
+cause it gives is read from the run's aggregation and round extensions' notes. The clients' personal rows
+(`Algorithm.personal`, a client state) need no check: they are written from the round's finite updates only.
 """
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ class RoundDiverged(RuntimeError):
 
 
 def server_model_finite(algorithm: Any) -> bool:
-    """Whether every entry of the cluster models and of the clients' personal entries is finite (the models the
-    clients of the next round start from)."""
-    parts = [getattr(algorithm, name, None) for name in ("models", "personal")]
-    return all(bool(finite_rows(part).all()) for part in parts if isinstance(part, Tensor) and part.numel())
+    """Whether every entry of the cluster models is finite (the shared part of the models the clients of the next
+    round start from; their personal rows come from finite updates)."""
+    models = getattr(algorithm, "models", None)
+    return not isinstance(models, Tensor) or not models.numel() or bool(finite_rows(models).all())
 
 
 def likely_cause(notes: list[str], plain_mean: bool) -> str:

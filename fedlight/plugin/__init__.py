@@ -11,6 +11,7 @@
 | `collective` | `Processes`: the collectives a round's updates use (the engine's `Collective` meets it), `OneProcess` |
 | `training_stats` | a round's training losses and logged values, reduced in client order |
 | `client_state`, `spill` | `ClientState`: a per-client tensor the engine keeps for an algorithm (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |
+| `personal_part` | the base class's personal part as a client state: clients never written read `PersonalStart` rows; re-slicing at a mask change |
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction` |

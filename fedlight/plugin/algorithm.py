@@ -5,7 +5,9 @@ Every algorithm holds the server state in one general form (docs/architecture.md
 - `models`: (K, d) cluster models, rows of one matrix (K = 1: one global model);
 - `assignment`: (n,) each client's cluster, a row of `models`;
 - `personal_mask`: (d,) True on the entries each client keeps for itself (None: nothing is personal), and
-  `personal`: (n, p) every client's values of those entries.
+  `personal`: every client's values of those entries, a client-state store of rows of width p
+  (`fedlight.plugin.personal_part`): `personal.read(clients)`, `personal[c]`; rows are stored for the clients
+  that trained, the others read their values from when the mask was set.
 
 A client's model is its cluster's row with its personal entries written in. The base class is FedAvg in that
 form; a clustered algorithm changes `assignment` and `models`, a personalized one sets a personal mask, and the
@@ -46,8 +48,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin.aggregation import ClientModels, ClusterAverage
+from fedlight.plugin.aggregation import ClientModels
+from fedlight.plugin.client_state import ClientState
 from fedlight.plugin.cohort import Cohort
+from fedlight.plugin.personal_part import PersonalStart, leaving_means, reslice, store_name
 from fedlight.plugin.updates import Updates
 from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
@@ -105,7 +109,9 @@ class Algorithm:
         self.models = torch.empty(0)
         self.assignment = torch.empty(0, dtype=torch.long)
         self.personal_mask: Tensor | None = None
-        self.personal: Tensor | None = None
+        self.personal: ClientState | None = None
+        self._personal_start: PersonalStart | None = None  # what clients never written read
+        self._personal_generation = 0  # masks set so far: the store's name (`personal_part.store_name`)
 
     # -- hooks ---------------------------------------------------------------------------------------
     def setup(self, server: "ServerContext") -> None:
@@ -194,7 +200,8 @@ class Algorithm:
             del group  # or it would stay alive while the next group trains: two groups in memory
         average.reduce(updates)
         if mask is not None:
-            self.personal[updates.cat_over_processes(torch.cat(ids))] = updates.cat_over_processes(torch.cat(rows))
+            trained = updates.cat_over_processes(torch.cat(ids))
+            self.personal.write(trained, updates.cat_over_processes(torch.cat(rows)))  # the trained clients' rows only
         self.set_shared(*average.means())
 
     def post_aggregation(self, round: int, updates: "RoundUpdates") -> None:
@@ -203,8 +210,9 @@ class Algorithm:
     def evaluation_models(self) -> tuple[Tensor | Sequence[Tensor], Tensor]:
         """(models, group of each client): the clients of a group share one model, so the engine runs each model
         once over its clients' data. With personal parts, every client is its own group and its model is built
-        when asked for (`client_model`). A model may also be a callable predictor of the algorithm's own (raw inputs
-        -> logits or log-probabilities), for predictions no single flat model gives (a mixture of components)."""
+        when asked for (`client_model`: one row of the personal store read at a time, never every client's at once).
+        A model may also be a callable predictor of the algorithm's own (raw inputs -> logits or log-probabilities),
+        for predictions no single flat model gives (a mixture of components)."""
         if self.personal_mask is None:
             return self.models, self.assignment
         n = self.server.num_clients
@@ -238,15 +246,27 @@ class Algorithm:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything that must survive a restart. Subclasses add their own keys with `super()`."""
-        return {"models": self.models, "assignment": self.assignment, "personal": self.personal,
-                "personal_mask": self.personal_mask}
+        """Everything that must survive a restart. Subclasses add their own keys with `super()`. The personal rows
+        are the engine's (a client state, checkpointed with the federation); here are the mask, the start rows of
+        the clients never written and the mask's generation, which names the store."""
+        start = self._personal_start
+        return {"models": self.models, "assignment": self.assignment, "personal_mask": self.personal_mask,
+                "personal_start": None if start is None else start.rows,
+                "personal_start_group": None if start is None else start.group,
+                "personal_generation": torch.tensor(self._personal_generation)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the state of `state_dict`; the personal store is declared again under its saved name, for the
+        engine to load its rows into."""
         self.models = state["models"]
         self.assignment = state["assignment"]
-        self.personal = state["personal"]
-        self.personal_mask = state["personal_mask"]
+        if self.personal is not None:
+            self.server.drop_client_state(self.personal.name)
+        self.personal_mask, self.personal, self._personal_start = state["personal_mask"], None, None
+        self._personal_generation = int(state["personal_generation"])
+        if self.personal_mask is not None:
+            self._personal_start = PersonalStart(state["personal_start"], state["personal_start_group"])
+            self.personal = self.server.client_state(store_name(self._personal_generation), self._personal_start)
 
     # -- logging -----------------------------------------------------------------------------------------------
     def log(self, name: str, value: float | Tensor) -> None:
@@ -268,7 +288,7 @@ class Algorithm:
         if self.personal_mask is None:
             return model
         model = model.clone()
-        model[self.personal_mask] = self.personal[client]
+        model[self.personal_mask] = self.personal[client]  # one stored row, or the client's start row
         return model
 
     def cluster_means(self, updates: Updates, weights: Tensor,
@@ -299,28 +319,32 @@ class Algorithm:
 
         An entry that becomes personal starts, for a client in `updates`, from its trained value there, and for
         every other client from its current model. An entry that stops being personal is set, in each cluster
-        model, to the training-set-size weighted mean of its members' personal values."""
-        device, dtype = self.models.device, self.models.dtype
+        model, to the training-set-size weighted mean of its members' personal values. The rows move to a new
+        store (`fedlight.plugin.personal_part`): only the clients with a stored row, or in `updates`, get one there,
+        a chunk at a time; the others read start rows, one per cluster (and earlier start row)."""
+        device = self.models.device
         new = None if mask is None or not bool(mask.any()) else mask.to(device=device, dtype=torch.bool)
         nothing = torch.zeros(self.models.shape[1], dtype=torch.bool, device=device)
         old_m = nothing if self.personal_mask is None else self.personal_mask
         new_m = nothing if new is None else new
         leaving = old_m & ~new_m
+        old, old_start = self.personal, self._personal_start
         if leaving.any():
-            average = ClusterAverage(len(self.models), int(leaving.sum()), dtype, device)
-            average.add(self.assignment, self.server.train_sizes, self.personal[:, leaving[old_m]])
-            active, means = average.means()
+            active, means = leaving_means(old, old_start, self.assignment, self.server.train_sizes, leaving[old_m],
+                                          len(self.models))
             rows = self.models[active]
             rows[:, leaving] = means
             self.models[active] = rows
-        personal = None
-        if new is not None:
-            personal = self.models[:, new][self.assignment]  # shared until now: the cluster model's values
-            kept = old_m[new]
-            if kept.any():
-                personal[:, kept] = self.personal[:, new[old_m]]
-            if updates is not None and (~kept).any():
-                rows = personal[updates.clients]
-                rows[:, ~kept] = updates.params[:, new][:, ~kept]
-                personal[updates.clients] = rows
-        self.personal_mask, self.personal = new, personal
+        if old is not None:
+            self.server.drop_client_state(old.name)  # still read below; its budget goes to the new store
+        self.personal_mask, self.personal, self._personal_start = new, None, None
+        if new is None:
+            return
+        kept, from_old = old_m[new], new[old_m]
+        cluster_values = self.models[:, new]  # shared until now: the cluster model's values
+        start = PersonalStart.first(cluster_values, self.assignment) if old_start is None else \
+            old_start.resliced(cluster_values, self.assignment, kept, from_old)
+        self._personal_generation += 1
+        self.personal = self.server.client_state(store_name(self._personal_generation), start)
+        self._personal_start = start
+        reslice(old, self.personal, cluster_values, self.assignment, kept, from_old, updates, new)

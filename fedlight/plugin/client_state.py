@@ -210,6 +210,15 @@ class ClientState:
         self._file.relocate(spill_path)
 
 
+def memory_rows_state(clients: Tensor, rows: Tensor) -> dict[str, Any]:
+    """The checkpoint state (`ClientState.state_dict`'s form) of a store holding `rows` of `clients` in memory and
+    nothing in its file: for a checkpoint upgrade that moves rows an older format kept elsewhere into a store."""
+    empty = torch.zeros(0, dtype=torch.long)
+    return {"row_shape": list(rows.shape[1:]), "memory_clients": clients.to(torch.long), "memory_rows": list(rows),
+            "file_clients": empty, "file_slots": empty,
+            "file": {"next_slot": 0, "free": empty, "pending": empty.reshape(0, 2), "checkpoints": 0}}
+
+
 class ClientStates:
     """A federation's stores, their shared memory budget and the folder of their spill files.
 
@@ -235,6 +244,17 @@ class ClientStates:
             raise ValueError(f"client state {name!r} is declared twice: give each per-client tensor its own name")
         store = ClientState(name, num_clients, initial, self.device, self.budget, self._spill_path(name))
         self.stores[name] = store
+        return store
+
+    def drop(self, name: str) -> ClientState:
+        """Remove the store `name` (to declare its successor, as a change of `Algorithm.set_personal_mask` does):
+        its rows in memory leave the budget, it stays readable until let go, and its spill file stays (a kept
+        checkpoint may still refer to it)."""
+        if name not in self.stores:
+            raise KeyError(f"client state {name!r} is not declared (declared: {sorted(self.stores)}): drop a "
+                           "declared store")
+        store = self.stores.pop(name)
+        self.budget.used -= store.memory_bytes
         return store
 
     @property

@@ -141,6 +141,11 @@ class ServerContext:
         is written by the engine after `post_aggregation`."""
         return self._client_states.declare(name, self.num_clients, initial)
 
+    def drop_client_state(self, name: str) -> ClientState:
+        """Remove the store `name` declared with `client_state` (its successor may then be declared): it stays
+        readable while held, its rows leave the memory budget, and it is no longer checkpointed."""
+        return self._client_states.drop(name)
+
     # -- aggregation -----------------------------------------------------------------------------------
     def cluster_aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
                            personal_mask: Tensor | None = None, rows_per_client: int = 1) -> Any:

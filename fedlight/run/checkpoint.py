@@ -17,12 +17,15 @@ from typing import Any, Callable
 
 import torch
 
+from fedlight.plugin.client_state import memory_rows_state
+from fedlight.plugin.personal_part import store_name
 from fedlight.run.callback_keys import state_keys, v1_keys
 
 LAST, PREVIOUS = "last.ckpt", "previous.ckpt"
 #: the format `save` writes: 1 kept the callbacks' states by class name and position, 2 by class and arguments, 3
-#: keeps each round extension's state under its name (DP's under `privacy`, not `aggregation`)
-FORMAT_VERSION = 4
+#: keeps each round extension's state under its name (DP's under `privacy`, not `aggregation`), 4 per-client rows
+#: in the federation's `client_state`, 5 the base class's personal part there too
+FORMAT_VERSION = 5
 
 
 class CheckpointError(ValueError):
@@ -104,11 +107,34 @@ def _client_state_kept_by_the_engine(state: dict[str, Any], callbacks: list[Any]
     return state
 
 
+def _personal_part_kept_by_the_engine(state: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
+    """Version 4 -> 5: the base class's personal part, which version 4 kept in the algorithm's state as a dense
+    (clients x p) `personal`, is the client state `personal_part.1` (`fedlight.plugin.personal_part`), every
+    client's row stored; the algorithm keeps the mask and, for clients never written, start rows (none is one:
+    every client has a row)."""
+    federation = state.get("federation", {})
+    algorithm = federation.get("algorithm")
+    if not isinstance(algorithm, dict) or "personal" not in algorithm:
+        return state
+    algorithm = dict(algorithm)
+    personal = algorithm.pop("personal")
+    algorithm.update(personal_start=None, personal_start_group=None, personal_generation=torch.tensor(0))
+    if personal is None:
+        return {**state, "federation": {**federation, "algorithm": algorithm}}
+    clients = len(personal)
+    algorithm.update(personal_start=personal.new_zeros(1, personal.shape[1]),
+                     personal_start_group=torch.zeros(clients, dtype=torch.long), personal_generation=torch.tensor(1))
+    client_state = {**(federation.get("client_state") or {}),
+                    store_name(1): memory_rows_state(torch.arange(clients), personal)}
+    return {**state, "federation": {**federation, "algorithm": algorithm, "client_state": client_state}}
+
+
 #: version -> the step that upgrades a checkpoint of that version to the next one
 UPGRADES: dict[int, Callable[[dict[str, Any], list[Any]], dict[str, Any]]] = {
     1: _callback_keys_by_class_and_arguments,
     2: _privacy_state_under_its_name,
     3: _client_state_kept_by_the_engine,
+    4: _personal_part_kept_by_the_engine,
 }
 
 
