@@ -189,6 +189,20 @@ def test_finite_checks_every_returned_row_whatever_its_shape():
     assert left_out == [4, 5] and kept.clients.tolist() == [6] and kept.state["alpha"].tolist() == [0.5]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_finite_rows_tells_huge_finite_entries_from_nan_and_infinity(dtype):
+    from fedlight.plugin.round_updates import finite_rows
+
+    big = torch.finfo(dtype).max
+    rows = torch.zeros(5, 4, dtype=dtype)
+    rows[1, :] = big          # finite entries whose sum overflows: still finite
+    rows[2, 3] = math.nan
+    rows[3, 0], rows[3, 1] = math.inf, -math.inf   # a sum of NaN
+    rows[4, 2] = -math.inf
+    assert finite_rows(rows).tolist() == [True, True, False, False, False]
+    assert finite_rows(rows[[0, 1]]).tolist() == [True, True]
+
+
 def test_a_federation_state_restores_every_store_exactly():
     def make():
         return small_federation(Noted(bad=-1, participation=0.5), num_clients=4, rounds=3)

@@ -32,9 +32,13 @@ CHECK_ENTRIES = 1 << 24  # entries checked for finiteness at a time (16 MB of bo
 
 
 def finite_rows(values: Tensor) -> Tensor:
-    """(m,) whether every entry of each of the m rows of `values` is finite, checked a block of rows at a time (a
-    boolean copy of every model would cost a quarter of them)."""
+    """(m,) whether every entry of each of the m rows of `values` is finite. First one sum a row (one read of the
+    rows, about 20x faster than `isfinite` on a CPU): a NaN or an infinity in a row makes its sum non-finite, so
+    finite sums settle it. Otherwise (a non-finite entry, or finite entries whose sum overflows) entry by entry, a
+    block of rows at a time (a boolean copy of every model would cost a quarter of them)."""
     rows = values.flatten(1) if values.dim() > 1 else values[:, None]
+    if rows.is_floating_point() and bool(torch.isfinite(rows.sum(dim=1)).all()):
+        return torch.ones(len(rows), dtype=torch.bool, device=rows.device)  # a sum is finite only if every entry is
     step = max(1, CHECK_ENTRIES // max(1, rows.shape[1]))
     blocks = [torch.isfinite(rows[begin: begin + step]).all(dim=1) for begin in range(0, len(rows), step)]
     return torch.cat([rows.new_zeros(0, dtype=torch.bool), *blocks])

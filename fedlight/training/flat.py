@@ -7,8 +7,10 @@ fused operation over the whole model.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -102,6 +104,28 @@ class FlatModel:
 
     def zero_grad(self) -> None:
         self.grad.zero_()
+
+    @contextmanager
+    def fresh_gradients(self) -> Iterator[Callable[[], None]]:
+        """Within: the parameters' gradients start as None, so each backward hands over new gradient tensors
+        instead of adding into views of `self.grad` (autograd then skips a read-add-write of every gradient and the
+        zeroing before it: about a tenth of a small CNN's step on a CPU). Yields the call that drops them after a
+        step; `self.grad` is not kept current inside. At exit the views are bound again, zeroed. The numbers are
+        the same: adding a gradient into zeros gives the gradient."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        views = [p.grad for p in params]
+
+        def drop() -> None:
+            for p in params:
+                p.grad = None
+
+        drop()
+        try:
+            yield drop
+        finally:
+            for p, view in zip(params, views):
+                p.grad = view
+            self.grad.zero_()
 
     def layers(self) -> list[str]:
         """Layer names in model order (from the network's `layer_names()` when it has one)."""

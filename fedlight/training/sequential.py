@@ -7,6 +7,7 @@ split tensor on the device; no DataLoader is involved.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections.abc import Iterator
@@ -142,7 +143,9 @@ class ClientTrainer:
         rates = self.learning_rates.rates(round, steps * epochs)
         loss_sum = torch.zeros((), device=x.device)
         logs = LogSums(1, x.device)
-        with StepLogs(module) as step_logs:
+        # without a hook nothing reads the flat gradient: backward may hand over new gradients (FlatModel)
+        fresh = flat.fresh_gradients() if gradient_hook is None else contextlib.nullcontext(flat.zero_grad)
+        with StepLogs(module) as step_logs, fresh as clear_gradients:
             for epoch, step, rows in self.batch_rows(n, seed, epochs, x.device):
                 batch = self.batch_transform((x[rows], y[rows]), 0)
                 if step == 0:
@@ -163,7 +166,7 @@ class ClientTrainer:
                 for group, lr in zip(self.raw_optimizer.param_groups, rates[epoch * steps + step]):
                     group["lr"] = lr * lr_scale
                 self.step()
-                flat.zero_grad()
+                clear_gradients()
                 loss_sum += loss.detach().float()
         return Trained(flat.read(), loss_sum / steps, {name: value[0] for name, value in logs.means().items()})
 
