@@ -1,8 +1,9 @@
 """Every method at cross-device scale: LEAF's FEMNIST size (3,550 writers), 10 writers a round, LEAF's CNN
 (`fedlight.models.LeafCNN`), FLUTE's FEMNIST settings (batch 20, SGD lr 0.1, one local epoch).
 
-The data are LEAF-format JSON files of made images (`femnist_load.py` writes them; give their folder with --root, or
-let this script write them once into --root). Each method runs in a fresh process, which loads FEMNIST (the cached
+The data module is the shipped configs' (configs/cross_device/femnist/common/data.yaml: 3,400 writers drawn from
+LEAF's, 1,000 public images); its files are LEAF-format JSON files of made images (`femnist_load.py` writes
+them; give their folder with --root, or let this script write them once into --root). Each method runs in a fresh process, which loads FEMNIST (the cached
 parse after the first load), runs --rounds rounds without evaluation, then evaluates every writer's model on its
 test split once. Beside every fedlight round, the same process runs a plain PyTorch FedAvg round of the same clients
 (`plain_loop.PlainLoop`: the same steps on the same network, one client after another), interleaved, so both see
@@ -41,6 +42,13 @@ def registered() -> list[str]:
     return sorted(short_names())
 
 
+def shipped_data_args() -> dict:
+    """The data module's arguments of the shipped cross-device configs (3,400 writers, 1,000 public images)."""
+    import yaml
+
+    return yaml.safe_load((ROOT / "configs/cross_device/femnist/common/data.yaml").read_text())["init_args"]
+
+
 def algorithm_class(name: str) -> type:
     import importlib
 
@@ -50,7 +58,8 @@ def algorithm_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, vectorize: int) -> dict:
+def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, vectorize: int,
+            data_args: dict | None = None) -> dict:
     """One method's federation in this process, with the plain loop's rounds interleaved (FedAvg's steps)."""
     from fedlight import Federation, FederationConfig
     from fedlight.datamodules import FEMNISTFederated
@@ -58,7 +67,7 @@ def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, 
     from plain_loop import PlainLoop
 
     started = time.perf_counter()
-    data = FEMNISTFederated(str(root))
+    data = FEMNISTFederated(**{**shipped_data_args(), **(data_args or {}), "root": str(root)})
     data.load_pool()
     load_s = time.perf_counter() - started
     torch.manual_seed(0)
@@ -98,10 +107,14 @@ def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, 
     return row
 
 
+def data_overrides(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in (("num_writers", args.num_writers), ("public_size", args.public_size)) if v is not None}
+
+
 def in_a_fresh_process(method: str, args: argparse.Namespace) -> dict:
     line = [sys.executable, __file__, "--one", method, "--root", str(args.root), "--rounds", str(args.rounds),
             "--per_round", str(args.per_round), "--folder", str(args.folder / method),
-            "--vectorize", str(args.vectorize)]
+            "--vectorize", str(args.vectorize), "--data_args", json.dumps(data_overrides(args))]
     done = subprocess.run(line, capture_output=True, text=True, cwd=HERE, env={**os.environ, "WANDB_MODE": "offline"})
     if done.returncode:
         return {"method": method, "failed": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "?"}
@@ -131,12 +144,16 @@ def main() -> None:
     parser.add_argument("--per_round", type=int, default=10)
     parser.add_argument("--vectorize", type=int, default=-1, help="federation.vectorize (-1: measured)")
     parser.add_argument("--writers", type=int, default=None, help="writers to write when --root is empty (LEAF's 3,550)")
+    parser.add_argument("--num_writers", type=int, default=None, help="default: the shipped configs' 3,400")
+    parser.add_argument("--public_size", type=int, default=None, help="default: the shipped configs' 1,000")
+    parser.add_argument("--data_args", type=json.loads, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/fedlight-cross-device"), help="client-state files")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a worker: one method, JSON on stdout
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.root, args.rounds, args.per_round, args.folder, args.vectorize)))
+        print(json.dumps(run_one(args.one, args.root, args.rounds, args.per_round, args.folder, args.vectorize,
+                                 args.data_args)))
         return
     if not (args.root / "train").is_dir():
         from femnist_load import LEAF_IMAGES, LEAF_WRITERS, leaf_writers, write_leaf

@@ -104,11 +104,13 @@ def test_femnist_load_benchmark_writes_leaf_files_and_loads_them_twice_alike(mon
 
 def test_cross_device_benchmark_runs_fedavg_like_the_plain_loop_and_names_a_refusal(monkeypatch, tmp_path):
     def in_this_process(method, args):
-        return cross_device.run_one(method, args.root, args.rounds, args.per_round, args.folder, args.vectorize)
+        return cross_device.run_one(method, args.root, args.rounds, args.per_round, args.folder, args.vectorize,
+                                    cross_device.data_overrides(args))
 
     monkeypatch.setattr(cross_device, "in_a_fresh_process", in_this_process)
     rows = run_main(cross_device, monkeypatch, tmp_path, "--root", str(tmp_path / "leaf"), "--writers", "6",
-                    "--rounds", "1", "--per_round", "2", "--methods", "fedavg", "flhc", "--vectorize", "0",
+                    "--num_writers", "6", "--public_size", "50", "--rounds", "1", "--per_round", "2",
+                    "--methods", "fedavg", "flhc", "--vectorize", "0",
                     "--folder", str(tmp_path / "state"))
     fedavg, flhc = rows
     assert fedavg["writers"] == 6 and len(fedavg["round_s"]) == len(fedavg["plain_round_s"]) == 1
