@@ -19,12 +19,13 @@ from fedlight.models import MLP, Classifier
 
 
 def mlp_federation(algorithm=None, vectorize=8, num_clients=5, batch_size=16, weight_decay=0.0,
-                   network: torch.nn.Module | None = None) -> Federation:
-    """An MLP (or `network`) on digits of unequal clients (short last batches, other step counts): no max-pool ties,
-    so the two trainers agree to float rounding."""
+                   network: torch.nn.Module | None = None, accelerator: str = "cpu") -> Federation:
+    """An MLP (or `network`) on digits of unequal clients (short last batches, other step counts), in float32: no
+    max-pool ties, so the two trainers (and the CPU and a GPU) agree to float rounding."""
     torch.manual_seed(0)
     model = Classifier(network or MLP(64, [32], 10), lr=0.05, momentum=0.9, weight_decay=weight_decay)
-    config = FederationConfig(rounds=2, local_epochs=2, batch_size=batch_size, accelerator="cpu", vectorize=vectorize)
+    config = FederationConfig(rounds=2, local_epochs=2, batch_size=batch_size, accelerator=accelerator,
+                              vectorize=vectorize, precision="32-true")
     data = DigitsFederated(num_clients=num_clients, partition=QuantitySkew(alpha=0.5, min_size=20))
     return Federation(data, model, algorithm or Algorithm(), config)
 
@@ -36,7 +37,8 @@ def alone(fed: Federation, round: int, clients: list[int], starts: torch.Tensor,
 
 def noisy_starts(fed: Federation, count: int) -> torch.Tensor:
     noise = torch.Generator().manual_seed(3)
-    return fed.server.initial_params + 0.05 * torch.randn(count, fed.server.num_params, generator=noise)
+    initial = fed.server.initial_params
+    return initial + 0.05 * torch.randn(count, fed.server.num_params, generator=noise).to(initial.device)
 
 
 def test_clients_are_unequal_so_groups_have_short_and_missing_batches():
