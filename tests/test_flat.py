@@ -61,3 +61,22 @@ def test_layer_mask_selects_named_layers():
     flat = FlatModel(net())
     mask = flat.layer_mask(["3"])
     assert mask.sum() == 4 * 2 + 2 and mask[-10:].all()
+
+
+def test_fresh_gradients_are_new_tensors_inside_and_the_flat_views_come_back_zeroed():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    flat = FlatModel(module)
+    x = torch.randn(5, 3)
+    module(x).sum().backward()
+    expected = torch.cat([p.grad.flatten() for p in module.parameters()])  # into the flat views
+    flat.zero_grad()
+    with flat.fresh_gradients() as drop:
+        assert all(p.grad is None for p in module.parameters())
+        module(x).sum().backward()
+        fresh = torch.cat([p.grad.flatten() for p in module.parameters()])
+        assert torch.equal(fresh, expected) and not flat.grad.any()  # handed over, the flat gradient untouched
+        drop()
+        assert all(p.grad is None for p in module.parameters())
+    module(x).sum().backward()  # the views are bound again: backward writes the flat gradient
+    assert torch.equal(flat.grad, expected)
