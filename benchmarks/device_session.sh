@@ -24,19 +24,25 @@ step() {  # step NAME LIMIT COMMAND...: run COMMAND for at most LIMIT seconds (l
   timeout "$limit" "$@"
   echo "== $name: exit $? at $((SECONDS - start)) s"
 }
-bench() {  # bench NAME LIMIT SCRIPT ARGS...: a benchmark writing OUTDIR/NAME.md and NAME.json
+bench() {  # bench NAME LIMIT SCRIPT ARGS...: a benchmark writing OUTDIR/NAME.md and NAME.json (with its progress
+  # lines from stderr, so a step stopped at its limit still brings back the rows it finished)
   local name=$1 limit=$2
   shift 2
-  step "$name" "$limit" bash -o pipefail -c "cd '$root/benchmarks' && '$python' $* --json '$out/$name.json' | tee '$out/$name.md'"
+  step "$name" "$limit" bash -o pipefail -c "cd '$root/benchmarks' && '$python' $* --json '$out/$name.json' 2>&1 | tee '$out/$name.md'"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
 "$python" -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)" \
   | tee -a "$out/device.txt"
 step gpu_tests 150 "$python" -m pytest -q -p no:cacheprovider "$root/tests/test_gpu.py"
+# AMP on and off side by side first: the comparison an earlier lease did not reach.
+bench round_amp 150 round.py --accelerator cuda --networks lenet5 --clients 1000 \
+  --precisions 32-true bf16-mixed --algorithms fedavg fedper
+bench vectorized_amp 100 vectorized.py --clients 100 --pool 20000 --networks lenet5 fedavg_cnn --batch_sizes 10 64 \
+  --accelerator cuda --precision bf16-mixed
+bench vectorized_fp32 100 vectorized.py --clients 100 --pool 20000 --networks lenet5 fedavg_cnn --batch_sizes 10 64 \
+  --accelerator cuda --precision 32-true
 bench overhead 60 overhead.py --accelerator cuda --precision bf16-mixed
-bench vectorized_amp 120 vectorized.py --clients 100 --accelerator cuda --precision bf16-mixed
-bench vectorized_fp32 120 vectorized.py --clients 100 --accelerator cuda --precision 32-true
 bench round_lenet5 120 round.py --accelerator cuda --networks lenet5 --clients 100 1000 \
   --precisions 32-true bf16-mixed --algorithms fedavg fedper fedavg_whole_round
 for device in cuda cpu; do
