@@ -12,14 +12,30 @@ from test_group_training import mlp_federation, noisy_starts
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 
 
+def nudge_by_one_ulp(models: torch.Tensor) -> None:
+    """Every parameter moved one unit in the last place, up or down: the smallest change rounding can make."""
+    signs = torch.randn(models.shape, generator=torch.Generator().manual_seed(1)).sign().to(models.device)
+    models.mul_(1 + 2**-23 * signs)
+
+
 def test_fedavg_rounds_on_the_gpu_give_the_cpus_numbers_to_float_rounding():
-    """An MLP (no max-pool ties to break differently) in full float32 (no TF32)."""
+    """An MLP (no max-pool ties to break differently) in full float32 (no TF32). One round agrees to 1e-5; after
+    the second, the GPU may be no further from the CPU than the CPU is from itself when its start is nudged by one
+    ulp. Some CPUs amplify rounding to 1e-3 in two rounds of momentum SGD (see gpu_diagnose.py); a real divergence,
+    such as other batches, shows as 1e-2 and more."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    cpu, gpu = mlp_federation(FedAvg(), vectorize=3), mlp_federation(FedAvg(), vectorize=3, accelerator="cuda")
+    cpu, nudged = mlp_federation(FedAvg(), vectorize=3), mlp_federation(FedAvg(), vectorize=3)
+    gpu = mlp_federation(FedAvg(), vectorize=3, accelerator="cuda")
     assert gpu.device.type == "cuda"
-    for r in (1, 2):
-        a, b = cpu.run_round(r), gpu.run_round(r)
-    assert torch.allclose(cpu.algorithm.models, gpu.algorithm.models.cpu(), atol=1e-4)
+    nudge_by_one_ulp(nudged.algorithm.models)
+
+    def gap(fed) -> float:
+        return float((fed.algorithm.models.cpu() - cpu.algorithm.models).abs().max())
+
+    a, _, b = cpu.run_round(1), nudged.run_round(1), gpu.run_round(1)
+    assert gap(gpu) <= 1e-5
+    a, _, b = cpu.run_round(2), nudged.run_round(2), gpu.run_round(2)
+    assert gap(gpu) <= max(1e-5, 4 * gap(nudged))
     assert abs(a.scalars["test/acc_mean"] - b.scalars["test/acc_mean"]) <= 0.02
 
 
