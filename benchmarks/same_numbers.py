@@ -74,6 +74,7 @@ def recordings() -> list[Recording]:
         Recording("ditto-vec4", DIGITS / "skew" / "ditto.yaml", vectorize="4"),  # vectorized group work (dropout: masks per group)
         Recording("fedper-vec4", DIGITS / "skew" / "fedper.yaml", vectorize="4"),  # personal layers, vectorized
         Recording("scaffold-vec4", DIGITS / "skew" / "scaffold.yaml", vectorize="4"),  # a gradient correction
+        Recording("fedrep-vec4", DIGITS / "skew" / "fedrep.yaml", vectorize="4"),  # frozen parts, vectorized
         Recording("ifca-newcomers", DIGITS / "ifca.yaml", ("--data.init_args.holdout_clients", "0.2")),
         Recording("ocfl-backdoor", DIGITS / "ocfl.yaml", ("--attack.kind", "backdoor", "--attack.fraction", "0.2")),
         Recording("fedavg-privacy", ROTATIONS, ("--privacy.noise_multiplier", "1.0", "--privacy.clip", "1.0")),

@@ -3,6 +3,7 @@ computations: each client trained alone by the sequential trainer, each client's
 personalized methods' group work vectorized against the same work one client at a time."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch import nn
 
 from fedlight.algorithms.apfl import APFL
@@ -101,6 +102,37 @@ def test_trainable_entries_train_and_the_rest_keep_their_start_exactly(vectorize
     assert torch.equal(got[:, ~last], starts[:, ~last]) and not torch.equal(got[:, last], starts[:, last])
     expected = alone(fed, 1, list(range(5)), starts, gradient_hook=lambda p, g, b: g.masked_fill_(~last, 0))
     assert torch.allclose(got[:, last], expected[:, last], atol=1e-6)
+
+
+class MatrixProducts(TorchDispatchMode):
+    """Counts the matrix products the dispatcher runs (forward and backward, under vmap too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm, torch.ops.aten.baddbmm):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("vectorize", [0, 3])
+def test_a_frozen_body_costs_no_backward_pass(vectorize):
+    """Training only the last layer skips the body's backward: of the MLP's 5 products a step (2 forward; backward:
+    the head's weight and input gradients, the body's weight gradient), 3 remain (the head's input gradient is
+    needed by nothing). A hook zeroing the body's gradient instead runs all 5. The models are the same."""
+    fed = mlp_federation(vectorize=vectorize)
+    last = fed.server.layer_mask(fed.server.layers()[-1:])
+    starts, clients = noisy_starts(fed, 3), [0, 1, 2]
+    fed.server.train_many(1, clients, starts, trainable=last)  # the vectorized trainer's first call: warm-up
+    with MatrixProducts() as frozen:
+        got = fed.server.train_many(1, clients, starts, trainable=last).params
+    with MatrixProducts() as masked:
+        expected = fed.server.train_many(1, clients, starts, gradient_hook=lambda rows, p, g, s: g.masked_fill_(~last, 0)
+                                         ).params
+    assert frozen.count * 5 == masked.count * 3
+    assert torch.equal(got[:, last], expected[:, last])
 
 
 def test_group_batches_give_each_client_its_own_batches_in_order():

@@ -9,10 +9,11 @@ trainers on its own clients and keeps the faster (`fedlight.training.probe`), so
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -102,11 +103,21 @@ class GroupTraining:
     def fit(self, round: int, clients: list[int], starts: Tensor, work: LocalWork = LocalWork()) -> Trained:
         """`clients` trained from the rows of `starts` as `work` says; the frozen entries restored. `round` seeds the
         clients' batches; a set-up phase numbered 0 trains at round 1's learning rates."""
-        trained = self._try_vectorized(round, clients, starts, work) if self.vectorized is not None else None
-        if trained is None:
-            trained = self._one_by_one(round, clients, starts, work)
+        with self._without_gradients(work):
+            trained = self._try_vectorized(round, clients, starts, work) if self.vectorized is not None else None
+            if trained is None:
+                trained = self._one_by_one(round, clients, starts, work)
         work.restore_frozen(trained.params, starts)
         return trained
+
+    @contextlib.contextmanager
+    def _without_gradients(self, work: LocalWork) -> Iterator[None]:
+        """The parameter tensors `work` freezes whole take no gradient in either trainer (backward stops at them);
+        the entries are still masked and restored as `LocalWork` says, so the numbers are those of a full backward."""
+        names = self.trainer.flat.frozen_tensors(work.trainable)
+        vectorized = contextlib.nullcontext() if self.vectorized is None else self.vectorized.without_gradients(names)
+        with self.trainer.flat.without_gradients(names), vectorized:
+            yield
 
     def loss_and_grads(self, params: Tensor, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
         """(losses, flat gradients) of k models on their batches through the vectorized trainer, or None when

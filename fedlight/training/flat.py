@@ -89,6 +89,7 @@ class FlatModel:
             offset += tensor.numel()
         self.entries: list[Entry] = entries
         self.module = module
+        self._parameters = {name: tensor for name, _, _, tensor, is_param in tensors if is_param}
 
     @property
     def numel(self) -> int:
@@ -126,6 +127,28 @@ class FlatModel:
             for p, view in zip(params, views):
                 p.grad = view
             self.grad.zero_()
+
+    def frozen_tensors(self, trainable: Tensor | None) -> list[str]:
+        """Names of the parameter tensors with no trainable entry in `trainable` ((d,) bool), when at least one
+        parameter tensor keeps one (else none: something must train)."""
+        if trainable is None:
+            return []
+        frozen = [e.name for e in self.entries if e.is_parameter and not bool(trainable[e.start: e.stop].any())]
+        return frozen if len(frozen) < len(self._parameters) else []
+
+    @contextmanager
+    def without_gradients(self, names: list[str]) -> Iterator[None]:
+        """Within: the named parameters take no gradient (`requires_grad` off), so backward stops where only they
+        lie behind it: training a head with its body frozen costs the head's backward, not the model's. Their
+        gradient views stay bound and zero, so the optimizer treats them as before (a zero gradient)."""
+        tensors = [self._parameters[name] for name in names]
+        for tensor in tensors:
+            tensor.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for tensor in tensors:
+                tensor.requires_grad_(True)
 
     def layers(self) -> list[str]:
         """Layer names in model order (from the network's `layer_names()` when it has one)."""

@@ -202,6 +202,8 @@ class VectorizedTrainer:
         self.buffer_entries = [e for e in flat.entries if not e.is_parameter]
         self.param_offsets = self._offsets(self.param_entries)
         self._names = [f"inner.{e.name}" for e in self.param_entries]
+        self._frozen: set[int] = set()  # positions in param_entries that take no gradient (`without_gradients`)
+        self._differentiated = self._names
         flat_buffers = {e.name for e in self.buffer_entries}
         self._other_buffers = {f"inner.{name}": b for name, b in module.named_buffers() if name not in flat_buffers}
         self._grad_and_loss = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None),
@@ -243,11 +245,12 @@ class VectorizedTrainer:
 
     def _loss(self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
               batch_idx: int) -> tuple[Tensor, dict[str, Tensor]]:
-        return functional_call(self.step_module, {**dict(zip(self._names, tensors)), **buffers}, ((x, y), batch_idx))
+        return functional_call(self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers},
+                               ((x, y), batch_idx))
 
     def _weighted_loss(self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
                        batch_idx: int, weights: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        return functional_call(self.step_module, {**dict(zip(self._names, tensors)), **buffers},
+        return functional_call(self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers},
                                ((x, y), batch_idx, weights))
 
     def _buffers(self, starts: Tensor) -> dict[str, Tensor]:
@@ -265,16 +268,35 @@ class VectorizedTrainer:
         return [block[:, o: o + e.numel].view(len(rows), *e.shape)
                 for e, o in zip(self.param_entries, self.param_offsets)]
 
+    @contextmanager
+    def without_gradients(self, names: list[str]) -> Iterator[None]:
+        """Within: the named parameter tensors are passed as constants, not differentiated (`FlatModel`'s twin):
+        their gradient is zero without a backward pass through them."""
+        frozen = set(names)
+        self._frozen = {i for i, e in enumerate(self.param_entries) if e.name in frozen}
+        self._differentiated = [n for i, n in enumerate(self._names) if i not in self._frozen]
+        try:
+            yield
+        finally:
+            self._frozen, self._differentiated = set(), self._names
+
     def _grads(self, params: list[Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor, step: int,
                weights: Tensor | None = None) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
         """(gradient of each parameter tensor, losses, logged values) of a range of rows, from the views of their
         parameters; `buffers` (one row per client) are updated in place. Differentiating with respect to one
         view per tensor is O(d); differentiating slices of one flat row would build a full-length zero gradient
-        per tensor and add them all up. `weights` (rows, batch): per-sample weights of a weighted loss."""
+        per tensor and add them all up. `weights` (rows, batch): per-sample weights of a weighted loss. Frozen
+        tensors (`without_gradients`) go in beside the buffers and get a zero gradient."""
+        if self._frozen:
+            buffers = {**buffers, **{self._names[i]: params[i] for i in self._frozen}}
+        differentiated = tuple(p for i, p in enumerate(params) if i not in self._frozen)
         if weights is None:
-            grads, (losses, logged) = self._grad_and_loss(tuple(params), buffers, x, y, step)
+            grads, (losses, logged) = self._grad_and_loss(differentiated, buffers, x, y, step)
         else:
-            grads, (losses, logged) = self._weighted_grad_and_loss(tuple(params), buffers, x, y, step, weights)
+            grads, (losses, logged) = self._weighted_grad_and_loss(differentiated, buffers, x, y, step, weights)
+        if self._frozen:
+            given = iter(grads)
+            grads = [torch.zeros_like(p) if i in self._frozen else next(given) for i, p in enumerate(params)]
         return list(grads), losses, logged
 
     def loss_and_grads(self, params: Tensor, x: Tensor, y: Tensor, step: int = 0) -> tuple[Tensor, Tensor]:
