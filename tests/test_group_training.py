@@ -228,10 +228,3 @@ def test_newcomers_train_as_a_group_what_each_trains_alone(vectorize):
         assert torch.allclose(group, each, atol=1e-6) and not torch.equal(group, starts)
     else:
         assert torch.equal(group, each)
-
-
-def test_a_group_loop_under_auto_trains_vectorized_and_the_plan_says_so():
-    fed = mlp_federation(APFL(alpha=0.3), vectorize=-1)
-    assert fed.execution.plan.trainer == "auto"
-    fed.run_round(1)
-    assert fed.execution.plan.trainer == "vectorized" and fed.execution.plan.reason is None

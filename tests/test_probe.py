@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedlight import Federation, FederationConfig
+from fedlight.algorithms.apfl import APFL
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedprox import FedProx
 from fedlight.datamodules import DigitsFederated, QuantitySkew
@@ -208,3 +209,52 @@ def test_the_probe_s_two_parts_join_in_order_and_a_log_one_part_lacks_is_nan():
     joined = Trained.cat([one, two])
     assert joined.params.tolist() == [[1, 1], [0, 0], [0, 0]] and joined.loss.tolist() == pytest.approx([0.5, 0.1, 0.2])
     assert joined.logs["acc"][0].item() == pytest.approx(0.9) and joined.logs["acc"][1:].isnan().all()
+
+
+def slowed_group_step(cls, method: str, monkeypatch, seconds: float = 0.005) -> None:
+    """One trainer's group-loop step (`loss_and_grad` of one model, `loss_and_grads` of k) `seconds` slower per
+    model on the probe's clock."""
+    real = getattr(cls, method)
+
+    def slow(self, params, *args, **kwargs):
+        probe_module.time.now += seconds * (len(params) if params.dim() == 2 else 1)
+        return real(self, params, *args, **kwargs)
+
+    monkeypatch.setattr(cls, method, slow)
+
+
+def group_loop_round(vectorize: int) -> Federation:
+    """APFL (a group loop: `group_batches` and `group_loss_and_grad`, no `train_many`) after one round."""
+    fed = federation(APFL(alpha=0.3), vectorize=vectorize)
+    fed.run_round(1)
+    return fed
+
+
+def test_a_group_loop_under_auto_is_probed_and_keeps_the_vectorized_step_when_it_is_faster(monkeypatch):
+    slowed_group_step(ClientTrainer, "loss_and_grad", monkeypatch)
+    fed = group_loop_round(-1)
+    probe = fed.execution.probe_result
+    assert probe.choice == "vectorized" and probe.difference <= AGREEMENT and not probe.remembered
+    assert fed.execution.plan.trainer == "vectorized" and fed.execution.plan.reason is None
+    assert probe.sequential_step_s == pytest.approx(0.005)  # 5 models, one step each, 5 ms apiece on the clock
+
+
+def test_a_group_loop_under_auto_steps_one_model_at_a_time_when_that_is_faster_with_sequential_numbers(monkeypatch):
+    """The probe leaves no trace in the numbers: dropout and the random state are put back, so a model without
+    dropout ends where a run told `vectorize: 0` ends."""
+    slowed_group_step(VectorizedTrainer, "loss_and_grads", monkeypatch)
+    fed = group_loop_round(-1)
+    assert fed.execution.probe_result.choice == "sequential" and fed.execution.vectorized is None
+    assert "faster in round 1" in fed.execution.plan.reason
+    assert torch.equal(fed.algorithm.models, group_loop_round(0).algorithm.models)
+
+
+def test_a_group_loop_takes_the_remembered_choice_on_the_same_machine(monkeypatch):
+    with monkeypatch.context() as patch:
+        slowed_group_step(ClientTrainer, "loss_and_grad", patch)
+        first = group_loop_round(-1)
+    with monkeypatch.context() as patch:
+        slowed_group_step(VectorizedTrainer, "loss_and_grads", patch)  # a fresh probe would choose sequential
+        again = group_loop_round(-1)
+    assert again.execution.probe_result.remembered and again.execution.probe_result.choice == "vectorized"
+    assert torch.equal(first.algorithm.models, again.algorithm.models)

@@ -121,14 +121,15 @@ class GroupTraining:
 
     def loss_and_grads(self, params: Tensor, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
         """(losses, flat gradients) of k models on their batches through the vectorized trainer, or None when
-        clients train one after another (the caller then loops). Under auto, a group loop trains vectorized from its
-        first step on (the plan then says so): the probe times `train_many` calls, which a group loop does not make."""
+        clients train one after another (the caller then loops). Under auto, a group loop's first step is timed both
+        ways (`_probe_group_step`) and the faster kept, as `train_many`'s first call is."""
         if self.vectorized is None:
             return None
-        if self.choice == "auto":  # a group loop has no sequential twin to time: it runs vectorized, and says so
-            self.choice = "vectorized"
-            self.on_choice(self.choice, None)
         try:
+            if self.choice == "auto" and self.probe_result is None:
+                self._probe_group_step(params, x, y, step)
+                if self.vectorized is None:
+                    return None
             return self.vectorized.loss_and_grads(params, x, y, step)
         except TrainerAttributeError:  # the module read what a federated run has not: its one line, no fall-back
             raise
@@ -137,6 +138,30 @@ class GroupTraining:
             warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=2)
             self._sequential_from_now(reason)
             return None
+
+    def _probe_group_step(self, params: Tensor, x: Tensor, y: Tensor, step: int) -> None:
+        """A group loop's trainer choice (pFedMe, APFL, Per-FedAvg make no `train_many` call to time): its first
+        step's gradients computed vectorized (once to warm up, once timed) and model by model (timed), dropout off
+        and the random state put back, so the step itself then runs as if no probe had been; the decision is
+        remembered like `train_many`'s, under a key of its own."""
+        key = probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
+                        batch_size=self.config.batch_size, clients=len(params), group_loop=True,
+                        precision=self._precision_name(), device=device_name(self.device))
+        result = self._recall(key)
+        if result is None:
+            devices = [self.device] if self.device.type == "cuda" else []
+            with without_dropout(self.trainer.module), torch.random.fork_rng(devices=devices):
+                self.vectorized.loss_and_grads(params, x, y, step)
+                (_, together), vectorized_s = timed(self.device, lambda: self.vectorized.loss_and_grads(params, x, y,
+                                                                                                     step))
+                alone, sequential_s = timed(self.device, lambda: torch.stack(
+                    [self.trainer.loss_and_grad(p, (x[i], y[i]), step)[1] for i, p in enumerate(params)]))
+            k = len(params)
+            difference = agreement(alone, together, torch.zeros_like(alone))
+            result = self.collective.broadcast(decide(k, k, sequential_s / k, vectorized_s / k, difference))
+            if self.collective.rank == 0:
+                remember(key, result)
+        self.keep_probe(result)
 
     def _seeds(self, round: int, clients: list[int], work: LocalWork) -> list[int]:
         return [self.seed_of(round, c, work.purpose) for c in clients]
