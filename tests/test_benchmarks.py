@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import cross_device  # noqa: E402
 import femnist_load  # noqa: E402
+import made_femnist  # noqa: E402
 import overhead  # noqa: E402
 import paper_configs  # noqa: E402
 import processes  # noqa: E402
@@ -188,3 +189,16 @@ def test_paper_configs_benchmark_runs_a_made_data_config_end_to_end(monkeypatch,
     [row] = run_main(paper_configs, monkeypatch, tmp_path, "--configs", str(config), "--families", "none")
     assert row["rounds"] == 1 and row["result"]["s_per_round"] > 0 and row["result"]["peak_mb"] > 0
     assert row["result"]["summary"]["plan"]["trainer"] == "sequential"  # k-FED trains its clients itself
+
+
+def test_made_femnist_gives_each_chosen_writer_its_drawn_train_and_test_sizes():
+    """The in-memory FEMNIST for GPU runs: one client per chosen writer, whose train and test splits have the sizes
+    `leaf_writers` drew for it (LEAF's 90/10 split), every made sample used once."""
+    data_module = made_femnist.MadeFemnist(writers=40, images=2000, num_writers=25, writer_order="random",
+                                           val_fraction=0.0)
+    data = data_module.build()
+    drawn = femnist_load.leaf_writers(40, 2000)
+    assert data.train.num_clients == 25 and len(data_module.writers) == 25
+    got = [(data.train.size(k), data.test.size(k)) for k in range(25)]
+    assert got == [drawn[w] for w in data_module.writers]
+    assert sum(a + b for a, b in drawn.values()) == 2000
