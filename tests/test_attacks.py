@@ -146,3 +146,9 @@ def test_an_attack_that_leaves_no_honest_client_is_refused_in_one_line(tmp_path,
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "attack.fraction must be in (0, 1)" in error
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_mistyped_attack_kind_is_refused_in_one_line_with_the_nearest_kind(tmp_path, tiny_run_args, capsys):
+    assert main(tiny_run_args + ["--run_name", "typo", "--attack.kind", "signflip", "--attack.fraction", "0.3"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "got 'signflip' (did you mean 'sign_flip'?)" in error

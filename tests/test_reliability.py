@@ -280,7 +280,7 @@ def test_warnings_for_clients_without_or_with_few_evaluation_samples():
 @pytest.mark.parametrize("arguments, expected", [
     (["--federation.round", "5"], "unknown option --federation.round (did you mean --federation.rounds?)"),
     # the names listed are the installed ones, plugins included (tests/test_cli.py checks the shipped ones are)
-    (["--algorithm", "fedavgg"], "unknown algorithm 'fedavgg': choose one of "),
+    (["--algorithm", "fedavgg"], "unknown algorithm 'fedavgg' (did you mean 'fedavg'?): choose one of "),
     (["--model.init_args.network.init_args.widht", "3"],
      "model.init_args.network.init_args.widht: fedlight.models.SmallCNN has no option 'widht' (did you mean "
      "width?); its options are"),

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.extension import RoundExtension
+from fedlight.choices import unknown_choice
 
 if TYPE_CHECKING:
     from fedlight.engine.evaluator import Evaluator
@@ -65,7 +66,7 @@ class AttackConfig:
     def __post_init__(self) -> None:
         kinds = DATA_ATTACKS + UPDATE_ATTACKS
         if self.kind is not None and self.kind not in kinds:
-            raise ValueError(f"attack.kind must be one of {', '.join(kinds)} (or left out), got {self.kind!r}")
+            raise unknown_choice("attack.kind", self.kind, kinds, " (or left out)")
         if not 0 < self.fraction < 1:
             raise ValueError(f"attack.fraction must be in (0, 1) (a share of the clients, some honest), got "
                              f"{self.fraction}")

@@ -9,6 +9,7 @@ Weights: the mean, `clipped_mean` and `geometric_median` use the clients' weight
 median, trimmed mean, Krum, Multi-Krum and Bulyan count every client once, as their papers define them.
 """
 from __future__ import annotations
+from fedlight.choices import unknown_choice
 
 import math
 from collections.abc import Callable
@@ -174,4 +175,4 @@ def apply_rule(name: str, x: Tensor, weights: Tensor, f: int = 0, beta: float = 
         return geometric_median(x, weights)
     if name == "clipped_mean":
         return clipped_mean(x, weights, clip)
-    raise ValueError(f"federation.aggregator must be one of {', '.join(RULES)}, got {name!r}")
+    raise unknown_choice("federation.aggregator", name, RULES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedlight.aggregators.robust import RULES
+from fedlight.choices import unknown_choice
 
 
 @dataclass
@@ -97,7 +98,7 @@ class FederationConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"federation.threads must be at least 1 (or null: the usable cores), got {self.threads}")
         if self.aggregator not in RULES:
-            raise ValueError(f"federation.aggregator must be one of {', '.join(RULES)}, got {self.aggregator!r}")
+            raise unknown_choice("federation.aggregator", self.aggregator, RULES)
         if self.aggregator_f < 0:
             raise ValueError(f"federation.aggregator_f must be 0 or more, got {self.aggregator_f}")
         if not 0 <= self.aggregator_beta < 0.5:

@@ -6,6 +6,8 @@ import functools
 from importlib.metadata import entry_points
 from typing import Any
 
+from fedlight.choices import did_you_mean
+
 ALGORITHMS = "fedlight.algorithms"
 DATAMODULES = "fedlight.datamodules"
 MODELS = "fedlight.models"
@@ -26,8 +28,8 @@ def algorithm_path(value: str, names: dict[str, str] | None = None) -> str:
         return names[value]
     if "." in value or "/" in value:
         return value
-    raise ValueError(f"unknown algorithm {value!r}: choose one of {', '.join(sorted(names))}, or give an importable "
-                     "class path such as mypackage.MyAlgorithm")
+    raise ValueError(f"unknown algorithm {value!r}{did_you_mean(value, names)}: choose one of "
+                     f"{', '.join(sorted(names))}, or give an importable class path such as mypackage.MyAlgorithm")
 
 
 def resolve_class_paths(value: Any, names: dict[str, str] | None = None) -> Any:
