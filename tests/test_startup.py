@@ -92,6 +92,21 @@ OPTIONS = ["--config", "--seed", "--federation", "--federation.rounds", "--logge
            "--algorithm"]
 
 
+def test_a_plugin_hidden_by_a_folder_of_its_name_in_the_current_directory_is_named_with_the_fix(tmp_path,
+                                                                                                 monkeypatch):
+    """`pip install -e ./mypkg`, then `python -m fedlight list` beside `mypkg/`: Python finds the project folder (a
+    namespace package) before the installed package, and the class cannot be read. The line says which folder hid
+    it; a class missing from a package found elsewhere gets no such guess."""
+    (tmp_path / "mypkg" / "mypkg").mkdir(parents=True)
+    (tmp_path / "mypkg" / "pyproject.toml").write_text("[project]\nname = 'mypkg'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # what `python -m` puts first: the current directory
+    shown = catalog.describe("mypkg.algorithms.MyAlgorithm")
+    assert shown.startswith("(cannot read: no class MyAlgorithm in mypkg.algorithms")
+    assert f"{tmp_path / 'mypkg'} in the current directory hides any installed package named 'mypkg'" in shown
+    assert "hides" not in catalog.describe("fedlight.algorithms.NoSuchAlgorithm")
+
+
 def test_an_unknown_option_outside_the_class_sections_is_refused_with_the_one_meant():
     with pytest.raises(ValueError, match=r"^unknown option --federation.roundz \(did you mean --federation.rounds\?\)"):
         check_fit_arguments(["--federation.roundz=3"], OPTIONS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.machinery
 import inspect
 import sys
 import textwrap
@@ -208,11 +209,30 @@ def describe(path: str) -> str:
     """The first sentence of the class's own docstring (one line), '' without one, or why it cannot be read."""
     info = find_class(path)
     if info is None:
-        return f"(cannot read: no class {path.rpartition('.')[2]} in {path.rpartition('.')[0]})"
+        module, _, name = path.rpartition(".")
+        read = module_file(module)
+        return f"(cannot read: no class {name} in {module}{f' ({read})' if read else ''}{shadowed(module)})"
     if not info.doc or not info.doc.strip():
         return ""
     paragraph = " ".join(inspect.cleandoc(info.doc).split("\n\n", 1)[0].split())
     return first_sentence(paragraph)
+
+
+def shadowed(module: str) -> str:
+    """'; a folder X in the current directory hides ...' when the top package of `module` is found in the current
+    directory, where `python -m` looks first: a project folder named like the package it installs (`pip install -e
+    ./mypkg`, then run beside `mypkg/`) hides the installed package. '' otherwise."""
+    top = module.partition(".")[0]
+    spec = _find(importlib.machinery.PathFinder, top, None)
+    if spec is None:
+        return ""
+    here = Path.cwd().resolve()
+    places = [Path(p) for p in (spec.submodule_search_locations or [])] or ([Path(spec.origin)] if spec.origin else [])
+    local = next((p for p in places if p.resolve().parent == here), None)
+    if local is None:
+        return ""
+    return (f"; {local} in the current directory hides any installed package named {top!r}: run from another "
+            "folder")
 
 
 def first_sentence(text: str, width: int = 100) -> str:
