@@ -46,6 +46,18 @@ def test_cluster_events_and_round_lines_print_whole_counts():
     assert "4.0" not in rendered(summary_table(SUMMARY, "test"))
 
 
+def test_fine_tuned_accuracy_and_epsilon_are_printed_where_the_accuracy_is():
+    fine_tuned = {"test_ft/acc_mean": 0.75, "test_ft/acc_std": 0.0625, "test_ft/acc_worst": 0.5,
+                  "privacy/epsilon": 7.0774}
+    line = round_text({"test/acc_mean": 0.5, "test/acc_std": 0.25, "test/acc_worst": 0.125, **fine_tuned}, "test")
+    assert line == "acc 0.5000 ± 0.2500 (worst 0.1250)  fine-tuned acc 0.7500 (worst 0.5000)  epsilon 7.08"
+    rows = [line.split("|")[1:-1] for line in rendered(summary_table({**SUMMARY, **fine_tuned}, "test", plain=True))
+            .splitlines() if line.startswith("|")]
+    cells = {row[0].strip(): [cell.strip() for cell in row[1:]] for row in rows}
+    assert cells["test fine-tuned acc"] == ["0.7500", "0.0625", "0.5000"]
+    assert cells["privacy/epsilon"] == ["7.0774", "", ""]
+
+
 def test_medmnist_missing_file_names_the_download_address_once(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # importing medmnist creates ~/.medmnist
     from fedlight.datamodules import MedMNISTFederated

@@ -259,6 +259,22 @@ def test_distinct_seeds_are_still_called_seeds(tmp_path):
     assert "deviation over its seeds" in page and "mean over seeds, band ± std over seeds" in page
 
 
+def test_fine_tuned_accuracy_and_epsilon_get_columns_only_where_a_run_has_them(tmp_path):
+    for seed, (tuned, epsilon) in enumerate([(0.8, 2.0), (0.6, 4.0)]):
+        run = fake_run(tmp_path / "private" / f"s{seed}", seed, 0.5)
+        summary_file = run / "summary.json"
+        summary_file.write_text(json.dumps({**json.loads(summary_file.read_text()), "test_ft/acc_mean": tuned,
+                                            "test_ft/acc_worst": tuned / 2, "privacy/epsilon": epsilon}))
+    fake_run(tmp_path / "plain" / "s0", 0, 0.5)
+    assert main(["report", str(tmp_path / "private"), "--output", str(tmp_path / "p.html")]) == 0
+    row = table((tmp_path / "p.html").read_text())["FedAvg"]
+    assert row["fine-tuned acc"] == (pytest.approx(0.7), pytest.approx(0.1), 2)
+    assert row["worst fine-tuned acc"] == (pytest.approx(0.35), pytest.approx(0.05), 2)
+    assert row["epsilon"] == (pytest.approx(3.0), pytest.approx(1.0), 2)
+    assert main(["report", str(tmp_path / "plain"), "--output", str(tmp_path / "q.html")]) == 0
+    assert not {"fine-tuned acc", "epsilon"} & set(table((tmp_path / "q.html").read_text())["FedAvg"])
+
+
 def test_the_report_goes_next_to_the_runs_and_never_over_an_existing_file(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "runs" / "sweep"
     fake_run(sweep / "fedavg-s0", 0, 0.5)

@@ -268,24 +268,31 @@ class Column:
     digits: int = 3
 
 
-def table_columns(split: str, metric: str, unseen: bool = False) -> list[Column]:
-    """The comparison's columns; `unseen` adds the held-out clients' mean and worst-client metric and ARI."""
+def table_columns(split: str, metric: str, unseen: bool = False, fine_tuned: bool = False,
+                  private: bool = False) -> list[Column]:
+    """The comparison's columns; `unseen` adds the held-out clients' mean and worst-client metric and ARI,
+    `fine_tuned` the mean and worst client of the models each client fine-tuned (`federation.finetune_epochs`),
+    `private` the privacy spent (epsilon, client-level DP)."""
     name = "acc" if metric == "acc" else metric
+    tuned = [Column(f"fine-tuned {name}", lambda r: r.final(f"{split}_ft/{metric}_mean")),
+             Column(f"worst fine-tuned {name}", lambda r: r.final(f"{split}_ft/{metric}_worst"))] if fine_tuned else []
     held_out = [Column(f"unseen {name}", lambda r: r.final(f"{UNSEEN}/{metric}_mean")),
                 Column(f"worst unseen {name}", lambda r: r.final(f"{UNSEEN}/{metric}_worst")),
                 Column("unseen ARI", lambda r: r.final(f"{UNSEEN}/ari"))] if unseen else []
     return [Column(f"mean {name}", lambda r: r.final(f"{split}/{metric}_mean")),
             Column(f"std {name} (clients)", lambda r: r.final(f"{split}/{metric}_std")),
             Column(f"worst-client {name}", lambda r: r.final(f"{split}/{metric}_worst")),
+            *tuned,
             Column("ARI", lambda r: r.final("cluster/ari")),
             Column("clusters", lambda r: r.final("cluster/count"), 1),
             *held_out,
+            *([Column("epsilon", lambda r: r.final("privacy/epsilon"), 2)] if private else []),
             Column("wall time (s)", lambda r: r.wall_time, 1)]
 
 
-def has_unseen(groups: Sequence[Group], metric: str) -> bool:
-    """Whether some run evaluated clients held out of training."""
-    return any(run.final(f"{UNSEEN}/{metric}_mean") is not None for g in groups for run in g.runs)
+def has_final(groups: Sequence[Group], key: str) -> bool:
+    """Whether some run has a final value of `key` (held-out clients, fine-tuning, privacy)."""
+    return any(run.final(key) is not None for g in groups for run in g.runs)
 
 
 def _cell(values: list[float], digits: int) -> str:
@@ -437,10 +444,14 @@ def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Seq
     repeats = (" Runs of one seed are repeats, counted as runs rather than seeds: the runs column says how many."
                if over == "runs" else "")
     label = "accuracy" if metric == "acc" else metric
-    unseen = has_unseen(groups, metric)
+    unseen = has_final(groups, f"{UNSEEN}/{metric}_mean")
+    fine_tuned, private = has_final(groups, f"{split}_ft/{metric}_mean"), has_final(groups, "privacy/epsilon")
     unseen_note = (f" Unseen: the clients held out of training, each given a model by the method at the end (mean and "
                    f"worst {label}), and the ARI of every client's cluster with the held-out ones placed by the method."
                    if unseen else "")
+    tuned_note = ((f" Fine-tuned: each client's model after `federation.finetune_epochs` local epochs on its own data "
+                   f"(mean and worst {label})." if fine_tuned else "")
+                  + (" Epsilon: the privacy spent by the end of the run (client-level DP)." if private else ""))
     figure_html = "".join(
         f"<figure id='fig-{html.escape(f.key)}'>{f.svg}<figcaption><strong>Figure {i}. {html.escape(f.title)}."
         f"</strong> {html.escape(f.caption)}</figcaption></figure>" for i, f in enumerate(figs, 1))
@@ -454,8 +465,8 @@ deviation over its {over} (population std), and the curves show their mean with 
 <h2>Comparison</h2>
 <p class="note"><strong>Table 1.</strong> Final round: {label} of every client's own model (mean over clients, standard
 deviation across clients, worst client), adjusted Rand index of the clustering against the true clusters and the
-number of clusters (clustered methods only), and training wall time.{unseen_note}</p>
-{comparison_table(groups, table_columns(split, metric, unseen))}
+number of clusters (clustered methods only), and training wall time.{unseen_note}{tuned_note}</p>
+{comparison_table(groups, table_columns(split, metric, unseen, fine_tuned, private))}
 <h2>Figures</h2>
 <div class="figures">{figure_html}</div>
 <h2>Runs</h2>

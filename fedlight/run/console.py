@@ -97,6 +97,10 @@ def cluster_text(metrics: dict[str, Any]) -> str:
     return text
 
 
+FINE_TUNED = "_ft"  # `<split>_ft/`: the summaries of the models each client fine-tuned (federation.finetune_epochs)
+PRIVACY = "privacy/epsilon"  # the privacy spent so far, with client-level DP
+
+
 def round_text(metrics: dict[str, Any], split: str) -> str:
     """'acc 0.9120 ± 0.0510 (worst 0.8000)  f1 ...  4 clusters, ARI 1.00' for an evaluated round; the training
     loss otherwise."""
@@ -106,9 +110,13 @@ def round_text(metrics: dict[str, Any], split: str) -> str:
              f"(worst {metrics[f'{split}/{name}_worst']:.4f})" for name in names]
     if not parts:
         parts = [f"train loss {metrics['train/loss']:.4f}"]
-    elif f"{UNSEEN}/{names[0]}_mean" in metrics:  # the held-out clients' primary metric
-        parts.append(f"{UNSEEN} {names[0]} {metrics[f'{UNSEEN}/{names[0]}_mean']:.4f} "
-                     f"(worst {metrics[f'{UNSEEN}/{names[0]}_worst']:.4f})")
+    else:
+        for prefix, label in ((f"{split}{FINE_TUNED}", "fine-tuned"), (UNSEEN, UNSEEN)):  # their primary metric
+            if f"{prefix}/{names[0]}_mean" in metrics:
+                parts.append(f"{label} {names[0]} {metrics[f'{prefix}/{names[0]}_mean']:.4f} "
+                             f"(worst {metrics[f'{prefix}/{names[0]}_worst']:.4f})")
+    if PRIVACY in metrics:
+        parts.append(f"epsilon {metrics[PRIVACY]:.2f}")
     if "cluster/count" in metrics:
         parts.append(cluster_text(metrics))
     return "  ".join(parts)
@@ -126,14 +134,15 @@ def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> T
     table = Table(box=box.ASCII2 if plain else box.HEAVY_HEAD, title=title)
     for column in ("metric", "mean", "std", "worst client"):
         table.add_column(column, justify="right" if column != "metric" else "left")
-    for prefix, label in ((split, split), (UNSEEN, f"{UNSEEN} ({split})")):  # held-out clients after the rest
+    for prefix, label in ((split, split), (f"{split}{FINE_TUNED}", f"{split} fine-tuned"),
+                          (UNSEEN, f"{UNSEEN} ({split})")):  # fine-tuned, then held-out clients, after the rest
         names = [k[len(prefix) + 1: -len("_mean")] for k in summary
                  if k.startswith(f"{prefix}/") and k.endswith("_mean")]
         for name in names:
             table.add_row(f"{label} {name}",
                           *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")))
     for key, value in summary.items():
-        if key.startswith("cluster/") or key == f"{UNSEEN}/ari":
+        if key.startswith("cluster/") or key in (f"{UNSEEN}/ari", PRIVACY):
             table.add_row(key, _number(value, key), "", "")
     return table
 
