@@ -176,8 +176,15 @@ def test_the_wandb_client_tables_hold_the_rows_of_clients_csv(sweep):
 def test_rerunning_a_sweep_skips_the_finished_runs(sweep, capsys):
     before = {p: p.stat().st_mtime_ns for p in sweep.glob("*/summary.json")}
     assert main(["sweep", "--config", str(sweep.parent / "sweep.yaml")]) == 0
-    assert capsys.readouterr().out.count("done already, skipped") == 4
+    out = capsys.readouterr().out
+    assert out.count("done already, skipped") == 4
     assert {p: p.stat().st_mtime_ns for p in sweep.glob("*/summary.json")} == before
+    # the report's Table 1 on the console: a row per algorithm with its mean accuracy over the two seeds
+    page = table((sweep / "report.html").read_text())
+    for algorithm in ("FedAvg", "OCFL"):
+        mean, std, _ = page[algorithm]["mean acc"]
+        row = next(line for line in out.splitlines() if line.split("│")[1:2] and line.split("│")[1].strip() == algorithm)
+        assert f"{mean:.3f} ± {std:.3f}" in row and "seeds 0, 1" in row
 
 
 def test_an_unknown_algorithm_stops_the_sweep_before_any_run(tmp_path, capsys):
@@ -273,6 +280,20 @@ def test_fine_tuned_accuracy_and_epsilon_get_columns_only_where_a_run_has_them(t
     assert row["epsilon"] == (pytest.approx(3.0), pytest.approx(1.0), 2)
     assert main(["report", str(tmp_path / "plain"), "--output", str(tmp_path / "q.html")]) == 0
     assert not {"fine-tuned acc", "epsilon"} & set(table((tmp_path / "q.html").read_text())["FedAvg"])
+
+
+def test_runs_on_different_splits_are_refused_naming_where_each_split_lies(tmp_path, capsys):
+    """After `fedlight tune`, the trials (validation split) sit beside the final runs (test split)."""
+    fake_run(tmp_path / "runs" / "final" / "s0", 0, 0.5)
+    for trial in range(2):
+        run = fake_run(tmp_path / "runs" / "tune" / f"t{trial}", trial, 0.5)
+        (run / "config.yaml").write_text(yaml.safe_dump({"seed": trial, "federation": {"eval_split": "val"}}))
+    assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "r.html")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0
+    assert f"1 run on test under {tmp_path / 'runs' / 'final' / 's0'}; 2 runs on val under {tmp_path / 'runs' / 'tune'}" in error
+    assert error.endswith(f"report one split at a time, e.g. `fedlight report {tmp_path / 'runs' / 'final' / 's0'}`")
+    assert main(["report", str(tmp_path / "runs" / "final"), "--output", str(tmp_path / "r.html")]) == 0
 
 
 def test_the_report_goes_next_to_the_runs_and_never_over_an_existing_file(tmp_path, monkeypatch, capsys):

@@ -295,26 +295,61 @@ def has_final(groups: Sequence[Group], key: str) -> bool:
     return any(run.final(key) is not None for g in groups for run in g.runs)
 
 
+def optional_columns(groups: Sequence[Group], split: str, metric: str) -> tuple[bool, bool, bool]:
+    """Whether some run has held-out clients, fine-tuned models, a privacy budget: Table 1 shows those columns."""
+    return (has_final(groups, f"{UNSEEN}/{metric}_mean"), has_final(groups, f"{split}_ft/{metric}_mean"),
+            has_final(groups, "privacy/epsilon"))
+
+
+def _values(group: Group, column: Column) -> list[float]:
+    return [v for v in map(column.value, group.runs) if v is not None and np.isfinite(v)]
+
+
+def _text(values: list[float], digits: int) -> str:
+    """'mean ± std' over runs (population std), the value alone for one run, '–' for none."""
+    if not values:
+        return "–"
+    mean, std = float(np.mean(values)), float(np.std(values))
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
+
+
 def _cell(values: list[float], digits: int) -> str:
-    """'mean ± std' over runs (population std), the value alone for one run, '–' for none; the exact numbers
-    ride along as data attributes (data-n: the number of runs)."""
+    """`_text` as a cell; the exact numbers ride along as data attributes (data-n: the number of runs)."""
     if not values:
         return "<td class='num'>–</td>"
     mean, std = float(np.mean(values)), float(np.std(values))
-    text = f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
-    return f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}'>{text}</td>"
+    return (f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}'>"
+            f"{_text(values, digits)}</td>")
+
+
+def _rounds(group: Group) -> str:
+    return "/".join(map(str, sorted({int(r.final("rounds") or r.column("round")[1].max()) for r in group.runs})))
+
+
+def console_table(groups: Sequence[Group]) -> Any:
+    """Table 1 of the report for the console (a rich Table): what `fedlight sweep` and `fedlight report` print."""
+    from rich.table import Table
+
+    first = groups[0].first
+    split, metric = first.split, primary_metric(first)
+    columns = table_columns(split, metric, *optional_columns(groups, split, metric))
+    table = Table(title=f"final round, {first.split} split")
+    for header in ("configuration", "runs", "rounds", *(c.header for c in columns)):
+        table.add_column(header, justify="left" if header in ("configuration", "runs") else "right")
+    for g in groups:
+        table.add_row(g.label, g.seeds, _rounds(g), *(_text(_values(g, c), c.digits) for c in columns))
+    return table
 
 
 def comparison_table(groups: Sequence[Group], columns: Sequence[Column]) -> str:
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in columns)
     rows = []
     for g in groups:
-        cells = "".join(_cell([v for v in map(c.value, g.runs) if v is not None and np.isfinite(v)], c.digits)
-                        for c in columns)
-        rounds = sorted({int(r.final("rounds") or r.column("round")[1].max()) for r in g.runs})
+        cells = "".join(_cell(_values(g, c), c.digits) for c in columns)
+        rounds = _rounds(g)
         rows.append(f"<tr data-group='{html.escape(g.key)}'><th scope='row'><span class='swatch' "
                     f"style='background:{g.colour}'></span>{html.escape(g.label)}</th><td>{g.seeds}</td>"
-                    f"<td class='num'>{'/'.join(map(str, rounds))}</td>{cells}</tr>")
+                    f"<td class='num'>{rounds}</td>{cells}</tr>")
     return (f"<table class='results' id='comparison'><thead><tr><th>configuration</th><th>runs</th><th>rounds</th>"
             f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
@@ -444,8 +479,8 @@ def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Seq
     repeats = (" Runs of one seed are repeats, counted as runs rather than seeds: the runs column says how many."
                if over == "runs" else "")
     label = "accuracy" if metric == "acc" else metric
-    unseen = has_final(groups, f"{UNSEEN}/{metric}_mean")
-    fine_tuned, private = has_final(groups, f"{split}_ft/{metric}_mean"), has_final(groups, "privacy/epsilon")
+    unseen, fine_tuned, private = optional_columns(groups, split, metric)
+    columns = table_columns(split, metric, unseen, fine_tuned, private)
     unseen_note = (f" Unseen: the clients held out of training, each given a model by the method at the end (mean and "
                    f"worst {label}), and the ARI of every client's cluster with the held-out ones placed by the method."
                    if unseen else "")
@@ -466,7 +501,7 @@ deviation over its {over} (population std), and the curves show their mean with 
 <p class="note"><strong>Table 1.</strong> Final round: {label} of every client's own model (mean over clients, standard
 deviation across clients, worst client), adjusted Rand index of the clustering against the true clusters and the
 number of clusters (clustered methods only), and training wall time.{unseen_note}{tuned_note}</p>
-{comparison_table(groups, table_columns(split, metric, unseen, fine_tuned, private))}
+{comparison_table(groups, columns)}
 <h2>Figures</h2>
 <div class="figures">{figure_html}</div>
 <h2>Runs</h2>
@@ -479,10 +514,16 @@ def build(paths: Sequence[str | Path], title: str = "fedlight report") -> tuple[
     """The page for the runs in `paths` (run folders or folders of them), and the configuration groups."""
     runs = [load_run(path) for path in find_runs(paths)]
     groups = group_runs(runs)
-    splits = {run.split for run in runs}
-    if len(splits) > 1:
-        raise ReportError(f"the runs evaluate different splits ({', '.join(sorted(splits))}): report runs of one "
-                          "federation.eval_split together")
+    by_split: dict[str, list[Run]] = {}
+    for run in runs:
+        by_split.setdefault(run.split, []).append(run)
+    if len(by_split) > 1:
+        where = {split: os.path.commonpath([os.path.abspath(r.path) for r in found]) for split, found in by_split.items()}
+        found = "; ".join(f"{plural(len(found), 'run')} on {split} under {where[split]}"
+                          for split, found in sorted(by_split.items()))
+        example = where[min(by_split, key=lambda split: split == "val")]  # tuning trials evaluate val
+        raise ReportError(f"the runs evaluate different splits ({found}): numbers on different splits do not "
+                          f"compare, so report one split at a time, e.g. `fedlight report {example}`")
     split, metric = runs[0].split, primary_metric(runs[0])
     return page(title, groups, split, metric, figures(groups, split, metric)), groups
 

@@ -332,6 +332,7 @@ def run_report(cfg: Namespace, console: Console) -> None:
     started = time.perf_counter()
     output, groups = report.write(cfg.runs, cfg.output, cfg.title, overwrite=cfg.overwrite)
     runs = report.plural(sum(len(g.runs) for g in groups), "run")
+    console.print(report.console_table(groups))
     console.print(f"report of {runs} in {report.plural(len(groups), 'configuration')}: {output} "
                   f"({time.perf_counter() - started:.1f} s)")
     if cfg.wandb:

@@ -211,6 +211,7 @@ def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | No
             raise SweepError(f"run {combination.name} failed (exit code {code}, its error is above); fix it and rerun "
                              "the sweep: finished runs are skipped")
     output = Path(config.output_dir) / config.report
-    report.write(folders, output, config.title)
+    _, groups = report.write(folders, output, config.title)
+    console.print(report.console_table(groups))
     console.print(f"report: {output}")
     return output
