@@ -4,6 +4,7 @@ study that goes on, and bad spaces or a test metric are refused in one line befo
 from __future__ import annotations
 
 import ast
+import statistics
 import json
 import math
 from pathlib import Path
@@ -269,6 +270,17 @@ def test_every_shipped_space_is_valid_against_its_base_config_and_names_its_pape
                           lambda error: explain(str(error), parser._option_string_actions))
     comments = " ".join(line for line in path.read_text().splitlines() if line.startswith("#"))
     assert comments.count('"') >= 2 and "section" in comments  # a paper's title in quotes, and where in it
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "tune").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_space_gives_most_clients_ten_validation_samples_or_more(path):
+    """The tuning examples show a trade-off, not noise: a median client with fewer than 10 validation samples has
+    an accuracy of tenths, and every trial would warn so."""
+    space = tune_space.load(path)
+    parser = cli.fit_parser()
+    data_args = [a for key, value in space.fixed.items() if key.startswith("data.") for a in (f"--{key}", str(value))]
+    data = parser.instantiate(parser.parse_args(["--config", str(space.base), *data_args])).data.build()
+    assert statistics.median(data.val.size(k) for k in range(data.val.num_clients)) >= 10
 
 
 def test_optuna_is_imported_only_when_tune_runs():
