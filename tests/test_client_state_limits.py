@@ -3,6 +3,7 @@ one round's rows and a disk too small for the rows a run may spill are refused i
 that fills up while the spill file grows stops the run in one line with its last checkpoint intact, and the resumed
 run ends with the numbers of an uninterrupted one."""
 import csv
+import math
 import errno
 import os
 
@@ -12,6 +13,9 @@ import torch
 from _many_clients import ditto_run_args, row_bytes_of
 from conftest import small_federation
 from fedlight.algorithms.ditto import Ditto
+from fedlight.algorithms.fedavg import FedAvg
+from fedlight.algorithms.ocfl import OCFL
+from fedlight.engine import federation as federation_module
 from fedlight.engine import state_limits
 from fedlight.engine.federation import Federation
 from fedlight.engine.state_limits import check_round_fits, disk_shortfall
@@ -180,3 +184,19 @@ def test_a_full_disk_in_a_round_stops_the_run_in_one_line_and_the_resume_gives_t
     assert metrics(full) == metrics(tmp_path / "whole")
     spilled = checkpoint.read(full / "checkpoints" / checkpoint.LAST)["federation"]["client_state"]["personal"]
     assert len(spilled["file_clients"]) > 0  # the rows beyond the budget were in the file
+
+
+def test_a_held_round_larger_than_the_free_memory_is_refused_at_set_up_and_a_streamed_one_is_not(monkeypatch):
+    """OCFL holds the round's trained models and starts: 2 x 6 clients x d float32 values. With less free memory than
+    that it is refused with the numbers; FedAvg streams its updates and runs."""
+    d = small_federation(FedAvg(), num_clients=6).flat.numel
+    need = 2 * 6 * d * 4
+    monkeypatch.setattr(federation_module, "available_memory", lambda device: need - 1)
+    with pytest.raises(ValueError) as refused:
+        small_federation(OCFL(), num_clients=6)
+    assert str(refused.value).startswith(f"OCFL holds every update of a round: 2 x 6 clients x {d:,} parameters x 4 "
+                                         f"bytes = {math.ceil(need / 1e6) / 1e3:g} GB, more than the ")
+    assert "federation.clients_per_round" in str(refused.value)
+    small_federation(FedAvg(), num_clients=6)
+    monkeypatch.setattr(federation_module, "available_memory", lambda device: need)
+    small_federation(OCFL(), num_clients=6)

@@ -23,7 +23,8 @@ from fedlight.plugin.cohort import Cohort
 from fedlight.aggregators.cluster_aggregator import ClusterAggregation, RobustSettings, check_aggregation
 from fedlight.engine.config import FederationConfig
 from fedlight.plugin.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
-from fedlight.engine.devices import batch_transform, client_state_budget, default_precision, make_fabric
+from fedlight.engine.devices import (available_memory, batch_transform, client_state_budget, default_precision,
+                                     make_fabric)
 from fedlight.engine.divergence import watched_round
 from fedlight.plugin.evaluation import per_cluster_means
 from fedlight.engine.evaluator import Evaluator
@@ -33,6 +34,7 @@ from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.aggregators.privacy import PrivacyConfig, PrivacyMechanism
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
+from fedlight.engine.round_limits import check_held_round_fits
 from fedlight.engine.state_limits import check_round_fits, disk_shortfall
 from fedlight.plugin.round_updates import TrainingReport
 from fedlight.plugin.server import ServerContext, stream_seed
@@ -90,6 +92,9 @@ class Federation:
         self.extensions.setup(self)
         self.algorithm.setup(self.server)
         check_round_fits(self.client_states, self.cohort.size)  # the stores are declared: a round's rows fit?
+        if self.execution.holds:
+            check_held_round_fits(type(self.algorithm).__name__, self.cohort.size, flat.numel,
+                                  flat.vector.element_size(), available_memory(self.device))
         self._disk_checked = False  # the spilled rows' disk: checked once their folder is chosen, or in round 1
         self.execution.plan.every_client = list(self.server.every_client_work)
 
