@@ -377,3 +377,28 @@ def test_the_shipped_sweep_checks_out_and_passes_init_args_to_fit(tmp_path, caps
     (tmp_path / "ifca-s0").mkdir()
     (tmp_path / "ifca-s0" / "config.yaml").write_text("seed: 0\n")  # an unfinished run continues with its config
     assert sweep.fit_args(ifca, base, config) == ["fit", "--resume", str(tmp_path / "ifca-s0")]
+
+
+@pytest.mark.slow  # starts two interpreters
+def test_a_sweep_with_jobs_runs_its_shares_at_once_each_on_its_share_of_the_cores(tmp_path, monkeypatch, capsys):
+    """`--jobs 2`: two processes, each told that two runs share the machine, so each takes half the usable cores
+    (at least one thread); the parent then writes the report of all runs."""
+    from fedlight.engine.threads import usable_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({
+        "base": str(REPO / "configs" / "quickstart.yaml"), "output_dir": str(tmp_path / "runs"),
+        "algorithms": ["fedavg"], "seeds": [0, 1],
+        "overrides": {**TINY, "federation.rounds": 1, "logger.wandb": False}}))
+    assert main(["sweep", "--config", str(tmp_path / "sweep.yaml"), "--jobs", "2"]) == 0
+    for seed in (0, 1):
+        plan = summary(tmp_path / "runs" / f"fedavg-s{seed}")["plan"]
+        assert plan["threads"] == max(1, usable_cores() // 2)
+        assert plan["threads_from"] == f"{usable_cores()} usable cores shared by 2 processes"
+    assert (tmp_path / "runs" / "report.html").is_file() and "report: " in capsys.readouterr().out
+
+
+def test_a_sweep_part_must_name_one_of_its_shares(tmp_path, capsys):
+    assert main(["sweep", "--config", str(tmp_path / "none.yaml"), "--part", "2/2"]) == 2
+    assert "--part '2/2': I must be 0 to N-1" in capsys.readouterr().err

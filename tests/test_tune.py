@@ -4,9 +4,10 @@ study that goes on, and bad spaces or a test metric are refused in one line befo
 from __future__ import annotations
 
 import ast
-import statistics
 import json
 import math
+import os
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from fedlight.run import cli, tune, tune_space
+from fedlight.run import cli, tune, tune_space, tune_study
 from fedlight.run.config_errors import explain
 from fedlight.run.trial_reporter import TrialReporter
 
@@ -289,3 +290,32 @@ def test_optuna_is_imported_only_when_tune_runs():
         top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
         names = [a.name for n in top for a in n.names] + [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
         assert not any(name.startswith("optuna") for name in names), module
+
+
+@pytest.mark.slow  # starts a second interpreter
+def test_jobs_search_in_two_processes_that_share_the_study_and_the_cores(tmp_path, tiny_run_args, monkeypatch):
+    """`--jobs 2`: a second process searches beside this one (`--search_only`); every trial, whichever process ran
+    it, takes half of the usable cores, and the study ends at the total with the final seeds run once."""
+    from fedlight.engine.threads import usable_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    space = write_space(tmp_path, LR_SPACE)
+    args = tune_args(tiny_run_args, space, 4, "--federation.rounds", "1", "--last_rounds", "1", "--pruner", "none",
+                     "--jobs", "2", "--final_seeds", "1")
+    assert cli.main(args) == 0
+    study = load(tmp_path)
+    counted = tune_study.occupying(study.get_trials())
+    assert len(counted) == 4 and all(t.state.name == "COMPLETE" for t in counted)
+    for trial in counted:
+        plan = json.loads((Path(trial.user_attrs["run_dir"]) / "summary.json").read_text())["plan"]
+        assert plan["threads_from"] == f"{usable_cores()} usable cores shared by 2 processes"
+    assert (tmp_path / "tune-s" / "best-s0" / "summary.json").is_file()
+    assert "FEDLIGHT_PARALLEL_RUNS" not in os.environ  # this process's own setting put back
+
+
+def test_each_other_searcher_runs_one_job_with_its_own_sampler_seed():
+    argv = ["tune", "--config", "c.yaml", "--jobs", "3", "--sampler_seed", "7", "--trials", "9"]
+    assert tune.searcher_arguments(argv, 2) == ["tune", "--config", "c.yaml", "--sampler_seed", "9", "--trials", "9",
+                                                "--jobs", "1"]
+    assert tune.searcher_arguments(["tune", "--jobs=2", "--sampler_seed=null"], 1) == ["tune", "--jobs", "1"]

@@ -82,6 +82,11 @@ def build_parser() -> ArgumentParser:
     sweep_parser = ArgumentParser(description="Run every algorithm x grid point x seed of a sweep file, then its "
                                               "report.", **STRICT)
     sweep_parser.add_argument("--config", type=str, required=True, help="a sweep YAML (see configs/sweeps/)")
+    sweep_parser.add_argument("--jobs", type=int, default=1,
+                              help="runs at once, each share of them in a process of its own, the cores shared "
+                                   "among them (default 1: one after another in this process)")
+    sweep_parser.add_argument("--part", type=str, default=None,
+                              help="I/N: only runs I, I+N, I+2N, ... and no report (what each --jobs process runs)")
     commands.add_subcommand("sweep", sweep_parser,
                             help="run a grid of algorithms x settings x seeds and write the report")
     commands.add_subcommand("tune", tune.add_arguments(fit_parser()),
@@ -264,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.command == "report":
                 run_report(cfg.report, console)
             elif cfg.command == "sweep":
-                return run_sweep(cfg.sweep.config, console, errors)
+                return run_sweep(cfg.sweep.config, console, errors, cfg.sweep.jobs, cfg.sweep.part)
             elif cfg.command == "tune":
-                return run_tune(cfg.tune, parser.fit_parser, console, errors)
+                return run_tune(cfg.tune, parser.fit_parser, console, errors, argv)
             else:
                 run_fit(parser.fit_parser, cfg.fit, console)
     except RunInterrupted as stop:
@@ -303,22 +308,26 @@ def stopped(stop: BaseException) -> str:
     return "terminated (SIGTERM)" if termination.terminated(stop) else "interrupted"
 
 
-def run_tune(cfg: Namespace, fit_parser: ArgumentParser, console: Console, errors: Console) -> int:
-    """Search on validation data with Optuna (`fedlight.run.tune`); Ctrl-C or SIGTERM leaves a study that resumes."""
+def run_tune(cfg: Namespace, fit_parser: ArgumentParser, console: Console, errors: Console,
+             argv: list[str] | None = None) -> int:
+    """Search on validation data with Optuna (`fedlight.run.tune`); Ctrl-C or SIGTERM leaves a study that resumes.
+    `argv`: the command line, which the other `--jobs` processes repeat."""
     try:
-        tune.run(cfg, fit_parser, run_fit, console)
+        tune.run(cfg, fit_parser, run_fit, console, argv)
     except tune.TuneInterrupted as stop:
         errors.print(f"fedlight: {stop}")
         return stop.exit_code
     return 0
 
 
-def run_sweep(config: str, console: Console, errors: Console) -> int:
-    """Run a sweep file's runs in this process, then its report; Ctrl-C or SIGTERM says how to continue."""
+def run_sweep(config: str, console: Console, errors: Console, jobs: int = 1, part: str | None = None) -> int:
+    """Run a sweep file's runs (`jobs` at once), then its report; Ctrl-C or SIGTERM says how to continue."""
     from fedlight.run import sweep
 
+    if jobs < 1:
+        raise ValueError(f"--jobs must be 1 or more (runs at once), got {jobs}")
     try:
-        sweep.run(config, main, console)
+        sweep.run(config, main, console, jobs, sweep.parse_part(part) if part else None)
     except sweep.SweepInterrupted as stop:
         errors.print(f"fedlight: {stop}")
         return stop.exit_code

@@ -26,6 +26,9 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -36,6 +39,7 @@ from rich.console import Console
 
 from fedlight.reports import report
 from fedlight.run import registry
+from fedlight.engine.threads import PARALLEL_RUNS_VARIABLE
 from fedlight.run.termination import INTERRUPTED_EXIT, TERMINATED_EXIT
 from fedlight.plugin.algorithm import Algorithm
 
@@ -190,19 +194,38 @@ def fit_args(combination: Combination, base: Path, config: SweepConfig) -> list[
     return args
 
 
-def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | None = None) -> Path:
-    """Run the sweep in `path` with `fit` (the CLI's `main`) and write its report; returns the report's path."""
+def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | None = None, jobs: int = 1,
+        part: tuple[int, int] | None = None) -> Path | None:
+    """Run the sweep in `path` with `fit` (the CLI's `main`) and write its report; returns the report's path.
+    `jobs` > 1: the runs go `jobs` at once, each share in a process of its own (`run_parts`). `part` (i, n): only the
+    runs i, i + n, i + 2n, ... in this process, and no report (what each of those processes does)."""
     console = console or Console()
     config, base = load(path)
     grid = combinations(config, Path(path))
-    folders = []
-    for i, combination in enumerate(grid, 1):
+    numbered = list(enumerate(grid, 1))
+    if part is not None:
+        _run_each(numbered[part[0]:: part[1]], len(grid), config, base, path, fit, console)
+        return None
+    if jobs > 1 and len(grid) > 1:
+        run_parts(path, min(jobs, len(grid)))
+    else:
+        _run_each(numbered, len(grid), config, base, path, fit, console)
+    output = Path(config.output_dir) / config.report
+    _, groups = report.write([Path(config.output_dir) / c.name for c in grid], output, config.title)
+    console.print(report.console_table(groups))
+    console.print(f"report: {output}")
+    return output
+
+
+def _run_each(numbered: list[tuple[int, Combination]], total: int, config: SweepConfig, base: Path, path: str | Path,
+              fit: Callable[[list[str]], int], console: Console) -> None:
+    """The numbered combinations one after another in this process: finished ones skipped, the others run."""
+    for i, combination in numbered:
         folder = Path(config.output_dir) / combination.name
-        folders.append(folder)
         if (folder / "summary.json").is_file():
-            console.print(f"sweep {i}/{len(grid)}: {combination.name} done already, skipped")
+            console.print(f"sweep {i}/{total}: {combination.name} done already, skipped")
             continue
-        console.print(f"[bold]sweep {i}/{len(grid)}: {combination.name}[/bold]")
+        console.print(f"[bold]sweep {i}/{total}: {combination.name}[/bold]")
         code = fit(fit_args(combination, base, config))
         if code in (INTERRUPTED_EXIT, TERMINATED_EXIT):
             raise SweepInterrupted(f"sweep interrupted in run {combination.name}; rerun `fedlight sweep --config "
@@ -210,8 +233,36 @@ def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | No
         if code:
             raise SweepError(f"run {combination.name} failed (exit code {code}, its error is above); fix it and rerun "
                              "the sweep: finished runs are skipped")
-    output = Path(config.output_dir) / config.report
-    _, groups = report.write(folders, output, config.title)
-    console.print(report.console_table(groups))
-    console.print(f"report: {output}")
-    return output
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """'I/N' (0 <= I < N) as (I, N)."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SweepError(f"--part {text!r}: give I/N, the I-th of N shares (0 <= I < N)") from None
+    if not 0 <= i < n:
+        raise SweepError(f"--part {text!r}: I must be 0 to N-1")
+    return i, n
+
+
+def run_parts(path: str | Path, jobs: int) -> None:
+    """`jobs` processes (`fedlight sweep --part i/jobs`), each running its share of the runs one after another, all
+    told that `jobs` runs share the machine (`FEDLIGHT_PARALLEL_RUNS`), so each takes its share of the cores
+    instead of all of them. Ctrl-C reaches them all (one process group); each keeps its runs resumable."""
+    env = {**os.environ, PARALLEL_RUNS_VARIABLE: str(jobs)}
+    processes = [subprocess.Popen([sys.executable, "-m", "fedlight", "sweep", "--config", str(path), "--part",
+                                   f"{i}/{jobs}"], env=env) for i in range(jobs)]
+    try:
+        codes = [process.wait() for process in processes]
+    except KeyboardInterrupt:
+        codes = [process.wait() for process in processes]
+        codes.append(INTERRUPTED_EXIT)
+    stopped = next((code for code in codes if code in (INTERRUPTED_EXIT, TERMINATED_EXIT)), None)
+    if stopped is not None:
+        raise SweepInterrupted(f"sweep interrupted; rerun `fedlight sweep --config {path} --jobs {jobs}` to continue: "
+                               "finished runs are skipped, unfinished ones resumed", stopped)
+    failed = [i for i, code in enumerate(codes) if code]
+    if failed:
+        raise SweepError(f"{len(failed)} of the sweep's {jobs} processes failed (their errors are above); fix it and "
+                         "rerun the sweep: finished runs are skipped")

@@ -13,17 +13,22 @@ this command runs.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import re
+import subprocess
+import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 from rich.console import Console
 
+from fedlight.engine.threads import PARALLEL_RUNS_VARIABLE
 from fedlight.plugin.evaluation import higher_is_better
 from fedlight.run import termination, tune_space, tune_study
 from fedlight.run.callbacks import RunInterrupted
@@ -32,7 +37,7 @@ from fedlight.run.trial_reporter import TrialReporter
 
 #: the tune command's own options (the rest are `fit`'s)
 OPTIONS = ("space", "trials", "storage", "study", "metric", "last_rounds", "final_seeds", "sampler", "sampler_seed",
-           "pruner", "pruner_startup_trials", "pruner_warmup_rounds")
+           "pruner", "pruner_startup_trials", "pruner_warmup_rounds", "jobs", "search_only")
 RunFit = Callable[..., dict[str, Any]]
 
 
@@ -72,6 +77,10 @@ def add_arguments(parser: ArgumentParser) -> ArgumentParser:
                         help="the median pruner prunes nothing until this many trials have completed")
     parser.add_argument("--pruner_warmup_rounds", type=int, default=0,
                         help="the median pruner prunes no trial before this round")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="trials at once: this process and jobs - 1 more share the study and the cores")
+    parser.add_argument("--search_only", type=bool, default=False,
+                        help="run trials only, no final seeds or report (what each --jobs process does)")
     return parser
 
 
@@ -92,7 +101,7 @@ def check_options(cfg: Namespace) -> None:
         raise ValueError("--federation.devices/num_nodes: tune runs each trial in one process; scale out with several "
                          "tune processes sharing one --storage")
     for name, low in (("trials", 1), ("last_rounds", 1), ("final_seeds", 0), ("pruner_startup_trials", 0),
-                      ("pruner_warmup_rounds", 0)):
+                      ("pruner_warmup_rounds", 0), ("jobs", 1)):
         if cfg[name] < low:
             raise ValueError(f"--{name} must be at least {low}, got {cfg[name]}")
     for name, known in (("sampler", tune_study.SAMPLERS), ("pruner", tune_study.PRUNERS)):
@@ -308,9 +317,63 @@ def parameter_importances(study: Any) -> dict[str, float]:
         return {}
 
 
-def run(cfg: Namespace, parser: ArgumentParser, run_fit: RunFit, console: Console) -> Path:
-    """`fedlight tune`: check everything, search, then the final seeds and the report; returns the report's path."""
+def run(cfg: Namespace, parser: ArgumentParser, run_fit: RunFit, console: Console,
+        argv: list[str] | None = None) -> Path | None:
+    """`fedlight tune`: check everything, search (with `--jobs` - 1 more processes started from `argv`, the command
+    line), then the final seeds and the report; returns the report's path (None with --search_only)."""
     tuner = Tuner(cfg, parser, run_fit, console)
-    tuner.open()
-    tuner.search()
-    return tuner.finish()
+    tuner.open()  # the study exists before other processes open it
+    others = start_searchers(argv or [], cfg.jobs)
+    try:
+        with parallel_runs(cfg.jobs):
+            tuner.search()
+    finally:
+        codes = [process.wait() for process in others]
+    if any(codes):
+        raise tune_study.StudyError(f"{sum(1 for c in codes if c)} of the {len(others)} other search processes "
+                                    "failed (their errors are above); rerun the command to continue the study")
+    return None if cfg.search_only else tuner.finish()
+
+
+def start_searchers(argv: list[str], jobs: int) -> list[subprocess.Popen]:
+    """`jobs` - 1 processes running this command's search beside this one (`--search_only`), each told that `jobs`
+    runs share the machine (`FEDLIGHT_PARALLEL_RUNS`), so every trial takes its share of the cores."""
+    if jobs <= 1:
+        return []
+    env = {**os.environ, PARALLEL_RUNS_VARIABLE: str(jobs)}
+    return [subprocess.Popen([sys.executable, "-m", "fedlight", *searcher_arguments(argv, k), "--search_only", "true"],
+                             env=env) for k in range(1, jobs)]
+
+
+def searcher_arguments(argv: list[str], k: int) -> list[str]:
+    """The command line of the k-th other searcher: `argv` with one job, and with the sampler's seed plus k where a
+    seed is given (one seed would make every process propose the same settings)."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name, _, inline = arg.partition("=")
+        if name in ("--jobs", "--sampler_seed"):
+            value = inline if inline else (argv[i + 1] if i + 1 < len(argv) else "")
+            skip = not inline
+            if name == "--sampler_seed" and value.lstrip("-").isdigit():
+                out += ["--sampler_seed", str(int(value) + k)]
+            continue
+        out.append(arg)
+    return [*out, "--jobs", "1"]
+
+
+@contextlib.contextmanager
+def parallel_runs(jobs: int) -> Iterator[None]:
+    """Within: this process's trials know that `jobs` runs share the machine (`FEDLIGHT_PARALLEL_RUNS`)."""
+    before = os.environ.get(PARALLEL_RUNS_VARIABLE)
+    if jobs > 1:
+        os.environ[PARALLEL_RUNS_VARIABLE] = str(jobs)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARALLEL_RUNS_VARIABLE, None)
+        else:
+            os.environ[PARALLEL_RUNS_VARIABLE] = before
