@@ -102,3 +102,23 @@ def test_a_program_that_loaded_torch_first_is_told_fedlight_did_not_choose_its_p
     out = subprocess.run([sys.executable, "-c", "import torch; " + WAIT_POLICY_PROBE], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == ["PASSIVE", "False"]  # its own threads keep torch's policy; the processes it starts get passive
+
+
+class LaunchSetsThreads:
+    """A Fabric whose launch sets OMP_NUM_THREADS when it is unset, as Lightning's launchers do."""
+
+    def launch(self) -> None:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def test_threads_set_by_the_launcher_are_not_credited_to_the_user(monkeypatch):
+    """With 2 processes the start line said 'OMP_NUM_THREADS' for a number Lightning's launcher had set."""
+    from fedlight.engine.devices import launch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    launch(LaunchSetsThreads())
+    assert "OMP_NUM_THREADS" not in os.environ
+    assert thread_count(None, 2, cores=2, runs=1) == (1, "2 usable cores shared by 2 processes")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own setting stays, and is credited
+    launch(LaunchSetsThreads())
+    assert thread_count(None, 2, cores=2, runs=1) == (2, "OMP_NUM_THREADS")

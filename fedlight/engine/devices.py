@@ -55,8 +55,18 @@ def make_fabric(config: FederationConfig, precision: str) -> L.Fabric:
         raise ValueError(f"federation.accelerator={accelerator}, federation.precision={precision}, "
                          f"federation.devices={config.devices}: {str(error).splitlines()[0]}") from None
     if not single and not launched_by_fabric_cli():
-        fabric.launch()  # starts the other local processes (unless a launcher did), then joins the process group
+        launch(fabric)  # starts the other local processes (unless a launcher did), then joins the process group
     return fabric
+
+
+def launch(fabric: L.Fabric) -> None:
+    """`fabric.launch()`, leaving `OMP_NUM_THREADS` as the user left it: Lightning sets it when it is unset (the cores
+    over the processes), which would read as the user's choice where fedlight sizes the threads and says why
+    (`fedlight.engine.threads`); the number it would set is the one fedlight takes itself."""
+    user_set = "OMP_NUM_THREADS" in os.environ
+    fabric.launch()
+    if not user_set:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def launched_by_fabric_cli() -> bool:
