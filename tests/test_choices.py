@@ -1,7 +1,7 @@
-"""`fedlight.choices`: a mistyped name gets the nearest valid one; a name like none of them gets no guess."""
+"""`fedlight.plugin.choices`: a mistyped name gets the nearest valid one; a name like none of them gets no guess."""
 import pytest
 
-from fedlight.choices import did_you_mean, unknown_choice
+from fedlight.plugin.choices import did_you_mean, unknown_choice
 
 
 @pytest.mark.parametrize("given, expected", [

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.extension import RoundExtension
-from fedlight.choices import unknown_choice
+from fedlight.plugin.choices import unknown_choice
 
 if TYPE_CHECKING:
     from fedlight.engine.evaluator import Evaluator

@@ -9,7 +9,7 @@ Weights: the mean, `clipped_mean` and `geometric_median` use the clients' weight
 median, trimmed mean, Krum, Multi-Krum and Bulyan count every client once, as their papers define them.
 """
 from __future__ import annotations
-from fedlight.choices import unknown_choice
+from fedlight.plugin.choices import unknown_choice
 
 import math
 from collections.abc import Callable

@@ -13,6 +13,7 @@ Algorithms never import it: they see the run through `fedlight.plugin`.
 | `evaluator` | every client's model on its split (sharded over processes) |
 | `processes` | the collectives of a federation spread over processes |
 | `state_limits` | the client state's memory budget against one round's rows, and the disk of its spill files against the rows a run may spill |
+| `round_limits` | a round that holds every update (trained models and starts) against the device's free memory, refused at set-up |
 | `config`, `devices` | the federation's settings, Fabric and devices (and the memory they have) |
 | `threads` | torch's CPU threads: the usable cores (affinity, cgroup quota) shared among processes and parallel runs |
 """

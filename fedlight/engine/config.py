@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedlight.aggregators.robust import RULES
-from fedlight.choices import unknown_choice
+from fedlight.plugin.choices import unknown_choice
 
 
 @dataclass

@@ -19,6 +19,7 @@
 | `round_log` | what an algorithm records as it acts (`Algorithm.log`, `log_matrix`) |
 | `data` | the data contract: `ClientSplit`, `FederatedData`, what a data module gives |
 | `evaluation` | per-client metrics and their summaries (mean, spread, worst client) |
+| `choices` | the error for a name outside a fixed set, with the nearest valid name (a typo's "did you mean") |
 
 What an algorithm may import is this package and `fedlight.cluster` (tests/test_layout.py checks `algorithms/`).
 """

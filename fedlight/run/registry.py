@@ -6,7 +6,7 @@ import functools
 from importlib.metadata import entry_points
 from typing import Any
 
-from fedlight.choices import did_you_mean
+from fedlight.plugin.choices import did_you_mean
 
 ALGORITHMS = "fedlight.algorithms"
 DATAMODULES = "fedlight.datamodules"
