@@ -17,7 +17,9 @@ How it maps onto fedlight: the local loop is the algorithm's own group loop (`tr
 `server.group_loss_and_grad` (every client's gradient of a step in one vectorized call when the plan allows). v_i and alpha_i are per-client
 state (the client states "local" and "alpha"): the client sends them back beside w (`Updates.state`) and the
 engine stores them, gathered over the processes, so every process reaches the same state; they are saved in the
-checkpoint.
+checkpoint. A step works on views of the group's rows of w and v when they are consecutive (they are but
+for clients with a short last batch) and builds the personalized models a row at a time, so it holds w, v, their
+two gradients and the personalized models: a few (clients, parameters) matrices of the group, no copies of them.
 
 Defaults: alpha = 0.5, the initial mixing weight of the authors' released implementation (FedTorch);
 adaptive = True, alpha updated at every local step as in the paper's update; alpha_lr = None: alpha steps with the
@@ -44,6 +46,22 @@ import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, ClientModels, Trained
+
+
+def row_range(rows: list[int]) -> slice | list[int]:
+    """`rows` as a slice when they are consecutive (indexing then gives views, not copies), else the list."""
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return rows
+
+
+def personalized(alpha: Tensor, local: Tensor, shared: Tensor) -> Tensor:
+    """(k, d) alpha_i v_i + (1 - alpha_i) w_i of k clients (alpha: (k, 1)), a row at a time into the result: the
+    products and sums of the whole expression, with one row's temporary instead of two (k, d) ones."""
+    out = torch.empty_like(local)
+    for row, a, v, w in zip(out, alpha, local, shared):
+        torch.mul(a, v, out=row).add_((1 - a) * w)
+    return out
 
 
 class APFL(Algorithm):
@@ -87,12 +105,16 @@ class APFL(Algorithm):
             rows = group.rows
             if group.step == 0:
                 loss_sum[rows], steps[rows] = 0, 0
-            w_rows, v_rows, a_rows = w[rows], v[rows], alpha[rows][:, None]
+            at = row_range(rows)  # a run of rows: views of w and v, updated in place; else copies, written back
+            w_rows, v_rows, a_rows = w[at], v[at], alpha[rows][:, None]
             loss, grad_w = server.group_loss_and_grad(w_rows, group.batch, group.step)
-            _, grad_mixed = server.group_loss_and_grad(a_rows * v_rows + (1 - a_rows) * w_rows, group.batch, group.step)
+            _, grad_mixed = server.group_loss_and_grad(personalized(a_rows, v_rows, w_rows), group.batch, group.step)
             grad_alpha = torch.stack([torch.dot(a, b) for a, b in zip(v_rows - w_rows, grad_mixed)])
-            w[rows] = w_rows.sub_(grad_w, alpha=rate)
-            v[rows] = v_rows.sub_(a_rows * rate * grad_mixed)
+            w_rows.sub_(grad_w, alpha=rate)
+            v_rows.sub_(grad_mixed.mul_(a_rows * rate))
+            del grad_w, grad_mixed
+            if not isinstance(at, slice):
+                w[rows], v[rows] = w_rows, v_rows
             if self.adaptive:
                 alpha[rows] = (alpha[rows] - alpha_rate * grad_alpha).clamp(0, 1)
             loss_sum[rows] += loss

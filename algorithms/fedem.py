@@ -66,6 +66,23 @@ def fit_mixture_weights(losses: Tensor, owner: Tensor, count: int, iterations: i
     return weights
 
 
+def copy_rows(params: Tensor, others: Tensor) -> Tensor:
+    """(clients * M, d) every client's copies of components 0..M-1, a row each, client after client, from its copy
+    of component 0 (params: (clients, d)) and of the others ((clients, M - 1, d)). A view when both are still the
+    slices of the one (clients, M, d) block `FedEM.train_group` wrote them in, else (an update attack replaced
+    params, the engine left a client out) a concatenation."""
+    k, others_count, d = others.shape
+    if others_count == 0:
+        return params
+    m = others_count + 1
+    one_block = (params.untyped_storage().data_ptr() == others.untyped_storage().data_ptr()
+                 and params.stride() == (m * d, 1) and others.stride() == (m * d, d, 1)
+                 and others.storage_offset() == params.storage_offset() + d)
+    if one_block:
+        return params.as_strided((k * m, d), (d, 1), params.storage_offset())
+    return torch.cat([params[:, None], others], dim=1).reshape(-1, d)
+
+
 class MixturePredictor:
     """A client's mixture as an evaluation model: raw inputs -> log sum_m pi_m softmax(theta_m(x))."""
 
@@ -116,28 +133,32 @@ class FedEM(Algorithm):
             return trained
         q = [posterior(self.mixture[c].log(), self.sample_losses(c)) for c in clients]
         scale = self.learning_rate_scale(round)
-        trained = [self.server.train_many(round, clients, theta.expand(len(clients), -1), lr_scale=scale,
+        copies = starts.new_empty(len(clients), *self.models.shape)  # each client's copies, written as trained
+        losses = []
+        for m, theta in enumerate(self.models):
+            part = self.server.train_many(round, clients, theta.expand(len(clients), -1), lr_scale=scale,
                                           sample_weights=[qc[:, m] for qc in q])
-                   for m, theta in enumerate(self.models)]
-        loss = torch.stack([part.loss for part in trained]).sum(dim=0)
-        return Trained(trained[0].params, loss, {}, {
-            "others": torch.stack([part.params for part in trained[1:]], dim=1),
-            "mixture": torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype)})
+            copies[:, m] = part.params
+            losses.append(part.loss)
+            del part  # one component's trained models beside the block, never all of them
+        return Trained(copies[:, 0], torch.stack(losses).sum(dim=0), {}, {
+            "others": copies[:, 1:], "mixture": torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype)})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each component becomes the training-set-size weighted mean of the clients' trained copies (a client with a
-        non-finite copy is left out); every trained client's mixture weights are stored."""
+        non-finite copy is left out by the engine: its "others" rows are state it sent); every trained client's
+        mixture weights are stored. A group's copies are added as they are held (one (clients, M, d) block), with
+        the starts built only for an aggregator that reads them, so memory holds the group's copies once."""
         m, d = self.models.shape
         # the run's cluster aggregator, a component a cluster: the weighted mean, or the configured rule or DP
         average = self.server.cluster_aggregator(m, d, self.models.dtype, self.models.device, rows_per_client=m)
         components = torch.arange(m, device=self.models.device)
         for group in updates.groups():
-            copies = torch.cat([group.params[:, None], group.state["others"]], dim=1)
-            finite = torch.isfinite(copies).flatten(1).all(dim=1)
-            kept = int(finite.sum())  # a kept client's rows: its copies of components 0..M-1, and their starts
-            average.add(components.repeat(kept), group.num_samples[finite].to(self.models.dtype).repeat_interleave(m),
-                        copies[finite].reshape(-1, d), self.models.repeat(kept, 1))
-            del group, copies
+            rows = copy_rows(group.params, group.state.pop("others"))  # not kept to the round's end: not stored
+            k = len(group)  # a client's rows: its copies of components 0..M-1, and their starts
+            average.add(components.repeat(k), group.num_samples.to(self.models.dtype).repeat_interleave(m), rows,
+                        self.models.repeat(k, 1) if average.reads_starts else None)
+            del group, rows
         average.reduce(updates)
         self.set_shared(*average.means())
         clients, weights = updates.state("mixture")  # stored by the engine after the round

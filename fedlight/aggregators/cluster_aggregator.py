@@ -78,6 +78,8 @@ class RobustClusterAggregate:
     result is the members' mean start plus the rule's combination of their updates. The starts of a cluster's
     members agree on the shared entries (the cluster model), so this is the rule applied to the models, shifted."""
 
+    reads_starts = True  # the rule is applied to the updates, trained minus start
+
     def __init__(self, settings: RobustSettings, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
                  personal_mask: Tensor | None = None) -> None:
         self.settings, self.dtype, self.personal_mask = settings, dtype, personal_mask
@@ -124,6 +126,12 @@ class CountedAggregator:
 
     def __init__(self, inner: Any, owner: "ClusterAggregation") -> None:
         self.inner, self.owner = inner, owner
+
+    @property
+    def reads_starts(self) -> bool:
+        """Whether `add` needs the rows' starts (False for the plain mean: a caller may then pass None instead of
+        building them); an aggregator that does not say is taken to read them."""
+        return getattr(self.inner, "reads_starts", True)
 
     def add(self, clusters: Tensor, weights: Tensor, values: Any, starts: Tensor | None = None) -> None:
         self.inner.add(clusters, weights, values, starts)

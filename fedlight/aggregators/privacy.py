@@ -254,6 +254,8 @@ class PrivateClusterAggregate:
     sum noised and divided by the members, added to the members' mean start. With `rows_per_client` r > 1 every
     client adds r rows (one to each of r clusters), each clipped to C / sqrt(r) and counted 1 / r."""
 
+    reads_starts = True  # the updates, trained minus start, are clipped
+
     def __init__(self, mechanism: PrivacyMechanism, call: int, clusters: int, dim: int, dtype: torch.dtype,
                  device: torch.device, personal_mask: Tensor | None, rows_per_client: int = 1) -> None:
         self.mechanism, self.call, self.dtype, self.personal_mask = mechanism, call, dtype, personal_mask

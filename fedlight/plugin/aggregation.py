@@ -22,6 +22,8 @@ class ClusterAverage:
     order the rows arrive in (groups of any size, or shards added over processes) but for a rare last-bit tie."""
 
     CHUNK_BYTES = 1 << 28  # float64 rows converted at a time (256 MiB), so a large group is never copied whole
+    #: whether `add` reads the rows' starts: a mean does not, so a caller may skip building them (None)
+    reads_starts = False
 
     def __init__(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype = dtype

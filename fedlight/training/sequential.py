@@ -47,6 +47,8 @@ class Trained:
             value = part.logs.get(name)
             return value if value is not None else torch.full_like(part.loss, float("nan"))
 
+        if len(parts) == 1:  # one group: itself, not a copy of its (clients, d) models
+            return parts[0]
         names = dict.fromkeys(name for part in parts for name in part.logs)
         return Trained(torch.cat([p.params for p in parts]), torch.cat([p.loss for p in parts]),
                        {name: torch.cat([column(p, name) for p in parts]) for name in names},

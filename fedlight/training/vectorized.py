@@ -110,8 +110,8 @@ class FunctionalOptimizer:
         self.h = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
 
     def init_state(self, params: Tensor) -> dict[str, Any]:
-        zeros = torch.zeros_like(params)
-        if self.kind == "SGD":
+        zeros = torch.zeros_like(params) if self.kind != "SGD" or self.h["momentum"] else None
+        if self.kind == "SGD":  # without momentum, no buffer: `step` never reads it
             return {"momentum": zeros, "started": [False] * len(params)}
         return {"m": zeros, "v": zeros.clone(), "t": torch.zeros(len(params), dtype=params.dtype, device=params.device)}
 
@@ -303,16 +303,23 @@ class VectorizedTrainer:
         """(losses (k,), flat gradients (k, d)) of the module's `training_step` at k flat models on their own
         batches (x: (k, batch, ...), y: (k, batch), converted as the module sees them), in training mode and the
         run's precision: one step of a custom local loop for a group of clients at once (`loss_and_grad` of the
-        sequential trainer, per client). Buffers are read from the rows and not updated; their gradient is 0."""
+        sequential trainer, per client). Buffers are read from the rows and not updated; their gradient is 0. When
+        the rows hold parameters only, the gradients' concatenation is returned as it is (no zeroed (k, d) matrix
+        to copy it into)."""
         k = len(params)
+        # a fresh copy of the rows, even of parameters alone: BLAS's results may depend on where the rows start
         views = self._tensor_views(params[:, self.param_mask].contiguous(), range(0, k))
         self.step_module.train()
         with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module), self.fabric.autocast():
             self.step_module.logs = step_logs
             grads, losses, _ = self._grads(views, self._buffers(params), x, y, step)
             self.step_module.logs = None
+        del views
+        gradient = torch.cat([g.reshape(k, -1) for g in grads], dim=1).to(params.dtype)
+        if not self.buffer_entries:  # the rows are the parameters: the gradient is every entry's
+            return losses.detach().float(), gradient
         flat = torch.zeros_like(params)
-        flat[:, self.param_mask] = torch.cat([g.reshape(k, -1) for g in grads], dim=1).to(params.dtype)
+        flat[:, self.param_mask] = gradient
         return losses.detach().float(), flat
 
     def fit_many(self, starts: Tensor, data: list[tuple[Tensor, Tensor]], seeds: list[int],
@@ -333,10 +340,13 @@ class VectorizedTrainer:
         seed_random_layers(int(np.random.SeedSequence(seeds).generate_state(1)[0]), device)
         clients = len(starts)
         order = sorted(range(clients), key=lambda r: -len(data[r][1]))  # stable: ties keep their order
-        sorted_starts = starts[order]
+        # every row one model (expanded, stride 0) needs no sorting and no copy, unless a hook is handed the starts
+        sorted_starts = starts if hook is None and starts.stride(0) == 0 else starts[order]
         data, seeds = [data[r] for r in order], [seeds[r] for r in order]
         w_all = None if sample_weights is None else torch.cat([sample_weights[r] for r in order])
-        params = sorted_starts[:, self.param_mask].clone()
+        every_entry = not self.buffer_entries
+        params = sorted_starts.clone(memory_format=torch.contiguous_format) if every_entry else \
+            sorted_starts[:, self.param_mask]  # (boolean indexing copies)
         buffers = self._buffers(sorted_starts)
         state = self.optimizer.init_state(params)
         b = self.batch_size
@@ -381,12 +391,18 @@ class VectorizedTrainer:
                         loss_sum[rows.start: rows.stop] += losses.detach().float()
                         logs.add(logged, slice(rows.start, rows.stop), count)
             self.step_module.logs = None
-        trained = sorted_starts.clone()
-        trained[:, self.param_mask] = params
-        for e in self.buffer_entries:
-            trained[:, e.start: e.stop] = buffers[f"inner.{e.name}"].reshape(clients, -1)
+        del state  # the optimizer's rows go before the trained models are put together
+        if every_entry:
+            trained = params
+        else:
+            trained = sorted_starts.clone()
+            trained[:, self.param_mask] = params
+            for e in self.buffer_entries:
+                trained[:, e.start: e.stop] = buffers[f"inner.{e.name}"].reshape(clients, -1)
+        del params, buffers
         back = torch.tensor(order, device=device).argsort()  # the clients' order as given
-        return Trained(trained[back], (loss_sum / torch.tensor(steps, device=device))[back],
+        in_order = order == list(range(clients))
+        return Trained(trained if in_order else trained[back], (loss_sum / torch.tensor(steps, device=device))[back],
                        {name: values[back] for name, values in logs.means().items()})
 
     def _rate(self, rates: list[float], rows: range, steps: list[int], epoch: int, step: int,
