@@ -7,9 +7,9 @@ them; give their folder with --root, or let this script write them once into --r
 parse after the first load), runs --rounds rounds without evaluation, then evaluates every writer's model on its
 test split once. Beside every fedlight round, the same process runs a plain PyTorch FedAvg round of the same clients
 (`plain_loop.PlainLoop`: the same steps on the same network, one client after another), interleaved, so both see
-the same machine. Printed per method: seconds a round (median) and against the plain loop, the evaluation's
-seconds, peak resident memory (`ru_maxrss`), and the client-state store's memory and file size. A method that
-refuses a cohort smaller than all clients says why.
+the same machine. Printed per method: the set-up's seconds (building the federation: the algorithm's `setup`),
+seconds a round (median) and against the plain loop, the evaluation's seconds, peak resident memory (`ru_maxrss`),
+and the client-state store's memory and file size. A method that refuses a cohort smaller than all clients says why.
 
     python benchmarks/cross_device.py --root DIR [--methods fedavg ditto ...] [--rounds 5] [--per_round 10]
         [--json out.json] [--shipped_args]
@@ -129,21 +129,22 @@ def in_a_fresh_process(method: str, args: argparse.Namespace) -> dict:
             *(["--no_eval"] if args.no_eval else []), *(["--shipped_args"] if args.shipped_args else [])]
     done = subprocess.run(line, capture_output=True, text=True, cwd=HERE, env={**os.environ, "WANDB_MODE": "offline"})
     if done.returncode:
-        return {"method": method, "failed": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "?"}
+        return {"method": method, "failed": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
+                f"exit status {done.returncode} (negative: killed by that signal), nothing on stderr"}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| method | round 1 s | s/round (median of later) | plain loop s/round | ratio | eval s (all writers) | peak RSS GB "
-             "| state in memory GB | state file GB | trainer |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | set-up s | round 1 s | s/round (median of later) | plain loop s/round | ratio | eval s (all writers) | peak RSS GB "
+             "| state in memory GB | state file GB | trainer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "round_s" not in row:
             lines.append(f"| {row['method']} | {row.get('refused') or 'failed: ' + row.get('failed', '?')} "
-                         "| | | | | | | | |")
+                         "| | | | | | | | | |")
             continue
         later = slice(1, None) if len(row["round_s"]) > 1 else slice(None)  # round 1 also sets up (the probe)
         ours, theirs = statistics.median(row["round_s"][later]), statistics.median(row["plain_round_s"][later])
-        lines.append(f"| {row['method']} | {row['round_s'][0]:.2f} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} | {row['eval_s']:.1f} "
+        lines.append(f"| {row['method']} | {row['setup_s']:.1f} | {row['round_s'][0]:.2f} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} | {row['eval_s']:.1f} "
                      f"| {row['peak_rss_gb']:.2f} | {row['state_memory_gb']:.2f} | {row['state_file_gb']:.2f} "
                      f"| {row['trainer']} |")
     return "\n".join(lines)
