@@ -28,6 +28,22 @@ from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import agreement_similarity
 
 
+def distinct_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """(the distinct rows of `rows` in order of first appearance, for each row the index of its equal among them):
+    participants with the same similar peers get the same pool model, whose loss needs one pass over the clients'
+    rows, not one a copy (equal rows have equal losses, so the pick by lowest loss, first on ties, is unchanged)."""
+    sums = rows.sum(dim=1, dtype=torch.float64).tolist()  # a cheap fingerprint: only rows of equal sums are compared
+    first: list[int] = []
+    copy_of: list[int] = []
+    for i, total in enumerate(sums):
+        equal = next((k for k, j in enumerate(first) if sums[j] == total and torch.equal(rows[i], rows[j])), None)
+        if equal is None:
+            first.append(i)
+            equal = len(first) - 1
+        copy_of.append(equal)
+    return rows if len(first) == len(rows) else rows[first], torch.tensor(copy_of)
+
+
 class InferenceSimilarity(Algorithm):
     """What both variants share: inference on the server's public data and the similarity matrix."""
 
@@ -117,8 +133,9 @@ class FlisDC(InferenceSimilarity):
             self.assignment[index] = 0
             return
         every = len(clients) == self.server.num_clients
-        losses = self.server.client_losses(self.models, self.selection_split, None if every else clients)
-        self.assignment[index] = losses.argmin(dim=0)
+        distinct, copy_of = distinct_rows(self.models)
+        losses = self.server.client_losses(distinct, self.selection_split, None if every else clients)
+        self.assignment[index] = losses[copy_of.to(losses.device)].argmin(dim=0)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """The new pool: for each participant i, the size-weighted mean of the models of {j : A_ij >= beta}; the

@@ -26,6 +26,7 @@ from it: the mean (average), largest (complete) or smallest (single) principal a
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import numpy as np
@@ -42,7 +43,7 @@ def data_subspace(x: Tensor, p: int) -> Tensor:
     """(features, p) orthonormal basis of the top-p left singular vectors of the data matrix whose columns are the
     samples `x` flattened (fewer columns when there are fewer samples or features), in float64."""
     matrix = x.flatten(1).to(torch.float64).T
-    return torch.linalg.svd(matrix, full_matrices=False)[0][:, :p]
+    return torch.linalg.svd(matrix, full_matrices=False)[0][:, :p].contiguous()  # a copy: not a view of all of U
 
 
 def principal_angles(u1: Tensor, u2: Tensor) -> Tensor:
@@ -52,9 +53,45 @@ def principal_angles(u1: Tensor, u2: Tensor) -> Tensor:
     return torch.rad2deg(torch.arccos(cosines))
 
 
-def smallest_angles(bases: list[Tensor], others: list[Tensor]) -> Tensor:
-    """(len(bases), len(others)) the smallest principal angle of every pair, in degrees."""
-    return torch.tensor([[float(principal_angles(u, v)[0]) for v in others] for u in bases], dtype=torch.float64)
+def stacked_bases(bases: Iterable[Tensor], count: int, p: int) -> Tensor:
+    """(count, features, p) the `count` bases side by side, each written in as it comes (one at a time in memory), a
+    basis with fewer than p columns padded with zero columns (which add zero singular values to every U_i^T U_j and
+    leave the largest, the smallest angle's cosine, unchanged)."""
+    out: Tensor | None = None
+    for k, basis in enumerate(bases):
+        if out is None:
+            out = torch.zeros(count, basis.shape[0], p, dtype=torch.float64)
+        out[k, :, :basis.shape[1]] = basis
+    return torch.zeros(0, 0, p, dtype=torch.float64) if out is None else out
+
+
+#: bytes of the (rows, columns, p, p) block of U_i^T U_j that `smallest_angles` holds at once (about 4x in all, with
+#: the GEMM's output, its transposed copy and svdvals' work)
+BLOCK_BYTES = 2**26
+
+
+def smallest_angles(bases: Tensor, others: Tensor | None = None, block_bytes: int = BLOCK_BYTES) -> Tensor:
+    """(n, m) the smallest principal angle, in degrees, between every basis of `bases` (n, features, p) and every
+    one of `others` (m, features, q); `others` None: `bases` against themselves, each pair once (i < j), symmetric
+    with a zero diagonal. A chunk of rows at a time: one GEMM of its stacked bases against all of `others`, then
+    batched svdvals of the (p, q) blocks U_i^T U_j; a chunk's block is at most about `block_bytes`."""
+    symmetric = others is None
+    others = bases if others is None else others
+    n, features, p = bases.shape
+    m, q = others.shape[0], others.shape[2]
+    columns = others.permute(1, 0, 2).reshape(features, m * q)  # U_1 | U_2 | ... | U_m
+    out = torch.zeros(n, m, dtype=torch.float64)
+    rows = max(1, block_bytes // max(1, m * p * q * 8))
+    for start in range(0, n, rows):
+        stop, first = min(n, start + rows), start if symmetric else 0
+        gram = bases[start:stop].transpose(1, 2).reshape(-1, features) @ columns[:, first * q:]
+        blocks = gram.reshape(stop - start, p, m - first, q).transpose(1, 2)  # (rows, columns, p, q): U_i^T U_j
+        cosines = torch.linalg.svdvals(blocks)[..., 0] if p and q else blocks.new_zeros(blocks.shape[:2])
+        out[start:stop, first:] = torch.rad2deg(torch.arccos(cosines.clamp(-1.0, 1.0)))
+    if symmetric:
+        upper = out.triu(1)
+        out = upper + upper.T
+    return out
 
 
 class PACFL(Algorithm):
@@ -81,7 +118,7 @@ class PACFL(Algorithm):
         self.clusterer = Agglomerative(num_clusters, threshold, linkage)
         self.basis_size, self.num_clusters, self.linkage = basis_size, num_clusters, linkage
         self.proximity = torch.empty(0)  # (n, n) smallest principal angles, degrees
-        self.bases: list[Tensor] = []  # every client's basis, sent once
+        self.bases = torch.empty(0, 0, basis_size, dtype=torch.float64)  # (n, features, p) every client's basis
 
     def setup(self, server) -> None:
         super().setup(server)
@@ -91,14 +128,15 @@ class PACFL(Algorithm):
         server.declare_every_client_work("every client sends its data subspace once, before round 1, and the "
                                          "server compares every pair")
         self.bases = self.client_bases(server.split("train"), server.num_clients)
-        self.proximity = smallest_angles(self.bases, self.bases).fill_diagonal_(0.0)
+        self.proximity = smallest_angles(self.bases)
         labels = self.clusterer.fit_predict(self.proximity.numpy(), kind="distance")
         self.assignment = torch.as_tensor(labels, device=server.device)
         self.models = server.initial_params.repeat(int(labels.max()) + 1, 1)
 
-    def client_bases(self, split: ClientSplit, count: int) -> list[Tensor]:
-        """Every client's basis from its samples of `split`, converted as the model sees them."""
-        return [data_subspace(self.server.inputs(split.client(k)[0]), self.basis_size) for k in range(count)]
+    def client_bases(self, split: ClientSplit, count: int) -> Tensor:
+        """(count, features, p) every client's basis from its samples of `split`, converted as the model sees them."""
+        return stacked_bases((data_subspace(self.server.inputs(split.client(k)[0]), self.basis_size)
+                              for k in range(count)), count, self.basis_size)
 
     def begin_round(self, round: int) -> None:
         if round == 1:  # the one clustering, recorded with the first round

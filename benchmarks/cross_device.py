@@ -7,12 +7,12 @@ them; give their folder with --root, or let this script write them once into --r
 parse after the first load), runs --rounds rounds without evaluation, then evaluates every writer's model on its
 test split once. Beside every fedlight round, the same process runs a plain PyTorch FedAvg round of the same clients
 (`plain_loop.PlainLoop`: the same steps on the same network, one client after another), interleaved, so both see
-the same machine. Printed per method: seconds a round (median) and against the plain loop, the evaluation's
-seconds, peak resident memory (`ru_maxrss`), and the client-state store's memory and file size. A method that
-refuses a cohort smaller than all clients says why.
+the same machine. Printed per method: the set-up's seconds (building the federation: the algorithm's `setup`),
+seconds a round (median) and against the plain loop, the evaluation's seconds, peak resident memory (`ru_maxrss`),
+and the client-state store's memory and file size. A method that refuses a cohort smaller than all clients says why.
 
     python benchmarks/cross_device.py --root DIR [--methods fedavg ditto ...] [--rounds 5] [--per_round 10]
-        [--json out.json]
+        [--json out.json] [--shipped_args]
 
 Targets (issue "Cross-device scale"): FedAvg's round at most 1.2x the plain loop's; every method under 6 GB peak.
 """
@@ -49,6 +49,15 @@ def shipped_data_args() -> dict:
     return yaml.safe_load((ROOT / "configs/cross_device/femnist/common/data.yaml").read_text())["init_args"]
 
 
+def shipped_algorithm_args(name: str) -> dict:
+    """The algorithm's init_args in its shipped cross-device config (configs/cross_device/femnist/<name>.yaml); {}
+    without one."""
+    import yaml
+
+    config = ROOT / "configs/cross_device/femnist" / f"{name}.yaml"
+    return (yaml.safe_load(config.read_text())["algorithm"].get("init_args") or {}) if config.is_file() else {}
+
+
 def algorithm_class(name: str) -> type:
     import importlib
 
@@ -59,7 +68,7 @@ def algorithm_class(name: str) -> type:
 
 
 def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, vectorize: int,
-            data_args: dict | None = None, evaluate: bool = True) -> dict:
+            data_args: dict | None = None, evaluate: bool = True, shipped_args: bool = False) -> dict:
     """One method's federation in this process, with the plain loop's rounds interleaved (FedAvg's steps)."""
     from fedlight import Federation, FederationConfig
     from fedlight.datamodules import FEMNISTFederated
@@ -77,7 +86,8 @@ def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, 
                               accelerator="cpu", eval_every=10 * rounds + 100, vectorize=vectorize)
     started = time.perf_counter()
     try:
-        fed = Federation(data, model, algorithm_class(method)(), config, seed=0)
+        arguments = shipped_algorithm_args(method) if shipped_args else {}
+        fed = Federation(data, model, algorithm_class(method)(**arguments), config, seed=0)
     except ValueError as refusal:
         return {"method": method, "refused": str(refusal).splitlines()[0]}
     fed.client_states.use_folder(folder)
@@ -116,24 +126,25 @@ def in_a_fresh_process(method: str, args: argparse.Namespace) -> dict:
     line = [sys.executable, __file__, "--one", method, "--root", str(args.root), "--rounds", str(args.rounds),
             "--per_round", str(args.per_round), "--folder", str(args.folder / method),
             "--vectorize", str(args.vectorize), "--data_args", json.dumps(data_overrides(args)),
-            *(["--no_eval"] if args.no_eval else [])]
+            *(["--no_eval"] if args.no_eval else []), *(["--shipped_args"] if args.shipped_args else [])]
     done = subprocess.run(line, capture_output=True, text=True, cwd=HERE, env={**os.environ, "WANDB_MODE": "offline"})
     if done.returncode:
-        return {"method": method, "failed": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "?"}
+        return {"method": method, "failed": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
+                f"exit status {done.returncode} (negative: killed by that signal), nothing on stderr"}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| method | round 1 s | s/round (median of later) | plain loop s/round | ratio | eval s (all writers) | peak RSS GB "
-             "| state in memory GB | state file GB | trainer |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | set-up s | round 1 s | s/round (median of later) | plain loop s/round | ratio | eval s (all writers) | peak RSS GB "
+             "| state in memory GB | state file GB | trainer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "round_s" not in row:
             lines.append(f"| {row['method']} | {row.get('refused') or 'failed: ' + row.get('failed', '?')} "
-                         "| | | | | | | | |")
+                         "| | | | | | | | | |")
             continue
         later = slice(1, None) if len(row["round_s"]) > 1 else slice(None)  # round 1 also sets up (the probe)
         ours, theirs = statistics.median(row["round_s"][later]), statistics.median(row["plain_round_s"][later])
-        lines.append(f"| {row['method']} | {row['round_s'][0]:.2f} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} | {row['eval_s']:.1f} "
+        lines.append(f"| {row['method']} | {row['setup_s']:.1f} | {row['round_s'][0]:.2f} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} | {row['eval_s']:.1f} "
                      f"| {row['peak_rss_gb']:.2f} | {row['state_memory_gb']:.2f} | {row['state_file_gb']:.2f} "
                      f"| {row['trainer']} |")
     return "\n".join(lines)
@@ -150,6 +161,9 @@ def main() -> None:
     parser.add_argument("--num_writers", type=int, default=None, help="default: the shipped configs' 3,400")
     parser.add_argument("--public_size", type=int, default=None, help="default: the shipped configs' 1,000")
     parser.add_argument("--no_eval", action="store_true", help="skip the evaluation of every writer")
+    parser.add_argument("--shipped_args", action="store_true",
+                        help="each method's init_args from its shipped config (configs/cross_device/femnist/), not "
+                             "the class defaults (FLIS-DC's default val split is empty in this setting)")
     parser.add_argument("--data_args", type=json.loads, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/fedlight-cross-device"), help="client-state files")
     parser.add_argument("--json", type=Path, default=None)
@@ -157,7 +171,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(args.one, args.root, args.rounds, args.per_round, args.folder, args.vectorize,
-                                 args.data_args, not args.no_eval)))
+                                 args.data_args, not args.no_eval, args.shipped_args)))
         return
     if not (args.root / "train").is_dir():
         from femnist_load import LEAF_IMAGES, LEAF_WRITERS, leaf_writers, write_leaf

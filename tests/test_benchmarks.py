@@ -120,6 +120,12 @@ def test_cross_device_benchmark_runs_fedavg_like_the_plain_loop_and_names_a_refu
     assert "clients_per_round" in flhc["refused"] and "round_s" not in flhc
 
 
+def test_cross_device_takes_a_methods_init_args_from_its_shipped_config_when_asked():
+    """FLIS-DC's class default picks by the empty val split of this setting; its shipped config picks by train."""
+    assert cross_device.shipped_algorithm_args("flis_dc") == {"beta": 0.3, "selection_split": "train"}
+    assert cross_device.shipped_algorithm_args("flis_hc") == {}  # no shipped config: it refuses a cohort
+
+
 def forked_command(*args: str) -> float:
     """`tune_overhead.command` (a `python -m fedlight ARGS` and its wall time) as a process forked from the preloaded
     server (`tests/_prestarted.py`): the benchmark's logic, without two interpreters' start-up."""

@@ -21,7 +21,7 @@ from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedem import FedEM, MixturePredictor, fit_mixture_weights, posterior
 from fedlight.algorithms.fesem import FeSEM
 from fedlight.algorithms.flhc import FLHC, ward_to_clusters
-from fedlight.algorithms.pacfl import PACFL, data_subspace, principal_angles
+from fedlight.algorithms.pacfl import PACFL, data_subspace, principal_angles, smallest_angles, stacked_bases
 from fedlight.cluster.clusterers import linkage_to_clusters
 from fedlight.datamodules import Rotations
 from fedlight.plugin.newcomers import Newcomers
@@ -195,6 +195,46 @@ def test_the_data_subspace_of_samples_in_a_plane_is_that_plane():
     basis = data_subspace(samples, 2)
     assert torch.allclose(basis.T @ basis, torch.eye(2, dtype=torch.float64))
     assert principal_angles(basis, torch.linalg.qr(plane.T)[0]).tolist() == pytest.approx([0.0, 0.0], abs=1e-5)
+    # a basis kept for every client holds its p columns alone, not all 3 x 3 of U (a 784 x 200 U at FEMNIST's size)
+    assert basis.untyped_storage().nbytes() == 3 * 2 * 8
+
+
+def rotated_planes(degrees: list[float], columns: int = 3, dimension: int = 9) -> torch.Tensor:
+    """(n, dimension, columns) bases whose k-th column turns by (k + 1) * degrees[i] in the plane (e_2k, e_2k+1),
+    the whole space then rotated by one random orthogonal matrix: U_i^T U_j is diagonal with the cosines of
+    (k + 1) * (degrees[i] - degrees[j]), so for differences up to 45 degrees the smallest angle is the difference."""
+    g = torch.Generator().manual_seed(0)
+    rotation = torch.linalg.qr(torch.randn(dimension, dimension, generator=g, dtype=torch.float64))[0]
+    bases = torch.zeros(len(degrees), dimension, columns, dtype=torch.float64)
+    for i, angle in enumerate(degrees):
+        for k in range(columns):
+            turn = math.radians((k + 1) * angle)
+            bases[i, 2 * k, k], bases[i, 2 * k + 1, k] = math.cos(turn), math.sin(turn)
+    return rotation @ bases
+
+
+def test_batched_smallest_angles_of_turned_planes_are_the_turns():
+    degrees = [0.0, 5.0, 12.5, 30.0, 41.0]
+    expected = np.abs(np.subtract.outer(degrees, degrees))
+    bases = rotated_planes(degrees)
+    angles = smallest_angles(bases)
+    assert angles.numpy() == pytest.approx(expected, abs=1e-6)
+    assert torch.equal(angles, angles.T) and torch.all(angles.diagonal() == 0)
+    # one row at a time (the smallest chunk) and against other bases: the same angles
+    assert smallest_angles(bases, block_bytes=1).numpy() == pytest.approx(expected, abs=1e-6)
+    assert smallest_angles(bases[:2], bases[1:], block_bytes=1).numpy() == pytest.approx(expected[:2, 1:], abs=1e-6)
+
+
+def test_batched_smallest_angles_agree_with_each_pairs_principal_angles():
+    g = torch.Generator().manual_seed(1)
+    bases = [torch.linalg.qr(torch.randn(20, 3, generator=g, dtype=torch.float64))[0] for _ in range(7)]
+    bases.append(bases[0][:, :1])  # a client with one sample: one column, padded with zeros
+    stacked = stacked_bases(iter(bases), len(bases), 3)
+    assert stacked.shape == (8, 20, 3) and torch.all(stacked[7, :, 1:] == 0)
+    pairwise = torch.tensor([[float(principal_angles(u, v)[0]) if i != j else 0.0 for j, v in enumerate(bases)]
+                             for i, u in enumerate(bases)], dtype=torch.float64)
+    assert torch.allclose(smallest_angles(stacked, block_bytes=500), pairwise, atol=1e-9, rtol=0)
+    assert float(smallest_angles(stacked)[0, 7]) == pytest.approx(0.0, abs=1e-6)  # its one column is in basis 0
 
 
 def test_pacfl_clusters_rotations_before_training_and_places_newcomers_by_principal_angles():

@@ -119,7 +119,8 @@ def test_ifca_recovers_the_rotations_with_a_cohort_a_round():
 def test_flis_dc_picks_pool_models_only_for_the_rounds_clients_until_it_evaluates(evaluate):
     """40 clients, 4 a round: rounds 2-3 pick (by hand-computed validation loss) for the round's clients alone; round
     4 is evaluated and every client evaluated with a pool model picks one: all of them ("pool"), or those that have
-    not trained yet ("local", whose trained clients are evaluated with their own models)."""
+    not trained yet ("local", whose trained clients are evaluated with their own models). One loss pass for each
+    distinct pool model: participants with the same similar peers share one."""
     n = 40
     fed = small_federation(FlisDC(evaluate=evaluate), num_clients=n, rounds=4, eval_every=4, clients_per_round=4,
                            public_size=60)
@@ -132,7 +133,7 @@ def test_flis_dc_picks_pool_models_only_for_the_rounds_clients_until_it_evaluate
         rows.clear()
         fed.run_round(round)
         clients = chosen[-1]
-        assert sum(rows) == len(pool) * int(sizes[clients].sum())
+        assert sum(rows) == distinct(pool) * int(sizes[clients].sum())
         assert alg.assignment[clients].tolist() == [hand_choice(fed, pool, c, "val") for c in clients]
         others = torch.ones(n, dtype=torch.bool)
         others[clients] = False
@@ -142,8 +143,26 @@ def test_flis_dc_picks_pool_models_only_for_the_rounds_clients_until_it_evaluate
     fed.run_round(4)
     trained = sorted({c for cohort in chosen for c in cohort})
     picked = list(range(n)) if evaluate == "pool" else [c for c in range(n) if c not in trained]
-    assert sum(rows) == len(pool) * int(sizes[chosen[-1]].sum()) + len(alg.models) * int(sizes[picked].sum())
+    assert sum(rows) == distinct(pool) * int(sizes[chosen[-1]].sum()) + distinct(alg.models) * int(sizes[picked].sum())
     assert alg.assignment[picked].tolist() == [hand_choice(fed, alg.models, c, "val") for c in picked]
+
+
+def distinct(models: torch.Tensor) -> int:
+    return len(torch.unique(models, dim=0))
+
+
+def test_flis_dc_makes_one_loss_pass_for_each_distinct_pool_model_and_picks_the_first_of_equals():
+    """A pool of 4 rows, two of them copies of row 0: 2 passes over the clients' rows, and each client's pick is the
+    hand-computed lowest loss, the first row on ties (a copy of row 0 is never picked over row 0)."""
+    fed = small_federation(FlisDC(), num_clients=6, public_size=30)
+    alg, sizes = fed.algorithm, fed.data.val.sizes()
+    other = fed.server.random_params(1)
+    alg.models = torch.stack([other, fed.server.initial_params, other, other])
+    rows = counting_loss_rows(fed)
+    clients = [0, 3, 5]
+    alg.pick_pool_models(clients)
+    assert sum(rows) == 2 * int(sizes[clients].sum())
+    assert alg.assignment[clients].tolist() == [hand_choice(fed, alg.models[:2], c, "val") for c in clients]
 
 
 def test_the_plan_line_names_the_work_on_every_client():
