@@ -379,19 +379,39 @@ def test_the_shipped_sweep_checks_out_and_passes_init_args_to_fit(tmp_path, caps
     assert sweep.fit_args(ifca, base, config) == ["fit", "--resume", str(tmp_path / "ifca-s0")]
 
 
-@pytest.mark.slow  # starts two interpreters
+class StartedPart:
+    """What `subprocess.Popen` gives `run_parts` here: the part's command and environment, run in this process."""
+
+    started: list["StartedPart"] = []
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.command, self.env = command, env
+        StartedPart.started.append(self)
+
+    def wait(self) -> int:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("os.environ", self.env)
+            return main(self.command[self.command.index("sweep"):])
+
+
 def test_a_sweep_with_jobs_runs_its_shares_at_once_each_on_its_share_of_the_cores(tmp_path, monkeypatch, capsys):
-    """`--jobs 2`: two processes, each told that two runs share the machine, so each takes half the usable cores
-    (at least one thread); the parent then writes the report of all runs."""
+    """`--jobs 2`: two processes (`fedlight sweep --part i/2`, run in this process here), each told that two runs
+    share the machine, so each run takes half the usable cores (at least one thread); the parent then writes the
+    report of all runs."""
     from fedlight.engine.threads import usable_cores
+    from fedlight.run import sweep as sweep_module
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(sweep_module.subprocess, "Popen", StartedPart)
+    StartedPart.started = []
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({
         "base": str(REPO / "configs" / "quickstart.yaml"), "output_dir": str(tmp_path / "runs"),
         "algorithms": ["fedavg"], "seeds": [0, 1],
         "overrides": {**TINY, "federation.rounds": 1, "logger.wandb": False}}))
     assert main(["sweep", "--config", str(tmp_path / "sweep.yaml"), "--jobs", "2"]) == 0
+    assert [p.command[2:] for p in StartedPart.started] == [
+        ["fedlight", "sweep", "--config", str(tmp_path / "sweep.yaml"), "--part", f"{i}/2"] for i in (0, 1)]
+    assert all(p.env["FEDLIGHT_PARALLEL_RUNS"] == "2" for p in StartedPart.started)
     for seed in (0, 1):
         plan = summary(tmp_path / "runs" / f"fedavg-s{seed}")["plan"]
         assert plan["threads"] == max(1, usable_cores() // 2)

@@ -292,21 +292,41 @@ def test_optuna_is_imported_only_when_tune_runs():
         assert not any(name.startswith("optuna") for name in names), module
 
 
-@pytest.mark.slow  # starts a second interpreter
-def test_jobs_search_in_two_processes_that_share_the_study_and_the_cores(tmp_path, tiny_run_args, monkeypatch):
-    """`--jobs 2`: a second process searches beside this one (`--search_only`); every trial, whichever process ran
-    it, takes half of the usable cores, and the study ends at the total with the final seeds run once."""
+class StartedSearcher:
+    """What `subprocess.Popen` gives `start_searchers` here: the other searcher's command, run to its end in this
+    process with its environment as soon as it is started (the two processes of a real `--jobs 2` share the trials
+    in some order; here this one runs them all). tests/test_tune_processes.py shares a study between real ones."""
+
+    started: list["StartedSearcher"] = []
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.command, self.env = command, env
+        StartedSearcher.started.append(self)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("os.environ", env)
+            self.code = cli.main(command[command.index("tune"):])
+
+    def wait(self) -> int:
+        return self.code
+
+
+def test_jobs_start_other_searchers_on_the_study_that_share_the_cores(tmp_path, tiny_run_args, monkeypatch, capsys):
+    """`--jobs 2`: one other searcher (`--search_only`, its own sampler seed, told that two runs share the machine);
+    every trial takes half of the usable cores; the study ends at the total and the final seeds run once, here."""
     from fedlight.engine.threads import usable_cores
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tune.subprocess, "Popen", StartedSearcher)
+    StartedSearcher.started = []
     space = write_space(tmp_path, LR_SPACE)
-    args = tune_args(tiny_run_args, space, 4, "--federation.rounds", "1", "--last_rounds", "1", "--pruner", "none",
+    args = tune_args(tiny_run_args, space, 2, "--federation.rounds", "1", "--last_rounds", "1", "--pruner", "none",
                      "--jobs", "2", "--final_seeds", "1")
     assert cli.main(args) == 0
-    study = load(tmp_path)
-    counted = tune_study.occupying(study.get_trials())
-    assert len(counted) == 4 and all(t.state.name == "COMPLETE" for t in counted)
+    (other,) = StartedSearcher.started
+    assert other.command[other.command.index("--sampler_seed") + 1] == "1"  # this one's seed is 0
+    assert other.command[-4:] == ["--jobs", "1", "--search_only", "true"] and other.env["FEDLIGHT_PARALLEL_RUNS"] == "2"
+    counted = tune_study.occupying(load(tmp_path).get_trials())
+    assert len(counted) == 2 and all(t.state.name == "COMPLETE" for t in counted)
     for trial in counted:
         plan = json.loads((Path(trial.user_attrs["run_dir"]) / "summary.json").read_text())["plan"]
         assert plan["threads_from"] == f"{usable_cores()} usable cores shared by 2 processes"
