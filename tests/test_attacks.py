@@ -121,11 +121,11 @@ def test_ari_with_the_attackers_as_a_cluster_of_their_own():
 
 def test_twenty_percent_sign_flippers_break_the_mean_and_not_the_median():
     results = {}
-    for aggregator in ("mean", "median"):
-        fed = federation(AttackConfig("sign_flip", 0.2), aggregator=aggregator)
+    for aggregator in ("mean", "median"):  # the clients of a round train as one vectorized group: faster here
+        fed = federation(AttackConfig("sign_flip", 0.2), aggregator=aggregator, vectorize=10)
         for round in range(1, 5):
             results[aggregator] = fed.run_round(round).scalars["test/acc_mean"]
-    clean = federation(None)
+    clean = federation(None, vectorize=10)
     for round in range(1, 5):
         results["clean"] = clean.run_round(round).scalars["test/acc_mean"]
     assert results["clean"] > 0.8 and results["median"] > 0.8

@@ -87,8 +87,8 @@ def test_processes_benchmark_times_two_processes_against_the_plain_loop(monkeypa
 
 @pytest.mark.slow
 def test_startup_benchmark_times_every_command(monkeypatch, tmp_path):
-    result = run_main(startup, monkeypatch, tmp_path, "--repeats", "1", "--commands", "list", "fit --help")
-    assert set(result["median_s"]) == {"list", "fit --help"}  # every command is one fresh process: two suffice here
+    result = run_main(startup, monkeypatch, tmp_path, "--repeats", "1", "--commands", "list")
+    assert set(result["median_s"]) == {"list"}  # every command is one fresh process: one shows the harness works
     assert all(t > 0 for t in result["median_s"].values())
 
 

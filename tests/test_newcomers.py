@@ -311,7 +311,8 @@ def placed_with_their_peers(result) -> bool:
 def test_newcomers_to_digits_rotations_join_their_true_cluster(algorithm, rounds):
     """configs/digits' settings (20 clients in 4 rotation clusters, 200 public samples), 20% held out."""
     fed = federation(algorithm(), num_clients=20, holdout=0.2, clusters=4, rounds=rounds, width=32, lr=0.05,
-                     momentum=0.9, public_size=200, local_epochs=2, batch_size=16, eval_every=rounds)
+                     momentum=0.9, public_size=200, local_epochs=2, batch_size=16, eval_every=rounds,
+                     vectorize=16)  # the training clients as one vectorized group: faster here
     for round in range(1, rounds + 1):
         result = fed.run_round(round)
     assert held_out(fed).count == 4 and sorted(result.newcomers["true_cluster"].tolist()) == [0, 1, 2, 3]
