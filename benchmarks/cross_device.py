@@ -68,7 +68,8 @@ def algorithm_class(name: str) -> type:
 
 
 def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, vectorize: int,
-            data_args: dict | None = None, evaluate: bool = True, shipped_args: bool = False) -> dict:
+            data_args: dict | None = None, evaluate: bool = True, shipped_args: bool = False,
+            state_memory: float | None = None) -> dict:
     """One method's federation in this process, with the plain loop's rounds interleaved (FedAvg's steps)."""
     from fedlight import Federation, FederationConfig
     from fedlight.datamodules import FEMNISTFederated
@@ -83,7 +84,8 @@ def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, 
     model = Classifier(LeafCNN(num_classes=62), lr=0.1)
     # no round of these is the run's last or an evaluated one: every writer is evaluated once, separately, below
     config = FederationConfig(rounds=10 * rounds + 100, clients_per_round=per_round, batch_size=20, local_epochs=1,
-                              accelerator="cpu", eval_every=10 * rounds + 100, vectorize=vectorize)
+                              accelerator="cpu", eval_every=10 * rounds + 100, vectorize=vectorize,
+                              client_state_memory=state_memory)
     started = time.perf_counter()
     try:
         arguments = shipped_algorithm_args(method) if shipped_args else {}
@@ -126,7 +128,8 @@ def in_a_fresh_process(method: str, args: argparse.Namespace) -> dict:
     line = [sys.executable, __file__, "--one", method, "--root", str(args.root), "--rounds", str(args.rounds),
             "--per_round", str(args.per_round), "--folder", str(args.folder / method),
             "--vectorize", str(args.vectorize), "--data_args", json.dumps(data_overrides(args)),
-            *(["--no_eval"] if args.no_eval else []), *(["--shipped_args"] if args.shipped_args else [])]
+            *(["--no_eval"] if args.no_eval else []), *(["--shipped_args"] if args.shipped_args else []),
+            *(["--state_memory", str(args.state_memory)] if args.state_memory is not None else [])]
     done = subprocess.run(line, capture_output=True, text=True, cwd=HERE, env={**os.environ, "WANDB_MODE": "offline"})
     if done.returncode:
         return {"method": method, "failed": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
@@ -164,6 +167,8 @@ def main() -> None:
     parser.add_argument("--shipped_args", action="store_true",
                         help="each method's init_args from its shipped config (configs/cross_device/femnist/), not "
                              "the class defaults (FLIS-DC's default val split is empty in this setting)")
+    parser.add_argument("--state_memory", type=float, default=None,
+                        help="federation.client_state_memory in GB (default: a quarter of the available memory)")
     parser.add_argument("--data_args", type=json.loads, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/fedlight-cross-device"), help="client-state files")
     parser.add_argument("--json", type=Path, default=None)
@@ -171,7 +176,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(args.one, args.root, args.rounds, args.per_round, args.folder, args.vectorize,
-                                 args.data_args, not args.no_eval, args.shipped_args)))
+                                 args.data_args, not args.no_eval, args.shipped_args, args.state_memory)))
         return
     if not (args.root / "train").is_dir():
         from femnist_load import LEAF_IMAGES, LEAF_WRITERS, leaf_writers, write_leaf
