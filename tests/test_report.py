@@ -422,3 +422,5 @@ def test_a_sweep_with_jobs_runs_its_shares_at_once_each_on_its_share_of_the_core
 def test_a_sweep_part_must_name_one_of_its_shares(tmp_path, capsys):
     assert main(["sweep", "--config", str(tmp_path / "none.yaml"), "--part", "2/2"]) == 2
     assert "--part '2/2': I must be 0 to N-1" in capsys.readouterr().err
+    assert main(["sweep", "--config", str(tmp_path / "none.yaml"), "--jobs", "0"]) == 2
+    assert "--jobs must be 1 or more (runs at once), got 0" in capsys.readouterr().err

@@ -9,7 +9,6 @@ Weights: the mean, `clipped_mean` and `geometric_median` use the clients' weight
 median, trimmed mean, Krum, Multi-Krum and Bulyan count every client once, as their papers define them.
 """
 from __future__ import annotations
-from fedlight.plugin.choices import unknown_choice
 
 import math
 from collections.abc import Callable
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from fedlight.plugin.choices import unknown_choice
 
 
 def weighted_mean(x: Tensor, weights: Tensor) -> Tensor:

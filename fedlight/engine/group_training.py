@@ -144,9 +144,7 @@ class GroupTraining:
         step's gradients computed vectorized (once to warm up, once timed) and model by model (timed), dropout off
         and the random state put back, so the step itself then runs as if no probe had been; the decision is
         remembered like `train_many`'s, under a key of its own."""
-        key = probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
-                        batch_size=self.config.batch_size, clients=len(params), group_loop=True,
-                        precision=self._precision_name(), device=device_name(self.device))
+        key = self._probe_key(len(params), group_loop=True)
         result = self._recall(key)
         if result is None:
             devices = [self.device] if self.device.type == "cuda" else []
@@ -222,9 +220,7 @@ class GroupTraining:
         `clients` and every later call. The same clients train each way whatever the decision, so a remembered
         decision gives the numbers of a measured one."""
         group = clients[: self.group_size(len(clients))]
-        key = probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
-                        batch_size=self.config.batch_size, clients=len(group), gradient_hook=self.hook_flag,
-                        precision=self._precision_name(), device=device_name(self.device))
+        key = self._probe_key(len(group), gradient_hook=self.hook_flag)
         remembered = self._recall(key)
         first = sequential_share(len(group))
         parts, seconds = [], []
@@ -254,6 +250,13 @@ class GroupTraining:
             parts.append(self._vectorized(round, later, later_starts, work, len(group)) if self.vectorized is not None
                          else self._one_by_one(round, later, later_starts, work, len(group)))
         return Trained.cat(parts)
+
+    def _probe_key(self, clients: int, **kind: bool) -> str:
+        """The key a trainer decision is remembered under: this model, batch size, precision and device, `clients`
+        in the timed group, and `kind` (a `train_many` call's gradient hook, or a group loop)."""
+        return probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
+                         batch_size=self.config.batch_size, clients=clients, precision=self._precision_name(),
+                         device=device_name(self.device), **kind)
 
     def _recall(self, key: str) -> ProbeResult | None:
         """The decision this machine remembers under `key` (the first process's memory, for every process)."""

@@ -53,6 +53,11 @@ def parallel_runs() -> int:
         raise ValueError(f"{PARALLEL_RUNS_VARIABLE}={value!r} must be a whole number of runs") from None
 
 
+def sharing_environment(runs: int) -> dict[str, str]:
+    """This process's environment for a process started as one of `runs` runs side by side (`parallel_runs`)."""
+    return {**os.environ, PARALLEL_RUNS_VARIABLE: str(runs)}
+
+
 def thread_count(configured: int | None, processes_here: int, cores: int | None = None,
                  runs: int | None = None) -> tuple[int, str]:
     """(threads per process, where the number comes from): `configured` (`federation.threads`) when given, then

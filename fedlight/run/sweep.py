@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -37,9 +36,9 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from fedlight.engine.threads import sharing_environment
 from fedlight.reports import report
 from fedlight.run import registry
-from fedlight.engine.threads import PARALLEL_RUNS_VARIABLE
 from fedlight.run.termination import INTERRUPTED_EXIT, TERMINATED_EXIT
 from fedlight.plugin.algorithm import Algorithm
 
@@ -250,7 +249,7 @@ def run_parts(path: str | Path, jobs: int) -> None:
     """`jobs` processes (`fedlight sweep --part i/jobs`), each running its share of the runs one after another, all
     told that `jobs` runs share the machine (`FEDLIGHT_PARALLEL_RUNS`), so each takes its share of the cores
     instead of all of them. Ctrl-C reaches them all (one process group); each keeps its runs resumable."""
-    env = {**os.environ, PARALLEL_RUNS_VARIABLE: str(jobs)}
+    env = sharing_environment(jobs)
     processes = [subprocess.Popen([sys.executable, "-m", "fedlight", "sweep", "--config", str(path), "--part",
                                    f"{i}/{jobs}"], env=env) for i in range(jobs)]
     try:

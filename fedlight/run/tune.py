@@ -28,7 +28,7 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 from rich.console import Console
 
-from fedlight.engine.threads import PARALLEL_RUNS_VARIABLE
+from fedlight.engine.threads import PARALLEL_RUNS_VARIABLE, sharing_environment
 from fedlight.plugin.evaluation import higher_is_better
 from fedlight.run import termination, tune_space, tune_study
 from fedlight.run.callbacks import RunInterrupted
@@ -340,7 +340,7 @@ def start_searchers(argv: list[str], jobs: int) -> list[subprocess.Popen]:
     runs share the machine (`FEDLIGHT_PARALLEL_RUNS`), so every trial takes its share of the cores."""
     if jobs <= 1:
         return []
-    env = {**os.environ, PARALLEL_RUNS_VARIABLE: str(jobs)}
+    env = sharing_environment(jobs)
     return [subprocess.Popen([sys.executable, "-m", "fedlight", *searcher_arguments(argv, k), "--search_only", "true"],
                              env=env) for k in range(1, jobs)]
 
