@@ -8,26 +8,24 @@ fine-tuning epochs in its main tables). Every evaluation then reports the global
 (`<split>/acc_mean`) and, beside it, each client's fine-tuned model (`<split>_ft/acc_mean`, the paper's FedBABU
 number). The fine-tuning trains the whole model (body and head) with the module's optimizer, the paper's default.
 
-How the head is kept fixed: every client's head gradient is zeroed after each backward pass (a gradient hook,
-so clients still train vectorized); with plain SGD or momentum it then never moves, since the optimizer's state
-starts afresh for each client. Weight decay would still shrink it, so `aggregate` writes the initial head back
-into the global model: the server's head is the initial head, bit for bit, after every round.
+How the head is kept fixed: local training trains the body only (`server.train_many(trainable=...)`, so clients
+still train vectorized): the head takes no gradient and the optimizer skips it, so it never moves, weight decay
+and momentum included. `aggregate` writes the initial head back into the global model, since a weighted mean of
+equal heads can differ from them in the last float bit: the server's head is the initial head, bit for bit, after
+every round.
 
 Deviations:
-- With weight decay in the optimizer a client's head shrinks a little within its local training (the decay acts
-  on every parameter the optimizer holds), which the forward passes of that training see; the server's head is
-  unaffected.
 - Bodies are averaged weighted by training-set size, as everywhere in fedlight.
 """
 from __future__ import annotations
 
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, RoundUpdates
+from fedlight.plugin import Algorithm, RoundUpdates, Trained
 
 
 class FedBABU(Algorithm):
-    """FedAvg of the body with the head frozen at its initial values (zeroed head gradient, head restored after
+    """FedAvg of the body with the head frozen at its initial values (trained body only, head restored after
     aggregation). Evaluate after fine-tuning with `federation.finetune_epochs`.
 
     Args:
@@ -35,8 +33,6 @@ class FedBABU(Algorithm):
             last linear layer; a half count takes half of the boundary layer, `ServerContext.layer_count_mask`).
         participation: share of clients selected each round.
     """
-
-    corrects_gradient = True  # the head's gradient is zeroed
 
     def __init__(self, head_layers: float = 1, participation: float = 1.0) -> None:
         super().__init__(participation)
@@ -49,10 +45,12 @@ class FedBABU(Algorithm):
         self.head = server.layer_count_mask(self.head_layers, "last")
         self.initial_head = server.initial_params[self.head]
 
-    def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
-        grad.masked_fill_(self.head, 0)
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """The module's SGD on the body alone; the head keeps its start (the initial head) exactly."""
+        return self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+                                      trainable=~self.head)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
-        """FedAvg, then the initial head written back (weight decay may have moved the clients' heads)."""
+        """FedAvg, then the initial head written back (the weighted mean of equal heads may round differently)."""
         super().aggregate(round, updates)
         self.models[:, self.head] = self.initial_head

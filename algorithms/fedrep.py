@@ -10,15 +10,14 @@ Defaults (the paper's, section 5): `head_layers` = 1 (the last layer of the netw
 linear head), `head_epochs` = 10 and `body_epochs` = 1. Ten head epochs also suit the small digits clients: a
 linear head on about 60 images is some 40 steps at batch 16, cheap next to the shared body's one epoch.
 
-Freezing a part: its gradient is zeroed after every backward pass (a gradient hook), so neither plain SGD nor
-momentum moves it (the optimizer's state starts afresh for each phase), and the frozen part, buffers included
-(BatchNorm statistics the forward passes update), is restored to its value at the start of the phase afterwards,
-so weight decay cannot move it either.
+Freezing a part: its parameter tensors take no gradient and the optimizer skips them (`server.train_many`'s
+`trainable`), so neither SGD, momentum nor weight decay moves it within a phase, and the frozen part, buffers
+included (BatchNorm statistics the forward passes update), is restored to its value at the start of the phase
+afterwards.
 
 Deviations:
-- Local solvers are the module's own optimizer (momentum, weight decay, schedulers as configured). With weight
-  decay, the frozen part shrinks a little within a phase (the decay acts on every parameter the optimizer holds),
-  so that phase's forward passes see it decayed; it is exact again at the phase's end.
+- Local solvers are the module's own optimizer (momentum, weight decay, schedulers as configured); its state starts
+  afresh for each phase.
 - `federation.local_epochs` is not used for training: the two phases have their own epoch counts.
 - Heads start from the initial model's head for every client; a client never selected keeps it.
 """

@@ -55,7 +55,8 @@ def shipped_algorithm_args(name: str) -> dict:
     import yaml
 
     config = ROOT / "configs/cross_device/femnist" / f"{name}.yaml"
-    return (yaml.safe_load(config.read_text())["algorithm"].get("init_args") or {}) if config.is_file() else {}
+    algorithm = yaml.safe_load(config.read_text())["algorithm"] if config.is_file() else None
+    return (algorithm.get("init_args") or {}) if isinstance(algorithm, dict) else {}  # a bare name: the defaults
 
 
 def algorithm_class(name: str) -> type:

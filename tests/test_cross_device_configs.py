@@ -116,7 +116,7 @@ def test_the_config_keeps_the_benchmark_setting(path):
     finetune = federation.pop("finetune_epochs", 0)
     assert federation == common("federation")  # FedBABU writes the section out: it must not drift
     assert federation == {"rounds": 1500, "clients_per_round": 10, "local_epochs": 1, "batch_size": 20,
-                          "eval_every": 50, "eval_split": "test"}
+                          "eval_every": 50, "eval_split": "test", "client_state_memory": 0.5}
     assert finetune == (5 if path.stem == "fedbabu" else 0)
     model = cfg.model.init_args
     assert cfg.model.class_path == "fedlight.models.Classifier"

@@ -112,12 +112,22 @@ class GroupTraining:
 
     @contextlib.contextmanager
     def _without_gradients(self, work: LocalWork) -> Iterator[None]:
-        """The parameter tensors `work` freezes whole take no gradient in either trainer (backward stops at them);
-        the entries are still masked and restored as `LocalWork` says, so the numbers are those of a full backward."""
+        """The parameter tensors `work` freezes whole take no gradient in either trainer (backward stops at them), and
+        the sequential trainer's optimizer skips them; the entries are restored as `LocalWork` says. The numbers are
+        those of a full backward with masked gradients, except under weight decay, which no longer moves a frozen
+        tensor within the call (it was restored at the end either way)."""
         names = self.trainer.flat.frozen_tensors(work.trainable)
         vectorized = contextlib.nullcontext() if self.vectorized is None else self.vectorized.without_gradients(names)
         with self.trainer.flat.without_gradients(names), vectorized:
             yield
+
+    def _unstepped(self, work: LocalWork) -> Tensor | None:
+        """The entries neither trainer's optimizer steps within `fit`: buffers, and the parameter tensors `work`
+        freezes whole (skipped by the optimizers under `_without_gradients`): their gradient need not be zeroed."""
+        if work.trainable is None:
+            return None
+        flat = self.trainer.flat
+        return ~flat.parameter_mask() | flat.tensors_mask(flat.frozen_tensors(work.trainable))
 
     def loss_and_grads(self, params: Tensor, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
         """(losses, flat gradients) of k models on their batches through the vectorized trainer, or None when
@@ -170,7 +180,7 @@ class GroupTraining:
         the call's clients (what the gradient hook is told)."""
         params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
         logs: dict[str, Tensor] = {}
-        hook, seeds = work.hook(), self._seeds(round, clients, work)
+        hook, seeds = work.hook(self._unstepped(work)), self._seeds(round, clients, work)
         for row, (client, start) in enumerate(zip(clients, starts)):
             x, y = self.train_split.client(client)
             weights = None if work.sample_weights is None else work.sample_weights[offset + row]
@@ -200,7 +210,7 @@ class GroupTraining:
     def _vectorized(self, round: int, clients: list[int], starts: Tensor, work: LocalWork,
                     offset: int = 0) -> Trained:
         size = self.group_size(len(clients))
-        hook, seeds = work.hook(), self._seeds(round, clients, work)
+        hook, seeds = work.hook(self._unstepped(work)), self._seeds(round, clients, work)
         parts = []
         for begin in range(0, len(clients), size):
             end = min(begin + size, len(clients))
@@ -272,7 +282,7 @@ class GroupTraining:
         data = [(x[:batch], y[:batch]) for x, y in (self.train_split.client(c) for c in clients)]
         weights = None if work.sample_weights is None else \
             [w[:batch] for w in work.sample_weights[offset: offset + len(clients)]]
-        hook = work.hook()
+        hook = work.hook(self._unstepped(work))
         shifted = None if hook is None else lambda rows, p, g, s: hook([offset + r for r in rows], p, g, s)
         with without_dropout(self.trainer.module):
             vectorized = self.vectorized.fit_many(starts, data, seeds, shifted, work.lr_scale, max(round, 1), epochs=1,

@@ -140,15 +140,24 @@ class FlatModel:
     def without_gradients(self, names: list[str]) -> Iterator[None]:
         """Within: the named parameters take no gradient (`requires_grad` off), so backward stops where only they
         lie behind it: training a head with its body frozen costs the head's backward, not the model's. Their
-        gradient views stay bound and zero, so the optimizer treats them as before (a zero gradient)."""
+        gradient views are unbound too (`grad` None), so the optimizer skips them: no step, no weight decay, no
+        momentum for a tensor that is frozen whole. At exit the views are bound again."""
         tensors = [self._parameters[name] for name in names]
+        views = [tensor.grad for tensor in tensors]
         for tensor in tensors:
             tensor.requires_grad_(False)
+            tensor.grad = None
         try:
             yield
         finally:
-            for tensor in tensors:
+            for tensor, view in zip(tensors, views):
                 tensor.requires_grad_(True)
+                tensor.grad = view
+
+    def tensors_mask(self, names: list[str]) -> Tensor:
+        """True on the entries of the named tensors."""
+        chosen = set(names)
+        return self.mask(lambda e: e.name in chosen)
 
     def layers(self) -> list[str]:
         """Layer names in model order (from the network's `layer_names()` when it has one)."""

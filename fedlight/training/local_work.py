@@ -38,11 +38,19 @@ class LocalWork:
     sample_weights: list[Tensor] | None = None
     purpose: str = "train"
 
-    def hook(self) -> GroupHook | None:
-        """The gradient hook the trainers run: the algorithm's correction, then the frozen entries zeroed."""
+    def hook(self, unstepped: Tensor | None = None) -> GroupHook | None:
+        """The gradient hook the trainers run: the algorithm's correction, then the frozen entries zeroed.
+        `unstepped` ((d,) bool): entries the trainer's optimizer never steps (buffers, parameter tensors frozen whole
+        and unbound from the optimizer, `FlatModel.without_gradients`); zeroing their gradient would change nothing,
+        so only the other frozen entries are zeroed, and with none left the hook is the algorithm's alone (None
+        lets the sequential trainer skip the flat gradient altogether)."""
         if self.trainable is None:
             return self.gradient_hook
         frozen, inner = ~self.trainable, self.gradient_hook
+        if unstepped is not None:
+            frozen = frozen & ~unstepped
+            if not bool(frozen.any()):
+                return inner
 
         def hook(rows: list[int], params: Tensor, grad: Tensor, starts: Tensor) -> None:
             if inner is not None:

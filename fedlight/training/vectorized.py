@@ -270,8 +270,8 @@ class VectorizedTrainer:
 
     @contextmanager
     def without_gradients(self, names: list[str]) -> Iterator[None]:
-        """Within: the named parameter tensors are passed as constants, not differentiated (`FlatModel`'s twin):
-        their gradient is zero without a backward pass through them."""
+        """Within: the named parameter tensors are passed as constants, not differentiated, and the optimizer skips
+        them (`FlatModel.without_gradients`' twin): no backward pass through them, no step."""
         frozen = set(names)
         self._frozen = {i for i, e in enumerate(self.param_entries) if e.name in frozen}
         self._differentiated = [n for i, n in enumerate(self._names) if i not in self._frozen]
@@ -279,6 +279,13 @@ class VectorizedTrainer:
             yield
         finally:
             self._frozen, self._differentiated = set(), self._names
+
+    def _stepped(self, tensors: list[Tensor]) -> list[Tensor]:
+        """The per-parameter-tensor list without the frozen tensors (`without_gradients`): the optimizer skips them,
+        as torch's optimizers skip a parameter whose gradient is None (no step, no weight decay, no momentum)."""
+        if not self._frozen:
+            return tensors
+        return [t for i, t in enumerate(tensors) if i not in self._frozen]
 
     def _grads(self, params: list[Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor, step: int,
                weights: Tensor | None = None) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
@@ -386,8 +393,8 @@ class VectorizedTrainer:
                         if hook is not None:
                             grads = self._apply_hook(hook, order, rows, params, grads, sorted_starts)
                         lr = self._rate(rates, rows, steps, epoch, step, device)
-                        self.optimizer.step(param_views, grads, state, lambda m: self._tensor_views(m, rows), rows,
-                                            lr)
+                        self.optimizer.step(self._stepped(param_views), self._stepped(grads), state,
+                                            lambda m: self._stepped(self._tensor_views(m, rows)), rows, lr)
                         loss_sum[rows.start: rows.stop] += losses.detach().float()
                         logs.add(logged, slice(rows.start, rows.stop), count)
             self.step_module.logs = None
