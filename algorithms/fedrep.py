@@ -6,6 +6,13 @@ personal head. A selected client starts from the global body and its own head, a
 The server averages the bodies (FedAvg, weighted by training-set size); every client keeps its head, which the
 server never averages. Clients are evaluated with the global body and their own head.
 
+A client that arrives after training (a newcomer, `newcomer_models`) gets what a client's first head phase gives it:
+the global body with the initial model's head, the head then trained for `head_epochs` on the newcomer's training
+split with the body frozen (the module's SGD, batch stream "head", the newcomers in one `train_many` group), and it
+is evaluated with that fitted head: the paper's representation is learned for new clients to fit only a head on it.
+The engine's `federation.finetune_epochs` is not this: it fine-tunes the whole model (body included) for its own
+epochs, so it is left to report `unseen_ft/*` beside, from the fitted model.
+
 Defaults (the paper's, section 5): `head_layers` = 1 (the last layer of the network's layer list: the paper's
 linear head), `head_epochs` = 10 and `body_epochs` = 1. Ten head epochs also suit the small digits clients: a
 linear head on about 60 images is some 40 steps at batch 16, cheap next to the shared body's one epoch.
@@ -23,9 +30,10 @@ Deviations:
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, Trained
+from fedlight.plugin import Algorithm, Newcomers, Trained
 
 
 class FedRep(Algorithm):
@@ -61,3 +69,12 @@ class FedRep(Algorithm):
         tuned = self.server.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
                                        purpose="head")
         return self.server.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head)
+
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, None]:
+        """Each newcomer's model: the global body with the initial head (the base class's fresh personal part),
+        the head trained `head_epochs` on the newcomer's training split with the body frozen, which ends exactly
+        at the global body. (count, d) models, one a newcomer."""
+        models, groups, _ = super().newcomer_models(newcomers)
+        fitted = newcomers.train_many(list(range(newcomers.count)), models[groups], self.head_epochs, purpose="head",
+                                      trainable=self.head)
+        return fitted, torch.arange(newcomers.count, device=fitted.device), None

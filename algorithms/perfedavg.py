@@ -19,10 +19,16 @@ evaluation is deterministic and does not depend on the number of rounds configur
 adapted by this one step) for N more epochs with the module's optimizer and reports it under `<split>_ft/`, while
 `<split>/` stays the paper's one-step evaluation.
 
-Defaults are those of the paper's experiments (section 5) as we recall them (the paper's text was not at hand to
-check): alpha = 0.001, beta = 0.001 and delta = 0.001 for HF, with HF as the default variant because it is the closer
-approximation of Algorithm 1's second-order update and the better of the two in the paper's comparison. These step
-sizes suit the paper's many rounds; with few rounds raise them in the config.
+Defaults are those of a reference implementation, PFLlib (Zhang et al., the personalized-FL library), not of the
+paper, whose experiments section was not at hand to check:
+- alpha = beta = 0.005. PFLlib's Per-FedAvg client (`clientperavg.py`, `clientPerAvg`) takes the adaptation step
+  with its optimizer's lr, the local learning rate, and the meta step with `self.beta = self.learning_rate`; that
+  learning rate defaults to 0.005 (its `main.py`, `--local_learning_rate`).
+- variant = "fo". PFLlib's client takes the meta step as the gradient at the adapted point applied at w, the
+  first-order version; it has no Hessian-free one.
+- delta = 0.001, used by "hf" only. No reference sets it (PFLlib has no HF): it is the central difference's step,
+  exact for any size when the loss is quadratic and otherwise off by O(delta^2).
+These step sizes suit many rounds; with few rounds raise them in the config (configs/digits/skew/perfedavg.yaml).
 
 Deviations from the paper, and why:
 - beta replaces the module's learning rate: the module's optimizer (momentum, weight decay, schedulers) is not used.
@@ -82,15 +88,15 @@ class PerFedAvg(Algorithm):
     model fits each client; every client is evaluated after that one step.
 
     Args:
-        alpha: step size of the adaptation step, in training and at evaluation (> 0).
-        beta: step size of the meta update (> 0).
-        variant: "fo" (first order: the Hessian term dropped) or "hf" (Hessian-free: a finite-difference
+        alpha: step size of the adaptation step, in training and at evaluation (> 0; PFLlib's 0.005).
+        beta: step size of the meta update (> 0; PFLlib's 0.005).
+        variant: "fo" (first order: the Hessian term dropped; PFLlib's) or "hf" (Hessian-free: a finite-difference
             Hessian-vector product).
         delta: the finite difference's step for "hf" (> 0).
         participation: share of clients selected each round.
     """
 
-    def __init__(self, alpha: float = 0.001, beta: float = 0.001, variant: Literal["fo", "hf"] = "hf",
+    def __init__(self, alpha: float = 0.005, beta: float = 0.005, variant: Literal["fo", "hf"] = "fo",
                  delta: float = 0.001, participation: float = 1.0) -> None:
         super().__init__(participation)
         if alpha <= 0:

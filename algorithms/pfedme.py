@@ -10,8 +10,22 @@ theta_i(w) = argmin_theta f_i(theta) + lambda/2 ||theta - w||^2 around its local
                        starting from the current theta                                           (`personalize`)
             w_local <- w_local - eta * lambda * (w_local - theta)
         sends w_local, and theta beside it (`Updates.state`)
-    server:  w <- (1 - beta) w + beta * mean(w_local)
+    server:  w <- (1 - beta) w + beta * mean(w_local over the round's sampled clients S)
     evaluation: each client's own theta_i, from its last round of training
+
+Which clients train (`train_every_client`). Algorithm 1 and the authors' code (their server's `train`: "do update
+for all users not only selected users", then `select_users`) train EVERY client each round and sample only the S
+clients whose w_local the server averages. That is the default, `train_every_client: true`: every client trains
+(`select_clients` returns all of them, trained in the engine's groups, vectorized where the plan allows), the S
+sampled ones (`participation`'s share, drawn from the round's selection stream exactly as the cohort-only variant
+draws them) are averaged, and every client's theta is stored (the engine's client state "personal"), the unsampled
+clients' included: their personal models move every round, as in the paper, while their w_local is discarded.
+`train_every_client: false` trains only the sampled clients (the engine's cohort, as every other method), so an
+unsampled client keeps its last theta; with participation 1 the two are the same run. Training every client is
+all-client work: with `federation.clients_per_round` below the clients (cross-device) the default is refused at
+set-up in one line naming `train_every_client` (`ServerContext.needs_every_client`), so a cross-device run states
+`train_every_client: false` (configs/cross_device/femnist/pfedme.yaml); so is a `privacy:` section with a share
+below 1, whose accountant and adaptive clipping would count every trained client as released.
 
 Defaults are the paper's MNIST setting (section 5, the authors' published commands): K = 5, lambda = 15,
 personal_lr = 0.09 (the non-convex DNN; 0.1 for its convex logistic regression) and beta = 1. beta = 1 is the
@@ -30,7 +44,8 @@ Deviations from the paper, and why:
 - theta starts from the received global model at each round and carries over between the round's iterations, as in
   the authors' code (the paper leaves the inner solver's start open).
 - Buffers (BatchNorm running statistics) are not trained by these gradient steps: they keep the values received.
-- A client not selected in a round keeps its last theta for evaluation (the initial model before its first round).
+- With `train_every_client: false`, a client not sampled in a round keeps its last theta for evaluation (the
+  initial model before its first round).
 """
 from __future__ import annotations
 
@@ -68,11 +83,15 @@ class PFedMe(Algorithm):
         K: gradient steps of the inner solver per local iteration (>= 1).
         personal_lr: step size of the inner solver (> 0).
         beta: the server's mixing weight, w <- (1 - beta) w + beta * mean(w_local) (> 0; 1 is plain averaging).
-        participation: share of clients selected each round.
+        train_every_client: True (the paper's Algorithm 1 and its code): every client trains every round and its
+            theta is updated; the `participation` share samples the clients whose w_local is averaged. Refused with
+            `federation.clients_per_round` below the clients. False: only the sampled clients train (the engine's
+            cohort), the others keep their theta.
+        participation: share of clients sampled each round: averaged (train_every_client) or trained and averaged.
     """
 
     def __init__(self, lam: float = 15.0, K: int = 5, personal_lr: float = 0.09, beta: float = 1.0,
-                 participation: float = 1.0) -> None:
+                 train_every_client: bool = True, participation: float = 1.0) -> None:
         super().__init__(participation)
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
@@ -83,10 +102,31 @@ class PFedMe(Algorithm):
         if beta <= 0:
             raise ValueError(f"beta must be > 0, got {beta}")
         self.lam, self.K, self.personal_lr, self.beta = lam, int(K), personal_lr, beta
+        self.train_every_client = bool(train_every_client)
 
     def setup(self, server) -> None:
         super().setup(server)
         self.personal_models = server.client_state("personal", initial=server.initial_params)  # every client's theta
+        if not self.train_every_client:
+            return
+        option = "algorithm.init_args.train_every_client: false"
+        server.needs_every_client("pFedMe", "every round (train_every_client, Algorithm 1: the sampled clients are "
+                                  "those averaged)", instead=option)
+        if server.private_aggregation and len(self.sampled_clients(1)) < server.num_clients:
+            raise ValueError(f"pFedMe with train_every_client trains every client but averages a participation share "
+                             f"({self.participation}), which DP's accountant and adaptive clipping cannot tell "
+                             f"apart: set {option} or participation 1.0 with a privacy section")
+
+    def select_clients(self, round: int) -> list[int]:
+        """Every client (`train_every_client`), else the sampled clients (`sampled_clients`)."""
+        if self.train_every_client:
+            return list(range(self.server.num_clients))
+        return self.sampled_clients(round)
+
+    def sampled_clients(self, round: int) -> list[int]:
+        """The round's S: the clients whose w_local the server averages, the base class's draw from the round's
+        selection stream (every client with participation 1)."""
+        return super().select_clients(round)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """Algorithm 1's client for a group at once (`server.group_batches`, `server.group_loss_and_grad`):
@@ -110,13 +150,31 @@ class PFedMe(Algorithm):
         return Trained(local, loss, {}, {"personal": theta})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
-        """w <- (1 - beta) w + beta * (training-set-size weighted mean of the clients' w_local); each trained
+        """w <- (1 - beta) w + beta * (training-set-size weighted mean of the sampled clients' w_local); each trained
         client's theta is kept for its evaluation (the engine stores what clients return as "personal")."""
         before = self.models[0].clone()
-        super().aggregate(round, updates)  # models[0] becomes the mean (kept when nobody trained)
+        if self.train_every_client:
+            self.average_sampled(round, updates)
+        else:
+            super().aggregate(round, updates)  # models[0] becomes the mean (kept when nobody trained)
         if self.beta != 1:
             mean = self.models[0].double()
             self.models[0] = ((1 - self.beta) * before.double() + self.beta * mean).to(self.models.dtype)
+
+    def average_sampled(self, round: int, updates: RoundUpdates) -> None:
+        """models[0] <- the run's aggregate (the weighted mean, a robust rule) of the sampled clients' w_local,
+        streamed a group at a time; the other clients' rows are passed over (kept when no sampled client trained)."""
+        models = self.models
+        sampled = torch.zeros(self.server.num_clients, dtype=torch.bool, device=models.device)
+        sampled[self.sampled_clients(round)] = True
+        average = self.server.cluster_aggregator(1, models.shape[1], models.dtype, models.device)
+        for group in updates.groups():
+            kept = group.subset(sampled[group.clients])
+            del group  # or it would stay alive while the next group trains: two groups in memory
+            average.add(self.assignment[kept.clients], kept.num_samples.to(models.dtype), kept.params, kept.starts)
+            del kept
+        average.reduce(updates)
+        self.set_shared(*average.means())
 
     def evaluation_models(self) -> tuple[ClientModels, Tensor]:
         """Every client's own personalized model theta_i."""

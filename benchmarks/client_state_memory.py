@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 METHODS = {"ditto": "fedlight.algorithms.ditto:Ditto", "scaffold": "fedlight.algorithms.scaffold:SCAFFOLD",
            "fedavg": "fedlight.algorithms.fedavg:FedAvg", "apfl": "fedlight.algorithms.apfl:APFL",
            "pfedme": "fedlight.algorithms.pfedme:PFedMe", "fedem": "fedlight.algorithms.fedem:FedEM"}
+#: a method's arguments other than its defaults: pFedMe's default trains every client, which a cohort refuses
+ARGUMENTS = {"pfedme": {"train_every_client": False}}
 
 
 def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path, memory: float | None) -> dict:
@@ -35,7 +37,7 @@ def run_one(method: str, clients: int, per_round: int, rounds: int, folder: Path
     from random_data import RandomImages  # benchmarks/ is on the path: this file's folder
 
     module_name, class_name = METHODS[method].split(":")
-    algorithm = getattr(__import__(module_name, fromlist=[class_name]), class_name)()
+    algorithm = getattr(__import__(module_name, fromlist=[class_name]), class_name)(**ARGUMENTS.get(method, {}))
     torch.manual_seed(0)
     model = Classifier(LeafCNN(num_classes=62), lr=0.1)
     data = RandomImages(clients, 10, classes=62, uint8=True)  # FEMNIST's shapes, classes and storage

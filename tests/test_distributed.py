@@ -93,13 +93,13 @@ def assert_same_numbers(a: Path, b: Path, rel_tol: float = 0.0) -> None:
      "--privacy.clip", "0.5", "--privacy.adaptive", "true", "--privacy.count_noise", "1"],
     ["--algorithm", "scaffold"],
     ["--algorithm", "pfedme", "--algorithm.init_args.participation", "0.5",
-     "--federation.client_state_memory", "5e-5"],
+     "--algorithm.init_args.train_every_client", "false", "--federation.client_state_memory", "5e-5"],
     ["--algorithm", "ifca", "--algorithm.init_args.num_clusters", "2", "--data.holdout_clients", "2",
      "--federation.finetune_epochs", "1"]],
     ids=["fedavg, clipped mean (streamed) against random updates", "ocfl, median (held) against sign flips",
          "fedper (personal parts)", "ditto (personal state in the updates) with DP-FedAvg and adaptive clipping",
          "fedem (a row per component from every client) with DP-FedAvg and adaptive clipping",
-         "scaffold (control variates)", "pfedme, personal models beyond three spilled to each process's file",
+         "scaffold (control variates)", "pfedme (cohort only), personal models beyond three spilled to each process's file",
          "ifca with held-out clients"])
 def test_two_processes_give_the_metrics_of_one_bit_for_bit_and_one_run_folder(tmp_path, algorithm):
     args = RUN + EXACT + algorithm + ["--federation.rounds", "3"]

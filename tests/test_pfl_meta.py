@@ -8,6 +8,7 @@ import torch
 
 from conftest import every_row, small_federation
 from fedlight import Federation, FederationConfig, RoundUpdates
+from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.algorithms.perfedavg import PerFedAvg, meta_step, replayed
 from fedlight.algorithms.pfedme import PFedMe, personalize
 from fedlight.datamodules import DigitsFederated, Rotations
@@ -109,8 +110,41 @@ def test_pfedme_server_mixes_the_clients_mean_into_the_global_model_with_beta(be
     assert torch.equal(alg.personal_models[1], untouched)  # not trained this round: keeps its theta
 
 
+def test_pfedme_trains_every_client_and_averages_only_the_sampled_ones():
+    """Algorithm 1 (train_every_client, the default): all four clients train and keep their new theta; the server
+    averages the w_local of the two the round samples (the base class's draw), weighted by training-set size."""
+    fed = small_federation(PFedMe(K=1, participation=0.5), num_clients=4, rounds=1)
+    alg, server = fed.algorithm, fed.server
+    sampled, start = alg.sampled_clients(1), alg.models[0].clone()
+    assert len(sampled) == 2 and alg.select_clients(1) == [0, 1, 2, 3]
+    alone = [alg.train_group(1, [c], start[None]) for c in range(4)]  # each client's round, as it trains alone
+    assert fed.run_round(1).clients_trained == 4
+    n = server.train_sizes.double()
+    mean = sum(n[c] * alone[c].params[0].double() for c in sampled) / n[sampled].sum()
+    everyone = sum(n[c] * alone[c].params[0].double() for c in range(4)) / n.sum()
+    assert torch.allclose(alg.models[0].double(), mean, atol=1e-6)
+    assert not torch.allclose(alg.models[0].double(), everyone, atol=1e-4)  # the unsampled w_local are not averaged
+    for c in range(4):  # every client's theta moved and is stored, the unsampled clients' too
+        assert torch.equal(alg.personal_models[c], alone[c].state["personal"][0])
+        assert not torch.equal(alg.personal_models[c], server.initial_params)
+
+
+def test_pfedme_trains_only_the_cohort_when_asked_and_refuses_a_cohort_by_default():
+    with pytest.raises(ValueError, match=r"clients_per_round allows 2 of 4.*train_every_client: false$"):
+        small_federation(PFedMe(K=1), num_clients=4, rounds=1, clients_per_round=2)
+    with pytest.raises(ValueError, match=r"^pFedMe with train_every_client .*privacy section$"):
+        small_federation(PFedMe(K=1, participation=0.5), num_clients=4, rounds=1,
+                         privacy=PrivacyConfig(noise_multiplier=0.5, clip=0.5))
+    fed = small_federation(PFedMe(K=1, train_every_client=False), num_clients=4, rounds=1, clients_per_round=2)
+    cohort = fed.algorithm.select_clients(1)
+    assert fed.run_round(1).clients_trained == 2
+    for c in range(4):  # the clients outside the cohort keep their theta: the initial model
+        assert torch.equal(fed.algorithm.personal_models[c], fed.server.initial_params) == (c not in cohort)
+
+
 def test_pfedme_resumes_exactly():
-    resumes_exactly(lambda: small_federation(PFedMe(K=2), num_clients=3, rounds=3), ("models", "personal_models"))
+    resumes_exactly(lambda: small_federation(PFedMe(K=2, participation=0.5), num_clients=3, rounds=3),
+                    ("models", "personal_models"))  # every client trains, the round's sampled two are averaged
 
 
 @pytest.mark.parametrize("options, name", [({"lam": -1.0}, "lam"), ({"K": 0}, "K"), ({"K": 1.5}, "K"),

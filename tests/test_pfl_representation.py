@@ -14,6 +14,7 @@ from fedlight.algorithms.fedbabu import FedBABU
 from fedlight.algorithms.fedrep import FedRep
 from fedlight.algorithms.local import Local
 from fedlight.datamodules import ClassesPerClient, DigitsFederated
+from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.models import Classifier, SmallCNN
 
 
@@ -28,15 +29,18 @@ def federation(algorithm, num_clients: int = 5, momentum: float = 0.0, weight_de
     return Federation(data, model, algorithm, FederationConfig(**settings), seed=0)
 
 
-def plain_phases(fed: Federation, round: int, client: int, start: torch.Tensor, phases, momentum: float):
+def plain_phases(fed: Federation, round: int, client: int, start: torch.Tensor, phases, momentum: float,
+                 batches=None):
     """A plain PyTorch loop: for each (mask of trained entries, epochs, batch stream) a fresh torch.optim.SGD over
-    the trained tensors only (the others are simply not in the optimizer), on the batches `server.batches` gives."""
+    the trained tensors only (the others are simply not in the optimizer), on the batches `server.batches` gives
+    (or `batches(client, epochs, purpose)`: a newcomer's)."""
+    batches = batches or (lambda c, epochs, purpose: fed.server.batches(round, c, epochs, purpose))
     entries = fed.flat.entries
     tensors = {e.name: start[e.start: e.stop].view(e.shape).clone().requires_grad_() for e in entries}
     for part, epochs, purpose in phases:
         trained = [tensors[e.name] for e in entries if e.is_parameter and bool(part[e.start])]
         optimizer = torch.optim.SGD(trained, lr=fed.server.learning_rate(round), momentum=momentum)
-        for _, _, (x, y) in fed.server.batches(round, client, epochs, purpose):
+        for _, _, (x, y) in batches(client, epochs, purpose):
             optimizer.zero_grad()
             F.cross_entropy(torch.func.functional_call(fed.module, tensors, (x,)), y).backward()
             optimizer.step()
@@ -143,6 +147,28 @@ def test_fedrep_averages_bodies_and_never_heads():
     for k in range(5):
         assert torch.equal(alg.client_model(k)[head], updates.params[k][head])
     assert not torch.equal(alg.personal[0], alg.personal[1])
+
+
+def test_fedrep_fits_a_newcomers_head_on_the_global_body_and_evaluates_it_with_that_head():
+    torch.manual_seed(0)
+    data = DigitsFederated(num_clients=5, partition=ClassesPerClient(2), holdout_clients=2)
+    fed = Federation(data, Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1), FedRep(head_epochs=2),
+                     FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0), seed=0)
+    result = fed.run_round(1)
+    alg, newcomers, initial = fed.algorithm, fed.extension(NewcomerEvaluation).clients, fed.server.initial_params
+    head, body = alg.head, alg.models[0][~alg.head]
+    models, groups, placed = alg.newcomer_models(newcomers)  # at round 1, as the round's evaluation asked
+    assert placed is None and len(groups) == 2
+    for j in range(2):
+        model = models[int(groups[j])]
+        assert torch.equal(model[~head], body)  # the global body, exactly
+        assert not torch.equal(model[head], initial[head])  # the initial head, fitted
+        expected = plain_phases(fed, 1, j, torch.where(head, initial, alg.models[0]), [(head, 2, "head")],
+                                momentum=0.0, batches=newcomers.batches)  # 2 epochs on its training split
+        assert torch.allclose(model, expected, atol=1e-5)
+        x, y = fed.data.newcomers.test.client(j)
+        accuracy = float((fed.server.predict(model, x).argmax(dim=1) == y).float().mean())
+        assert result.newcomers["acc"][j] == pytest.approx(accuracy)  # the evaluation used the fitted head
 
 
 def test_fedrep_refuses_bad_input():

@@ -47,8 +47,9 @@ class HeldOutClients:
         return self.population.train(self.round, newcomer, start, epochs, purpose=purpose).params
 
     def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
-                   purpose: str = "newcomer") -> Tensor:
-        return self.population.train_many(self.round, newcomers, starts, LocalWork(epochs, purpose=purpose)).params
+                   purpose: str = "newcomer", trainable: Tensor | None = None) -> Tensor:
+        work = LocalWork(epochs, trainable=trainable, purpose=purpose)
+        return self.population.train_many(self.round, newcomers, starts, work).params
 
     def batches(self, newcomer: int, epochs: int | None = None,
                 purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:

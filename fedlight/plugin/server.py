@@ -96,14 +96,17 @@ class ServerContext:
     def num_params(self) -> int:
         return self._flat.numel
 
-    def needs_every_client(self, method: str, when: str) -> None:
+    def needs_every_client(self, method: str, when: str, instead: str | None = None) -> None:
         """Refuse, in an algorithm's `setup`, a `clients_per_round` below the clients for a method that trains every
-        client `when` (FL+HC's clustering round, FeSEM's seeding round): that round would break the count. Otherwise
-        the work is declared (`declare_every_client_work`)."""
+        client `when` (FL+HC's clustering round, FeSEM's seeding round): that round would break the count. `instead`
+        names the method's own setting that avoids the work, offered beside leaving the count out (pFedMe's
+        `algorithm.init_args.train_every_client: false`). Otherwise the work is declared
+        (`declare_every_client_work`)."""
         count = self.clients_per_round
         if count is not None and count < self.num_clients:
+            other = f", or set {instead}" if instead else ""
             raise ValueError(f"{method} trains every client {when}, but federation.clients_per_round allows "
-                             f"{count} of {self.num_clients:,}: leave clients_per_round out for {method}")
+                             f"{count} of {self.num_clients:,}: leave clients_per_round out for {method}{other}")
         self.declare_every_client_work(f"trains every client {when}")
 
     def declare_every_client_work(self, what: str) -> None:
@@ -156,6 +159,13 @@ class ServerContext:
         many rows each client adds, one to each of that many clusters (FedEM: a copy of every component); DP then
         splits a client's clip over its rows, so the privacy unit stays the client."""
         return self._aggregation.new(clusters, dim, dtype, device, personal_mask, rows_per_client)
+
+    @property
+    def private_aggregation(self) -> bool:
+        """Whether the run adds DP's noise to the cluster aggregators (a `privacy:` section). Its accountant and
+        adaptive clipping take the clients a round trains as the clients whose updates it releases, so a method
+        that trains more clients than it aggregates must not run under it."""
+        return self._aggregation.privacy is not None
 
     # -- running the model -----------------------------------------------------------------------------
     @torch.no_grad()
