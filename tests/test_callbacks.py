@@ -161,7 +161,7 @@ def test_a_checkpoint_of_format_1_resumes_with_the_states_by_class_name_and_posi
     assert (ones.count, tens.count) == (3, 30)
     assert [row["round"] for row in rows(run_dir / "metrics.csv")] == ["1", "2", "3"]
     resaved = checkpoint.read(last)
-    assert resaved["format_version"] == checkpoint.FORMAT_VERSION == 5
+    assert resaved["format_version"] == checkpoint.FORMAT_VERSION == 6
     assert resaved["federation"]["round"] == 3 and not any(key.startswith("Counter") for key in resaved["callbacks"])
 
 

@@ -246,7 +246,7 @@ def test_a_checkpoint_that_kept_dp_under_aggregation_resumes_with_its_accountant
     written = {k: v for k, v in fed.state_dict().items() if k != "privacy"}
     written["aggregation"] = {"history": [[1.5, 1.0, 2]], "clip": 0.7, "noise_multiplier": 1.5}
     state = checkpoint.upgrade({"federation": written, "callbacks": {}, "format_version": 2}, [])
-    assert state["format_version"] == 5 and "aggregation" not in state["federation"]
+    assert state["format_version"] == 6 and "aggregation" not in state["federation"]
     fed.load_state_dict(state["federation"])
     found = fed.extension(PrivacyMechanism)
     assert found.clip == 0.7 and epsilon_of(found.accountant, DELTA) == pytest.approx(rdp_epsilon(1.5, 2, DELTA))

@@ -132,15 +132,15 @@ def test_a_crash_between_the_two_renames_resumes_from_the_previous_checkpoint(tm
 def test_a_checkpoint_carries_its_format_version_and_one_without_it_is_read_as_version_1(tmp_path):
     folder = tmp_path / "checkpoints"
     checkpoint.save({"federation": {"round": 1}}, folder)
-    assert checkpoint.read(folder / "last.ckpt")["format_version"] == 5
+    assert checkpoint.read(folder / "last.ckpt")["format_version"] == 6
     torch.save({"federation": {"round": 1}, "callbacks": {}}, folder / "last.ckpt")  # as fedlight wrote it before
     assert checkpoint.format_version(checkpoint.load(folder)) == 1
 
 
 @pytest.mark.parametrize("version, expected", [
-    (6, "has format version 6, newer than this fedlight reads (up to 5): upgrade fedlight"),
-    (0, "has format version 0, which this fedlight (format 5) cannot read"),
-    ("2", "has format version '2', which this fedlight (format 5) cannot read"),
+    (7, "has format version 7, newer than this fedlight reads (up to 6): upgrade fedlight"),
+    (0, "has format version 0, which this fedlight (format 6) cannot read"),
+    ("2", "has format version '2', which this fedlight (format 6) cannot read"),
 ])
 def test_a_checkpoint_of_a_format_this_code_cannot_read_is_one_line_naming_both_versions(tmp_path, version,
                                                                                          expected):

@@ -119,6 +119,31 @@ def test_a_summary_agrees_with_the_clients_it_summarizes(sweep):
         assert summary(run)["test/acc_mean"] == pytest.approx(float(acc.mean()), abs=1e-6)
 
 
+def test_a_runs_three_numbers_are_its_last_round_and_the_rounds_chosen_on_val_and_test_in_metrics_csv(sweep):
+    """Each run measured val beside test in every round; picked here by hand over metrics.csv: the last round, the
+    round with the best val mean (the earliest on a tie) and the one with the best test mean, each with its worst
+    client; Table 1 shows the means over seeds of the runs' chosen rounds."""
+    page = table((sweep / "report.html").read_text())
+    for label, name in (("FedAvg", "fedavg"), ("OCFL", "ocfl")):
+        chosen = {"val": [], "test": []}
+        for seed in (0, 1):
+            rows = read_rows(sweep / f"{name}-s{seed}" / "metrics.csv")
+            s = summary(sweep / f"{name}-s{seed}")
+            assert len(rows) == 3 and all("val/acc_mean" in r and "test/acc_mean" in r for r in rows)
+            assert (s["test/acc_mean"], s["test/acc_worst"]) == (rows[-1]["test/acc_mean"], rows[-1]["test/acc_worst"])
+            for on in ("val", "test"):
+                best = max(rows, key=lambda r: (r[f"{on}/acc_mean"], -r["round"]))
+                assert s[f"{on}_selected/round"] == best["round"]
+                assert s[f"{on}_selected/test/acc_mean"] == best["test/acc_mean"]
+                assert s[f"{on}_selected/test/acc_worst"] == best["test/acc_worst"]
+                chosen[on].append(best["test/acc_mean"])
+            assert "no_val_selection" not in s
+        for on, values in chosen.items():
+            mean, std = np.mean(values), np.std(values)
+            assert page[label][f"{on}-selected acc"] == (pytest.approx(mean, abs=1e-12),
+                                                         pytest.approx(std, abs=1e-12), 2)
+
+
 def test_two_runs_from_the_command_line_give_single_values(sweep, tmp_path, capsys):
     output = tmp_path / "r.html"
     assert main(["report", str(sweep / "fedavg-s0"), str(sweep / "ocfl-s0"), "--output", str(output)]) == 0

@@ -3,7 +3,7 @@ client beside its metrics (its clusters and training-set size) and the clusterin
 training clients, another the clients held out of training (`unseen/*`)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import lightning as L
@@ -12,7 +12,7 @@ import torch
 
 from fedlight.cluster.scores import clustering_scores
 from fedlight.plugin.aggregation import ClientModels
-from fedlight.plugin.data import FederatedData
+from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.evaluation import per_client_classification, summarize
 from fedlight.engine.processes import Collective
 
@@ -28,36 +28,67 @@ class Evaluator:
                  collective: Collective, name: str | None = None) -> None:
         self.server, self.module, self.data, self.collective, self.name = server, module, data, collective, name
 
-    def evaluate(self, models_and_groups: tuple, split: str | None = None,
-                 suffix: str = "") -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    def evaluate(self, models_and_groups: tuple, split: str | None = None, suffix: str = "",
+                 also: Sequence[str] = ()) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """(summaries across clients, per-client values) of the models in `models_and_groups` (as
         `Algorithm.evaluation_models` gives them) on every client's split; summaries under `<split><suffix>/`.
-        Spread over processes, each evaluates every `world`-th client and the per-client values are gathered."""
-        split = split or self.server.eval_split
-        num_clients, device = self.data.num_clients, self.server.device
-        data = self.data.split(split)
-        client_of_row = data.client_of_row()
-        x, y = data.x, data.y
+        The splits in `also` (the validation split a run selects its round on) are measured in the same pass: each
+        group's model runs once on its clients' rows of every split (a model built on demand is built once), and
+        they add their summaries alone (`<also><suffix>/`). Spread over processes, each evaluates every `world`-th
+        client and the per-client values are gathered."""
+        splits = [split or self.server.eval_split, *also]
+        parts = [self.rows(self.data.split(name)) for name in splits]
+        outputs = self.outputs_by_group(models_and_groups, parts)
+        values = [self.client_values(out, y, client_of_row, self.data.split(name).sizes())
+                  for name, (_, y, client_of_row), out in zip(splits, parts, outputs)]
+        summary = {key: value for name, these in zip(splits, values)
+                   for key, value in summarize(these, (self.name or name) + suffix).items()}
+        return summary, values[0]
+
+    def rows(self, data: ClientSplit) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x, y, the client of each row) of a split: every row, or with several processes those of this process's
+        clients (every `world`-th)."""
+        client_of_row, x, y = data.client_of_row(), data.x, data.y
         collective = self.collective
         if collective.spread:
             mine = (client_of_row % collective.world == collective.rank).nonzero().flatten()
             x, y, client_of_row = x[mine], y[mine], client_of_row[mine]
+        return x, y, client_of_row
+
+    def outputs_by_group(self, models_and_groups: tuple,
+                         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """The outputs on each split's rows (`parts`: (x, y, client of each row) a split, as `rows` gives them),
+        a group at a time: its model is taken once (a model built on demand is built once) and runs one batched
+        pass on its clients' rows of each split."""
         models, group_of_client = models_and_groups
-        group_of_row = group_of_client[client_of_row]
-        order = torch.argsort(group_of_row, stable=True)
-        counts = torch.bincount(group_of_row, minlength=len(models)).tolist()
-        outputs = None
-        begin = 0
-        for group, count in enumerate(counts):
-            if count:
-                rows = order[begin: begin + count]
-                out = self.outputs(models[group], x[rows])  # a lazy model may train here (fine-tuning)
-                if outputs is None:
-                    outputs = out.new_empty((len(order), *out.shape[1:]))
-                outputs[rows] = out
-                begin += count
-        if outputs is None:  # no row to evaluate on this process
-            outputs = self.outputs(models[0], x[:0])
+        orders, counts = [], []
+        for _, _, client_of_row in parts:
+            group_of_row = group_of_client[client_of_row]
+            orders.append(torch.argsort(group_of_row, stable=True))
+            counts.append(torch.bincount(group_of_row, minlength=len(models)).tolist())
+        outputs: list[torch.Tensor | None] = [None] * len(parts)
+        begins = [0] * len(parts)
+        for group in range(len(models)):
+            if not any(count[group] for count in counts):
+                continue
+            model = models[group]  # a lazy model may train here (fine-tuning)
+            for i, ((x, _, _), order, count) in enumerate(zip(parts, orders, counts)):
+                if count[group]:
+                    rows = order[begins[i]: begins[i] + count[group]]
+                    out = self.outputs(model, x[rows])
+                    if outputs[i] is None:
+                        outputs[i] = out.new_empty((len(x), *out.shape[1:]))
+                    outputs[i][rows] = out
+                    begins[i] += count[group]
+        return [self.outputs(models[0], x[:0]) if out is None else out  # no row to evaluate on this process
+                for out, (x, _, _) in zip(outputs, parts)]
+
+    def client_values(self, outputs: torch.Tensor, y: torch.Tensor, client_of_row: torch.Tensor,
+                      sizes: np.ndarray) -> dict[str, np.ndarray]:
+        """Each client's metrics from the outputs on its rows (the module's `client_metrics`, else accuracy, F1 and
+        loss), gathered from the process that evaluated it; NaN for a client with no row (`sizes` 0), which is
+        left out of the means."""
+        num_clients, device, collective = self.data.num_clients, self.server.device, self.collective
         metric_fn = getattr(self.module, "client_metrics", None)
         if metric_fn is not None:
             per_client = metric_fn(outputs, y, client_of_row, num_clients)
@@ -69,10 +100,9 @@ class Evaluator:
                           for k, v in per_client.items()}
         values = {k: v.cpu().numpy() if v.is_floating_point() else v.cpu().double().numpy()
                   for k, v in per_client.items()}
-        empty = data.sizes() == 0
         for v in values.values():
-            v[empty] = np.nan  # a client with nothing to evaluate has no value, and is left out of the means
-        return summarize(values, (self.name or split) + suffix), values
+            v[sizes == 0] = np.nan
+        return values
 
     def outputs(self, model: "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]", x: torch.Tensor) -> torch.Tensor:
         """A model's outputs on raw inputs `x`: a flat model runs through the module (`ServerContext.predict`); a
@@ -81,12 +111,12 @@ class Evaluator:
         return model(x) if callable(model) else self.server.predict(model, x)
 
     def evaluate_and_fine_tune(self, models_and_groups: tuple,
-                               fine_tune: "Callable[[int, torch.Tensor], torch.Tensor] | None" = None
-                               ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-        """(summaries, per-client values) of the models, and with a `fine_tune(client, start)` (the run's
-        `finetune_epochs`) of the models each client fine-tunes from its own (summaries `<name>_ft/`, values
-        `ft_<metric>`)."""
-        summary, values = self.evaluate(models_and_groups)
+                               fine_tune: "Callable[[int, torch.Tensor], torch.Tensor] | None" = None,
+                               also: Sequence[str] = ()) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """(summaries, per-client values) of the models (with the summaries of the splits in `also`, see
+        `evaluate`), and with a `fine_tune(client, start)` (the run's `finetune_epochs`) of the models each client
+        fine-tunes from its own, on the evaluated split alone (summaries `<name>_ft/`, values `ft_<metric>`)."""
+        summary, values = self.evaluate(models_and_groups, also=also)
         if fine_tune is not None:
             tuned_summary, tuned_values = self.evaluate(self.fine_tuned(models_and_groups, fine_tune), suffix="_ft")
             summary = {**summary, **tuned_summary}

@@ -77,6 +77,9 @@ class Federation:
                                 self._trainer_stand_in())
         trainer.learning_rates.check(self.config.rounds, trainer.stand_in.estimated_stepping_batches)
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
+        # what an evaluated round also measures so that the run's round can be chosen on validation data (the
+        # summary's `val_selected/`): the val split, when the clients have one and it is not the evaluated split
+        self.also_evaluated = ("val",) if self.config.eval_split != "val" and self.data.val.sizes().sum() else ()
         self.aggregation = self._aggregation()
         # every process keeps the same rows in memory, so their spill files are laid out alike: the first one's budget
         budget = self.collective.broadcast(client_state_budget(self.config.client_state_memory, self.device))
@@ -224,12 +227,12 @@ class Federation:
 
     def evaluate_clients(self, round: int, models: tuple, clusters: np.ndarray | None) -> tuple[dict, dict]:
         """(summaries, per-client values) of the evaluation `models` (and, with `finetune_epochs`, of each client's
-        fine-tuned one), with the mean of the primary metric within each true and each found cluster
-        (`cluster_acc/true_<c>`, `cluster_acc/found_<c>`)."""
+        fine-tuned one; the summaries of the splits in `also_evaluated` beside them), with the mean of the primary
+        metric within each true and each found cluster (`cluster_acc/true_<c>`, `cluster_acc/found_<c>`)."""
         train, epochs = self.server.train, self.config.finetune_epochs
         fine_tune = (lambda client, start: train(round, client, start, epochs=epochs, purpose="finetune")[0]) \
             if epochs else None
-        summary, values = self.evaluator.evaluate_and_fine_tune(models, fine_tune)
+        summary, values = self.evaluator.evaluate_and_fine_tune(models, fine_tune, self.also_evaluated)
         metric = "acc" if "acc" in values else next(iter(values))
         for kind, labels in (("true", self.data.cluster_labels), ("found", clusters)):
             if labels is not None:

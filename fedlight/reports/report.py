@@ -4,7 +4,8 @@ runs one level deeper). Runs whose configs differ only in seed form one configur
 key as their W&B group) and are shown as mean ± std over their runs; two runs of one seed are two runs (repeats),
 never two seeds, and the table says so. The page goes to report.html in the folder that holds the runs unless
 `--output` says otherwise, and never replaces an existing file without `--overwrite`. It has a comparison table
-(final mean, std and worst-client accuracy, ARI, clusters, wall time) and figures drawn by matplotlib and inlined
+(final mean, std and worst-client accuracy, the val-selected and test-selected accuracy with their worst clients,
+ARI, clusters, wall time) with the ranking under it, and figures drawn by matplotlib and inlined
 as SVG: accuracy over rounds (mean and worst client), the per-client spread at the end, ARI over rounds, each
 clustered run's assignment timeline beside the true clusters, and the last similarity matrices on a fixed colour
 scale."""
@@ -23,8 +24,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedlight.plugin.evaluation import UNSEEN
-from fedlight.reports import plots
+from fedlight.plugin.evaluation import UNSEEN, higher_is_better
+from fedlight.reports import plots, selection
 from fedlight.reports.run_groups import RUN_ONLY_KEYS, config_group
 
 
@@ -94,6 +95,17 @@ class Run:
             return split
         keys = [k for row in self.metrics for k in row if k.endswith("_mean")]
         return keys[0].split("/", 1)[0] if keys else "test"
+
+    @cached_property
+    def selected(self) -> dict[str, Any]:
+        """The numbers of the rounds chosen on validation data and on the evaluated split (`val_selected/...`,
+        `<split>_selected/...`, `no_val_selection`: `fedlight.reports.selection`): summary.json's, else chosen
+        here over metrics.csv's evaluated rows (a run not finished, or recorded before runs chose)."""
+        own = selection.selected_prefix(self.split)
+        if f"{own}/round" in self.summary:
+            return {k: v for k, v in self.summary.items()
+                    if k.startswith((f"{own}/", f"{selection.VAL_SELECTED}/")) or k == selection.NO_VAL_SELECTION}
+        return selection.selections(self.metrics, self.split, primary_metric(self))
 
     def column(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """(rounds, values) of the metrics rows that have `key`."""
@@ -263,9 +275,18 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
 # -- the comparison table ------------------------------------------------------------------------------------
 @dataclass
 class Column:
+    """A column of Table 1: its header, a run's value, and for a run without one why (shown when no run of a
+    configuration has it; '–' otherwise)."""
+
     header: str
     value: Callable[[Run], float | None]
     digits: int = 3
+    absent: Callable[[Run], str | None] | None = None
+
+    def missing(self, group: "Group") -> str:
+        """What a cell shows when no run of `group` has a value: the runs' reasons, else '–'."""
+        reasons = [] if self.absent is None else [r for r in map(self.absent, group.runs) if r]
+        return "; ".join(dict.fromkeys(reasons)) or "–"
 
 
 def table_columns(split: str, metric: str, unseen: bool = False, fine_tuned: bool = False,
@@ -282,12 +303,60 @@ def table_columns(split: str, metric: str, unseen: bool = False, fine_tuned: boo
     return [Column(f"mean {name}", lambda r: r.final(f"{split}/{metric}_mean")),
             Column(f"std {name} (clients)", lambda r: r.final(f"{split}/{metric}_std")),
             Column(f"worst-client {name}", lambda r: r.final(f"{split}/{metric}_worst")),
+            *selected_columns(split, metric),
             *tuned,
             Column("ARI", lambda r: r.final("cluster/ari")),
             Column("clusters", lambda r: r.final("cluster/count"), 1),
             *held_out,
             *([Column("epsilon", lambda r: r.final("privacy/epsilon"), 2)] if private else []),
             Column("wall time (s)", lambda r: r.wall_time, 1)]
+
+
+def selected_columns(split: str, metric: str) -> list[Column]:
+    """The mean and worst client at the round chosen on validation data and, unless that is the evaluated split,
+    at the best round on the evaluated split itself (`fedlight.reports.selection`)."""
+    name = "acc" if metric == "acc" else metric
+    why = lambda r: r.selected.get(selection.NO_VAL_SELECTION)  # noqa: E731
+    columns = []
+    for prefix in dict.fromkeys((selection.VAL_SELECTED, selection.selected_prefix(split))):
+        label = prefix.replace("_", "-")
+        columns += [Column(f"{label} {name}", lambda r, p=prefix: r.selected.get(f"{p}/{split}/{metric}_mean"),
+                           absent=why if prefix == selection.VAL_SELECTED else None),
+                    Column(f"{label} worst-client {name}",
+                           lambda r, p=prefix: r.selected.get(f"{p}/{split}/{metric}_worst"),
+                           absent=why if prefix == selection.VAL_SELECTED else None)]
+    return columns
+
+
+def headline(groups: Sequence[Group], split: str, metric: str) -> tuple[Column, str]:
+    """The column configurations are compared and ranked by, and why: the validation-selected mean when every run
+    has one, else the last round's mean."""
+    chosen = selected_columns(split, metric)[0]
+    without = [run for g in groups for run in g.runs if chosen.value(run) is None]
+    if not without:
+        return chosen, "every run chose its round on validation data"
+    names = ", ".join(run.name for run in without[:3]) + (", ..." if len(without) > 3 else "")
+    return (table_columns(split, metric)[0],
+            f"the last round: {plural(len(without), 'run')} ({names}) {'has' if len(without) == 1 else 'have'} no "
+            "validation-selected round")
+
+
+def ranking(groups: Sequence[Group], column: Column, metric: str) -> list[tuple[int, Group, float | None]]:
+    """(rank, configuration, its mean over runs of `column`), best first; a tie shares its rank, and a
+    configuration without a value comes last without one."""
+    means = [(g, float(np.mean(v)) if (v := _values(g, column)) else None) for g in groups]
+    sign = 1 if higher_is_better(metric) else -1
+    known = sorted((m for m in means if m[1] is not None), key=lambda m: -sign * m[1])
+    ranked = [(1 + sum(sign * other > sign * value for _, other in known), g, value) for g, value in known]
+    return ranked + [(0, g, None) for g, value in means if value is None]
+
+
+def ranking_text(groups: Sequence[Group], split: str, metric: str) -> str:
+    """'Ranked by val-selected acc (every run chose its round on validation data): 1. OCFL 0.912; 2. FedAvg 0.850.'"""
+    column, why = headline(groups, split, metric)
+    places = "; ".join(f"{rank}. {g.label} {value:.{column.digits}f}" if value is not None else f"{g.label} –"
+                       for rank, g, value in ranking(groups, column, metric))
+    return f"Ranked by {column.header} ({why}): {places}."
 
 
 def has_final(groups: Sequence[Group], key: str) -> bool:
@@ -313,10 +382,11 @@ def _text(values: list[float], digits: int) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
 
 
-def _cell(values: list[float], digits: int) -> str:
-    """`_text` as a cell; the exact numbers ride along as data attributes (data-n: the number of runs)."""
+def _cell(values: list[float], digits: int, missing: str = "–") -> str:
+    """`_text` as a cell (`missing` without a value); the exact numbers ride along as data attributes (data-n: the
+    number of runs)."""
     if not values:
-        return "<td class='num'>–</td>"
+        return f"<td class='num'>{html.escape(missing)}</td>"
     mean, std = float(np.mean(values)), float(np.std(values))
     return (f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}'>"
             f"{_text(values, digits)}</td>")
@@ -333,11 +403,12 @@ def console_table(groups: Sequence[Group]) -> Any:
     first = groups[0].first
     split, metric = first.split, primary_metric(first)
     columns = table_columns(split, metric, *optional_columns(groups, split, metric))
-    table = Table(title=f"final round, {first.split} split")
+    table = Table(title=f"final round, {first.split} split", caption=ranking_text(groups, split, metric))
     for header in ("configuration", "runs", "rounds", *(c.header for c in columns)):
         table.add_column(header, justify="left" if header in ("configuration", "runs") else "right")
     for g in groups:
-        table.add_row(g.label, g.seeds, _rounds(g), *(_text(_values(g, c), c.digits) for c in columns))
+        table.add_row(g.label, g.seeds, _rounds(g),
+                      *(_text(v, c.digits) if (v := _values(g, c)) else c.missing(g) for c in columns))
     return table
 
 
@@ -345,7 +416,7 @@ def comparison_table(groups: Sequence[Group], columns: Sequence[Column]) -> str:
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in columns)
     rows = []
     for g in groups:
-        cells = "".join(_cell(_values(g, c), c.digits) for c in columns)
+        cells = "".join(_cell(_values(g, c), c.digits, c.missing(g)) for c in columns)
         rounds = _rounds(g)
         rows.append(f"<tr data-group='{html.escape(g.key)}'><th scope='row'><span class='swatch' "
                     f"style='background:{g.colour}'></span>{html.escape(g.label)}</th><td>{g.seeds}</td>"
@@ -381,9 +452,8 @@ class PageFigure:
 
 def primary_metric(run: Run) -> str:
     """Accuracy when the run has it, else its first per-client metric."""
-    names = [k[len(run.split) + 1: -len("_mean")] for k in run.metrics[-1] if k.startswith(f"{run.split}/")
-             and k.endswith("_mean")] or ["acc"]
-    return "acc" if "acc" in names else names[0]
+    return selection.primary_metric([k[len(run.split) + 1: -len("_mean")] for k in run.metrics[-1]
+                                     if k.startswith(f"{run.split}/") and k.endswith("_mean")])
 
 
 def averaged_over(groups: Sequence[Group]) -> str:
@@ -487,6 +557,12 @@ def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Seq
     tuned_note = ((f" Fine-tuned: each client's model after `federation.finetune_epochs` local epochs on its own data "
                    f"(mean and worst {label})." if fine_tuned else "")
                   + (" Epsilon: the privacy spent by the end of the run (client-level DP)." if private else ""))
+    own = selection.selected_prefix(split).replace("_", "-")
+    selection_note = (f"val-selected: the mean and worst-client {label} at the evaluated round with the best mean "
+                      f"validation {label}, the number to compare by"
+                      + (f"; {own}: the best mean {split} {label} over the evaluated rounds, which chooses the model "
+                         f"on the {split} set itself (as PFLlib's tables do), shown only to compare with published "
+                         "tables that report it" if own != "val-selected" else ""))
     figure_html = "".join(
         f"<figure id='fig-{html.escape(f.key)}'>{f.svg}<figcaption><strong>Figure {i}. {html.escape(f.title)}."
         f"</strong> {html.escape(f.caption)}</figcaption></figure>" for i, f in enumerate(figs, 1))
@@ -499,9 +575,10 @@ def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Seq
 deviation over its {over} (population std), and the curves show their mean with a ± std band.{repeats}</p>
 <h2>Comparison</h2>
 <p class="note"><strong>Table 1.</strong> Final round: {label} of every client's own model (mean over clients, standard
-deviation across clients, worst client), adjusted Rand index of the clustering against the true clusters and the
-number of clusters (clustered methods only), and training wall time.{unseen_note}{tuned_note}</p>
+deviation across clients, worst client); {selection_note}; adjusted Rand index of the clustering against the true
+clusters and the number of clusters (clustered methods only), and training wall time.{unseen_note}{tuned_note}</p>
 {comparison_table(groups, columns)}
+<p class="note" id="ranking">{html.escape(ranking_text(groups, split, metric))}</p>
 <h2>Figures</h2>
 <div class="figures">{figure_html}</div>
 <h2>Runs</h2>

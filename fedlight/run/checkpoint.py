@@ -19,13 +19,14 @@ import torch
 
 from fedlight.plugin.client_state import memory_rows_state
 from fedlight.plugin.personal_part import store_name
-from fedlight.run.callback_keys import state_keys, v1_keys
+from fedlight.run.callback_keys import key_class, state_keys, v1_keys
 
 LAST, PREVIOUS = "last.ckpt", "previous.ckpt"
 #: the format `save` writes: 1 kept the callbacks' states by class name and position, 2 by class and arguments, 3
 #: keeps each round extension's state under its name (DP's under `privacy`, not `aggregation`), 4 per-client rows
-#: in the federation's `client_state`, 5 the base class's personal part there too
-FORMAT_VERSION = 5
+#: in the federation's `client_state`, 5 the base class's personal part there too, 6 the runner's evaluated rounds
+FORMAT_VERSION = 6
+TOTALS = "fedlight.run.runner.Totals"  # the class of the runner's callback whose state version 6 changed
 
 
 class CheckpointError(ValueError):
@@ -129,12 +130,30 @@ def _personal_part_kept_by_the_engine(state: dict[str, Any], callbacks: list[Any
     return {**state, "federation": {**federation, "algorithm": algorithm, "client_state": client_state}}
 
 
+def _evaluated_rounds_kept(state: dict[str, Any], callbacks: list[Any]) -> dict[str, Any]:
+    """Version 5 -> 6: the runner's `Totals` keep what choosing a round needs of every evaluated round
+    (`evaluated`, `fedlight.reports.selection`) instead of the best round alone (`best`); rebuilt from the two rounds
+    version 5 kept, the best and the last, so the last and the best-over-rounds numbers stay right (the best
+    round's worst client is not known). Version 5 measured no validation split beside the evaluated one, so the
+    resumed run has no validation-selected round."""
+    states = dict(state.get("callbacks") or {})
+    for key, totals in states.items():
+        if key_class(key) == TOTALS and "evaluated" not in totals:
+            totals = dict(totals)
+            best, last = totals.pop("best", {}), totals.get("last_eval", {})
+            rows = {int(row["round"]): row for row in (best, last) if "round" in row}
+            totals["evaluated"] = [rows[r] for r in sorted(rows)]
+            states[key] = totals
+    return {**state, "callbacks": states}
+
+
 #: version -> the step that upgrades a checkpoint of that version to the next one
 UPGRADES: dict[int, Callable[[dict[str, Any], list[Any]], dict[str, Any]]] = {
     1: _callback_keys_by_class_and_arguments,
     2: _privacy_state_under_its_name,
     3: _client_state_kept_by_the_engine,
     4: _personal_part_kept_by_the_engine,
+    5: _evaluated_rounds_kept,
 }
 
 

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedlight.plugin.evaluation import UNSEEN
+from fedlight.reports import selection
 from fedlight.run.callbacks import Callback, Run
 
 if TYPE_CHECKING:
@@ -134,17 +135,42 @@ def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> T
     table = Table(box=box.ASCII2 if plain else box.HEAVY_HEAD, title=title)
     for column in ("metric", "mean", "std", "worst client"):
         table.add_column(column, justify="right" if column != "metric" else "left")
+    metric, chosen = selected_rows(summary, split)
     for prefix, label in ((split, split), (f"{split}{FINE_TUNED}", f"{split} fine-tuned"),
                           (UNSEEN, f"{UNSEEN} ({split})")):  # fine-tuned, then held-out clients, after the rest
         names = [k[len(prefix) + 1: -len("_mean")] for k in summary
                  if k.startswith(f"{prefix}/") and k.endswith("_mean")]
         for name in names:
-            table.add_row(f"{label} {name}",
+            last = prefix == split and name == metric  # beside it, the rounds chosen on validation and on split
+            table.add_row(f"{label} {name}{', last round' if last else ''}",
                           *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")))
+            for row in chosen if last else ():
+                table.add_row(*row)
     for key, value in summary.items():
         if key.startswith("cluster/") or key in (f"{UNSEEN}/ari", PRIVACY):
             table.add_row(key, _number(value, key), "", "")
     return table
+
+
+def selected_rows(summary: dict[str, Any], split: str) -> tuple[str | None, list[tuple[str, str, str, str]]]:
+    """The metric the summary's chosen rounds concern (`fedlight.reports.selection`) and the summary table's rows of
+    them: the validation-selected round's mean and worst client (or why there is none), then the best round on
+    `split` itself; (None, []) when the summary chose no round."""
+    own = selection.selected_prefix(split)
+    names = [k[len(own) + len(split) + 2: -len("_mean")] for k in summary
+             if k.startswith(f"{own}/{split}/") and k.endswith("_mean")]
+    if not names:
+        return None, []
+    metric, rows = names[0], []
+    for name in dict.fromkeys((selection.VAL_SELECTED, own)):  # one with split val
+        label = f"{split} {metric}, {name.replace('_', '-')}"
+        if f"{name}/round" in summary:
+            rows.append((f"{label} (round {summary[f'{name}/round']})",
+                         _number(summary[f"{name}/{split}/{metric}_mean"]), "",
+                         _number(summary.get(f"{name}/{split}/{metric}_worst"))))
+        else:
+            rows.append((label, str(summary.get(selection.NO_VAL_SELECTION, "n/a")), "", ""))
+    return metric, rows
 
 
 def _number(value: Any, name: str = "") -> str:

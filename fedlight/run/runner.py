@@ -12,10 +12,10 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from fedlight.plugin.evaluation import higher_is_better
 from fedlight.engine.federation import Federation
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.engine.round_result import RoundResult
+from fedlight.reports import selection
 from fedlight.run import checkpoint, failures, termination
 from fedlight.run.callbacks import Callback, Run, RunInterrupted, call, callback_states, load_callback_states
 from fedlight.run.console import ConsoleReporter, make_console
@@ -27,22 +27,31 @@ CLIENT_STATE = Path("client_state")  # the spill files of per-client state (`fed
 
 
 class Totals(Callback):
-    """What the summary needs of the rounds: wall time, the last evaluated scalars, the best round."""
+    """What the summary needs of the rounds: wall time, the last evaluated scalars, and of every evaluated round
+    what choosing a round needs (`fedlight.reports.selection`), kept in the checkpoint so that a resumed run
+    chooses among all of them."""
 
     def __init__(self) -> None:
-        self.elapsed, self.last_eval, self.best = 0.0, {}, {}
+        self.elapsed, self.last_eval = 0.0, {}
+        self.evaluated: list[dict[str, float | int]] = []
 
     def on_round_end(self, run: Run, result: RoundResult) -> None:
         self.elapsed += result.seconds
         if result.evaluated:
             self.last_eval = scalars(result.scalars)
-            _track_best(self.best, self.last_eval, run.federation.config.eval_split)
+            self.evaluated.append(selection.kept_keys(self.last_eval, run.federation.config.eval_split))
+
+    def selections(self, split: str) -> dict[str, Any]:
+        """The validation-selected and the `split`-selected numbers of the primary metric (the summary's)."""
+        names = [k[len(split) + 1: -len("_mean")] for k in self.last_eval
+                 if k.startswith(f"{split}/") and k.endswith("_mean")]
+        return selection.selections(self.evaluated, split, selection.primary_metric(names)) if names else {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"elapsed": self.elapsed, "last_eval": self.last_eval, "best": self.best}
+        return {"elapsed": self.elapsed, "last_eval": self.last_eval, "evaluated": self.evaluated}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.elapsed, self.last_eval, self.best = state["elapsed"], state["last_eval"], state["best"]
+        self.elapsed, self.last_eval, self.evaluated = state["elapsed"], state["last_eval"], state["evaluated"]
 
 
 class Checkpointer(Callback):
@@ -151,18 +160,6 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float | int]:
             if isinstance(v, numbers.Real) and not isinstance(v, bool)}
 
 
-def _track_best(best: dict[str, Any], metrics: dict[str, Any], split: str) -> None:
-    """Remember the round with the best mean of the primary (first) per-client metric."""
-    means = [k for k in metrics if k.startswith(f"{split}/") and k.endswith("_mean")]
-    if not means:
-        return
-    mean = means[0]
-    better = higher_is_better(mean[len(split) + 1: -len("_mean")])
-    if mean not in best or (metrics[mean] > best[mean] if better else metrics[mean] < best[mean]):
-        best.clear()
-        best.update({mean: metrics[mean], "round": metrics["round"]})
-
-
 def _summary(run: Run, totals: Totals) -> dict[str, Any]:
     federation, plan = run.federation, run.federation.execution.plan
     newcomers = federation.extension(NewcomerEvaluation)
@@ -175,5 +172,4 @@ def _summary(run: Run, totals: Totals) -> dict[str, Any]:
             "device": str(federation.device), "plan": plan.as_dict(), "vectorized": plan.trainer != "sequential",
             "vectorized_reason": plan.reason, "vectorize_probe": None if probe is None else probe.as_dict(),
             **({"stopped": run.stop_reason} if run.stop_reason else {}),
-            "wall_time_s": round(totals.elapsed, 3), **final,
-            **{f"best/{k}": v for k, v in totals.best.items()}}
+            "wall_time_s": round(totals.elapsed, 3), **final, **totals.selections(federation.config.eval_split)}
