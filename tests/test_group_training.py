@@ -8,6 +8,7 @@ from torch import nn
 
 from fedlight.algorithms.apfl import APFL
 from fedlight.algorithms.ditto import Ditto
+from fedlight.algorithms.fedala import FedALA
 from fedlight.algorithms.fedem import FedEM
 from fedlight.algorithms.fedfomo import FedFomo
 from fedlight.algorithms.fedrep import FedRep
@@ -175,7 +176,8 @@ METHODS = {"ditto": lambda: Ditto(lam=0.5), "fedrep": lambda: FedRep(head_epochs
            "pfedme": lambda: PFedMe(lam=5.0, K=2, personal_lr=0.05),
            "perfedavg": lambda: PerFedAvg(alpha=0.01, beta=0.01, variant="fo"),
            "perfedavg_hf": lambda: PerFedAvg(alpha=0.01, beta=0.01, variant="hf", delta=0.05),
-           "fedfomo": lambda: FedFomo(M=2)}
+           "fedfomo": lambda: FedFomo(M=2),
+           "fedala": lambda: FedALA(rand_percent=25, num_pre_loss=1, threshold=1e9)}  # first W learning: 2 passes
 #: HF's Hessian-vector product is a difference of two gradients divided by 2 delta: it multiplies the gradients'
 #: float rounding, which differs between the batched and the single-model kernels and between thread counts, by
 #: 1 / (2 delta) (250 at the default delta, up to 9e-4 apart in two rounds here), so the test takes delta = 0.05
