@@ -1,0 +1,168 @@
+"""The PFLlib benchmark configs (configs/papers/pfllib/: PFLlib's leaderboard setting on CIFAR-100, Dirichlet 0.1 and
+pathological, one config per method fedlight shares with PFLlib).
+
+Each config keeps PFLlib's setting, stated here independently of the configs: 20 clients, every one every round, train
+and test pooled and split 75/25 per client, the 4-layer CNN, plain SGD at 0.005, batch 10, 1 local epoch, 2000 rounds,
+and each method's hyperparameters as PFLlib's command-line defaults (or the deviation its config explains); its
+algorithm and federation settings are built from it, and `python -m fedlight fit`'s parser reads one config a split
+(the others have the same form: parsing all of them would cost seconds). The published numbers in the comments are
+checked against the leaderboard's Cifar100 columns. No data file is read: the data modules are constructed, the
+partitions run on made labels, the network on the meta device; tests/test_data_vision.py reads made CIFAR-100 files."""
+from __future__ import annotations
+
+import functools
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from fedlight import FederationConfig
+from fedlight.datamodules import CIFAR100Federated, ClassesPerClient, Dirichlet
+from fedlight.models import FedAvgCNN
+from fedlight.run import registry
+from fedlight.run.cli import fit_parser
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDER = REPO / "configs" / "papers" / "pfllib"
+SPLITS = ("cifar100_dir0.1", "cifar100_pat")
+CONFIGS = sorted(FOLDER.glob("cifar100_*/*.yaml"))
+
+#: each method's init_args: PFLlib's defaults (system/main.py and the client files), participation 1 (join ratio 1)
+PFLLIB_ARGS = {
+    "fedavg": {},
+    "fedprox": {"mu": 0.0},
+    "local": {},
+    "fedper": {"personal_layers": 1},
+    "lgfedavg": {"global_layers": 1},
+    "fedbn": {},
+    "ditto": {"lam": 0.0, "personal_epochs": 1},
+    "fedrep": {"head_layers": 1, "head_epochs": 1, "body_epochs": 1},
+    "fedbabu": {"head_layers": 1},
+    "apfl": {"alpha": 1.0, "adaptive": True, "alpha_lr": None},
+    "pfedme": {"lam": 1.0, "K": 5, "personal_lr": 0.01, "beta": 1.0, "train_every_client": True},
+    "perfedavg": {"alpha": 0.005, "beta": 0.005, "variant": "fo"},
+    "scaffold": {"server_lr": 1.0},
+    "fedamp": {"alpha_k": 1.0, "lam": 1.0, "sigma": None},
+}
+#: the leaderboard's Cifar100 numbers (pathological, practical); FedPer and FedRep from GPFL's Table 1
+PUBLISHED = {
+    "fedavg": ("25.98 +- 0.13", "31.89 +- 0.47"), "fedprox": ("25.94 +- 0.16", "31.99 +- 0.41"),
+    "perfedavg": ("56.80 +- 0.26", "44.28 +- 0.33"), "pfedme": ("58.20 +- 0.14", "47.34 +- 0.46"),
+    "ditto": ("67.23 +- 0.07", "52.87 +- 0.64"), "apfl": ("64.26 +- 0.13", "46.74 +- 0.60"),
+    "fedamp": ("64.34 +- 0.37", "47.69 +- 0.49"), "fedper": ("63.53 +- 0.21", "49.63 +- 0.54"),
+    "fedrep": ("67.56 +- 0.31", "52.39 +- 0.35"),
+}
+FEDERATION = {"rounds": 2000, "local_epochs": 1, "batch_size": 10, "eval_split": "test", "precision": "32-true"}
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def resolved(path: Path) -> dict:
+    """A run config with its data, model and federation files read in, as `fit`'s parser reads them (relative to the
+    config's folder)."""
+    config = dict(load(path))
+    for key in ("data", "model", "federation"):
+        if isinstance(config[key], str):
+            config[key] = load((path.parent / config[key]).resolve())
+    return config
+
+
+def common(name: str) -> dict:
+    return load(FOLDER / "common" / f"{name}.yaml")
+
+
+def algorithm_class(name: str) -> type:
+    module, cls = registry.short_names()[name].rsplit(".", 1)
+    return getattr(importlib.import_module(module), cls)
+
+
+def test_each_split_has_a_config_for_every_method_and_only_registered_ones():
+    assert sorted({path.parent.name for path in CONFIGS}) == sorted(SPLITS)
+    for split in SPLITS:
+        assert sorted(p.stem for p in (FOLDER / split).glob("*.yaml")) == sorted(PFLLIB_ARGS), split
+    assert set(PFLLIB_ARGS) <= set(registry.short_names())
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_config_keeps_pfllibs_setting(path):
+    """What the config sets, and the algorithm and federation built from it (a wrong key or value raises)."""
+    text, method, pathological = path.read_text(), path.stem, path.parent.name == "cifar100_pat"
+    assert text.startswith("# ") and f"python -m fedlight fit --config {path.relative_to(REPO).as_posix()}" in text
+    if method in PUBLISHED:
+        assert PUBLISHED[method][0 if pathological else 1] in text.replace("\n# ", " ")
+    else:
+        assert "number: not found" in text
+    cfg = resolved(path)
+    assert set(cfg) == {"seed", "data", "model", "federation", "algorithm"}
+    assert cfg["algorithm"] == {"class_path": method, "init_args": {**PFLLIB_ARGS[method], "participation": 1.0}}
+    algorithm_class(method)(**cfg["algorithm"]["init_args"])
+    special = {"eval_every": 2000, "finetune_epochs": 10} if method == "fedbabu" else {"eval_every": 1}
+    assert cfg["federation"] == {**FEDERATION, **special}
+    FederationConfig(**cfg["federation"])
+    assert cfg["model"] == common("model")
+    assert cfg["data"] == common("data_cifar100_pat" if pathological else "data_cifar100_dir0.1")
+
+
+@pytest.mark.parametrize("path", [FOLDER / "cifar100_pat" / "fedbabu.yaml", FOLDER / "cifar100_dir0.1" / "fedamp.yaml"],
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_fits_parser_reads_what_the_config_says(path):
+    """`python -m fedlight fit`'s parser (keys, types, referenced files, class paths) reads the same settings; one
+    config a split, the others having the same form."""
+    cfg = fit_parser().parse_args(["--config", str(path)], defaults=False)
+    assert cfg.algorithm.class_path == registry.short_names()[path.stem]
+    assert cfg.algorithm.init_args.as_dict() == resolved(path)["algorithm"]["init_args"]
+    assert {k: v for k, v in cfg.federation.as_dict().items() if not k.startswith("__")} == resolved(path)["federation"]
+
+
+def test_the_model_and_data_are_pfllibs():
+    """Plain SGD at 0.005 on the 4-layer CNN; CIFAR-100 pooled and split 75/25 over 20 clients, normalized by 0.5."""
+    model = common("model")["init_args"]
+    assert (common("model")["class_path"], model["network"]["class_path"]) == ("fedlight.models.Classifier",
+                                                                              "fedlight.models.FedAvgCNN")
+    assert model["network"]["init_args"] == {"in_channels": 3, "num_classes": 100, "image_size": 32}
+    assert (model["optimizer"], model["lr"], model["momentum"], model["weight_decay"]) == ("sgd", 0.005, 0.0, 0.0)
+    for name, scheme, args in (("data_cifar100_dir0.1", Dirichlet, {"alpha": 0.1, "min_size": 40}),
+                               ("data_cifar100_pat", ClassesPerClient, {"classes_per_client": 10})):
+        data = dict(common(name)["init_args"])
+        assert common(name)["class_path"] == "fedlight.datamodules.CIFAR100Federated"
+        assert data.pop("partition") == {"class_path": f"fedlight.datamodules.{scheme.__name__}", "init_args": args}
+        assert data == {"root": "data/cifar100", "official_splits": False, "num_clients": 20, "val_fraction": 0.0,
+                        "test_fraction": 0.25, "split_seed": 1, "mean": [0.5] * 3, "std": [0.5] * 3}
+        CIFAR100Federated(partition=scheme(**args), **data)  # builds without reading a file
+
+
+def test_the_network_is_pfllibs_4_layer_cnn_for_cifar():
+    """PFLlib's FedAvgCNN(in_features=3, dim=1600): 3x32x32 images flatten to 64 x 5 x 5 = 1600 features after two
+    unpadded 5x5 convs and 2x2 pools; its parameters counted by hand."""
+    with torch.device("meta"):
+        net = FedAvgCNN(**common("model")["init_args"]["network"]["init_args"])
+        out = net(torch.zeros(2, 3, 32, 32))
+    assert out.shape == (2, 100) and net.fc1.in_features == 1600 and net.fc1.out_features == 512
+    by_hand = (3 * 32 * 25 + 32) + (32 * 64 * 25 + 64) + (1600 * 512 + 512) + (512 * 100 + 100)
+    assert sum(p.numel() for p in net.parameters()) == by_hand == 924_708
+    assert net.layer_names()[-1] == "fc"  # PFLlib's head: what FedPer, FedRep, FedBABU and LG-FedAvg split off
+
+
+def partition_args(name: str) -> dict:
+    return common(name)["init_args"]["partition"]["init_args"]
+
+
+def test_the_pathological_partition_gives_every_client_10_of_100_classes():
+    labels = np.repeat(np.arange(100), 30)  # 3,000 made labels, 30 of each class
+    parts = ClassesPerClient(**partition_args("data_cifar100_pat")).assign(labels, 20, np.random.default_rng(0))
+    assert [len(np.unique(labels[part])) for part in parts] == [10] * 20
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))  # disjoint, nothing left out
+
+
+def test_the_dirichlet_partition_keeps_pfllibs_least_samples():
+    """PFLlib's least_samples = min(batch 10 / (1 - train ratio 0.75), samples / clients / 2) = 40 for CIFAR-100."""
+    labels = np.repeat(np.arange(100), 30)
+    parts = Dirichlet(**partition_args("data_cifar100_dir0.1")).assign(labels, 20, np.random.default_rng(0))
+    assert min(len(part) for part in parts) >= min(10 / (1 - 0.75), 60_000 / 20 / 2) == 40
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
