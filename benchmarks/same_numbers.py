@@ -58,7 +58,8 @@ class Recording:
 
 
 def recordings() -> list[Recording]:
-    """Every algorithm of the project (27), some twice, and the vectorized, newcomer, attack and privacy runs."""
+    """Every algorithm of the project (each shipped digits config), some twice, and the vectorized, newcomer, attack
+    and privacy runs."""
     shipped = []
     for config in configs_under([DIGITS]):
         name = config.relative_to(CONFIGS).with_suffix("").as_posix().replace("/", "_")
