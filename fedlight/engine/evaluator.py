@@ -37,10 +37,11 @@ class Evaluator:
         they add their summaries alone (`<also><suffix>/`). Spread over processes, each evaluates every `world`-th
         client and the per-client values are gathered."""
         splits = [split or self.server.eval_split, *also]
-        parts = [self.rows(self.data.split(name)) for name in splits]
+        data = [self.data.split(name) for name in splits]
+        parts = [self.rows(one) for one in data]
         outputs = self.outputs_by_group(models_and_groups, parts)
-        values = [self.client_values(out, y, client_of_row, self.data.split(name).sizes())
-                  for name, (_, y, client_of_row), out in zip(splits, parts, outputs)]
+        values = [self.client_values(out, y, client_of_row, one.sizes())
+                  for one, (_, y, client_of_row), out in zip(data, parts, outputs)]
         summary = {key: value for name, these in zip(splits, values)
                    for key, value in summarize(these, (self.name or name) + suffix).items()}
         return summary, values[0]

@@ -113,7 +113,7 @@ class GroupTraining:
     @contextlib.contextmanager
     def _without_gradients(self, work: LocalWork) -> Iterator[None]:
         """The parameter tensors `work` freezes whole take no gradient in either trainer (backward stops at them), and
-        the sequential trainer's optimizer skips them; the entries are restored as `LocalWork` says. The numbers are
+        both trainers' optimizers skip them; the entries are restored as `LocalWork` says. The numbers are
         those of a full backward with masked gradients, except under weight decay, which no longer moves a frozen
         tensor within the call (it was restored at the end either way)."""
         names = self.trainer.flat.frozen_tensors(work.trainable)

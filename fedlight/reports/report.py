@@ -452,8 +452,7 @@ class PageFigure:
 
 def primary_metric(run: Run) -> str:
     """Accuracy when the run has it, else its first per-client metric."""
-    return selection.primary_metric([k[len(run.split) + 1: -len("_mean")] for k in run.metrics[-1]
-                                     if k.startswith(f"{run.split}/") and k.endswith("_mean")])
+    return selection.primary_metric(selection.metric_names(run.metrics[-1], run.split))
 
 
 def averaged_over(groups: Sequence[Group]) -> str:

@@ -25,6 +25,11 @@ def selected_prefix(split: str) -> str:
     return f"{split}_selected"
 
 
+def metric_names(row: Mapping[str, Any], prefix: str) -> list[str]:
+    """The per-client metrics summarized in `row` under `prefix` (the names of its `<prefix>/<name>_mean` keys)."""
+    return [k[len(prefix) + 1: -len("_mean")] for k in row if k.startswith(f"{prefix}/") and k.endswith("_mean")]
+
+
 def primary_metric(names: Sequence[str]) -> str:
     """Accuracy when it is among a run's per-client metrics, else the first of them (acc for no metric at all)."""
     return "acc" if "acc" in names or not names else names[0]

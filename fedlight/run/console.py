@@ -105,8 +105,7 @@ PRIVACY = "privacy/epsilon"  # the privacy spent so far, with client-level DP
 def round_text(metrics: dict[str, Any], split: str) -> str:
     """'acc 0.9120 ± 0.0510 (worst 0.8000)  f1 ...  4 clusters, ARI 1.00' for an evaluated round; the training
     loss otherwise."""
-    names = [key[len(split) + 1: -len("_mean")] for key in metrics
-             if key.startswith(f"{split}/") and key.endswith("_mean")]
+    names = selection.metric_names(metrics, split)
     parts = [f"{name} {metrics[f'{split}/{name}_mean']:.4f} ± {metrics[f'{split}/{name}_std']:.4f} "
              f"(worst {metrics[f'{split}/{name}_worst']:.4f})" for name in names]
     if not parts:
@@ -138,9 +137,7 @@ def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> T
     metric, chosen = selected_rows(summary, split)
     for prefix, label in ((split, split), (f"{split}{FINE_TUNED}", f"{split} fine-tuned"),
                           (UNSEEN, f"{UNSEEN} ({split})")):  # fine-tuned, then held-out clients, after the rest
-        names = [k[len(prefix) + 1: -len("_mean")] for k in summary
-                 if k.startswith(f"{prefix}/") and k.endswith("_mean")]
-        for name in names:
+        for name in selection.metric_names(summary, prefix):
             last = prefix == split and name == metric  # beside it, the rounds chosen on validation and on split
             table.add_row(f"{label} {name}{', last round' if last else ''}",
                           *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")))
@@ -157,8 +154,7 @@ def selected_rows(summary: dict[str, Any], split: str) -> tuple[str | None, list
     them: the validation-selected round's mean and worst client (or why there is none), then the best round on
     `split` itself; (None, []) when the summary chose no round."""
     own = selection.selected_prefix(split)
-    names = [k[len(own) + len(split) + 2: -len("_mean")] for k in summary
-             if k.startswith(f"{own}/{split}/") and k.endswith("_mean")]
+    names = selection.metric_names(summary, f"{own}/{split}")
     if not names:
         return None, []
     metric, rows = names[0], []

@@ -43,8 +43,7 @@ class Totals(Callback):
 
     def selections(self, split: str) -> dict[str, Any]:
         """The validation-selected and the `split`-selected numbers of the primary metric (the summary's)."""
-        names = [k[len(split) + 1: -len("_mean")] for k in self.last_eval
-                 if k.startswith(f"{split}/") and k.endswith("_mean")]
+        names = selection.metric_names(self.last_eval, split)
         return selection.selections(self.evaluated, split, selection.primary_metric(names)) if names else {}
 
     def state_dict(self) -> dict[str, Any]:
