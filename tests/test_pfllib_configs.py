@@ -46,6 +46,7 @@ PFLLIB_ARGS = {
     "perfedavg": {"alpha": 0.005, "beta": 0.005, "variant": "fo"},
     "scaffold": {"server_lr": 1.0},
     "fedamp": {"alpha_k": 1.0, "lam": 1.0, "sigma": None},
+    "fedrod": {},
 }
 #: the leaderboard's Cifar100 numbers (pathological, practical); FedPer and FedRep from GPFL's Table 1
 PUBLISHED = {

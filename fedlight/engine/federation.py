@@ -27,6 +27,7 @@ from fedlight.engine.devices import (available_memory, batch_transform, client_s
                                      make_fabric)
 from fedlight.engine.divergence import watched_round
 from fedlight.plugin.evaluation import per_cluster_means
+from fedlight.plugin.model_parts import ModelParts, head_name
 from fedlight.engine.evaluator import Evaluator
 from fedlight.engine.execution import ClientExecution
 from fedlight.engine.extensions import Extension, RoundExtension, RoundExtensions
@@ -69,6 +70,8 @@ class Federation:
         self.data = self.extensions.prepare_data(self.data)
         self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
         self.module = model
+        head = head_name(model)  # before a method adds modules of its own, which must not be taken for the head
+        self.algorithm.extend_model(ModelParts(model, head, self.data.num_classes))
         self.fabric.setup_module(model)
         model._fabric = None  # per-step self.log through Fabric would sync the device; training logs per round
         # (the module's `self.trainer` is then the stand-in the client trainer attaches)
@@ -87,7 +90,7 @@ class Federation:
         self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
                                     self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
                                     self.client_states, self.aggregation, self.config.clients_per_round,
-                                    self.config.eval_every)
+                                    self.config.eval_every, head)
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
                                          threads, self.aggregation.hold_reason(), self.extensions.tamper)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)

@@ -103,7 +103,7 @@ class GroupTraining:
     def fit(self, round: int, clients: list[int], starts: Tensor, work: LocalWork = LocalWork()) -> Trained:
         """`clients` trained from the rows of `starts` as `work` says; the frozen entries restored. `round` seeds the
         clients' batches; a set-up phase numbered 0 trains at round 1's learning rates."""
-        with self._without_gradients(work):
+        with self._without_gradients(work), self._objective(work):
             trained = self._try_vectorized(round, clients, starts, work) if self.vectorized is not None else None
             if trained is None:
                 trained = self._one_by_one(round, clients, starts, work)
@@ -120,6 +120,21 @@ class GroupTraining:
         vectorized = contextlib.nullcontext() if self.vectorized is None else self.vectorized.without_gradients(names)
         with self.trainer.flat.without_gradients(names), vectorized:
             yield
+
+    @contextlib.contextmanager
+    def _objective(self, work: LocalWork) -> Iterator[None]:
+        """Within: both trainers' steps minimize `work.objective` (when it gives one) instead of `training_step`."""
+        if work.objective is None:
+            yield
+            return
+        stepping = [self.trainer] + ([] if self.vectorized is None else [self.vectorized.step_module])
+        for one in stepping:
+            one.objective = work.objective
+        try:
+            yield
+        finally:
+            for one in stepping:
+                one.objective = None
 
     def _unstepped(self, work: LocalWork) -> Tensor | None:
         """The entries neither trainer's optimizer steps within `fit`: buffers, and the parameter tensors `work`
@@ -184,8 +199,10 @@ class GroupTraining:
         for row, (client, start) in enumerate(zip(clients, starts)):
             x, y = self.train_split.client(client)
             weights = None if work.sample_weights is None else work.sample_weights[offset + row]
+            inputs = self._inputs(work, offset + row, offset + row + 1)
             one = self.trainer.fit(start, x, y, seeds[row], client_hook(hook, offset + row), work.lr_scale,
-                                   work.epochs, round=max(round, 1), sample_weights=weights)
+                                   work.epochs, round=max(round, 1), sample_weights=weights,
+                                   inputs=None if inputs is None else inputs[0])
             params[row], losses[row] = one.params, one.loss
             for name, value in one.logs.items():
                 logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value
@@ -220,8 +237,18 @@ class GroupTraining:
                 work.sample_weights[offset + begin: offset + end]
             parts.append(self.vectorized.fit_many(
                 starts[begin: end], [self.train_split.client(c) for c in clients[begin: end]], seeds[begin: end],
-                shifted, lr_scale=work.lr_scale, round=max(round, 1), epochs=work.epochs, sample_weights=weights))
+                shifted, lr_scale=work.lr_scale, round=max(round, 1), epochs=work.epochs, sample_weights=weights,
+                client_inputs=self._inputs(work, offset + begin, offset + end)))
         return Trained.cat(parts)
+
+    def _inputs(self, work: LocalWork, begin: int, end: int) -> Tensor | None:
+        """The objective's inputs of the clients at positions [begin, end) of the call (an empty row each without
+        them), or None without an objective."""
+        if work.objective is None:
+            return None
+        if work.client_inputs is None:
+            return torch.zeros(end - begin, 0, device=self.device)
+        return work.client_inputs[begin: end]
 
     def _fit_and_probe(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:
         """The first group's training under auto, timed (`fedlight.training.probe`): its first `sequential_share`

@@ -19,6 +19,7 @@
 | `round_log` | what an algorithm records as it acts (`Algorithm.log`, `log_matrix`) |
 | `data` | the data contract: `ClientSplit`, `FederatedData`, what a data module gives |
 | `evaluation` | per-client metrics and their summaries (mean, spread, worst client) |
+| `model_parts` | `ModelParts`: the model as a method extends it before set-up (`Algorithm.extend_model`); `head_inputs`: the features (the head's input) beside the outputs |
 | `choices` | the error for a name outside a fixed set, with the nearest valid name (a typo's "did you mean") |
 
 What an algorithm may import is this package and `fedlight.cluster` (tests/test_layout.py checks `algorithms/`).
@@ -29,6 +30,7 @@ from fedlight.plugin.client_state import ClientState
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.evaluation import summarize
 from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.model_parts import ModelParts, head_inputs
 from fedlight.plugin.newcomers import Newcomers, nearest_update_direction, unit_rows
 from fedlight.plugin.population import ClientPopulation
 from fedlight.plugin.round_updates import RoundUpdates
@@ -41,5 +43,6 @@ from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
 
 __all__ = ["Algorithm", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
-           "FederatedData", "GroupHook", "GroupStep", "LocalWork", "Newcomers", "RoundExtension", "RoundUpdates",
-           "ServerContext", "Trained", "Updates", "half_step", "nearest_update_direction", "summarize", "unit_rows"]
+           "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "RoundExtension",
+           "RoundUpdates", "ServerContext", "Trained", "Updates", "half_step", "head_inputs",
+           "nearest_update_direction", "summarize", "unit_rows"]

@@ -22,6 +22,7 @@ through the engine's cluster aggregator, so robust rules and DP cannot apply).
 The hooks, in the order of a round. Queries (marked ?) change nothing; only commands change state, and commands
 may record scalars and matrices as they act (`log`, `log_matrix`).
 
+    extend_model(parts)                before set-up: add the method's own modules to the model (a personal head)
     setup(server)                      once: build the state; `server` is the run's `ServerContext`
     begin_round(round)                 first thing in a round: one-time phases
     select_clients(round) ?            the clients that train
@@ -58,6 +59,7 @@ from fedlight.training.vectorized import GroupHook
 
 if TYPE_CHECKING:
     from fedlight.cluster.differences import Differences
+    from fedlight.plugin.model_parts import ModelParts
     from fedlight.plugin.newcomers import Newcomers
     from fedlight.plugin.round_updates import RoundUpdates
     from fedlight.plugin.server import ServerContext
@@ -114,6 +116,12 @@ class Algorithm:
         self._personal_generation = 0  # masks set so far: the store's name (`personal_part.store_name`)
 
     # -- hooks ---------------------------------------------------------------------------------------
+    def extend_model(self, parts: "ModelParts") -> None:
+        """Before set-up, before the module's tensors are laid out as the flat model: add the method's own modules
+        with `parts.add(name, module)` (FedRoD's personal head, FedDBE's feature shift), sized from
+        `parts.feature_size(method)` and `parts.num_classes`. They become entries of every client's flat model
+        (`fedlight.plugin.model_parts`). Nothing by default."""
+
     def setup(self, server: "ServerContext") -> None:
         """Called once before the first round (and before a checkpoint is loaded): one global model, every
         client in cluster 0, nothing personal. Subclasses call `super().setup(server)` first."""

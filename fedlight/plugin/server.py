@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedlight.plugin import model_parts
 from fedlight.plugin.client_state import ClientState, ClientStates, Initial
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.population import ClientPopulation, GroupTrainer
@@ -25,7 +26,7 @@ from fedlight.training.flat import FlatModel
 from fedlight.training.group_batches import GroupStep
 from fedlight.training.layer_masks import layer_count_mask
 from fedlight.training.local_work import LocalWork
-from fedlight.training.sequential import ClientTrainer, GradientHook, Trained
+from fedlight.training.sequential import ClientTrainer, GradientHook, Objective, Trained
 from fedlight.training.vectorized import GroupHook
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
@@ -66,8 +67,10 @@ class ServerContext:
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
                  fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
                  eval_batch_size: int, client_states: ClientStates,
-                 aggregation: "ClusterAggregation", clients_per_round: int | None = None, eval_every: int = 1) -> None:
+                 aggregation: "ClusterAggregation", clients_per_round: int | None = None, eval_every: int = 1,
+                 head_name: str | None = None) -> None:
         self._flat, self._trainer, self._fabric = flat, trainer, fabric
+        self._head_name = head_name if head_name is not None else model_parts.head_name(model)
         self._transform, self._eval_batch_size = transform, eval_batch_size
         self.model = model
         self.seed, self.rounds, self.eval_split, self.eval_every = seed, rounds, eval_split, eval_every
@@ -168,19 +171,38 @@ class ServerContext:
         return self._aggregation.privacy is not None
 
     # -- running the model -----------------------------------------------------------------------------
-    @torch.no_grad()
+    @property
+    def head(self) -> torch.nn.Module:
+        """The network's last layer, whose input is the features (`fedlight.plugin.model_parts`): methods that read
+        the representation in a local objective run `head_inputs(module, server.head, x)`."""
+        return model_parts.head_of(self.model, self._head_name)
+
     def predict(self, params: Tensor, x: Tensor) -> Tensor:
         """The outputs (logits) of the flat model `params` on raw inputs `x`, in evaluation mode, in batches
         of `federation.eval_batch_size`, as float32."""
+        return self._evaluate(params, x)[1]
+
+    def features(self, params: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(features, outputs) of the flat model `params` on raw inputs `x` as `predict` runs it: the head's input
+        beside the logits, float32 (class prototypes, a domain's mean representation)."""
+        return self._evaluate(params, x, features=True)
+
+    @torch.no_grad()
+    def _evaluate(self, params: Tensor, x: Tensor, features: bool = False) -> tuple[Tensor | None, Tensor]:
         self._flat.load(params)
         self.model.eval()
         size = self._eval_batch_size
-        outputs = []
+        inputs, outputs = [], []
         for begin in range(0, max(len(x), 1), size):  # an empty x still gives a (0, ...) output
             batch = self.inputs(x[begin: begin + size])
             with self._fabric.autocast():
-                outputs.append(self.model(batch).float())
-        return torch.cat(outputs)
+                if features:
+                    feature, output = model_parts.head_inputs(self.model, self.head, batch)
+                    inputs.append(feature.float())
+                else:
+                    output = self.model(batch)
+                outputs.append(output.float())
+        return (torch.cat(inputs) if features else None), torch.cat(outputs)
 
     @torch.no_grad()
     def client_losses(self, models: Tensor, split: str = "train", clients: list[int] | None = None) -> Tensor:
@@ -204,7 +226,8 @@ class ServerContext:
 
     def train_many(self, round: int, clients: list[int], starts: Tensor, epochs: int | None = None,
                    lr_scale: float = 1.0, gradient_hook: GroupHook | None = None, trainable: Tensor | None = None,
-                   sample_weights: list[Tensor] | None = None, purpose: str = "train") -> Trained:
+                   sample_weights: list[Tensor] | None = None, purpose: str = "train",
+                   objective: Objective | None = None, client_inputs: Tensor | None = None) -> Trained:
         """Train `clients` from the rows of `starts` with the module's `training_step` and optimizer, as `train`
         does for each alone (same batches, same seeds), but as one group: vectorized when the run's plan allows,
         in groups sized by memory. Returns a `Trained` (models (len(clients), d), each client's mean loss of the last
@@ -212,9 +235,11 @@ class ServerContext:
         the clients at positions `rows` in place after every backward pass; `trainable` ((d,) bool) trains only
         those entries, the others keep their starting values; `sample_weights` (one tensor per client, a weight
         per row of its training split) weight each sample's cross-entropy; another `purpose` draws another stream
-        of batches (`fedlight.training.local_work.LocalWork`)."""
+        of batches; `objective(module, (x, y), inputs)` is each step's loss instead of `training_step`, handed the
+        client's row of `client_inputs` (`fedlight.training.local_work.LocalWork`)."""
         return self.clients.train_many(round, clients, starts,
-                                       LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose))
+                                       LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose,
+                                                 objective, client_inputs))
 
     def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
                       purpose: str = "train") -> Iterator[GroupStep]:

@@ -68,7 +68,7 @@ class FlatModel:
         tensors = _floating_tensors(module)
         if not tensors:
             raise ValueError(f"{type(module).__name__} has no floating-point parameters or buffers to federate")
-        network_layers = _declared_layers(module)
+        network_layers = declared_layers(module)
         ref = tensors[0][3]
         total = sum(t.numel() for *_, t, _ in tensors)
         self.vector = torch.empty(total, dtype=ref.dtype, device=ref.device)
@@ -184,7 +184,7 @@ class FlatModel:
         return self.mask(lambda e: e.layer in chosen)
 
 
-def _declared_layers(module: nn.Module) -> list[str]:
+def declared_layers(module: nn.Module) -> list[str]:
     """The layer names a network declares through `layer_names()`, looked up on the module or its children."""
     for prefix, sub in module.named_modules():
         names = getattr(sub, "layer_names", None)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from fedlight.training.sequential import Objective
 from fedlight.training.vectorized import GroupHook
 
 
@@ -29,6 +30,12 @@ class LocalWork:
             loss is then the batch mean of weight x cross-entropy of the module's outputs (None: `training_step`).
         purpose: the stream of batches (and dropout) drawn: "train" is the round's ordinary stream; another name
             draws an independent one with the same batch sizes.
+        objective: `objective(module, (x, y), inputs)`, the loss of a batch in place of `training_step`, with the
+            module running on the client's weights (vectorized under `torch.func`, so no `.item()` or data-dependent
+            Python branching): a regularized or multi-head local objective (FedProto's prototype distance, FedRoD's
+            balanced softmax); `fedlight.plugin.features` gives the head's input beside the outputs.
+        client_inputs: (clients, ...), one row per client handed to `objective` as `inputs` (its class counts, say);
+            None: an empty (0,) tensor.
     """
 
     epochs: int | None = None
@@ -37,6 +44,15 @@ class LocalWork:
     trainable: Tensor | None = None
     sample_weights: list[Tensor] | None = None
     purpose: str = "train"
+    objective: Objective | None = None
+    client_inputs: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective is not None and self.sample_weights is not None:
+            raise ValueError("LocalWork takes sample_weights or an objective, not both: weigh the samples inside the "
+                             "objective (pass the weights through client_inputs)")
+        if self.client_inputs is not None and self.objective is None:
+            raise ValueError("LocalWork.client_inputs are handed to an objective: give one, or leave them out")
 
     def hook(self, unstepped: Tensor | None = None) -> GroupHook | None:
         """The gradient hook the trainers run: the algorithm's correction, then the frozen entries zeroed.

@@ -76,6 +76,23 @@ def weighted_loss(module: torch.nn.Module, batch: Any, weights: Tensor) -> Tenso
     return (weights * F.cross_entropy(module(x), y, reduction="none")).mean()
 
 
+#: the loss of one batch in place of `training_step`: objective(module, (x, y), inputs), `inputs` the client's row of
+#: `LocalWork.client_inputs` (an empty tensor without them); the module runs with the client's weights, vectorized or
+#: alone (`LocalWork.objective`)
+Objective = Callable[[torch.nn.Module, Any, Tensor], Tensor]
+
+
+def step_loss(module: torch.nn.Module, batch: Any, step: int, weights: Tensor | None = None,
+              objective: Objective | None = None, inputs: Tensor | None = None) -> Tensor:
+    """The loss a local step minimizes: the algorithm's `objective` when it gives one, else the weighted
+    cross-entropy when samples are weighted, else the module's `training_step`."""
+    if objective is not None:
+        return objective(module, batch, inputs)
+    if weights is not None:
+        return weighted_loss(module, batch, weights)
+    return training_loss(module.training_step(batch, step))
+
+
 def seed_random_layers(seed: int, device: torch.device) -> None:
     """Seed the generator that dropout and other random layers draw from on `device` (torch.manual_seed seeds
     every backend, which costs a traceback per lazily initialized one at every call)."""
@@ -116,6 +133,7 @@ class ClientTrainer:
         # play; called directly they skip several layers of Python at every one of many small steps
         self.backward = fabric.backward if self.scaler else Tensor.backward
         self.step = self.optimizer.step if self.scaler else raw.step
+        self.objective: Objective | None = None  # set for a call by the group training (`LocalWork.objective`)
 
     def local_steps(self, samples: int, epochs: int | None = None) -> int:
         """Optimizer steps of local training on `samples` rows: the batches times `epochs` (default: the local
@@ -130,11 +148,12 @@ class ClientTrainer:
 
     def fit(self, start: Tensor, x: Tensor, y: Tensor, seed: int, gradient_hook: GradientHook | None = None,
             lr_scale: float = 1.0, epochs: int | None = None, round: int = 1,
-            sample_weights: Tensor | None = None) -> Trained:
+            sample_weights: Tensor | None = None, inputs: Tensor | None = None) -> Trained:
         """Train from `start` on (x, y) for `epochs` (default: the configured local epochs) at the learning rates
         of round `round` times `lr_scale`: the trained flat model, the mean loss of the last epoch and the values
         `training_step` logged. All randomness (batch order, dropout) derives from `seed`. With `sample_weights`
-        (one per row of x), each step's loss is `weighted_loss` instead of `training_step`."""
+        (one per row of x), each step's loss is `weighted_loss` instead of `training_step`; with an `objective` set,
+        it is the objective's, handed `inputs` (`step_loss`)."""
         module, flat = self.module, self.flat
         flat.load(start)
         flat.zero_grad()
@@ -155,10 +174,8 @@ class ClientTrainer:
                     logs.clear()
                 self.stand_in.at(round, epoch, step)
                 with self.fabric.autocast():
-                    if sample_weights is None:
-                        loss = training_loss(module.training_step(batch, step))
-                    else:
-                        loss = weighted_loss(module, batch, sample_weights[rows])
+                    loss = step_loss(module, batch, step, None if sample_weights is None else sample_weights[rows],
+                                     self.objective, inputs)
                 logs.add(step_logs.take(), 0, min(b, n - step * b))
                 self.backward(loss)
                 if gradient_hook is not None:

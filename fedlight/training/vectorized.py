@@ -31,7 +31,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates
 from fedlight.training.step_logs import LogSums, StepLogs
-from fedlight.training.sequential import Trained, sample_order, seed_random_layers, training_loss, weighted_loss
+from fedlight.training.sequential import Objective, Trained, sample_order, seed_random_layers, step_loss
 from fedlight.training.trainer_stand_in import TrainerStandIn
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
@@ -62,19 +62,19 @@ def batch_norm_in_its_own_dtype(module: nn.Module) -> Iterator[None]:
 
 
 class _TrainingStep(nn.Module):
-    """Makes `training_step` the forward of a module, so `functional_call` can run it with given weights; returns
+    """Makes a step's loss (`training_step`, the weighted cross-entropy of per-sample weights, or the algorithm's
+    objective: `step_loss`) the forward of a module, so `functional_call` can run it with given weights; returns
     (loss, what the step logged)."""
 
     def __init__(self, inner: L.LightningModule) -> None:
         super().__init__()
         self.inner = inner
         self.logs: StepLogs | None = None
+        self.objective: Objective | None = None  # set for a call by the group training (`LocalWork.objective`)
 
-    def forward(self, batch, batch_idx: int, weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        if weights is None:
-            loss = training_loss(self.inner.training_step(batch, batch_idx))
-        else:  # per-sample weights (a mixture component's M-step): the weighted cross-entropy of the outputs
-            loss = weighted_loss(self.inner, batch, weights)
+    def forward(self, batch, batch_idx: int, weights: Tensor | None = None,
+                inputs: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        loss = step_loss(self.inner, batch, batch_idx, weights, self.objective, inputs)
         return loss, self.logs.take() if self.logs is not None else {}
 
 
@@ -210,6 +210,8 @@ class VectorizedTrainer:
                                    randomness="different")
         self._weighted_grad_and_loss = vmap(grad_and_value(self._weighted_loss, has_aux=True),
                                             in_dims=(0, 0, 0, 0, None, 0), randomness="different")
+        self._objective_grad_and_loss = vmap(grad_and_value(self._objective_loss, has_aux=True),
+                                             in_dims=(0, 0, 0, 0, None, 0), randomness="different")
 
     def activation_bytes(self, x: Tensor, y: Tensor) -> int:
         """Bytes one client's training step on the batch (x, y) keeps for its backward pass (its activations):
@@ -253,6 +255,11 @@ class VectorizedTrainer:
         return functional_call(self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers},
                                ((x, y), batch_idx, weights))
 
+    def _objective_loss(self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
+                        batch_idx: int, inputs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        return functional_call(self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers},
+                               ((x, y), batch_idx, None, inputs))
+
     def _buffers(self, starts: Tensor) -> dict[str, Tensor]:
         """Every client's buffers as one (clients, ...) tensor each: the federated ones from the flat rows, the
         others (BatchNorm's batch counter) as per-client copies of the module's. Each must be a tensor of its
@@ -288,16 +295,21 @@ class VectorizedTrainer:
         return [t for i, t in enumerate(tensors) if i not in self._frozen]
 
     def _grads(self, params: list[Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor, step: int,
-               weights: Tensor | None = None) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
+               weights: Tensor | None = None,
+               inputs: Tensor | None = None) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
         """(gradient of each parameter tensor, losses, logged values) of a range of rows, from the views of their
         parameters; `buffers` (one row per client) are updated in place. Differentiating with respect to one
         view per tensor is O(d); differentiating slices of one flat row would build a full-length zero gradient
-        per tensor and add them all up. `weights` (rows, batch): per-sample weights of a weighted loss. Frozen
-        tensors (`without_gradients`) go in beside the buffers and get a zero gradient."""
+        per tensor and add them all up. `weights` (rows, batch): per-sample weights of a weighted loss; `inputs`
+        (rows, ...): each row's inputs of the algorithm's objective, when one is set. Frozen tensors
+        (`without_gradients`) go in beside the buffers and get a zero gradient."""
         if self._frozen:
             buffers = {**buffers, **{self._names[i]: params[i] for i in self._frozen}}
         differentiated = tuple(p for i, p in enumerate(params) if i not in self._frozen)
-        if weights is None:
+        if self.step_module.objective is not None:
+            inputs = x.new_zeros(len(x), 0) if inputs is None else inputs
+            grads, (losses, logged) = self._objective_grad_and_loss(differentiated, buffers, x, y, step, inputs)
+        elif weights is None:
             grads, (losses, logged) = self._grad_and_loss(differentiated, buffers, x, y, step)
         else:
             grads, (losses, logged) = self._weighted_grad_and_loss(differentiated, buffers, x, y, step, weights)
@@ -331,13 +343,15 @@ class VectorizedTrainer:
 
     def fit_many(self, starts: Tensor, data: list[tuple[Tensor, Tensor]], seeds: list[int],
                  hook: GroupHook | None = None, lr_scale: float = 1.0, round: int = 1,
-                 epochs: int | None = None, sample_weights: list[Tensor] | None = None) -> Trained:
+                 epochs: int | None = None, sample_weights: list[Tensor] | None = None,
+                 client_inputs: Tensor | None = None) -> Trained:
         """Train each row of `starts` on its (x, y) with its seed for `epochs` (default: the configured local
         epochs) at the learning rates of round `round` times `lr_scale`: the trained flat models, the mean loss of
         each client's last epoch and each client's logged values, as `ClientTrainer.fit` gives for each client
         alone. Batch orders come from the clients' seeds, as sequentially; random layers
         (dropout) draw from one stream seeded by all of them, so their masks differ from sequential training's
-        but repeat exactly, resumed runs included.
+        but repeat exactly, resumed runs included. `client_inputs` ((clients, ...)): each client's row handed to
+        the objective set on the step (`LocalWork.objective`).
 
         The clients are trained largest first (rows sorted by size), so at every step the clients still training
         are the first rows, and those with a short last batch come last: each step works on contiguous ranges of
@@ -351,6 +365,7 @@ class VectorizedTrainer:
         sorted_starts = starts if hook is None and starts.stride(0) == 0 else starts[order]
         data, seeds = [data[r] for r in order], [seeds[r] for r in order]
         w_all = None if sample_weights is None else torch.cat([sample_weights[r] for r in order])
+        inputs_sorted = None if client_inputs is None else client_inputs[order]
         every_entry = not self.buffer_entries
         params = sorted_starts.clone(memory_format=torch.contiguous_format) if every_entry else \
             sorted_starts[:, self.param_mask]  # (boolean indexing copies)
@@ -384,8 +399,10 @@ class VectorizedTrainer:
                                                                for k, v in buffers.items()}
                         param_views = self._tensor_views(params, rows)
                         weights = None if w_all is None else w_all[index]
+                        inputs = None if inputs_sorted is None else inputs_sorted[rows.start: rows.stop]
                         with self.fabric.autocast():
-                            grads, losses, logged = self._grads(param_views, group_buffers, x, y, step, weights)
+                            grads, losses, logged = self._grads(param_views, group_buffers, x, y, step, weights,
+                                                                inputs)
                         if not whole:
                             for name, value in group_buffers.items():
                                 buffers[name][rows.start: rows.stop] = value

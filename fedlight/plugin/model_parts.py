@@ -1,0 +1,85 @@
+"""The model as a method may extend it before the run starts, and the features a network's head reads.
+
+Some personalized methods train modules of their own beside the configured network: a personal head (FedRoD), a
+per-client shift of the features (FedDBE), a conditional policy (FedCP). Added through `ModelParts.add` in
+`Algorithm.extend_model`, before the engine lays the module's tensors out as one flat vector, such a module's
+tensors are entries of every client's flat model like the network's own: trained vectorized by the group training,
+kept in the client-state store, checkpointed, and averaged or kept personal by mask (`server.layer_mask([name])`).
+The network's forward does not call them; the method calls them in its local objective (`LocalWork.objective`) and
+its evaluation, or hooks them onto the head (`head.register_forward_pre_hook`).
+
+The head is the network's last layer (its declared `layer_names()`, else the last module owning parameters), and
+its input is what these methods call the features (the representation): `head_inputs` returns it beside the
+outputs, inside a vectorized objective as well as in evaluation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from fedlight.training.flat import declared_layers
+from fedlight.training.layer_masks import owns_parameters
+
+
+def head_name(module: nn.Module) -> str | None:
+    """The qualified name of the network's last layer: its declared `layer_names()`' last, else the last submodule
+    that owns parameters (None: a model without any, such as the centroid models of local k-means)."""
+    declared = declared_layers(module)
+    if declared:
+        return declared[-1]
+    owners = [name for name, sub in module.named_modules() if name and owns_parameters(sub)]
+    return owners[-1] if owners else None
+
+
+def head_of(module: nn.Module, name: str | None) -> nn.Module:
+    """The head named `name` (`head_name`), or a one-line refusal for a model without a layer."""
+    if name is None:
+        raise ValueError(f"{type(module).__name__} has no layer with parameters: there is no head to read features "
+                         "at; use a network that ends with a layer (nn.Linear)")
+    return module.get_submodule(name)
+
+
+def head_inputs(module: nn.Module, head: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(features, outputs) of `module` on `x`: the input the head receives (as the network computes it, before any
+    pre-hook a method registered on the head changes it) and the module's outputs, from one forward pass."""
+    captured: list[Tensor] = []
+    handle = head.register_forward_pre_hook(lambda _, args: captured.append(args[0]), prepend=True)
+    try:
+        outputs = module(x)
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise ValueError(f"the head ({type(head).__name__}) ran {len(captured)} times in one forward pass; "
+                         "features are read at a head that runs once")
+    return captured[0], outputs
+
+
+@dataclass
+class ModelParts:
+    """The run's module before its tensors are laid out (`Algorithm.extend_model`): its head and class count, and
+    `add` for a method's own modules."""
+
+    module: nn.Module
+    head_name: str | None
+    num_classes: int
+
+    @property
+    def head(self) -> nn.Module:
+        return head_of(self.module, self.head_name)
+
+    def feature_size(self, method: str) -> int:
+        """The width of the features (the head's input): a linear head's `in_features`; a method that needs the
+        features refuses another head in one line."""
+        size = getattr(self.head, "in_features", None)
+        if not isinstance(size, int):
+            raise ValueError(f"{method} reads the features at the network's head, which must be a linear layer; "
+                             f"{self.head_name} is a {type(self.head).__name__}: end the network with nn.Linear "
+                             "(or declare layer_names() whose last is it)")
+        return size
+
+    def add(self, name: str, part: nn.Module) -> None:
+        """Add `part` to the module as `name` (a layer of its own in the flat model's layout)."""
+        if hasattr(self.module, name):
+            raise ValueError(f"the model already has an attribute {name!r}: give the method's module another name")
+        self.module.add_module(name, part)

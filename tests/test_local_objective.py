@@ -1,0 +1,91 @@
+"""A method's own local objective (`LocalWork.objective`), the features at the network's head (`head_inputs`,
+`server.features`) and modules a method adds to the model (`Algorithm.extend_model`), against hand computations."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedlight.models import MLP
+from fedlight.plugin import Algorithm, LocalWork, ModelParts, head_inputs
+from tests.test_group_training import mlp_federation, noisy_starts
+
+
+def bias_objective(module, batch, inputs):
+    """c times the sum of the head's bias: its gradient is c on the bias and 0 everywhere else."""
+    return inputs[0] * module.network.out.bias.sum()
+
+
+@pytest.mark.parametrize("vectorize", [0, 3], ids=["one by one", "vectorized"])
+def test_an_objective_with_client_inputs_moves_exactly_what_its_hand_gradient_says(vectorize):
+    fed = mlp_federation(vectorize=vectorize)  # SGD, lr 0.05, momentum 0.9, 2 local epochs, batches of 16
+    clients = [0, 1, 2, 3]
+    starts = noisy_starts(fed, len(clients))
+    c = torch.tensor([[0.5], [-1.0], [2.0], [0.0]])
+    trained = fed.server.train_many(1, clients, starts, objective=bias_objective, client_inputs=c).params
+    bias = fed.server.layer_mask(["network.out"]) & fed.flat.mask(lambda e: e.name.endswith("out.bias"))
+    for row, client in enumerate(clients):
+        steps = fed.server.local_steps(client)
+        # momentum buffer after t steps of a constant gradient g: g (1 + 0.9 + ... + 0.9^(t-1))
+        travelled = 0.05 * sum(sum(0.9 ** j for j in range(t)) for t in range(1, steps + 1))
+        expected = starts[row].clone()
+        expected[bias] -= travelled * float(c[row, 0])
+        assert torch.allclose(trained[row], expected, atol=1e-5), client
+
+
+def test_head_inputs_are_the_hidden_activations_and_server_features_evaluate_them():
+    torch.manual_seed(0)
+    network = MLP(4, [3], 2)
+    x = torch.randn(5, 4)
+    hidden = torch.relu(x @ network.hidden[0].weight.T + network.hidden[0].bias)
+    features, outputs = head_inputs(network, network.out, x)
+    assert torch.allclose(features, hidden) and torch.allclose(outputs, hidden @ network.out.weight.T +
+                                                                network.out.bias)
+    fed = mlp_federation()
+    params = noisy_starts(fed, 1)[0]
+    x = fed.data.train.client(0)[0][:7]
+    fed.flat.load(params)
+    layer = fed.module.network.hidden[0]
+    by_hand = torch.relu(torch.flatten(x, 1) @ layer.weight.T + layer.bias)
+    features, logits = fed.server.features(params, x)
+    assert torch.allclose(features, by_hand, atol=1e-6)
+    assert torch.allclose(logits, fed.server.predict(params, x))
+
+
+class PersonalShift(Algorithm):
+    """Adds a learned shift of the features before the head: a method's own module in every client's model."""
+
+    def extend_model(self, parts: ModelParts) -> None:
+        self.head_name = parts.head_name
+        parts.add("shift", nn.Linear(parts.feature_size("PersonalShift"), 1, bias=False))
+
+
+def test_a_module_added_by_a_method_is_part_of_every_clients_flat_model_and_trains_under_its_objective():
+    plain = mlp_federation()
+    fed = mlp_federation(PersonalShift())
+    assert fed.algorithm.head_name == "network.out" and fed.server.head is fed.module.network.out
+    assert fed.server.num_params == plain.server.num_params + 32  # the shift's 32 x 1 weights
+    shift = fed.server.layer_mask(["shift"])
+    assert int(shift.sum()) == 32 and bool(shift[-32:].all())  # the method's layer comes after the network's
+
+    def shifted(module, batch, inputs):
+        x, y = batch
+        features, outputs = head_inputs(module, module.network.out, x)
+        return F.cross_entropy(outputs + module.shift(features), y)
+
+    starts = noisy_starts(fed, 2)
+    moved = fed.server.train_many(1, [0, 1], starts, objective=shifted).params
+    kept = fed.server.train_many(1, [0, 1], starts).params
+    assert not torch.equal(moved[:, shift], starts[:, shift])  # the objective trains it
+    assert torch.equal(kept[:, shift], starts[:, shift])  # the module's training_step never reaches it
+
+
+def test_bad_uses_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="sample_weights or an objective"):
+        LocalWork(objective=bias_objective, sample_weights=[torch.ones(3)])
+    with pytest.raises(ValueError, match="client_inputs are handed to an objective"):
+        LocalWork(client_inputs=torch.ones(2, 1))
+    parts = ModelParts(nn.Sequential(nn.Linear(3, 3), nn.Conv1d(1, 1, 1)), "1", 3)
+    with pytest.raises(ValueError, match="must be a linear layer; 1 is a Conv1d"):
+        parts.feature_size("FedProto")
+    with pytest.raises(ValueError, match="already has an attribute '0'"):
+        parts.add("0", nn.Linear(1, 1))
