@@ -20,6 +20,11 @@ Defaults and choices (as PFLlib's `clientrod.py` runs it):
 - a class a client has no sample of gets log(0) = -inf in the balanced softmax: its generic logit takes no part in
   that client's loss;
 - body and generic head are averaged weighted by training-set size, as everywhere in fedlight.
+Measured (configs/digits/skew/, 2 classes per client, 60 rounds, seed 0): personalized 0.991 mean test accuracy
+(FedAvg's global model 0.925), generic model 0.724. A generic head trained with the balanced softmax never compares
+two classes that no client holds together (a class a client lacks is out of its softmax), so under pathological
+splits the generic model is weaker than FedAvg's; the paper's generic claim is for Dirichlet splits.
+
 Deviation: a client that arrives after training gets the averaged body and generic head with a zero personal head,
 i.e. the generic model's predictions (the paper's G-FL model for clients without personalization);
 `federation.finetune_epochs` then personalizes it (the whole model, with the module's `training_step`).
