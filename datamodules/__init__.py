@@ -12,3 +12,4 @@ from fedlight.datamodules.vision import (CIFAR10Federated, CIFAR100Federated, EM
 from fedlight.datamodules.wisdm import WISDMFederated
 from fedlight.datamodules.synthetic import SyntheticGaussians
 from fedlight.datamodules.heterogeneity import Heterogeneity
+from fedlight.datamodules.concept_shift import ConceptShift

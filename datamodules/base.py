@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from fedlight.plugin.data import SPLITS, ClientSplit, FederatedData
-from fedlight.datamodules.partition import IID, PartitionScheme
+from fedlight.datamodules.partition import IID, PartitionScheme, largest_remainders
 
 OFFICIAL_TRAIN, OFFICIAL_VAL, OFFICIAL_TEST = 0, 1, 2  # codes of `pool_splits`
 
@@ -122,8 +122,7 @@ class FederatedDataModule(L.LightningDataModule):
         for k, part in enumerate(parts):
             idx = torch.from_numpy(keep[part])
             xk, yk = x[idx], y[idx]
-            if clusters is not None:
-                xk, yk = self.partition.transform(xk, yk, int(clusters[k]))
+            xk, yk = self.partition.transform_client(xk, yk, k, None if clusters is None else int(clusters[k]))
             if official is None:
                 order = torch.from_numpy(rng.permutation(len(idx)))
                 n_val, n_test = int(round(self.val_fraction * len(idx))), int(round(self.test_fraction * len(idx)))
@@ -181,8 +180,11 @@ def choose_holdout(count: int, num_clients: int, clusters: np.ndarray | None, se
     rng = np.random.default_rng([seed, zlib.crc32(b"holdout")])
     groups = np.zeros(num_clients, dtype=np.int64) if clusters is None else np.unique(clusters, return_inverse=True)[1]
     sizes = np.bincount(groups)
-    exact = count * sizes / num_clients
-    quota = np.floor(exact).astype(np.int64)
-    quota[np.argsort(-(exact - quota), kind="stable")[: count - quota.sum()]] += 1
+    quota = largest_remainders(count, sizes)
+    emptied = np.flatnonzero(quota >= sizes)
+    if clusters is not None and len(emptied):
+        cluster = np.unique(clusters)[emptied[0]]
+        raise ValueError(f"data.init_args.holdout_clients holds out all {sizes[emptied[0]]} clients of true cluster "
+                         f"{cluster}, leaving it none to train: hold out fewer clients or give that cluster more")
     return np.sort(np.concatenate([rng.choice(np.flatnonzero(groups == g), size=q, replace=False)
                                    for g, q in enumerate(quota)]))

@@ -30,6 +30,12 @@ class PartitionScheme:
         """Transform one client's samples given its true cluster (identity by default)."""
         return x, y
 
+    def transform_client(self, x: Tensor, y: Tensor, client: int, cluster: int | None) -> tuple[Tensor, Tensor]:
+        """Transform client `client`'s samples, `cluster` its true cluster (None when the scheme defines none): the
+        cluster's `transform` by default. A scheme whose transform also differs between the clients of a cluster
+        (a feature shift inside a concept: `ConceptShift`) overrides this."""
+        return (x, y) if cluster is None else self.transform(x, y, cluster)
+
 
 class IID(PartitionScheme):
     """Uniformly random, equal-size (up to one sample) split."""
@@ -51,6 +57,15 @@ def _split_by_proportions(idx: np.ndarray, proportions: np.ndarray) -> list[np.n
     """Cut `idx` into len(proportions) consecutive chunks of (about) the given shares."""
     cuts = (np.cumsum(proportions) / proportions.sum() * len(idx)).astype(int)[:-1]
     return np.split(idx, cuts)
+
+
+def largest_remainders(total: int, weights: np.ndarray) -> np.ndarray:
+    """`total` whole units shared in proportion to `weights`: each gets the floor of its exact share and the largest
+    remainders one more each (the first on a tie), so the counts add up to `total`."""
+    exact = total * np.asarray(weights, dtype=float) / np.sum(weights)
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(-(exact - counts), kind="stable")[: total - counts.sum()]] += 1
+    return counts
 
 
 def _check_positive(name: str, value: float) -> None:
