@@ -35,6 +35,7 @@ REFUSES = {
     "kfed": "data clustering: every client uploads its local clustering in every round",
     "mfc": "data clustering: every client uploads its local clustering in every round",
     "centclus": "data clustering: every client uploads its local clustering in every round",
+    "fedsoft": "FedSoft draws its own clients (K per center, by importance) and estimates every client's importance",
 }
 #: the tiny run: every writer of the small files, 2 a round, one round evaluated, a narrow network, no W&B
 TINY_NETWORK = {"class_path": "fedlight.models.SmallCNN",
@@ -96,7 +97,8 @@ def test_a_method_left_out_refuses_a_cohort(name, leaf_root):
              else Classifier(SmallCNN(1, 62, 28, width=4)))
     data = FEMNISTFederated(str(leaf_root), val_fraction=0.0, public_size=PUBLIC)
     settings = FederationConfig(rounds=1, clients_per_round=2, accelerator="cpu", vectorize=0)
-    with pytest.raises(ValueError, match=r"trains every client .*federation\.clients_per_round allows 2 of 5"):
+    with pytest.raises(ValueError, match=r"trains every client .*federation\.clients_per_round allows 2 of 5|"
+                                         r"draws its own clients .*leave federation\.clients_per_round out"):
         Federation(data, model, cls(), settings, seed=0)
 
 

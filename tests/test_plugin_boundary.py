@@ -29,7 +29,7 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus",
            "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL", "pfedme": "pFedMe",
            "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC", "fedem": "FedEM",
-           "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA", "fedrod": "FedRoD"}
+           "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA", "fedrod": "FedRoD", "fedsoft": "FedSoft"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
@@ -176,7 +176,7 @@ ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_d
                       "flis_hc": {"phase_zero_epochs": 1}, "cfl": {"warmup_rounds": 0}, "ocfl": {"participation": 0.7},
                       "fedtsdp": {"hopkins_threshold": 0.0}, "fesem": {"num_clusters": 2},
                       "flhc": {"cluster_round": 1, "num_clusters": 2}, "pacfl": {"num_clusters": 2},
-                      "fedem": {"num_components": 2}}
+                      "fedem": {"num_components": 2}, "fedsoft": {"num_clusters": 2, "selection_size": 2}}
 
 
 def run_commands(fed: Federation, round: int) -> None:
