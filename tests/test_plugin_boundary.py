@@ -30,7 +30,8 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL", "pfedme": "pFedMe",
            "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC", "fedem": "FedEM",
            "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA", "fedrod": "FedRoD",
-           "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto"}
+           "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto",
+           "cflgp": "CFL-GP"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
