@@ -86,12 +86,19 @@ def test_a_client_predicts_with_the_sum_of_both_heads_and_a_newcomer_with_the_ge
 
 
 class _Newcomers:
+    """What `newcomer_models` reads of the held-out clients here: their count."""
+
     def __init__(self, count: int) -> None:
         self.count = count
 
 
 class ConvHead(nn.Module):
+<<<<<<< HEAD
     """A network whose last layer is not linear: no feature width to read (FedRoD, FedProto refuse it)."""
+=======
+    """A network on the digits whose last layer is a convolution, not a linear head (methods that read the features
+    at the head refuse it)."""
+>>>>>>> feddbe
 
     def __init__(self) -> None:
         super().__init__()

@@ -48,6 +48,7 @@ PFLLIB_ARGS = {
     "fedamp": {"alpha_k": 1.0, "lam": 1.0, "sigma": None},
     "fedrod": {},
     "fedproto": {"lam": 1.0},
+    "feddbe": {"momentum": 0.1, "kappa": 0.0},
 }
 #: the leaderboard's Cifar100 numbers (pathological, practical); FedPer and FedRep from GPFL's Table 1
 PUBLISHED = {
