@@ -93,12 +93,8 @@ class _Newcomers:
 
 
 class ConvHead(nn.Module):
-<<<<<<< HEAD
-    """A network whose last layer is not linear: no feature width to read (FedRoD, FedProto refuse it)."""
-=======
     """A network on the digits whose last layer is a convolution, not a linear head (methods that read the features
     at the head refuse it)."""
->>>>>>> feddbe
 
     def __init__(self) -> None:
         super().__init__()

@@ -30,9 +30,7 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL", "pfedme": "pFedMe",
            "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC", "fedem": "FedEM",
            "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA", "fedrod": "FedRoD",
-           "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto",
-           "cflgp": "CFL-GP",
-           "feddbe": "FedDBE"}
+           "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto", "cflgp": "CFL-GP", "feddbe": "FedDBE"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
