@@ -27,10 +27,11 @@ DOC = (REPO / "docs" / "architecture.md").read_text()
 DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "OCFL", "flis_dc": "FLIS-DC",
            "flis_hc": "FLIS-HC", "ifca": "IFCA", "cfl": "CFL", "fedper": "FedPer", "lgfedavg": "LG-FedAvg",
            "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus",
-           "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL", "pfedme": "pFedMe",
-           "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC", "fedem": "FedEM",
-           "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA", "fedrod": "FedRoD",
-           "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto", "cflgp": "CFL-GP", "feddbe": "FedDBE"}
+           "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL",
+           "pfedme": "pFedMe", "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC",
+           "fedem": "FedEM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA",
+           "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto", "cflgp": "CFL-GP",
+           "feddbe": "FedDBE", "fedpac": "FedPAC"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
