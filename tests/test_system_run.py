@@ -57,7 +57,8 @@ def test_a_rounds_virtual_time_is_its_slowest_clients_local_work_and_two_transfe
 def test_a_client_cut_to_half_its_steps_trains_its_first_epoch_of_two_the_others_unchanged(plain_and_neutral):
     _, (fed, _) = plain_and_neutral
     whole = fed.execution.train(3, [0, 1, 2])
-    cut = fed.execution.train(3, [0, 1, 2], shares={1: 0.5})
+    with fed.execution.trainer.work_shares.during({1: 0.5}):
+        cut = fed.execution.train(3, [0, 1, 2])
     one_epoch, _ = fed.server.train(3, 1, fed.algorithm.client_model(1), epochs=1)
     assert torch.equal(cut.params[0], whole.params[0]) and torch.equal(cut.params[2], whole.params[2])
     assert torch.equal(cut.params[1], one_epoch) and not torch.equal(cut.params[1], whole.params[1])

@@ -151,17 +151,23 @@ class ClientExecution:
             groups = [mine[begin: begin + size] for begin in range(0, len(mine), size)]
         rate = None if alg.own_training else \
             self.trainer.learning_rates.round_rate(round, self.local_steps(clients)) * alg.learning_rate_scale(round)
-        return RoundUpdates(clients, self.holds, groups, lambda group: self.train(round, group, work.shares),
-                            self.collective, self.server.num_clients, rate, sorted(dropped))
+        return RoundUpdates(clients, self.holds, groups, self._training(round, work.shares), self.collective,
+                            self.server.num_clients, rate, sorted(dropped))
 
-    def train(self, round: int, clients: list[int], shares: dict[int, float] | None = None) -> Updates:
+    def _training(self, round: int, shares: dict[int, float]) -> Callable[[list[int]], Updates]:
+        """`train` of a group of the round's clients, those cut short taking their `shares` of the local steps
+        (partial work, `fedlight.training.work_shares`)."""
+        def train(group: list[int]) -> Updates:
+            with self.trainer.work_shares.during(shares):
+                return self.train(round, group)
+
+        return train
+
+    def train(self, round: int, clients: list[int]) -> Updates:
         """Local training of `clients`: the algorithm's `train_group` (the module's SGD by default, vectorized when
         the plan allows; called for one client at a time when clients train one after another, so that a custom
         group loop repeats exactly what it does for one client alone), or its own `train_client` one client after
-        another. `shares`: the share of its local steps each client cut short finishes (partial work)."""
-        if shares:
-            with self.trainer.work_shares.during(shares):
-                return self.train(round, clients)
+        another."""
         alg = self.algorithm
         starts = stacked_starts([alg.client_model(c) for c in clients])
         if alg.own_training:

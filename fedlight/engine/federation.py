@@ -50,9 +50,9 @@ class Federation:
     """One federated run in memory: data on the device, one module, an algorithm, and the round loop.
 
     What a run adds around the round (the constructor's threat and DP settings, clients held out of training, the
-    clients' devices, and `extensions` of one's own) are round extensions (`fedlight.engine.extensions`), called at fixed points of the
-    set-up and of every round; `config.aggregator` picks the rule that combines each cluster's updates
-    (`fedlight.aggregators.cluster_aggregator`). None of them changes anything when left at its default."""
+    clients' devices, and `extensions` of one's own) are round extensions (`fedlight.engine.extensions`), called at
+    fixed points of the set-up and of every round; `config.aggregator` picks the rule that combines each cluster's
+    updates (`fedlight.aggregators.cluster_aggregator`). None of them changes anything when left at its default."""
 
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
                  config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,

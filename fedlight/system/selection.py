@@ -16,7 +16,6 @@ from typing import Protocol
 import numpy as np
 
 
-
 @dataclass(frozen=True)
 class SelectionContext:
     """What the selectors read of the run.
