@@ -79,5 +79,5 @@ def test_a_slow_share_makes_exactly_that_share_of_clients_that_many_times_slower
     # a client's speed does not depend on how many clients there are
     assert (draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 30, 0, "link")[:10] ==
             draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 10, 0, "link")).all()
-    assert np.median(draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 2001, 0, "link")) == \
-        pytest.approx(2.0, rel=0.05)
+    assert np.median(draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 401, 0, "link")) == \
+        pytest.approx(2.0, rel=0.1)

@@ -13,15 +13,19 @@ from fedlight.plugin.server import stream_seed
 from fedlight.system.config import SpeedDistribution, SystemConfig
 
 SLOW_AND_FLAKY = SystemConfig(compute=SpeedDistribution(100.0, "slow_share", slow_share=0.5, slow_factor=4.0),
-                              availability="periods", online_s=3.0, offline_s=1.0, deadline_s=10.0,
+                              availability="periods", online_s=3.0, offline_s=1.0, deadline_s=5.0,
                               partial_work=True, dropout=0.34, selection="power_of_choice")
 
 
-def run(system: SystemConfig | None, rounds: int, **settings):
-    """6 digits clients, 3 a round, 2 local epochs, FedAvg, evaluated after the last round: the federation and its
-    rounds' results."""
-    fed = small_federation(FedAvg(), num_clients=6, rounds=rounds, clients_per_round=3, local_epochs=2,
-                           eval_every=rounds, system=system, **settings)
+def federation(system: SystemConfig | None, rounds: int, local_epochs: int = 2):
+    """6 digits clients, 3 a round, FedAvg, evaluated after the last round."""
+    return small_federation(FedAvg(), num_clients=6, rounds=rounds, clients_per_round=3, local_epochs=local_epochs,
+                            eval_every=rounds, system=system)
+
+
+def run(system: SystemConfig | None, rounds: int):
+    """The federation, 2 local epochs, and its rounds' results."""
+    fed = federation(system, rounds)
     return fed, [fed.run_round(t) for t in range(1, rounds + 1)]
 
 
@@ -68,7 +72,10 @@ def test_a_client_cut_to_half_its_steps_trains_its_first_epoch_of_two_the_others
 
 
 def test_dropped_clients_are_left_out_untrained_and_a_resumed_run_ends_as_an_uninterrupted_one():
-    whole, rounds = run(SLOW_AND_FLAKY, 3)
+    whole = federation(SLOW_AND_FLAKY, 3, local_epochs=1)
+    rounds = [whole.run_round(1), whole.run_round(2)]
+    saved = copy.deepcopy(whole.state_dict())  # the checkpoint after round 2
+    rounds.append(whole.run_round(3))
     for result in rounds:
         s = result.scalars
         assert set(result.dropped) <= set(result.left_out) and len(result.left_out) == len(result.dropped)
@@ -76,10 +83,8 @@ def test_dropped_clients_are_left_out_untrained_and_a_resumed_run_ends_as_an_uni
             s["system/dropped_deadline"]
     assert np.isnan(rounds[-1].per_client["train/loss"][rounds[-1].dropped]).all()
     assert sum(len(r.dropped) for r in rounds) > 0 and sum(r.scalars["system/partial"] for r in rounds) > 0
-    first, _ = run(SLOW_AND_FLAKY, 2)
-    resumed = small_federation(FedAvg(), num_clients=6, rounds=3, clients_per_round=3, local_epochs=2,
-                               eval_every=3, system=SLOW_AND_FLAKY)
-    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    resumed = federation(SLOW_AND_FLAKY, 3, local_epochs=1)  # a fresh run of the same seed, from the checkpoint
+    resumed.load_state_dict(saved)
     last = resumed.run_round(3)
     assert last.scalars == rounds[2].scalars and last.dropped == rounds[2].dropped
     assert torch.equal(resumed.algorithm.models, whole.algorithm.models)

@@ -42,10 +42,10 @@ def test_power_of_choice_picks_the_highest_loss_candidates_and_measures_the_cand
 def test_power_of_choice_draws_its_candidates_in_proportion_to_data_size():
     sizes = [1, 1, 1, 0, 97]  # client 3 has no training data: it counts one sample
     chooser = PowerOfChoice(context([1.0] * 5, sizes=sizes, asked=(asked := [])), wanted=1)
-    for round in range(1, 401):
+    for round in range(1, 201):
         chooser.select(round, np.arange(5), 1)
     share = np.mean([a == [4] for a in asked])
-    assert share == pytest.approx(97 / 101, abs=0.03)
+    assert share == pytest.approx(97 / 101, abs=0.04)
 
 
 def test_oort_multiplies_statistical_utility_by_the_penalty_of_clients_slower_than_the_preferred_time():
@@ -69,8 +69,8 @@ def test_cluster_stratified_gives_each_cluster_its_share_of_the_cohort_by_larges
 
 def test_data_size_selection_picks_clients_in_proportion_to_their_data():
     chooser = DataSize(context(sizes=[1, 3]))
-    picks = [chooser.select(round, np.arange(2), 1)[0] for round in range(1, 2001)]
-    assert np.mean(picks) == pytest.approx(0.75, abs=0.03)
+    picks = [chooser.select(round, np.arange(2), 1)[0] for round in range(1, 501)]
+    assert np.mean(picks) == pytest.approx(0.75, abs=0.06)
 
 
 def test_uniform_selection_of_every_client_available_draws_what_the_base_class_draws_without_a_system():
