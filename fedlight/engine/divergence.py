@@ -1,8 +1,8 @@
-"""A round after which the run cannot go on: the server model is not finite, or every client of the round was left
-out (its trained model, loss or returned state was not finite). Going on would only leave out every client of every
-later round, so the run stops in that round, before anything records or checkpoints it (`watched_round`, around
-the round's aggregation hooks: a hook that fails on a round with no update left is reported as this, not as its
-own error).
+"""A round after which the run cannot go on: the server model is not finite, or every client of the round that sent
+an update was left out (its trained model, loss or returned state was not finite). Going on would only leave out
+every client of every later round, so the run stops in that round, before anything records or checkpoints it
+(`watched_round`, around the round's aggregation hooks: a hook that fails on a round with no update left is reported
+as this, not as its own error).
 
 The check reads the server state in its general form (`Algorithm.models`), so it names no algorithm; the likely
 cause it gives is read from the run's aggregation and round extensions' notes. The clients' personal rows
@@ -73,6 +73,10 @@ def watched_round(round: int, updates: RoundUpdates, algorithm: Any, notes: list
         yield
     except Exception as error:
         if updates.nothing_received:
-            raise RoundDiverged(round, all_left_out(len(updates.clients), notes, plain_mean)) from error
+            sent = len(updates.clients) - len(updates.dropped)
+            raise RoundDiverged(round, all_left_out(sent, notes, plain_mean)) from error
         raise
-    check_round(round, len(updates.clients), updates.left_out, algorithm, notes, plain_mean)
+    # a client that sent nothing (offline, dropped out, past a deadline) is no sign of divergence
+    dropped = set(updates.dropped)
+    failed = [c for c in updates.left_out if c not in dropped]
+    check_round(round, len(updates.clients) - len(dropped), failed, algorithm, notes, plain_mean)

@@ -23,6 +23,7 @@ from torch import Tensor
 from fedlight.engine.group_training import GroupTraining
 from fedlight.engine.processes import Collective
 from fedlight.plugin.round_updates import RoundUpdates
+from fedlight.plugin.round_work import RoundWork
 from fedlight.plugin.updates import Updates
 from fedlight.training.local_work import LocalWork
 from fedlight.training.probe import ProbeResult
@@ -95,11 +96,13 @@ class ClientExecution:
     def __init__(self, algorithm: "Algorithm", server: "ServerContext", trainer: ClientTrainer,
                  config: "FederationConfig", collective: Collective, threads: tuple[int, str] = (1, ""),
                  hold_reason: str | None = None,
-                 tamper: Callable[[int, list[int], Tensor, Tensor], Tensor] | None = None) -> None:
+                 tamper: Callable[[int, list[int], Tensor, Tensor], Tensor] | None = None,
+                 work: Callable[[int, list[int]], RoundWork] | None = None) -> None:
         self.algorithm, self.server, self.trainer = algorithm, server, trainer
         self.config, self.collective = config, collective
         self.holds = algorithm.holds_updates or hold_reason is not None
         self.tamper = tamper  # what clients send of the models they trained (round extensions' `tamper`), or None
+        self.work = work  # what the selected clients get done (round extensions' `work`), or None: all of it
         self.device = server.device
         own = f"{type(algorithm).__name__} trains its clients itself (train_client)" if algorithm.own_training else None
         self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, algorithm.corrects_gradient,
@@ -134,9 +137,13 @@ class ClientExecution:
 
     # -- a round ---------------------------------------------------------------------------------------------
     def round_updates(self, round: int, clients: list[int]) -> RoundUpdates:
-        """The round's updates, trained when the algorithm asks for them."""
+        """The round's updates, trained when the algorithm asks for them: those of the clients that send one (the
+        round extensions' `work` may drop some, left out untrained, and cut others short)."""
         alg = self.algorithm
-        mine = self.collective.shard(clients)  # every client, unless the round is spread over processes
+        work = self.work(round, clients) if self.work is not None else RoundWork()
+        dropped = set(work.dropped)
+        sending = [c for c in clients if c not in dropped] if dropped else clients
+        mine = self.collective.shard(sending)  # every client, unless the round is spread over processes
         if self.holds:
             groups = [mine]
         else:
@@ -144,8 +151,17 @@ class ClientExecution:
             groups = [mine[begin: begin + size] for begin in range(0, len(mine), size)]
         rate = None if alg.own_training else \
             self.trainer.learning_rates.round_rate(round, self.local_steps(clients)) * alg.learning_rate_scale(round)
-        return RoundUpdates(clients, self.holds, groups, lambda group: self.train(round, group),
-                            self.collective, self.server.num_clients, rate)
+        return RoundUpdates(clients, self.holds, groups, self._training(round, work.shares), self.collective,
+                            self.server.num_clients, rate, sorted(dropped))
+
+    def _training(self, round: int, shares: dict[int, float]) -> Callable[[list[int]], Updates]:
+        """`train` of a group of the round's clients, those cut short taking their `shares` of the local steps
+        (partial work, `fedlight.training.work_shares`)."""
+        def train(group: list[int]) -> Updates:
+            with self.trainer.work_shares.during(shares):
+                return self.train(round, group)
+
+        return train
 
     def train(self, round: int, clients: list[int]) -> Updates:
         """Local training of `clients`: the algorithm's `train_group` (the module's SGD by default, vectorized when

@@ -9,6 +9,7 @@ import numpy as np
 from torch import Tensor
 
 from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.round_work import RoundWork
 
 if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation
@@ -52,9 +53,25 @@ class RoundExtensions:
     def describe(self) -> list[str]:
         return [note for note in (extension.describe() for extension in self.extensions) if note]
 
+    def suspects(self) -> list[str]:
+        """The notes of the extensions that may make a round diverge (`RoundExtension.suspect`)."""
+        return [note for note in (e.describe() for e in self.extensions if e.suspect) if note]
+
     def begin_round(self, round: int) -> None:
         for extension in self.extensions:
             extension.begin_round(round)
+
+    def select(self, round: int, count: int) -> list[int] | None:
+        """The first extension's draw of the round's clients, or None (the uniform draw)."""
+        return next((drawn for drawn in (e.select(round, count) for e in self.extensions) if drawn is not None), None)
+
+    def work(self, round: int, clients: list[int]) -> RoundWork:
+        """What the selected clients get done: every extension's decisions merged."""
+        work = RoundWork()
+        for extension in self.extensions:
+            found = extension.work(round, clients)
+            work = work if found is None else work.merged(found)
+        return work
 
     def tamper(self, round: int, clients: list[int], starts: Tensor, params: Tensor) -> Tensor:
         for extension in self.extensions:

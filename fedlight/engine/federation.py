@@ -40,6 +40,8 @@ from fedlight.engine.state_limits import check_round_fits, disk_shortfall
 from fedlight.plugin.round_updates import TrainingReport
 from fedlight.plugin.server import ServerContext, stream_seed
 from fedlight.engine.threads import use_threads
+from fedlight.system.config import SystemConfig
+from fedlight.system.system_model import SystemModel
 from fedlight.training.flat import FlatModel
 from fedlight.training.sequential import ClientTrainer
 from fedlight.training.trainer_stand_in import TrainerStandIn
@@ -48,14 +50,15 @@ from fedlight.training.trainer_stand_in import TrainerStandIn
 class Federation:
     """One federated run in memory: data on the device, one module, an algorithm, and the round loop.
 
-    What a run adds around the round (the constructor's threat and DP settings, clients held out of training, and
-    `extensions` of one's own) are round extensions (`fedlight.engine.extensions`), called at fixed points of the
-    set-up and of every round; `config.aggregator` picks the rule that combines each cluster's updates
-    (`fedlight.aggregators.cluster_aggregator`). None of them changes anything when left at its default."""
+    What a run adds around the round (the constructor's threat and DP settings, clients held out of training, the
+    clients' devices, and `extensions` of one's own) are round extensions (`fedlight.engine.extensions`), called at
+    fixed points of the set-up and of every round; `config.aggregator` picks the rule that combines each cluster's
+    updates (`fedlight.aggregators.cluster_aggregator`). None of them changes anything when left at its default."""
 
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
                  config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,
-                 privacy: PrivacyConfig | None = None, extensions: list[RoundExtension] | None = None) -> None:
+                 privacy: PrivacyConfig | None = None, extensions: list[RoundExtension] | None = None,
+                 system: SystemConfig | None = None) -> None:
         self.config = config or FederationConfig()
         self.seed = seed
         self.algorithm = algorithm if algorithm is not None else Algorithm()
@@ -66,7 +69,7 @@ class Federation:
         self.data: FederatedData = load_clients(data, seed).to(self.device)
         self.cohort = Cohort(self.data.num_clients, getattr(self.algorithm, "participation", 1.0),
                              self.config.clients_per_round)
-        self.extensions = self._extensions(attack, privacy, extensions or [])
+        self.extensions = self._extensions(attack, privacy, extensions or [], system)
         self.data = self.extensions.prepare_data(self.data)
         self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
         self.module = model
@@ -92,7 +95,9 @@ class Federation:
                                     self.client_states, self.aggregation, self.config.clients_per_round,
                                     self.config.eval_every, head)
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
-                                         threads, self.aggregation.hold_reason(), self.extensions.tamper)
+                                         threads, self.aggregation.hold_reason(), self.extensions.tamper,
+                                         self.extensions.work)
+        self.server.bind_selection(self.extensions.select)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
         self.extensions.setup(self)
@@ -105,10 +110,10 @@ class Federation:
         self.execution.plan.every_client = list(self.server.every_client_work)
 
     def _extensions(self, attack: AttackConfig | None, privacy: PrivacyConfig | None,
-                    own: list[RoundExtension]) -> RoundExtensions:
+                    own: list[RoundExtension], system: SystemConfig | None = None) -> RoundExtensions:
         """The run's round extensions, built once from the constructor's arguments and the data, in the order their
         hooks run: client-level DP (`privacy`), the attackers (`attack`), the clients held out of training (the
-        data's newcomers), then `own`. The only place this module names them."""
+        data's newcomers), the clients' devices (`system`), then `own`. The only place this module names them."""
         n, seed = self.data.num_clients, self.seed
         built: list[RoundExtension] = []
         if privacy is not None:
@@ -118,6 +123,8 @@ class Federation:
             built.append(Attack(attack, n, self.data.num_classes, stream_seed(seed, "attack")))
         if self.data.newcomers is not None:
             built.append(NewcomerEvaluation(self.data.newcomers))
+        if system is not None:
+            built.append(SystemModel(system, n, seed))
         return RoundExtensions(built + own)
 
     def _trainer_stand_in(self) -> TrainerStandIn:
@@ -157,10 +164,10 @@ class Federation:
         alg = self.algorithm
         self.begin_round(round)
         clients = alg.select_clients(round)
-        self.cohort.check_selected(type(alg).__name__, round, len(clients))
+        self.cohort.check_selected(type(alg).__name__, round, len(clients), self.server.drawn(round))
         self.check_client_state(round, len(clients))
         updates = self.execution.round_updates(round, clients)
-        with watched_round(round, updates, alg, self.extensions.describe(), self.aggregation.default):
+        with watched_round(round, updates, alg, self.extensions.suspects(), self.aggregation.default):
             alg.pre_aggregation(round, updates)
             alg.aggregate(round, updates)
             alg.post_aggregation(round, updates)
@@ -168,12 +175,12 @@ class Federation:
                 self.aggregation.check_applied(alg)
             training = updates.finish()
         self.client_states.write_returned(updates)
-        self.round = round
-        clusters = alg.cluster_labels()
+        self.round, clusters = round, alg.cluster_labels()
         stop = self.end_round(round, len(clients))
         logged, matrices = self.server.round_log.take()
         result = RoundResult(round, len(clients), training.left_out, training.metrics, {**logged, **alg.round_metrics()},
-                             self.cluster_scores(clusters), matrices=matrices, stop_reason=stop)
+                             self.cluster_scores(clusters), matrices=matrices, stop_reason=stop,
+                             dropped=training.dropped)
         if self.server.evaluates(round):
             self.evaluate_round(result, training, clusters)
         return result

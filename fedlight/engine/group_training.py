@@ -102,13 +102,36 @@ class GroupTraining:
     # -- training --------------------------------------------------------------------------------------------
     def fit(self, round: int, clients: list[int], starts: Tensor, work: LocalWork = LocalWork()) -> Trained:
         """`clients` trained from the rows of `starts` as `work` says; the frozen entries restored. `round` seeds the
-        clients' batches; a set-up phase numbered 0 trains at round 1's learning rates."""
+        clients' batches; a set-up phase numbered 0 trains at round 1's learning rates. Clients the round cuts short
+        (`fedlight.training.work_shares`) take their share of the steps, one after another (`_cut_short`)."""
+        if self.trainer.work_shares.cuts(clients):
+            return self._cut_short(round, clients, starts, work)
         with self._without_gradients(work), self._objective(work):
             trained = self._try_vectorized(round, clients, starts, work) if self.vectorized is not None else None
             if trained is None:
                 trained = self._one_by_one(round, clients, starts, work)
         work.restore_frozen(trained.params, starts)
         return trained
+
+    def _cut_short(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:
+        """A call some of whose clients finish only part of their steps: the others trained as any call (vectorized
+        when the plan says so), the cut ones one after another with their step limits (the narrowest way: the
+        vectorized trainer runs every client of a group to the end of its data), put back in the call's order."""
+        shares = self.trainer.work_shares
+        limits = [shares.steps(c, self.local_steps(c, work.epochs)) for c in clients]
+        whole = [row for row, limit in enumerate(limits) if limit is None]
+        cut = [row for row, limit in enumerate(limits) if limit is not None]
+        parts = []
+        if whole:
+            parts.append(self.fit(round, [clients[r] for r in whole], starts[whole], work.for_rows(whole)))
+        mine = work.for_rows(cut)
+        with self._without_gradients(mine), self._objective(mine):
+            trained = self._one_by_one(round, [clients[r] for r in cut], starts[cut], mine,
+                                       limits=[limits[r] for r in cut])
+        mine.restore_frozen(trained.params, starts[cut])
+        joined = Trained.cat(parts + [trained])
+        back = torch.tensor(whole + cut, device=joined.params.device).argsort()
+        return Trained(joined.params[back], joined.loss[back], {k: v[back] for k, v in joined.logs.items()})
 
     @contextlib.contextmanager
     def _without_gradients(self, work: LocalWork) -> Iterator[None]:
@@ -190,9 +213,9 @@ class GroupTraining:
         return [self.seed_of(round, c, work.purpose) for c in clients]
 
     def _one_by_one(self, round: int, clients: list[int], starts: Tensor, work: LocalWork,
-                    offset: int = 0) -> Trained:
+                    offset: int = 0, limits: list[int | None] | None = None) -> Trained:
         """Written in place, so the trained models are never held twice. `offset`: the position of `clients[0]` in
-        the call's clients (what the gradient hook is told)."""
+        the call's clients (what the gradient hook is told); `limits`: each client's most steps (None: all)."""
         params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
         logs: dict[str, Tensor] = {}
         hook, seeds = work.hook(self._unstepped(work)), self._seeds(round, clients, work)
@@ -202,7 +225,8 @@ class GroupTraining:
             inputs = self._inputs(work, offset + row, offset + row + 1)
             one = self.trainer.fit(start, x, y, seeds[row], client_hook(hook, offset + row), work.lr_scale,
                                    work.epochs, round=max(round, 1), sample_weights=weights,
-                                   inputs=None if inputs is None else inputs[0])
+                                   inputs=None if inputs is None else inputs[0],
+                                   max_steps=None if limits is None else limits[row])
             params[row], losses[row] = one.params, one.loss
             for name, value in one.logs.items():
                 logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value

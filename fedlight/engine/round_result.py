@@ -15,7 +15,7 @@ class RoundResult:
     Attributes:
         round: the round (1-based).
         clients_trained: clients selected this round (over every process).
-        left_out: clients left out of aggregation (non-finite update, loss or returned state).
+        left_out: clients left out of aggregation (non-finite update, loss or returned state, and the `dropped`).
         training: `train/loss`, `train/<name>` of what training_step logged, `train/lr`.
         logged: what the algorithm recorded (`Algorithm.log`) and its `round_metrics()`.
         clustering: `cluster/count` and the scores against the true clusters, when the algorithm clusters.
@@ -27,6 +27,8 @@ class RoundResult:
             they were placed in, their true cluster, their sizes); empty when not evaluated or none is held out.
         seconds: wall time of the round, set by the runner.
         stop_reason: why the run must stop after this round (a privacy budget reached), or None.
+        dropped: the selected clients that sent nothing (offline, dropped out, past a deadline: a `system:`
+            section), untrained, among `left_out`.
     """
 
     round: int
@@ -41,6 +43,7 @@ class RoundResult:
     newcomers: dict[str, np.ndarray] = field(default_factory=dict)
     seconds: float = math.nan
     stop_reason: str | None = None
+    dropped: list[int] = field(default_factory=list)
 
     @property
     def evaluated(self) -> bool:

@@ -135,12 +135,10 @@ class Algorithm:
 
     def select_clients(self, round: int) -> list[int]:
         """The clients that train this round, sampled without replacement: exactly `federation.clients_per_round`
-        when the run gives it, else a `participation` share."""
+        when the run gives it, else a `participation` share, drawn by the run (`server.draw_clients`: uniformly, or
+        from the available clients by `system.selection`)."""
         n = self.server.num_clients
-        m = Cohort(n, self.participation, self.server.clients_per_round).size
-        if m == n:
-            return list(range(n))
-        return sorted(self.server.rng(round, "select").choice(n, size=m, replace=False).tolist())
+        return self.server.draw_clients(round, Cohort(n, self.participation, self.server.clients_per_round).size)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The local work of a group of clients from their models `starts` (one row each): a `Trained` with the

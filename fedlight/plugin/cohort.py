@@ -56,10 +56,11 @@ class Cohort:
             return f"{self.num_clients:,} clients"
         return f"{self.size:,} of {self.num_clients:,} clients a round"
 
-    def check_selected(self, algorithm: str, round: int, selected: int) -> None:
-        """Refuse a round whose selection broke a configured count (an override of `select_clients`)."""
+    def check_selected(self, algorithm: str, round: int, selected: int, drawn: int | None = None) -> None:
+        """Refuse a round whose selection broke a configured count (an override of `select_clients`); `drawn`: the
+        clients the run's draw gave in the round (`ServerContext.drawn`), fewer when fewer were available."""
         count = self.clients_per_round
-        if count is not None and selected != count:
+        if count is not None and selected != count and selected != drawn:
             raise ValueError(f"{algorithm}.select_clients chose {selected} clients in round {round}, but "
                              f"federation.clients_per_round is {count}: select through the base class "
                              f"(super().select_clients) or leave clients_per_round out")

@@ -16,15 +16,20 @@ from torch import Tensor
 if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation
     from fedlight.plugin.data import FederatedData
+    from fedlight.plugin.round_work import RoundWork
 
 
 class RoundExtension:
     """Hooks the federation calls, each a no-op here. Set-up: `prepare_data`, `aggregation`, `setup`, `describe`.
-    Every round: `begin_round`, `tamper` (on every group's trained models), `end_round` (after aggregation),
+    Every round: `begin_round`, `select` (the base class's draw of the round's clients), `work` (what the selected
+    clients get done), `tamper` (on every group's trained models), `end_round` (after aggregation),
     `cluster_scores`; every evaluated round: `client_columns`, `evaluate`. Checkpoints: `state_dict` is saved under
     `name` in the federation's state and handed back to `load_state_dict` on a resume (None when it holds none)."""
 
     name: str = "extension"
+    #: whether its `describe` note is offered as a likely cause when a round diverges (attackers, DP's noise); a
+    #: model of the clients' devices changes no update and sets it False
+    suspect: bool = True
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def prepare_data(self, data: "FederatedData") -> "FederatedData":
@@ -46,6 +51,17 @@ class RoundExtension:
     # -- a round ---------------------------------------------------------------------------------------------
     def begin_round(self, round: int) -> None:
         """Before the algorithm's `begin_round`."""
+
+    def select(self, round: int, count: int) -> list[int] | None:
+        """The round's `count` clients when this extension draws them (from the clients it finds available, fewer
+        when fewer are), for the base class's `select_clients` (`ServerContext.draw_clients`); None: the uniform
+        draw. Called any number of times in a round: the same answer each time."""
+        return None
+
+    def work(self, round: int, clients: list[int]) -> "RoundWork | None":
+        """What the round's selected `clients` get done (`fedlight.plugin.round_work.RoundWork`: who sends nothing,
+        who finishes part of the local steps), once, after the selection and before any trains; None: all of it."""
+        return None
 
     def tamper(self, round: int, clients: list[int], starts: Tensor, params: Tensor) -> Tensor:
         """The models `clients` send, from the models they trained (`params`) from `starts`, rows in client order."""

@@ -6,6 +6,7 @@ code: a newcomer is run exactly as a training client would be.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -107,7 +108,8 @@ class ClientPopulation:
         (`ServerContext.train` says what each argument does); a set-up phase numbered 0 trains at round 1's rates."""
         x, y = self.data.train.client(client)
         return self.trainer.fit(start, x, y, self.seed_of(round, client, purpose), gradient_hook, lr_scale=lr_scale,
-                                epochs=epochs, round=max(round, 1), sample_weights=sample_weights)
+                                epochs=epochs, round=max(round, 1), sample_weights=sample_weights,
+                                max_steps=self._max_steps(client, epochs))
 
     def train_many(self, round: int, clients: list[int], starts: Tensor, work: LocalWork = LocalWork()) -> Trained:
         """`clients` trained from the rows of `starts` as `work` says, as one group (`ServerContext.train_many`)."""
@@ -119,9 +121,10 @@ class ClientPopulation:
     def batches(self, round: int, client: int, epochs: int | None = None,
                 purpose: str = "train") -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of one client's training split, converted as the model sees them: the batches
-        `train` takes in this round for this purpose."""
+        `train` takes in this round for this purpose (its share of them when the round cuts it short)."""
         x, y = self.data.train.client(client)
-        return self.trainer.batches(x, y, self.seed_of(round, client, purpose), epochs, max(round, 1))
+        batches = self.trainer.batches(x, y, self.seed_of(round, client, purpose), epochs, max(round, 1))
+        return itertools.islice(batches, self._max_steps(client, epochs))
 
     def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
                       purpose: str = "train") -> Iterator[GroupStep]:
@@ -131,10 +134,16 @@ class ClientPopulation:
         data = [self.data.train.client(c) for c in clients]
         seeds = [self.seed_of(round, c, purpose) for c in clients]
         epochs = self.trainer.local_epochs if epochs is None else epochs
+        limits = [self._max_steps(c, epochs) for c in clients] if self.trainer.work_shares.cuts(clients) else None
         for step in group_steps(data, seeds, self.trainer.batch_size, epochs, self.trainer.batch_transform,
-                                self.train_sizes.device):
+                                self.train_sizes.device, limits):
             self.trainer.stand_in.at(max(round, 1), step.epoch, step.step)
             yield step
+
+    def _max_steps(self, client: int, epochs: int | None) -> int | None:
+        """The steps `client` takes of its local work when the round cuts it short (partial work), else None."""
+        shares = self.trainer.work_shares
+        return shares.steps(client, self.local_steps(client, epochs)) if shares.cuts([client]) else None
 
     def local_steps(self, client: int, epochs: int | None = None) -> int:
         """Optimizer steps of one client's local training: its batches times `epochs` (default: the local epochs)."""

@@ -7,7 +7,7 @@ and returns the round's training report, shared over the processes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -20,12 +20,14 @@ from fedlight.plugin.updates import Updates
 
 @dataclass
 class TrainingReport:
-    """What a round's local training reports: the clients left out (non-finite update, loss or state), the scalars
-    (`train/loss`, `train/<logged name>`, `train/lr`) and each client's values (`train/<name>`)."""
+    """What a round's local training reports: the clients left out (non-finite update, loss or state, and the
+    `dropped`: those that sent nothing), the scalars (`train/loss`, `train/<logged name>`, `train/lr`) and each
+    client's values (`train/<name>`)."""
 
     left_out: list[int]
     metrics: dict[str, float]
     per_client: dict[str, np.ndarray]
+    dropped: list[int] = field(default_factory=list)
 
 
 CHECK_ENTRIES = 1 << 24  # entries checked for finiteness at a time (16 MB of booleans)
@@ -69,15 +71,20 @@ class RoundUpdates:
         collective: the federation's processes.
         num_clients: clients in the federation.
         learning_rate: the round's learning rate to log (None when the algorithm's clients do not run SGD).
+        dropped: selected clients that send nothing (`fedlight.plugin.round_work.RoundWork`: offline, dropped out,
+            past a deadline), in no group: left out from the start, on the first process (every process is given
+            them all).
     """
 
     def __init__(self, clients: list[int], holds: bool, groups: list[list[int]], train: Callable[[list[int]], Updates],
-                 collective: Processes, num_clients: int, learning_rate: float | None = None) -> None:
+                 collective: Processes, num_clients: int, learning_rate: float | None = None,
+                 dropped: list[int] | None = None) -> None:
         self.clients, self.holds = clients, holds
         self._groups, self._train, self._collective = groups, train, collective
         self._num_clients, self._learning_rate = num_clients, learning_rate
         self._stats = TrainingStats(num_clients)
-        self._left_out: list[int] = []
+        self.dropped = sorted(dropped or [])
+        self._left_out: list[int] = list(self.dropped) if collective.rank == 0 else []
         self._all: Updates | None = None
         self._streamed = False
         self._sent: list[tuple[Tensor, dict[str, Tensor]]] = []  # streamed groups' Updates.state, kept for state()
@@ -91,17 +98,18 @@ class RoundUpdates:
 
     @property
     def left_out(self) -> list[int]:
-        """Clients left out of aggregation (non-finite model, loss or returned state): held, every one of the round;
-        streamed, this process's so far (complete once `groups()` has run through)."""
+        """Clients left out of aggregation (non-finite model, loss or returned state, and the `dropped`, which sent
+        nothing): held, every one of the round; streamed, this process's so far (complete once `groups()` has run
+        through)."""
         if self.holds:
             self.all()
         return self._left_out
 
     @property
     def nothing_received(self) -> bool:
-        """Whether a held round was trained and left every selected client out: its hooks got no update at all (a
-        streamed round's groups may each be empty, which running sums take in their stride)."""
-        return self.holds and self._all is not None and len(self._all) == 0 and len(self.clients) > 0
+        """Whether a held round was trained and left every selected client that sent something out: its hooks got no
+        update at all (a streamed round's groups may each be empty, which running sums take in their stride)."""
+        return self.holds and self._all is not None and len(self._all) == 0 and len(self.clients) > len(self.dropped)
 
     # -- streamed ----------------------------------------------------------------------------------------------
     def groups(self) -> Iterator[Updates]:
@@ -202,4 +210,4 @@ class RoundUpdates:
         metrics = self._stats.metrics()
         if self._learning_rate is not None:
             metrics["train/lr"] = self._learning_rate
-        return TrainingReport(self._left_out, metrics, self._stats.per_client())
+        return TrainingReport(self._left_out, metrics, self._stats.per_client(), self.dropped)

@@ -86,6 +86,8 @@ class ServerContext:
         self._aggregation = aggregation
         self._client_states = client_states
         self._loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None] | None = None
+        self._draw: Callable[[int, int], list[int] | None] = lambda round, count: None
+        self._drawn: tuple[int, int] | None = None  # (round, clients) of the last draw
 
     def bind_group_training(self, train_many: GroupTrainer,
                             loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None]
@@ -94,6 +96,28 @@ class ServerContext:
         `group_loss_and_grad` hand their work to (set by the engine once its plan is made)."""
         self.clients.bind_group_training(train_many)
         self._loss_and_grads = loss_and_grads
+
+    def bind_selection(self, draw: Callable[[int, int], list[int] | None]) -> None:
+        """The engine's draw of a round's clients (`draw(round, count)`: the round extensions' `select`, a system
+        model's), which `draw_clients` asks first (None: the uniform draw)."""
+        self._draw = draw
+
+    def draw_clients(self, round: int, count: int) -> list[int]:
+        """The round's `count` clients as the run draws them, sorted: uniformly without replacement from a (seed,
+        round) stream, or, with a `system:` section, from the clients available in the round by `system.selection`
+        (all of them when fewer than `count` are available). The base class's `select_clients` is this draw."""
+        drawn = self._draw(round, count)
+        if drawn is None:
+            n = self.num_clients
+            drawn = list(range(n)) if count == n else \
+                sorted(self.rng(round, "select").choice(n, size=count, replace=False).tolist())
+        self._drawn = (round, len(drawn))
+        return drawn
+
+    def drawn(self, round: int) -> int | None:
+        """How many clients `draw_clients` drew in `round` (fewer than asked when fewer were available), or None
+        when it drew none in that round."""
+        return self._drawn[1] if self._drawn is not None and self._drawn[0] == round else None
 
     @property
     def num_params(self) -> int:

@@ -6,9 +6,9 @@ never two seeds, and the table says so. The page goes to report.html in the fold
 `--output` says otherwise, and never replaces an existing file without `--overwrite`. It has a comparison table
 (final mean, std and worst-client accuracy, the val-selected and test-selected accuracy with their worst clients,
 ARI, clusters, wall time) with the ranking under it, and figures drawn by matplotlib and inlined
-as SVG: accuracy over rounds (mean and worst client), the per-client spread at the end, ARI over rounds, each
-clustered run's assignment timeline beside the true clusters, and the last similarity matrices on a fixed colour
-scale."""
+as SVG: accuracy over rounds (mean and worst client), and over virtual time for runs with a `system:` section, the
+per-client spread at the end, ARI over rounds, each clustered run's assignment timeline beside the true clusters, and
+the last similarity matrices on a fixed colour scale."""
 from __future__ import annotations
 
 import csv
@@ -27,6 +27,10 @@ import yaml
 from fedlight.plugin.evaluation import UNSEEN, higher_is_better
 from fedlight.reports import plots, selection
 from fedlight.reports.run_groups import RUN_ONLY_KEYS, config_group
+
+
+#: the cumulative virtual time a run with a `system:` section logs every round (`fedlight.system.system_model`)
+VIRTUAL_TIME = "system/virtual_time_s"
 
 
 class ReportError(ValueError):
@@ -229,17 +233,22 @@ class Group:
         text = f"seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}"
         return f"{text} ({plural(len(self.runs), 'run')})" if self.repeats else text
 
-    def curve(self, key: str) -> plots.Series | None:
-        """`key` over the rounds every run has: the mean over runs, with their std when there are several."""
-        columns = [run.column(key) for run in self.runs]
-        columns = [c for c in columns if len(c[0])]
-        if not columns:
+    def curve(self, key: str, against: str | None = None) -> plots.Series | None:
+        """`key` over the rounds every run has: the mean over runs, with their std when there are several, at each
+        round, or with `against` (a column every round logs, `system/virtual_time_s`) at the runs' mean value of it
+        in that round (of the runs that log it)."""
+        pairs = [(run.column(key), run.column(against) if against else None) for run in self.runs]
+        pairs = [(c, x) for c, x in pairs if len(c[0]) and (x is None or len(x[0]))]
+        if not pairs:
             return None
-        rounds = sorted(set.intersection(*(set(r.tolist()) for r, _ in columns)))
-        values = np.stack([v[np.searchsorted(r, rounds)] for r, v in columns])
+        rounds = sorted(set.intersection(*(set(r.tolist()) for (r, _), x in pairs),
+                                         *(set(x[0].tolist()) for _, x in pairs if x is not None)))
+        values = np.stack([v[np.searchsorted(r, rounds)] for (r, v), _ in pairs])
+        at = np.array(rounds) if against is None else \
+            np.stack([v[np.searchsorted(r, rounds)] for _, (r, v) in pairs]).astype(float).mean(axis=0)
         if len(values) == 1:
-            return plots.Series(self.label, self.colour, np.array(rounds), values[0])
-        return plots.Series(self.label, self.colour, np.array(rounds), values.mean(axis=0), values.std(axis=0),
+            return plots.Series(self.label, self.colour, at, values[0])
+        return plots.Series(self.label, self.colour, at, values.mean(axis=0), values.std(axis=0),
                             values.min(axis=0), values.max(axis=0))
 
 
@@ -476,6 +485,14 @@ def figures(groups: Sequence[Group], split: str, metric: str) -> list[PageFigure
         f"{split.capitalize()} {label} of every client's own model at each evaluated round: mean over clients (left) "
         f"and the worst client (right); {seeds}.",
         plots.line_figure([(f"Mean {label} over clients", label, mean), (f"Worst-client {label}", label, worst)]))
+
+    timed = [s for g in groups if (s := g.curve(f"{split}/{metric}_mean", VIRTUAL_TIME)) is not None]
+    if timed:
+        add("accuracy-time", f"Client {label} over virtual time",
+            f"{split.capitalize()} {label} of every client's own model, mean over clients, against the virtual time "
+            f"the rounds took on the clients' devices (a `system:` section: {VIRTUAL_TIME}, its mean over "
+            f"{over} at each evaluated round); {seeds}.",
+            plots.line_figure([(f"Mean {label} over clients", label, timed)], xlabel="virtual time (s)"))
 
     spread = []
     for g in groups:

@@ -27,6 +27,7 @@ from fedlight.engine.config import FederationConfig
 from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.engine.divergence import RoundDiverged
 from fedlight.plugin.spill import ClientStateDiskFull
+from fedlight.system.config import SystemConfig
 from fedlight.run import catalog, failures, registry, termination, tune
 from fedlight.run.callbacks import Callback, RunInterrupted
 from fedlight.run.config_errors import explain
@@ -65,6 +66,9 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--privacy", type=PrivacyConfig | None, default=None,
                         help="client-level DP: privacy.noise_multiplier, privacy.clip, privacy.delta, ... "
                              "(fedlight.aggregators.privacy)")
+    parser.add_argument("--system", type=SystemConfig | None, default=None,
+                        help="the clients' devices: system.compute, system.availability, system.deadline_s, "
+                             "system.selection, ... (fedlight.system.config)")
     parser.add_class_arguments(LoggerConfig, "logger")
     parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
                         help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)")
@@ -213,7 +217,7 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     with showing:
         init = parser.instantiate_classes(cfg)
         federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed,
-                                attack=init.attack, privacy=init.privacy)
+                                attack=init.attack, privacy=init.privacy, system=init.system)
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))

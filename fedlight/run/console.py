@@ -57,8 +57,9 @@ class ConsoleReporter(Callback):
     def on_round_end(self, run: Run, result: "RoundResult") -> None:
         """The round's line, preceded by its events (clients left out, a change in the number of clusters)."""
         round, metrics = result.round, result.scalars
-        if result.left_out:
-            left_out = result.left_out
+        dropped = set(result.dropped)  # they sent nothing (the system model's system/* columns count them)
+        left_out = [c for c in result.left_out if c not in dropped]
+        if left_out:
             shown = ", ".join(str(c) for c in left_out[:10]) + (", ..." if len(left_out) > 10 else "")
             self.console.print(f"round {round}: {len(left_out)} client(s) left out of aggregation, non-finite update "
                                f"or loss (clients {shown})")

@@ -7,6 +7,7 @@
 | `sequential` | `ClientTrainer`: one client at a time with the module's own training_step and optimizer |
 | `vectorized` | `VectorizedTrainer`: many clients at once through torch.func.vmap, functional optimizer |
 | `local_work` | `LocalWork`: what one group call of local training does (epochs, hook, trainable entries, weights) |
+| `work_shares` | `WorkShares`: the share of its local steps each client a deadline cuts short finishes (partial work) |
 | `group_batches` | a group's batches step by step, each client's exactly as alone, for custom group loops |
 | `probe` | times both trainers on the same work and keeps the faster (`federation.vectorize: -1`) |
 | `schedules` | learning-rate schedulers on the federation's clock |

@@ -32,11 +32,13 @@ class GroupStep:
 
 
 def group_steps(data: list[tuple[Tensor, Tensor]], seeds: list[int], batch_size: int, epochs: int,
-                transform: Callable[[Any, int], Any], device: torch.device) -> Iterator[GroupStep]:
+                transform: Callable[[Any, int], Any], device: torch.device,
+                limits: list[int | None] | None = None) -> Iterator[GroupStep]:
     """The `GroupStep`s of `epochs` local epochs of clients with training data `data` and seeds `seeds`: client r
-    takes exactly the batches `ClientTrainer.batch_rows(len(data[r][1]), seeds[r], epochs)` gives it alone. Random
-    layers (dropout) draw from one stream seeded by all the seeds, as the vectorized trainer's do (by the client's own
-    seed when it is alone, as `batch_rows` seeds them)."""
+    takes exactly the batches `ClientTrainer.batch_rows(len(data[r][1]), seeds[r], epochs)` gives it alone, its first
+    `limits[r]` of them when that is not None (partial work, `fedlight.training.work_shares`). Random layers
+    (dropout) draw from one stream seeded by all the seeds, as the vectorized trainer's do (by the client's own seed
+    when it is alone, as `batch_rows` seeds them)."""
     one = seeds[0] if len(seeds) == 1 else int(np.random.SeedSequence(seeds).generate_state(1)[0])
     seed_random_layers(one, device)  # one client alone draws what `batch_rows` draws
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
@@ -47,7 +49,8 @@ def group_steps(data: list[tuple[Tensor, Tensor]], seeds: list[int], batch_size:
         for step in range(max(steps, default=0)):
             by_count: dict[int, list[int]] = {}
             for row, n in enumerate(sizes):
-                if step < steps[row]:
+                limit = None if limits is None else limits[row]
+                if step < steps[row] and (limit is None or epoch * steps[row] + step < limit):
                     by_count.setdefault(min(batch_size, n - step * batch_size), []).append(row)
             for count in sorted(by_count, reverse=True):
                 rows = by_count[count]

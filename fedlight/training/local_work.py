@@ -7,7 +7,7 @@ or one client after another, as the run's plan says, so the algorithm never loop
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import Tensor
 
@@ -74,6 +74,16 @@ class LocalWork:
             grad.masked_fill_(frozen, 0)
 
         return hook
+
+    def for_rows(self, rows: list[int]) -> "LocalWork":
+        """This work for the clients at positions `rows` of its call, as a call of their own: the gradient hook is
+        told their positions in the whole call, the sample weights and the objective's inputs are theirs."""
+        inner = self.gradient_hook
+        hook = None if inner is None else \
+            (lambda at, params, grad, starts: inner([rows[r] for r in at], params, grad, starts))
+        weights = None if self.sample_weights is None else [self.sample_weights[r] for r in rows]
+        inputs = None if self.client_inputs is None else self.client_inputs[rows]
+        return replace(self, gradient_hook=hook, sample_weights=weights, client_inputs=inputs)
 
     def restore_frozen(self, params: Tensor, starts: Tensor) -> None:
         """Set the entries that do not train back to their starting values (weight decay and BatchNorm's running

@@ -22,6 +22,7 @@ from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates, parse_optimizers
 from fedlight.training.step_logs import LogSums, StepLogs
 from fedlight.training.trainer_stand_in import TrainerStandIn
+from fedlight.training.work_shares import WorkShares
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
     import lightning as L
@@ -111,7 +112,8 @@ def sample_order(n: int, generator: torch.Generator, device: torch.device) -> Te
 class ClientTrainer:
     """Trains the shared module from a given flat model on one client's data and returns the result. The module is
     attached to `stand_in` (what it reads as `self.trainer`, `fedlight.training.trainer_stand_in`) before its
-    `configure_optimizers` runs, and told where local training is at every step."""
+    `configure_optimizers` runs, and told where local training is at every step. `work_shares` holds the share of
+    its steps each client of the current round finishes (`fedlight.training.work_shares`: partial work)."""
 
     def __init__(self, fabric: L.Fabric, module: L.LightningModule, flat: FlatModel,
                  batch_transform: Callable, batch_size: int, local_epochs: int, stand_in: TrainerStandIn) -> None:
@@ -134,6 +136,7 @@ class ClientTrainer:
         self.backward = fabric.backward if self.scaler else Tensor.backward
         self.step = self.optimizer.step if self.scaler else raw.step
         self.objective: Objective | None = None  # set for a call by the group training (`LocalWork.objective`)
+        self.work_shares = WorkShares()
 
     def local_steps(self, samples: int, epochs: int | None = None) -> int:
         """Optimizer steps of local training on `samples` rows: the batches times `epochs` (default: the local
@@ -148,12 +151,14 @@ class ClientTrainer:
 
     def fit(self, start: Tensor, x: Tensor, y: Tensor, seed: int, gradient_hook: GradientHook | None = None,
             lr_scale: float = 1.0, epochs: int | None = None, round: int = 1,
-            sample_weights: Tensor | None = None, inputs: Tensor | None = None) -> Trained:
+            sample_weights: Tensor | None = None, inputs: Tensor | None = None,
+            max_steps: int | None = None) -> Trained:
         """Train from `start` on (x, y) for `epochs` (default: the configured local epochs) at the learning rates
         of round `round` times `lr_scale`: the trained flat model, the mean loss of the last epoch and the values
         `training_step` logged. All randomness (batch order, dropout) derives from `seed`. With `sample_weights`
         (one per row of x), each step's loss is `weighted_loss` instead of `training_step`; with an `objective` set,
-        it is the objective's, handed `inputs` (`step_loss`)."""
+        it is the objective's, handed `inputs` (`step_loss`). `max_steps`: stop after that many steps (partial work,
+        `fedlight.training.work_shares`); the loss is then the mean of the steps of the last epoch begun."""
         module, flat = self.module, self.flat
         flat.load(start)
         flat.zero_grad()
@@ -163,11 +168,14 @@ class ClientTrainer:
         steps, epochs = -(-n // b), self.local_epochs if epochs is None else epochs
         rates = self.learning_rates.rates(round, steps * epochs)
         loss_sum = torch.zeros((), device=x.device)
+        taken = last_epoch_steps = 0
         logs = LogSums(1, x.device)
         # without a hook nothing reads the flat gradient: backward may hand over new gradients (FlatModel)
         fresh = flat.fresh_gradients() if gradient_hook is None else contextlib.nullcontext(flat.zero_grad)
         with StepLogs(module) as step_logs, fresh as clear_gradients:
             for epoch, step, rows in self.batch_rows(n, seed, epochs, x.device):
+                if taken == max_steps:
+                    break
                 batch = self.batch_transform((x[rows], y[rows]), 0)
                 if step == 0:
                     loss_sum.zero_()
@@ -187,7 +195,9 @@ class ClientTrainer:
                 self.step()
                 clear_gradients()
                 loss_sum += loss.detach().float()
-        return Trained(flat.read(), loss_sum / steps, {name: value[0] for name, value in logs.means().items()})
+                taken, last_epoch_steps = taken + 1, step + 1
+        counted = steps if max_steps is None else last_epoch_steps
+        return Trained(flat.read(), loss_sum / counted, {name: value[0] for name, value in logs.means().items()})
 
     def batch_rows(self, n: int, seed: int, epochs: int | None,
                    device: torch.device) -> Iterator[tuple[int, int, Tensor]]:

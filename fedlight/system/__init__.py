@@ -1,0 +1,17 @@
+"""The system model (the `system:` section of a run config): who is available, who is slow, who drops out and who
+the server picks, on a virtual clock (docs/architecture.md, "System model"). Off unless a run configures it.
+
+| module | what it holds |
+|---|---|
+| `config` | `SystemConfig` (the section) and `SpeedDistribution` (a per-client speed's distribution) |
+| `speeds` | per-client draws from (seed, purpose, client) streams: speeds, phases, time zones |
+| `traces` | trace files of device speeds and online intervals, fedlight's fields or FedScale's |
+| `clock` | `DeviceProfiles` (each client's compute and transfer time) and the `VirtualClock` |
+| `availability` | when clients are online: always, a share, on/off periods, diurnal by time zone, a trace |
+| `stragglers` | a synchronous round: the deadline, dropouts, partial work, the round's length |
+| `selection` | `ClientSelector`, `SelectionContext`; the `uniform` and `data_size` selectors |
+| `power_of_choice`, `oort`, `cluster_stratified` | the scoring and stratified selectors |
+| `selectors` | `system.selection`'s names and the selector each builds |
+| `losses` | the candidates' training losses under their cluster models (power-of-choice, Oort) |
+| `system_model` | `SystemModel`: the round extension that puts it all in a run |
+"""

@@ -1,0 +1,188 @@
+"""`SystemModel`: the `system:` section as a round extension (`fedlight.plugin.extension.RoundExtension`). It keeps
+the virtual clock, answers the base class's draw of a round's clients from those online (`select`), decides what the
+selected clients get done (`work`: offline, dropped out, past the deadline, cut short) and logs the round's
+`system/*` scalars when it ends; the federation never names it (docs/architecture.md, "System model")."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.round_work import RoundWork
+from fedlight.plugin.server import stream_seed
+from fedlight.system.availability import DAY_S, make_availability
+from fedlight.system.clock import DeviceProfiles, VirtualClock
+from fedlight.system.config import SystemConfig
+from fedlight.system.losses import loss_statistics
+from fedlight.system.selection import SelectionContext
+from fedlight.system.selectors import make_selector
+from fedlight.system.stragglers import DECIMALS, round_deadline, run_round
+
+WAIT_DAYS = 7  # with no client online, the server looks again every `wait_s` for this long before giving up
+
+
+@dataclass
+class RoundRecord:
+    """What a round did on the virtual clock, logged when it ends."""
+
+    start_s: float
+    online: int
+    offline: int
+    dropped_out: int
+    deadline_dropped: int
+    partial: int
+    duration_s: float
+    deadline_s: float | None
+    waited_for_first: bool
+
+
+class SystemModel(RoundExtension):
+    """The clients' devices, availability, deadline, dropouts and the server's selection, on a virtual clock.
+
+    Args:
+        config: the `system:` section.
+        num_clients: the training clients.
+        seed: the run's seed (every draw is a stream of it).
+    """
+
+    name = "system"
+    suspect = False  # it changes who trains and how long, never what an update holds
+
+    def __init__(self, config: SystemConfig, num_clients: int, seed: int) -> None:
+        self.config, self.num_clients, self.seed = config, num_clients, seed
+        self.devices = DeviceProfiles.of(config, num_clients, seed)
+        self.availability = make_availability(config, num_clients, seed)
+        self.clock = VirtualClock()
+        self._start: tuple[int, float, np.ndarray] | None = None  # (round, start time, who is online)
+        self._drawn: tuple[int, int, list[int]] | None = None  # (round, count, clients): the round's one draw
+        self._record: RoundRecord | None = None
+        self._short_said = False
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+    def setup(self, federation: Any) -> None:
+        """Each client's local steps and its time for them and for the model's transfers; the deadline checked
+        against the fastest client; the selector."""
+        server, algorithm, config = federation.server, federation.algorithm, self.config
+        if config.partial_work and algorithm.own_training:
+            raise ValueError(f"system.partial_work: {type(algorithm).__name__} trains its clients its own way "
+                             "(train_client), which has no local steps to cut short: leave partial_work out (clients "
+                             "past the deadline are then dropped)")
+        self.steps = np.array([server.local_steps(c) for c in range(self.num_clients)], dtype=np.int64)
+        self.compute_s = self.devices.compute_s(self.steps, federation.config.batch_size)
+        flat = federation.flat
+        self.transfer_s = self.devices.transfer_s(flat.numel * flat.vector.element_size() * 8)
+        self.check_deadline()
+        context = SelectionContext(server.rng, server.train_sizes.cpu().numpy(), self.compute_s + self.transfer_s,
+                                   lambda clients: loss_statistics(server, algorithm, clients),
+                                   lambda: algorithm.assignment.cpu().numpy())
+        self.selector = make_selector(config, context)
+
+    def check_deadline(self) -> None:
+        """Refuse in one line a fixed deadline no client can meet (its whole work, or with partial work one step,
+        beside its transfers)."""
+        deadline, partial = self.config.deadline_s, self.config.partial_work
+        if deadline is None:
+            return
+        work_s = np.divide(self.compute_s, self.steps, out=np.zeros_like(self.compute_s), where=self.steps > 0) \
+            if partial else self.compute_s
+        need = float(np.round(work_s + self.transfer_s, DECIMALS).min())
+        if need > deadline:
+            what = "one local step" if partial else "its local work"
+            other = "" if partial else ", or let stragglers send the steps they finished (system.partial_work: true)"
+            raise ValueError(f"system.deadline_s is {deadline:g} s, but the fastest client needs {need:.4g} s for "
+                             f"{what} and its transfers: raise it above {need:.4g} s{other}")
+
+    def describe(self) -> str:
+        c = self.config
+        devices = f"devices from {c.device_trace}" if c.device_trace else \
+            f"compute {c.compute.describe('samples/s')}, link {c.link.describe('Mbit/s')}"
+        parts = [devices, f"availability {c.availability}", c.deadline,
+                 f"dropout {c.dropout:.0%}" if c.dropout else None, f"selection {c.selection}"]
+        return "system: " + ", ".join(p for p in parts if p)
+
+    # -- a round ---------------------------------------------------------------------------------------------
+    def online(self, round: int) -> tuple[float, np.ndarray]:
+        """(the round's start on the virtual clock, (clients,) who is online then): now, or, when no client is,
+        the first later look (every `wait_s`) that finds one."""
+        if self._start is not None and self._start[0] == round:
+            return self._start[1], self._start[2]
+        time_s, looks = self.clock.now_s, int(WAIT_DAYS * DAY_S / self.config.wait_s)
+        online = self.availability.online(round, time_s)
+        for _ in range(looks):
+            if online.any():
+                break
+            time_s += self.config.wait_s
+            online = self.availability.online(round, time_s)
+        if not online.any():
+            raise ValueError(f"system.availability {self.config.availability!r}: no client came online in the "
+                             f"{WAIT_DAYS} virtual days after {self.clock.now_s:.0f} s: give a pattern (or a trace) "
+                             "under which clients are online")
+        self._start = (round, time_s, online)
+        return time_s, online
+
+    def select(self, round: int, count: int) -> list[int]:
+        """`count` of the clients online at the round's start by `system.selection`, or all of them when fewer are
+        online; the same answer to every call of the round."""
+        if self._drawn is not None and self._drawn[:2] == (round, count):
+            return list(self._drawn[2])
+        available = np.flatnonzero(self.online(round)[1])
+        if len(available) > count:
+            chosen = self.selector.select(round, available, count)
+        else:
+            chosen = available.tolist()
+            if len(available) < count and not self._short_said:
+                self._short_said = True
+                warnings.warn(f"round {round}: {len(available)} clients online, fewer than the {count} a round takes: "
+                              "all of them train (system/online logs every round's count)", stacklevel=2)
+        self._drawn = (round, count, chosen)
+        return list(chosen)
+
+    def work(self, round: int, clients: list[int]) -> RoundWork:
+        """The selected clients that are offline (an algorithm's own selection can pick them), drop out or miss the
+        deadline send nothing; the ones the deadline cuts short send the share of their steps they finished."""
+        start_s, online = self.online(round)
+        selected = np.asarray(clients, dtype=np.int64)
+        present, offline = selected[online[selected]], selected[~online[selected]]
+        out = np.zeros(len(present), dtype=bool)
+        leaving = int(np.floor(np.round(self.config.dropout * len(present), DECIMALS)))  # never one more by float error
+        if leaving:
+            rng = np.random.default_rng(stream_seed(self.seed, round, "system.dropout"))
+            out[rng.choice(len(present), size=leaving, replace=False)] = True
+        compute_s, transfer_s, steps = self.compute_s[present], self.transfer_s[present], self.steps[present]
+        deadline = round_deadline(compute_s + transfer_s, self.config.deadline_s, self.config.deadline_percentile)
+        times = run_round(steps, compute_s, transfer_s, out, deadline, self.config.partial_work)
+        partial = times.kept & times.cut
+        self._record = RoundRecord(start_s, int(online.sum()), len(offline), int(out.sum()),
+                                   int((times.cut & ~times.kept).sum()), int(partial.sum()), times.duration_s,
+                                   deadline, times.waited)
+        dropped = offline.tolist() + present[~times.kept].tolist()
+        return RoundWork(tuple(sorted(dropped)), {int(c): float(d / s) for c, d, s in
+                                                  zip(present[partial], times.done[partial], steps[partial])})
+
+    def end_round(self, round: int, selected: int) -> tuple[dict[str, float], str | None]:
+        """The clock moves to the round's end; the round's `system/*` scalars."""
+        record, self._record = self._record, None
+        if record is None:  # no client was asked to work (a round selecting nobody)
+            start_s, online = self.online(round)
+            record = RoundRecord(start_s, int(online.sum()), 0, 0, 0, 0, 0.0, None, False)
+        waited_s = record.start_s - self.clock.now_s
+        self.clock.advance(waited_s + record.duration_s)
+        scalars = {"system/round_virtual_s": waited_s + record.duration_s, "system/virtual_time_s": self.clock.now_s,
+                   "system/waited_s": waited_s,
+                   "system/online": record.online, "system/dropped_offline": record.offline,
+                   "system/dropped_out": record.dropped_out, "system/dropped_deadline": record.deadline_dropped,
+                   "system/partial": record.partial, "system/waited_for_first": float(record.waited_for_first)}
+        if record.deadline_s is not None:
+            scalars["system/deadline_s"] = record.deadline_s
+        return scalars, None
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, float]:
+        return self.clock.state_dict()
+
+    def load_state_dict(self, state: dict[str, float] | None) -> None:
+        if state is not None:
+            self.clock.load_state_dict(state)
