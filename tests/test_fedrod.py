@@ -80,24 +80,29 @@ def test_a_client_predicts_with_the_sum_of_both_heads_and_a_newcomer_with_the_ge
         generic = F.linear(rep, net.out.weight, net.out.bias)  # not net.out(rep): FedRoD's hook adds the personal head
         by_hand = generic + personal(rep)
     assert torch.allclose(fed.server.predict(params, x), by_hand, atol=1e-5)
-    models, which, clusters = fed.algorithm.newcomer_models(_Newcomers(4))
+    models, which, clusters = fed.algorithm.newcomer_models(CountedNewcomers(4))
     assert clusters is None and which.tolist() == [0, 0, 0, 0]
     assert torch.allclose(fed.server.predict(models[0], x), generic, atol=1e-5)
 
 
-class _Newcomers:
+class CountedNewcomers:
+    """Newcomers as a method that gives them all the same model reads them: their count."""
+
     def __init__(self, count: int) -> None:
         self.count = count
 
 
+class ConvHead(nn.Module):
+    """A network on the digits whose last layer is a convolution, not a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(64, 8), nn.Conv1d(1, 10, 8)
+
+    def forward(self, x):
+        return self.head(self.body(torch.flatten(x, 1))[:, None]).flatten(1)
+
+
 def test_a_head_that_is_not_linear_is_refused_in_one_line():
-    class ConvHead(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body, self.head = nn.Linear(64, 8), nn.Conv1d(1, 10, 8)
-
-        def forward(self, x):
-            return self.head(self.body(torch.flatten(x, 1))[:, None]).flatten(1)
-
     with pytest.raises(ValueError, match="FedRoD reads the features at the network's head, which must be a linear"):
         mlp_federation(FedRoD(), network=ConvHead())
