@@ -14,7 +14,7 @@ from fedlight import Federation, FederationConfig
 from fedlight.algorithms.feddbe import PRBM, RUNNING_MEAN, FedDBE, mean_regularization, updated_mean
 from fedlight.datamodules import DigitsFederated, QuantitySkew
 from fedlight.models import MLP, Classifier
-from tests.test_fedrod import ConvHead, _Newcomers
+from tests.test_fedrod import ConvHead, CountedNewcomers
 from tests.test_group_training import mlp_federation
 
 
@@ -109,7 +109,7 @@ def test_the_prbm_shifts_the_features_exactly_and_is_personal():
     features, outputs = server.features(params, x)
     assert torch.allclose(outputs, by_hand, atol=1e-5) and torch.allclose(features, rep, atol=1e-5)
     assert torch.allclose(server.predict(params, x), by_hand, atol=1e-5)
-    models, _, _ = alg.newcomer_models(_Newcomers(3))
+    models, _, _ = alg.newcomer_models(CountedNewcomers(3))
     assert not models[0][alg.prbm].any()
 
 

@@ -80,13 +80,13 @@ def test_a_client_predicts_with_the_sum_of_both_heads_and_a_newcomer_with_the_ge
         generic = F.linear(rep, net.out.weight, net.out.bias)  # not net.out(rep): FedRoD's hook adds the personal head
         by_hand = generic + personal(rep)
     assert torch.allclose(fed.server.predict(params, x), by_hand, atol=1e-5)
-    models, which, clusters = fed.algorithm.newcomer_models(_Newcomers(4))
+    models, which, clusters = fed.algorithm.newcomer_models(CountedNewcomers(4))
     assert clusters is None and which.tolist() == [0, 0, 0, 0]
     assert torch.allclose(fed.server.predict(models[0], x), generic, atol=1e-5)
 
 
-class _Newcomers:
-    """What `newcomer_models` reads of the held-out clients here: their count."""
+class CountedNewcomers:
+    """Newcomers as a method that gives them all the same model reads them: their count."""
 
     def __init__(self, count: int) -> None:
         self.count = count

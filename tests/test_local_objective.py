@@ -1,5 +1,6 @@
 """A method's own local objective (`LocalWork.objective`), the features at the network's head (`head_inputs`,
-`server.features`) and modules a method adds to the model (`Algorithm.extend_model`), against hand computations."""
+`server.features`), flat models' tensors by name (`server.named_tensors`) and modules a method adds to the model
+(`Algorithm.extend_model`), against hand computations."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,23 @@ def test_head_inputs_are_the_hidden_activations_and_server_features_evaluate_the
     features, logits = fed.server.features(params, x)
     assert torch.allclose(features, by_hand, atol=1e-6)
     assert torch.allclose(logits, fed.server.predict(params, x))
+
+
+def test_named_tensors_are_views_of_flat_models_under_the_modules_names():
+    """Rows of flat models, named as the module names its tensors: loading row 1 gives the module those values, and
+    `functional_call` with them computes what `predict` computes on that row."""
+    fed = mlp_federation()
+    rows = noisy_starts(fed, 2)
+    named = fed.server.named_tensors(rows)
+    assert named["network.out.weight"].shape == (2, 10, 32)
+    assert named["network.out.weight"].untyped_storage().data_ptr() == rows.untyped_storage().data_ptr()  # views
+    fed.flat.load(rows[1])
+    for name, tensor in fed.module.named_parameters():
+        assert torch.equal(named[name][1], tensor), name
+    x = fed.data.test.client(0)[0][:5]
+    with torch.no_grad():
+        outputs = torch.func.functional_call(fed.module, {n: t[0] for n, t in named.items()}, (fed.server.inputs(x),))
+    assert torch.allclose(outputs, fed.server.predict(rows[0], x), atol=1e-6)
 
 
 class PersonalShift(Algorithm):

@@ -211,6 +211,12 @@ class ServerContext:
         beside the logits, float32 (class prototypes, a domain's mean representation)."""
         return self._evaluate(params, x, features=True)
 
+    def named_tensors(self, params: Tensor) -> dict[str, Tensor]:
+        """The module's parameters and buffers by qualified name (`model.named_parameters()`' names) as views of the
+        flat model `params` ((d,), or (..., d) rows): another model's weights for `torch.func.functional_call`
+        inside an objective (FedCP's frozen global body beside the client's own), a named tensor of every row."""
+        return self._flat.views(params)
+
     @torch.no_grad()
     def _evaluate(self, params: Tensor, x: Tensor, features: bool = False) -> tuple[Tensor | None, Tensor]:
         self._flat.load(params)

@@ -154,6 +154,11 @@ class FlatModel:
                 tensor.requires_grad_(True)
                 tensor.grad = view
 
+    def views(self, vector: Tensor) -> dict[str, Tensor]:
+        """Each named tensor's entries of `vector` ((..., d): one flat model of this layout, or rows of them) as a
+        view shaped like the module's tensor (with the leading dimensions in front)."""
+        return {e.name: vector[..., e.start: e.stop].unflatten(-1, e.shape) for e in self.entries}
+
     def tensors_mask(self, names: list[str]) -> Tensor:
         """True on the entries of the named tensors."""
         chosen = set(names)
