@@ -178,8 +178,8 @@ def test_a_dotted_key_beside_its_section_is_refused_instead_of_replacing_it(tmp_
 
 # -- a new user's first commands: help by short name, typos, a missing config, the listing -----------------
 SHIPPED = ("apfl", "centclus", "cfl", "ditto", "fedala", "fedamp", "fedavg", "fedbabu", "fedbn", "fedem", "fedfomo",
-           "fedper", "fedprox", "fedrep", "fedrod", "fedtsdp", "fesem", "flhc", "flis_dc", "flis_hc", "ifca", "kfed",
-           "lgfedavg", "local", "mfc", "ocfl", "pacfl", "perfedavg", "pfclus", "pfedme", "scaffold")
+           "fedper", "fedprox", "fedrep", "fedrod", "fedtsdp", "fesem", "flhc", "flis_dc", "flis_hc", "gpfl", "ifca",
+           "kfed", "lgfedavg", "local", "mfc", "ocfl", "pacfl", "perfedavg", "pfclus", "pfedme", "scaffold")
 
 
 @pytest.mark.parametrize("arguments, shown", [

@@ -90,14 +90,17 @@ class _Newcomers:
         self.count = count
 
 
+class ConvHead(nn.Module):
+    """A network on digits whose last layer is a convolution, not a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(64, 8), nn.Conv1d(1, 10, 8)
+
+    def forward(self, x):
+        return self.head(self.body(torch.flatten(x, 1))[:, None]).flatten(1)
+
+
 def test_a_head_that_is_not_linear_is_refused_in_one_line():
-    class ConvHead(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body, self.head = nn.Linear(64, 8), nn.Conv1d(1, 10, 8)
-
-        def forward(self, x):
-            return self.head(self.body(torch.flatten(x, 1))[:, None]).flatten(1)
-
     with pytest.raises(ValueError, match="FedRoD reads the features at the network's head, which must be a linear"):
         mlp_federation(FedRoD(), network=ConvHead())

@@ -47,6 +47,7 @@ PFLLIB_ARGS = {
     "scaffold": {"server_lr": 1.0},
     "fedamp": {"alpha_k": 1.0, "lam": 1.0, "sigma": None},
     "fedrod": {},
+    "gpfl": {"lam": 1.0, "mu": 0.0},
 }
 #: the leaderboard's Cifar100 numbers (pathological, practical); FedPer and FedRep from GPFL's Table 1
 PUBLISHED = {

@@ -29,7 +29,8 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus",
            "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL", "pfedme": "pFedMe",
            "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC", "fedem": "FedEM",
-           "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA", "fedrod": "FedRoD"}
+           "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA", "fedrod": "FedRoD",
+           "gpfl": "GPFL"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 

@@ -309,14 +309,16 @@ class GroupTraining:
         data = [(x[:batch], y[:batch]) for x, y in (self.train_split.client(c) for c in clients)]
         weights = None if work.sample_weights is None else \
             [w[:batch] for w in work.sample_weights[offset: offset + len(clients)]]
+        inputs = self._inputs(work, offset, offset + len(clients))
         hook = work.hook(self._unstepped(work))
         shifted = None if hook is None else lambda rows, p, g, s: hook([offset + r for r in rows], p, g, s)
         with without_dropout(self.trainer.module):
             vectorized = self.vectorized.fit_many(starts, data, seeds, shifted, work.lr_scale, max(round, 1), epochs=1,
-                                                  sample_weights=weights).params[:CHECK_CLIENTS]
+                                                  sample_weights=weights, client_inputs=inputs).params[:CHECK_CLIENTS]
             sequential = torch.stack([
                 self.trainer.fit(starts[i], *data[i], seeds[i], client_hook(hook, offset + i), work.lr_scale, epochs=1,
-                                 round=max(round, 1), sample_weights=None if weights is None else weights[i]).params
+                                 round=max(round, 1), sample_weights=None if weights is None else weights[i],
+                                 inputs=None if inputs is None else inputs[i]).params
                 for i in range(min(CHECK_CLIENTS, len(clients)))])
         return agreement(sequential, vectorized, starts[: len(sequential)])
 
