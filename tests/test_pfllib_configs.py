@@ -51,6 +51,7 @@ PFLLIB_ARGS = {
     "feddbe": {"momentum": 0.1, "kappa": 0.0},
     "fedpac": {"lam": 1.0, "head_epochs": 1, "body_epochs": 1},
     "fedcp": {"lam": 1.0},
+    "gpfl": {"lam": 1.0, "mu": 0.0},
 }
 #: the leaderboard's Cifar100 numbers (pathological, practical); FedPer and FedRep from GPFL's Table 1
 PUBLISHED = {
