@@ -42,7 +42,7 @@ class FedBABU(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.head = server.layer_count_mask(self.head_layers, "last")
+        self.head = server.head_mask(self.head_layers, "algorithm.init_args.head_layers")
         self.initial_head = server.initial_params[self.head]
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:

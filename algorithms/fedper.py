@@ -26,4 +26,4 @@ class FedPer(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.set_personal_mask(server.layer_count_mask(self.num_personal, "last"))
+        self.set_personal_mask(server.head_mask(self.num_personal, "algorithm.init_args.personal_layers"))

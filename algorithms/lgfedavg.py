@@ -32,4 +32,4 @@ class LGFedAvg(Algorithm):
         total = len(server.layers())
         if self.global_layers > total:
             raise ValueError(f"global_layers={self.global_layers} exceeds the model's {total} layers")
-        self.set_personal_mask(~server.layer_count_mask(self.global_layers, "last"))
+        self.set_personal_mask(~server.head_mask(self.global_layers, "algorithm.init_args.global_layers"))

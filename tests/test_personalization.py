@@ -289,7 +289,7 @@ def test_a_format_4_checkpoint_with_a_dense_personal_part_resumes_with_every_row
 
 
 def test_counts_larger_than_the_network_are_refused():
-    with pytest.raises(ValueError, match="half number"):
+    with pytest.raises(ValueError, match="personal_layers is 4, the whole network"):
         small_federation(FedPer(personal_layers=4), num_clients=2)
     with pytest.raises(ValueError, match="exceeds"):
         small_federation(LGFedAvg(global_layers=4), num_clients=2)

@@ -11,7 +11,9 @@ from fedlight import Federation, FederationConfig, RoundUpdates
 from fedlight.algorithms.ditto import Ditto
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedbabu import FedBABU
+from fedlight.algorithms.fedper import FedPer
 from fedlight.algorithms.fedrep import FedRep
+from fedlight.algorithms.lgfedavg import LGFedAvg
 from fedlight.algorithms.local import Local
 from fedlight.datamodules import ClassesPerClient, DigitsFederated
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
@@ -233,3 +235,15 @@ def test_resume_repeats_round_three_exactly(make):
     assert_states_equal(*({name: every_row(store) for name, store in fed.client_states.stores.items()}
                           for fed in (a, b)))
     assert ra.scalars["test/acc_mean"] == rb.scalars["test/acc_mean"]
+
+
+@pytest.mark.parametrize("algorithm, option", [
+    (lambda: FedRep(head_layers=3), "head_layers"), (lambda: FedBABU(head_layers=4), "head_layers"),
+    (lambda: FedPer(personal_layers=3), "personal_layers"), (lambda: LGFedAvg(global_layers=3), "global_layers"),
+])
+def test_a_head_that_is_the_whole_network_is_refused_in_one_line(algorithm, option):
+    """This SmallCNN has 3 layers (conv1, conv2, fc): a head (or a personal or global part) of 3 or more leaves no
+    body."""
+    with pytest.raises(ValueError, match=f"algorithm.init_args.{option} is .*, the whole network \\(3 layers: "
+                                         "network.conv1, network.conv2, network.fc\\): give fewer than 3"):
+        federation(algorithm())

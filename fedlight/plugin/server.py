@@ -337,6 +337,16 @@ class ServerContext:
         (`fedlight.training.layer_masks.layer_count_mask`)."""
         return layer_count_mask(self._flat, count, side)
 
+    def head_mask(self, count: float, option: str, side: Literal["first", "last"] = "last") -> Tensor:
+        """`layer_count_mask(count, side)` for one side of a body/head split (a personal head, a shared body): a
+        count that takes the whole network, leaving nothing on the other side, is refused in one line naming
+        `option`, the algorithm's setting."""
+        layers = self.layers()
+        if count >= len(layers):
+            raise ValueError(f"{option} is {count:g}, the whole network ({len(layers)} layers: {', '.join(layers)}): "
+                             f"give fewer than {len(layers)}, so that the split leaves layers on both sides")
+        return self.layer_count_mask(count, side)
+
     def module_mask(self, kinds: tuple[type[nn.Module], ...]) -> Tensor:
         """True on the parameters and buffers of every submodule of one of the given types (e.g. all BatchNorm
         layers, wherever they sit in the network's layer list)."""
