@@ -3,15 +3,19 @@ Clustered Federated Learning via Principal Angles Between Client Data Subspaces"
 section and its Algorithm 1).
 
 Before training, every client sends the server once an orthonormal basis U_k of the top-p left singular vectors of
-its data matrix D_k (one column per training sample, flattened as the model sees it). The server builds the
-proximity matrix A[i, j] = the smallest principal angle between span(U_i) and span(U_j), in degrees, clusters it
-hierarchically (agglomerative, a distance threshold on the linkage or a cluster count), and runs FedAvg within each
-cluster from the initial model. The principal angles of two bases are the arccosines of the singular values of
-U_i^T U_j.
+its data matrix D_k (one column per training sample, flattened). The server builds the proximity matrix A[i, j] =
+the smallest principal angle between span(U_i) and span(U_j), in degrees, clusters it hierarchically (agglomerative,
+a distance threshold on the linkage or a cluster count), and runs FedAvg within each cluster from the initial model.
+The principal angles of two bases are the arccosines of the singular values of U_i^T U_j.
 
-Defaults: p = 3 and average linkage, the authors' released scripts' `n_basis` and `linkage`; the threshold of 4.9
-degrees is their CIFAR-10 script's; the paper tunes it per data set, and a config should too (the proximity matrix
-is logged as `principal_angle_proximity` in round 1 to choose it).
+Defaults: D_k holds the raw data as the data module stores it (uint8 pixels, say), before the model's per-batch
+conversion, as the authors' code takes each client's `dataset.data` array; `inputs: model` takes the samples as the
+model sees them instead. A scale (pixels / 255) leaves the left singular vectors as they are, a shift does not (the
+normalization's mean: the span of the points x - mu is not that of x), so the angles, and the threshold that
+separates them, differ between the two (the digits are stored as the model sees them: the same there). p = 3 and
+average linkage, the authors' released scripts' `n_basis` and `linkage`; the threshold of 4.9 degrees is their
+CIFAR-10 script's; the paper tunes it per data set, and a config should too (the proximity matrix is logged as
+`principal_angle_proximity` in round 1 to choose it).
 
 Deviations:
 - one truncated SVD of the client's whole data matrix, as the method section states it; the authors' code takes one
@@ -103,20 +107,25 @@ class PACFL(Algorithm):
         threshold: the linkage distance (degrees) at or above which clusters are not merged.
         num_clusters: a cluster count instead of the threshold (give one of the two).
         linkage: "average", "complete" or "single".
+        inputs: the data each subspace is taken of: "raw" (as the data module stores it, the authors' way) or
+            "model" (converted as the model sees it: normalized).
         participation: share of clients per round.
     """
 
     def __init__(self, basis_size: int = 3, threshold: float | None = 4.9, num_clusters: int | None = None,
-                 linkage: Linkage = "average", participation: float = 1.0) -> None:
+                 linkage: Linkage = "average", inputs: Literal["raw", "model"] = "raw",
+                 participation: float = 1.0) -> None:
         super().__init__(participation)
         if basis_size < 1:
             raise ValueError(f"basis_size must be >= 1, got {basis_size}")
+        if inputs not in ("raw", "model"):
+            raise ValueError(f"algorithm.init_args.inputs must be raw or model, got {inputs!r}")
         if num_clusters is not None:
             threshold = None  # a count replaces the default threshold
         if threshold is None and num_clusters is None:
             raise ValueError("PACFL needs algorithm.init_args.threshold (degrees) or algorithm.init_args.num_clusters")
         self.clusterer = Agglomerative(num_clusters, threshold, linkage)
-        self.basis_size, self.num_clusters, self.linkage = basis_size, num_clusters, linkage
+        self.basis_size, self.num_clusters, self.linkage, self.inputs = basis_size, num_clusters, linkage, inputs
         self.proximity = torch.empty(0)  # (n, n) smallest principal angles, degrees
         self.bases = torch.empty(0, 0, basis_size, dtype=torch.float64)  # (n, features, p) every client's basis
 
@@ -134,9 +143,14 @@ class PACFL(Algorithm):
         self.models = server.initial_params.repeat(int(labels.max()) + 1, 1)
 
     def client_bases(self, split: ClientSplit, count: int) -> Tensor:
-        """(count, features, p) every client's basis from its samples of `split`, converted as the model sees them."""
-        return stacked_bases((data_subspace(self.server.inputs(split.client(k)[0]), self.basis_size)
+        """(count, features, p) every client's basis from its samples of `split`, raw or converted as the model sees
+        them (`inputs`)."""
+        return stacked_bases((data_subspace(self.subspace_data(split.client(k)[0]), self.basis_size)
                               for k in range(count)), count, self.basis_size)
+
+    def subspace_data(self, x: Tensor) -> Tensor:
+        """A client's samples as its subspace is taken of them: raw, or as the model sees them."""
+        return self.server.inputs(x) if self.inputs == "model" else x
 
     def begin_round(self, round: int) -> None:
         if round == 1:  # the one clustering, recorded with the first round

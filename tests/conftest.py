@@ -22,15 +22,17 @@ from fedlight.models import Classifier, SmallCNN  # noqa: E402
 
 def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed: int = 0, partition=None,
                      lr: float = 0.1, momentum: float = 0.0, public_size: int = 0, privacy=None, system=None,
-                     **config) -> Federation:
+                     attack=None, **config) -> Federation:
     """A fast federation on digits: a narrow SmallCNN, few clients, one local epoch; clients train one after
     another unless `vectorize` is given (tests of the sequential trainer compare exact values). `privacy`: a
-    `PrivacyConfig` (the run's `privacy:` section); `system`: a `SystemConfig` (its `system:` section)."""
+    `PrivacyConfig` (the run's `privacy:` section); `system`: a `SystemConfig` (its `system:` section); `attack`: an
+    `AttackConfig` (its `attack:` section)."""
     torch.manual_seed(seed)
     model = Classifier(SmallCNN(1, 10, 8, width=8), lr=lr, momentum=momentum)
     data = DigitsFederated(num_clients=num_clients, partition=partition or Rotations(2), public_size=public_size)
     settings = {"rounds": rounds, "local_epochs": 1, "batch_size": 32, "accelerator": "cpu", "vectorize": 0, **config}
-    return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed, privacy=privacy, system=system)
+    return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed, privacy=privacy, system=system,
+                      attack=attack)
 
 
 def every_row(value):

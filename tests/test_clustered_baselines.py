@@ -18,6 +18,7 @@ from sklearn.metrics import adjusted_rand_score
 from conftest import every_row, small_federation
 from fedlight import RoundUpdates
 from fedlight.algorithms.fedavg import FedAvg
+from fedlight.aggregators.attacks import Attack, AttackConfig
 from fedlight.algorithms.fedem import FedEM, MixturePredictor, fit_mixture_weights, posterior
 from fedlight.algorithms.fesem import FeSEM
 from fedlight.algorithms.flhc import FLHC, ward_to_clusters
@@ -248,6 +249,38 @@ def test_pacfl_clusters_rotations_before_training_and_places_newcomers_by_princi
     assert newcomer_ari(alg) == 1.0
 
 
+PHI = (1 + math.sqrt(5)) / 2  # the golden ratio
+
+
+class TwoClients:
+    """A `ClientSplit` stand-in: client k's samples are `samples[k]`."""
+
+    def __init__(self, *samples: list[list[float]]) -> None:
+        self.samples = [torch.tensor(s) for s in samples]
+
+    def client(self, k: int):
+        return self.samples[k], torch.zeros(len(self.samples[k]), dtype=torch.long)
+
+
+@pytest.mark.parametrize("inputs, angle", [("raw", 45.0),
+                                           ("model", math.degrees(math.acos((PHI - 1) / math.sqrt(2 * (1 + PHI**2)))))])
+def test_pacfl_takes_its_subspaces_of_the_raw_data_or_of_what_the_model_sees(inputs, angle):
+    """Two clients of 2-pixel samples, p = 1, and a model conversion that subtracts a mean of 1 from every pixel.
+    Raw, client 0's samples (1, 1), (3, 3) span (1, 1) and client 1's (1, 0), (2, 0) span (1, 0): 45 degrees. As the
+    model sees them, client 0's (0, 0), (2, 2) still span (1, 1), but client 1's (0, -1), (1, -1), the columns of
+    M = [[0, 1], [-1, -1]], have as top left singular vector the eigenvector (1, -phi) of M M^T = [[1, -1], [-1, 2]]
+    (eigenvalue (3 + sqrt 5) / 2), at arccos((phi - 1) / sqrt(2 (1 + phi^2))) = 76.7 degrees from (1, 1)."""
+    alg = PACFL(basis_size=1, inputs=inputs)
+    alg.server = type("Server", (), {"inputs": staticmethod(lambda x: x - 1.0)})()
+    bases = alg.client_bases(TwoClients([[1.0, 1.0], [3.0, 3.0]], [[1.0, 0.0], [2.0, 0.0]]), 2)
+    assert float(smallest_angles(bases)[0, 1]) == pytest.approx(angle, abs=1e-9)
+
+
+def test_pacfl_refuses_unknown_inputs_in_one_line():
+    with pytest.raises(ValueError, match=r"^algorithm.init_args.inputs must be raw or model, got 'scaled'$"):
+        PACFL(inputs="scaled")
+
+
 # -- FedEM -----------------------------------------------------------------------------------------------------------
 def test_fedem_e_step_is_the_hand_computed_posterior():
     # sample 1: pi = (1/2, 1/2), likelihoods e^-l = (1/2, 1/4) -> q = (2/3, 1/3)
@@ -286,12 +319,65 @@ def test_fedem_trains_each_component_with_its_posterior_weights_and_stores_the_m
     out = alg.train_group(1, [1], alg.client_model(1)[None])
     sent = {name: value[0] for name, value in out.state.items()}
     expected = fed.server.train(1, 1, before[1], sample_weights=q[:, 1])[0]
-    assert torch.equal(sent["others"][0], expected)
+    assert torch.equal(sent["copies"][1], expected)
+    assert int(sent["component"]) == int(alg.assignment[1])
+    assert torch.equal(out.params[0], sent["copies"][int(alg.assignment[1])])  # the copy of its start component
     assert torch.allclose(sent["mixture"], q.mean(dim=0))
     result = fed.run_round(1)
     assert torch.allclose(every_row(alg.mixture).sum(dim=1), torch.ones(4))
     assert alg.cluster_labels().tolist() == every_row(alg.mixture).argmax(dim=1).tolist()
     assert "test/acc_mean" in result.scalars
+
+
+def test_fedem_attacker_flips_the_update_of_its_start_components_copy_alone():
+    """A sign-flip attacker (scale s) that starts from component 1 (its most likely one, which the engine gives it)
+    sends start - s (trained - start) for that component, worked here from an honest run's trained copy; its copies
+    of the other components and every honest client's copies are the honest run's, and the mean averages those."""
+    s, clients = 3.0, [0, 1, 2, 3]
+    clean = small_federation(FedEM(num_components=3), num_clients=4, rounds=1)
+    attacked = small_federation(FedEM(num_components=3), num_clients=4, rounds=1,
+                                attack=AttackConfig("sign_flip", 0.25, scale=s))
+    attacker = int(attacked.extension(Attack).malicious[0])
+    for fed in (clean, attacked):
+        fed.algorithm.assignment[attacker] = 1
+    honest, sent = clean.execution.train(1, clients), attacked.execution.train(1, clients)
+    start, trained = clean.algorithm.models[1], honest.state["copies"][attacker, 1]
+    expected = honest.state["copies"].clone()  # (clients, components, d)
+    expected[attacker, 1] = start - s * (trained - start)
+    assert torch.allclose(sent.params[attacker], expected[attacker, 1], atol=1e-6)
+    assert torch.allclose(sent.starts[attacker], start) and not torch.allclose(expected[attacker, 1], trained)
+    attacked.algorithm.aggregate(1, RoundUpdates.of(sent))
+    n = sent.num_samples.to(torch.float64)
+    mean = torch.einsum("c,cmd->md", n, expected.to(torch.float64)) / n.sum()
+    assert torch.allclose(attacked.algorithm.models, mean.to(torch.float32), atol=1e-6)
+
+
+@pytest.mark.parametrize("average", ["all_clients", "sampled"])
+def test_fedem_with_one_client_of_three_mixes_the_previous_components_in_as_the_authors_code(average):
+    """Client 1 of 3 trains: the authors' server averages every client's copy weighted by its training-set size,
+    the two others' copies being the previous components, theta_m <- (n_1 copy_m + (n_0 + n_2) theta_m) / n;
+    `average: sampled` takes client 1's copies as they are."""
+    fed = small_federation(FedEM(num_components=2, average=average), num_clients=3, rounds=1)
+    alg = fed.algorithm
+    d = alg.models.shape[1]
+    alg.models = torch.stack([torch.full((d,), 1.0), torch.full((d,), -2.0)])
+    copies = torch.stack([torch.full((d,), 4.0), torch.full((d,), 7.0)])[None]  # client 1's trained copies
+    n0, n1, n2 = fed.server.train_sizes.tolist()
+    updates = Updates(torch.tensor([1]), copies[:, 0], alg.models[:1].clone(), torch.tensor([n1]), torch.zeros(1),
+                      state={"copies": copies, "component": torch.tensor([0]), "mixture": torch.tensor([[0.4, 0.6]])})
+    alg.aggregate(1, RoundUpdates.of(updates))
+    if average == "all_clients":
+        expected = [(n1 * 4.0 + (n0 + n2) * 1.0) / (n0 + n1 + n2), (n1 * 7.0 + (n0 + n2) * -2.0) / (n0 + n1 + n2)]
+    else:
+        expected = [4.0, 7.0]
+    assert torch.allclose(alg.models, torch.tensor(expected)[:, None].expand(2, d), atol=1e-6)
+    assert alg.assignment.tolist() == [0, 1, 0]
+
+
+def test_fedem_refuses_an_unknown_average_in_one_line():
+    with pytest.raises(ValueError, match=r"^algorithm.init_args.average must be one of all_clients, sampled, "
+                                         r"got 'some'$"):
+        FedEM(average="some")
 
 
 def test_weighted_training_with_unit_weights_is_the_mean_cross_entropy_step():

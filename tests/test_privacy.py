@@ -87,8 +87,10 @@ def test_fedem_under_dp_clips_each_clients_copies_together():
     moves[1, 0, 0] = 6.0                        # clipped to sqrt(2) (1, 0)
     moves[1, 1, 1] = 8.0                        # clipped to sqrt(2) (0, 1)
     copies = start + moves
-    updates = Updates(torch.tensor([0, 1]), copies[:, 0], start[alg.assignment[:2]], torch.tensor([5, 7]),
-                      torch.zeros(2), state={"others": copies[:, 1:], "mixture": alg.mixture.read([0, 1])})
+    component = alg.assignment[:2]  # each client sends its copy of the component it started from
+    updates = Updates(torch.tensor([0, 1]), copies[[0, 1], component], start[component], fed.server.train_sizes,
+                      torch.zeros(2), state={"copies": copies, "component": component,
+                                             "mixture": alg.mixture.read([0, 1])})
     alg.aggregate(1, RoundUpdates.of(updates))
     expected = start.clone()
     expected[0, :2] += torch.tensor([0.6 * r + r, 0.8 * r]) / 2

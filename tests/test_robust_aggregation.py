@@ -200,7 +200,7 @@ def test_fedem_median_is_each_components_coordinate_median_of_the_clients_copies
     alg = fed.algorithm
     round_updates = fed.execution.round_updates(1, [0, 1, 2])
     held = round_updates.all()
-    copies = torch.cat([held.params[:, None], held.state["others"]], dim=1)  # (clients, components, d)
+    copies = held.state["copies"].clone()  # (clients, components, d)
     alg.aggregate(1, round_updates)
     middle = copies.sort(dim=0).values[1]  # of 3 values the second smallest
     assert torch.allclose(alg.models, middle, atol=1e-6)

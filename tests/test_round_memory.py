@@ -61,13 +61,14 @@ def test_a_round_holds_a_few_models_per_cohort_client_whatever_the_clients(make,
     assert max(few, many) <= most, f"{few:.2f} and {many:.2f} model copies a client of the round"
 
 
-def test_fedem_hands_the_aggregator_its_trained_block_itself_and_a_concatenation_otherwise():
+def test_fedem_hands_the_aggregator_its_trained_block_with_the_sent_models_written_in():
     from fedlight.algorithms.fedem import copy_rows
 
     block = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)  # 2 clients, 3 components, 4 entries
-    in_order = block.reshape(6, 4)  # client 0's components 0, 1, 2, then client 1's
-    rows = copy_rows(block[:, 0], block[:, 1:])
-    assert torch.equal(rows, in_order) and rows.data_ptr() == block.data_ptr()  # a view: no copy
-    replaced = copy_rows(block[:, 0] + 0, block[:, 1:])  # component 0 replaced (an update attack)
-    assert torch.equal(replaced, in_order) and replaced.data_ptr() != block.data_ptr()
-    assert copy_rows(block[:, 0], block[:, :0]).data_ptr() == block.data_ptr()  # one component: its rows
+    sent = torch.stack([-block[0, 2], -block[1, 0]])  # client 0 started from component 2, client 1 from 0: replaced
+    expected = block.clone()
+    expected[0, 2], expected[1, 0] = sent[0], sent[1]
+    rows = copy_rows(sent, block, torch.tensor([2, 0]))
+    assert torch.equal(rows, expected.reshape(6, 4)) and rows.data_ptr() == block.data_ptr()  # a view: no copy
+    one = torch.arange(8, dtype=torch.float32).reshape(2, 4)  # one component: the block is the sent rows themselves
+    assert copy_rows(one, one[:, None], torch.zeros(2, dtype=torch.long)).data_ptr() == one.data_ptr()
