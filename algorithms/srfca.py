@@ -61,9 +61,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, RoundUpdates
-from fedlight.plugin.cohort import Cohort
-from fedlight.training.sequential import Trained
+from fedlight.plugin import Algorithm, RoundUpdates, Trained, share_count
 
 
 def pivot_clusters(adjacency: np.ndarray, order: Sequence[int]) -> list[list[int]]:
@@ -169,7 +167,7 @@ class SRFCA(Algorithm):
         if round == 1:
             return list(range(self.server.num_clients))
         clustered = self.clustered.nonzero().flatten().tolist()
-        m = Cohort(len(clustered), self.participation).size
+        m = share_count(self.participation, len(clustered))
         if m == len(clustered):
             return clustered
         return sorted(self.server.rng(round, "select").choice(clustered, size=m, replace=False).tolist())

@@ -71,6 +71,9 @@ def test_on_rotations_the_refine_steps_end_with_the_rotations():
     alg = fed.algorithm
     assert clustering_scores(fed.data.cluster_labels, alg.cluster_labels())["ari"] == 1.0
     assert len(alg.models) == 2 and bool(alg.clustered.all())
+    alg.clustered[0], alg.participation = False, 0.5  # a share of the 5 clustered clients: ceil(2.5) = 3, never 0
+    chosen = alg.select_clients(4)
+    assert len(chosen) == 3 and 0 not in chosen
 
 
 def test_a_split_cluster_is_merged_back():
