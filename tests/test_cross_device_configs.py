@@ -31,6 +31,7 @@ REFUSES = {
     "flhc": "FL+HC trains every client in its clustering round",
     "fesem": "FeSEM trains every client in its seeding round",
     "flis_hc": "FLIS-HC trains every client in its phase 0",
+    "srfca": "SR-FCA trains every client in its one-shot round and clusters their local models",
     "pfclus": "data clustering: every client uploads its local clustering in every round",
     "kfed": "data clustering: every client uploads its local clustering in every round",
     "mfc": "data clustering: every client uploads its local clustering in every round",

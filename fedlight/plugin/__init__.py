@@ -5,7 +5,7 @@
 | module | what it holds |
 |---|---|
 | `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg |
-| `cohort` | `Cohort`: the clients of a round, an exact count (`federation.clients_per_round`) or a share (`participation`) |
+| `cohort` | `Cohort`: the clients of a round, an exact count (`federation.clients_per_round`) or a share (`participation`); `share_count`, the clients a share selects |
 | `server` | `ServerContext`: the services an algorithm may use (data, running the model, group training, layer masks, randomness) |
 | `updates`, `round_updates` | `Updates` (stacked rows of trained models) and `RoundUpdates` (a round's, streamed or held) |
 | `collective` | `Processes`: the collectives a round's updates use (the engine's `Collective` meets it), `OneProcess` |
@@ -28,6 +28,7 @@ What an algorithm may import is this package and `fedlight.cluster` (tests/test_
 from fedlight.plugin.aggregation import ClientModels, ClusterAverage
 from fedlight.plugin.algorithm import Algorithm
 from fedlight.plugin.client_state import ClientState
+from fedlight.plugin.cohort import share_count
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.evaluation import summarize
 from fedlight.plugin.extension import RoundExtension
@@ -47,4 +48,4 @@ from fedlight.training.vectorized import GroupHook
 __all__ = ["Algorithm", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
            "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "RoundExtension",
            "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "half_step", "head_inputs",
-           "nearest_update_direction", "summarize", "unit_rows"]
+           "nearest_update_direction", "share_count", "summarize", "unit_rows"]
