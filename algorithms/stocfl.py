@@ -22,8 +22,10 @@ runs it:
 - clustering first, then training, in every round (`main`).
 Defaults: tau 0.65, lambda 0.05 (`--tau`, `--mu`) and 20 observation epochs (`--obep`), the README's command for
 this script (rotated CIFAR-10, 5 local epochs, batch 50, lr 0.1; the script's own argparse defaults are tau 0.3 and
-10 observation epochs); the local epochs are the run's. On the digits rotations a client's psi after 20 epochs has
-cosine 0.8-0.95 with its own rotation's and 0.3-0.4 with the other's, so tau 0.3 would merge everything.
+10 observation epochs); the local epochs are the run's. tau depends on the model and data: on the digits rotations
+with the tests' network a client's psi has cosine 0.8-0.95 with its own rotation's and 0.3-0.4 with the other's (tau
+0.3 would merge everything); with configs/digits' network and momentum, 0.59-0.75 and 0.13-0.40 (that config sets
+0.5).
 
 Deviations:
 - a cluster's representation is the mean of all its members' psi (kept per cluster with its member count, so no
