@@ -96,6 +96,21 @@ def test_each_client_trains_its_cluster_model_with_the_pull_and_the_global_model
         assert torch.allclose(alg.models[row].double(), expected, atol=1e-5)
 
 
+def test_the_runs_robust_rule_combines_the_global_copies():
+    """Under `aggregator: median` the global model after round 1 is the coordinate-wise median of the three clients'
+    own training of the initial model; under DP the round spends privacy (the aggregation is the engine's)."""
+    from fedlight.aggregators.privacy import PrivacyConfig
+
+    fed = small_federation(StoCFL(observe_epochs=1), num_clients=3, rounds=1, aggregator="median")
+    initial = fed.server.initial_params.clone()
+    fed.run_round(1)
+    own = torch.stack([fed.server.train(1, c, initial)[0] for c in range(3)])
+    assert torch.allclose(fed.algorithm.models[0], own.median(dim=0).values, atol=1e-6)
+    private = small_federation(StoCFL(observe_epochs=1), num_clients=3, rounds=1,
+                               privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))
+    assert private.run_round(1).scalars["privacy/epsilon"] > 0
+
+
 def test_on_rotations_with_half_the_clients_a_round_it_recovers_the_two_clusters():
     """Seed 0 draws clients 0 3 4, 0 1 5, 3 4 5, 1 3 5, 1 2 5: no cluster ever mixes the rotations (a client joins a
     cluster only when they are sampled together, so client 5, first seen beside client 0 alone, waits for round 3),
