@@ -31,7 +31,8 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "pfedme": "pFedMe", "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC",
            "fedem": "FedEM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA",
            "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto", "cflgp": "CFL-GP",
-           "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL", "srfca": "SR-FCA"}
+           "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL", "srfca": "SR-FCA",
+           "stocfl": "StoCFL"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
@@ -179,7 +180,8 @@ ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_d
                       "fedtsdp": {"hopkins_threshold": 0.0}, "fesem": {"num_clusters": 2},
                       "flhc": {"cluster_round": 1, "num_clusters": 2}, "pacfl": {"num_clusters": 2},
                       "fedem": {"num_components": 2}, "fedsoft": {"num_clusters": 2, "selection_size": 2},
-                      "srfca": {"refine_rounds": 1, "init_epochs": 1}}
+                      "srfca": {"refine_rounds": 1, "init_epochs": 1},
+                      "stocfl": {"observe_epochs": 1, "participation": 0.5}}
 
 
 def run_commands(fed: Federation, round: int) -> None:
