@@ -106,7 +106,6 @@ class SystemModel(RoundExtension):
                              "run on one device (or leave buffer_size out)")
         self.algorithm, self.client_states = federation.algorithm, federation.client_states
         self.sizes, self.like = federation.server.train_sizes, federation.flat.vector.detach()
-        self._states_checked = False
         self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
             InFlight.from_state(self._in_flight_state, self.like.device)
 
@@ -206,8 +205,7 @@ class SystemModel(RoundExtension):
         arrivals (`fedlight.system.buffered`). Synchronous: None."""
         if self.in_flight is None:
             return None
-        if not self._states_checked:  # the algorithm declares its stores in its setup, after this model's
-            self.check_client_states()
+        self.check_client_states()  # every round: an algorithm declares stores in its setup (after this model's) or later
         start_s = self.online(round)[0]
         busy = set(self.in_flight.clients.tolist())
         new = [c for c in dispatched if c not in busy]
@@ -229,7 +227,6 @@ class SystemModel(RoundExtension):
         """Refuse, in one line, an algorithm that keeps per-client state (`ServerContext.client_state`) beside
         asynchronous rounds: it writes that state from the round's updates, which re-basing has changed (SCAFFOLD's
         control variates would be computed from the re-based model, not the one the client trained)."""
-        self._states_checked = True
         if self.client_states.stores:
             names = ", ".join(sorted(self.client_states.stores))
             raise ValueError(f"system.buffer_size: {type(self.algorithm).__name__} keeps per-client state ({names}) "
