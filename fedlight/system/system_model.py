@@ -1,7 +1,8 @@
 """`SystemModel`: the `system:` section as a round extension (`fedlight.plugin.extension.RoundExtension`). It keeps
 the virtual clock, answers the base class's draw of a round's clients from those online (`select`), decides what the
-selected clients get done (`work`: offline, dropped out, past the deadline, cut short) and logs the round's
-`system/*` scalars when it ends; the federation never names it (docs/architecture.md, "System model")."""
+selected clients get done (`work`: offline, dropped out, past the deadline, cut short), with `system.buffer_size`
+runs asynchronous rounds (`arrivals`: FedBuff's buffer, `fedlight.system.buffered`) and logs the round's `system/*`
+scalars when it ends; the federation never names it (docs/architecture.md, "System model")."""
 from __future__ import annotations
 
 import warnings
