@@ -92,14 +92,12 @@ class SystemModel(RoundExtension):
     def setup_buffer(self, federation: Any) -> None:
         """FedBuff's clients in flight (`fedlight.system.buffered`); refused in one line beside DP (its accounting
         assumes synchronous rounds), over several processes, or with more clients in flight than the run has."""
-        from fedlight.aggregators.privacy import PrivacyMechanism  # the run's DP, if any
-
         config, n = self.config, self.num_clients
         self.concurrency = config.concurrency if config.concurrency is not None else federation.cohort.size
         if self.concurrency > n or config.buffer_size > self.concurrency:
             raise ValueError(f"system.concurrency is {self.concurrency} and system.buffer_size {config.buffer_size}, "
                              f"but the run has {n} clients: give buffer_size <= concurrency <= {n}")
-        if federation.extension(PrivacyMechanism) is not None:
+        if any(extension.name == "privacy" for extension in federation.extensions):  # the run's DP
             raise ValueError("system.buffer_size (asynchronous rounds) with privacy: DP's accountant counts "
                              "synchronous rounds of sampled clients; leave one of the two out")
         if federation.collective.spread:
