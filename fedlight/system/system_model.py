@@ -6,6 +6,7 @@ scalars when it ends; the federation never names it (docs/architecture.md, "Syst
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,13 +199,14 @@ class SystemModel(RoundExtension):
         return RoundWork(tuple(sorted(dropped)), {int(c): float(d / s) for c, d, s in
                                                   zip(present[partial], times.done[partial], steps[partial])})
 
-    def arrivals(self, round: int, dispatched: list[int], train: Any) -> Arrivals | None:
+    def arrivals(self, round: int, dispatched: list[int], train: Callable[[list[int]], list[Updates]]
+                 ) -> Arrivals | None:
         """Asynchronous rounds: the dispatched clients (less any still in flight, which an algorithm's own
         selection may pick) train now and join those in flight; the round aggregates the `buffer_size` earliest
         arrivals (`fedlight.system.buffered`). Synchronous: None."""
         if self.in_flight is None:
             return None
-        self.check_client_states()  # every round: an algorithm declares stores in its setup (after this model's) or later
+        self.check_client_states()  # every round: an algorithm declares stores in its setup (after ours), or later
         start_s = self.online(round)[0]
         busy = set(self.in_flight.clients.tolist())
         new = [c for c in dispatched if c not in busy]
