@@ -16,7 +16,9 @@ synchronous FedAvg bit for bit.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -81,14 +83,15 @@ class InFlight:
                         {k: torch.cat([v, other.logs[k]]) for k, v in self.logs.items()},
                         {k: torch.cat([v, other.state[k]]) for k, v in self.state.items()})
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors only, on the CPU (a checkpoint is read with `torch.load(weights_only=True)`)."""
         return {"clients": torch.from_numpy(self.clients), "versions": torch.from_numpy(self.versions),
                 "arrivals_s": torch.from_numpy(self.arrivals_s), "changes": self.changes.cpu(),
                 "losses": self.losses.cpu(), "logs": {k: v.cpu() for k, v in self.logs.items()},
                 "state": {k: v.cpu() for k, v in self.state.items()}}
 
     @classmethod
-    def from_state(cls, state: dict, device: torch.device) -> "InFlight":
+    def from_state(cls, state: dict[str, Any], device: torch.device) -> "InFlight":
         return cls(state["clients"].numpy(), state["versions"].numpy(), state["arrivals_s"].numpy(),
                    state["changes"].to(device), state["losses"].to(device),
                    {k: v.to(device) for k, v in state["logs"].items()},
@@ -117,7 +120,7 @@ class Arrived:
 
 
 def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np.ndarray, version: int, count: int,
-                  staleness: str, client_model, sizes: Tensor) -> tuple[Arrived, InFlight]:
+                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor) -> tuple[Arrived, InFlight]:
     """The `count` earliest arrivals among the clients `waiting` and the `fresh` ones just trained from `version`
     (arriving at `fresh_arrivals_s`), and the clients still in flight after them. A fresh arrival (staleness 0) sends
     its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau).
