@@ -23,7 +23,7 @@ from torch import Tensor
 from fedlight.engine.group_training import GroupTraining
 from fedlight.engine.processes import Collective
 from fedlight.plugin.round_updates import RoundUpdates
-from fedlight.plugin.round_work import RoundWork
+from fedlight.plugin.round_work import Arrivals, RoundWork
 from fedlight.plugin.updates import Updates
 from fedlight.training.local_work import LocalWork
 from fedlight.training.probe import ProbeResult
@@ -97,12 +97,15 @@ class ClientExecution:
                  config: "FederationConfig", collective: Collective, threads: tuple[int, str] = (1, ""),
                  hold_reason: str | None = None,
                  tamper: Callable[[int, list[int], Tensor, Tensor], Tensor] | None = None,
-                 work: Callable[[int, list[int]], RoundWork] | None = None) -> None:
+                 work: Callable[[int, list[int]], RoundWork] | None = None,
+                 arrivals: Callable[[int, list[int], Callable[[list[int]], list[Updates]]], Arrivals | None] | None
+                 = None) -> None:
         self.algorithm, self.server, self.trainer = algorithm, server, trainer
         self.config, self.collective = config, collective
         self.holds = algorithm.holds_updates or hold_reason is not None
         self.tamper = tamper  # what clients send of the models they trained (round extensions' `tamper`), or None
         self.work = work  # what the selected clients get done (round extensions' `work`), or None: all of it
+        self.arrivals = arrivals  # the updates an asynchronous server aggregates (round extensions'), or None
         self.device = server.device
         own = f"{type(algorithm).__name__} trains its clients itself (train_client)" if algorithm.own_training else None
         self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, algorithm.corrects_gradient,
@@ -143,16 +146,24 @@ class ClientExecution:
         work = self.work(round, clients) if self.work is not None else RoundWork()
         dropped = set(work.dropped)
         sending = [c for c in clients if c not in dropped] if dropped else clients
-        mine = self.collective.shard(sending)  # every client, unless the round is spread over processes
-        if self.holds:
-            groups = [mine]
-        else:
-            size = self.group_size(len(mine))
-            groups = [mine[begin: begin + size] for begin in range(0, len(mine), size)]
+        train = self._training(round, work.shares)
         rate = None if alg.own_training else \
             self.trainer.learning_rates.round_rate(round, self.local_steps(clients)) * alg.learning_rate_scale(round)
-        return RoundUpdates(clients, self.holds, groups, self._training(round, work.shares), self.collective,
-                            self.server.num_clients, rate, sorted(dropped))
+        arrived = None if self.arrivals is None else \
+            self.arrivals(round, sending, lambda dispatched: [train(group) for group in self._groups(dispatched)])
+        if arrived is not None:  # an asynchronous server: the round aggregates the updates that arrived
+            sending, train = arrived.clients, arrived.updates
+            clients = sorted(set(sending) | dropped)
+        groups = self._groups(self.collective.shard(sending))  # every client, unless spread over processes
+        return RoundUpdates(clients, self.holds, groups, train, self.collective, self.server.num_clients, rate,
+                            sorted(dropped))
+
+    def _groups(self, clients: list[int]) -> list[list[int]]:
+        """`clients` cut into the groups trained together (one group when the round is held)."""
+        if self.holds:
+            return [clients]
+        size = self.group_size(len(clients))
+        return [clients[begin: begin + size] for begin in range(0, len(clients), size)]
 
     def _training(self, round: int, shares: dict[int, float]) -> Callable[[list[int]], Updates]:
         """`train` of a group of the round's clients, those cut short taking their `shares` of the local steps

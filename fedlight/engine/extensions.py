@@ -2,19 +2,20 @@
 all of them in order and their answers combined (docs/architecture.md, "Round extensions")."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from torch import Tensor
 
 from fedlight.plugin.extension import RoundExtension
-from fedlight.plugin.round_work import RoundWork
+from fedlight.plugin.round_work import Arrivals, RoundWork
 
 if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation
     from fedlight.plugin.data import FederatedData
     from fedlight.engine.round_result import RoundResult
+    from fedlight.plugin.updates import Updates
 
 Extension = TypeVar("Extension", bound="RoundExtension")
 
@@ -72,6 +73,12 @@ class RoundExtensions:
             found = extension.work(round, clients)
             work = work if found is None else work.merged(found)
         return work
+
+    def arrivals(self, round: int, dispatched: list[int], train: Callable[[list[int]], list["Updates"]]
+                 ) -> Arrivals | None:
+        """The first extension's arrivals (an asynchronous server's), or None: the dispatched clients' updates."""
+        return next((found for found in (e.arrivals(round, dispatched, train) for e in self.extensions)
+                     if found is not None), None)
 
     def tamper(self, round: int, clients: list[int], starts: Tensor, params: Tensor) -> Tensor:
         for extension in self.extensions:

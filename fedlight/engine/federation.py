@@ -96,7 +96,7 @@ class Federation:
                                     self.config.eval_every, head)
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
                                          threads, self.aggregation.hold_reason(), self.extensions.tamper,
-                                         self.extensions.work)
+                                         self.extensions.work, self.extensions.arrivals)
         self.server.bind_selection(self.extensions.select)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0

@@ -16,7 +16,7 @@
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction` |
 | `extension` | `RoundExtension`: hooks at fixed points of the set-up and the round for what a run adds around it |
-| `round_work` | `RoundWork`: what a round's selected clients get done (who sends nothing, who is cut short), as extensions decide |
+| `round_work` | `RoundWork`: what a round's selected clients get done (who sends nothing, who is cut short), as extensions decide; `Arrivals`: the updates an asynchronous round aggregates |
 | `round_log` | what an algorithm records as it acts (`Algorithm.log`, `log_matrix`) |
 | `data` | the data contract: `ClientSplit`, `FederatedData`, what a data module gives |
 | `evaluation` | per-client metrics and their summaries (mean, spread, worst client) |
@@ -36,7 +36,7 @@ from fedlight.plugin.model_parts import ModelParts, head_inputs
 from fedlight.plugin.newcomers import Newcomers, nearest_update_direction, unit_rows
 from fedlight.plugin.population import ClientPopulation
 from fedlight.plugin.round_updates import RoundUpdates
-from fedlight.plugin.round_work import RoundWork
+from fedlight.plugin.round_work import Arrivals, RoundWork
 from fedlight.plugin.server import ServerContext
 from fedlight.plugin.updates import Updates
 from fedlight.training.group_batches import GroupStep
@@ -45,7 +45,7 @@ from fedlight.training.local_work import LocalWork
 from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
 
-__all__ = ["Algorithm", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
+__all__ = ["Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
            "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "RoundExtension",
            "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "half_step", "head_inputs",
            "nearest_update_direction", "share_count", "summarize", "unit_rows"]

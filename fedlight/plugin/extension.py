@@ -8,6 +8,7 @@ needs. The federation builds its extensions once and calls each hook on all of t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,13 +17,15 @@ from torch import Tensor
 if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation
     from fedlight.plugin.data import FederatedData
-    from fedlight.plugin.round_work import RoundWork
+    from fedlight.plugin.round_work import Arrivals, RoundWork
+    from fedlight.plugin.updates import Updates
 
 
 class RoundExtension:
     """Hooks the federation calls, each a no-op here. Set-up: `prepare_data`, `aggregation`, `setup`, `describe`.
     Every round: `begin_round`, `select` (the base class's draw of the round's clients), `work` (what the selected
-    clients get done), `tamper` (on every group's trained models), `end_round` (after aggregation),
+    clients get done), `arrivals` (the updates an asynchronous server aggregates), `tamper` (on every group's trained
+    models), `end_round` (after aggregation),
     `cluster_scores`; every evaluated round: `client_columns`, `evaluate`. Checkpoints: `state_dict` is saved under
     `name` in the federation's state and handed back to `load_state_dict` on a resume (None when it holds none)."""
 
@@ -61,6 +64,13 @@ class RoundExtension:
     def work(self, round: int, clients: list[int]) -> "RoundWork | None":
         """What the round's selected `clients` get done (`fedlight.plugin.round_work.RoundWork`: who sends nothing,
         who finishes part of the local steps), once, after the selection and before any trains; None: all of it."""
+        return None
+
+    def arrivals(self, round: int, dispatched: list[int], train: Callable[[list[int]], list["Updates"]]
+                 ) -> "Arrivals | None":
+        """The updates the round aggregates when they are not the `dispatched` clients' (an asynchronous server:
+        `train(clients)` trains clients now, a group at a time, and the answer names those whose updates arrive);
+        None: the dispatched clients', trained when the algorithm asks for them. Once a round, after `work`."""
         return None
 
     def tamper(self, round: int, clients: list[int], starts: Tensor, params: Tensor) -> Tensor:

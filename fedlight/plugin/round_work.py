@@ -1,8 +1,15 @@
 """`RoundWork`: what the selected clients of a round get done, as a run's round extensions decide it before they
-train (a system model: clients offline, dropped out or past a deadline, and clients a deadline cuts short)."""
+train (a system model: clients offline, dropped out or past a deadline, and clients a deadline cuts short), and
+`Arrivals`: the updates a round aggregates when they are not those of the clients it trained (an asynchronous
+server's buffer)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedlight.plugin.updates import Updates
 
 
 @dataclass(frozen=True)
@@ -29,3 +36,16 @@ class RoundWork:
         shares = {c: min(s, other.shares.get(c, 1.0)) for c, s in self.shares.items()}
         shares.update({c: s for c, s in other.shares.items() if c not in shares})
         return RoundWork(dropped, {c: s for c, s in shares.items() if c not in dropped})
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """The updates a round aggregates instead of its dispatched clients' (`RoundExtension.arrivals`).
+
+    Attributes:
+        clients: the clients whose updates arrived, sorted.
+        updates: a group of `clients` -> their updates, rows in the group's order.
+    """
+
+    clients: list[int]
+    updates: Callable[[list[int]], "Updates"]

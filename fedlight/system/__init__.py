@@ -9,6 +9,7 @@ the server picks, on a virtual clock (docs/architecture.md, "System model"). Off
 | `clock` | `DeviceProfiles` (each client's compute and transfer time) and the `VirtualClock` |
 | `availability` | when clients are online: always, a share, on/off periods, diurnal by time zone, a trace |
 | `stragglers` | a synchronous round: the deadline, dropouts, partial work, the round's length |
+| `buffered` | asynchronous rounds (FedBuff): the clients in flight, their arrivals, staleness weights, re-basing |
 | `selection` | `ClientSelector`, `SelectionContext`; the `uniform` and `data_size` selectors |
 | `power_of_choice`, `oort`, `cluster_stratified` | the scoring and stratified selectors |
 | `selectors` | `system.selection`'s names and the selector each builds |

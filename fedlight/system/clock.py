@@ -3,8 +3,8 @@
 A client's round is its local work and two transfers of the model (FedScale's completion time):
 compute = local steps x batch size / training samples per second (each step counted as a full batch, as FedScale
 counts it), transfer = model bits sent down and the same sent up / link bits per second. Synchronous rounds add the
-slowest kept client's time to the clock (`fedlight.system.stragglers`); an asynchronous server would read each
-client's arrival off the same `DeviceProfiles` and `VirtualClock`.
+slowest kept client's time to the clock (`fedlight.system.stragglers`); the asynchronous server
+(`fedlight.system.buffered`) reads each client's arrival off the same `DeviceProfiles` and `VirtualClock`.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from fedlight.plugin.choices import unknown_choice
 SPEED_KINDS = ("constant", "lognormal", "slow_share")
 AVAILABILITY = ("always", "share", "periods", "diurnal", "trace")
 SELECTIONS = ("uniform", "data_size", "power_of_choice", "oort", "cluster_stratified")
+STALENESS = ("polynomial", "constant")
 
 
 @dataclass
@@ -87,6 +88,11 @@ class SystemConfig:
         preferred_round_s: Oort's T, the preferred round duration (None: `deadline_s`, else the candidates' median
             time).
         wait_s: when no client is online, the server looks again after this many virtual seconds.
+        buffer_size: K, asynchronous buffered aggregation (FedBuff, `fedlight.system.buffered`): the server updates
+            every K arrivals (a round is one update) and then dispatches new clients; None: synchronous rounds.
+        concurrency: C, the clients training at once under `buffer_size` (None: the cohort, clients_per_round).
+        staleness: the weight of an update trained from a model tau updates old: "polynomial", 1 / sqrt(1 + tau)
+            (FedBuff's choice), or "constant", 1.
     """
 
     compute: SpeedDistribution = field(default_factory=lambda: SpeedDistribution(median=100.0))
@@ -108,6 +114,9 @@ class SystemConfig:
     oort_alpha: float = 2.0
     preferred_round_s: float | None = None
     wait_s: float = 60.0
+    buffer_size: int | None = None
+    concurrency: int | None = None
+    staleness: str = "polynomial"
 
     def __post_init__(self) -> None:
         self.compute.check("system.compute")
@@ -143,6 +152,31 @@ class SystemConfig:
                              f"{self.oort_alpha} and {self.preferred_round_s}")
         if not self.wait_s > 0:
             raise ValueError(f"system.wait_s must be above 0 virtual seconds, got {self.wait_s}")
+        self.check_buffer()
+
+    def check_buffer(self) -> None:
+        """Refuse in one line a buffer (FedBuff) of no clients, larger than the clients in flight, or beside a
+        synchronous round's deadline or dropouts."""
+        if self.staleness not in STALENESS:
+            raise unknown_choice("system.staleness", self.staleness, STALENESS)
+        if self.buffer_size is None:
+            if self.concurrency is not None:
+                raise ValueError("system.concurrency is for asynchronous rounds: give system.buffer_size too (or "
+                                 "leave concurrency out)")
+            return
+        if self.buffer_size < 1 or (self.concurrency is not None and self.concurrency < 1):
+            raise ValueError(f"system.buffer_size and system.concurrency must be at least 1, got {self.buffer_size} "
+                             f"and {self.concurrency}")
+        if self.concurrency is not None and self.buffer_size > self.concurrency:
+            raise ValueError(f"system.buffer_size ({self.buffer_size}) is above system.concurrency "
+                             f"({self.concurrency}): the server would wait for more arrivals than clients train; give "
+                             "a buffer of at most the concurrency")
+        synchronous = [name for name, on in (("deadline_s", self.deadline_s is not None),
+                                             ("deadline_percentile", self.deadline_percentile is not None),
+                                             ("partial_work", self.partial_work), ("dropout", self.dropout > 0)) if on]
+        if synchronous:
+            raise ValueError(f"system.{synchronous[0]} shapes a synchronous round, which system.buffer_size "
+                             "(asynchronous rounds) has none of: leave one of the two out")
 
     @property
     def deadline(self) -> str | None:

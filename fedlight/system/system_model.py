@@ -1,19 +1,24 @@
 """`SystemModel`: the `system:` section as a round extension (`fedlight.plugin.extension.RoundExtension`). It keeps
 the virtual clock, answers the base class's draw of a round's clients from those online (`select`), decides what the
-selected clients get done (`work`: offline, dropped out, past the deadline, cut short) and logs the round's
-`system/*` scalars when it ends; the federation never names it (docs/architecture.md, "System model")."""
+selected clients get done (`work`: offline, dropped out, past the deadline, cut short), with `system.buffer_size`
+runs asynchronous rounds (`arrivals`: FedBuff's buffer, `fedlight.system.buffered`) and logs the round's `system/*`
+scalars when it ends; the federation never names it (docs/architecture.md, "System model")."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from fedlight.plugin.extension import RoundExtension
-from fedlight.plugin.round_work import RoundWork
+from fedlight.plugin.round_work import Arrivals, RoundWork
 from fedlight.plugin.server import stream_seed
+from fedlight.plugin.updates import Updates
 from fedlight.system.availability import DAY_S, make_availability
+from fedlight.system.buffered import Arrived, InFlight, take_arrivals
 from fedlight.system.clock import DeviceProfiles, VirtualClock
 from fedlight.system.config import SystemConfig
 from fedlight.system.losses import loss_statistics
@@ -60,6 +65,9 @@ class SystemModel(RoundExtension):
         self._drawn: tuple[int, int, list[int]] | None = None  # (round, count, clients): the round's one draw
         self._record: RoundRecord | None = None
         self._short_said = False
+        self.in_flight: InFlight | None = None  # FedBuff's clients training now (`system.buffer_size`), else None
+        self._arrived: tuple[float, Arrived] | None = None  # the round's dispatch time and arrivals
+        self._in_flight_state: dict | None = None  # a resumed buffer, made whole once the model's device is known
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, federation: Any) -> None:
@@ -79,6 +87,27 @@ class SystemModel(RoundExtension):
                                    lambda clients: loss_statistics(server, algorithm, clients),
                                    lambda: algorithm.assignment.cpu().numpy())
         self.selector = make_selector(config, context)
+        if config.buffer_size is not None:
+            self.setup_buffer(federation)
+
+    def setup_buffer(self, federation: Any) -> None:
+        """FedBuff's clients in flight (`fedlight.system.buffered`); refused in one line beside DP (its accounting
+        assumes synchronous rounds), over several processes, or with more clients in flight than the run has."""
+        config, n = self.config, self.num_clients
+        self.concurrency = config.concurrency if config.concurrency is not None else federation.cohort.size
+        if self.concurrency > n or config.buffer_size > self.concurrency:
+            raise ValueError(f"system.concurrency is {self.concurrency} and system.buffer_size {config.buffer_size}, "
+                             f"but the run has {n} clients: give buffer_size <= concurrency <= {n}")
+        if any(extension.name == "privacy" for extension in federation.extensions):  # the run's DP
+            raise ValueError("system.buffer_size (asynchronous rounds) with privacy: DP's accountant counts "
+                             "synchronous rounds of sampled clients; leave one of the two out")
+        if federation.collective.spread:
+            raise ValueError("system.buffer_size: asynchronous rounds keep their clients in flight on one process; "
+                             "run on one device (or leave buffer_size out)")
+        self.algorithm, self.client_states = federation.algorithm, federation.client_states
+        self.sizes, self.like = federation.server.train_sizes, federation.flat.vector.detach()
+        self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
+            InFlight.from_state(self._in_flight_state, self.like.device)
 
     def check_deadline(self) -> None:
         """Refuse in one line a fixed deadline no client can meet (its whole work, or with partial work one step,
@@ -100,7 +129,9 @@ class SystemModel(RoundExtension):
         devices = f"devices from {c.device_trace}" if c.device_trace else \
             f"compute {c.compute.describe('samples/s')}, link {c.link.describe('Mbit/s')}"
         parts = [devices, f"availability {c.availability}", c.deadline,
-                 f"dropout {c.dropout:.0%}" if c.dropout else None, f"selection {c.selection}"]
+                 f"dropout {c.dropout:.0%}" if c.dropout else None, f"selection {c.selection}",
+                 f"FedBuff: {c.buffer_size} arrivals an update, {c.concurrency or 'the cohort'} in flight, "
+                 f"{c.staleness} staleness weight" if c.buffer_size is not None else None]
         return "system: " + ", ".join(p for p in parts if p)
 
     # -- a round ---------------------------------------------------------------------------------------------
@@ -126,11 +157,17 @@ class SystemModel(RoundExtension):
     def select(self, round: int, count: int) -> list[int]:
         """`count` of the clients online at the round's start by `system.selection`, or all of them when fewer are
         online; the same answer to every call of the round."""
+        if self.in_flight is not None:  # asynchronous: new clients for the slots the arrivals freed
+            count = self.concurrency - len(self.in_flight)
         if self._drawn is not None and self._drawn[:2] == (round, count):
             return list(self._drawn[2])
-        available = np.flatnonzero(self.online(round)[1])
+        online = self.online(round)[1]
+        if self.in_flight is not None:
+            online = online.copy()
+            online[self.in_flight.clients] = False  # a client training now is not dispatched again
+        available = np.flatnonzero(online)
         if len(available) > count:
-            chosen = self.selector.select(round, available, count)
+            chosen = self.selector.select(round, available, count) if count else []
         else:
             chosen = available.tolist()
             if len(available) < count and not self._short_said:
@@ -162,8 +199,60 @@ class SystemModel(RoundExtension):
         return RoundWork(tuple(sorted(dropped)), {int(c): float(d / s) for c, d, s in
                                                   zip(present[partial], times.done[partial], steps[partial])})
 
+    def arrivals(self, round: int, dispatched: list[int], train: Callable[[list[int]], list[Updates]]
+                 ) -> Arrivals | None:
+        """Asynchronous rounds: the dispatched clients (less any still in flight, which an algorithm's own
+        selection may pick) train now and join those in flight; the round aggregates the `buffer_size` earliest
+        arrivals (`fedlight.system.buffered`). Synchronous: None."""
+        if self.in_flight is None:
+            return None
+        self.check_client_states()  # every round: an algorithm declares stores in its setup (after ours), or later
+        start_s = self.online(round)[0]
+        busy = set(self.in_flight.clients.tolist())
+        new = [c for c in dispatched if c not in busy]
+        fresh = None
+        if new:
+            parts = train(new)
+            fresh = Updates(*(torch.cat([getattr(p, name) for p in parts]) for name in
+                              ("clients", "params", "starts", "num_samples", "train_loss")),
+                            {k: torch.cat([p.logs[k] for p in parts]) for k in parts[0].logs},
+                            {k: torch.cat([p.state[k] for p in parts]) for k in parts[0].state})
+        fresh_clients = np.asarray([] if fresh is None else fresh.clients.tolist(), dtype=np.int64)
+        arrivals_s = start_s + self.compute_s[fresh_clients] + self.transfer_s[fresh_clients]
+        arrived, self.in_flight = take_arrivals(self.in_flight, fresh, arrivals_s, round - 1, self.config.buffer_size,
+                                                self.config.staleness, self.algorithm.client_model, self.sizes)
+        self._arrived = (start_s, arrived)
+        return Arrivals(arrived.updates.clients.tolist(), arrived.group)
+
+    def check_client_states(self) -> None:
+        """Refuse, in one line, an algorithm that keeps per-client state (`ServerContext.client_state`) beside
+        asynchronous rounds: it writes that state from the round's updates, which re-basing has changed (SCAFFOLD's
+        control variates would be computed from the re-based model, not the one the client trained)."""
+        if self.client_states.stores:
+            names = ", ".join(sorted(self.client_states.stores))
+            raise ValueError(f"system.buffer_size: {type(self.algorithm).__name__} keeps per-client state ({names}) "
+                             "that it writes from the round's updates, which asynchronous rounds re-base on the "
+                             "current model: leave buffer_size out for it")
+
+    def end_round_buffered(self, round: int) -> dict[str, float]:
+        """The clock moves to the round's last arrival; the asynchronous round's `system/*` scalars."""
+        start_s, arrived = self._arrived if self._arrived is not None else (self.online(round)[0], None)
+        self._arrived = None
+        waited_s = start_s - self.clock.now_s
+        end_s = start_s if arrived is None or not len(arrived.staleness) else max(arrived.last_s, start_s)
+        duration_s = end_s - self.clock.now_s
+        self.clock.advance(duration_s)
+        staleness = arrived.staleness if arrived is not None else np.zeros(0)
+        return {"system/round_virtual_s": duration_s, "system/virtual_time_s": self.clock.now_s,
+                "system/waited_s": waited_s, "system/online": int(self.online(round)[1].sum()),
+                "system/arrived": len(staleness), "system/in_flight": len(self.in_flight),
+                "system/staleness_mean": float(staleness.mean()) if len(staleness) else 0.0,
+                "system/staleness_max": float(staleness.max()) if len(staleness) else 0.0}
+
     def end_round(self, round: int, selected: int) -> tuple[dict[str, float], str | None]:
         """The clock moves to the round's end; the round's `system/*` scalars."""
+        if self.in_flight is not None:
+            return self.end_round_buffered(round), None
         record, self._record = self._record, None
         if record is None:  # no client was asked to work (a round selecting nobody)
             start_s, online = self.online(round)
@@ -180,9 +269,16 @@ class SystemModel(RoundExtension):
         return scalars, None
 
     # -- checkpoints -----------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, float]:
-        return self.clock.state_dict()
+    def state_dict(self) -> dict[str, Any]:
+        """The clock, and FedBuff's clients in flight when rounds are asynchronous."""
+        state: dict[str, Any] = self.clock.state_dict()
+        if self.in_flight is not None:
+            state["in_flight"] = self.in_flight.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict[str, float] | None) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is not None:
             self.clock.load_state_dict(state)
+            self._in_flight_state = state.get("in_flight")
+            if self._in_flight_state is not None and self.in_flight is not None:  # loaded after set-up
+                self.in_flight = InFlight.from_state(self._in_flight_state, self.like.device)

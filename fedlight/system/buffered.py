@@ -1,0 +1,149 @@
+"""Asynchronous buffered aggregation, FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous
+Aggregation", AISTATS 2022, Algorithm 1), on the virtual clock.
+
+C clients (`system.concurrency`) train at once; the server updates its models every K arrivals (`system.buffer_size`;
+a fedlight round is one update) and then dispatches as many new clients as arrived, so C stay in flight. A
+dispatched client trains at once from the model it receives (training is deterministic, so training it then equals
+training it later); its change (trained minus the model it received) waits here, C rows at most, until its arrival
+on the virtual clock: its dispatch time plus its local work and transfers (`fedlight.system.clock`).
+
+A round aggregates the K earliest arrivals. An update trained from version v arrives at version V, staleness
+tau = V - v, weighted s(tau) = 1 / sqrt(1 + tau) (the paper's polynomial choice) or 1. It is handed to the algorithm
+re-based on the model the client would receive now: start = `client_model(c)`, params = start + s(tau) x change, so
+every algorithm's own `aggregate` (a weighted mean, FedProx's, per-cluster means) applies unchanged. An update that
+arrives in the round it was dispatched in (tau = 0) is handed exactly as trained, so K = C = the cohort is
+synchronous FedAvg bit for bit.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.plugin.updates import Updates
+
+
+def staleness_weight(tau: np.ndarray, kind: str) -> np.ndarray:
+    """s(tau) of each staleness: 1 / sqrt(1 + tau) ("polynomial", FedBuff's a = 1/2), or 1 ("constant")."""
+    tau = np.asarray(tau, dtype=float)
+    return 1.0 / np.sqrt(1.0 + tau) if kind == "polynomial" else np.ones_like(tau)
+
+
+def rebased(start: Tensor, change: Tensor, weight: float) -> Tensor:
+    """The update a client would send from `start` now: start + weight x change."""
+    return start + weight * change
+
+
+@dataclass
+class InFlight:
+    """Clients training now, one row each: the change each trained (trained minus the model it received), the
+    server version it received, its arrival time on the virtual clock, and what it reported (loss, logs, state)."""
+
+    clients: np.ndarray
+    versions: np.ndarray
+    arrivals_s: np.ndarray
+    changes: Tensor
+    losses: Tensor
+    logs: dict[str, Tensor] = field(default_factory=dict)
+    state: dict[str, Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, like: Tensor) -> "InFlight":
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), like.new_zeros(0, len(like)),
+                   like.new_zeros(0))
+
+    @classmethod
+    def of(cls, updates: Updates, version: int, arrivals_s: np.ndarray) -> "InFlight":
+        """Freshly trained `updates`, dispatched at `version`, arriving at `arrivals_s`."""
+        return cls(updates.clients.cpu().numpy().astype(np.int64), np.full(len(updates), version, dtype=np.int64),
+                   np.asarray(arrivals_s, dtype=float), updates.params - updates.starts, updates.train_loss,
+                   dict(updates.logs), dict(updates.state))
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    def subset(self, rows: np.ndarray) -> "InFlight":
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.changes.device)
+        return InFlight(self.clients[rows], self.versions[rows], self.arrivals_s[rows], self.changes[index],
+                        self.losses[index], {k: v[index] for k, v in self.logs.items()},
+                        {k: v[index] for k, v in self.state.items()})
+
+    def cat(self, other: "InFlight") -> "InFlight":
+        if not len(self):
+            return other
+        if not len(other):
+            return self
+        return InFlight(np.concatenate([self.clients, other.clients]), np.concatenate([self.versions, other.versions]),
+                        np.concatenate([self.arrivals_s, other.arrivals_s]), torch.cat([self.changes, other.changes]),
+                        torch.cat([self.losses, other.losses]),
+                        {k: torch.cat([v, other.logs[k]]) for k, v in self.logs.items()},
+                        {k: torch.cat([v, other.state[k]]) for k, v in self.state.items()})
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors only, on the CPU (a checkpoint is read with `torch.load(weights_only=True)`)."""
+        return {"clients": torch.from_numpy(self.clients), "versions": torch.from_numpy(self.versions),
+                "arrivals_s": torch.from_numpy(self.arrivals_s), "changes": self.changes.cpu(),
+                "losses": self.losses.cpu(), "logs": {k: v.cpu() for k, v in self.logs.items()},
+                "state": {k: v.cpu() for k, v in self.state.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: torch.device) -> "InFlight":
+        return cls(state["clients"].numpy(), state["versions"].numpy(), state["arrivals_s"].numpy(),
+                   state["changes"].to(device), state["losses"].to(device),
+                   {k: v.to(device) for k, v in state["logs"].items()},
+                   {k: v.to(device) for k, v in state["state"].items()})
+
+
+def arrival_order(arrivals_s: np.ndarray, versions: np.ndarray, clients: np.ndarray) -> np.ndarray:
+    """Rows by arrival time; ties by the version received (the earlier dispatch first), then by client."""
+    return np.lexsort((clients, versions, arrivals_s))
+
+
+@dataclass
+class Arrived:
+    """A round's arrivals, rows sorted by client: what they send (`params` re-based), their staleness, and their
+    latest arrival time."""
+
+    updates: Updates
+    staleness: np.ndarray
+    last_s: float
+
+    def group(self, clients: list[int]) -> Updates:
+        """The updates of `clients` (some of the arrived ones), rows in their order."""
+        position = {int(c): i for i, c in enumerate(self.updates.clients.tolist())}
+        return self.updates.subset(torch.tensor([position[c] for c in clients], dtype=torch.long,
+                                                device=self.updates.params.device))
+
+
+def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np.ndarray, version: int, count: int,
+                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor) -> tuple[Arrived, InFlight]:
+    """The `count` earliest arrivals among the clients `waiting` and the `fresh` ones just trained from `version`
+    (arriving at `fresh_arrivals_s`), and the clients still in flight after them. A fresh arrival (staleness 0) sends
+    its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau).
+    `sizes`: (clients,) training-set sizes."""
+    fresh_flight = InFlight.of(fresh, version, fresh_arrivals_s) if fresh is not None and len(fresh) else None
+    every = waiting if fresh_flight is None else waiting.cat(fresh_flight)
+    order = arrival_order(every.arrivals_s, every.versions, every.clients)
+    come, stay = np.sort(order[:count]), np.sort(order[count:])
+    taken = every.subset(come)
+    tau = version - taken.versions
+    weights = staleness_weight(tau, staleness)
+    starts = torch.stack([client_model(int(c)) for c in taken.clients]) if len(taken) else taken.changes.clone()
+    params = torch.empty_like(starts)
+    first_fresh = len(waiting)
+    for row, (source, weight) in enumerate(zip(come, weights)):
+        if source >= first_fresh:  # trained this round, from the model it would receive now: exactly as trained
+            params[row] = fresh.params[source - first_fresh]
+        else:
+            params[row] = rebased(starts[row], taken.changes[row], float(weight))
+    by_client = np.argsort(taken.clients, kind="stable")
+    index = torch.as_tensor(by_client, dtype=torch.long, device=params.device)
+    ids = torch.as_tensor(taken.clients[by_client], dtype=torch.long, device=params.device)
+    updates = Updates(ids, params[index], starts[index], sizes[ids], taken.losses[index],
+                      {k: v[index] for k, v in taken.logs.items()}, {k: v[index] for k, v in taken.state.items()})
+    last_s = float(taken.arrivals_s.max()) if len(taken) else float("nan")
+    return Arrived(updates, tau[by_client], last_s), every.subset(stay)
