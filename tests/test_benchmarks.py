@@ -208,3 +208,15 @@ def test_made_femnist_gives_each_chosen_writer_its_drawn_train_and_test_sizes():
     got = [(data.train.size(k), data.test.size(k)) for k in range(25)]
     assert got == [drawn[w] for w in data_module.writers]
     assert sum(a + b for a, b in drawn.values()) == 2000
+
+
+def test_virtual_time_to_accuracy_takes_the_first_round_that_reaches_the_target():
+    from virtual_time_to_accuracy import first_time_at
+
+    rows = [{"system/virtual_time_s": "3.0", "test/acc_mean": "0.5"},
+            {"system/virtual_time_s": "7.5", "test/acc_mean": ""},  # a round not evaluated
+            {"system/virtual_time_s": "9.0", "test/acc_mean": "0.82"},
+            {"system/virtual_time_s": "12.0", "test/acc_mean": "0.79"}]
+    assert first_time_at(rows, "test/acc_mean", 0.8) == 9.0
+    assert first_time_at(rows, "test/acc_mean", 0.5) == 3.0
+    assert first_time_at(rows, "test/acc_mean", 0.9) is None
