@@ -1,11 +1,11 @@
 """The table of configs/sweeps/system_stragglers.yaml: per method and selection (`system.selection`), the mean and
 standard deviation over seeds of the last round's mean and worst-client test accuracy, the accuracy of the slow
 cluster (its true cluster's mean, `cluster_acc/true_<k>`), the ARI of the found clusters against the true ones, the
-virtual time to reach a target mean accuracy (with how many seeds reached it) and the total virtual time, read from
+virtual time to reach each target mean accuracy (with how many seeds reached it) and the total virtual time, read from
 the run folders' metrics.csv alone (docs/system_experiments.md).
 
     python -m fedlight sweep --config configs/sweeps/system_stragglers.yaml
-    python benchmarks/system_stragglers.py runs/sweep-system-stragglers [--target 0.8] [--slow_cluster 3]
+    python benchmarks/system_stragglers.py runs/sweep-system-stragglers [--targets 0.7 0.8] [--slow_cluster 3]
 """
 from __future__ import annotations
 
@@ -45,25 +45,31 @@ def cell(values: Sequence[float | None], digits: int = 3) -> str:
     return text if len(present) == len(values) else f"{text} ({len(present)}/{len(values)})"
 
 
-def table(runs: Sequence[Run], target: float, slow_cluster: int) -> str:
-    """The markdown table, one row per (algorithm, selection), in the order first met."""
+def table(runs: Sequence[Run], targets: Sequence[float], slow_cluster: int) -> str:
+    """The markdown table, one row per (algorithm, selection): algorithms in the order first met, uniform selection
+    first."""
     groups: dict[tuple[str, str], list[Run]] = {}
     for run in runs:
         groups.setdefault((run.algorithm, selection_of(run)), []).append(run)
+    algorithms = list(dict.fromkeys(algorithm for algorithm, _ in groups))
+    order = sorted(groups, key=lambda key: (algorithms.index(key[0]), key[1] != "uniform", key[1]))
     header = ["method", "selection", "seeds", "acc mean", "acc worst client", f"acc slow cluster ({slow_cluster})",
-              "ARI", f"virtual s to acc {target:g} (seeds reached)", "virtual s total", "dropped by deadline / round"]
+              "ARI", *(f"virtual s to acc {t:g} (seeds reached)" for t in targets), "virtual s total",
+              "dropped by deadline / round"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (algorithm, selection), members in groups.items():
+    for algorithm, selection in order:
+        members = groups[(algorithm, selection)]
         rounds = [len(r.column("system/dropped_deadline")[1]) for r in members]
         dropped = [float(r.column("system/dropped_deadline")[1].sum()) / n if n else None
                    for r, n in zip(members, rounds)]
-        reached = [time_to_target(r, "test/acc_mean", target) for r in members]
+        reached = [[time_to_target(r, "test/acc_mean", t) for r in members] for t in targets]
         row = [algorithm, selection, str(len(members)),
                cell([last(r, "test/acc_mean") for r in members]),
                cell([last(r, "test/acc_worst") for r in members]),
                cell([last(r, f"cluster_acc/true_{slow_cluster}") for r in members]),
                cell([last(r, "cluster/ari") for r in members], 2),
-               cell(reached, 1) if any(v is not None for v in reached) else f"not reached (0/{len(members)})",
+               *(cell(times, 1) if any(v is not None for v in times) else f"not reached (0/{len(members)})"
+                 for times in reached),
                cell([last(r, "system/virtual_time_s") for r in members], 1),
                cell(dropped, 2)]
         lines.append("| " + " | ".join(row) + " |")
@@ -73,12 +79,13 @@ def table(runs: Sequence[Run], target: float, slow_cluster: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", help="run folders, or folders holding them (the sweep's output_dir)")
-    parser.add_argument("--target", type=float, default=0.8, help="the mean test accuracy to time (default 0.8)")
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.7, 0.8],
+                        help="the mean test accuracies to time (default 0.7 0.8)")
     parser.add_argument("--slow_cluster", type=int, default=3,
                         help="the true cluster of the slow clients (default 3: the 270-degree rotation)")
     args = parser.parse_args()
     runs = [load_run(Path(p)) for p in find_runs(args.folders)]
-    print(table(runs, args.target, args.slow_cluster))
+    print(table(runs, args.targets, args.slow_cluster))
 
 
 if __name__ == "__main__":

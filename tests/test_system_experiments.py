@@ -50,10 +50,14 @@ def test_the_table_gives_each_method_and_selection_its_seeds_means_and_time_to_t
             fake_run(tmp_path / "b", "IFCA", "cluster_stratified", 1,
                      [row(1, 3.0, 0.6, 0.2, 0.1, 1, **{"cluster/ari": 0.2}),
                       row(2, 6.1, 0.7, 0.1, 0.3, 1, **{"cluster/ari": 0.4})]),
-            fake_run(tmp_path / "c", "FedAvg", "uniform", 0, [row(1, 3.0, 0.4, 0.0, 0.0, 3)])]
-    lines = system_stragglers.table(runs, target=0.8, slow_cluster=3).splitlines()
+            fake_run(tmp_path / "c", "FedAvg", "uniform", 0, [row(1, 3.0, 0.4, 0.0, 0.0, 3)]),
+            fake_run(tmp_path / "d", "IFCA", "uniform", 0, [row(1, 2.0, 0.45, 0.0, 0.0, 0)])]
+    lines = system_stragglers.table(runs, targets=[0.5, 0.8], slow_cluster=3).splitlines()
     # IFCA: final acc (0.85 + 0.7) / 2 = 0.775, std 0.075; worst (0.3 + 0.1) / 2; slow cluster (0.4 + 0.3) / 2;
-    # ARI (0.6 + 0.4) / 2; seed 0 reaches 0.8 at 5.5 s, seed 1 never; total (5.5 + 6.1) / 2; dropped 2 / 2 rounds each
-    assert lines[2] == ("| IFCA | cluster_stratified | 2 | 0.775 ± 0.075 | 0.200 ± 0.100 | 0.350 ± 0.050 | "
-                        "0.50 ± 0.10 | 5.5 (1/2) | 5.8 ± 0.3 | 1.00 ± 0.00 |")
-    assert lines[3] == ("| FedAvg | uniform | 1 | 0.400 | 0.000 | 0.000 | – | not reached (0/1) | 3.0 | 3.00 |")
+    # ARI (0.6 + 0.4) / 2; both seeds reach 0.5 in round 1 (3 s); seed 0 reaches 0.8 at 5.5 s, seed 1 never; total
+    # (5.5 + 6.1) / 2; dropped 2 / 2 rounds each. Rows: algorithms as first met, uniform selection first.
+    assert lines[2:] == [
+        "| IFCA | uniform | 1 | 0.450 | 0.000 | 0.000 | – | not reached (0/1) | not reached (0/1) | 2.0 | 0.00 |",
+        "| IFCA | cluster_stratified | 2 | 0.775 ± 0.075 | 0.200 ± 0.100 | 0.350 ± 0.050 | 0.50 ± 0.10 | 3.0 ± 0.0 | "
+        "5.5 (1/2) | 5.8 ± 0.3 | 1.00 ± 0.00 |",
+        "| FedAvg | uniform | 1 | 0.400 | 0.000 | 0.000 | – | not reached (0/1) | not reached (0/1) | 3.0 | 3.00 |"]
