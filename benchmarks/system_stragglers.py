@@ -5,7 +5,8 @@ virtual time to reach each target mean accuracy (with how many seeds reached it)
 the run folders' metrics.csv alone (docs/system_experiments.md).
 
     python -m fedlight sweep --config configs/sweeps/system_stragglers.yaml
-    python benchmarks/system_stragglers.py runs/sweep-system-stragglers [--targets 0.7 0.8] [--slow_cluster 3]
+    python benchmarks/system_stragglers.py runs/sweep-system-stragglers [--targets 0.7 0.8] [--slow_cluster 3] \
+        [--figure accuracy_time.png]
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlight.reports.report import Run, find_runs, load_run
+from fedlight.reports import plots
+from fedlight.reports.report import VIRTUAL_TIME, Run, find_runs, group_runs, load_run
 
 
 def last(run: Run, key: str) -> float | None:
@@ -76,6 +78,16 @@ def table(runs: Sequence[Run], targets: Sequence[float], slow_cluster: int) -> s
     return "\n".join(lines)
 
 
+def figure(runs: Sequence[Run], slow_cluster: int, path: Path) -> None:
+    """The mean test accuracy and the slow cluster's against the virtual time (each configuration's mean over seeds
+    at each round, as the report draws it), saved as an image at `path`."""
+    groups = group_runs(runs)
+    panels = [(title, "accuracy", [s for g in groups if (s := g.curve(key, VIRTUAL_TIME)) is not None])
+              for title, key in (("Mean accuracy over clients", "test/acc_mean"),
+                                 (f"Slow cluster ({slow_cluster})", f"cluster_acc/true_{slow_cluster}"))]
+    plots.line_figure(panels, xlabel="virtual time (s)").savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", help="run folders, or folders holding them (the sweep's output_dir)")
@@ -83,9 +95,12 @@ def main() -> None:
                         help="the mean test accuracies to time (default 0.7 0.8)")
     parser.add_argument("--slow_cluster", type=int, default=3,
                         help="the true cluster of the slow clients (default 3: the 270-degree rotation)")
+    parser.add_argument("--figure", type=Path, help="also save accuracy against virtual time to this image (.png)")
     args = parser.parse_args()
     runs = [load_run(Path(p)) for p in find_runs(args.folders)]
     print(table(runs, args.targets, args.slow_cluster))
+    if args.figure:
+        figure(runs, args.slow_cluster, args.figure)
 
 
 if __name__ == "__main__":
