@@ -1,5 +1,5 @@
 """The table of configs/sweeps/system_stragglers.yaml: per method and selection (`system.selection`), the mean and
-standard deviation over seeds of the last round's mean and worst-client test accuracy, the accuracy of the slow
+standard deviation over seeds (one row per method, deadline and selection) of the last round's mean and worst-client test accuracy, the accuracy of the slow
 cluster (its true cluster's mean, `cluster_acc/true_<k>`), the ARI of the found clusters against the true ones, the
 virtual time to reach each target mean accuracy (with how many seeds reached it) and the total virtual time, read from
 the run folders' metrics.csv alone (docs/system_experiments.md).
@@ -37,6 +37,16 @@ def selection_of(run: Run) -> str:
     return str((run.config.get("system") or {}).get("selection", "uniform"))
 
 
+def deadline_of(run: Run) -> str:
+    """The run's deadline as the table says it: 'none', '3 s' (stragglers dropped), '3 s, partial work', 'p80'."""
+    system = run.config.get("system") or {}
+    seconds, percentile = system.get("deadline_s"), system.get("deadline_percentile")
+    if seconds is None and percentile is None:
+        return "none"
+    at = f"{seconds:g} s" if seconds is not None else f"p{percentile:g}"
+    return f"{at}, partial work" if system.get("partial_work") else at
+
+
 def cell(values: Sequence[float | None], digits: int = 3) -> str:
     """Mean ± standard deviation over the seeds that have a value; '–' when none has."""
     present = [v for v in values if v is not None]
@@ -48,24 +58,26 @@ def cell(values: Sequence[float | None], digits: int = 3) -> str:
 
 
 def table(runs: Sequence[Run], targets: Sequence[float], slow_cluster: int) -> str:
-    """The markdown table, one row per (algorithm, selection): algorithms in the order first met, uniform selection
-    first."""
-    groups: dict[tuple[str, str], list[Run]] = {}
+    """The markdown table, one row per (algorithm, deadline, selection): algorithms and deadlines in the order first
+    met, uniform selection first."""
+    groups: dict[tuple[str, str, str], list[Run]] = {}
     for run in runs:
-        groups.setdefault((run.algorithm, selection_of(run)), []).append(run)
-    algorithms = list(dict.fromkeys(algorithm for algorithm, _ in groups))
-    order = sorted(groups, key=lambda key: (algorithms.index(key[0]), key[1] != "uniform", key[1]))
-    header = ["method", "selection", "seeds", "acc mean", "acc worst client", f"acc slow cluster ({slow_cluster})",
+        groups.setdefault((run.algorithm, deadline_of(run), selection_of(run)), []).append(run)
+    algorithms = list(dict.fromkeys(key[0] for key in groups))
+    deadlines = list(dict.fromkeys(key[1] for key in groups))
+    order = sorted(groups, key=lambda key: (algorithms.index(key[0]), deadlines.index(key[1]), key[2] != "uniform",
+                                            key[2]))
+    header = ["method", "deadline", "selection", "seeds", "acc mean", "acc worst client", f"acc slow cluster ({slow_cluster})",
               "ARI", *(f"virtual s to acc {t:g} (seeds reached)" for t in targets), "virtual s total",
               "dropped by deadline / round"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for algorithm, selection in order:
-        members = groups[(algorithm, selection)]
+    for algorithm, deadline, selection in order:
+        members = groups[(algorithm, deadline, selection)]
         rounds = [len(r.column("system/dropped_deadline")[1]) for r in members]
         dropped = [float(r.column("system/dropped_deadline")[1].sum()) / n if n else None
                    for r, n in zip(members, rounds)]
         reached = [[time_to_target(r, "test/acc_mean", t) for r in members] for t in targets]
-        row = [algorithm, selection, str(len(members)),
+        row = [algorithm, deadline, selection, str(len(members)),
                cell([last(r, "test/acc_mean") for r in members]),
                cell([last(r, "test/acc_worst") for r in members]),
                cell([last(r, f"cluster_acc/true_{slow_cluster}") for r in members]),
