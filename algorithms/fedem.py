@@ -175,7 +175,7 @@ class FedEM(Algorithm):
             trained.state = {"copies": trained.params[:, None], "component": component,
                              "mixture": self.mixture.read(clients)}
             return trained
-        q = [posterior(self.mixture[c].log(), self.sample_losses(c)) for c in clients]
+        q = [self.responsibilities(c) for c in clients]
         scale = self.learning_rate_scale(round)
         copies = starts.new_empty(len(clients), *self.models.shape)  # each client's copies, written as trained
         losses = []
@@ -188,7 +188,17 @@ class FedEM(Algorithm):
         sent = copies[torch.arange(len(clients), device=copies.device), component]
         return Trained(sent, torch.stack(losses).sum(dim=0), {}, {
             "copies": copies, "component": component,
-            "mixture": torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype)})
+            "mixture": torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype),
+            **self.responsibility_state(clients, q)})
+
+    def responsibilities(self, client: int) -> Tensor:
+        """The E-step: (samples, M) q(z_i = m) on the client's training samples under its mixture weights."""
+        return posterior(self.mixture[client].log(), self.sample_losses(client))
+
+    def responsibility_state(self, clients: list[int], q: list[Tensor]) -> dict[str, Tensor]:
+        """Per-client rows a client sends beside its mixture, computed from its responsibilities (a subclass's:
+        FedRC's label mass); FedEM sends none."""
+        return {}
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each component becomes the training-set-size weighted mean of the clients' trained copies (a client with a
