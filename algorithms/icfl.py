@@ -25,9 +25,12 @@ on the parameters). As that code runs it, in each round:
   is the weighted mean of its sampled clients' models and the cluster models (each weighted by its members' total
   training-set size): before any split, FedAvg of the sampled pool; after, the global mean of the clusters, which
   new pool clients train from.
-Defaults: epsilon_1 4.0, alpha_0 0.85 (the code's). Clients held out of training (the code's test clients) get the
-model, S0's included, of the lowest loss on their data (the base class's rule, on their training split; the code
-uses their validation split).
+Defaults: epsilon_1 4.0, alpha_0 0.85 (the code's). Refused: epsilon_1 <= e and alpha_0 outside (0, 1). The threshold
+is 1 - exp(t (1 - ln epsilon_1)^2 / ln(1 - alpha_0)), so epsilon_1 and e^2 / epsilon_1 give the same schedule and e
+leaves it at 0 (epsilon_2 divides by zero): asking for more than e loses no schedule and keeps epsilon_2 positive;
+alpha_0 at 0 makes epsilon_2 0, at 1 or above ln(1 - alpha_0) undefined, below 0 a threshold falling below 0.
+Clients held out of training (the code's test clients) get the model, S0's included, of the lowest loss on their
+data (the base class's rule, on their training split; the code uses their validation split).
 
 Bugs in the code, and what is done here instead (the paper's evident intent):
 - `find_c_true` never updates its running maximum (`max` stays -1.5), so every pool client joins the last cluster;
@@ -37,8 +40,8 @@ Bugs in the code, and what is done here instead (the paper's evident intent):
   (the clusters' mean) is nearest in cosine to its own update from that model, the rule OCFL and CFL use for
   newcomers (`fedlight.plugin.nearest_update_direction`);
 - `q = q[:2]` takes the first two rows of V from `torch.svd`, not its first two columns (the singular vectors), so
-  k-means clusters the members by two coordinates of every singular vector. Here the embedding is the top two
-  singular vectors (member i at (v_1[i], v_2[i])), the spectral embedding the text describes;
+  member i is placed at the first two coordinates of the i-th singular vector. Here the embedding is the top two
+  singular vectors (member i at (v_1[i], v_2[i])), the spectral embedding;
 - when S0 does not split before clusters exist, the code keeps only its sampled clients in S0, so with partial
   participation the unsampled ones belong to no cluster and are never trained again. Here they stay in S0;
 - clients train from the model they last received (`update_clients` copies the new model only to the round's
@@ -119,8 +122,8 @@ class ICFL(Algorithm):
     def __init__(self, epsilon_1: float = 4.0, alpha_0: float = 0.85, participation: float = 1.0) -> None:
         super().__init__(participation)
         if not epsilon_1 > math.e:
-            raise ValueError(f"algorithm.init_args.epsilon_1 must be above e (2.718...), got {epsilon_1}: give 4.0, the "
-                             "code's (e gives a threshold stuck at 0; epsilon_1 below e the same one as e^2 / epsilon_1)")
+            raise ValueError(f"algorithm.init_args.epsilon_1 must be above e (2.718...), got {epsilon_1}: give 4.0, "
+                             "the code's (e leaves the threshold at 0; below e, the threshold of e^2 / epsilon_1)")
         if not 0 < alpha_0 < 1:
             raise ValueError(f"algorithm.init_args.alpha_0 must be in (0, 1), got {alpha_0}: give 0.85, the code's "
                              "(ln(1 - alpha_0) is the threshold's scale)")

@@ -62,6 +62,15 @@ def test_the_threshold_reaches_alpha_0_after_epsilon_2_squared_rounds():
         assert split_threshold(epsilon_2(epsilon_1, alpha_0) ** 2, epsilon_1, alpha_0) == pytest.approx(alpha_0)
 
 
+def test_epsilon_1_below_e_gives_the_schedule_of_its_twin_above_e():
+    """The exponent is t (1 - ln epsilon_1)^2 / ln(1 - alpha_0), and 1 - ln(e^2 / 2) = -(1 - ln 2): 2 and e^2 / 2 give
+    one schedule (why the class asks for more than e), with epsilon_2 of opposite signs."""
+    twin = math.e ** 2 / 2
+    assert epsilon_2(2.0, 0.85) == pytest.approx(-epsilon_2(twin, 0.85))
+    for t in (1, 4, 9):
+        assert split_threshold(t, 2.0, 0.85) == pytest.approx(split_threshold(t, twin, 0.85))
+
+
 def test_cohesion_of_blocks_is_the_largest_block_over_the_members():
     """All ones: lambda_1 = m, alpha_G 1; two blocks of ones (3 and 2 members, 0 across): lambda_1 3, alpha_G 3/5;
     one member: 1 by definition."""
