@@ -146,18 +146,19 @@ def test_on_rotations_it_recovers_the_two_clusters_and_averages_them():
 
 
 def test_with_half_the_clients_the_unsampled_stay_in_the_pool_and_join_when_sampled():
-    """Half the clients a round, epsilon_1 20: when S0 splits, its clients not sampled stay in S0 (label 0); once
-    every client has been sampled after the split, none is left there."""
-    fed = small_federation(ICFL(epsilon_1=20.0, participation=0.5), num_clients=6, rounds=6)
-    alg, seen_split = fed.algorithm, False
-    for r in range(1, 7):
-        clients = alg.select_clients(r)
-        fed.run_round(r)
-        if not seen_split and len(alg.models) > 1:
-            seen_split = True
-            unsampled = sorted(set(range(6)) - set(clients))
-            assert all(alg.assignment[c] == 0 for c in unsampled) and all(alg.assignment[c] > 0 for c in clients)
-    assert seen_split
+    """Half the clients a round, epsilon_1 20 (threshold 0.877 in round 2): S0 splits in round 2 on its 3 sampled
+    clients, who form the two clusters, while the 3 not sampled stay in S0 (label 0); in round 3 the sampled ones
+    still in S0 join a cluster."""
+    fed = small_federation(ICFL(epsilon_1=20.0, participation=0.5), num_clients=6, rounds=3)
+    alg = fed.algorithm
+    fed.run_round(1)
+    sampled = alg.select_clients(2)
+    fed.run_round(2)
+    assert len(alg.models) == 3 and len(sampled) == 3
+    assert all(alg.assignment[c] > 0 for c in sampled)
+    assert all(alg.assignment[c] == 0 for c in set(range(6)) - set(sampled))
+    fed.run_round(3)
+    assert all(alg.assignment[c] > 0 for c in alg.select_clients(3))
 
 
 def test_differential_privacy_applies_to_the_cluster_means():
