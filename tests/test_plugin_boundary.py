@@ -32,7 +32,7 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedem": "FedEM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA",
            "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto", "cflgp": "CFL-GP",
            "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL", "srfca": "SR-FCA",
-           "stocfl": "StoCFL", "fedrc": "FedRC"}
+           "stocfl": "StoCFL", "fedrc": "FedRC", "icfl": "ICFL"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
@@ -179,9 +179,10 @@ ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_d
                       "flis_hc": {"phase_zero_epochs": 1}, "cfl": {"warmup_rounds": 0}, "ocfl": {"participation": 0.7},
                       "fedtsdp": {"hopkins_threshold": 0.0}, "fesem": {"num_clusters": 2},
                       "flhc": {"cluster_round": 1, "num_clusters": 2}, "pacfl": {"num_clusters": 2},
-                      "fedem": {"num_components": 2}, "fedrc": {"num_components": 2}, "fedsoft": {"num_clusters": 2, "selection_size": 2},
+                      "fedem": {"num_components": 2}, "fedrc": {"num_components": 2},
+                      "fedsoft": {"num_clusters": 2, "selection_size": 2},
                       "srfca": {"refine_rounds": 1, "init_epochs": 1},
-                      "stocfl": {"observe_epochs": 1, "participation": 0.5}}
+                      "stocfl": {"observe_epochs": 1, "participation": 0.5}, "icfl": {"epsilon_1": 20.0}}
 
 
 def run_commands(fed: Federation, round: int) -> None:
