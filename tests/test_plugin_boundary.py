@@ -29,7 +29,7 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus",
            "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL",
            "pfedme": "pFedMe", "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC",
-           "fedem": "FedEM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA",
+           "fedem": "FedEM", "fedgmm": "FedGMM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA",
            "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto", "cflgp": "CFL-GP",
            "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL", "srfca": "SR-FCA",
            "stocfl": "StoCFL"}
@@ -180,6 +180,7 @@ ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_d
                       "fedtsdp": {"hopkins_threshold": 0.0}, "fesem": {"num_clusters": 2},
                       "flhc": {"cluster_round": 1, "num_clusters": 2}, "pacfl": {"num_clusters": 2},
                       "fedem": {"num_components": 2}, "fedsoft": {"num_clusters": 2, "selection_size": 2},
+                      "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8},
                       "srfca": {"refine_rounds": 1, "init_epochs": 1},
                       "stocfl": {"observe_epochs": 1, "participation": 0.5}}
 
