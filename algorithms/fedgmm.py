@@ -79,7 +79,7 @@ def moment_statistics(x: Tensor, weights: Tensor) -> Tensor:
     x, w = x.to(torch.float64), weights.to(torch.float64)
     count = w.sum(dim=0)[:, None]
     first = w.T @ x
-    second = torch.einsum("nm,ni,nj->mij", w, x, x).flatten(1)
+    second = torch.stack([(x * w[:, m, None]).T @ x for m in range(w.shape[1])]).flatten(1)  # no (n, d, d) block
     return torch.cat([count, first, second], dim=1)
 
 

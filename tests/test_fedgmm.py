@@ -110,7 +110,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_arg
     """Half the clients a round: the Gaussians, the weights' total and the stored weights all carry over."""
     args = tiny_run_args + ["--algorithm", "fedgmm", "--algorithm.init_args.num_components", "2",
                             "--algorithm.init_args.num_gaussians", "2", "--algorithm.init_args.embedding_dim", "4",
-                            "--algorithm.init_args.participation", "0.5", "--federation.rounds", "4"]
+                            "--algorithm.init_args.participation", "0.5"]
     assert main(args + ["--run_name", "whole"]) == 0
     crash_and_resume(args, tmp_path / "crashed", monkeypatch)
     assert rows(tmp_path / "crashed" / "metrics.csv") == rows(tmp_path / "whole" / "metrics.csv")
