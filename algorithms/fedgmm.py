@@ -46,7 +46,7 @@ Deviations:
   k-means of their own data (whose components the server then averages by index);
 - the server's Gaussians are those of the summed statistics; the authors' server averages the clients' means and
   covariances (each about the client's own mean) by n_t sum_k pi_t[m, k], which leaves out the spread of the clients'
-  means; both are closed form, and with one client they agree;
+  means; both are closed form, and with one client they are the same fit;
 - the authors' prediction adds pi_t to the log-densities (`predict_gmm`), not log pi_t; here the paper's rule;
 - the statistics are sums, not passed through the robust rule or DP: under `privacy:` the accounting covers the
   conditional models, not the Gaussians' statistics or the embedding's moments;
@@ -55,7 +55,8 @@ Deviations:
 
 A client that arrives after training fits its weights pi (M1 x K) by EM with the Gaussians and the models fixed
 (FedEM's `fit_mixture_weights` on the pairs' losses with the densities folded in), and predicts with the paper's rule;
-the authors' newcomer takes one E- and M-step from uniform weights, its Gaussians' moments included.
+the authors' unseen-client script runs E-steps with the global Gaussians and models (`unseen_step`), where the weights
+here are fitted to convergence, as FedEM's newcomers' are.
 """
 from __future__ import annotations
 
