@@ -184,10 +184,20 @@ class FedEM(Algorithm):
             trained.state = {"copies": trained.params[:, None], "component": self.assignment[clients],
                              "mixture": self.mixture.read(clients)}
             return trained
-        q = [posterior(self.mixture[c].log(), self.sample_losses(c)) for c in clients]
+        q = [self.responsibilities(c) for c in clients]
         trained = self.train_components(round, clients, starts, q)
         trained.state["mixture"] = torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype)
+        trained.state.update(self.responsibility_state(clients, q))
         return trained
+
+    def responsibilities(self, client: int) -> Tensor:
+        """The E-step: (samples, M) q(z_i = m) on the client's training samples under its mixture weights."""
+        return posterior(self.mixture[client].log(), self.sample_losses(client))
+
+    def responsibility_state(self, clients: list[int], q: list[Tensor]) -> dict[str, Tensor]:
+        """Per-client rows a client sends beside its mixture, computed from its responsibilities (a subclass's:
+        FedRC's label mass); FedEM sends none."""
+        return {}
 
     def train_components(self, round: int, clients: list[int], starts: Tensor, q: list[Tensor]) -> Trained:
         """Every component trained from the server's on each client's data with per-sample weights (q: a (samples,

@@ -32,7 +32,7 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedem": "FedEM", "fedgmm": "FedGMM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA",
            "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto", "cflgp": "CFL-GP",
            "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL", "srfca": "SR-FCA",
-           "stocfl": "StoCFL"}
+           "stocfl": "StoCFL", "fedrc": "FedRC"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
@@ -179,7 +179,7 @@ ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_d
                       "flis_hc": {"phase_zero_epochs": 1}, "cfl": {"warmup_rounds": 0}, "ocfl": {"participation": 0.7},
                       "fedtsdp": {"hopkins_threshold": 0.0}, "fesem": {"num_clusters": 2},
                       "flhc": {"cluster_round": 1, "num_clusters": 2}, "pacfl": {"num_clusters": 2},
-                      "fedem": {"num_components": 2}, "fedsoft": {"num_clusters": 2, "selection_size": 2},
+                      "fedem": {"num_components": 2}, "fedrc": {"num_components": 2}, "fedsoft": {"num_clusters": 2, "selection_size": 2},
                       "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8},
                       "srfca": {"refine_rounds": 1, "init_epochs": 1},
                       "stocfl": {"observe_epochs": 1, "participation": 0.5}}

@@ -45,6 +45,7 @@ class ServerContext:
 
     Attributes:
         num_clients: clients in the federation.
+        num_classes: the classes a client's labels take (0 .. num_classes - 1).
         clients_per_round: the exact count of clients every round trains (`federation.clients_per_round`), or None:
             the algorithm's `participation` share (`fedlight.plugin.cohort`).
         device: where the data, the model and the server state live.
@@ -77,6 +78,7 @@ class ServerContext:
         self.device = fabric.device
         self.clients = ClientPopulation(data, self.predict, trainer, self.client_seed)
         self.num_clients = self.clients.count
+        self.num_classes = data.num_classes
         self.clients_per_round = clients_per_round
         self.initial_params = flat.read()
         self.train_sizes = self.clients.train_sizes
