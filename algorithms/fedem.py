@@ -106,13 +106,15 @@ def copy_rows(params: Tensor, copies: Tensor, component: Tensor) -> Tensor:
     return copies.reshape(k * m, d)
 
 
-def mix_in_previous(previous: Tensor, means: Tensor, received: float, total: float) -> Tensor:
+def mix_in_previous(previous: Tensor, means: Tensor, received: Tensor, total: Tensor) -> Tensor:
     """The components as the authors' server averages them under client sampling: every client's copy weighted by
-    its training-set size, a client not received counting with the previous component, i.e. (received x the
-    received clients' mean + (total - received) x previous) / total. The means themselves when every client's weight
-    was received (exactly: the round then is the plain average)."""
-    if received >= total:
+    its weight in the component (FedEM: its training-set size), a client not received counting with the previous
+    component, i.e. (received x the received clients' mean + (total - received) x previous) / total, per component
+    (received, total: (components,) float64). The means themselves when every client's weight was received
+    (exactly: the round then is the plain average)."""
+    if bool((received >= total).all()):
         return means
+    received, total = received[:, None], total[:, None]
     mixed = (received * means.to(torch.float64) + (total - received) * previous.to(torch.float64)) / total
     return mixed.to(means.dtype)
 
@@ -123,9 +125,13 @@ class MixturePredictor:
     def __init__(self, predict: Callable[[Tensor, Tensor], Tensor], components: Tensor, log_weights: Tensor) -> None:
         self.predict, self.components, self.log_weights = predict, components, log_weights
 
+    def component_log_weights(self, x: Tensor) -> Tensor:
+        """(M, 1, 1) log pi_m, the same for every sample (FedGMM's depend on x: (M, samples, 1))."""
+        return self.log_weights[:, None, None]
+
     def __call__(self, x: Tensor) -> Tensor:
         log_probs = torch.stack([F.log_softmax(self.predict(theta, x), dim=-1) for theta in self.components])
-        return torch.logsumexp(log_probs + self.log_weights.to(log_probs.dtype)[:, None, None], dim=0)
+        return torch.logsumexp(log_probs + self.component_log_weights(x).to(log_probs.dtype), dim=0)
 
 
 class FedEM(Algorithm):
@@ -157,7 +163,11 @@ class FedEM(Algorithm):
                              f"clients: give at most {server.num_clients}")
         seeds = server.rng(0, "fedem-components").integers(2**31, size=m)
         self.models = torch.stack([server.initial_params] + [server.random_params(int(s)) for s in seeds[1:]])
-        self.mixture = server.client_state("mixture", initial=self.models.new_full((m,), 1.0 / m))
+        self.mixture = server.client_state("mixture", initial=self.initial_mixture())
+
+    def initial_mixture(self) -> Tensor:
+        """A client's mixture weights before it trains: uniform over the M components."""
+        return self.models.new_full((self.num_components,), 1.0 / self.num_components)
 
     def sample_losses(self, client: int) -> Tensor:
         """(M, samples) every component's cross-entropy on each of the client's training samples."""
@@ -169,13 +179,32 @@ class FedEM(Algorithm):
         its most likely one, `assignment`), so an update attack acts on a copy and its own start; the state holds
         every copy ("copies", (clients, M, d)), that component's index ("component") and the new pi_t ("mixture",
         which the engine stores). The loss is the sum over components of their weighted losses."""
-        component = self.assignment[clients]  # starts[i] is self.models[component[i]]
         if self.num_components == 1:
             trained = super().train_group(round, clients, starts)
-            trained.state = {"copies": trained.params[:, None], "component": component,
+            trained.state = {"copies": trained.params[:, None], "component": self.assignment[clients],
                              "mixture": self.mixture.read(clients)}
             return trained
         q = [self.responsibilities(c) for c in clients]
+        trained = self.train_components(round, clients, starts, q)
+        trained.state["mixture"] = torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype)
+        trained.state.update(self.responsibility_state(clients, q))
+        return trained
+
+    def responsibilities(self, client: int) -> Tensor:
+        """The E-step: (samples, M) q(z_i = m) on the client's training samples under its mixture weights."""
+        return posterior(self.mixture[client].log(), self.sample_losses(client))
+
+    def responsibility_state(self, clients: list[int], q: list[Tensor]) -> dict[str, Tensor]:
+        """Per-client rows a client sends beside its mixture, computed from its responsibilities (a subclass's:
+        FedRC's label mass); FedEM sends none."""
+        return {}
+
+    def train_components(self, round: int, clients: list[int], starts: Tensor, q: list[Tensor]) -> Trained:
+        """Every component trained from the server's on each client's data with per-sample weights (q: a (samples,
+        M) tensor a client), one group call per component; the model sent is each client's copy of its start
+        component, the state its copies ("copies") and that component's index ("component"), the loss the sum of
+        the components' weighted losses."""
+        component = self.assignment[clients]  # starts[i] is self.models[component[i]]
         scale = self.learning_rate_scale(round)
         copies = starts.new_empty(len(clients), *self.models.shape)  # each client's copies, written as trained
         losses = []
@@ -186,19 +215,7 @@ class FedEM(Algorithm):
             losses.append(part.loss)
             del part  # one component's trained models beside the block, never all of them
         sent = copies[torch.arange(len(clients), device=copies.device), component]
-        return Trained(sent, torch.stack(losses).sum(dim=0), {}, {
-            "copies": copies, "component": component,
-            "mixture": torch.stack([qc.mean(dim=0) for qc in q]).to(self.mixture.dtype),
-            **self.responsibility_state(clients, q)})
-
-    def responsibilities(self, client: int) -> Tensor:
-        """The E-step: (samples, M) q(z_i = m) on the client's training samples under its mixture weights."""
-        return posterior(self.mixture[client].log(), self.sample_losses(client))
-
-    def responsibility_state(self, clients: list[int], q: list[Tensor]) -> dict[str, Tensor]:
-        """Per-client rows a client sends beside its mixture, computed from its responsibilities (a subclass's:
-        FedRC's label mass); FedEM sends none."""
-        return {}
+        return Trained(sent, torch.stack(losses).sum(dim=0), {}, {"copies": copies, "component": component})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each component becomes the training-set-size weighted mean of the clients' trained copies (a client with a
@@ -211,24 +228,36 @@ class FedEM(Algorithm):
         # the run's cluster aggregator, a component a cluster: the weighted mean, or the configured rule or DP
         average = self.server.cluster_aggregator(m, d, self.models.dtype, self.models.device, rows_per_client=m)
         components = torch.arange(m, device=self.models.device)
-        received = torch.zeros(1, dtype=torch.float64, device=self.models.device)  # weight received, summed
+        received = torch.zeros(m, dtype=torch.float64, device=self.models.device)  # weight received, summed
         for group in updates.groups():  # the block and indices are popped: not kept to the round's end, not stored
+            weights = self.component_weights(group)  # (clients, M), before the copies leave the state
             rows = copy_rows(group.params, group.state.pop("copies"), group.state.pop("component"))
             k = len(group)  # a client's rows: its copies of components 0..M-1, and their starts
-            weights = group.num_samples.to(self.models.dtype)
-            average.add(components.repeat(k), weights.repeat_interleave(m), rows,
+            average.add(components.repeat(k), weights.to(self.models.dtype).reshape(-1), rows,
                         self.models.repeat(k, 1) if average.reads_starts else None)
-            received += group.num_samples.to(torch.float64).sum()
+            received += weights.to(torch.float64).sum(dim=0)
             del group, rows
         average.reduce(updates)
         active, means = average.means()
         if self.average == "all_clients":
             updates.sum_over_processes_(received)
-            means = mix_in_previous(self.models[active], means, float(received),
-                                    float(self.server.train_sizes.sum()))
+            means = mix_in_previous(self.models[active], means, received[active], self.total_weights(updates)[active])
         self.set_shared(active, means)
         clients, weights = updates.state("mixture")  # stored by the engine after the round
-        self.assignment[clients] = weights.argmax(dim=1)
+        self.assignment[clients] = self.component_shares(weights).argmax(dim=1)
+
+    def component_weights(self, group) -> Tensor:
+        """(clients, M) each trained client's weight in each component's average: its training-set size."""
+        return group.num_samples[:, None].expand(-1, self.num_components)
+
+    def total_weights(self, updates: RoundUpdates) -> Tensor:
+        """(M,) float64 every client's weight in each component, summed (`average: all_clients`)."""
+        return self.server.train_sizes.to(torch.float64).sum().expand(self.num_components)
+
+    def component_shares(self, mixture: Tensor) -> Tensor:
+        """(clients, M) how much of each client's data each component models, from its stored mixture rows: pi_t
+        itself (FedGMM's rows are joint weights, summed here over the Gaussians)."""
+        return mixture
 
     def mixture_predictor(self, log_weights: Tensor) -> MixturePredictor:
         return MixturePredictor(self.server.predict, self.models, log_weights)

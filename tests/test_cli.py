@@ -178,9 +178,10 @@ def test_a_dotted_key_beside_its_section_is_refused_instead_of_replacing_it(tmp_
 
 # -- a new user's first commands: help by short name, typos, a missing config, the listing -----------------
 SHIPPED = ("apfl", "centclus", "cfl", "cflgp", "ditto", "fedala", "fedamp", "fedavg", "fedbabu", "fedbn", "fedcp",
-           "feddbe", "fedem", "fedfomo", "fedpac", "fedper", "fedproto", "fedprox", "fedrc", "fedrep", "fedrod",
-           "fedsoft", "fedtsdp", "fesem", "flhc", "flis_dc", "flis_hc", "gpfl", "icfl", "ifca", "kfed", "lgfedavg",
-           "local", "mfc", "ocfl", "pacfl", "perfedavg", "pfclus", "pfedhn", "pfedme", "scaffold", "srfca", "stocfl")
+           "feddbe", "fedem", "fedfomo", "fedgmm", "fedpac", "fedper", "fedproto", "fedprox", "fedrc", "fedrep",
+           "fedrod", "fedsoft", "fedtsdp", "fesem", "flhc", "flis_dc", "flis_hc", "gpfl", "icfl", "ifca", "kfed",
+           "lgfedavg", "local", "mfc", "ocfl", "pacfl", "perfedavg", "pfclus", "pfedhn", "pfedme", "scaffold", "srfca",
+           "stocfl")
 
 
 @pytest.mark.parametrize("arguments, shown", [

@@ -29,10 +29,10 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedtsdp": "FedTSDP", "pfclus": "p-FClus", "kfed": "k-FED", "mfc": "MFC", "centclus": "CentClus",
            "fedbn": "FedBN", "ditto": "Ditto", "fedrep": "FedRep", "fedbabu": "FedBABU", "apfl": "APFL",
            "pfedme": "pFedMe", "perfedavg": "Per-FedAvg", "scaffold": "SCAFFOLD", "fesem": "FeSEM", "flhc": "FL+HC",
-           "fedem": "FedEM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo", "fedala": "FedALA",
-           "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto", "cflgp": "CFL-GP",
-           "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL", "srfca": "SR-FCA",
-           "stocfl": "StoCFL", "fedrc": "FedRC", "icfl": "ICFL"}
+           "fedem": "FedEM", "fedgmm": "FedGMM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo",
+           "fedala": "FedALA", "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto",
+           "cflgp": "CFL-GP", "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL",
+           "srfca": "SR-FCA", "stocfl": "StoCFL", "fedrc": "FedRC", "icfl": "ICFL"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
@@ -181,6 +181,7 @@ ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_d
                       "flhc": {"cluster_round": 1, "num_clusters": 2}, "pacfl": {"num_clusters": 2},
                       "fedem": {"num_components": 2}, "fedrc": {"num_components": 2},
                       "fedsoft": {"num_clusters": 2, "selection_size": 2},
+                      "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8},
                       "srfca": {"refine_rounds": 1, "init_epochs": 1},
                       "stocfl": {"observe_epochs": 1, "participation": 0.5}, "icfl": {"epsilon_1": 20.0}}
 
