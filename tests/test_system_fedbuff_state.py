@@ -73,6 +73,29 @@ def test_a_slow_clients_state_changes_only_at_its_arrival_and_is_then_what_it_tr
     assert torch.equal(store[0], trained[0])
 
 
+def test_a_fedsoft_center_averages_the_arrived_local_models_it_drew_when_they_were_sent_out():
+    """Four clients, 3, 1, 2 and 1.5 s a round, one arrival an update; importance weights estimated once (round 1),
+    so each round's draws can be recomputed. A center becomes the arrived local model when it drew that client in the
+    round the client was sent out in, and is unchanged otherwise; in some round that differs from the arrival round's
+    draws."""
+    fed = small_federation(FedSoft(num_clusters=2, selection_size=2, estimation_interval=100), num_clients=4,
+                           rounds=6, eval_every=6, system=SystemConfig(buffer_size=1))
+    model, soft = fed.extension(SystemModel), fed.algorithm
+    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0, 1.5]), np.zeros(4)
+    differs = False
+    for t in range(1, 7):
+        sent_in = {c: v + 1 for c, v in zip(model.in_flight.clients.tolist(), model.in_flight.versions.tolist())}
+        centers = soft.models.clone()
+        fed.run_round(t)
+        (arrived,) = (set(sent_in) | set(soft.select_clients(t))) - set(model.in_flight.clients.tolist())
+        drawn = [arrived in draw for draw in soft.draws(sent_in.get(arrived, t))]
+        for s, drew in enumerate(drawn):
+            expected = soft.local_models[arrived] if drew else centers[s]
+            assert torch.equal(soft.models[s], expected)
+        differs |= drawn != [arrived in draw for draw in soft.draws(t)]
+    assert differs
+
+
 class KeepsRows(Algorithm):
     """A plugin that keeps a per-client state and declares nothing about asynchronous rounds."""
 
