@@ -42,6 +42,7 @@ class RoundRecord:
     duration_s: float
     deadline_s: float | None
     waited_for_first: bool
+    went_offline: int = 0
 
 
 class SystemModel(RoundExtension):
@@ -179,8 +180,9 @@ class SystemModel(RoundExtension):
         return list(chosen)
 
     def work(self, round: int, clients: list[int]) -> RoundWork:
-        """The selected clients that are offline (an algorithm's own selection can pick them), drop out or miss the
-        deadline send nothing; the ones the deadline cuts short send the share of their steps they finished."""
+        """The selected clients that are offline (an algorithm's own selection can pick them), drop out, miss the
+        deadline or go offline before they finish send nothing; the ones the deadline, or with partial work their
+        leaving, cuts short send the share of their steps they finished."""
         start_s, online = self.online(round)
         selected = np.asarray(clients, dtype=np.int64)
         present, offline = selected[online[selected]], selected[~online[selected]]
@@ -191,11 +193,12 @@ class SystemModel(RoundExtension):
             out[rng.choice(len(present), size=leaving, replace=False)] = True
         compute_s, transfer_s, steps = self.compute_s[present], self.transfer_s[present], self.steps[present]
         deadline = round_deadline(compute_s + transfer_s, self.config.deadline_s, self.config.deadline_percentile)
-        times = run_round(steps, compute_s, transfer_s, out, deadline, self.config.partial_work)
+        times = run_round(steps, compute_s, transfer_s, out, deadline, self.config.partial_work,
+                          self.availability.online_left_s(round, start_s)[present])
         partial = times.kept & times.cut
         self._record = RoundRecord(start_s, int(online.sum()), len(offline), int(out.sum()),
                                    int((times.cut & ~times.kept).sum()), int(partial.sum()), times.duration_s,
-                                   deadline, times.waited)
+                                   deadline, times.waited, int(times.went_offline.sum()))
         dropped = offline.tolist() + present[~times.kept].tolist()
         return RoundWork(tuple(sorted(dropped)), {int(c): float(d / s) for c, d, s in
                                                   zip(present[partial], times.done[partial], steps[partial])})
@@ -270,7 +273,8 @@ class SystemModel(RoundExtension):
                    "system/waited_s": waited_s,
                    "system/online": record.online, "system/dropped_offline": record.offline,
                    "system/dropped_out": record.dropped_out, "system/dropped_deadline": record.deadline_dropped,
-                   "system/partial": record.partial, "system/waited_for_first": float(record.waited_for_first)}
+                   "system/partial": record.partial, "system/waited_for_first": float(record.waited_for_first),
+                   "system/went_offline": record.went_offline}
         if record.deadline_s is not None:
             scalars["system/deadline_s"] = record.deadline_s
         return scalars, None
