@@ -77,6 +77,19 @@ def test_in_a_run_the_leaving_client_is_left_out_untrained_and_counted():
     assert not torch.equal(fed.algorithm.models, before)
 
 
+def test_under_fedbuff_a_dispatched_client_going_offline_never_flies():
+    """The same three clients sent out at once, one arrival an update: client 1 leaves, client 2 (2.5 s) arrives,
+    client 0 stays in flight."""
+    fed = small_federation(num_clients=3, rounds=1, clients_per_round=3, eval_every=1,
+                           system=SystemConfig(availability="periods", online_s=10.0, offline_s=20.0, buffer_size=1))
+    model = fed.extension(SystemModel)
+    model.availability.phase_s = np.array([0.0, 8.0, 1.0])
+    model.compute_s, model.transfer_s = np.array([3.0, 3.5, 2.0]), np.full(3, 0.5)
+    scalars = fed.run_round(1).scalars
+    assert scalars["system/went_offline"] == 1 and scalars["system/virtual_time_s"] == 2.5
+    assert model.in_flight.clients.tolist() == [0]
+
+
 @pytest.mark.parametrize("availability", ["always", "share"])
 def test_patterns_online_all_round_never_take_anyone_offline_mid_round(availability):
     fed = small_federation(num_clients=4, rounds=1, clients_per_round=2, eval_every=1,

@@ -253,11 +253,13 @@ class SystemModel(RoundExtension):
         duration_s = end_s - self.clock.now_s
         self.clock.advance(duration_s)
         staleness = arrived.staleness if arrived is not None else np.zeros(0)
+        record, self._record = self._record, None  # the dispatched clients' work: who went offline before finishing
         return {"system/round_virtual_s": duration_s, "system/virtual_time_s": self.clock.now_s,
                 "system/waited_s": waited_s, "system/online": int(self.online(round)[1].sum()),
                 "system/arrived": len(staleness), "system/in_flight": len(self.in_flight),
                 "system/staleness_mean": float(staleness.mean()) if len(staleness) else 0.0,
-                "system/staleness_max": float(staleness.max()) if len(staleness) else 0.0}
+                "system/staleness_max": float(staleness.max()) if len(staleness) else 0.0,
+                "system/went_offline": record.went_offline if record is not None else 0}
 
     def end_round(self, round: int, selected: int) -> tuple[dict[str, float], str | None]:
         """The clock moves to the round's end; the round's `system/*` scalars."""
