@@ -138,6 +138,8 @@ class CFLGP(Algorithm):
     """
 
     holds_updates = True  # the query round's profiles are read from every update
+    asynchronous_refusal = ("reads each query (an update at the criterion model) as sent in the query round it "
+                            "arrives in, and asynchronous arrivals mix updates of query and other rounds")
 
     def __init__(self, num_clusters: int = 4, clustering_period: int = 2, clustering_rounds: int | None = 10,
                  beta: float | None = None, unknown_k: bool = False, warmup_rounds: int = 0, compression: int = 1,

@@ -146,6 +146,9 @@ class FedEM(Algorithm):
             The same with every client in every round (the paper's experiments).
     """
 
+    asynchronous_refusal = ("sends its trained copy of every component beside the one it started from, and "
+                            "asynchronous rounds re-base only that one on the current components")
+
     def __init__(self, num_components: int = 3, participation: float = 1.0,
                  average: Literal["all_clients", "sampled"] = "all_clients") -> None:
         super().__init__(participation)

@@ -30,6 +30,11 @@ Deviations:
   (`own_aggregation`);
 - a client that arrives after training has no local model: it estimates its importance weights on its training split
   and is evaluated with its most important center.
+
+Asynchronous rounds (`system.buffer_size`): a local model arrives exactly as trained (`asynchronous_state`), and with
+selection it counts for the centers whose draws it was in when it was sent out (each client sends that beside its
+model, `DRAWN_BY`), so a center averages the arrived local models it drew; in a synchronous round those are the
+round's draws.
 """
 from __future__ import annotations
 
@@ -40,6 +45,9 @@ import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates, Trained
+
+#: what a client sends beside its model under selection: which centers drew it in the round it trained
+DRAWN_BY = "drawn_by"
 
 
 def importance_fractions(losses: Tensor, owner: Tensor, sizes: Tensor, smoother: float) -> Tensor:
@@ -77,6 +85,7 @@ class FedSoft(Algorithm):
 
     holds_updates = True  # every center reads every trained local model
     own_aggregation = True  # means of persistent local models, not of updates: no robust rule or DP applies
+    asynchronous_state = "as_trained"  # the local models as trained; centers, their means
 
     def __init__(self, num_clusters: int = 2, reg_weight: float = 0.01, count_smoother: float = 1e-4,
                  estimation_interval: int = 2, selection_size: int | None = 15,
@@ -141,30 +150,36 @@ class FedSoft(Algorithm):
         return self.local_models[client]
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
-        """The module's SGD on each local model with the proximal pull towards the centers by its importance."""
+        """The module's SGD on each local model with the proximal pull towards the centers by its importance; with
+        selection, each client also sends which centers drew it (`DRAWN_BY`: (clients, S), 1 where drawn)."""
         fractions = self.fractions[clients].to(starts.dtype)
         centers, lam = self.models.to(starts.dtype), self.reg_weight
 
         def pull(rows: list[int], params: Tensor, grad: Tensor, _: Tensor) -> None:
             grad += proximal_gradient(params, fractions[rows], centers, lam)  # on buffers too: no optimizer reads it
 
-        return self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                      gradient_hook=pull if lam > 0 else None)
+        trained = self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+                                         gradient_hook=pull if lam > 0 else None)
+        if self.selection_size is not None:
+            draws = self.draws(round)
+            trained.state = {**trained.state, DRAWN_BY: starts.new_tensor([[c in drawn for drawn in draws]
+                                                                           for c in clients])}
+        return trained
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """The trained local models are stored; center s becomes the mean of its draws' local models (without
         selection: the v_s-weighted sum of every client's)."""
         held = updates.all()
         self.local_models.write(held.clients, held.params)
-        position = {int(c): i for i, c in enumerate(held.clients.tolist())}
         if self.selection_size is None:
             v = center_importance(self.fractions, self.server.train_sizes).to(held.params.dtype)
             weights = v[:, held.clients]
             self.models = (weights / weights.sum(dim=1, keepdim=True)) @ held.params
             return
-        for s, drawn in enumerate(self.draws(round)):
-            rows = [position[c] for c in drawn if c in position]  # a client left out (non-finite) sends nothing
-            if rows:
+        drawn_by = held.state[DRAWN_BY] > 0  # the draws each client was sent out in (this round's, synchronously)
+        for s in range(self.num_clusters):
+            rows = drawn_by[:, s].nonzero().flatten()  # a client left out (non-finite) sends nothing
+            if len(rows):
                 self.models[s] = held.params[rows].mean(dim=0)
 
     def evaluation_models(self) -> tuple[Tensor | ClientModels, Tensor]:

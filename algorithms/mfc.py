@@ -33,6 +33,8 @@ class MFC(CentroidAlgorithm):
     """
 
     one_shot = False
+    asynchronous_refusal = ("reads every upload as this shot's (round 1: local centers; later: a cluster mean scored "
+                            "against the current centers), and asynchronous arrivals mix uploads of different shots")
 
     def __init__(self, score: Literal["repo", "cost_drop"] = "repo", n_init: int = 10, max_iter: int = 300,
                  tol: float = 1e-4) -> None:

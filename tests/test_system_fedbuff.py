@@ -44,8 +44,9 @@ def test_staleness_weights_are_one_over_the_root_of_one_plus_tau():
 
 def test_the_earliest_arrivals_come_re_based_on_the_current_model_a_fresh_one_exactly_as_trained():
     current = {0: torch.tensor([10.0, 20.0]), 1: torch.tensor([10.0, 20.0]), 2: torch.tensor([3.0, 3.0])}
-    waiting = InFlight(np.array([0, 1]), np.array([0, 2]), np.array([5.0, 1.0]),
-                       torch.tensor([[2.0, -4.0], [1.0, 1.0]]), torch.tensor([0.5, 0.25]))
+    waiting = InFlight(np.array([0, 1]), np.array([0, 2]), np.array([5.0, 1.0]),  # changes [2, -4] and [1, 1]
+                       torch.tensor([[3.0, -3.0], [1.0, 1.0]]), torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
+                       torch.tensor([0.5, 0.25]))
     fresh = Updates(torch.tensor([2]), torch.tensor([[7.1, 8.3]]), torch.tensor([[3.0, 3.0]]), torch.tensor([9.0]),
                     torch.tensor([0.75]))
     sizes = torch.tensor([4.0, 5.0, 9.0])
@@ -96,7 +97,7 @@ def test_a_resumed_buffered_run_ends_as_an_uninterrupted_one():
     ({"buffer_size": 4, "concurrency": 3}, None, "above system.concurrency"),
     ({"buffer_size": 2, "concurrency": 7}, None, "the run has 6 clients"),
     ({"buffer_size": 2, "deadline_s": 3.0}, None, "system.deadline_s shapes a synchronous round"),
-    ({"buffer_size": 2}, SCAFFOLD, "keeps per-client state (client_controls)"),
+    ({"buffer_size": 2}, SCAFFOLD, "SCAFFOLD computes each client's control variate"),
     ({"buffer_size": 2}, "privacy", "DP's accountant counts synchronous rounds"),
 ])
 def test_bad_buffers_are_refused_in_one_line(settings, algorithm, message):

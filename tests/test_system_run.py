@@ -80,7 +80,7 @@ def test_dropped_clients_are_left_out_untrained_and_a_resumed_run_ends_as_an_uni
         s = result.scalars
         assert set(result.dropped) <= set(result.left_out) and len(result.left_out) == len(result.dropped)
         assert len(result.dropped) == s["system/dropped_offline"] + s["system/dropped_out"] + \
-            s["system/dropped_deadline"]
+            s["system/dropped_deadline"] + s["system/went_offline"]
     assert np.isnan(rounds[-1].per_client["train/loss"][rounds[-1].dropped]).all()
     assert sum(len(r.dropped) for r in rounds) > 0 and sum(r.scalars["system/partial"] for r in rounds) > 0
     resumed = federation(SLOW_AND_FLAKY, 3, local_epochs=1)  # a fresh run of the same seed, from the checkpoint

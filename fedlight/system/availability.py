@@ -1,6 +1,8 @@
 """When clients are online (`system.availability`): each pattern answers `online(round, time_s)`, every client's
-state at the start of a round, from the round's number or the virtual clock (`fedlight.system.clock`). Only online
-clients can be selected. Every draw is reproducible: per (seed, round) for "share", per (seed, client) for the
+state at the start of a round, from the round's number or the virtual clock (`fedlight.system.clock`), and
+`online_left_s(round, time_s)`, how long each stays online from then (a client whose online period ends before it
+finishes its work and transfers goes offline mid-round: `fedlight.system.stragglers`). Only online clients can be
+selected. Every draw is reproducible: per (seed, round) for "share", per (seed, client) for the
 phases and time zones."""
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ class Availability(Protocol):
         """(clients,) bool: who is online at virtual time `time_s`, the start of round `round`."""
         ...
 
+    def online_left_s(self, round: int, time_s: float) -> np.ndarray:
+        """(clients,) the virtual seconds each client stays online from `time_s` (inf: to the round's end and
+        beyond; 0: offline now)."""
+        ...
+
 
 class Always:
     """Every client, always."""
@@ -32,6 +39,9 @@ class Always:
 
     def online(self, round: int, time_s: float) -> np.ndarray:
         return np.ones(self.count, dtype=bool)
+
+    def online_left_s(self, round: int, time_s: float) -> np.ndarray:
+        return np.full(self.count, np.inf)
 
 
 class FixedShare:
@@ -46,6 +56,10 @@ class FixedShare:
         mask[rng.choice(self.count, size=self.size, replace=False)] = True
         return mask
 
+    def online_left_s(self, round: int, time_s: float) -> np.ndarray:
+        """A round's online clients stay for the whole round (the share is drawn a round at a time)."""
+        return np.where(self.online(round, time_s), np.inf, 0.0)
+
 
 class Periods:
     """Each client online for `online_s`, then offline for `offline_s`, over and over, from a random phase of its
@@ -57,6 +71,10 @@ class Periods:
 
     def online(self, round: int, time_s: float) -> np.ndarray:
         return (time_s + self.phase_s) % self.cycle_s < self.online_s
+
+    def online_left_s(self, round: int, time_s: float) -> np.ndarray:
+        at = (time_s + self.phase_s) % self.cycle_s
+        return np.where(at < self.online_s, self.online_s - at, 0.0)
 
 
 class Diurnal:
@@ -70,10 +88,20 @@ class Diurnal:
         self.zone = np.floor(client_uniforms(seed, "zone", count) * ZONES) - 11
 
     def online(self, round: int, time_s: float) -> np.ndarray:
-        local = (self.start_hour + time_s / 3600.0 + self.zone) % 24
+        local = self.local_hours(time_s)
         if self.begin < self.end:
             return (self.begin <= local) & (local < self.end)
         return (local >= self.begin) | (local < self.end)
+
+    def local_hours(self, time_s: float) -> np.ndarray:
+        return (self.start_hour + time_s / 3600.0 + self.zone) % 24
+
+    def online_left_s(self, round: int, time_s: float) -> np.ndarray:
+        """Until the window's end, `to` (a window from == to is the whole day: never offline)."""
+        if self.begin == self.end:
+            return np.full(len(self.zone), np.inf)
+        left_s = (self.end - self.local_hours(time_s)) % 24 * 3600.0
+        return np.where(self.online(round, time_s), left_s, 0.0)
 
 
 class Trace:
@@ -89,6 +117,17 @@ class Trace:
             at = time_s % period
             mask[client] = bool(((starts <= at) & (at <= ends)).any())
         return mask
+
+    def online_left_s(self, round: int, time_s: float) -> np.ndarray:
+        """Until the end of the interval it is in (an interval that runs into the next period's first one counts
+        as ending with the period)."""
+        left = np.zeros(len(self.intervals))
+        for client, (starts, ends, period) in enumerate(self.intervals):
+            at = time_s % period
+            inside = (starts <= at) & (at <= ends)
+            if inside.any():
+                left[client] = float((ends[inside] - at).max())
+        return left
 
 
 def make_availability(config: SystemConfig, count: int, seed: int) -> Availability:

@@ -12,7 +12,9 @@ tau = V - v, weighted s(tau) = 1 / sqrt(1 + tau) (the paper's polynomial choice)
 re-based on the model the client would receive now: start = `client_model(c)`, params = start + s(tau) x change, so
 every algorithm's own `aggregate` (a weighted mean, FedProx's, per-cluster means) applies unchanged. An update that
 arrives in the round it was dispatched in (tau = 0) is handed exactly as trained, so K = C = the cohort is
-synchronous FedAvg bit for bit.
+synchronous FedAvg bit for bit. An algorithm whose per-client state is the trained models themselves
+(`Algorithm.asynchronous_state = "as_trained"`: Local, FedAMP) gets every update exactly as trained, with the model
+it started from: there is no shared model for it to be stale against.
 """
 from __future__ import annotations
 
@@ -40,13 +42,15 @@ def rebased(start: Tensor, change: Tensor, weight: float) -> Tensor:
 
 @dataclass
 class InFlight:
-    """Clients training now, one row each: the change each trained (trained minus the model it received), the
-    server version it received, its arrival time on the virtual clock, and what it reported (loss, logs, state)."""
+    """Clients training now, one row each: the model each trained and the one it received (its change is their
+    difference), the server version it received, its arrival time on the virtual clock, and what it reported (loss,
+    logs, state: what the engine stores at its arrival)."""
 
     clients: np.ndarray
     versions: np.ndarray
     arrivals_s: np.ndarray
-    changes: Tensor
+    trained: Tensor
+    starts: Tensor
     losses: Tensor
     logs: dict[str, Tensor] = field(default_factory=dict)
     state: dict[str, Tensor] = field(default_factory=dict)
@@ -54,22 +58,22 @@ class InFlight:
     @classmethod
     def empty(cls, like: Tensor) -> "InFlight":
         return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), like.new_zeros(0, len(like)),
-                   like.new_zeros(0))
+                   like.new_zeros(0, len(like)), like.new_zeros(0))
 
     @classmethod
     def of(cls, updates: Updates, version: int, arrivals_s: np.ndarray) -> "InFlight":
         """Freshly trained `updates`, dispatched at `version`, arriving at `arrivals_s`."""
         return cls(updates.clients.cpu().numpy().astype(np.int64), np.full(len(updates), version, dtype=np.int64),
-                   np.asarray(arrivals_s, dtype=float), updates.params - updates.starts, updates.train_loss,
+                   np.asarray(arrivals_s, dtype=float), updates.params, updates.starts, updates.train_loss,
                    dict(updates.logs), dict(updates.state))
 
     def __len__(self) -> int:
         return len(self.clients)
 
     def subset(self, rows: np.ndarray) -> "InFlight":
-        index = torch.as_tensor(rows, dtype=torch.long, device=self.changes.device)
-        return InFlight(self.clients[rows], self.versions[rows], self.arrivals_s[rows], self.changes[index],
-                        self.losses[index], {k: v[index] for k, v in self.logs.items()},
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.trained.device)
+        return InFlight(self.clients[rows], self.versions[rows], self.arrivals_s[rows], self.trained[index],
+                        self.starts[index], self.losses[index], {k: v[index] for k, v in self.logs.items()},
                         {k: v[index] for k, v in self.state.items()})
 
     def cat(self, other: "InFlight") -> "InFlight":
@@ -78,22 +82,26 @@ class InFlight:
         if not len(other):
             return self
         return InFlight(np.concatenate([self.clients, other.clients]), np.concatenate([self.versions, other.versions]),
-                        np.concatenate([self.arrivals_s, other.arrivals_s]), torch.cat([self.changes, other.changes]),
-                        torch.cat([self.losses, other.losses]),
+                        np.concatenate([self.arrivals_s, other.arrivals_s]), torch.cat([self.trained, other.trained]),
+                        torch.cat([self.starts, other.starts]), torch.cat([self.losses, other.losses]),
                         {k: torch.cat([v, other.logs[k]]) for k, v in self.logs.items()},
                         {k: torch.cat([v, other.state[k]]) for k, v in self.state.items()})
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors only, on the CPU (a checkpoint is read with `torch.load(weights_only=True)`)."""
         return {"clients": torch.from_numpy(self.clients), "versions": torch.from_numpy(self.versions),
-                "arrivals_s": torch.from_numpy(self.arrivals_s), "changes": self.changes.cpu(),
-                "losses": self.losses.cpu(), "logs": {k: v.cpu() for k, v in self.logs.items()},
+                "arrivals_s": torch.from_numpy(self.arrivals_s), "trained": self.trained.cpu(),
+                "starts": self.starts.cpu(), "losses": self.losses.cpu(),
+                "logs": {k: v.cpu() for k, v in self.logs.items()},
                 "state": {k: v.cpu() for k, v in self.state.items()}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device) -> "InFlight":
+        if "trained" not in state:
+            raise ValueError("the checkpoint's FedBuff buffer holds only its clients' changes (it predates the "
+                             "trained models kept in flight): start the run again")
         return cls(state["clients"].numpy(), state["versions"].numpy(), state["arrivals_s"].numpy(),
-                   state["changes"].to(device), state["losses"].to(device),
+                   state["trained"].to(device), state["starts"].to(device), state["losses"].to(device),
                    {k: v.to(device) for k, v in state["logs"].items()},
                    {k: v.to(device) for k, v in state["state"].items()})
 
@@ -120,26 +128,23 @@ class Arrived:
 
 
 def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np.ndarray, version: int, count: int,
-                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor) -> tuple[Arrived, InFlight]:
+                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor, as_trained: bool = False
+                  ) -> tuple[Arrived, InFlight]:
     """The `count` earliest arrivals among the clients `waiting` and the `fresh` ones just trained from `version`
     (arriving at `fresh_arrivals_s`), and the clients still in flight after them. A fresh arrival (staleness 0) sends
-    its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau).
-    `sizes`: (clients,) training-set sizes."""
+    its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau), or, when
+    `as_trained` (an algorithm that keeps the trained models themselves), its trained model and the model it started
+    from. `sizes`: (clients,) training-set sizes."""
     fresh_flight = InFlight.of(fresh, version, fresh_arrivals_s) if fresh is not None and len(fresh) else None
     every = waiting if fresh_flight is None else waiting.cat(fresh_flight)
     order = arrival_order(every.arrivals_s, every.versions, every.clients)
     come, stay = np.sort(order[:count]), np.sort(order[count:])
     taken = every.subset(come)
     tau = version - taken.versions
-    weights = staleness_weight(tau, staleness)
-    starts = torch.stack([client_model(int(c)) for c in taken.clients]) if len(taken) else taken.changes.clone()
-    params = torch.empty_like(starts)
-    first_fresh = len(waiting)
-    for row, (source, weight) in enumerate(zip(come, weights)):
-        if source >= first_fresh:  # trained this round, from the model it would receive now: exactly as trained
-            params[row] = fresh.params[source - first_fresh]
-        else:
-            params[row] = rebased(starts[row], taken.changes[row], float(weight))
+    if as_trained:
+        starts, params = taken.starts, taken.trained
+    else:
+        starts, params = rebased_updates(taken, come >= len(waiting), staleness_weight(tau, staleness), client_model)
     by_client = np.argsort(taken.clients, kind="stable")
     index = torch.as_tensor(by_client, dtype=torch.long, device=params.device)
     ids = torch.as_tensor(taken.clients[by_client], dtype=torch.long, device=params.device)
@@ -147,3 +152,18 @@ def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np
                       {k: v[index] for k, v in taken.logs.items()}, {k: v[index] for k, v in taken.state.items()})
     last_s = float(taken.arrivals_s.max()) if len(taken) else float("nan")
     return Arrived(updates, tau[by_client], last_s), every.subset(stay)
+
+
+def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, client_model: Callable[[int], Tensor]
+                    ) -> tuple[Tensor, Tensor]:
+    """(starts, params) of the arrivals `taken` as FedBuff hands them: each from the model it would receive now,
+    `client_model(c)`; a `fresh` one (trained this round, from that model) exactly as trained, a stale one moved by
+    its weight times its change."""
+    starts = torch.stack([client_model(int(c)) for c in taken.clients]) if len(taken) else taken.starts.clone()
+    params = torch.empty_like(starts)
+    for row, (now, weight) in enumerate(zip(fresh, weights)):
+        if now:
+            params[row] = taken.trained[row]
+        else:
+            params[row] = rebased(starts[row], taken.trained[row] - taken.starts[row], float(weight))
+    return starts, params

@@ -42,6 +42,7 @@ class RoundRecord:
     duration_s: float
     deadline_s: float | None
     waited_for_first: bool
+    went_offline: int = 0
 
 
 class SystemModel(RoundExtension):
@@ -108,6 +109,7 @@ class SystemModel(RoundExtension):
         self.sizes, self.like = federation.server.train_sizes, federation.flat.vector.detach()
         self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
             InFlight.from_state(self._in_flight_state, self.like.device)
+        self.check_client_states()  # the stores its setup declares (after ours) are checked again every round
 
     def check_deadline(self) -> None:
         """Refuse in one line a fixed deadline no client can meet (its whole work, or with partial work one step,
@@ -178,8 +180,9 @@ class SystemModel(RoundExtension):
         return list(chosen)
 
     def work(self, round: int, clients: list[int]) -> RoundWork:
-        """The selected clients that are offline (an algorithm's own selection can pick them), drop out or miss the
-        deadline send nothing; the ones the deadline cuts short send the share of their steps they finished."""
+        """The selected clients that are offline (an algorithm's own selection can pick them), drop out, miss the
+        deadline or go offline before they finish send nothing; the ones the deadline, or with partial work their
+        leaving, cuts short send the share of their steps they finished."""
         start_s, online = self.online(round)
         selected = np.asarray(clients, dtype=np.int64)
         present, offline = selected[online[selected]], selected[~online[selected]]
@@ -190,11 +193,12 @@ class SystemModel(RoundExtension):
             out[rng.choice(len(present), size=leaving, replace=False)] = True
         compute_s, transfer_s, steps = self.compute_s[present], self.transfer_s[present], self.steps[present]
         deadline = round_deadline(compute_s + transfer_s, self.config.deadline_s, self.config.deadline_percentile)
-        times = run_round(steps, compute_s, transfer_s, out, deadline, self.config.partial_work)
+        times = run_round(steps, compute_s, transfer_s, out, deadline, self.config.partial_work,
+                          self.availability.online_left_s(round, start_s)[present])
         partial = times.kept & times.cut
         self._record = RoundRecord(start_s, int(online.sum()), len(offline), int(out.sum()),
                                    int((times.cut & ~times.kept).sum()), int(partial.sum()), times.duration_s,
-                                   deadline, times.waited)
+                                   deadline, times.waited, int(times.went_offline.sum()))
         dropped = offline.tolist() + present[~times.kept].tolist()
         return RoundWork(tuple(sorted(dropped)), {int(c): float(d / s) for c, d, s in
                                                   zip(present[partial], times.done[partial], steps[partial])})
@@ -220,19 +224,25 @@ class SystemModel(RoundExtension):
         fresh_clients = np.asarray([] if fresh is None else fresh.clients.tolist(), dtype=np.int64)
         arrivals_s = start_s + self.compute_s[fresh_clients] + self.transfer_s[fresh_clients]
         arrived, self.in_flight = take_arrivals(self.in_flight, fresh, arrivals_s, round - 1, self.config.buffer_size,
-                                                self.config.staleness, self.algorithm.client_model, self.sizes)
+                                                self.config.staleness, self.algorithm.client_model, self.sizes,
+                                                self.algorithm.asynchronous_state == "as_trained")
         self._arrived = (start_s, arrived)
         return Arrivals(arrived.updates.clients.tolist(), arrived.group)
 
     def check_client_states(self) -> None:
-        """Refuse, in one line, an algorithm that keeps per-client state (`ServerContext.client_state`) beside
-        asynchronous rounds: it writes that state from the round's updates, which re-basing has changed (SCAFFOLD's
-        control variates would be computed from the re-based model, not the one the client trained)."""
-        if self.client_states.stores:
+        """Refuse, in one line, an algorithm that says asynchronous rounds are wrong for it
+        (`Algorithm.asynchronous_refusal`: SCAFFOLD's control variates), or that keeps per-client state
+        (`ServerContext.client_state`) without declaring how it takes them (`Algorithm.asynchronous_state`)."""
+        algorithm, name = self.algorithm, type(self.algorithm).__name__
+        if algorithm.asynchronous_refusal:
+            raise ValueError(f"system.buffer_size: {name} {algorithm.asynchronous_refusal}: leave buffer_size out "
+                             "for it")
+        if self.client_states.stores and algorithm.asynchronous_state is None:
             names = ", ".join(sorted(self.client_states.stores))
-            raise ValueError(f"system.buffer_size: {type(self.algorithm).__name__} keeps per-client state ({names}) "
-                             "that it writes from the round's updates, which asynchronous rounds re-base on the "
-                             "current model: leave buffer_size out for it")
+            raise ValueError(f"system.buffer_size: {name} keeps per-client state ({names}) and does not declare how "
+                             "it takes updates that arrive rounds after they trained: set its class attribute "
+                             "asynchronous_state (\"rebased\" or \"as_trained\", docs/architecture.md \"System "
+                             "model\"), or leave buffer_size out for it")
 
     def end_round_buffered(self, round: int) -> dict[str, float]:
         """The clock moves to the round's last arrival; the asynchronous round's `system/*` scalars."""
@@ -243,11 +253,13 @@ class SystemModel(RoundExtension):
         duration_s = end_s - self.clock.now_s
         self.clock.advance(duration_s)
         staleness = arrived.staleness if arrived is not None else np.zeros(0)
+        record, self._record = self._record, None  # the dispatched clients' work: who went offline before finishing
         return {"system/round_virtual_s": duration_s, "system/virtual_time_s": self.clock.now_s,
                 "system/waited_s": waited_s, "system/online": int(self.online(round)[1].sum()),
                 "system/arrived": len(staleness), "system/in_flight": len(self.in_flight),
                 "system/staleness_mean": float(staleness.mean()) if len(staleness) else 0.0,
-                "system/staleness_max": float(staleness.max()) if len(staleness) else 0.0}
+                "system/staleness_max": float(staleness.max()) if len(staleness) else 0.0,
+                "system/went_offline": record.went_offline if record is not None else 0}
 
     def end_round(self, round: int, selected: int) -> tuple[dict[str, float], str | None]:
         """The clock moves to the round's end; the round's `system/*` scalars."""
@@ -263,7 +275,8 @@ class SystemModel(RoundExtension):
                    "system/waited_s": waited_s,
                    "system/online": record.online, "system/dropped_offline": record.offline,
                    "system/dropped_out": record.dropped_out, "system/dropped_deadline": record.deadline_dropped,
-                   "system/partial": record.partial, "system/waited_for_first": float(record.waited_for_first)}
+                   "system/partial": record.partial, "system/waited_for_first": float(record.waited_for_first),
+                   "system/went_offline": record.went_offline}
         if record.deadline_s is not None:
             scalars["system/deadline_s"] = record.deadline_s
         return scalars, None

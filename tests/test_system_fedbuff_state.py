@@ -1,0 +1,145 @@
+"""FedBuff (`system.buffer_size`) with algorithms that keep per-client state (`Algorithm.asynchronous_state`): with
+K = C = the cohort it is the synchronous run bit for bit; a slow client's state changes only when it arrives, and is
+then what it trained (compared with a synchronous round that trained it from the same model); a method for which
+asynchronous rounds are wrong is refused in one line naming it and why; and a run resumed with state in flight ends
+as an uninterrupted one."""
+import copy
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import every_row, small_federation
+from fedlight.algorithms.cflgp import CFLGP
+from fedlight.algorithms.ditto import Ditto
+from fedlight.algorithms.fedem import FedEM
+from fedlight.algorithms.fedsoft import FedSoft
+from fedlight.algorithms.local import Local
+from fedlight.algorithms.scaffold import SCAFFOLD
+from fedlight.plugin import Algorithm
+from fedlight.system.config import SystemConfig
+from fedlight.system.system_model import SystemModel
+
+STORE = {Ditto: "personal", Local: "local_models", FedSoft: "local_models"}
+
+
+def rows(federation, name: str) -> torch.Tensor:
+    """Every client's row of the client state `name`."""
+    return every_row(federation.client_states.stores[name])
+
+
+@pytest.mark.parametrize("make, per_round", [
+    (lambda: Ditto(lam=0.5), 3),
+    (lambda: FedSoft(num_clusters=2, selection_size=2), None),  # its own draws: the union of each center's two
+])
+def test_a_buffer_of_the_whole_cohort_is_the_synchronous_run_bit_for_bit(make, per_round):
+    runs = []
+    for system in (SystemConfig(), SystemConfig(buffer_size=6 if per_round is None else per_round)):
+        fed = small_federation(make(), rounds=2, clients_per_round=per_round, eval_every=2, system=system)
+        runs.append((fed, [fed.run_round(t) for t in (1, 2)]))
+    (sync, sync_rounds), (buffered, buffered_rounds) = runs
+    assert torch.equal(sync.algorithm.models, buffered.algorithm.models)
+    name = STORE[type(sync.algorithm)]
+    assert torch.equal(rows(sync, name), rows(buffered, name))
+    assert sync.client_states.stores[name].touched().tolist() == buffered.client_states.stores[name].touched().tolist()
+    for a, b in zip(sync_rounds, buffered_rounds):
+        assert a.training == b.training and a.evaluation == b.evaluation
+        assert b.scalars["system/staleness_mean"] == 0.0 and b.scalars["system/in_flight"] == 0
+
+
+@pytest.mark.parametrize("make", [lambda: Ditto(lam=0.5), Local])
+def test_a_slow_clients_state_changes_only_at_its_arrival_and_is_then_what_it_trained(make):
+    """Three clients, 3 s, 1 s and 2 s a round, all sent out in round 1, one arrival an update: client 2 arrives in
+    round 2 and client 0 in round 4 (3 versions stale, weight 1/2), each with what it trained in round 1 from the
+    initial models, as a synchronous round 1 trains it. Local's model arrives as trained, not re-based."""
+    reference = small_federation(make(), num_clients=3, rounds=1, clients_per_round=3, system=SystemConfig())
+    reference.run_round(1)
+    name = STORE[type(reference.algorithm)]
+    trained = rows(reference, name)
+    fed = small_federation(make(), num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
+                           system=SystemConfig(buffer_size=1, concurrency=3))
+    model = fed.extension(SystemModel)
+    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
+    initial = rows(fed, name)[0].clone()  # every client's row before it trains: the initial model
+    store = fed.client_states.stores[name]
+    for t in (1, 2, 3):
+        fed.run_round(t)
+        assert 0 not in store.touched().tolist() and torch.equal(store[0], initial)
+        if t == 2:
+            assert torch.equal(store[2], trained[2])
+    scalars = fed.run_round(4).scalars
+    assert scalars["system/staleness_max"] == 3.0
+    assert torch.equal(store[0], trained[0])
+
+
+def test_a_fedsoft_center_averages_the_arrived_local_models_it_drew_when_they_were_sent_out():
+    """Four clients, 3, 1, 2 and 1.5 s a round, one arrival an update; importance weights estimated once (round 1),
+    so each round's draws can be recomputed. A center becomes the arrived local model when it drew that client in the
+    round the client was sent out in, and is unchanged otherwise; in some round that differs from the arrival round's
+    draws."""
+    fed = small_federation(FedSoft(num_clusters=2, selection_size=2, estimation_interval=100), num_clients=4,
+                           rounds=6, eval_every=6, system=SystemConfig(buffer_size=1))
+    model, soft = fed.extension(SystemModel), fed.algorithm
+    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0, 1.5]), np.zeros(4)
+    differs = False
+    for t in range(1, 7):
+        sent_in = {c: v + 1 for c, v in zip(model.in_flight.clients.tolist(), model.in_flight.versions.tolist())}
+        centers = soft.models.clone()
+        fed.run_round(t)
+        (arrived,) = (set(sent_in) | set(soft.select_clients(t))) - set(model.in_flight.clients.tolist())
+        drawn = [arrived in draw for draw in soft.draws(sent_in.get(arrived, t))]
+        for s, drew in enumerate(drawn):
+            expected = soft.local_models[arrived] if drew else centers[s]
+            assert torch.equal(soft.models[s], expected)
+        differs |= drawn != [arrived in draw for draw in soft.draws(t)]
+    assert differs
+
+
+class KeepsRows(Algorithm):
+    """A plugin that keeps a per-client state and declares nothing about asynchronous rounds."""
+
+    def setup(self, server) -> None:
+        super().setup(server)
+        self.kept = server.client_state("kept", initial=server.initial_params)
+
+
+@pytest.mark.parametrize("algorithm, message", [
+    (SCAFFOLD, "SCAFFOLD computes each client's control variate c_i+ = c_i - c + (x - y_i) / (K eta_l) from the server "
+               "model x and variate c it trained with, which have moved on by its arrival: leave buffer_size out"),
+    (FedEM, "FedEM sends its trained copy of every component beside the one it started from, and asynchronous rounds "
+            "re-base only that one"),
+    (CFLGP, "CFLGP reads each query (an update at the criterion model) as sent in the query round it arrives in"),
+    (KeepsRows, "KeepsRows keeps per-client state (kept) and does not declare how it takes updates that arrive "
+                "rounds after they trained: set its class attribute asynchronous_state"),
+])
+def test_a_method_asynchronous_rounds_are_wrong_for_is_refused_in_one_line_naming_it_and_why(algorithm, message):
+    with pytest.raises(ValueError, match=re.escape(f"system.buffer_size: {message}")) as error:
+        small_federation(algorithm(), rounds=1, clients_per_round=3,
+                         system=SystemConfig(buffer_size=2)).run_round(1)
+    assert "\n" not in str(error.value)
+
+
+def test_an_unknown_asynchronous_state_is_refused_when_the_class_is_defined():
+    with pytest.raises(TypeError, match=re.escape("Odd.asynchronous_state is 'sometimes': give one of 'rebased', "
+                                                  "'as_trained' or None")):
+        type("Odd", (Algorithm,), {"asynchronous_state": "sometimes"})
+
+
+@pytest.mark.parametrize("make", [lambda: Ditto(lam=0.5), Local])
+def test_a_run_resumed_with_state_in_flight_ends_as_an_uninterrupted_one(make):
+    system = SystemConfig(buffer_size=2, concurrency=4)
+    whole = small_federation(make(), rounds=3, clients_per_round=3, eval_every=3, system=system)
+    rounds = [whole.run_round(1), whole.run_round(2)]
+    saved = copy.deepcopy(whole.state_dict())
+    assert len(whole.extension(SystemModel).in_flight) == 2
+    rounds.append(whole.run_round(3))
+    assert any(r.scalars["system/staleness_mean"] > 0 for r in rounds)
+    resumed = small_federation(make(), rounds=3, clients_per_round=3, eval_every=3, system=system)
+    resumed.load_state_dict(saved)
+    last = resumed.run_round(3)
+    assert last.scalars == rounds[2].scalars and last.training == rounds[2].training
+    assert last.evaluation == rounds[2].evaluation
+    assert torch.equal(resumed.algorithm.models, whole.algorithm.models)
+    name = STORE[type(whole.algorithm)]
+    assert torch.equal(rows(resumed, name), rows(whole, name))
