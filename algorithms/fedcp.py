@@ -128,6 +128,8 @@ class FedCP(Algorithm):
         participation: share of clients selected each round.
     """
 
+    asynchronous_state = "rebased"  # body, CPN and global head re-based; the personal head as trained
+
     def __init__(self, lam: float = 1.0, participation: float = 1.0) -> None:
         super().__init__(participation)
         if not lam >= 0:

@@ -180,6 +180,10 @@ class FedPAC(Algorithm):
         participation: share of clients selected each round.
     """
 
+    asynchronous_refusal = ("combines each client's head from the round's trained heads by a quadratic program over "
+                            "feature statistics measured with the body each client received, and asynchronous "
+                            "arrivals bring heads and statistics of bodies of different versions")
+
     def __init__(self, lam: float = 1.0, head_epochs: int = 1, body_epochs: int | None = None,
                  participation: float = 1.0) -> None:
         super().__init__(participation)

@@ -125,6 +125,8 @@ class GPFL(Algorithm):
         participation: share of clients selected each round.
     """
 
+    asynchronous_state = "rebased"  # extractor, GCE and CoV re-based; head and conditional inputs as trained
+
     def __init__(self, lam: float = 0.01, mu: float = 0.1, participation: float = 1.0) -> None:
         super().__init__(participation)
         for name, value in (("lam", lam), ("mu", mu)):

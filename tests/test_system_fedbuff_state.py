@@ -1,8 +1,9 @@
 """FedBuff (`system.buffer_size`) with algorithms that keep per-client state (`Algorithm.asynchronous_state`): with
 K = C = the cohort it is the synchronous run bit for bit; a slow client's state changes only when it arrives, and is
-then what it trained (compared with a synchronous round that trained it from the same model); a method for which
-asynchronous rounds are wrong is refused in one line naming it and why; and a run resumed with state in flight ends
-as an uninterrupted one."""
+then what it trained (compared with a synchronous round that trained it from the same model); a stale client's
+personal entries (`Algorithm.personal_mask`) arrive exactly as trained while its shared ones are re-based and
+weighted by staleness, worked by hand; a method for which asynchronous rounds are wrong is refused in one line naming
+it and why; and a run resumed with state in flight ends as an uninterrupted one."""
 import copy
 import re
 
@@ -14,14 +15,25 @@ from conftest import every_row, small_federation
 from fedlight.algorithms.cflgp import CFLGP
 from fedlight.algorithms.ditto import Ditto
 from fedlight.algorithms.fedem import FedEM
+from fedlight.algorithms.fedpac import FedPAC
+from fedlight.algorithms.fedper import FedPer
+from fedlight.algorithms.fedrep import FedRep
 from fedlight.algorithms.fedsoft import FedSoft
 from fedlight.algorithms.local import Local
 from fedlight.algorithms.scaffold import SCAFFOLD
 from fedlight.plugin import Algorithm
+from fedlight.plugin.updates import Updates
+from fedlight.system.buffered import InFlight, take_arrivals
 from fedlight.system.config import SystemConfig
 from fedlight.system.system_model import SystemModel
 
 STORE = {Ditto: "personal", Local: "local_models", FedSoft: "local_models"}
+
+
+def store_name(federation) -> str:
+    """The client state an algorithm keeps: its own store, or its personal part's."""
+    algorithm = federation.algorithm
+    return STORE[type(algorithm)] if type(algorithm) in STORE else algorithm.personal.name
 
 
 def rows(federation, name: str) -> torch.Tensor:
@@ -32,6 +44,8 @@ def rows(federation, name: str) -> torch.Tensor:
 @pytest.mark.parametrize("make, per_round", [
     (lambda: Ditto(lam=0.5), 3),
     (lambda: FedSoft(num_clusters=2, selection_size=2), None),  # its own draws: the union of each center's two
+    (FedPer, 3),
+    (lambda: FedRep(head_epochs=1), 3),  # its own two-phase train_group
 ])
 def test_a_buffer_of_the_whole_cohort_is_the_synchronous_run_bit_for_bit(make, per_round):
     runs = []
@@ -40,7 +54,7 @@ def test_a_buffer_of_the_whole_cohort_is_the_synchronous_run_bit_for_bit(make, p
         runs.append((fed, [fed.run_round(t) for t in (1, 2)]))
     (sync, sync_rounds), (buffered, buffered_rounds) = runs
     assert torch.equal(sync.algorithm.models, buffered.algorithm.models)
-    name = STORE[type(sync.algorithm)]
+    name = store_name(sync)
     assert torch.equal(rows(sync, name), rows(buffered, name))
     assert sync.client_states.stores[name].touched().tolist() == buffered.client_states.stores[name].touched().tolist()
     for a, b in zip(sync_rounds, buffered_rounds):
@@ -55,7 +69,7 @@ def test_a_slow_clients_state_changes_only_at_its_arrival_and_is_then_what_it_tr
     initial models, as a synchronous round 1 trains it. Local's model arrives as trained, not re-based."""
     reference = small_federation(make(), num_clients=3, rounds=1, clients_per_round=3, system=SystemConfig())
     reference.run_round(1)
-    name = STORE[type(reference.algorithm)]
+    name = store_name(reference)
     trained = rows(reference, name)
     fed = small_federation(make(), num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
                            system=SystemConfig(buffer_size=1, concurrency=3))
@@ -71,6 +85,46 @@ def test_a_slow_clients_state_changes_only_at_its_arrival_and_is_then_what_it_tr
     scalars = fed.run_round(4).scalars
     assert scalars["system/staleness_max"] == 3.0
     assert torch.equal(store[0], trained[0])
+
+
+def test_a_stale_clients_personal_entries_arrive_as_trained_its_shared_ones_re_based():
+    """Entry 1 is personal. Client 0 trained [1, 1] -> [3, -3] from version 0; at version 3 (tau 3, weight 1/2) the
+    model it would receive is [10, 7]. Shared entry: 10 + 1/2 x (3 - 1) = 11; personal entry: -3, as trained (not
+    7 + 1/2 x (-3 - 1) = 5). Client 1, fresh (tau 0), arrives exactly as trained."""
+    current = {0: torch.tensor([10.0, 7.0]), 1: torch.tensor([10.0, 5.0])}
+    waiting = InFlight(np.array([0]), np.array([0]), np.array([2.0]), torch.tensor([[3.0, -3.0]]),
+                       torch.tensor([[1.0, 1.0]]), torch.tensor([0.5]))
+    fresh = Updates(torch.tensor([1]), torch.tensor([[7.1, 8.3]]), torch.tensor([[10.0, 5.0]]), torch.tensor([9.0]),
+                    torch.tensor([0.75]))
+    arrived, left = take_arrivals(waiting, fresh, np.array([1.0]), 3, 2, "polynomial", current.__getitem__,
+                                  torch.tensor([4.0, 9.0]), personal=torch.tensor([False, True]))
+    assert arrived.updates.clients.tolist() == [0, 1] and arrived.staleness.tolist() == [3, 0] and len(left) == 0
+    assert arrived.updates.params[0].tolist() == [11.0, -3.0]
+    assert torch.equal(arrived.updates.params[1], torch.tensor([7.1, 8.3]))  # fresh: exactly as trained
+    assert torch.equal(arrived.updates.starts, torch.tensor([[10.0, 7.0], [10.0, 5.0]]))
+
+
+def test_a_slow_fedper_clients_head_arrives_as_trained_and_its_base_moves_the_model_by_half_its_change():
+    """Three clients, 3 s, 1 s and 2 s a round, one arrival an update: client 0, sent out in round 1, arrives in
+    round 4, 3 versions stale. Its personal layers are stored exactly as it trained them; the base, FedAvg of its
+    update alone, becomes the base before round 4 plus 1/sqrt(1 + 3) = 1/2 of its change."""
+    fed = small_federation(FedPer(), num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
+                           system=SystemConfig(buffer_size=1, concurrency=3))
+    model, per = fed.extension(SystemModel), fed.algorithm
+    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
+    fed.run_round(1)
+    row = model.in_flight.clients.tolist().index(0)
+    trained, start = model.in_flight.trained[row].clone(), model.in_flight.starts[row].clone()
+    fed.run_round(2)
+    fed.run_round(3)
+    head, base = per.personal_mask, ~per.personal_mask
+    assert torch.equal(per.personal[0], start[head])  # not written while in flight
+    before = per.models[0].clone()
+    assert fed.run_round(4).scalars["system/staleness_max"] == 3.0
+    assert torch.equal(per.personal[0], trained[head])
+    expected = before[base] + 0.5 * (trained[base] - start[base])
+    assert torch.allclose(per.models[0][base], expected, rtol=0, atol=1e-6)
+    assert not torch.allclose(per.models[0][base], trained[base], rtol=0, atol=1e-4)  # not taken as trained
 
 
 def test_a_fedsoft_center_averages_the_arrived_local_models_it_drew_when_they_were_sent_out():
@@ -110,6 +164,8 @@ class KeepsRows(Algorithm):
     (FedEM, "FedEM sends its trained copy of every component beside the one it started from, and asynchronous rounds "
             "re-base only that one"),
     (CFLGP, "CFLGP reads each query (an update at the criterion model) as sent in the query round it arrives in"),
+    (FedPAC, "FedPAC combines each client's head from the round's trained heads by a quadratic program over feature "
+             "statistics measured with the body each client received"),
     (KeepsRows, "KeepsRows keeps per-client state (kept) and does not declare how it takes updates that arrive "
                 "rounds after they trained: set its class attribute asynchronous_state"),
 ])
@@ -141,5 +197,5 @@ def test_a_run_resumed_with_state_in_flight_ends_as_an_uninterrupted_one(make):
     assert last.scalars == rounds[2].scalars and last.training == rounds[2].training
     assert last.evaluation == rounds[2].evaluation
     assert torch.equal(resumed.algorithm.models, whole.algorithm.models)
-    name = STORE[type(whole.algorithm)]
+    name = store_name(whole)
     assert torch.equal(rows(resumed, name), rows(whole, name))

@@ -98,8 +98,9 @@ class Algorithm:
     #: how it takes asynchronous rounds (FedBuff, `system.buffer_size`), where a client's update arrives rounds after
     #: it trained, when it keeps per-client state (`server.client_state`): "rebased" (what it keeps per client is
     #: what its clients return or what it derives from FedBuff's re-based updates, stored at their arrival: Ditto's
-    #: personal models), "as_trained" (it keeps the trained models themselves: its updates arrive exactly as trained,
-    #: never re-based or weighted by staleness: Local). None: such an algorithm is refused beside buffer_size
+    #: personal models; the entries under `personal_mask` arrive exactly as trained, the shared ones re-based: FedPer),
+    #: "as_trained" (it keeps the trained models themselves: its updates arrive exactly as trained, never re-based or
+    #: weighted by staleness: Local). None: such an algorithm is refused beside buffer_size
     asynchronous_state: str | None = None
     #: why asynchronous rounds are wrong for it (the rest of the one line that refuses them), or None
     asynchronous_refusal: str | None = None

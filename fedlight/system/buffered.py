@@ -12,9 +12,12 @@ tau = V - v, weighted s(tau) = 1 / sqrt(1 + tau) (the paper's polynomial choice)
 re-based on the model the client would receive now: start = `client_model(c)`, params = start + s(tau) x change, so
 every algorithm's own `aggregate` (a weighted mean, FedProx's, per-cluster means) applies unchanged. An update that
 arrives in the round it was dispatched in (tau = 0) is handed exactly as trained, so K = C = the cohort is
-synchronous FedAvg bit for bit. An algorithm whose per-client state is the trained models themselves
-(`Algorithm.asynchronous_state = "as_trained"`: Local, FedAMP) gets every update exactly as trained, with the model
-it started from: there is no shared model for it to be stale against.
+synchronous FedAvg bit for bit. The entries under the algorithm's personal mask (`Algorithm.personal_mask`: a
+personal head, BatchNorm layers) are never averaged across clients, and the client's stored personal part is its
+own, unchanged while it is in flight: they arrive exactly as trained, never re-based nor weighted by staleness. An
+algorithm whose per-client state is the trained models themselves (`Algorithm.asynchronous_state = "as_trained"`:
+Local, FedAMP) gets every update exactly as trained, with the model it started from: there is no shared model for
+it to be stale against.
 """
 from __future__ import annotations
 
@@ -128,13 +131,13 @@ class Arrived:
 
 
 def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np.ndarray, version: int, count: int,
-                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor, as_trained: bool = False
-                  ) -> tuple[Arrived, InFlight]:
+                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor, as_trained: bool = False,
+                  personal: Tensor | None = None) -> tuple[Arrived, InFlight]:
     """The `count` earliest arrivals among the clients `waiting` and the `fresh` ones just trained from `version`
     (arriving at `fresh_arrivals_s`), and the clients still in flight after them. A fresh arrival (staleness 0) sends
-    its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau), or, when
-    `as_trained` (an algorithm that keeps the trained models themselves), its trained model and the model it started
-    from. `sizes`: (clients,) training-set sizes."""
+    its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau), its
+    entries under the `personal` mask (d,) as trained, or, when `as_trained` (an algorithm that keeps the trained
+    models themselves), its trained model and the model it started from. `sizes`: (clients,) training-set sizes."""
     fresh_flight = InFlight.of(fresh, version, fresh_arrivals_s) if fresh is not None and len(fresh) else None
     every = waiting if fresh_flight is None else waiting.cat(fresh_flight)
     order = arrival_order(every.arrivals_s, every.versions, every.clients)
@@ -144,7 +147,8 @@ def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np
     if as_trained:
         starts, params = taken.starts, taken.trained
     else:
-        starts, params = rebased_updates(taken, come >= len(waiting), staleness_weight(tau, staleness), client_model)
+        starts, params = rebased_updates(taken, come >= len(waiting), staleness_weight(tau, staleness), client_model,
+                                         personal)
     by_client = np.argsort(taken.clients, kind="stable")
     index = torch.as_tensor(by_client, dtype=torch.long, device=params.device)
     ids = torch.as_tensor(taken.clients[by_client], dtype=torch.long, device=params.device)
@@ -154,16 +158,18 @@ def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np
     return Arrived(updates, tau[by_client], last_s), every.subset(stay)
 
 
-def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, client_model: Callable[[int], Tensor]
-                    ) -> tuple[Tensor, Tensor]:
+def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, client_model: Callable[[int], Tensor],
+                    personal: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(starts, params) of the arrivals `taken` as FedBuff hands them: each from the model it would receive now,
     `client_model(c)`; a `fresh` one (trained this round, from that model) exactly as trained, a stale one moved by
-    its weight times its change."""
+    its weight times its change on its shared entries and, on those under the `personal` mask (its own, never
+    averaged with another client's), exactly as trained."""
     starts = torch.stack([client_model(int(c)) for c in taken.clients]) if len(taken) else taken.starts.clone()
     params = torch.empty_like(starts)
     for row, (now, weight) in enumerate(zip(fresh, weights)):
         if now:
             params[row] = taken.trained[row]
         else:
-            params[row] = rebased(starts[row], taken.trained[row] - taken.starts[row], float(weight))
+            moved = rebased(starts[row], taken.trained[row] - taken.starts[row], float(weight))
+            params[row] = moved if personal is None else torch.where(personal, taken.trained[row], moved)
     return starts, params

@@ -225,7 +225,8 @@ class SystemModel(RoundExtension):
         arrivals_s = start_s + self.compute_s[fresh_clients] + self.transfer_s[fresh_clients]
         arrived, self.in_flight = take_arrivals(self.in_flight, fresh, arrivals_s, round - 1, self.config.buffer_size,
                                                 self.config.staleness, self.algorithm.client_model, self.sizes,
-                                                self.algorithm.asynchronous_state == "as_trained")
+                                                self.algorithm.asynchronous_state == "as_trained",
+                                                self.algorithm.personal_mask)
         self._arrived = (start_s, arrived)
         return Arrivals(arrived.updates.clients.tolist(), arrived.group)
 
