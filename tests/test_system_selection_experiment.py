@@ -61,7 +61,8 @@ def clients(last_round: int, accuracies: list[float], trained: list[tuple[int, i
 
 def test_the_table_gives_each_selector_its_seeds_means_rounds_and_time_to_the_target(tmp_path):
     ten = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0]  # worst tenth: client 0's 0.0
-    runs = [fake_run(tmp_path / "a", "power_of_choice", 0, metrics((2.0, 0.5, 0.0), (3.0, 0.7, 0.1), (5.0, 0.6, 0.2)),
+    runs = [fake_run(tmp_path / "a", "power_of_choice", 0,
+                     metrics((2.0, 0.5, 0.0), (3.0, 0.7, 0.1), (5.0, 0.6, 0.2)),
                      clients(3, ten, [(1, 0), (2, 1), (3, 1)]), candidates=10),
             fake_run(tmp_path / "b", "power_of_choice", 1, metrics((1.0, 0.4, 0.0), (2.0, 0.5, 0.0), (4.0, 0.8, 0.3)),
                      clients(3, [0.5] * 9 + [0.1], [(1, 2), (3, 3)]), candidates=10),
