@@ -45,9 +45,11 @@ def mean_of_last(run: Run, key: str, rounds: int) -> float | None:
 
 
 def worst_share(run: Run, share: float) -> float | None:
-    """The mean test accuracy of the worst `share` of the clients (at least one) at the last evaluated round."""
+    """The mean test accuracy of the worst `share` of the clients (at least one) at the last evaluated round; a
+    client without test samples (its accuracy NaN) counts in neither the share nor the mean."""
     at = run.last_eval_round
-    accuracies = sorted(r["acc"] for r in run.clients_at(at) if "acc" in r) if at is not None else []
+    accuracies = sorted(r["acc"] for r in run.clients_at(at) if math.isfinite(r.get("acc", math.nan))) \
+        if at is not None else []
     if not accuracies:
         return None
     return float(np.mean(accuracies[:max(1, int(round(share * len(accuracies))))]))

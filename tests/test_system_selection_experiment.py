@@ -65,18 +65,20 @@ def test_the_table_gives_each_selector_its_seeds_means_rounds_and_time_to_the_ta
                      metrics((2.0, 0.5, 0.0), (3.0, 0.7, 0.1), (5.0, 0.6, 0.2)),
                      clients(3, ten, [(1, 0), (2, 1), (3, 1)]), candidates=10),
             fake_run(tmp_path / "b", "power_of_choice", 1, metrics((1.0, 0.4, 0.0), (2.0, 0.5, 0.0), (4.0, 0.8, 0.3)),
-                     clients(3, [0.5] * 9 + [0.1], [(1, 2), (3, 3)]), candidates=10),
+                     clients(3, [float("nan")] + [0.5] * 9 + [0.1], [(1, 2), (3, 3)]), candidates=10),
             fake_run(tmp_path / "c", "oort", 0, metrics((1.0, 0.3, 0.0), (2.0, 0.4, 0.0)),
                      clients(2, ten, [(1, 5)])),
             fake_run(tmp_path / "d", "uniform", 0, metrics((4.0, 0.9, 0.5)), clients(1, ten, [(1, 0), (1, 9)]))]
     lines = system_selection.table(runs, targets=[0.7], last_rounds=2).splitlines()
     # power_of_choice (d = 10): last acc (0.6 + 0.8) / 2 = 0.7, std 0.1; last 2 rounds (0.65 + 0.65) / 2, std 0;
-    # worst (0.2 + 0.3) / 2; worst tenth (0.0 + 0.1) / 2; 0.7 reached in round 2 (3 s) and round 3 (4 s); virtual
-    # s a round 5 / 3 and 4 / 3 (mean 1.5, std 1 / 6); clients trained 2 ({0, 1}) and 2 ({2, 3}).
+    # worst (0.2 + 0.3) / 2; worst tenth (0.0 + 0.1) / 2, seed 1's client 0 (no test samples) left out; 0.7 reached
+    # in round 2 (3 s) and round 3 (4 s); virtual s a round 5 / 3 and 4 / 3 (mean 1.5, std 1 / 6); clients trained 2
+    # ({0, 1}) and 2 ({2, 3}).
     assert lines[2:] == [
         "| FedAvg | uniform | 1 | 0.900 | 0.900 | 0.500 | 0.000 | – | 1.0 | 4.0 | 4.00 | 2.0 |",
         "| FedAvg | power_of_choice (d = 10) | 2 | 0.700 ± 0.100 | 0.650 ± 0.000 | 0.250 ± 0.050 | 0.050 ± 0.050 | – | "
         "2.5 ± 0.5 | 3.5 ± 0.5 | 1.50 ± 0.17 | 2.0 ± 0.0 |",
         "| FedAvg | oort (d = 2m) | 1 | 0.400 | 0.350 | 0.000 | 0.000 | – | not reached (0/1) | not reached (0/1) | "
         "1.00 | 1.0 |"]
-    assert np.isclose(system_selection.worst_share(runs[1], 0.1), 0.1)
+    assert np.isclose(system_selection.worst_share(runs[1], 0.1), 0.1)  # client 0 has no test samples: left out
+    assert np.isclose(system_selection.worst_share(runs[0], 0.3), (0.0 + 0.2 + 0.4) / 3)
