@@ -5,7 +5,8 @@ picked.
 
 Kept simple: the utility is measured now, on d candidates drawn uniformly from the available clients, under their
 cluster's current model (Oort reads it from each client's last participation and explores clients never seen with
-an exploration share and staleness bonus, which this leaves out); |B_i| is the training-set size; T is
+an exploration share and staleness bonus, which this leaves out, so a device several times slower than T, its
+utility cut by that factor squared at alpha 2, is rarely picked at all); |B_i| is the training-set size; T is
 `system.preferred_round_s`, else the deadline, else the candidates' median time.
 """
 from __future__ import annotations
