@@ -94,3 +94,14 @@ def crash_and_resume(args: list[str], run_dir, monkeypatch, crash_round: int = 3
     if before_resuming is not None:
         before_resuming(run_dir)
     assert main(args + ["--run_name", run_dir.name, "--resume", str(run_dir)]) == 0
+
+
+def resumed_and_whole(args: list[str], run_root, monkeypatch, crash_round: int = 3) -> tuple[list, list]:
+    """The metrics.csv rows of `args` run whole (run folder "whole") and crashed in `crash_round`, then resumed
+    ("crashed"), both under `run_root` (the --output_dir in `args`): equal when resuming loses nothing."""
+    from fedlight.run.cli import main
+    from tests.test_resume import rows
+
+    assert main(args + ["--run_name", "whole"]) == 0
+    crash_and_resume(args, run_root / "crashed", monkeypatch, crash_round=crash_round)
+    return rows(run_root / "crashed" / "metrics.csv"), rows(run_root / "whole" / "metrics.csv")

@@ -5,11 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import crash_and_resume, small_federation
+from conftest import resumed_and_whole, small_federation
 from fedlight.algorithms.cflgp import (CFLGP, accumulate, estimate_cluster_count, match_labels, reduced_profiles,
                                        spectral_partition)
-from fedlight.run.cli import main
-from tests.test_resume import rows
 
 
 def same_partition(a, b) -> bool:
@@ -115,9 +113,8 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_arg
     args = tiny_run_args + ["--algorithm", "cflgp", "--algorithm.init_args.num_clusters", "2",
                             "--algorithm.init_args.clustering_period", "1",
                             "--algorithm.init_args.participation", "0.5", "--federation.rounds", "3"]
-    assert main(args + ["--run_name", "whole"]) == 0
-    crash_and_resume(args, tmp_path / "crashed", monkeypatch, crash_round=2)
-    assert rows(tmp_path / "crashed" / "metrics.csv") == rows(tmp_path / "whole" / "metrics.csv")
+    crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch, crash_round=2)
+    assert crashed == whole
 
 
 @pytest.mark.parametrize("options, message", [

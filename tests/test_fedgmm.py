@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import crash_and_resume, small_federation
+from conftest import resumed_and_whole, small_federation
 from fedlight.algorithms.fedgmm import (FedGMM, GaussianMixturePredictor, gaussian_log_densities,
                                        gaussians_from_statistics, joint_posterior, moment_statistics, pca_projection)
-from fedlight.run.cli import main
-from tests.test_resume import rows
 
 
 def normal_density(x: float, mean: float, variance: float) -> float:
@@ -111,9 +109,8 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_arg
     args = tiny_run_args + ["--algorithm", "fedgmm", "--algorithm.init_args.num_components", "2",
                             "--algorithm.init_args.num_gaussians", "2", "--algorithm.init_args.embedding_dim", "4",
                             "--algorithm.init_args.participation", "0.5"]
-    assert main(args + ["--run_name", "whole"]) == 0
-    crash_and_resume(args, tmp_path / "crashed", monkeypatch)
-    assert rows(tmp_path / "crashed" / "metrics.csv") == rows(tmp_path / "whole" / "metrics.csv")
+    crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch)
+    assert crashed == whole
 
 
 @pytest.mark.parametrize("options, message", [

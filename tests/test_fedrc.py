@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import crash_and_resume, every_row, small_federation
+from conftest import every_row, resumed_and_whole, small_federation
 from fedlight.algorithms.fedrc import FedRC, label_log_prior, label_mass
-from fedlight.run.cli import main
-from tests.test_resume import rows
 
 
 def test_label_mass_sums_each_components_responsibilities_by_class():
@@ -77,6 +75,5 @@ def test_the_servers_label_total_is_every_clients_latest_row_summed_under_partia
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch):
     args = tiny_run_args + ["--algorithm", "fedrc", "--algorithm.init_args.num_components", "2",
                             "--algorithm.init_args.participation", "0.5", "--federation.rounds", "3"]
-    assert main(args + ["--run_name", "whole"]) == 0
-    crash_and_resume(args, tmp_path / "crashed", monkeypatch, crash_round=2)
-    assert rows(tmp_path / "crashed" / "metrics.csv") == rows(tmp_path / "whole" / "metrics.csv")
+    crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch, crash_round=2)
+    assert crashed == whole

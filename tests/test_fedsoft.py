@@ -6,10 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import crash_and_resume, small_federation
+from conftest import resumed_and_whole, small_federation
 from fedlight.algorithms.fedsoft import FedSoft, center_importance, importance_fractions, proximal_gradient
-from fedlight.run.cli import main
-from tests.test_resume import rows
 
 
 def test_importance_is_the_share_of_samples_each_center_fits_best_with_zero_shares_smoothed():
@@ -71,9 +69,8 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_arg
     args = tiny_run_args + ["--algorithm", "fedsoft", "--algorithm.init_args.num_clusters", "2",
                             "--algorithm.init_args.selection_size", "2",
                             "--algorithm.init_args.estimation_interval", "3", "--federation.rounds", "4"]
-    assert main(args + ["--run_name", "whole"]) == 0
-    crash_and_resume(args, tmp_path / "crashed", monkeypatch)
-    assert rows(tmp_path / "crashed" / "metrics.csv") == rows(tmp_path / "whole" / "metrics.csv")
+    crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch)
+    assert crashed == whole
 
 
 @pytest.mark.parametrize("options, message", [

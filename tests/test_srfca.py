@@ -6,12 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import crash_and_resume, small_federation
+from conftest import resumed_and_whole, small_federation
 from fedlight.algorithms.srfca import (SRFCA, client_cluster_distances, cluster_pair_distances, cross_loss_distance,
                                        fraction_threshold, pivot_clusters)
 from fedlight.cluster.scores import clustering_scores
-from fedlight.run.cli import main
-from tests.test_resume import rows
 
 
 def test_pivot_clustering_of_two_cliques_and_a_bridge():
@@ -94,9 +92,8 @@ def test_a_split_cluster_is_merged_back():
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch):
     args = tiny_run_args + ["--algorithm", "srfca", "--algorithm.init_args.refine_rounds", "1",
                             "--algorithm.init_args.init_epochs", "2"]
-    assert main(args + ["--run_name", "whole"]) == 0
-    crash_and_resume(args, tmp_path / "crashed", monkeypatch, crash_round=3)
-    assert rows(tmp_path / "crashed" / "metrics.csv") == rows(tmp_path / "whole" / "metrics.csv")
+    crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch, crash_round=3)
+    assert crashed == whole
 
 
 @pytest.mark.parametrize("options, message", [

@@ -5,11 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import crash_and_resume, small_federation
+from conftest import resumed_and_whole, small_federation
 from fedlight.algorithms.stocfl import StoCFL, merge_components, pooled_mean, proximal_gradient
-from fedlight.run.cli import main
 from tests.test_clustered_baselines import FederationNewcomers
-from tests.test_resume import rows
 
 
 def same_partition(a, b) -> bool:
@@ -153,6 +151,5 @@ def test_bad_options_are_refused_in_one_line(options, message):
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch):
     args = tiny_run_args + ["--algorithm", "stocfl", "--algorithm.init_args.participation", "0.5",
                             "--algorithm.init_args.observe_epochs", "2", "--federation.rounds", "3"]
-    assert main(args + ["--run_name", "whole"]) == 0
-    crash_and_resume(args, tmp_path / "crashed", monkeypatch, crash_round=2)
-    assert rows(tmp_path / "crashed" / "metrics.csv") == rows(tmp_path / "whole" / "metrics.csv")
+    crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch, crash_round=2)
+    assert crashed == whole
