@@ -38,7 +38,7 @@ Bugs in the code, and what is done here instead (the paper's evident intent):
   `.learner[0]` of an ensemble that has `.learners`, an AttributeError the code never reaches with every client
   sampled (S0 is then empty after its split). Here a pool client joins the cluster whose direction from S0's model
   (the clusters' mean) is nearest in cosine to its own update from that model, the rule OCFL and CFL use for
-  newcomers (`fedlight.plugin.nearest_update_direction`);
+  newcomers (`fedlight.plugin.nearest_direction`, behind `nearest_update_direction`);
 - `q = q[:2]` takes the first two rows of V from `torch.svd`, not its first two columns (the singular vectors), so
   member i is placed at the first two coordinates of the i-th singular vector. Here the embedding is the top two
   singular vectors (member i at (v_1[i], v_2[i])), the spectral embedding;
@@ -72,7 +72,7 @@ from sklearn.cluster import KMeans
 from torch import Tensor
 
 from fedlight.cluster.similarity import cosine_similarity_matrix
-from fedlight.plugin import Algorithm, RoundUpdates, unit_rows
+from fedlight.plugin import Algorithm, RoundUpdates, nearest_direction
 
 POOL = 0  # the row of `models` holding S0's model; the clusters are rows 1..
 
@@ -100,11 +100,6 @@ def bipartition(similarity: Tensor, seed: int) -> np.ndarray:
     _, _, vh = torch.linalg.svd(similarity.double().cpu())
     embedding = vh[:2].T.numpy()  # member i at (v_1[i], v_2[i])
     return KMeans(n_clusters=2, n_init=10, random_state=seed).fit_predict(embedding)
-
-
-def nearest_direction(updates: Tensor, directions: Tensor) -> Tensor:
-    """For each update (row), the direction (row) of largest cosine similarity with it."""
-    return (unit_rows(updates) @ unit_rows(directions).T).argmax(dim=1)
 
 
 class ICFL(Algorithm):

@@ -14,7 +14,7 @@
 | `personal_part` | the base class's personal part as a client state: clients never written read `PersonalStart` rows; re-slicing at a mask change |
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
-| `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction` |
+| `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction`, `nearest_direction` |
 | `extension` | `RoundExtension`: hooks at fixed points of the set-up and the round for what a run adds around it |
 | `round_work` | `RoundWork`: what a round's selected clients get done (who sends nothing, who is cut short), as extensions decide; `Arrivals`: the updates an asynchronous round aggregates |
 | `round_log` | what an algorithm records as it acts (`Algorithm.log`, `log_matrix`) |
@@ -33,7 +33,7 @@ from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.evaluation import summarize
 from fedlight.plugin.extension import RoundExtension
 from fedlight.plugin.model_parts import ModelParts, head_inputs
-from fedlight.plugin.newcomers import Newcomers, nearest_update_direction, unit_rows
+from fedlight.plugin.newcomers import Newcomers, nearest_direction, nearest_update_direction, unit_rows
 from fedlight.plugin.population import ClientPopulation
 from fedlight.plugin.round_updates import RoundUpdates
 from fedlight.plugin.round_work import Arrivals, RoundWork
@@ -48,4 +48,4 @@ from fedlight.training.vectorized import GroupHook
 __all__ = ["Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
            "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "RoundExtension",
            "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "half_step", "head_inputs",
-           "nearest_update_direction", "share_count", "summarize", "unit_rows"]
+           "nearest_direction", "nearest_update_direction", "share_count", "summarize", "unit_rows"]

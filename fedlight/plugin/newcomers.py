@@ -82,6 +82,11 @@ def nearest_update_direction(newcomers: Newcomers, models: Tensor, members: Tens
     directions = models - centre
     if mask is not None:
         updates, directions = updates[:, mask], directions[:, mask]
+    return nearest_direction(updates, directions)
+
+
+def nearest_direction(updates: Tensor, directions: Tensor) -> Tensor:
+    """(rows,) for each update (row), the direction (row) of largest cosine similarity with it."""
     return (unit_rows(updates) @ unit_rows(directions).T).argmax(dim=1)
 
 
