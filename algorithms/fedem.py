@@ -274,15 +274,19 @@ class FedEM(Algorithm):
         return predictors, torch.arange(n, device=self.server.device)
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Any, Tensor, Tensor]:
-        """Each newcomer's mixture weights fitted on its training data with the components fixed; it predicts with
-        its mixture, and its cluster is its largest weight."""
-        losses, owner = newcomers.sample_losses(self.models)
-        weights = fit_mixture_weights(losses, owner, newcomers.count)
-        clusters = weights.argmax(dim=1).to(self.models.device)
+        """Each newcomer's mixture weights fitted on its training data with the components fixed
+        (`newcomer_weights`); it predicts with its mixture, and its cluster is its largest component share."""
+        weights = self.newcomer_weights(newcomers)
+        clusters = self.component_shares(weights).argmax(dim=1).to(self.models.device)
         if self.num_components == 1:
             return self.models, clusters, clusters
         models = [self.mixture_predictor(w.log()) for w in weights]
         return models, torch.arange(newcomers.count, device=self.models.device), clusters
+
+    def newcomer_weights(self, newcomers: Newcomers) -> Tensor:
+        """(newcomers, M) mixture weights fitted by EM on each newcomer's training data, the components fixed."""
+        losses, owner = newcomers.sample_losses(self.models)
+        return fit_mixture_weights(losses, owner, newcomers.count)
 
     def cluster_labels(self) -> np.ndarray:
         return self.assignment.cpu().numpy()

@@ -289,18 +289,13 @@ class FedGMM(FedEM):
         return GaussianMixturePredictor(self.server.predict, self.models, log_weights, self.embed, self.means,
                                         self.regularized_covariances())
 
-    def newcomer_models(self, newcomers: Newcomers) -> tuple[Any, Tensor, Tensor]:
-        """Each newcomer's weights fitted by EM with the Gaussians and models fixed; it predicts with the paper's
-        rule, and its cluster is its most used model."""
+    def newcomer_weights(self, newcomers: Newcomers) -> Tensor:
+        """(newcomers, M1, K) each newcomer's weights fitted by EM with the Gaussians and models fixed (FedEM's
+        `newcomer_models` then gives it the paper's rule as its model and its most used model as its cluster)."""
         losses, owner = newcomers.sample_losses(self.models)
         _, densities = self.log_densities(newcomers.split("train").x)
         fitted = fit_mixture_weights(pair_losses(losses.to(torch.float64), densities), owner, newcomers.count)
-        weights = fitted.view(newcomers.count, self.num_gaussians, self.num_components)
-        clusters = self.component_shares(weights).argmax(dim=1).to(self.models.device)
-        if self.num_components == 1:
-            return self.models, clusters, clusters
-        models = [self.mixture_predictor(w.log()) for w in weights]
-        return models, torch.arange(newcomers.count, device=self.models.device), clusters
+        return fitted.view(newcomers.count, self.num_gaussians, self.num_components)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "means": self.means, "covariances": self.covariances, "mass": self.mass}
