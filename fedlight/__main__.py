@@ -4,23 +4,22 @@ import signal
 import sys
 
 
+def stop_before_running(signum: int, frame: object) -> None:
+    """Exit at once from the signal handler: raising KeyboardInterrupt into the import machinery is not safe.
+
+    It can be swallowed by a library's import guard (a bare `except:`, so the run went on as if never interrupted),
+    surface as another error (numpy's lazy attributes half-initialized: a RecursionError), or abort inside a C++
+    extension's initializer. Nothing has run yet, so there is nothing to clean up; `os._exit` also skips the
+    half-imported modules' exit handlers, which could take a second interrupt and die by it.
+    """
+    print("fedlight: interrupted while starting; nothing was run", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
 def run() -> int:
-    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, stop_before_running)
+    from fedlight.run.cli import main
 
-    def on_interrupt(signum: int, frame: object) -> None:  # Python's own handler, remembering that it ran
-        interrupted.append(signum)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        from fedlight.run.cli import main
-    except BaseException:
-        # the interrupt can land inside a module's import machinery and surface as another error (numpy's lazy
-        # attributes half-initialized: a RecursionError): whatever it became, Ctrl-C was the cause
-        if not interrupted:
-            raise
-        print("fedlight: interrupted while starting; nothing was run", file=sys.stderr, flush=True)
-        os._exit(130)  # at once: the half-imported modules' exit handlers could take a second interrupt and die by it
     signal.signal(signal.SIGINT, previous)
     return main()
 

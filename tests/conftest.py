@@ -3,6 +3,10 @@ import os
 import tempfile
 
 _wandb_home = tempfile.mkdtemp(prefix="fedlight-wandb-")
+# One torch thread per test process: the test workers (pytest-xdist) are runs side by side, and a federation left to
+# choose takes every usable core (fedlight.engine.threads), so two workers on 2 cores each ran 2 threads and every
+# test took 2.7x its time alone. Tests of the default choice remove it (monkeypatch.delenv).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 for _var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
@@ -13,7 +17,7 @@ import pytest  # noqa: E402
 import fedlight  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads, see fedlight/__init__)
 import torch  # noqa: E402
 
-torch.set_num_threads(1)  # tiny models: no gain from intra-op threads, and no stalls on a loaded machine
+torch.set_num_threads(1)  # for tests that use torch without a federation, whatever OMP_NUM_THREADS says
 
 from fedlight.datamodules import DigitsFederated, Rotations  # noqa: E402
 from fedlight import Federation, FederationConfig  # noqa: E402
