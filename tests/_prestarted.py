@@ -1,5 +1,6 @@
 """`python -m fedlight ARGS` as a real process without paying Python's, torch's and Lightning's start-up again:
-forked from a server process that imported fedlight's command line once (multiprocessing's forkserver, preloaded).
+forked from a server process that imported fedlight's command line and what a run loads once (multiprocessing's
+forkserver, preloaded).
 On 2 cores that start-up costs about 10 s of CPU per process, most of the time of the tests that start processes.
 
 A `Prestarted` behaves as the `subprocess.Popen` those tests used (pid, poll, communicate, kill, send_signal, a
@@ -22,13 +23,18 @@ import tempfile
 from pathlib import Path
 
 _CONTEXT = None
+#: what the server imports once: the command line, and what a run imports after it (it imports them lazily, so a
+#: server holding the command line alone left each process about 4 s of importing Lightning, torchmetrics and
+#: torchvision on 2 cores)
+PRELOADED = ["fedlight.run.cli", "lightning", "fedlight.engine.federation", "fedlight.algorithms",
+             "fedlight.datamodules", "fedlight.models"]
 
 
 def _context():
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = multiprocessing.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["fedlight.run.cli"])
+        _CONTEXT.set_forkserver_preload(PRELOADED)
     return _CONTEXT
 
 

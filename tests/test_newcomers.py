@@ -256,7 +256,7 @@ SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_dc": {"part
             "flis_hc": {"phase_zero_epochs": 1}, "cfl": {"warmup_rounds": 0, "eps1": 10.0, "eps2": 0.0},
             "ocfl": {"clusterer": HDBSCAN(min_cluster_size=2)}, "fedtsdp": {"hopkins_threshold": 0.0},
             "fedsoft": {"num_clusters": 2, "selection_size": 2}, "icfl": {"epsilon_1": 20.0},
-            "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8}}
+            "stocfl": {"observe_epochs": 2}, "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8}}
 CENTROIDS = ("pfclus", "kfed", "mfc", "centclus")
 
 
