@@ -10,7 +10,6 @@ import torch
 
 from conftest import small_federation
 from fedlight.algorithms.fedavg import FedAvg
-from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.algorithms.scaffold import SCAFFOLD
 from fedlight.plugin.updates import Updates
 from fedlight.system.buffered import InFlight, staleness_weight, take_arrivals
@@ -98,11 +97,9 @@ def test_a_resumed_buffered_run_ends_as_an_uninterrupted_one():
     ({"buffer_size": 2, "concurrency": 7}, None, "the run has 6 clients"),
     ({"buffer_size": 2, "deadline_s": 3.0}, None, "system.deadline_s shapes a synchronous round"),
     ({"buffer_size": 2}, SCAFFOLD, "SCAFFOLD computes each client's control variate"),
-    ({"buffer_size": 2}, "privacy", "DP's accountant counts synchronous rounds"),
 ])
 def test_bad_buffers_are_refused_in_one_line(settings, algorithm, message):
-    privacy = PrivacyConfig(noise_multiplier=1.0, clip=1.0) if algorithm == "privacy" else None
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         small_federation(SCAFFOLD() if algorithm is SCAFFOLD else FedAvg(), rounds=1, clients_per_round=3,
-                         system=SystemConfig(**settings), privacy=privacy).run_round(1)
+                         system=SystemConfig(**settings)).run_round(1)
     assert "\n" not in str(error.value)

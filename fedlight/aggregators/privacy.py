@@ -28,6 +28,17 @@ the raw updates before aggregating (a clustering, a trigger) is not privatized, 
 from raw trained models itself (IFCA's warm-up seeding). The member count a noised sum is divided by is not noised
 either (McMahan et al.'s fixed-denominator estimator would divide by the expected count instead).
 
+Asynchronous rounds (FedBuff, `system.buffer_size`): the updates a round aggregates are the clients that arrived,
+and who arrives follows the devices' speeds and the clients in flight, not a uniform sample, so no amplification by
+sampling is claimed. Each client's own releases are counted instead (`account_each_client`): a client whose clipped
+update entered r noised sums has the guarantee of r Gaussian mechanisms of noise z and sensitivity C composed, and
+the run's `privacy/epsilon` is that of the client counted most often (Opacus's accountant at sample rate 1 for that
+many steps). Valid because who arrives when depends on the devices' times, never on the clients' data; a client
+counted in a round its update was left out of (a non-finite update) only loosens the bound. A stale update is
+handed to the aggregation re-based (start + s(tau) x change, `fedlight.system.buffered`), so its clipped row is
+s(tau) x change clipped to C: the sensitivity stays C. `target_epsilon` alone chooses the noise that keeps a client
+arriving in every round within it.
+
 Opacus is imported only when a run turns privacy on, so starting the command line stays fast.
 
 `PrivacyMechanism` is a round extension (`fedlight.engine.extensions`): it puts itself into the run's cluster
@@ -178,10 +189,23 @@ class PrivacyMechanism(RoundExtension):
         self.accountant = make_accountant(config.accountant)
         self.round, self.calls, self.released = 0, 0, False
         self.within_clip: tuple[float, float] | None = None  # (updates within the clip, updates) of the round
+        self.releases: np.ndarray | None = None  # each client's noised sums so far, when accounted per client
+        self.round_clients: set[int] = set()  # the clients whose updates the round's noised sums took
+
+    def account_each_client(self, rounds: int) -> None:
+        """Account each client's releases, with no amplification by sampling (asynchronous rounds, see the module
+        docstring); with `target_epsilon` alone, the noise keeps a client that arrives in all `rounds` within it."""
+        self.releases = np.zeros(self.num_clients, dtype=np.int64)
+        if self.config.noise_multiplier is None:
+            self.noise_multiplier = noise_for_epsilon(self.config.target_epsilon, self.config.delta, 1.0, rounds,
+                                                      self.config.accountant)
+            self.update_noise = (update_noise(self.noise_multiplier, self.count_noise) if self.config.adaptive
+                                 else self.noise_multiplier)
 
     def describe(self) -> str:
         clip = "adaptive clip from" if self.config.adaptive else "clip"
-        return f"DP noise multiplier {self.noise_multiplier:.3g}, {clip} {self.clip:g}, {self.config.accountant}"
+        each = ", each client's releases" if self.releases is not None else ""
+        return f"DP noise multiplier {self.noise_multiplier:.3g}, {clip} {self.clip:g}, {self.config.accountant}{each}"
 
     def aggregation(self, aggregation: ClusterAggregation) -> ClusterAggregation:
         """The run's aggregation with DP-FedAvg's noised sums in place of the mean."""
@@ -189,6 +213,7 @@ class PrivacyMechanism(RoundExtension):
 
     def begin_round(self, round: int) -> None:
         self.round, self.calls, self.released, self.within_clip = round, 0, False, None
+        self.round_clients = set()
 
     def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
                    personal_mask: Tensor | None, rows_per_client: int = 1) -> "PrivateClusterAggregate":
@@ -204,6 +229,10 @@ class PrivacyMechanism(RoundExtension):
         draw = torch.randn(dim, generator=generator, device=device, dtype=torch.float64)
         return draw * (self.update_noise * self.clip)
 
+    def took_updates_of(self, clients: list[int]) -> None:
+        """The round's noised sums took the updates of `clients` (every process's)."""
+        self.round_clients.update(clients)
+
     def released_sums(self, within: float, count: float) -> None:
         """An aggregator released noised sums this round; `within` of its `count` updates were inside the clip."""
         self.released = True
@@ -214,12 +243,18 @@ class PrivacyMechanism(RoundExtension):
         report: (`privacy/*` scalars, a reason to stop before the budget is exceeded or None)."""
         clip_used, num_clients = self.clip, self.num_clients
         if self.released:
-            self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=clients / num_clients)
+            if self.releases is None:
+                self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=clients / num_clients)
+            else:
+                self.releases[sorted(self.round_clients)] += 1
+                self._account_most_released()
             if self.config.adaptive and self.within_clip is not None:
                 self._adapt_clip(clients)
         epsilon = epsilon_of(self.accountant, self.config.delta)
         scalars = {"privacy/epsilon": epsilon, "privacy/clip": clip_used,
                    "privacy/noise_multiplier": self.noise_multiplier}
+        if self.releases is not None:
+            scalars["privacy/most_releases"] = float(self.releases.max())
         stop = None
         if self.stop_at is not None and self._next_epsilon(clients / num_clients) > self.stop_at:
             stop = (f"privacy.target_epsilon {self.stop_at:g} reached: epsilon {epsilon:.3g} now, another round would "
@@ -233,20 +268,33 @@ class PrivacyMechanism(RoundExtension):
         share = (within + rng.normal(0.0, self.count_noise)) / max(clients, 1)
         self.clip *= math.exp(-self.config.clip_learning_rate * (share - self.config.target_quantile))
 
+    def _account_most_released(self) -> None:
+        """The accountant's history: the client released most often, r times, as r unsampled Gaussian mechanisms."""
+        most = int(self.releases.max())
+        self.accountant.history = [(self.noise_multiplier, 1.0, most)] if most else []
+
     def _next_epsilon(self, sample_rate: float) -> float:
+        """The epsilon after one more round: another sampled step, or (per client) one more release of the client
+        released most often."""
         ahead = copy.deepcopy(self.accountant)
-        ahead.step(noise_multiplier=self.noise_multiplier, sample_rate=sample_rate)
+        if self.releases is None:
+            ahead.step(noise_multiplier=self.noise_multiplier, sample_rate=sample_rate)
+        else:
+            ahead.history = [(self.noise_multiplier, 1.0, int(self.releases.max()) + 1)]
         return epsilon_of(ahead, self.config.delta)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [list(step) for step in self.accountant.history], "clip": self.clip,
-                "noise_multiplier": self.noise_multiplier}
+                "noise_multiplier": self.noise_multiplier,
+                "releases": None if self.releases is None else self.releases.tolist()}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
             return
         self.accountant.history = [tuple(step) for step in state["history"]]
         self.clip, self.noise_multiplier = float(state["clip"]), float(state["noise_multiplier"])
+        if state.get("releases") is not None:  # checkpoints before per-client accounting have none
+            self.releases = np.asarray(state["releases"], dtype=np.int64)
 
 
 class PrivateClusterAggregate:
@@ -278,6 +326,8 @@ class PrivateClusterAggregate:
 
     def reduce(self, updates: "RoundUpdates") -> None:
         updates.sum_over_processes_(self.base.sums, self.base.totals, self.sums.sums, self.sums.totals, self.within)
+        dropped = set(updates.dropped)
+        self.mechanism.took_updates_of([c for c in updates.clients if c not in dropped])
 
     def means(self) -> tuple[Tensor, Tensor]:
         active = (self.base.totals > 0).nonzero().flatten()

@@ -92,16 +92,17 @@ class SystemModel(RoundExtension):
             self.setup_buffer(federation)
 
     def setup_buffer(self, federation: Any) -> None:
-        """FedBuff's clients in flight (`fedlight.system.buffered`); refused in one line beside DP (its accounting
-        assumes synchronous rounds), over several processes, or with more clients in flight than the run has."""
+        """FedBuff's clients in flight (`fedlight.system.buffered`), the run's DP told to account each client's
+        releases (`fedlight.aggregators.privacy`); refused in one line over several processes, or with more clients
+        in flight than the run has."""
         config, n = self.config, self.num_clients
         self.concurrency = config.concurrency if config.concurrency is not None else federation.cohort.size
         if self.concurrency > n or config.buffer_size > self.concurrency:
             raise ValueError(f"system.concurrency is {self.concurrency} and system.buffer_size {config.buffer_size}, "
                              f"but the run has {n} clients: give buffer_size <= concurrency <= {n}")
-        if any(extension.name == "privacy" for extension in federation.extensions):  # the run's DP
-            raise ValueError("system.buffer_size (asynchronous rounds) with privacy: DP's accountant counts "
-                             "synchronous rounds of sampled clients; leave one of the two out")
+        for extension in federation.extensions:  # the run's DP: who arrives is no uniform sample
+            if extension.name == "privacy":
+                extension.account_each_client(federation.config.rounds)
         if federation.collective.spread:
             raise ValueError("system.buffer_size: asynchronous rounds keep their clients in flight on one process; "
                              "run on one device (or leave buffer_size out)")
