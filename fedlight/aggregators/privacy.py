@@ -248,8 +248,8 @@ class PrivacyMechanism(RoundExtension):
             else:
                 self.releases[sorted(self.round_clients)] += 1
                 self._account_most_released()
-            if self.config.adaptive and self.within_clip is not None:
-                self._adapt_clip(clients)
+            if self.config.adaptive and self.within_clip is not None:  # per client: the share of the arrivals
+                self._adapt_clip(clients if self.releases is None else len(self.round_clients))
         epsilon = epsilon_of(self.accountant, self.config.delta)
         scalars = {"privacy/epsilon": epsilon, "privacy/clip": clip_used,
                    "privacy/noise_multiplier": self.noise_multiplier}
