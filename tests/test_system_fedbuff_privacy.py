@@ -75,3 +75,15 @@ def test_a_resumed_buffered_private_run_reports_the_same_epsilon():
     last = resumed.run_round(3)
     assert last.scalars == rounds[2].scalars and last.scalars["privacy/epsilon"] > rounds[1].scalars["privacy/epsilon"]
     assert torch.equal(resumed.algorithm.models, whole.algorithm.models)
+
+
+def test_adaptive_clipping_takes_the_share_of_the_arrivals(monkeypatch):
+    """Round 1 dispatches 3 clients and one arrives (buffer 1): the share within the clip is of 1 update, not 3."""
+    from fedlight.aggregators.privacy import PrivacyMechanism
+
+    shares_of = []
+    monkeypatch.setattr(PrivacyMechanism, "_adapt_clip", lambda self, clients: shares_of.append(clients))
+    fed = federation(SystemConfig(buffer_size=1, concurrency=3), 2,
+                     PrivacyConfig(noise_multiplier=1.0, clip=1.0, adaptive=True, count_noise=1.0), num_clients=3)
+    fed.run_round(1)
+    assert shares_of == [1]
