@@ -165,3 +165,16 @@ def test_ctrl_c_while_the_modules_load_prints_one_line(tmp_path):
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert err.strip() == "fedlight: interrupted while starting; nothing was run"
+
+
+def test_ctrl_c_while_starting_stops_even_inside_a_bare_except():
+    """An import guard that catches everything (a bare `except:`) cannot swallow the interrupt: the handler exits
+    itself, where raising KeyboardInterrupt let such a guard go on. No torch: `fedlight.__main__` alone."""
+    guard = ("import signal, sys, time; from fedlight.__main__ import stop_before_running; "
+             "signal.signal(signal.SIGINT, stop_before_running); print('ready', flush=True)\n"
+             "try:\n    time.sleep(30)\nexcept:\n    pass\nsys.exit(0)")
+    process = subprocess.Popen([sys.executable, "-c", guard], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130 and err.strip() == "fedlight: interrupted while starting; nothing was run"

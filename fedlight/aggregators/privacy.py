@@ -229,9 +229,10 @@ class PrivacyMechanism(RoundExtension):
         draw = torch.randn(dim, generator=generator, device=device, dtype=torch.float64)
         return draw * (self.update_noise * self.clip)
 
-    def took_updates_of(self, clients: list[int]) -> None:
-        """The round's noised sums took the updates of `clients` (every process's)."""
-        self.round_clients.update(clients)
+    def took_updates_of(self, updates: "RoundUpdates") -> None:
+        """The round's noised sums took the updates of `updates`' clients that sent one (counted per client only)."""
+        if self.releases is not None:
+            self.round_clients.update(set(updates.clients) - set(updates.dropped))
 
     def released_sums(self, within: float, count: float) -> None:
         """An aggregator released noised sums this round; `within` of its `count` updates were inside the clip."""
@@ -246,8 +247,8 @@ class PrivacyMechanism(RoundExtension):
             if self.releases is None:
                 self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=clients / num_clients)
             else:
-                self.releases[sorted(self.round_clients)] += 1
-                self._account_most_released()
+                self.releases[list(self.round_clients)] += 1
+                self.accountant.history = self._most_released_history()
             if self.config.adaptive and self.within_clip is not None:  # per client: the share of the arrivals
                 self._adapt_clip(clients if self.releases is None else len(self.round_clients))
         epsilon = epsilon_of(self.accountant, self.config.delta)
@@ -268,10 +269,11 @@ class PrivacyMechanism(RoundExtension):
         share = (within + rng.normal(0.0, self.count_noise)) / max(clients, 1)
         self.clip *= math.exp(-self.config.clip_learning_rate * (share - self.config.target_quantile))
 
-    def _account_most_released(self) -> None:
-        """The accountant's history: the client released most often, r times, as r unsampled Gaussian mechanisms."""
-        most = int(self.releases.max())
-        self.accountant.history = [(self.noise_multiplier, 1.0, most)] if most else []
+    def _most_released_history(self, more: int = 0) -> list[tuple[float, float, int]]:
+        """An accountant's history for the client released most often, r times (plus `more`), as r unsampled
+        Gaussian mechanisms."""
+        most = int(self.releases.max()) + more
+        return [(self.noise_multiplier, 1.0, most)] if most else []
 
     def _next_epsilon(self, sample_rate: float) -> float:
         """The epsilon after one more round: another sampled step, or (per client) one more release of the client
@@ -280,7 +282,7 @@ class PrivacyMechanism(RoundExtension):
         if self.releases is None:
             ahead.step(noise_multiplier=self.noise_multiplier, sample_rate=sample_rate)
         else:
-            ahead.history = [(self.noise_multiplier, 1.0, int(self.releases.max()) + 1)]
+            ahead.history = self._most_released_history(more=1)
         return epsilon_of(ahead, self.config.delta)
 
     def state_dict(self) -> dict[str, Any]:
@@ -326,8 +328,7 @@ class PrivateClusterAggregate:
 
     def reduce(self, updates: "RoundUpdates") -> None:
         updates.sum_over_processes_(self.base.sums, self.base.totals, self.sums.sums, self.sums.totals, self.within)
-        dropped = set(updates.dropped)
-        self.mechanism.took_updates_of([c for c in updates.clients if c not in dropped])
+        self.mechanism.took_updates_of(updates)
 
     def means(self) -> tuple[Tensor, Tensor]:
         active = (self.base.totals > 0).nonzero().flatten()

@@ -100,12 +100,12 @@ class SystemModel(RoundExtension):
         if self.concurrency > n or config.buffer_size > self.concurrency:
             raise ValueError(f"system.concurrency is {self.concurrency} and system.buffer_size {config.buffer_size}, "
                              f"but the run has {n} clients: give buffer_size <= concurrency <= {n}")
-        for extension in federation.extensions:  # the run's DP: who arrives is no uniform sample
-            if extension.name == "privacy":
-                extension.account_each_client(federation.config.rounds)
         if federation.collective.spread:
             raise ValueError("system.buffer_size: asynchronous rounds keep their clients in flight on one process; "
                              "run on one device (or leave buffer_size out)")
+        for extension in federation.extensions:  # the run's DP: who arrives is no uniform sample
+            if extension.name == "privacy":
+                extension.account_each_client(federation.config.rounds)
         self.algorithm, self.client_states = federation.algorithm, federation.client_states
         self.sizes, self.like = federation.server.train_sizes, federation.flat.vector.detach()
         self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
