@@ -28,16 +28,24 @@ the raw updates before aggregating (a clustering, a trigger) is not privatized, 
 from raw trained models itself (IFCA's warm-up seeding). The member count a noised sum is divided by is not noised
 either (McMahan et al.'s fixed-denominator estimator would divide by the expected count instead).
 
-Asynchronous rounds (FedBuff, `system.buffer_size`): the updates a round aggregates are the clients that arrived,
-and who arrives follows the devices' speeds and the clients in flight, not a uniform sample, so no amplification by
-sampling is claimed. Each client's own releases are counted instead (`account_each_client`): a client whose clipped
-update entered r noised sums has the guarantee of r Gaussian mechanisms of noise z and sensitivity C composed, and
-the run's `privacy/epsilon` is that of the client counted most often (Opacus's accountant at sample rate 1 for that
-many steps). Valid because who arrives when depends on the devices' times, never on the clients' data; a client
-counted in a round its update was left out of (a non-finite update) only loosens the bound. A stale update is
-handed to the aggregation re-based (start + s(tau) x change, `fedlight.system.buffered`), so its clipped row is
-s(tau) x change clipped to C: the sensitivity stays C. `target_epsilon` alone chooses the noise that keeps a client
-arriving in every round within it.
+The accounting follows how a round's clients are chosen (`fedlight.plugin.cohort.Sampling`, from the run's
+extensions). Amplification by sampling holds only for a uniform sample drawn independently of the clients' data: every
+client, or the run's uniform draw (`system.availability` "always" or "share", `system.selection` "uniform"; deadlines
+and dropouts only leave out some of its clients). A selection that reads the clients' data (power-of-choice and Oort
+pick by training losses, which reach the server unnoised) is refused at set-up. Any other way of choosing them is
+accounted per client (`account_each_client`), with no amplification: FedBuff's arrivals (who arrives follows the
+devices' speeds and the clients in flight), a selection by data size or by the algorithm's clusters, an availability
+pattern (periods, diurnal, a trace). A client whose clipped update entered r noised sums then has the guarantee of r
+Gaussian mechanisms of noise z and sensitivity C composed, and the run's `privacy/epsilon` is that of the client
+released most often (`privacy/most_releases`). In a uniformly sampled run, a round whose clients are not the run's
+draw (an algorithm that picks its own: SR-FCA among its kept clusters, FedSoft by importance) is accounted per client
+too (`privacy/unsampled_rounds`), and the worst client's epsilon composes the sampled rounds with its releases in
+those. A client counted in a round its update was left out of (a non-finite update) only loosens the bound. The start
+line and summary.json (`privacy.accounting`: "sampled", "each client", or "sampled, N rounds per client") say which
+ran. Under FedBuff a stale update is handed to the aggregation re-based (start + s(tau) x change,
+`fedlight.system.buffered`), so its clipped row is s(tau) x change clipped to C: the sensitivity stays C.
+`target_epsilon` alone chooses the noise for the accounting known at set-up: with per-client accounting, one that
+keeps a client released in every round within it.
 
 Opacus is imported only when a run turns privacy on, so starting the command line stays fast.
 
@@ -51,6 +59,7 @@ import copy
 import math
 import warnings
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -166,14 +175,15 @@ def update_noise(z: float, count_noise: float) -> float:
 
 class PrivacyMechanism(RoundExtension):
     """The run's DP state: the noise multiplier, the clip (adaptive or fixed), the accountant; it hands out the
-    aggregators that clip and noise (`PrivateClusterAggregate`) and steps the accountant once a round. Its state
-    (the accountant's history, the clip) is saved under `privacy` in the federation's checkpoint."""
+    aggregators that clip and noise (`PrivateClusterAggregate`) and accounts each round's release, with amplification
+    by sampling when the round's clients were a uniform draw and per client otherwise (the module docstring). Its
+    state (the sampled steps, each client's other releases, the clip) is saved under `privacy` in the checkpoint."""
 
     name = "privacy"
 
     def __init__(self, config: PrivacyConfig, rounds: int, clients_per_round: int, num_clients: int,
                  seed_parts: list[int]) -> None:
-        self.config, self.seed_parts, self.num_clients = config, seed_parts, num_clients
+        self.config, self.seed_parts, self.num_clients, self.rounds = config, seed_parts, num_clients, rounds
         self.sample_rate = clients_per_round / num_clients
         if config.noise_multiplier is None:
             self.noise_multiplier = noise_for_epsilon(config.target_epsilon, config.delta, self.sample_rate, rounds,
@@ -186,26 +196,57 @@ class PrivacyMechanism(RoundExtension):
         self.update_noise = (update_noise(self.noise_multiplier, self.count_noise) if config.adaptive
                              else self.noise_multiplier)
         self.clip = float(config.clip)
-        self.accountant = make_accountant(config.accountant)
+        self.accountant = make_accountant(config.accountant)  # the rounds accounted as sampled Gaussian mechanisms
         self.round, self.calls, self.released = 0, 0, False
         self.within_clip: tuple[float, float] | None = None  # (updates within the clip, updates) of the round
-        self.releases: np.ndarray | None = None  # each client's noised sums so far, when accounted per client
+        self.releases = np.zeros(num_clients, dtype=np.int64)  # each client's noised sums in rounds accounted per client
+        self.each_client: str | None = None  # why every round is accounted per client (set at set-up), or None
+        self.unsampled_rounds = 0  # rounds of a sampled run accounted per client: their clients were not the draw
         self.round_clients: set[int] = set()  # the clients whose updates the round's noised sums took
+        self.round_selected: list[int] | None = None  # the round's clients as the algorithm selected them
+        self._drawn: Callable[[int], list[int] | None] = lambda round: None  # the run's uniform draw of a round
 
-    def account_each_client(self, rounds: int) -> None:
-        """Account each client's releases, with no amplification by sampling (asynchronous rounds, see the module
-        docstring); with `target_epsilon` alone, the noise keeps a client that arrives in all `rounds` within it."""
-        self.releases = np.zeros(self.num_clients, dtype=np.int64)
+    def setup(self, federation: Any) -> None:
+        """Refuse a selection that reads the clients' data (a loss-driven one); account each client's releases when
+        the run's cohorts are no uniform draw (`Federation.sampling`: FedBuff's arrivals, a non-uniform availability
+        or selection); keep the run's draw of each round to check the algorithm's own selection against."""
+        sampling = federation.sampling
+        if sampling.reads_data:
+            raise ValueError(f"privacy: {sampling.why}, so who trains depends on their data and {sampling.reads_data} "
+                             "reach the server unnoised, outside any DP guarantee: use system.selection uniform or "
+                             "data_size with privacy, or leave privacy out")
+        if not sampling.uniform:
+            self.account_each_client(sampling.why)
+        self._drawn = federation.server.drawn
+
+    def account_each_client(self, why: str) -> None:
+        """Account every round per client, with no amplification by sampling (`why`: how the clients are chosen);
+        with `target_epsilon` alone, the noise keeps a client that is released in every round within it."""
+        self.each_client = why
         if self.config.noise_multiplier is None:
-            self.noise_multiplier = noise_for_epsilon(self.config.target_epsilon, self.config.delta, 1.0, rounds,
+            self.noise_multiplier = noise_for_epsilon(self.config.target_epsilon, self.config.delta, 1.0, self.rounds,
                                                       self.config.accountant)
             self.update_noise = (update_noise(self.noise_multiplier, self.count_noise) if self.config.adaptive
                                  else self.noise_multiplier)
 
+    def accounting(self) -> str:
+        """Which accounting ran: "each client" (every round, no amplification), "sampled" (every round a uniform
+        sample, amplified) or "sampled, N rounds per client"."""
+        if self.each_client is not None:
+            return "each client"
+        return f"sampled, {self.unsampled_rounds} rounds per client" if self.unsampled_rounds else "sampled"
+
     def describe(self) -> str:
         clip = "adaptive clip from" if self.config.adaptive else "clip"
-        each = ", each client's releases" if self.releases is not None else ""
-        return f"DP noise multiplier {self.noise_multiplier:.3g}, {clip} {self.clip:g}, {self.config.accountant}{each}"
+        how = f"each client's releases ({self.each_client})" if self.each_client is not None else \
+            "amplified by uniform sampling"
+        return (f"DP noise multiplier {self.noise_multiplier:.3g}, {clip} {self.clip:g}, {self.config.accountant} "
+                f"accounting {how}")
+
+    def summary(self) -> dict[str, Any]:
+        return {"privacy": {"accounting": self.accounting(), "why": self.each_client or "",
+                            "epsilon": self._epsilon(), "delta": self.config.delta,
+                            "noise_multiplier": self.noise_multiplier, "most_releases": int(self.releases.max())}}
 
     def aggregation(self, aggregation: ClusterAggregation) -> ClusterAggregation:
         """The run's aggregation with DP-FedAvg's noised sums in place of the mean."""
@@ -213,7 +254,7 @@ class PrivacyMechanism(RoundExtension):
 
     def begin_round(self, round: int) -> None:
         self.round, self.calls, self.released, self.within_clip = round, 0, False, None
-        self.round_clients = set()
+        self.round_clients, self.round_selected = set(), None
 
     def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
                    personal_mask: Tensor | None, rows_per_client: int = 1) -> "PrivateClusterAggregate":
@@ -230,34 +271,50 @@ class PrivacyMechanism(RoundExtension):
         return draw * (self.update_noise * self.clip)
 
     def took_updates_of(self, updates: "RoundUpdates") -> None:
-        """The round's noised sums took the updates of `updates`' clients that sent one (counted per client only)."""
-        if self.releases is not None:
-            self.round_clients.update(set(updates.clients) - set(updates.dropped))
+        """The round's noised sums took the updates of `updates`' clients that sent one, selected as `clients`."""
+        self.round_selected = list(updates.clients)
+        self.round_clients.update(set(updates.clients) - set(updates.dropped))
 
     def released_sums(self, within: float, count: float) -> None:
         """An aggregator released noised sums this round; `within` of its `count` updates were inside the clip."""
         self.released = True
         self.within_clip = (within, count)
 
+    def sampled_round(self, round: int) -> bool:
+        """Whether round `round`'s release is accounted as a sampled Gaussian mechanism: the run samples uniformly
+        and the round's clients are every client or exactly the run's uniform draw of the round (an algorithm that
+        picks its own, SR-FCA among its kept clusters, FedSoft by importance, is accounted per client)."""
+        if self.each_client is not None:
+            return False
+        selected = self.round_selected
+        if selected is None:  # no aggregator reported its clients: the accountant steps as for the draw
+            return True
+        chosen = sorted(selected)
+        return chosen == list(range(self.num_clients)) or chosen == sorted(self._drawn(round) or [])
+
     def end_round(self, round: int, clients: int) -> tuple[dict[str, float], str | None]:
-        """Step the accountant when the round of `clients` selected clients released sums, adapt the clip, and
-        report: (`privacy/*` scalars, a reason to stop before the budget is exceeded or None)."""
+        """Account the round's release when the round of `clients` selected clients released sums (sampled, or
+        each released client once), adapt the clip, and report: (`privacy/*` scalars, a reason to stop before the
+        budget is exceeded or None)."""
         clip_used, num_clients = self.clip, self.num_clients
+        sampled = self.sampled_round(round)
         if self.released:
-            if self.releases is None:
+            if sampled:
                 self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=clients / num_clients)
             else:
-                self.releases[list(self.round_clients)] += 1
-                self.accountant.history = self._most_released_history()
-            if self.config.adaptive and self.within_clip is not None:  # per client: the share of the arrivals
-                self._adapt_clip(clients if self.releases is None else len(self.round_clients))
-        epsilon = epsilon_of(self.accountant, self.config.delta)
+                self.releases[sorted(self.round_clients)] += 1
+                self.unsampled_rounds += self.each_client is None
+            if self.config.adaptive and self.within_clip is not None:  # per client: the share of the released
+                self._adapt_clip(clients if sampled else len(self.round_clients))
+        epsilon = self._epsilon()
         scalars = {"privacy/epsilon": epsilon, "privacy/clip": clip_used,
                    "privacy/noise_multiplier": self.noise_multiplier}
-        if self.releases is not None:
+        if self.each_client is not None or self.unsampled_rounds:
             scalars["privacy/most_releases"] = float(self.releases.max())
+        if self.unsampled_rounds:
+            scalars["privacy/unsampled_rounds"] = float(self.unsampled_rounds)
         stop = None
-        if self.stop_at is not None and self._next_epsilon(clients / num_clients) > self.stop_at:
+        if self.stop_at is not None and self._next_epsilon(clients / num_clients, sampled) > self.stop_at:
             stop = (f"privacy.target_epsilon {self.stop_at:g} reached: epsilon {epsilon:.3g} now, another round would "
                     "exceed it")
         return scalars, stop
@@ -269,34 +326,42 @@ class PrivacyMechanism(RoundExtension):
         share = (within + rng.normal(0.0, self.count_noise)) / max(clients, 1)
         self.clip *= math.exp(-self.config.clip_learning_rate * (share - self.config.target_quantile))
 
-    def _most_released_history(self, more: int = 0) -> list[tuple[float, float, int]]:
-        """An accountant's history for the client released most often, r times (plus `more`), as r unsampled
-        Gaussian mechanisms."""
-        most = int(self.releases.max()) + more
-        return [(self.noise_multiplier, 1.0, most)] if most else []
+    def _history(self, sample_rate: float | None = None, more_releases: int = 0) -> list[tuple[float, float, int]]:
+        """The worst client's mechanisms: every sampled step (and one more at `sample_rate`), then the releases of
+        the client released most often in the rounds accounted per client (plus `more_releases`), as that many
+        unsampled Gaussian mechanisms. RDP and PRV compose them."""
+        history = list(self.accountant.history)
+        if sample_rate is not None:
+            history.append((self.noise_multiplier, sample_rate, 1))
+        most = int(self.releases.max()) + more_releases
+        return history + ([(self.noise_multiplier, 1.0, most)] if most else [])
 
-    def _next_epsilon(self, sample_rate: float) -> float:
-        """The epsilon after one more round: another sampled step, or (per client) one more release of the client
+    def _epsilon(self, sample_rate: float | None = None, more_releases: int = 0) -> float:
+        worst = make_accountant(self.config.accountant)
+        worst.history = self._history(sample_rate, more_releases)
+        return epsilon_of(worst, self.config.delta)
+
+    def _next_epsilon(self, sample_rate: float, sampled: bool) -> float:
+        """The epsilon after one more round like this one: another sampled step, or one more release of the client
         released most often."""
-        ahead = copy.deepcopy(self.accountant)
-        if self.releases is None:
-            ahead.step(noise_multiplier=self.noise_multiplier, sample_rate=sample_rate)
-        else:
-            ahead.history = self._most_released_history(more=1)
-        return epsilon_of(ahead, self.config.delta)
+        return self._epsilon(sample_rate) if sampled else self._epsilon(more_releases=1)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [list(step) for step in self.accountant.history], "clip": self.clip,
-                "noise_multiplier": self.noise_multiplier,
-                "releases": None if self.releases is None else self.releases.tolist()}
+                "noise_multiplier": self.noise_multiplier, "releases": self.releases.tolist(),
+                "unsampled_rounds": self.unsampled_rounds, "sampled_history": True}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
             return
-        self.accountant.history = [tuple(step) for step in state["history"]]
+        releases = state.get("releases")
+        # before "sampled_history", a run accounted per client kept its most released client's steps as the history
+        per_client_before = releases is not None and not state.get("sampled_history")
+        self.accountant.history = [] if per_client_before else [tuple(step) for step in state["history"]]
         self.clip, self.noise_multiplier = float(state["clip"]), float(state["noise_multiplier"])
-        if state.get("releases") is not None:  # checkpoints before per-client accounting have none
-            self.releases = np.asarray(state["releases"], dtype=np.int64)
+        if releases is not None:
+            self.releases = np.asarray(releases, dtype=np.int64)
+        self.unsampled_rounds = int(state.get("unsampled_rounds", 0))
 
 
 class PrivateClusterAggregate:

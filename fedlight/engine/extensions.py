@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 from torch import Tensor
 
+from fedlight.plugin.cohort import Sampling
 from fedlight.plugin.extension import RoundExtension
 from fedlight.plugin.round_work import Arrivals, RoundWork
 
@@ -50,6 +51,13 @@ class RoundExtensions:
     def setup(self, federation: Any) -> None:
         for extension in self.extensions:
             extension.setup(federation)
+
+    def sampling(self) -> Sampling:
+        """How the run chooses a round's clients: the first extension's answer that changes the uniform draw."""
+        return next((found for found in (e.sampling() for e in self.extensions) if found is not None), Sampling())
+
+    def summary(self) -> dict[str, Any]:
+        return {key: value for extension in self.extensions for key, value in extension.summary().items()}
 
     def describe(self) -> list[str]:
         return [note for note in (extension.describe() for extension in self.extensions) if note]

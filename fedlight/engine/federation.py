@@ -100,6 +100,7 @@ class Federation:
         self.server.bind_selection(self.extensions.select)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
+        self.sampling = self.extensions.sampling()  # how a round's clients are chosen, for DP's accounting
         self.extensions.setup(self)
         self.algorithm.setup(self.server)
         check_round_fits(self.client_states, self.cohort.size)  # the stores are declared: a round's rows fit?

@@ -56,11 +56,29 @@ class Cohort:
             return f"{self.num_clients:,} clients"
         return f"{self.size:,} of {self.num_clients:,} clients a round"
 
-    def check_selected(self, algorithm: str, round: int, selected: int, drawn: int | None = None) -> None:
+    def check_selected(self, algorithm: str, round: int, selected: int, drawn: list[int] | None = None) -> None:
         """Refuse a round whose selection broke a configured count (an override of `select_clients`); `drawn`: the
         clients the run's draw gave in the round (`ServerContext.drawn`), fewer when fewer were available."""
         count = self.clients_per_round
-        if count is not None and selected != count and selected != drawn:
+        if count is not None and selected != count and (drawn is None or selected != len(drawn)):
             raise ValueError(f"{algorithm}.select_clients chose {selected} clients in round {round}, but "
                              f"federation.clients_per_round is {count}: select through the base class "
                              f"(super().select_clients) or leave clients_per_round out")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a run chooses the clients whose updates a round aggregates, as client-level DP's accountant must know it
+    (`fedlight.aggregators.privacy`): amplification by sampling holds only for a uniform sample of the clients drawn
+    independently of their data.
+
+    Attributes:
+        uniform: each round's cohort is a uniform draw from every client (or every client), whatever their data.
+        why: how the clients are chosen when they are not (the start line and summary.json say it).
+        reads_data: the values of the clients' data the choice reads and so releases (a loss-driven selection's
+            losses), which DP does not noise; None when it reads none.
+    """
+
+    uniform: bool = True
+    why: str = ""
+    reads_data: str | None = None

@@ -16,17 +16,18 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation
+    from fedlight.plugin.cohort import Sampling
     from fedlight.plugin.data import FederatedData
     from fedlight.plugin.round_work import Arrivals, RoundWork
     from fedlight.plugin.updates import Updates
 
 
 class RoundExtension:
-    """Hooks the federation calls, each a no-op here. Set-up: `prepare_data`, `aggregation`, `setup`, `describe`.
-    Every round: `begin_round`, `select` (the base class's draw of the round's clients), `work` (what the selected
-    clients get done), `arrivals` (the updates an asynchronous server aggregates), `tamper` (on every group's trained
-    models), `end_round` (after aggregation),
-    `cluster_scores`; every evaluated round: `client_columns`, `evaluate`. Checkpoints: `state_dict` is saved under
+    """Hooks the federation calls, each a no-op here. Set-up: `prepare_data`, `aggregation`, `sampling`, `setup`,
+    `describe`. Every round: `begin_round`, `select` (the base class's draw of the round's clients), `work` (what the
+    selected clients get done), `arrivals` (the updates an asynchronous server aggregates), `tamper` (on every group's
+    trained models), `end_round` (after aggregation), `cluster_scores`; every evaluated round: `client_columns`,
+    `evaluate`; at the end, `summary`. Checkpoints: `state_dict` is saved under
     `name` in the federation's state and handed back to `load_state_dict` on a resume (None when it holds none)."""
 
     name: str = "extension"
@@ -50,6 +51,15 @@ class RoundExtension:
     def describe(self) -> str:
         """The run's start line note ('' for none)."""
         return ""
+
+    def sampling(self) -> "Sampling | None":
+        """How this extension makes the run choose a round's clients when it changes the uniform draw (a system
+        model's availability, selection or asynchronous arrivals), for DP's accounting; None: it does not."""
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """Entries for the run's summary.json (what the extension decided for the whole run), or none."""
+        return {}
 
     # -- a round ---------------------------------------------------------------------------------------------
     def begin_round(self, round: int) -> None:

@@ -89,7 +89,7 @@ class ServerContext:
         self._client_states = client_states
         self._loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None] | None = None
         self._draw: Callable[[int, int], list[int] | None] = lambda round, count: None
-        self._drawn: tuple[int, int] | None = None  # (round, clients) of the last draw
+        self._drawn: tuple[int, list[int]] | None = None  # (round, clients) of the last draw
 
     def bind_group_training(self, train_many: GroupTrainer,
                             loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None]
@@ -113,13 +113,13 @@ class ServerContext:
             n = self.num_clients
             drawn = list(range(n)) if count == n else \
                 sorted(self.rng(round, "select").choice(n, size=count, replace=False).tolist())
-        self._drawn = (round, len(drawn))
+        self._drawn = (round, list(drawn))
         return drawn
 
-    def drawn(self, round: int) -> int | None:
-        """How many clients `draw_clients` drew in `round` (fewer than asked when fewer were available), or None
-        when it drew none in that round."""
-        return self._drawn[1] if self._drawn is not None and self._drawn[0] == round else None
+    def drawn(self, round: int) -> list[int] | None:
+        """The clients `draw_clients` drew in `round` (fewer than asked when fewer were available), or None when it
+        drew none in that round."""
+        return list(self._drawn[1]) if self._drawn is not None and self._drawn[0] == round else None
 
     @property
     def num_params(self) -> int:

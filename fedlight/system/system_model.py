@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedlight.plugin.cohort import Sampling
 from fedlight.plugin.extension import RoundExtension
 from fedlight.plugin.round_work import Arrivals, RoundWork
 from fedlight.plugin.server import stream_seed
@@ -92,9 +93,8 @@ class SystemModel(RoundExtension):
             self.setup_buffer(federation)
 
     def setup_buffer(self, federation: Any) -> None:
-        """FedBuff's clients in flight (`fedlight.system.buffered`), the run's DP told to account each client's
-        releases (`fedlight.aggregators.privacy`); refused in one line over several processes, or with more clients
-        in flight than the run has."""
+        """FedBuff's clients in flight (`fedlight.system.buffered`); refused in one line over several processes, or
+        with more clients in flight than the run has."""
         config, n = self.config, self.num_clients
         self.concurrency = config.concurrency if config.concurrency is not None else federation.cohort.size
         if self.concurrency > n or config.buffer_size > self.concurrency:
@@ -103,14 +103,31 @@ class SystemModel(RoundExtension):
         if federation.collective.spread:
             raise ValueError("system.buffer_size: asynchronous rounds keep their clients in flight on one process; "
                              "run on one device (or leave buffer_size out)")
-        for extension in federation.extensions:  # the run's DP: who arrives is no uniform sample
-            if extension.name == "privacy":
-                extension.account_each_client(federation.config.rounds)
         self.algorithm, self.client_states = federation.algorithm, federation.client_states
         self.sizes, self.like = federation.server.train_sizes, federation.flat.vector.detach()
         self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
             InFlight.from_state(self._in_flight_state, self.like.device)
         self.check_client_states()  # the stores its setup declares (after ours) are checked again every round
+
+    def sampling(self) -> Sampling | None:
+        """How the clients whose updates a round aggregates are chosen, when it is not a uniform draw independent of
+        their data (`fedlight.plugin.cohort.Sampling`, for DP's accounting). Availability "always" or "share" (a
+        uniform share online each round) with uniform selection keeps the draw uniform; deadlines and dropouts only
+        leave out some of a uniform draw's clients."""
+        c = self.config
+        if c.selection in ("power_of_choice", "oort"):
+            return Sampling(False, f"system.selection {c.selection} picks clients by their training losses",
+                            reads_data="the candidates' training losses")
+        if c.buffer_size is not None:
+            return Sampling(False, "FedBuff: who arrives follows the devices' speeds and the clients in flight")
+        if c.selection != "uniform":
+            how = {"data_size": "in proportion to their training-set sizes",
+                   "cluster_stratified": "from each of the algorithm's clusters, which follow the clients' data"}
+            return Sampling(False, f"system.selection {c.selection} draws clients {how.get(c.selection, 'unevenly')}")
+        if c.availability not in ("always", "share"):
+            return Sampling(False, f"system.availability {c.availability}: who is online follows a pattern, not a "
+                                   "uniform draw")
+        return None
 
     def check_deadline(self) -> None:
         """Refuse in one line a fixed deadline no client can meet (its whole work, or with partial work one step,
