@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
-from fedlight.plugin import Algorithm, Updates, summarize
+from fedlight.plugin import MODEL, Algorithm, Updates, summarize
 from fedlight.cluster.scores import clustering_scores
 
 
@@ -51,6 +51,7 @@ class CentroidAlgorithm(Algorithm):
         if server.num_params != module.num_centers * module.dim:
             raise ValueError(f"{name} needs a model made only of its {module.num_centers} x {module.dim} centers")
         server.needs_every_client(name, "in every round (each uploads its local clustering)")
+        server.message.sends("counts", MODEL)  # how many of the centers in its flat model are real
         if self.one_shot and server.rounds != 1:
             raise ValueError(f"{name} is one-shot: set federation.rounds: 1 (got {server.rounds})")
         self.k, self.ell, self.medoids = module.num_centers, module.ell, module.medoids

@@ -62,7 +62,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_score
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, RoundUpdates, Trained, Updates
+from fedlight.plugin import PER_CLIENT, Algorithm, RoundUpdates, Trained, Updates
 
 QUERY = "criterion_update"  # what a client sends beside its model in a query round: its update at the criterion model
 CHUNK_BYTES = 1 << 28  # stored profiles read at a time when the Gram matrix is updated
@@ -138,9 +138,6 @@ class CFLGP(Algorithm):
     """
 
     holds_updates = True  # the query round's profiles are read from every update
-    asynchronous_refusal = ("reads each query (an update at the criterion model) as sent in the query round it "
-                            "arrives in, and asynchronous arrivals mix updates of query and other rounds")
-
     def __init__(self, num_clusters: int = 4, clustering_period: int = 2, clustering_rounds: int | None = 10,
                  beta: float | None = None, unknown_k: bool = False, warmup_rounds: int = 0, compression: int = 1,
                  participation: float = 1.0) -> None:
@@ -175,10 +172,7 @@ class CFLGP(Algorithm):
         if self.num_clusters > n:
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the {n} clients: "
                              f"give at most {n}")
-        if server.private_aggregation:
-            raise ValueError("CFL-GP's clients send their queries (updates at the criterion model) beside their "
-                             "models, unclipped and unnoised, which DP's accounting would not cover: leave the privacy "
-                             "section out")
+        server.message.sends(QUERY, PER_CLIENT)  # an update at the criterion model, read into each client's profile
         server.declare_every_client_work("each clustering partitions every client seen so far, from the gradient "
                                          "profiles the server stored for them (no training)")
         entries = server.parameter_mask().nonzero().flatten()

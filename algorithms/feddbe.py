@@ -118,7 +118,8 @@ class FedDBE(Algorithm):
         self.set_personal_mask(self.prbm)
         if self.every_client_mean and self.kappa > 0:
             server.needs_every_client("FedDBE", "once before round 1 (the global mean of the features, PFLlib's "
-                                      "initialization)", instead="algorithm.init_args.every_client_mean: false")
+                                      "initialization)", instead="algorithm.init_args.every_client_mean: false",
+                                      in_a_round=False)
 
     def begin_round(self, round: int) -> None:
         """Every running mean starts at zero; before the first round, the global mean (none without MR)."""

@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates, Trained
+from fedlight.plugin import MODEL, ROUTING, Algorithm, ClientModels, Newcomers, RoundUpdates, Trained
 
 AVERAGES = ("all_clients", "sampled")  # FedEM(average=...): see the class
 
@@ -146,9 +146,6 @@ class FedEM(Algorithm):
             The same with every client in every round (the paper's experiments).
     """
 
-    asynchronous_refusal = ("sends its trained copy of every component beside the one it started from, and "
-                            "asynchronous rounds re-base only that one on the current components")
-
     def __init__(self, num_components: int = 3, participation: float = 1.0,
                  average: Literal["all_clients", "sampled"] = "all_clients") -> None:
         super().__init__(participation)
@@ -160,6 +157,8 @@ class FedEM(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
+        server.message.sends("copies", MODEL)  # its trained copy of every component
+        server.message.sends("component", ROUTING)  # the component it started from, the server's assignment
         m = self.num_components
         if m > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_components is {m}, more than the {server.num_clients} "

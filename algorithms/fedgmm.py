@@ -68,7 +68,7 @@ import torch
 from torch import Tensor
 
 from fedlight.algorithms.fedem import FedEM, MixturePredictor, fit_mixture_weights, posterior
-from fedlight.plugin import Newcomers, RoundUpdates, Trained
+from fedlight.plugin import SUMMED, Newcomers, RoundUpdates, Trained
 
 #: rows a client's inputs are converted and embedded at a time
 CHUNK_ROWS = 4096
@@ -186,9 +186,7 @@ class FedGMM(FedEM):
 
     def setup(self, server) -> None:
         super().setup(server)
-        if server.private_aggregation:
-            raise ValueError("privacy: FedGMM sends its Gaussians' statistics and its inputs' moments in the clear, "
-                             "which DP's accounting would not cover: leave the privacy section out for fedgmm")
+        server.message.sends("gaussian_statistics", SUMMED)
         server.declare_every_client_work("every client sends its inputs' moments once, before round 1, for the "
                                          "embedding's PCA")
         train = server.split("train")

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlight.plugin import Algorithm, Newcomers, RoundUpdates, Trained, head_inputs
+from fedlight.plugin import PER_CLIENT, SUMMED, Algorithm, Newcomers, RoundUpdates, Trained, head_inputs
 
 SMALL_WEIGHT = 1e-3  # weights at or below it are zeroed (the authors' eps)
 VARIANCE, BIAS, COUNTS, PROTOTYPES = "fedpac_variance", "fedpac_bias", "fedpac_counts", "fedpac_prototypes"
@@ -180,10 +180,6 @@ class FedPAC(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_refusal = ("combines each client's head from the round's trained heads by a quadratic program over "
-                            "feature statistics measured with the body each client received, and asynchronous "
-                            "arrivals bring heads and statistics of bodies of different versions")
-
     def __init__(self, lam: float = 1.0, head_epochs: int = 1, body_epochs: int | None = None,
                  participation: float = 1.0) -> None:
         super().__init__(participation)
@@ -196,6 +192,10 @@ class FedPAC(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
+        for entry in (VARIANCE, BIAS):  # read client by client by the quadratic program that combines heads
+            server.message.sends(entry, PER_CLIENT)
+        for entry in (COUNTS, PROTOTYPES):  # summed into the global prototypes
+            server.message.sends(entry, SUMMED)
         self.head = server.layer_count_mask(1, "last")
         layer = server.head
         if not isinstance(layer, nn.Linear) or int(self.head.sum()) != sum(p.numel() for p in layer.parameters()):

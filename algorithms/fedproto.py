@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.algorithms.local import Local
-from fedlight.plugin import ModelParts, RoundUpdates, Trained, head_inputs
+from fedlight.plugin import SUMMED, ModelParts, RoundUpdates, Trained, head_inputs
 
 
 def local_prototypes(features: Tensor, y: Tensor, classes: int) -> tuple[Tensor, Tensor]:
@@ -120,6 +120,8 @@ class FedProto(Local):
 
     def setup(self, server) -> None:
         super().setup(server)
+        for entry in ("prototypes", "class_counts"):  # summed into the global prototypes
+            server.message.sends(entry, SUMMED)
         self.prototypes = torch.zeros_like(self.prototypes, device=server.device)
         self.known = torch.zeros_like(self.known, device=server.device)
 

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from fedlight.algorithms.fedem import FedEM, posterior
-from fedlight.plugin import RoundUpdates
+from fedlight.plugin import SUMMED, RoundUpdates
 
 FLOOR = 1e-8  # the authors' floor on a component's label mass before it is normalized
 
@@ -77,6 +77,7 @@ class FedRC(FedEM):
         m, c = self.num_components, server.num_classes
         start = torch.full((m, c), 1.0 / c, dtype=torch.float64, device=server.device)
         self.label_mass = server.client_state("label_mass", initial=start)
+        server.message.sends("label_mass", SUMMED)  # kept per client, and summed into M by the server
         self.label_totals = start * server.num_clients  # M: every client's row summed
 
     def responsibilities(self, client: int) -> Tensor:

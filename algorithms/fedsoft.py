@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates, Trained
+from fedlight.plugin import ROUTING, Algorithm, ClientModels, Newcomers, RoundUpdates, Trained
 
 #: what a client sends beside its model under selection: which centers drew it in the round it trained
 DRAWN_BY = "drawn_by"
@@ -105,6 +105,7 @@ class FedSoft(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
+        server.message.sends(DRAWN_BY, ROUTING)  # the centers whose draws sent the client out
         n, s = server.num_clients, self.num_clusters
         if server.clients_per_round is not None:
             raise ValueError("FedSoft draws its own clients (selection_size for each center, by importance): leave "

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from fedlight.cluster import kcenters
 from fedlight.algorithms.centroid_base import CentroidAlgorithm
+from fedlight.plugin import PER_CLIENT
 
 
 class MFC(CentroidAlgorithm):
@@ -33,8 +34,6 @@ class MFC(CentroidAlgorithm):
     """
 
     one_shot = False
-    asynchronous_refusal = ("reads every upload as this shot's (round 1: local centers; later: a cluster mean scored "
-                            "against the current centers), and asynchronous arrivals mix uploads of different shots")
 
     def __init__(self, score: Literal["repo", "cost_drop"] = "repo", n_init: int = 10, max_iter: int = 300,
                  tol: float = 1e-4) -> None:
@@ -48,6 +47,7 @@ class MFC(CentroidAlgorithm):
         if self.ell != 2 or self.medoids:
             raise ValueError("MFC is a k-means method: use a CentroidModel with ell: 2 and medoids: false")
         self.shared = server.client_state("shared", initial=torch.zeros(server.model.dim + 1))  # last (mean, size)
+        server.message.sends("shared", PER_CLIENT)  # kept per client, and read by the server client by client
 
     # -- clients -------------------------------------------------------------------------------------
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:

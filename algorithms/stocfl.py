@@ -60,7 +60,7 @@ from scipy.sparse.csgraph import connected_components
 from torch import Tensor
 
 from fedlight.cluster.similarity import cosine_similarity_matrix
-from fedlight.plugin import Algorithm, Newcomers, RoundUpdates, Trained, unit_rows
+from fedlight.plugin import MODEL, Algorithm, Newcomers, RoundUpdates, Trained, unit_rows
 
 GLOBAL = 0  # the row of `models` holding the global model omega; the clusters are rows 1..
 GLOBAL_COPY = "global_copy"  # what a client sends beside its cluster copy: its trained copy of omega
@@ -112,6 +112,7 @@ class StoCFL(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
+        server.message.sends(GLOBAL_COPY, MODEL)
         self.entries = server.parameter_mask()  # the representation's entries: the parameters, not buffers
         self.representations = self.models.new_zeros(1, int(self.entries.sum()))  # a row per row of models
         self.members = torch.zeros(1, dtype=torch.long, device=server.device)  # clients in each row

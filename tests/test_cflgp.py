@@ -132,5 +132,6 @@ def test_bad_options_are_refused_in_one_line(options, message):
 def test_a_privacy_section_is_refused():
     from fedlight.aggregators.privacy import PrivacyConfig
 
-    with pytest.raises(ValueError, match="queries .*unclipped and unnoised.*leave the privacy section out"):
+    with pytest.raises(ValueError, match=r"CFLGP's clients send 'criterion_update' \(a value the server reads client "
+                                         r"by client\).*DP does not clip or noise.*leave the privacy section out"):
         small_federation(CFLGP(num_clusters=2), num_clients=6, privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))

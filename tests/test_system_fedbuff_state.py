@@ -21,6 +21,7 @@ from fedlight.algorithms.fedrep import FedRep
 from fedlight.algorithms.fedsoft import FedSoft
 from fedlight.algorithms.local import Local
 from fedlight.algorithms.scaffold import SCAFFOLD
+from fedlight.algorithms.stocfl import StoCFL
 from fedlight.plugin import Algorithm
 from fedlight.plugin.updates import Updates
 from fedlight.system.buffered import InFlight, take_arrivals
@@ -161,11 +162,12 @@ class KeepsRows(Algorithm):
 @pytest.mark.parametrize("algorithm, message", [
     (SCAFFOLD, "SCAFFOLD computes each client's control variate c_i+ = c_i - c + (x - y_i) / (K eta_l) from the server "
                "model x and variate c it trained with, which have moved on by its arrival: leave buffer_size out"),
-    (FedEM, "FedEM sends its trained copy of every component beside the one it started from, and asynchronous rounds "
-            "re-base only that one"),
-    (CFLGP, "CFLGP reads each query (an update at the criterion model) as sent in the query round it arrives in"),
-    (FedPAC, "FedPAC combines each client's head from the round's trained heads by a quadratic program over feature "
-             "statistics measured with the body each client received"),
+    (FedEM, "FedEM's clients send 'copies' (a model beside the trained one) beside the model they trained, which "
+            "FedBuff cannot re-base"),
+    (StoCFL, "StoCFL's clients send 'global_copy' (a model beside the trained one) beside the model they trained, "
+             "which FedBuff cannot re-base"),
+    (CFLGP, "CFLGP's clients send 'criterion_update' (a value the server reads client by client) beside the model"),
+    (FedPAC, "FedPAC's clients send 'fedpac_bias' (a value the server reads client by client) beside the model"),
     (KeepsRows, "KeepsRows keeps per-client state (kept) and does not declare how it takes updates that arrive "
                 "rounds after they trained: set its class attribute asynchronous_state"),
 ])

@@ -69,6 +69,7 @@ from torch import Tensor
 from fedlight.plugin.aggregation import ClusterAverage
 from fedlight.aggregators.cluster_aggregator import ClusterAggregation, add_starts, member_updates
 from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.message import PER_CLIENT, SUMMED, MessageSchema
 from fedlight.aggregators.robust import clip_rows
 
 if TYPE_CHECKING:
@@ -218,6 +219,16 @@ class PrivacyMechanism(RoundExtension):
         if not sampling.uniform:
             self.account_each_client(sampling.why)
         self._drawn = federation.server.drawn
+
+    def check_message(self, schema: MessageSchema, algorithm: str) -> None:
+        """Refuse a message with an entry DP does not clip and noise: a statistic summed over clients or a value read
+        client by client reaches the server (and what it broadcasts) in the clear. A model entry goes through the
+        run's cluster aggregator, whose noised sums cover it, as the trained model."""
+        unprotected = schema.of_kind(SUMMED, PER_CLIENT)
+        if unprotected:
+            raise ValueError(f"privacy: {algorithm}'s clients send {schema.describe(unprotected[0])} beside their "
+                             "models, which DP does not clip or noise, so no guarantee would cover it: leave the "
+                             f"privacy section out for {algorithm}")
 
     def account_each_client(self, why: str) -> None:
         """Account every round per client, with no amplification by sampling (`why`: how the clients are chosen);

@@ -188,6 +188,7 @@ class ClientExecution:
                                    for i in range(len(clients))])
         else:
             trained = alg.train_group(round, clients, starts)
+        self.server.message.check_returned(type(alg).__name__, trained.state)
         if self.tamper is not None:
             trained.params = self.tamper(round, clients, starts, trained.params)
         ids = torch.tensor(clients, device=self.device)

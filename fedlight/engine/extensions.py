@@ -10,6 +10,7 @@ from torch import Tensor
 
 from fedlight.plugin.cohort import Sampling
 from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.message import MessageSchema
 from fedlight.plugin.round_work import Arrivals, RoundWork
 
 if TYPE_CHECKING:
@@ -55,6 +56,10 @@ class RoundExtensions:
     def sampling(self) -> Sampling:
         """How the run chooses a round's clients: the first extension's answer that changes the uniform draw."""
         return next((found for found in (e.sampling() for e in self.extensions) if found is not None), Sampling())
+
+    def check_message(self, schema: MessageSchema, algorithm: str) -> None:
+        for extension in self.extensions:
+            extension.check_message(schema, algorithm)
 
     def summary(self) -> dict[str, Any]:
         return {key: value for extension in self.extensions for key, value in extension.summary().items()}

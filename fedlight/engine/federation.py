@@ -103,6 +103,7 @@ class Federation:
         self.sampling = self.extensions.sampling()  # how a round's clients are chosen, for DP's accounting
         self.extensions.setup(self)
         self.algorithm.setup(self.server)
+        self.extensions.check_message(self.server.message, type(self.algorithm).__name__)
         check_round_fits(self.client_states, self.cohort.size)  # the stores are declared: a round's rows fit?
         if self.execution.holds:
             check_held_round_fits(type(self.algorithm).__name__, self.cohort.size, flat.numel,

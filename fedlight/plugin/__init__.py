@@ -15,6 +15,7 @@
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction`, `nearest_direction` |
+| `message` | `MessageSchema`: what a client's message carries beside its trained model (`MODEL`, `SUMMED`, `PER_CLIENT`, `ROUTING` entries), which every round extension reads to refuse what it cannot handle |
 | `extension` | `RoundExtension`: hooks at fixed points of the set-up and the round for what a run adds around it |
 | `round_work` | `RoundWork`: what a round's selected clients get done (who sends nothing, who is cut short), as extensions decide; `Arrivals`: the updates an asynchronous round aggregates |
 | `round_log` | what an algorithm records as it acts (`Algorithm.log`, `log_matrix`) |
@@ -32,6 +33,7 @@ from fedlight.plugin.cohort import share_count
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.evaluation import summarize
 from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.message import MODEL, PER_CLIENT, ROUTING, SUMMED, MessageSchema
 from fedlight.plugin.model_parts import ModelParts, head_inputs
 from fedlight.plugin.newcomers import Newcomers, nearest_direction, nearest_update_direction, unit_rows
 from fedlight.plugin.population import ClientPopulation
@@ -45,7 +47,7 @@ from fedlight.training.local_work import LocalWork
 from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
 
-__all__ = ["Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
+__all__ = ["MODEL", "PER_CLIENT", "ROUTING", "SUMMED", "MessageSchema", "Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
            "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "RoundExtension",
            "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "half_step", "head_inputs",
            "nearest_direction", "nearest_update_direction", "share_count", "summarize", "unit_rows"]

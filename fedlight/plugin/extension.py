@@ -18,13 +18,14 @@ if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation
     from fedlight.plugin.cohort import Sampling
     from fedlight.plugin.data import FederatedData
+    from fedlight.plugin.message import MessageSchema
     from fedlight.plugin.round_work import Arrivals, RoundWork
     from fedlight.plugin.updates import Updates
 
 
 class RoundExtension:
     """Hooks the federation calls, each a no-op here. Set-up: `prepare_data`, `aggregation`, `sampling`, `setup`,
-    `describe`. Every round: `begin_round`, `select` (the base class's draw of the round's clients), `work` (what the
+    `check_message`, `describe`. Every round: `begin_round`, `select` (the base class's draw of the round's clients), `work` (what the
     selected clients get done), `arrivals` (the updates an asynchronous server aggregates), `tamper` (on every group's
     trained models), `end_round` (after aggregation), `cluster_scores`; every evaluated round: `client_columns`,
     `evaluate`; at the end, `summary`. Checkpoints: `state_dict` is saved under
@@ -47,6 +48,10 @@ class RoundExtension:
     def setup(self, federation: Any) -> None:
         """Keep what the hooks need of the federation (`fedlight.engine.federation.Federation`: its evaluator,
         server, algorithm) once it is built, before `Algorithm.setup`."""
+
+    def check_message(self, schema: "MessageSchema", algorithm: str) -> None:
+        """Once the algorithm is set up: refuse, in one line naming `algorithm` and the entry, a message this
+        extension cannot handle (`fedlight.plugin.message`: what clients send beside their trained models)."""
 
     def describe(self) -> str:
         """The run's start line note ('' for none)."""

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from fedlight.plugin import model_parts
 from fedlight.plugin.client_state import ClientState, ClientStates, Initial
 from fedlight.plugin.data import ClientSplit, FederatedData
+from fedlight.plugin.message import MessageSchema
 from fedlight.plugin.population import ClientPopulation, GroupTrainer
 from fedlight.plugin.round_log import RoundLog
 from fedlight.training.flat import FlatModel
@@ -63,6 +64,9 @@ class ServerContext:
         round_log: where `Algorithm.log` and `Algorithm.log_matrix` record this round's values.
         every_client_work: what the algorithm declared it does on every client rather than on the round's
             (`needs_every_client`, `declare_every_client_work`), for the run's start line and summary.json's plan.
+        message: what a client's message carries beside its trained model (`fedlight.plugin.message`): an
+            algorithm whose clients return entries that are not client-state stores declares them in `setup`,
+            `server.message.sends(name, kind)`.
     """
 
     def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
@@ -87,6 +91,7 @@ class ServerContext:
         self.every_client_work: list[str] = []
         self._aggregation = aggregation
         self._client_states = client_states
+        self.message = MessageSchema(client_states.stores)
         self._loss_and_grads: Callable[[Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor] | None] | None = None
         self._draw: Callable[[int, int], list[int] | None] = lambda round, count: None
         self._drawn: tuple[int, list[int]] | None = None  # (round, clients) of the last draw
@@ -125,18 +130,21 @@ class ServerContext:
     def num_params(self) -> int:
         return self._flat.numel
 
-    def needs_every_client(self, method: str, when: str, instead: str | None = None) -> None:
+    def needs_every_client(self, method: str, when: str, instead: str | None = None, in_a_round: bool = True) -> None:
         """Refuse, in an algorithm's `setup`, a `clients_per_round` below the clients for a method that trains every
         client `when` (FL+HC's clustering round, FeSEM's seeding round): that round would break the count. `instead`
         names the method's own setting that avoids the work, offered beside leaving the count out (pFedMe's
         `algorithm.init_args.train_every_client: false`). Otherwise the work is declared
-        (`declare_every_client_work`)."""
+        (`declare_every_client_work`), and, `in_a_round` (not before round 1), so is that a round's aggregation needs
+        every client's message (`MessageSchema.needs_every_client`)."""
         count = self.clients_per_round
         if count is not None and count < self.num_clients:
             other = f", or set {instead}" if instead else ""
             raise ValueError(f"{method} trains every client {when}, but federation.clients_per_round allows "
                              f"{count} of {self.num_clients:,}: leave clients_per_round out for {method}{other}")
         self.declare_every_client_work(f"trains every client {when}")
+        if in_a_round:
+            self.message.needs_every_client(when)
 
     def declare_every_client_work(self, what: str) -> None:
         """Say, in an algorithm's `setup`, what it does on every client rather than on the round's cohort, because

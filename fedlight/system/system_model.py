@@ -15,6 +15,7 @@ import torch
 
 from fedlight.plugin.cohort import Sampling
 from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.message import MODEL, PER_CLIENT, MessageSchema
 from fedlight.plugin.round_work import Arrivals, RoundWork
 from fedlight.plugin.server import stream_seed
 from fedlight.plugin.updates import Updates
@@ -128,6 +129,23 @@ class SystemModel(RoundExtension):
             return Sampling(False, f"system.availability {c.availability}: who is online follows a pattern, not a "
                                    "uniform draw")
         return None
+
+    def check_message(self, schema: MessageSchema, algorithm: str) -> None:
+        """Under FedBuff, refuse a message it cannot take rounds after it was sent: a model beside the trained one
+        (FedBuff re-bases the trained model on the one the client would receive now; it does not know which server
+        model another copy started from), a value the server reads client by client (read as of the round it
+        arrives in), or a round that needs every client's message when fewer arrive an update."""
+        if self.config.buffer_size is None:
+            return
+        stale = schema.of_kind(MODEL, PER_CLIENT)
+        if stale:
+            raise ValueError(f"system.buffer_size: {algorithm}'s clients send {schema.describe(stale[0])} beside the "
+                             "model they trained, which FedBuff cannot re-base on the models the server holds when it "
+                             f"arrives: leave buffer_size out for {algorithm}")
+        if schema.every_client and self.config.buffer_size < self.num_clients:
+            raise ValueError(f"system.buffer_size: {algorithm} needs every client's update {schema.every_client[0]}, "
+                             f"but FedBuff aggregates the first {self.config.buffer_size} arrivals of "
+                             f"{self.num_clients} clients: leave buffer_size out for {algorithm}")
 
     def check_deadline(self) -> None:
         """Refuse in one line a fixed deadline no client can meet (its whole work, or with partial work one step,
