@@ -32,7 +32,6 @@ class CentroidAlgorithm(Algorithm):
     one_shot = True  # one communication round (federation.rounds must be 1)
     own_training = True  # local work is a clustering of the client's points, not SGD
     holds_updates = True  # the server clusters every uploaded center set at once
-    own_aggregation = True  # the server clusters centers, it does not average models
 
     def __init__(self, n_init: int = 10, max_iter: int = 300, tol: float = 1e-4) -> None:
         super().__init__(participation=1.0)

@@ -26,8 +26,8 @@ Deviations:
 - the estimation is work on every client (`tau` rounds apart), as the paper's; the cohort is the method's own draw,
   so `federation.clients_per_round` is refused;
 - the centers are means of local models that persist across rounds, not of updates from a common start, so the
-  engine's robust rules and DP (which clip and combine updates) do not apply: such a run is refused
-  (`own_aggregation`);
+  engine's robust rules and DP (which clip and combine updates) do not apply: such a run is refused after round 1,
+  when no aggregator combined them (`ClusterAggregation.check_applied`);
 - a client that arrives after training has no local model: it estimates its importance weights on its training split
   and is evaluated with its most important center.
 
@@ -84,7 +84,6 @@ class FedSoft(Algorithm):
     """
 
     holds_updates = True  # every center reads every trained local model
-    own_aggregation = True  # means of persistent local models, not of updates: no robust rule or DP applies
     asynchronous_state = "as_trained"  # the local models as trained; centers, their means
 
     def __init__(self, num_clusters: int = 2, reg_weight: float = 0.01, count_smoother: float = 1e-4,

@@ -142,7 +142,6 @@ class PFedHN(Algorithm):
         participation: share of clients selected each round.
     """
 
-    own_aggregation = True  # phi and the embeddings learn from the pseudo-gradient: nothing is averaged but buffers
     #: the pseudo-gradients come from the re-based change (staleness-weighted, at the current phi); a client's
     #: embedding, unchanged while it trains, steps at its arrival
     asynchronous_state = "rebased"

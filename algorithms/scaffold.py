@@ -52,7 +52,6 @@ class SCAFFOLD(Algorithm):
     corrects_gradient = True
     asynchronous_refusal = ("computes each client's control variate c_i+ = c_i - c + (x - y_i) / (K eta_l) from the "
                             "server model x and variate c it trained with, which have moved on by its arrival")
-    own_aggregation = True  # its own sums of models and control variates
 
     def __init__(self, server_lr: float = 1.0, participation: float = 1.0) -> None:
         super().__init__(participation)

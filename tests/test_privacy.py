@@ -262,7 +262,8 @@ def test_a_checkpoint_that_kept_dp_under_aggregation_resumes_with_its_accountant
     (["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--federation.aggregator", "median"],
      "needs federation.aggregator mean"),
     (["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--algorithm", "local"],
-     "Local combines its clients' updates its own way"),
+     "Local combined its clients' updates in round 1 without the engine's cluster aggregator, so the privacy section "
+     "could not apply"),
     (["--privacy.noise_multiplier", "3", "--privacy.clip", "1", "--privacy.adaptive", "true"],
      "raise privacy.count_noise above 1.5"),
 ])

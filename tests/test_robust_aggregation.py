@@ -171,9 +171,11 @@ def test_bad_settings_are_refused(settings, message):
         small_federation(FedAvg(), num_clients=6, rounds=1, **settings)
 
 
-def test_an_algorithm_with_its_own_aggregation_refuses_a_robust_rule():
-    with pytest.raises(ValueError, match="Local combines its clients' updates its own way"):
-        small_federation(Local(), num_clients=4, rounds=1, aggregator="median")
+def test_an_algorithm_with_its_own_aggregation_refuses_a_robust_rule_after_round_1():
+    fed = small_federation(Local(), num_clients=4, rounds=1, aggregator="median")
+    with pytest.raises(ValueError, match="Local combined its clients' updates in round 1 without the engine's cluster "
+                                         "aggregator, so federation.aggregator: median could not apply"):
+        fed.run_round(1)
 
 
 def test_a_run_folder_written_before_the_aggregator_settings_existed_resumes(tmp_path, tiny_run_args):
@@ -211,7 +213,7 @@ def test_fedem_median_is_each_components_coordinate_median_of_the_clients_copies
 
 class OwnMean(Algorithm):
     """The weighted mean of the trained models, summed by the algorithm itself: the engine's cluster aggregator is
-    never asked for, and `own_aggregation` is not declared."""
+    never asked for."""
 
     def aggregate(self, round, updates) -> None:
         sums, total = torch.zeros_like(self.models[0]), 0.0
@@ -233,7 +235,7 @@ def test_an_algorithm_that_bypasses_the_aggregator_is_stopped_after_round_1(sett
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"OwnMean combined its clients' updates in round 1 without the engine's cluster "
-                              f"aggregator, so {named} had no effect: declare `own_aggregation = True`")
+                              f"aggregator, so {named} could not apply: run OwnMean with federation.aggregator: mean")
     assert "cluster_means" in message and "server.cluster_aggregator" in message
 
 
@@ -250,3 +252,32 @@ def test_fedem_with_median_runs_its_rounds():
     for round in (1, 2):
         result = fed.run_round(round)
     assert torch.isfinite(fed.algorithm.models).all() and "test/acc_mean" in result.scalars
+
+
+class AveragesHalf(Algorithm):
+    """Averages only the first half of the model's entries through the engine's aggregator and the rest itself: DP or
+    a robust rule would protect half of each model."""
+
+    def aggregate(self, round, updates) -> None:
+        held = updates.all()
+        half = self.models.shape[1] // 2
+        average = self.server.cluster_aggregator(1, half, self.models.dtype, self.models.device)
+        zeros = torch.zeros(len(held), dtype=torch.long, device=self.models.device)
+        average.add(zeros, held.num_samples.to(self.models.dtype), held.params[:, :half], held.starts[:, :half])
+        average.reduce(updates)
+        _, means = average.means()
+        self.models[0, :half] = means[0]
+        self.models[0, half:] = held.params[:, half:].mean(dim=0)
+
+    holds_updates = True
+
+
+def test_an_algorithm_that_aggregates_part_of_the_model_its_own_way_is_stopped_after_round_1():
+    fed = small_federation(AveragesHalf(), num_clients=4, rounds=2, aggregator="median")
+    d = fed.flat.numel
+    with pytest.raises(ValueError) as error:
+        fed.run_round(1)
+    assert str(error.value).startswith(f"AveragesHalf combined {d - d // 2:,} of the {d:,} shared entries of its "
+                                       "clients' models in round 1 without the engine's cluster aggregator")
+    plain = small_federation(AveragesHalf(), num_clients=4, rounds=2)
+    plain.run_round(1)  # the mean: nothing to apply

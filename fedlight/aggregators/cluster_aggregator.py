@@ -14,9 +14,11 @@ never the algorithm's choice:
 A rule that needs every update of a cluster (the median, Krum, ...) makes the plan hold the round's updates
 (`ExecutionPlan.hold_reason`); the sums of the mean, the clipped mean and DP stream a group at a time.
 
-Every aggregator handed out counts the means taken from it (`CountedAggregator`), so a run that configures a rule or
-DP for an algorithm that combined its updates some other way without declaring `own_aggregation` is stopped after
-round 1 (`ClusterAggregation.check_applied`) instead of running with the setting silently ignored.
+Every aggregator handed out records the entries it combined (`CountedAggregator`), so a run that configures a rule or
+DP for an algorithm that combined its updates, or part of each model, some other way (Local keeps them, SCAFFOLD sums
+them itself, pFedHN averages only the buffers and steps its hypernetwork from the raw changes) is stopped after round
+1 in one line (`ClusterAggregation.check_applied`) instead of running with the setting silently ignored or applied to
+part of the model only. Nothing is declared: it is what the round did.
 """
 from __future__ import annotations
 
@@ -121,11 +123,12 @@ class RobustClusterAggregate:
 
 
 class CountedAggregator:
-    """An aggregator as `ClusterAggregation` hands it out: the same `add`, `reduce` and `means`, each `means` counted
-    in the round's `combined`, the evidence that the configured rule or DP made a cluster model."""
+    """An aggregator as `ClusterAggregation` hands it out: the same `add`, `reduce` and `means`; each `means` records
+    in the round's `combined` how many entries of a client's model it combined (its rows' entries less the personal
+    ones), the evidence that the configured rule or DP made the cluster models."""
 
-    def __init__(self, inner: Any, owner: "ClusterAggregation") -> None:
-        self.inner, self.owner = inner, owner
+    def __init__(self, inner: Any, owner: "ClusterAggregation", entries: int) -> None:
+        self.inner, self.owner, self.entries = inner, owner, entries
 
     @property
     def reads_starts(self) -> bool:
@@ -140,7 +143,7 @@ class CountedAggregator:
         self.inner.reduce(updates)
 
     def means(self) -> tuple[Tensor, Tensor]:
-        self.owner.combined += 1
+        self.owner.combined = max(self.owner.combined, self.entries)
         return self.inner.means()
 
 
@@ -150,7 +153,7 @@ class ClusterAggregation:
 
     def __init__(self, settings: RobustSettings, privacy: NoisedAggregation | None = None) -> None:
         self.settings, self.privacy = settings, privacy
-        self.combined = 0  # means taken this round from the aggregators handed out
+        self.combined = 0  # the most entries of a model an aggregator handed out this round took a mean over
 
     @property
     def default(self) -> bool:
@@ -185,18 +188,24 @@ class ClusterAggregation:
             inner = ClusterAverage(clusters, dim, dtype, device)
         else:
             inner = RobustClusterAggregate(self.settings, clusters, dim, dtype, device, personal_mask)
-        return CountedAggregator(inner, self)
+        personal = 0 if personal_mask is None else int(personal_mask.sum())
+        return CountedAggregator(inner, self, dim - personal)
 
-    def check_applied(self, algorithm: Any) -> None:
-        """After round 1: refuse a run whose configured rule or DP no aggregator of the round combined (the
-        algorithm averaged its own way without declaring `own_aggregation`), rather than let it run unapplied."""
-        if self.default or self.combined:
+    def check_applied(self, algorithm: Any, num_params: int) -> None:
+        """After round 1: refuse a run whose configured rule or DP no aggregator of the round applied to the shared
+        entries of the model (the `num_params` less the algorithm's `personal_mask`): the algorithm combined its
+        updates, or part of them, its own way, so the setting would have had no effect, or one on part of the model."""
+        mask = algorithm.personal_mask
+        shared = num_params - (0 if mask is None else int(mask.sum()))
+        if self.default or self.combined >= shared:
             return
         name = type(algorithm).__name__
-        raise ValueError(f"{name} combined its clients' updates in round 1 without the engine's cluster aggregator, "
-                         f"so {self.configured()} had no effect: declare `own_aggregation = True` on {name} (the run "
-                         f"is then refused at set-up) or combine the updates through `cluster_means` or "
-                         f"`server.cluster_aggregator`")
+        what = "its clients' updates" if not self.combined else \
+            f"{shared - self.combined:,} of the {shared:,} shared entries of its clients' models"
+        raise ValueError(f"{name} combined {what} in round 1 without the engine's cluster aggregator, so "
+                         f"{self.configured()} could not apply: run {name} with federation.aggregator: mean and no "
+                         "privacy section (a plugin combines its updates through cluster_means or "
+                         "server.cluster_aggregator)")
 
 
 def largest_f(rule: str, members: int) -> int:
@@ -208,13 +217,9 @@ def largest_f(rule: str, members: int) -> int:
 
 
 def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, per_round: int) -> None:
-    """Refuse, before anything runs, a robust rule or DP for an algorithm that aggregates its own way, and an f too
-    large for the `per_round` clients of a round (a cluster never has more members than that)."""
+    """Refuse, before anything runs, DP beside a robust rule, and an f too large for the `per_round` clients of a
+    round (a cluster never has more members than that)."""
     settings = aggregation.settings
-    if not aggregation.default and algorithm.own_aggregation:
-        asked = aggregation.configured()
-        raise ValueError(f"{type(algorithm).__name__} combines its clients' updates its own way (own_aggregation), so "
-                         f"{asked} cannot apply: run it with federation.aggregator: mean and no privacy section")
     if aggregation.privacy is not None and settings.rule != "mean":
         raise ValueError(f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs federation.aggregator "
                          f"mean, got {settings.rule}: drop one of the two")

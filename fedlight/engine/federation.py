@@ -174,7 +174,7 @@ class Federation:
             alg.aggregate(round, updates)
             alg.post_aggregation(round, updates)
             if round == 1:
-                self.aggregation.check_applied(alg)
+                self.aggregation.check_applied(alg, self.flat.numel)
             training = updates.finish()
         self.client_states.write_returned(updates)
         self.round, clusters = round, alg.cluster_labels()

@@ -13,11 +13,11 @@ A client's model is its cluster's row with its personal entries written in. The 
 form; a clustered algorithm changes `assignment` and `models`, a personalized one sets a personal mask, and the
 rest (cluster-wise weighted averaging, merging shared and personal parts, checkpointing) is inherited.
 
-Four class attributes declare the algorithm's plan, read once at set-up (docs/architecture.md, "The plan"):
+Three class attributes declare the algorithm's plan, read once at set-up (docs/architecture.md, "The plan"):
 `holds_updates` (the aggregation hooks compare every update, so the round is held whole instead of streamed),
-`own_training` (`train_client` is the algorithm's own local work, not the module's SGD), `corrects_gradient`
-(`local_gradient` edits every client's gradient) and `own_aggregation` (`aggregate` does not combine updates
-through the engine's cluster aggregator, so robust rules and DP cannot apply).
+`own_training` (`train_client` is the algorithm's own local work, not the module's SGD) and `corrects_gradient`
+(`local_gradient` edits every client's gradient). Whether robust rules and DP apply is not declared: an algorithm
+that combines its updates without the engine's cluster aggregator is found out after round 1.
 
 The hooks, in the order of a round. Queries (marked ?) change nothing; only commands change state, and commands
 may record scalars and matrices as they act (`log`, `log_matrix`).
@@ -90,11 +90,6 @@ class Algorithm:
     own_training: bool = False
     #: `local_gradient` edits every client's flat gradient after each backward pass (FedProx's proximal term)
     corrects_gradient: bool = False
-    #: `aggregate` combines the updates its own way, not through the engine's cluster aggregator (`cluster_means`,
-    #: the inherited `aggregate` or `server.cluster_aggregator`): a run that configures a robust aggregator or
-    #: differential privacy is then refused at set-up. Undeclared, such a run is stopped after round 1 when no
-    #: aggregator of the round combined anything (the setting would have had no effect)
-    own_aggregation: bool = False
     #: how it takes asynchronous rounds (FedBuff, `system.buffer_size`), where a client's update arrives rounds after
     #: it trained, when it keeps per-client state (`server.client_state`): "rebased" (what it keeps per client is
     #: what its clients return or what it derives from FedBuff's re-based updates, stored at their arrival: Ditto's
