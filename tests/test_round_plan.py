@@ -156,6 +156,10 @@ class SendsItsId(FedAvg):
 
     own_training = True
 
+    def setup(self, server):
+        super().setup(server)
+        server.message.sends("id", "per_client")
+
     def train_client(self, round, client, start):
         return start, torch.zeros(()), {"id": torch.full((2,), float(client))}
 

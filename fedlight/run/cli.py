@@ -80,7 +80,11 @@ def build_parser() -> ArgumentParser:
     commands = parser.add_subcommands(dest="command")
     parser.fit_parser = fit_parser()  # kept for dumping and instantiating the `fit` section
     commands.add_subcommand("fit", parser.fit_parser, help="run one federated training")
-    commands.add_subcommand("list", ArgumentParser(description="List algorithms, data and models.", **STRICT),
+    list_parser = ArgumentParser(description="List algorithms, data and models.", **STRICT)
+    list_parser.add_argument("--compatibility", action="store_true",
+                             help="each algorithm against privacy, FedBuff, robust rules and attacks, deadlines and "
+                                  "newcomers: runs (and what each does) or refused (and why)")
+    commands.add_subcommand("list", list_parser,
                             help="list algorithms, data modules and models, entry points included")
     commands.add_subcommand("report", report_parser(), help="one HTML page comparing runs (figures and a table)")
     sweep_parser = ArgumentParser(description="Run every algorithm x grid point x seed of a sweep file, then its "
@@ -235,6 +239,18 @@ def print_components(console: Console) -> None:
                           highlight=False)
 
 
+def print_compatibility(console: Console) -> None:
+    """`fedlight list --compatibility`: the table `fedlight.run.compatibility` made by running every algorithm with
+    each extension, one block per algorithm."""
+    from fedlight.run.compatibility_table import COLUMNS, ROWS
+
+    for name, cells in ROWS.items():
+        console.print(f"[bold]{name}[/bold]")
+        for column in COLUMNS:
+            status, note = cells[column]
+            console.print(f"  {column:<16} {status:<8} {note}", markup=False, highlight=False)
+
+
 @contextlib.contextmanager
 def one_line_warnings(errors: Console) -> Iterator[None]:
     """Warnings as 'fedlight: warning: ...' lines instead of Python's file:line form."""
@@ -266,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         errors.print(f"fedlight: error: {str(error).splitlines()[0]}")
         return 2
     if cfg.command == "list":
-        print_components(console)
+        print_compatibility(console) if cfg.list.compatibility else print_components(console)
         return 0
     try:
         with termination.sigterm_as_interrupt(), one_line_warnings(errors):  # SIGTERM stops a run as Ctrl-C does

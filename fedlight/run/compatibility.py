@@ -1,0 +1,191 @@
+"""The compatibility table: every algorithm of the registry against each round extension, found by running it.
+
+Nothing in it is declared. Each cell is a two-round run of the algorithm, with its default settings, on a tiny
+federation (20 clients of scikit-learn's digits in two rotations and a narrow CNN; for an algorithm that refuses a
+classifier, 20 clients of points from Gaussians and a centroid model), with one extension configured:
+
+- `privacy`: client-level DP (noise multiplier 1, clip 1);
+- `FedBuff`: asynchronous rounds (3 arrivals an update, 8 clients in flight);
+- `robust + attack`: the trimmed mean against 20 % sign-flipping clients;
+- `deadline`: the system model's devices, a deadline at the 75th percentile of the clients' times, partial work;
+- `newcomers`: 4 of the clients held out of training and evaluated as newcomers.
+
+A cell "runs", with what the extension does to which entry of the client's message (`fedlight.plugin.message`), or
+is "refused" with the one line the run stops with, at set-up or after round 1; a run that fails another way is a
+bug, and the cell says "fails". `python -m fedlight.run.compatibility --write` makes `docs/compatibility.md` and
+`fedlight/run/compatibility_table.py` (what `fedlight list --compatibility` prints without running anything);
+`tests/test_compatibility.py` checks that they are what the code does.
+
+Not in the table: several processes (every algorithm runs over them: tests/test_distributed.py).
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from fedlight.run.registry import ALGORITHMS
+
+CLIENTS = 20
+#: each column: the Federation keyword arguments of its extension, built when asked (the classes load torch)
+COLUMNS = ("privacy", "FedBuff", "robust + attack", "deadline", "newcomers")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One algorithm with one extension: "runs" (and what the extension does), "refused" or "fails" (and the line)."""
+
+    status: str
+    note: str
+
+
+def extension_settings(column: str) -> dict[str, Any]:
+    """The Federation keyword arguments (and the data module's, under "data") of one column."""
+    from fedlight.aggregators.attacks import AttackConfig
+    from fedlight.aggregators.privacy import PrivacyConfig
+    from fedlight.system.config import SystemConfig
+
+    return {"privacy": {"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)},
+            "FedBuff": {"system": SystemConfig(buffer_size=3, concurrency=8)},
+            "robust + attack": {"aggregator": "trimmed_mean", "attack": AttackConfig(kind="sign_flip", fraction=0.2)},
+            "deadline": {"system": SystemConfig(deadline_percentile=75.0, partial_work=True)},
+            "newcomers": {"data": {"holdout_clients": 4}}}[column]
+
+
+def tiny_federation(algorithm: Any, points: bool, settings: dict[str, Any]) -> Any:
+    """A two-round federation of `algorithm` on digits (or, `points`, on Gaussian points) with `settings`."""
+    import torch
+
+    from fedlight.datamodules import DigitsFederated, Rotations, SyntheticGaussians
+    from fedlight.engine.config import FederationConfig
+    from fedlight.engine.federation import Federation
+    from fedlight.models import CentroidModel, Classifier, SmallCNN
+
+    settings = dict(settings)
+    data_options = settings.pop("data", {})
+    config = {key: settings.pop(key) for key in ("aggregator",) if key in settings}
+    torch.manual_seed(0)
+    if points:
+        data = SyntheticGaussians(num_clients=CLIENTS, points_per_client=40, test_fraction=0.2, **data_options)
+        model: Any = CentroidModel()
+    else:
+        data = DigitsFederated(num_clients=CLIENTS, partition=Rotations(2), public_size=60, **data_options)
+        model = Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1)
+    rounds = 1 if getattr(algorithm, "one_shot", False) else 2
+    federation_config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=32, accelerator="cpu",
+                                         vectorize=0, eval_every=rounds, **config)
+    return Federation(data, model, algorithm, federation_config, seed=0, **settings)
+
+
+def run_cell(make: Callable[[], Any], points: bool, settings: dict[str, Any]) -> tuple[Any, Exception | None]:
+    """(the federation, or None, and the exception that stopped it, or None) of a run of every round."""
+    federation = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            federation = tiny_federation(make(), points, settings)
+            for round in range(1, federation.config.rounds + 1):
+                federation.run_round(round)
+    except Exception as error:  # the cell records what stopped it
+        return federation, error
+    return federation, None
+
+
+def what_it_does(column: str, federation: Any) -> str:
+    """What the extension of `column` does to the entries of the algorithm's message, from the run itself."""
+    algorithm, schema = federation.algorithm, federation.server.message
+    models = schema.of_kind("model")
+    also = f" and {', '.join(models)}" if models else ""
+    if column == "privacy":
+        return f"clips and noises the model{also} ({federation.extensions.summary()['privacy']['accounting']})"
+    if column == "FedBuff":
+        how = "as trained" if algorithm.asynchronous_state == "as_trained" else "re-based, staleness-weighted"
+        personal = "; personal entries as trained" if algorithm.personal_mask is not None and how != "as trained" \
+            else ""
+        sums = schema.of_kind("summed")
+        sent = f"; {', '.join(sums)} as sent" if sums else ""
+        return f"the model {how}{personal}{sent}"
+    if column == "robust + attack":
+        return "attacks and trims the model within each cluster" if not models else \
+            f"trims the model{also} within each cluster; attackers tamper with the model only"
+    if column == "deadline":
+        return "drops or cuts short late clients"
+    return "gives each newcomer a model (newcomer_models)"
+
+
+def needs_points(make: Callable[[], Any]) -> bool:
+    """Whether the algorithm `make` builds runs on points rather than digits: its plain run on digits fails."""
+    return run_cell(make, False, {})[1] is not None
+
+
+def cell(make: Callable[[], Any], column: str, points: bool) -> Cell:
+    """The cell of the algorithm `make` builds under `column`, on points or digits."""
+    federation, error = run_cell(make, points, extension_settings(column))
+    if error is None:
+        return Cell("runs", what_it_does(column, federation))
+    line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return Cell("refused" if isinstance(error, ValueError) else "fails", line)
+
+
+def algorithms() -> dict[str, str]:
+    """Short name -> class path of every registered algorithm."""
+    return {ep.name: ep.value.replace(":", ".") for ep in entry_points(group=ALGORITHMS)}
+
+
+def load(path: str) -> type:
+    import importlib
+
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def table(names: list[str] | None = None, columns: tuple[str, ...] = COLUMNS) -> dict[str, dict[str, Cell]]:
+    """name -> column -> cell, for `names` (every registered algorithm when None)."""
+    found = algorithms()
+    rows = {}
+    for name in sorted(found) if names is None else names:
+        make = load(found[name])
+        points = needs_points(make)
+        rows[name] = {column: cell(make, column, points) for column in columns}
+    return rows
+
+
+def markdown(rows: dict[str, dict[str, Cell]]) -> str:
+    """The table as the docs page shows it."""
+    head = "| algorithm | " + " | ".join(COLUMNS) + " |\n|---|" + "---|" * len(COLUMNS) + "\n"
+    mark = {"runs": "runs", "refused": "**refused**", "fails": "**FAILS**"}
+    body = "".join(f"| `{name}` | " + " | ".join(f"{mark[c.status]}: {c.note.replace('|', '/')}"
+                                                 for c in cells.values()) + " |\n" for name, cells in rows.items())
+    return head + body
+
+
+def python_source(rows: dict[str, dict[str, Cell]]) -> str:
+    """`compatibility_table.py`: the rows as a literal, for `fedlight list --compatibility`."""
+    literal = {name: {column: (c.status, c.note) for column, c in cells.items()} for name, cells in rows.items()}
+    return ('"""The compatibility table as `python -m fedlight.run.compatibility --write` last made it (do not edit: '
+            'tests/test_compatibility.py checks it against the code)."""\n'
+            f"COLUMNS = {COLUMNS!r}\nROWS = {literal!r}\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write docs/compatibility.md and compatibility_table.py")
+    parser.add_argument("names", nargs="*", help="algorithms (default: every registered one)")
+    options = parser.parse_args(argv)
+    rows = table(options.names or None)
+    page = markdown(rows)
+    if options.write:
+        root = Path(__file__).resolve().parents[2]
+        intro = __doc__.split("\n\n")[1:3]
+        (root / "docs" / "compatibility.md").write_text("# Compatibility: algorithms x extensions\n\n" +
+                                                        "\n\n".join(intro) + "\n\n" + page)
+        (Path(__file__).parent / "compatibility_table.py").write_text(python_source(rows))
+    print(page)
+
+
+if __name__ == "__main__":
+    main()
