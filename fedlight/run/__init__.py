@@ -10,5 +10,6 @@
 | `callbacks`, `callback_keys` | `Callback`, `Run`, `EarlyStopping`; the key of a callback's state in a checkpoint (its class and arguments) |
 | `recorder`, `wandb_logger`, `console`, `checkpoint` | the built-in callbacks: CSV files, W&B, the console, round checkpoints |
 | `sweep` | a grid of runs in one process, then the report |
+| `compatibility`, `compatibility_table` | every algorithm run with each extension (DP, FedBuff, robust rules and attacks, deadlines, newcomers): the table `fedlight list --compatibility` prints, and the rows it last made |
 | `tune`, `tune_space`, `tune_study`, `trial_reporter` | `fedlight tune`: Optuna search on validation data; the search-space file; the study's storage and trial count; the callback reporting each round to the trial |
 """

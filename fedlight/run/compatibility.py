@@ -60,21 +60,23 @@ def tiny_federation(algorithm: Any, points: bool, settings: dict[str, Any]) -> A
     """A two-round federation of `algorithm` on digits (or, `points`, on Gaussian points) with `settings`."""
     import torch
 
-    from fedlight.datamodules import DigitsFederated, Rotations, SyntheticGaussians
     from fedlight.engine.config import FederationConfig
     from fedlight.engine.federation import Federation
-    from fedlight.models import CentroidModel, Classifier, SmallCNN
 
     settings = dict(settings)
     data_options = settings.pop("data", {})
     config = {key: settings.pop(key) for key in ("aggregator",) if key in settings}
     torch.manual_seed(0)
-    if points:
-        data = SyntheticGaussians(num_clients=CLIENTS, points_per_client=40, test_fraction=0.2, **data_options)
-        model: Any = CentroidModel()
+    if points:  # the classes by path, as a run config names them: the core imports no data module or model
+        data = load("fedlight.datamodules.SyntheticGaussians")(num_clients=CLIENTS, points_per_client=40,
+                                                               test_fraction=0.2, **data_options)
+        model: Any = load("fedlight.models.CentroidModel")()
     else:
-        data = DigitsFederated(num_clients=CLIENTS, partition=Rotations(2), public_size=60, **data_options)
-        model = Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1)
+        rotations = load("fedlight.datamodules.Rotations")(2)
+        data = load("fedlight.datamodules.DigitsFederated")(num_clients=CLIENTS, partition=rotations,
+                                                            public_size=60, **data_options)
+        network = load("fedlight.models.SmallCNN")(1, 10, 8, width=8)
+        model = load("fedlight.models.Classifier")(network, lr=0.1)
     rounds = 1 if getattr(algorithm, "one_shot", False) else 2
     federation_config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=32, accelerator="cpu",
                                          vectorize=0, eval_every=rounds, **config)
@@ -136,7 +138,8 @@ def algorithms() -> dict[str, str]:
     return {ep.name: ep.value.replace(":", ".") for ep in entry_points(group=ALGORITHMS)}
 
 
-def load(path: str) -> type:
+def load(path: str) -> Any:
+    """The class at the dotted `path` (imported by name, as a config's class_path is)."""
     import importlib
 
     module, name = path.rsplit(".", 1)
