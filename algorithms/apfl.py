@@ -75,7 +75,6 @@ class APFL(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # v_i and alpha_i are returned and stored at arrival; w arrives re-based
 
     def __init__(self, alpha: float = 0.5, adaptive: bool = True, alpha_lr: float | None = None,
                  participation: float = 1.0) -> None:

@@ -46,7 +46,6 @@ class Ditto(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # v_k is returned and stored at arrival; the global update arrives re-based
 
     def __init__(self, lam: float = 1.0, personal_epochs: int | None = None, participation: float = 1.0) -> None:
         super().__init__(participation)

@@ -97,7 +97,6 @@ class FedALA(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # theta_i and W_i are returned and stored at arrival; the model arrives re-based
 
     def __init__(self, eta: float = 1.0, rand_percent: float = 80.0, layers: float = 1, threshold: float = 0.1,
                  num_pre_loss: int = 10, max_start_passes: int = 100, participation: float = 1.0) -> None:

@@ -92,7 +92,6 @@ class FedAMP(Algorithm):
     """
 
     holds_updates = True  # the round's trained models become the clients' personal models at once
-    asynchronous_state = "as_trained"  # the trained models become the personal ones: never re-based
 
     def __init__(self, alpha_k: float = 1.0, lam: float = 1.0, sigma: float | None = None,
                  participation: float = 1.0) -> None:

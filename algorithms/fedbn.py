@@ -16,7 +16,6 @@ class FedBN(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # BatchNorm (statistics included) arrives as trained, the rest re-based
 
     def setup(self, server) -> None:
         super().setup(server)

@@ -128,7 +128,6 @@ class FedCP(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # body, CPN and global head re-based; the personal head as trained
 
     def __init__(self, lam: float = 1.0, participation: float = 1.0) -> None:
         super().__init__(participation)

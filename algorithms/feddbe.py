@@ -90,7 +90,6 @@ class FedDBE(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # the model re-based; the PRBM arrives as trained
 
     def __init__(self, kappa: float = 50.0, momentum: float = 1.0, every_client_mean: bool = True,
                  participation: float = 1.0) -> None:

@@ -117,7 +117,6 @@ class FedFomo(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "as_trained"  # each client's own model, returned and stored at arrival
 
     def __init__(self, M: int = 4, epsilon: float = 0.3, epsilon_decay: float = 0.05, val_share: float = 0.2,
                  participation: float = 1.0) -> None:

@@ -18,7 +18,6 @@ class FedPer(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # the base re-based; personal layers arrive as trained
 
     def __init__(self, personal_layers: float = 2, participation: float = 1.0) -> None:
         super().__init__(participation)

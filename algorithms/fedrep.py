@@ -48,7 +48,6 @@ class FedRep(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # the body re-based; the head arrives as trained
 
     def __init__(self, head_layers: float = 1, head_epochs: int = 10, body_epochs: int = 1,
                  participation: float = 1.0) -> None:

@@ -54,7 +54,6 @@ class FedRoD(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # body and generic head re-based; the personal head as trained
 
     def __init__(self, participation: float = 1.0) -> None:
         super().__init__(participation)

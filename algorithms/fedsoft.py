@@ -31,7 +31,8 @@ Deviations:
 - a client that arrives after training has no local model: it estimates its importance weights on its training split
   and is evaluated with its most important center.
 
-Asynchronous rounds (`system.buffer_size`): a local model arrives exactly as trained (`asynchronous_state`), and with
+Asynchronous rounds (`system.buffer_size`): a local model arrives exactly as trained (only its client writes it, so
+nothing moved under it: `fedlight.system.buffered`), and with
 selection it counts for the centers whose draws it was in when it was sent out (each client sends that beside its
 model, `DRAWN_BY`), so a center averages the arrived local models it drew; in a synchronous round those are the
 round's draws.
@@ -84,7 +85,6 @@ class FedSoft(Algorithm):
     """
 
     holds_updates = True  # every center reads every trained local model
-    asynchronous_state = "as_trained"  # the local models as trained; centers, their means
 
     def __init__(self, num_clusters: int = 2, reg_weight: float = 0.01, count_smoother: float = 1e-4,
                  estimation_interval: int = 2, selection_size: int | None = 15,

@@ -70,7 +70,6 @@ class FedTSDP(Algorithm):
     holds_updates = True  # clusters on every participant's outputs and weights
     #: under FedBuff the shared layers arrive re-based and the personal ones as trained; it clusters the round's
     #: arrivals as it would its participants
-    asynchronous_state = "rebased"
 
     def __init__(self, hopkins_threshold: float = 0.65, eps_inference: float = 0.15, eps_weights: float = 3.5,
                  min_points: int = 2, psi: float = 0.98, lr_decay: float = 0.95, public_batch: int = 50,

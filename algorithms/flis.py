@@ -94,7 +94,6 @@ class FlisDC(InferenceSimilarity):
     """
 
     holds_updates = True  # compares every participant's model on the public data
-    asynchronous_state = "as_trained"  # the pool and local models are trained models: never re-based
 
     def __init__(self, beta: float = 0.3, soft: bool = False, selection_split: Literal["train", "val", "test"] = "val",
                  evaluate: Literal["local", "pool"] = "local", participation: float = 1.0) -> None:

@@ -125,7 +125,6 @@ class GPFL(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # extractor, GCE and CoV re-based; head and conditional inputs as trained
 
     def __init__(self, lam: float = 0.01, mu: float = 0.1, participation: float = 1.0) -> None:
         super().__init__(participation)

@@ -21,7 +21,6 @@ class LGFedAvg(Algorithm):
         participation: share of clients selected each round.
     """
 
-    asynchronous_state = "rebased"  # the global layers re-based; local layers arrive as trained
 
     def __init__(self, global_layers: float = 2, participation: float = 1.0) -> None:
         super().__init__(participation)

@@ -13,7 +13,6 @@ class Local(Algorithm):
     selects fewer (`participation`, `federation.clients_per_round`): a client then trains only in its rounds."""
 
     holds_updates = True  # keeps every client's trained model
-    asynchronous_state = "as_trained"  # its state is the trained models: never re-based
 
     def setup(self, server) -> None:
         super().setup(server)

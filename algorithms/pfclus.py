@@ -101,7 +101,6 @@ class PFClus(CentroidAlgorithm):
         n_init, max_iter, tol: the (k, l)-clustering solver of the clients and the server.
     """
 
-    asynchronous_state = "as_trained"  # the uploads are local centers: never re-based
 
     def __init__(self, lam: float = 0.01, epochs: int = 10, eta0: float = 1.0,
                  eta_mode: Literal["count", "const"] = "count", snap: bool | None = None, chain_clients: bool = False,

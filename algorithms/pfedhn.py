@@ -144,7 +144,6 @@ class PFedHN(Algorithm):
 
     #: the pseudo-gradients come from the re-based change (staleness-weighted, at the current phi); a client's
     #: embedding, unchanged while it trains, steps at its arrival
-    asynchronous_state = "rebased"
 
     def __init__(self, embed_dim: int | None = None, hidden_dim: int = 100, n_hidden: int = 3, hn_lr: float = 0.01,
                  embed_lr: float | None = None, hn_momentum: float = 0.9, hn_weight_decay: float = 1e-3,

@@ -90,7 +90,6 @@ class PFedMe(Algorithm):
         participation: share of clients sampled each round: averaged (train_every_client) or trained and averaged.
     """
 
-    asynchronous_state = "rebased"  # theta_i is returned and stored at arrival; w_local arrives re-based
 
     def __init__(self, lam: float = 15.0, K: int = 5, personal_lr: float = 0.09, beta: float = 1.0,
                  train_every_client: bool = True, participation: float = 1.0) -> None:

@@ -10,10 +10,12 @@ c <- c + (|S| / N) mean(c_i+ - c_i) over the |S| clients of the round (N clients
 How it maps onto fedlight:
 
 - the correction is a gradient hook (`corrects_gradient`): clients still run the module's own SGD, vectorized;
-- c_i+ is computed on the server in `aggregate`, not by the client: it depends only on the client's start x,
-  its trained model y_i, K and eta_l, which the server has from the update, so nothing travels in
-  `Updates.state`. Each client's new variate is written from the round's updates, so every process (each
-  training its share of the clients) reaches the same state; c and c_i are saved in the checkpoint.
+- c_i+ is computed by the client, as the paper's, from the x and c it trained with (`train_group`), and returned
+  under its client-state store's name (`client_controls`): the engine writes it into the client's row after the
+  round (when its update arrives, under FedBuff). The server reads the returned rows to sum c_i+ - c_i into c
+  (the store still holds the old c_i during the round), so the entry is declared a summed statistic
+  (`fedlight.plugin.message`): DP refuses it (c is broadcast unnoised), and under FedBuff a stale client's change
+  arrives as it computed it, from the x and c it was sent. c and c_i are saved in the checkpoint.
 
 Defaults: server learning rate eta_g = 1, the paper's default (the server step is then the plain mean of the
 clients' models), every client in every round; control variates start at zero.
@@ -38,11 +40,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, RoundUpdates
+from fedlight.plugin import SUMMED, Algorithm, RoundUpdates, Trained
 
 
 class SCAFFOLD(Algorithm):
-    """SCAFFOLD with option II control variates, computed on the server.
+    """SCAFFOLD with option II control variates, computed by each client.
 
     Args:
         server_lr: the global step size eta_g (> 0; 1 in the paper).
@@ -50,8 +52,6 @@ class SCAFFOLD(Algorithm):
     """
 
     corrects_gradient = True
-    asynchronous_refusal = ("computes each client's control variate c_i+ = c_i - c + (x - y_i) / (K eta_l) from the "
-                            "server model x and variate c it trained with, which have moved on by its arrival")
 
     def __init__(self, server_lr: float = 1.0, participation: float = 1.0) -> None:
         super().__init__(participation)
@@ -65,6 +65,7 @@ class SCAFFOLD(Algorithm):
         d, n = server.num_params, server.num_clients
         self.control = self.models.new_zeros(d)
         self.client_controls = server.client_state("client_controls", initial=self.models.new_zeros(d))
+        server.message.sends("client_controls", SUMMED)  # c_i+, kept by the client; c_i+ - c_i summed into c
         self.parameter_entries = server.parameter_mask().to(server.device)
         self.steps = torch.tensor([server.local_steps(c) for c in range(n)], device=server.device)
         self.training_controls: dict[int, Tensor] = {}  # c_i of the clients training now: read once, not every step
@@ -75,33 +76,35 @@ class SCAFFOLD(Algorithm):
             self.training_controls[client] = self.client_controls[client]
         grad.add_(self.control).sub_(self.training_controls[client])
 
-    def aggregate(self, round: int, updates: RoundUpdates) -> None:
-        """Option II's c_i+ for every client of the round, then x <- x + eta_g mean(y_i - x) and
-        c <- c + sum(c_i+ - c_i) / N, streamed over the groups of updates."""
-        x = self.models[0]
+    def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """The module's SGD with the corrected gradient, then each client's option II variate
+        c_i+ = c_i - c + (x - y_i) / (K eta_l), from the x it started from and the c it trained with."""
+        trained = super().train_group(round, clients, starts)
+        old = torch.stack([self.training_controls.pop(c) for c in clients]) if all(
+            c in self.training_controls for c in clients) else self.client_controls.read(clients)
+        for client in clients:  # trained: its c_i is not needed again this round
+            self.training_controls.pop(client, None)
         rate = self.server.learning_rate(round) * self.learning_rate_scale(round)
+        scale = (self.steps[clients] * rate).to(starts.dtype)[:, None]
+        drift = torch.sub(starts, trained.params).div_(scale).masked_fill_(~self.parameter_entries, 0)  # in place: a
+        new = old.sub(self.control).add_(drift)  # group of large models holds few (clients x parameters) copies
+        return Trained(trained.params, trained.loss, trained.logs, {**trained.state, "client_controls": new})
+
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
+        """x <- x + eta_g mean(y_i - x) and c <- c + sum(c_i+ - c_i) / N, streamed over the groups of updates (the
+        store holds every c_i until the engine writes the returned c_i+ after the round)."""
+        x = self.models[0]
         total = torch.zeros(1, dtype=torch.float64, device=x.device)  # |S|: clients received
         model_sum = torch.zeros_like(x, dtype=torch.float64)         # sum of y_i
         control_change = torch.zeros_like(x, dtype=torch.float64)    # sum of c_i+ - c_i
-        ids, rows = [x.new_zeros(0, dtype=torch.long)], [x.new_zeros(0, len(x))]
         for group in updates.groups():
             old = self.client_controls.read(group.clients)
-            for client in group.clients.tolist():  # trained: its c_i is not needed again this round
-                self.training_controls.pop(client, None)
-            scale = (self.steps[group.clients] * rate).to(x.dtype)[:, None]
-            drift = torch.sub(x, group.params).div_(scale).masked_fill_(~self.parameter_entries, 0)  # in place: a
-            new = old.sub(self.control).add_(drift)  # group of large models holds few (clients x parameters) copies
-            del drift
             total += len(group)
             model_sum += group.params.sum(0, dtype=torch.float64)
-            control_change += (new - old).sum(0, dtype=torch.float64)
-            ids.append(group.clients)
-            rows.append(new)
-            del group
-        self.training_controls.clear()  # and those of clients left out
+            control_change += (group.state["client_controls"] - old).sum(0, dtype=torch.float64)
+            del group, old
+        self.training_controls.clear()  # those of clients left out
         updates.sum_over_processes_(total, model_sum, control_change)
-        clients, controls = (updates.cat_over_processes(torch.cat(part)) for part in (ids, rows))
-        self.client_controls.write(clients, controls)
         if total.item() == 0:
             return
         x64 = x.double()

@@ -88,7 +88,9 @@ def test_scaffold_control_variates_follow_option_two_by_hand():
     assert len(clients) == 2 and c_i.abs().sum() > 0
     assert fed.server.train_sizes[clients[0]] != fed.server.train_sizes[clients[1]]  # steps K differ
     updates = fed.execution.train(2, clients)
-    alg.aggregate(2, RoundUpdates.of(updates))
+    round_updates = RoundUpdates.of(updates)
+    alg.aggregate(2, round_updates)
+    fed.client_states.write_returned(round_updates)  # the engine stores each client's returned c_i+ after the round
     expected_ci = c_i.clone()
     for row, k in enumerate(clients):
         steps = math.ceil(int(fed.server.train_sizes[k]) / 32)  # one local epoch of batches of 32
@@ -112,7 +114,9 @@ def test_scaffold_corrected_step_is_g_plus_c_minus_ci(vectorize):
     grads = [linear_gradient(alg.models[0], *client_data(fed, k)) for k in range(3)]
     for k in range(3):
         assert torch.allclose(updates.params[k].double(), x - LR * (grads[k] + c - c_i[k]), atol=1e-6)
-    alg.aggregate(2, RoundUpdates.of(updates))
+    round_updates = RoundUpdates.of(updates)
+    alg.aggregate(2, round_updates)
+    fed.client_states.write_returned(round_updates)
     for k in range(3):  # K = 1: option II gives back the gradient at x, c_i+ = g_i(x)
         assert torch.allclose(alg.client_controls[k].double(), grads[k], atol=1e-5)
 

@@ -1,4 +1,4 @@
-"""FedBuff (`system.buffer_size`) with algorithms that keep per-client state (`Algorithm.asynchronous_state`): with
+"""FedBuff (`system.buffer_size`) with algorithms that keep per-client state, nothing declared: with
 K = C = the cohort it is the synchronous run bit for bit; a slow client's state changes only when it arrives, and is
 then what it trained (compared with a synchronous round that trained it from the same model); a stale client's
 personal entries (`Algorithm.personal_mask`) arrive exactly as trained while its shared ones are re-based and
@@ -28,13 +28,15 @@ from fedlight.system.buffered import InFlight, take_arrivals
 from fedlight.system.config import SystemConfig
 from fedlight.system.system_model import SystemModel
 
-STORE = {Ditto: "personal", Local: "local_models", FedSoft: "local_models"}
+STORE = {Ditto: "personal", Local: "local_models", FedSoft: "local_models", SCAFFOLD: "client_controls",
+         "KeepsRows": "kept"}
 
 
 def store_name(federation) -> str:
     """The client state an algorithm keeps: its own store, or its personal part's."""
     algorithm = federation.algorithm
-    return STORE[type(algorithm)] if type(algorithm) in STORE else algorithm.personal.name
+    kind = type(algorithm)
+    return STORE.get(kind, STORE.get(kind.__name__)) or algorithm.personal.name
 
 
 def rows(federation, name: str) -> torch.Tensor:
@@ -42,11 +44,26 @@ def rows(federation, name: str) -> torch.Tensor:
     return every_row(federation.client_states.stores[name])
 
 
+class KeepsRows(Algorithm):
+    """A plugin that keeps each client's trained model as its state and declares nothing about asynchronous rounds."""
+
+    def setup(self, server) -> None:
+        super().setup(server)
+        self.kept = server.client_state("kept", initial=server.initial_params)
+
+    def train_group(self, round, clients, starts):
+        trained = super().train_group(round, clients, starts)
+        trained.state = {**trained.state, "kept": trained.params.clone()}
+        return trained
+
+
 @pytest.mark.parametrize("make, per_round", [
     (lambda: Ditto(lam=0.5), 3),
     (lambda: FedSoft(num_clusters=2, selection_size=2), None),  # its own draws: the union of each center's two
     (FedPer, 3),
     (lambda: FedRep(head_epochs=1), 3),  # its own two-phase train_group
+    (SCAFFOLD, 3),  # its clients' control variates, returned and summed into c
+    (KeepsRows, 3),  # a plugin's per-client state, with nothing declared
 ])
 def test_a_buffer_of_the_whole_cohort_is_the_synchronous_run_bit_for_bit(make, per_round):
     runs = []
@@ -88,21 +105,26 @@ def test_a_slow_clients_state_changes_only_at_its_arrival_and_is_then_what_it_tr
     assert torch.equal(store[0], trained[0])
 
 
-def test_a_stale_clients_personal_entries_arrive_as_trained_its_shared_ones_re_based():
-    """Entry 1 is personal. Client 0 trained [1, 1] -> [3, -3] from version 0; at version 3 (tau 3, weight 1/2) the
-    model it would receive is [10, 7]. Shared entry: 10 + 1/2 x (3 - 1) = 11; personal entry: -3, as trained (not
-    7 + 1/2 x (-3 - 1) = 5). Client 1, fresh (tau 0), arrives exactly as trained."""
-    current = {0: torch.tensor([10.0, 7.0]), 1: torch.tensor([10.0, 5.0])}
+def test_an_entry_that_did_not_move_while_in_flight_arrives_as_trained_one_that_moved_re_based():
+    """Client 0 trained [1, 1] -> [3, -3] from version 0; at version 3 (tau 3, weight 1/2) the model it would receive
+    is [10, 1]: entry 0 moved (shared, others' arrivals changed it), entry 1 did not (its personal entry, which only
+    its own arrival writes). Entry 0: 10 + 1/2 x (3 - 1) = 11; entry 1: -3, as trained (not 1 + 1/2 x (-3 - 1) = -1).
+    Client 1, fresh (tau 0), arrives exactly as trained. Nothing says which entry is personal."""
+    current = {0: torch.tensor([10.0, 1.0]), 1: torch.tensor([10.0, 5.0])}
     waiting = InFlight(np.array([0]), np.array([0]), np.array([2.0]), torch.tensor([[3.0, -3.0]]),
                        torch.tensor([[1.0, 1.0]]), torch.tensor([0.5]))
     fresh = Updates(torch.tensor([1]), torch.tensor([[7.1, 8.3]]), torch.tensor([[10.0, 5.0]]), torch.tensor([9.0]),
                     torch.tensor([0.75]))
     arrived, left = take_arrivals(waiting, fresh, np.array([1.0]), 3, 2, "polynomial", current.__getitem__,
-                                  torch.tensor([4.0, 9.0]), personal=torch.tensor([False, True]))
+                                  torch.tensor([4.0, 9.0]))
     assert arrived.updates.clients.tolist() == [0, 1] and arrived.staleness.tolist() == [3, 0] and len(left) == 0
     assert arrived.updates.params[0].tolist() == [11.0, -3.0]
     assert torch.equal(arrived.updates.params[1], torch.tensor([7.1, 8.3]))  # fresh: exactly as trained
-    assert torch.equal(arrived.updates.starts, torch.tensor([[10.0, 7.0], [10.0, 5.0]]))
+    assert torch.equal(arrived.updates.starts, torch.tensor([[10.0, 1.0], [10.0, 5.0]]))
+    moved = {0: torch.tensor([10.0, 7.0]), 1: current[1]}  # had entry 1 moved, it would be re-based too
+    arrived, _ = take_arrivals(waiting, fresh, np.array([1.0]), 3, 2, "polynomial", moved.__getitem__,
+                               torch.tensor([4.0, 9.0]))
+    assert arrived.updates.params[0].tolist() == [11.0, 5.0]
 
 
 def test_a_slow_fedper_clients_head_arrives_as_trained_and_its_base_moves_the_model_by_half_its_change():
@@ -151,37 +173,19 @@ def test_a_fedsoft_center_averages_the_arrived_local_models_it_drew_when_they_we
     assert differs
 
 
-class KeepsRows(Algorithm):
-    """A plugin that keeps a per-client state and declares nothing about asynchronous rounds."""
-
-    def setup(self, server) -> None:
-        super().setup(server)
-        self.kept = server.client_state("kept", initial=server.initial_params)
-
-
 @pytest.mark.parametrize("algorithm, message", [
-    (SCAFFOLD, "SCAFFOLD computes each client's control variate c_i+ = c_i - c + (x - y_i) / (K eta_l) from the server "
-               "model x and variate c it trained with, which have moved on by its arrival: leave buffer_size out"),
     (FedEM, "FedEM's clients send 'copies' (a model beside the trained one) beside the model they trained, which "
             "FedBuff cannot re-base"),
     (StoCFL, "StoCFL's clients send 'global_copy' (a model beside the trained one) beside the model they trained, "
              "which FedBuff cannot re-base"),
     (CFLGP, "CFLGP's clients send 'criterion_update' (a value the server reads client by client) beside the model"),
     (FedPAC, "FedPAC's clients send 'fedpac_bias' (a value the server reads client by client) beside the model"),
-    (KeepsRows, "KeepsRows keeps per-client state (kept) and does not declare how it takes updates that arrive "
-                "rounds after they trained: set its class attribute asynchronous_state"),
 ])
 def test_a_method_asynchronous_rounds_are_wrong_for_is_refused_in_one_line_naming_it_and_why(algorithm, message):
     with pytest.raises(ValueError, match=re.escape(f"system.buffer_size: {message}")) as error:
         small_federation(algorithm(), rounds=1, clients_per_round=3,
                          system=SystemConfig(buffer_size=2)).run_round(1)
     assert "\n" not in str(error.value)
-
-
-def test_an_unknown_asynchronous_state_is_refused_when_the_class_is_defined():
-    with pytest.raises(TypeError, match=re.escape("Odd.asynchronous_state is 'sometimes': give one of 'rebased', "
-                                                  "'as_trained' or None")):
-        type("Odd", (Algorithm,), {"asynchronous_state": "sometimes"})
 
 
 @pytest.mark.parametrize("make", [lambda: Ditto(lam=0.5), Local])
@@ -201,3 +205,25 @@ def test_a_run_resumed_with_state_in_flight_ends_as_an_uninterrupted_one(make):
     assert torch.equal(resumed.algorithm.models, whole.algorithm.models)
     name = store_name(whole)
     assert torch.equal(rows(resumed, name), rows(whole, name))
+
+
+def test_a_stale_scaffold_client_stores_the_variate_it_computed_from_the_model_it_was_sent():
+    """Three clients, 3 s, 1 s and 2 s a round, one arrival an update: client 0, sent out in round 1 from x0 with
+    c = c_0 = 0, arrives in round 4; its stored c_0+ is (x0 - y0) / (K eta) from its own trained y0 (option II, as
+    the client computes it), not from the x the server holds by then, and c moves by c_0+ / N."""
+    fed = small_federation(SCAFFOLD(), num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
+                           system=SystemConfig(buffer_size=1, concurrency=3))
+    model, alg = fed.extension(SystemModel), fed.algorithm
+    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
+    fed.run_round(1)
+    row = model.in_flight.clients.tolist().index(0)
+    x0, y0 = model.in_flight.starts[row].double(), model.in_flight.trained[row].double()
+    for t in (2, 3):
+        fed.run_round(t)
+    control_before = alg.control.double().clone()
+    assert not torch.equal(alg.models[0].double(), x0)  # the server model moved while client 0 was in flight
+    fed.run_round(4)
+    steps, rate = fed.server.local_steps(0), fed.server.learning_rate(1)
+    expected = ((x0 - y0) / (steps * rate)) * alg.parameter_entries.double()
+    assert torch.allclose(alg.client_controls[0].double(), expected, atol=1e-5)
+    assert torch.allclose(alg.control.double(), control_before + expected / 3, atol=1e-5)

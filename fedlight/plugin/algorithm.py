@@ -66,8 +66,6 @@ if TYPE_CHECKING:
 
 #: hooks that run only when the class declares the matching attribute (checked when a subclass is defined)
 DECLARED_BY = {"train_client": "own_training", "local_gradient": "corrects_gradient"}
-#: how an algorithm with per-client state takes asynchronous rounds (`asynchronous_state`)
-ASYNCHRONOUS_STATES = ("rebased", "as_trained")
 
 
 class Algorithm:
@@ -90,15 +88,6 @@ class Algorithm:
     own_training: bool = False
     #: `local_gradient` edits every client's flat gradient after each backward pass (FedProx's proximal term)
     corrects_gradient: bool = False
-    #: how it takes asynchronous rounds (FedBuff, `system.buffer_size`), where a client's update arrives rounds after
-    #: it trained, when it keeps per-client state (`server.client_state`): "rebased" (what it keeps per client is
-    #: what its clients return or what it derives from FedBuff's re-based updates, stored at their arrival: Ditto's
-    #: personal models; the entries under `personal_mask` arrive exactly as trained, the shared ones re-based: FedPer),
-    #: "as_trained" (it keeps the trained models themselves: its updates arrive exactly as trained, never re-based or
-    #: weighted by staleness: Local). None: such an algorithm is refused beside buffer_size
-    asynchronous_state: str | None = None
-    #: why asynchronous rounds are wrong for it (the rest of the one line that refuses them), or None
-    asynchronous_refusal: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -109,9 +98,6 @@ class Algorithm:
         if "train_group" in vars(cls) and cls.own_training:
             raise TypeError(f"{cls.__name__} overrides train_group but declares `own_training = True`, under which "
                             "clients run train_client one at a time: remove one of the two")
-        if cls.asynchronous_state not in (None, *ASYNCHRONOUS_STATES):
-            raise TypeError(f"{cls.__name__}.asynchronous_state is {cls.asynchronous_state!r}: give one of "
-                            f"{', '.join(map(repr, ASYNCHRONOUS_STATES))} or None")
 
     def __init__(self, participation: float = 1.0) -> None:
         if not 0 < participation <= 1:

@@ -105,12 +105,9 @@ def what_it_does(column: str, federation: Any) -> str:
     if column == "privacy":
         return f"clips and noises the model{also} ({federation.extensions.summary()['privacy']['accounting']})"
     if column == "FedBuff":
-        how = "as trained" if algorithm.asynchronous_state == "as_trained" else "re-based, staleness-weighted"
-        personal = "; personal entries as trained" if algorithm.personal_mask is not None and how != "as trained" \
-            else ""
         sums = schema.of_kind("summed")
         sent = f"; {', '.join(sums)} as sent" if sums else ""
-        return f"the model {how}{personal}{sent}"
+        return f"the model re-based where it moved since the client was sent out, as trained where not{sent}"
     if column == "robust + attack":
         return "attacks and trims the model within each cluster" if not models else \
             f"trims the model{also} within each cluster; attackers tamper with the model only"

@@ -12,12 +12,16 @@ tau = V - v, weighted s(tau) = 1 / sqrt(1 + tau) (the paper's polynomial choice)
 re-based on the model the client would receive now: start = `client_model(c)`, params = start + s(tau) x change, so
 every algorithm's own `aggregate` (a weighted mean, FedProx's, per-cluster means) applies unchanged. An update that
 arrives in the round it was dispatched in (tau = 0) is handed exactly as trained, so K = C = the cohort is
-synchronous FedAvg bit for bit. The entries under the algorithm's personal mask (`Algorithm.personal_mask`: a
-personal head, BatchNorm layers) are never averaged across clients, and the client's stored personal part is its
-own, unchanged while it is in flight: they arrive exactly as trained, never re-based nor weighted by staleness. An
-algorithm whose per-client state is the trained models themselves (`Algorithm.asynchronous_state = "as_trained"`:
-Local, FedAMP) gets every update exactly as trained, with the model it started from: there is no shared model for
-it to be stale against.
+synchronous FedAvg bit for bit.
+
+Staleness is of the model a client trained from, entry by entry, never declared: an entry of `client_model(c)` that
+has not moved since the client was sent out (its personal part, which only its own arrival writes: a personal head,
+BatchNorm layers; a model only it writes: Local's, FedSoft's local models; a cluster model no other arrival changed)
+arrives exactly as trained, nothing having moved under it; an entry that moved is re-based with the weight. So an
+algorithm whose per-client state is the trained models themselves gets them as trained, and a personal-part method
+its personal entries as trained and its shared ones re-based, with nothing to say about it. An algorithm that starts
+a client from a model others change while it is in flight (FedAMP's and FedFomo's combinations of other clients'
+models, FLIS-DC's pool model) gets its change re-based on that model as it is now.
 """
 from __future__ import annotations
 
@@ -131,24 +135,18 @@ class Arrived:
 
 
 def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np.ndarray, version: int, count: int,
-                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor, as_trained: bool = False,
-                  personal: Tensor | None = None) -> tuple[Arrived, InFlight]:
+                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor) -> tuple[Arrived, InFlight]:
     """The `count` earliest arrivals among the clients `waiting` and the `fresh` ones just trained from `version`
     (arriving at `fresh_arrivals_s`), and the clients still in flight after them. A fresh arrival (staleness 0) sends
-    its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau), its
-    entries under the `personal` mask (d,) as trained, or, when `as_trained` (an algorithm that keeps the trained
-    models themselves), its trained model and the model it started from. `sizes`: (clients,) training-set sizes."""
+    its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau) on the
+    entries that moved since it was sent out, as trained on the others. `sizes`: (clients,) training-set sizes."""
     fresh_flight = InFlight.of(fresh, version, fresh_arrivals_s) if fresh is not None and len(fresh) else None
     every = waiting if fresh_flight is None else waiting.cat(fresh_flight)
     order = arrival_order(every.arrivals_s, every.versions, every.clients)
     come, stay = np.sort(order[:count]), np.sort(order[count:])
     taken = every.subset(come)
     tau = version - taken.versions
-    if as_trained:
-        starts, params = taken.starts, taken.trained
-    else:
-        starts, params = rebased_updates(taken, come >= len(waiting), staleness_weight(tau, staleness), client_model,
-                                         personal)
+    starts, params = rebased_updates(taken, come >= len(waiting), staleness_weight(tau, staleness), client_model)
     by_client = np.argsort(taken.clients, kind="stable")
     index = torch.as_tensor(by_client, dtype=torch.long, device=params.device)
     ids = torch.as_tensor(taken.clients[by_client], dtype=torch.long, device=params.device)
@@ -158,12 +156,12 @@ def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np
     return Arrived(updates, tau[by_client], last_s), every.subset(stay)
 
 
-def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, client_model: Callable[[int], Tensor],
-                    personal: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, client_model: Callable[[int], Tensor]
+                    ) -> tuple[Tensor, Tensor]:
     """(starts, params) of the arrivals `taken` as FedBuff hands them: each from the model it would receive now,
     `client_model(c)`; a `fresh` one (trained this round, from that model) exactly as trained, a stale one moved by
-    its weight times its change on its shared entries and, on those under the `personal` mask (its own, never
-    averaged with another client's), exactly as trained."""
+    its weight times its change on the entries of that model that moved since it was sent out, and exactly as
+    trained on the others (nothing moved under them: its own personal part, a model only it writes)."""
     starts = torch.stack([client_model(int(c)) for c in taken.clients]) if len(taken) else taken.starts.clone()
     params = torch.empty_like(starts)
     for row, (now, weight) in enumerate(zip(fresh, weights)):
@@ -171,5 +169,5 @@ def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, cli
             params[row] = taken.trained[row]
         else:
             moved = rebased(starts[row], taken.trained[row] - taken.starts[row], float(weight))
-            params[row] = moved if personal is None else torch.where(personal, taken.trained[row], moved)
+            params[row] = torch.where(starts[row] == taken.starts[row], taken.trained[row], moved)
     return starts, params

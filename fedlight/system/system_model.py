@@ -108,7 +108,6 @@ class SystemModel(RoundExtension):
         self.sizes, self.like = federation.server.train_sizes, federation.flat.vector.detach()
         self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
             InFlight.from_state(self._in_flight_state, self.like.device)
-        self.check_client_states()  # the stores its setup declares (after ours) are checked again every round
 
     def sampling(self) -> Sampling | None:
         """How the clients whose updates a round aggregates are chosen, when it is not a uniform draw independent of
@@ -246,7 +245,6 @@ class SystemModel(RoundExtension):
         arrivals (`fedlight.system.buffered`). Synchronous: None."""
         if self.in_flight is None:
             return None
-        self.check_client_states()  # every round: an algorithm declares stores in its setup (after ours), or later
         start_s = self.online(round)[0]
         busy = set(self.in_flight.clients.tolist())
         new = [c for c in dispatched if c not in busy]
@@ -260,26 +258,9 @@ class SystemModel(RoundExtension):
         fresh_clients = np.asarray([] if fresh is None else fresh.clients.tolist(), dtype=np.int64)
         arrivals_s = start_s + self.compute_s[fresh_clients] + self.transfer_s[fresh_clients]
         arrived, self.in_flight = take_arrivals(self.in_flight, fresh, arrivals_s, round - 1, self.config.buffer_size,
-                                                self.config.staleness, self.algorithm.client_model, self.sizes,
-                                                self.algorithm.asynchronous_state == "as_trained",
-                                                self.algorithm.personal_mask)
+                                                self.config.staleness, self.algorithm.client_model, self.sizes)
         self._arrived = (start_s, arrived)
         return Arrivals(arrived.updates.clients.tolist(), arrived.group)
-
-    def check_client_states(self) -> None:
-        """Refuse, in one line, an algorithm that says asynchronous rounds are wrong for it
-        (`Algorithm.asynchronous_refusal`: SCAFFOLD's control variates), or that keeps per-client state
-        (`ServerContext.client_state`) without declaring how it takes them (`Algorithm.asynchronous_state`)."""
-        algorithm, name = self.algorithm, type(self.algorithm).__name__
-        if algorithm.asynchronous_refusal:
-            raise ValueError(f"system.buffer_size: {name} {algorithm.asynchronous_refusal}: leave buffer_size out "
-                             "for it")
-        if self.client_states.stores and algorithm.asynchronous_state is None:
-            names = ", ".join(sorted(self.client_states.stores))
-            raise ValueError(f"system.buffer_size: {name} keeps per-client state ({names}) and does not declare how "
-                             "it takes updates that arrive rounds after they trained: set its class attribute "
-                             "asynchronous_state (\"rebased\" or \"as_trained\", docs/architecture.md \"System "
-                             "model\"), or leave buffer_size out for it")
 
     def end_round_buffered(self, round: int) -> dict[str, float]:
         """The clock moves to the round's last arrival; the asynchronous round's `system/*` scalars."""
