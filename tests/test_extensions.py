@@ -59,9 +59,9 @@ class Recorder(RoundExtension):
         self.calls.append("aggregation")
         return aggregation
 
-    def setup(self, federation):
+    def setup(self, context):
         self.calls.append("setup")
-        self.evaluator_ready = federation.evaluator is not None
+        self.evaluator_ready = context.evaluator is not None
 
     def describe(self):
         return "recording"

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from fedlight.plugin.data import ClientSplit, FederatedData
-from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.choices import unknown_choice
 
 if TYPE_CHECKING:
@@ -126,8 +126,8 @@ class Attack(RoundExtension):
         self.true_clusters = data.cluster_labels
         return self.poison(data)
 
-    def setup(self, federation: Any) -> None:  # fedlight.engine.federation.Federation
-        self.evaluator, self.split = federation.evaluator, federation.config.eval_split
+    def setup(self, context: ExtensionContext) -> None:
+        self.evaluator, self.split = context.evaluator, context.config.eval_split
 
     def poison(self, data: FederatedData) -> FederatedData:
         """The data with the attackers' training rows changed (label_flip, backdoor); other kinds: unchanged."""

@@ -55,7 +55,6 @@ its hooks and never names it.
 """
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from dataclasses import dataclass
@@ -68,7 +67,7 @@ from torch import Tensor
 
 from fedlight.plugin.aggregation import ClusterAverage
 from fedlight.aggregators.cluster_aggregator import ClusterAggregation, add_starts, member_updates
-from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.message import PER_CLIENT, SUMMED, MessageSchema
 from fedlight.aggregators.robust import clip_rows
 
@@ -207,18 +206,18 @@ class PrivacyMechanism(RoundExtension):
         self.round_selected: list[int] | None = None  # the round's clients as the algorithm selected them
         self._drawn: Callable[[int], list[int] | None] = lambda round: None  # the run's uniform draw of a round
 
-    def setup(self, federation: Any) -> None:
+    def setup(self, context: ExtensionContext) -> None:
         """Refuse a selection that reads the clients' data (a loss-driven one); account each client's releases when
-        the run's cohorts are no uniform draw (`Federation.sampling`: FedBuff's arrivals, a non-uniform availability
+        the run's cohorts are no uniform draw (`context.sampling`: FedBuff's arrivals, a non-uniform availability
         or selection); keep the run's draw of each round to check the algorithm's own selection against."""
-        sampling = federation.sampling
+        sampling = context.sampling
         if sampling.reads_data:
             raise ValueError(f"privacy: {sampling.why}, so who trains depends on their data and {sampling.reads_data} "
                              "reach the server unnoised, outside any DP guarantee: use system.selection uniform or "
                              "data_size with privacy, or leave privacy out")
         if not sampling.uniform:
             self.account_each_client(sampling.why)
-        self._drawn = federation.server.drawn
+        self._drawn = context.server.drawn
 
     def check_message(self, schema: MessageSchema, algorithm: str) -> None:
         """Refuse a message with an entry DP does not clip and noise: a statistic summed over clients or a value read

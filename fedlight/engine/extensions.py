@@ -9,7 +9,7 @@ import numpy as np
 from torch import Tensor
 
 from fedlight.plugin.cohort import Sampling
-from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.message import MessageSchema
 from fedlight.plugin.round_work import Arrivals, RoundWork
 
@@ -49,9 +49,9 @@ class RoundExtensions:
             aggregation = extension.aggregation(aggregation)
         return aggregation
 
-    def setup(self, federation: Any) -> None:
+    def setup(self, context: ExtensionContext) -> None:
         for extension in self.extensions:
-            extension.setup(federation)
+            extension.setup(context)
 
     def sampling(self) -> Sampling:
         """How the run chooses a round's clients: the first extension's answer that changes the uniform draw."""

@@ -26,11 +26,13 @@ from fedlight.plugin.data import ClientDataModule, FederatedData, check_evaluati
 from fedlight.engine.devices import (available_memory, batch_transform, client_state_budget, default_precision,
                                      make_fabric)
 from fedlight.engine.divergence import watched_round
-from fedlight.plugin.evaluation import per_cluster_means
+from fedlight.plugin.evaluation import UNSEEN, per_cluster_means
+from fedlight.plugin.extension import ExtensionContext
 from fedlight.plugin.model_parts import ModelParts, head_name
 from fedlight.engine.evaluator import Evaluator
 from fedlight.engine.execution import ClientExecution
 from fedlight.engine.extensions import Extension, RoundExtension, RoundExtensions
+from fedlight.engine.held_out import HeldOutClients
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.aggregators.privacy import PrivacyConfig, PrivacyMechanism
 from fedlight.engine.processes import Collective
@@ -101,7 +103,7 @@ class Federation:
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
         self.sampling = self.extensions.sampling()  # how a round's clients are chosen, for DP's accounting
-        self.extensions.setup(self)
+        self.extensions.setup(self.extension_context())
         self.algorithm.setup(self.server)
         self.extensions.check_message(self.server.message, type(self.algorithm).__name__)
         check_round_fits(self.client_states, self.cohort.size)  # the stores are declared: a round's rows fit?
@@ -110,6 +112,17 @@ class Federation:
                                   flat.vector.element_size(), available_memory(self.device))
         self._disk_checked = False  # the spilled rows' disk: checked once their folder is chosen, or in round 1
         self.execution.plan.every_client = list(self.server.every_client_work)
+
+    def extension_context(self) -> ExtensionContext:
+        """What the round extensions may use of the run (`fedlight.plugin.extension.ExtensionContext`)."""
+        def held_out(data: FederatedData) -> tuple[HeldOutClients, Evaluator]:
+            training = self.execution
+            return (HeldOutClients(data, self.server, training.trainer, training.training),
+                    Evaluator(self.server, self.module, data, self.collective, UNSEEN))
+
+        return ExtensionContext(self.server, self.algorithm, self.config, self.cohort.size, self.collective.world,
+                                self.sampling, self.flat.vector.detach(), self.evaluator, self.data.cluster_labels,
+                                held_out)
 
     def _extensions(self, attack: AttackConfig | None, privacy: PrivacyConfig | None,
                     own: list[RoundExtension], system: SystemConfig | None = None) -> RoundExtensions:

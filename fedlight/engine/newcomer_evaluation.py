@@ -4,15 +4,14 @@ them as the training clients are evaluated (fine-tuned too, with `federation.fin
 were placed (`unseen/ari`). The federation calls its hooks and never names it."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fedlight.plugin.data import FederatedData
-from fedlight.plugin.evaluation import UNSEEN
 from fedlight.engine.evaluator import Evaluator
-from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.engine.held_out import HeldOutClients
 
 if TYPE_CHECKING:
@@ -34,12 +33,10 @@ class NewcomerEvaluation(RoundExtension):
         self.training_truth: np.ndarray | None = None
         self.finetune_epochs = 0
 
-    def setup(self, federation: Any) -> None:  # fedlight.engine.federation.Federation
-        server, execution = federation.server, federation.execution
-        self.clients = HeldOutClients(self.data, server, execution.trainer, execution.training)
-        self.evaluator = Evaluator(server, federation.module, self.data, federation.collective, UNSEEN)
-        self.algorithm, self.training_truth = federation.algorithm, federation.data.cluster_labels
-        self.finetune_epochs = federation.config.finetune_epochs
+    def setup(self, context: ExtensionContext) -> None:
+        self.clients, self.evaluator = context.held_out(self.data)
+        self.algorithm, self.training_truth = context.algorithm, context.true_clusters
+        self.finetune_epochs = context.config.finetune_epochs
 
     def evaluate(self, round: int, models: tuple, clusters: np.ndarray | None
                  ) -> tuple[dict[str, float], dict[str, np.ndarray]]:

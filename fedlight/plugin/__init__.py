@@ -32,7 +32,7 @@ from fedlight.plugin.client_state import ClientState
 from fedlight.plugin.cohort import share_count
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.evaluation import summarize
-from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.message import MODEL, PER_CLIENT, ROUTING, SUMMED, MessageSchema
 from fedlight.plugin.model_parts import ModelParts, head_inputs
 from fedlight.plugin.newcomers import Newcomers, nearest_direction, nearest_update_direction, unit_rows
@@ -47,7 +47,7 @@ from fedlight.training.local_work import LocalWork
 from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
 
-__all__ = ["MODEL", "PER_CLIENT", "ROUTING", "SUMMED", "MessageSchema", "Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
+__all__ = ["MODEL", "PER_CLIENT", "ROUTING", "SUMMED", "ExtensionContext", "MessageSchema", "Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
            "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "RoundExtension",
            "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "half_step", "head_inputs",
            "nearest_direction", "nearest_update_direction", "share_count", "summarize", "unit_rows"]

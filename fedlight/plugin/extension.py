@@ -9,6 +9,7 @@ needs. The federation builds its extensions once and calls each hook on all of t
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,9 +19,42 @@ if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation
     from fedlight.plugin.cohort import Sampling
     from fedlight.plugin.data import FederatedData
+    from fedlight.plugin.algorithm import Algorithm
     from fedlight.plugin.message import MessageSchema
+    from fedlight.plugin.server import ServerContext
     from fedlight.plugin.round_work import Arrivals, RoundWork
     from fedlight.plugin.updates import Updates
+
+
+@dataclass(frozen=True)
+class ExtensionContext:
+    """What a round extension may use of the run, handed to its `setup` once the run is built (before the
+    algorithm's `setup`): never the federation itself, and no other extension.
+
+    Attributes:
+        server: the run's `ServerContext` (data, models, training, random streams).
+        algorithm: the run's algorithm (its `client_model`, `newcomer_models`, `assignment`).
+        config: the `federation:` section (`fedlight.engine.config.FederationConfig`).
+        cohort_size: the clients a round selects.
+        processes: the processes that share each round's clients.
+        sampling: how a round's clients are chosen (`fedlight.plugin.cohort.Sampling`, the extensions' answer).
+        model: the flat model's vector as the clients train it (its size, dtype and device).
+        evaluator: the training clients' evaluator (`fedlight.engine.evaluator.Evaluator`).
+        true_clusters: (clients,) the training clients' true clusters, when the data defines them.
+        held_out: the held-out clients of a `FederatedData`, as an algorithm sees them, and their evaluator:
+            `held_out(data) -> (HeldOutClients, Evaluator)`.
+    """
+
+    server: "ServerContext"
+    algorithm: "Algorithm"
+    config: Any
+    cohort_size: int
+    processes: int
+    sampling: "Sampling"
+    model: Tensor
+    evaluator: Any
+    true_clusters: np.ndarray | None
+    held_out: Callable[["FederatedData"], tuple[Any, Any]]
 
 
 class RoundExtension:
@@ -45,9 +79,9 @@ class RoundExtension:
         """The run's cluster aggregation (`fedlight.aggregators.cluster_aggregator`), before it is checked and used."""
         return aggregation
 
-    def setup(self, federation: Any) -> None:
-        """Keep what the hooks need of the federation (`fedlight.engine.federation.Federation`: its evaluator,
-        server, algorithm) once it is built, before `Algorithm.setup`."""
+    def setup(self, context: ExtensionContext) -> None:
+        """Keep what the hooks need of the run (`ExtensionContext`: its server, algorithm, evaluator, ...) once it
+        is built, before `Algorithm.setup`."""
 
     def check_message(self, schema: "MessageSchema", algorithm: str) -> None:
         """Once the algorithm is set up: refuse, in one line naming `algorithm` and the entry, a message this

@@ -99,7 +99,7 @@ def run_cell(make: Callable[[], Any], points: bool, settings: dict[str, Any]) ->
 
 def what_it_does(column: str, federation: Any) -> str:
     """What the extension of `column` does to the entries of the algorithm's message, from the run itself."""
-    algorithm, schema = federation.algorithm, federation.server.message
+    schema = federation.server.message
     models = schema.of_kind("model")
     also = f" and {', '.join(models)}" if models else ""
     if column == "privacy":

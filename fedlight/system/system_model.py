@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fedlight.plugin.cohort import Sampling
-from fedlight.plugin.extension import RoundExtension
+from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.message import MODEL, PER_CLIENT, MessageSchema
 from fedlight.plugin.round_work import Arrivals, RoundWork
 from fedlight.plugin.server import stream_seed
@@ -73,39 +73,38 @@ class SystemModel(RoundExtension):
         self._in_flight_state: dict | None = None  # a resumed buffer, made whole once the model's device is known
 
     # -- set-up ----------------------------------------------------------------------------------------------
-    def setup(self, federation: Any) -> None:
+    def setup(self, context: ExtensionContext) -> None:
         """Each client's local steps and its time for them and for the model's transfers; the deadline checked
         against the fastest client; the selector."""
-        server, algorithm, config = federation.server, federation.algorithm, self.config
+        server, algorithm, config = context.server, context.algorithm, self.config
         if config.partial_work and algorithm.own_training:
             raise ValueError(f"system.partial_work: {type(algorithm).__name__} trains its clients its own way "
                              "(train_client), which has no local steps to cut short: leave partial_work out (clients "
                              "past the deadline are then dropped)")
         self.steps = np.array([server.local_steps(c) for c in range(self.num_clients)], dtype=np.int64)
-        self.compute_s = self.devices.compute_s(self.steps, federation.config.batch_size)
-        flat = federation.flat
-        self.transfer_s = self.devices.transfer_s(flat.numel * flat.vector.element_size() * 8)
+        self.compute_s = self.devices.compute_s(self.steps, context.config.batch_size)
+        self.transfer_s = self.devices.transfer_s(context.model.numel() * context.model.element_size() * 8)
         self.check_deadline()
-        context = SelectionContext(server.rng, server.train_sizes.cpu().numpy(), self.compute_s + self.transfer_s,
-                                   lambda clients: loss_statistics(server, algorithm, clients),
-                                   lambda: algorithm.assignment.cpu().numpy())
-        self.selector = make_selector(config, context)
+        selection = SelectionContext(server.rng, server.train_sizes.cpu().numpy(), self.compute_s + self.transfer_s,
+                                     lambda clients: loss_statistics(server, algorithm, clients),
+                                     lambda: algorithm.assignment.cpu().numpy())
+        self.selector = make_selector(config, selection)
         if config.buffer_size is not None:
-            self.setup_buffer(federation)
+            self.setup_buffer(context)
 
-    def setup_buffer(self, federation: Any) -> None:
+    def setup_buffer(self, context: ExtensionContext) -> None:
         """FedBuff's clients in flight (`fedlight.system.buffered`); refused in one line over several processes, or
         with more clients in flight than the run has."""
         config, n = self.config, self.num_clients
-        self.concurrency = config.concurrency if config.concurrency is not None else federation.cohort.size
+        self.concurrency = config.concurrency if config.concurrency is not None else context.cohort_size
         if self.concurrency > n or config.buffer_size > self.concurrency:
             raise ValueError(f"system.concurrency is {self.concurrency} and system.buffer_size {config.buffer_size}, "
                              f"but the run has {n} clients: give buffer_size <= concurrency <= {n}")
-        if federation.collective.spread:
+        if context.processes > 1:
             raise ValueError("system.buffer_size: asynchronous rounds keep their clients in flight on one process; "
                              "run on one device (or leave buffer_size out)")
-        self.algorithm, self.client_states = federation.algorithm, federation.client_states
-        self.sizes, self.like = federation.server.train_sizes, federation.flat.vector.detach()
+        self.algorithm = context.algorithm
+        self.sizes, self.like = context.server.train_sizes, context.model
         self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
             InFlight.from_state(self._in_flight_state, self.like.device)
 
