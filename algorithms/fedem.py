@@ -157,7 +157,8 @@ class FedEM(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        server.message.sends("copies", MODEL)  # its trained copy of every component
+        server.message.sends("copies", MODEL,  # its trained copy of every component, from the components
+                             trained_from=lambda clients: self.models.expand(len(clients), -1, -1))
         server.message.sends("component", ROUTING)  # the component it started from, the server's assignment
         m = self.num_components
         if m > server.num_clients:

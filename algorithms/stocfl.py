@@ -40,8 +40,8 @@ Deviations:
   parameters move by it), and the representation is read on the parameter entries only, as the code's;
 - a client not yet sampled has no cluster: it is evaluated with the global model and labelled 0 in
   `cluster_labels()` (row 0 of `models` is the global model, rows 1.. the clusters, compacted after each merge);
-- an update attack tampers with the cluster copy a client sends (the model the engine trains from), not its global
-  copy;
+- an update attack tampers with both copies a client sends, each against the model it was trained from (the global
+  copy is declared trained from omega, `fedlight.plugin.message`);
 - a client that arrives after training computes its psi at the anchor and joins the cluster of most similar
   representation when that similarity is >= tau, else it is evaluated with the global model (the paper's newly
   joined clients; not in the code).
@@ -112,7 +112,8 @@ class StoCFL(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        server.message.sends(GLOBAL_COPY, MODEL)
+        server.message.sends(GLOBAL_COPY, MODEL,  # trained from omega, the global model
+                             trained_from=lambda clients: self.models[GLOBAL].expand(len(clients), -1))
         self.entries = server.parameter_mask()  # the representation's entries: the parameters, not buffers
         self.representations = self.models.new_zeros(1, int(self.entries.sum()))  # a row per row of models
         self.members = torch.zeros(1, dtype=torch.long, device=server.device)  # clients in each row

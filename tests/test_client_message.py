@@ -1,18 +1,22 @@
 """What a client sends beside its trained model is one schema every round extension reads
 (`fedlight.plugin.message`): an entry that is neither a client-state store nor declared stops the run in one line;
-DP refuses a summed statistic or a per-client value (FedRC's label counts), FedBuff a model copy it cannot re-base
-or a round that needs every client (StoCFL, SR-FCA, in tests/test_system_fedbuff_state.py) unless the buffer takes
-every client, where it is the synchronous run bit for bit."""
+DP refuses a summed statistic or a per-client value (FedRC's label counts); FedBuff re-bases a model copy whose origin
+the algorithm gives (StoCFL's global copy, FedEM's copies) and refuses a round that needs every client (SR-FCA)
+unless the buffer takes every client, where it is the synchronous run bit for bit; an update attack tampers with
+every model entry an algorithm says the origin of."""
 import re
 
 import pytest
 import torch
 
 from conftest import small_federation
+from fedlight.aggregators.attacks import Attack, AttackConfig
 from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.algorithms.ditto import Ditto
+from fedlight.algorithms.fedem import FedEM
 from fedlight.algorithms.fedrc import FedRC
 from fedlight.algorithms.srfca import SRFCA
+from fedlight.algorithms.stocfl import StoCFL
 from fedlight.plugin import MODEL, SUMMED, Algorithm, RoundExtension, Trained
 from fedlight.plugin.message import MessageSchema
 from fedlight.system.config import SystemConfig
@@ -119,3 +123,56 @@ def test_srfca_under_a_buffer_of_every_client_is_the_synchronous_run_bit_for_bit
     assert torch.equal(sync.algorithm.models, buffered.algorithm.models)
     assert (sync.algorithm.cluster_labels() == buffered.algorithm.cluster_labels()).all()
     assert [r.evaluation for r in sync_rounds] == [r.evaluation for r in buffered_rounds]
+
+
+@pytest.mark.parametrize("make, entry", [
+    (StoCFL, "global_copy"),
+    (lambda: FedEM(num_components=2), "copies"),
+])
+def test_an_update_attack_tampers_with_every_model_entry_against_the_model_it_was_trained_from(make, entry):
+    """sign_flip with scale 10: an attacker's rows of a model entry become start - 10 (trained - start), its start the
+    server model the entry was trained from (StoCFL's omega, FedEM's components); honest rows are as trained."""
+    attack = AttackConfig(kind="sign_flip", fraction=0.5)
+    clean, attacked = (small_federation(make(), num_clients=6, rounds=1, attack=a) for a in (None, attack))
+    clients = list(range(6))
+    starts = attacked.server.message.trained_from[entry](clients).double()
+    plain, tampered = (fed.execution.train(1, clients).state[entry].double() for fed in (clean, attacked))
+    malicious = attacked.extension(Attack).is_malicious
+    assert 0 < malicious.sum() < 6
+    for c in clients:
+        expected = starts[c] - 10 * (plain[c] - starts[c]) if malicious[c] else plain[c]
+        assert torch.allclose(tampered[c], expected, atol=1e-4), c
+
+
+@pytest.mark.parametrize("make", [StoCFL, lambda: FedEM(num_components=2)])
+def test_a_model_entry_of_known_origin_runs_under_fedbuff_and_a_buffer_of_the_cohort_is_synchronous(make):
+    runs = []
+    for system in (SystemConfig(), SystemConfig(buffer_size=6)):
+        fed = small_federation(make(), num_clients=6, rounds=2, system=system)
+        runs.append((fed, [fed.run_round(t) for t in (1, 2)]))
+    (sync, sync_rounds), (buffered, buffered_rounds) = runs
+    assert torch.equal(sync.algorithm.models, buffered.algorithm.models)
+    assert [r.evaluation for r in sync_rounds] == [r.evaluation for r in buffered_rounds]
+
+
+def test_a_stale_model_entry_is_re_based_on_the_models_it_would_be_trained_from_now():
+    """Client 0's global copy was trained [1, 1] -> [3, -3] from omega = [1, 1]; three versions later (weight 1/2)
+    omega is [5, 1]: entry 0 moved, 5 + 1/2 x (3 - 1) = 6; entry 1 did not, -3 as trained."""
+    import numpy as np
+
+    from fedlight.plugin.updates import Updates
+    from fedlight.system.buffered import InFlight, take_arrivals
+
+    omega = {"now": torch.tensor([5.0, 1.0])}
+    trained_from = {"global_copy": lambda clients: omega["now"].expand(len(clients), -1)}
+    waiting = InFlight(np.array([0]), np.array([0]), np.array([2.0]), torch.tensor([[3.0, -3.0]]),
+                       torch.tensor([[1.0, 1.0]]), torch.tensor([0.5]), {}, {"global_copy": torch.tensor([[3.0, -3.0]])},
+                       {"global_copy": torch.tensor([[1.0, 1.0]])})
+    arrived, _ = take_arrivals(waiting, None, np.zeros(0), 3, 1, "polynomial", lambda c: torch.tensor([1.0, 1.0]),
+                               torch.tensor([4.0]), trained_from)
+    assert arrived.updates.state["global_copy"].tolist() == [[6.0, -3.0]]
+    fresh = Updates(torch.tensor([1]), torch.tensor([[2.0, 2.0]]), torch.tensor([[5.0, 1.0]]), torch.tensor([9.0]),
+                    torch.tensor([0.7]), {}, {"global_copy": torch.tensor([[4.0, 0.0]])})
+    arrived, left = take_arrivals(InFlight.empty(torch.zeros(2)), fresh, np.array([1.0]), 3, 1, "polynomial",
+                                  lambda c: torch.tensor([5.0, 1.0]), torch.tensor([4.0, 9.0]), trained_from)
+    assert arrived.updates.state["global_copy"].tolist() == [[4.0, 0.0]]  # fresh: as trained

@@ -14,14 +14,12 @@ import torch
 from conftest import every_row, small_federation
 from fedlight.algorithms.cflgp import CFLGP
 from fedlight.algorithms.ditto import Ditto
-from fedlight.algorithms.fedem import FedEM
 from fedlight.algorithms.fedpac import FedPAC
 from fedlight.algorithms.fedper import FedPer
 from fedlight.algorithms.fedrep import FedRep
 from fedlight.algorithms.fedsoft import FedSoft
 from fedlight.algorithms.local import Local
 from fedlight.algorithms.scaffold import SCAFFOLD
-from fedlight.algorithms.stocfl import StoCFL
 from fedlight.plugin import Algorithm
 from fedlight.plugin.updates import Updates
 from fedlight.system.buffered import InFlight, take_arrivals
@@ -174,10 +172,6 @@ def test_a_fedsoft_center_averages_the_arrived_local_models_it_drew_when_they_we
 
 
 @pytest.mark.parametrize("algorithm, message", [
-    (FedEM, "FedEM's clients send 'copies' (a model beside the trained one) beside the model they trained, which "
-            "FedBuff cannot re-base"),
-    (StoCFL, "StoCFL's clients send 'global_copy' (a model beside the trained one) beside the model they trained, "
-             "which FedBuff cannot re-base"),
     (CFLGP, "CFLGP's clients send 'criterion_update' (a value the server reads client by client) beside the model"),
     (FedPAC, "FedPAC's clients send 'fedpac_bias' (a value the server reads client by client) beside the model"),
 ])

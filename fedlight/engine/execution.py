@@ -46,6 +46,16 @@ def stacked_starts(models: list[Tensor]) -> Tensor:
     return first.clone().expand(len(models), *first.shape) if same else torch.stack(models)
 
 
+def tampered_rows(tamper: Callable[[int, list[int], Tensor, Tensor], Tensor], round: int, clients: list[int],
+                  starts: Tensor, rows: Tensor) -> Tensor:
+    """A model entry of (clients, ..., d) rows trained from `starts` (the same shape) as `tamper` leaves it: each
+    client's every row tampered as its trained model would be."""
+    d = rows.shape[-1]
+    per_client = rows[0].numel() // d if len(rows) else 1
+    owners = [client for client in clients for _ in range(per_client)]
+    return tamper(round, owners, starts.reshape(-1, d), rows.reshape(-1, d)).reshape(rows.shape)
+
+
 @dataclass
 class ExecutionPlan:
     """How rounds run (decided at set-up; `trainer` "auto" becomes the probe's choice in round 1).
@@ -188,9 +198,14 @@ class ClientExecution:
                                    for i in range(len(clients))])
         else:
             trained = alg.train_group(round, clients, starts)
-        self.server.message.check_returned(type(alg).__name__, trained.state)
+        message = self.server.message
+        message.check_returned(type(alg).__name__, trained.state)
         if self.tamper is not None:
             trained.params = self.tamper(round, clients, starts, trained.params)
+            for name, trained_from in message.trained_from.items():  # every model entry, extra copies included
+                if name in trained.state:
+                    trained.state[name] = tampered_rows(self.tamper, round, clients, trained_from(clients),
+                                                        trained.state[name])
         ids = torch.tensor(clients, device=self.device)
         return Updates(ids, trained.params, starts, self.server.train_sizes[ids], trained.loss, trained.logs,
                        trained.state)

@@ -9,7 +9,8 @@ says what it is (`server.message.sends(name, kind)`), one of:
 
 - `MODEL`: a model on the parameter space beside the trained one, or a part of it (StoCFL's trained copy of the global
   model, FedEM's copies of every component, how many of a centroid model's centers are real); it is combined through
-  the run's cluster aggregator, like the trained model;
+  the run's cluster aggregator, like the trained model, and, when the algorithm says which server models it was
+  trained from (`trained_from`), an update attack tampers with it as with the trained model;
 - `SUMMED`: a statistic the server sums over clients (label counts, prototypes, feature moments);
 - `PER_CLIENT`: a value the server reads client by client (a query gradient, a loss for an assignment);
 - `ROUTING`: which of the server's models the update is for, as the server chose it when it sent the client out
@@ -27,8 +28,10 @@ server, which aggregates the first arrivals, can refuse it.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from torch import Tensor
 
 from fedlight.plugin.choices import unknown_choice
 
@@ -50,14 +53,22 @@ class MessageSchema:
     def __init__(self, stores: Mapping[str, Any]) -> None:
         self.stores = stores
         self.entries: dict[str, str] = {}
+        self.trained_from: dict[str, Callable[[list[int]], Tensor]] = {}  # a model entry's starts, by name
         self.every_client: list[str] = []  # when a round needs every client's message ("in its one-shot round ...")
 
-    def sends(self, name: str, kind: str) -> None:
+    def sends(self, name: str, kind: str, trained_from: Callable[[list[int]], Tensor] | None = None) -> None:
         """Say, in an algorithm's `setup`, that its clients send `name` (a key of `Trained.state`) of `kind`
-        (`MODEL`, `SUMMED`, `PER_CLIENT` or `ROUTING`)."""
+        (`MODEL`, `SUMMED`, `PER_CLIENT` or `ROUTING`). A `MODEL` entry trained from server models gives
+        `trained_from(clients)`: the models each row was trained from, shaped as the entry's rows (StoCFL: the
+        global model for each client), so that an update attack acts on it as on the trained model."""
         if kind not in KINDS:
             raise unknown_choice("the kind of a message entry", kind, tuple(KINDS))
+        if trained_from is not None and kind != MODEL:
+            raise ValueError(f"message entry {name!r}: only a model entry is trained from server models, not one of "
+                             f"kind {kind!r}")
         self.entries[name] = kind
+        if trained_from is not None:
+            self.trained_from[name] = trained_from
 
     def needs_every_client(self, when: str) -> None:
         """Say that a round's aggregation needs every client's message at once, `when` (e.g. "in its one-shot

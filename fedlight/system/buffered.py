@@ -61,6 +61,7 @@ class InFlight:
     losses: Tensor
     logs: dict[str, Tensor] = field(default_factory=dict)
     state: dict[str, Tensor] = field(default_factory=dict)
+    entry_starts: dict[str, Tensor] = field(default_factory=dict)  # the models each model entry was trained from
 
     @classmethod
     def empty(cls, like: Tensor) -> "InFlight":
@@ -68,11 +69,13 @@ class InFlight:
                    like.new_zeros(0, len(like)), like.new_zeros(0))
 
     @classmethod
-    def of(cls, updates: Updates, version: int, arrivals_s: np.ndarray) -> "InFlight":
-        """Freshly trained `updates`, dispatched at `version`, arriving at `arrivals_s`."""
+    def of(cls, updates: Updates, version: int, arrivals_s: np.ndarray,
+           entry_starts: dict[str, Tensor] | None = None) -> "InFlight":
+        """Freshly trained `updates`, dispatched at `version`, arriving at `arrivals_s`; `entry_starts`: the models
+        each of their model entries was trained from."""
         return cls(updates.clients.cpu().numpy().astype(np.int64), np.full(len(updates), version, dtype=np.int64),
                    np.asarray(arrivals_s, dtype=float), updates.params, updates.starts, updates.train_loss,
-                   dict(updates.logs), dict(updates.state))
+                   dict(updates.logs), dict(updates.state), dict(entry_starts or {}))
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -81,7 +84,8 @@ class InFlight:
         index = torch.as_tensor(rows, dtype=torch.long, device=self.trained.device)
         return InFlight(self.clients[rows], self.versions[rows], self.arrivals_s[rows], self.trained[index],
                         self.starts[index], self.losses[index], {k: v[index] for k, v in self.logs.items()},
-                        {k: v[index] for k, v in self.state.items()})
+                        {k: v[index] for k, v in self.state.items()},
+                        {k: v[index] for k, v in self.entry_starts.items()})
 
     def cat(self, other: "InFlight") -> "InFlight":
         if not len(self):
@@ -92,7 +96,8 @@ class InFlight:
                         np.concatenate([self.arrivals_s, other.arrivals_s]), torch.cat([self.trained, other.trained]),
                         torch.cat([self.starts, other.starts]), torch.cat([self.losses, other.losses]),
                         {k: torch.cat([v, other.logs[k]]) for k, v in self.logs.items()},
-                        {k: torch.cat([v, other.state[k]]) for k, v in self.state.items()})
+                        {k: torch.cat([v, other.state[k]]) for k, v in self.state.items()},
+                        {k: torch.cat([v, other.entry_starts[k]]) for k, v in self.entry_starts.items()})
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors only, on the CPU (a checkpoint is read with `torch.load(weights_only=True)`)."""
@@ -100,7 +105,8 @@ class InFlight:
                 "arrivals_s": torch.from_numpy(self.arrivals_s), "trained": self.trained.cpu(),
                 "starts": self.starts.cpu(), "losses": self.losses.cpu(),
                 "logs": {k: v.cpu() for k, v in self.logs.items()},
-                "state": {k: v.cpu() for k, v in self.state.items()}}
+                "state": {k: v.cpu() for k, v in self.state.items()},
+                "entry_starts": {k: v.cpu() for k, v in self.entry_starts.items()}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device) -> "InFlight":
@@ -110,7 +116,8 @@ class InFlight:
         return cls(state["clients"].numpy(), state["versions"].numpy(), state["arrivals_s"].numpy(),
                    state["trained"].to(device), state["starts"].to(device), state["losses"].to(device),
                    {k: v.to(device) for k, v in state["logs"].items()},
-                   {k: v.to(device) for k, v in state["state"].items()})
+                   {k: v.to(device) for k, v in state["state"].items()},
+                   {k: v.to(device) for k, v in state.get("entry_starts", {}).items()})
 
 
 def arrival_order(arrivals_s: np.ndarray, versions: np.ndarray, clients: np.ndarray) -> np.ndarray:
@@ -135,18 +142,30 @@ class Arrived:
 
 
 def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np.ndarray, version: int, count: int,
-                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor) -> tuple[Arrived, InFlight]:
+                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor,
+                  trained_from: dict[str, Callable[[list[int]], Tensor]] | None = None) -> tuple[Arrived, InFlight]:
     """The `count` earliest arrivals among the clients `waiting` and the `fresh` ones just trained from `version`
     (arriving at `fresh_arrivals_s`), and the clients still in flight after them. A fresh arrival (staleness 0) sends
     its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau) on the
-    entries that moved since it was sent out, as trained on the others. `sizes`: (clients,) training-set sizes."""
-    fresh_flight = InFlight.of(fresh, version, fresh_arrivals_s) if fresh is not None and len(fresh) else None
+    entries that moved since it was sent out, as trained on the others, and so each model entry the algorithm says
+    the origin of (`trained_from`: `MessageSchema.trained_from`) on the models it would be trained from now.
+    `sizes`: (clients,) training-set sizes."""
+    trained_from = trained_from or {}
+    fresh_flight = None
+    if fresh is not None and len(fresh):
+        clients = fresh.clients.tolist()
+        entry_starts = {name: start_of(clients) for name, start_of in trained_from.items() if name in fresh.state}
+        fresh_flight = InFlight.of(fresh, version, fresh_arrivals_s, entry_starts)
     every = waiting if fresh_flight is None else waiting.cat(fresh_flight)
     order = arrival_order(every.arrivals_s, every.versions, every.clients)
     come, stay = np.sort(order[:count]), np.sort(order[count:])
     taken = every.subset(come)
     tau = version - taken.versions
-    starts, params = rebased_updates(taken, come >= len(waiting), staleness_weight(tau, staleness), client_model)
+    is_fresh, weights = come >= len(waiting), staleness_weight(tau, staleness)
+    starts, params = rebased_updates(taken, is_fresh, weights, client_model)
+    for name, then in taken.entry_starts.items():
+        now = trained_from[name](taken.clients.tolist()) if len(taken) else then
+        taken.state[name] = rebased_entry(taken.state[name], then, now, is_fresh, weights)
     by_client = np.argsort(taken.clients, kind="stable")
     index = torch.as_tensor(by_client, dtype=torch.long, device=params.device)
     ids = torch.as_tensor(taken.clients[by_client], dtype=torch.long, device=params.device)
@@ -154,6 +173,18 @@ def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np
                       {k: v[index] for k, v in taken.logs.items()}, {k: v[index] for k, v in taken.state.items()})
     last_s = float(taken.arrivals_s.max()) if len(taken) else float("nan")
     return Arrived(updates, tau[by_client], last_s), every.subset(stay)
+
+
+def rebased_entry(trained: Tensor, then: Tensor, now: Tensor, fresh: np.ndarray, weights: np.ndarray) -> Tensor:
+    """A model entry's rows (clients, ..., d) trained from `then`, as FedBuff hands them: fresh rows as trained, a
+    stale row re-based on `now` (the models it would be trained from at its arrival) with its weight where they
+    moved, as trained where they did not."""
+    out = trained.clone()
+    for row, (is_fresh, weight) in enumerate(zip(fresh, weights)):
+        if not is_fresh:
+            moved = rebased(now[row], trained[row] - then[row], float(weight))
+            out[row] = torch.where(now[row] == then[row], trained[row], moved)
+    return out
 
 
 def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, client_model: Callable[[int], Tensor]

@@ -69,6 +69,7 @@ class SystemModel(RoundExtension):
         self._record: RoundRecord | None = None
         self._short_said = False
         self.in_flight: InFlight | None = None  # FedBuff's clients training now (`system.buffer_size`), else None
+        self.trained_from: dict[str, Callable[[list[int]], Any]] = {}  # model entries re-based with the model
         self._arrived: tuple[float, Arrived] | None = None  # the round's dispatch time and arrivals
         self._in_flight_state: dict | None = None  # a resumed buffer, made whole once the model's device is known
 
@@ -129,13 +130,15 @@ class SystemModel(RoundExtension):
         return None
 
     def check_message(self, schema: MessageSchema, algorithm: str) -> None:
-        """Under FedBuff, refuse a message it cannot take rounds after it was sent: a model beside the trained one
-        (FedBuff re-bases the trained model on the one the client would receive now; it does not know which server
-        model another copy started from), a value the server reads client by client (read as of the round it
-        arrives in), or a round that needs every client's message when fewer arrive an update."""
+        """Under FedBuff, keep the model entries it re-bases as the trained model (those whose origin the algorithm
+        gives, `trained_from`: StoCFL's global copy, FedEM's copies), and refuse a message it cannot take rounds after
+        it was sent: another model beside the trained one (it would not know which server models to re-base it on),
+        a value the server reads client by client (read as of the round it arrives in), or a round that needs every
+        client's message when fewer arrive an update."""
         if self.config.buffer_size is None:
             return
-        stale = schema.of_kind(MODEL, PER_CLIENT)
+        self.trained_from = schema.trained_from  # model entries re-based as the trained model is
+        stale = [name for name in schema.of_kind(MODEL, PER_CLIENT) if name not in schema.trained_from]
         if stale:
             raise ValueError(f"system.buffer_size: {algorithm}'s clients send {schema.describe(stale[0])} beside the "
                              "model they trained, which FedBuff cannot re-base on the models the server holds when it "
@@ -257,7 +260,8 @@ class SystemModel(RoundExtension):
         fresh_clients = np.asarray([] if fresh is None else fresh.clients.tolist(), dtype=np.int64)
         arrivals_s = start_s + self.compute_s[fresh_clients] + self.transfer_s[fresh_clients]
         arrived, self.in_flight = take_arrivals(self.in_flight, fresh, arrivals_s, round - 1, self.config.buffer_size,
-                                                self.config.staleness, self.algorithm.client_model, self.sizes)
+                                                self.config.staleness, self.algorithm.client_model, self.sizes,
+                                                self.trained_from)
         self._arrived = (start_s, arrived)
         return Arrivals(arrived.updates.clients.tolist(), arrived.group)
 
