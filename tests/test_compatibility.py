@@ -66,5 +66,7 @@ def test_the_command_line_prints_the_shipped_table_without_running_anything():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[-1] == "ran nothing"
+    srfca = lines.index("srfca")
+    assert lines[srfca + 2].split()[:2] == ["FedBuff", "refused"] and "one-shot round" in lines[srfca + 2]
     stocfl = lines.index("stocfl")
-    assert lines[stocfl + 2].split()[:2] == ["FedBuff", "refused"] and "'global_copy'" in lines[stocfl + 2]
+    assert lines[stocfl + 2].split()[:2] == ["FedBuff", "runs"] and "global_copy re-based" in lines[stocfl + 2]

@@ -107,10 +107,11 @@ def what_it_does(column: str, federation: Any) -> str:
     if column == "FedBuff":
         sums = schema.of_kind("summed")
         sent = f"; {', '.join(sums)} as sent" if sums else ""
-        return f"the model re-based where it moved since the client was sent out, as trained where not{sent}"
+        return f"the model{also} re-based where it moved since the client was sent out, as trained where not{sent}"
     if column == "robust + attack":
-        return "attacks and trims the model within each cluster" if not models else \
-            f"trims the model{also} within each cluster; attackers tamper with the model only"
+        unattacked = [name for name in models if name not in schema.trained_from]
+        honest = f"; attackers leave {', '.join(unattacked)} as trained" if unattacked else ""
+        return f"attacks and trims the model{also} within each cluster{honest}"
     if column == "deadline":
         return "drops or cuts short late clients"
     return "gives each newcomer a model (newcomer_models)"
