@@ -10,9 +10,10 @@ the simplex), component m a model theta_m. In a round, each selected client t, o
 The server averages each component over the clients, weighted by training-set size, through the engine's cluster
 aggregator: each component is a cluster, and every trained client adds one row to each, its copy trained from the
 server's component, so a configured robust rule (`federation.aggregator`) or DP (`privacy:`) applies per component.
-The model a client sends beside its copies, the one an update attack rewrites (`attack:`, measured from the client's
-start), is its copy of the component it started from (`client_model`: its most likely component), and it replaces
-that copy in the average. Under DP the unit of privacy stays the client: its M copies' updates are clipped to
+The model a client sends beside its copies is its copy of the component it started from (`client_model`: its most
+likely component), and it replaces that copy in the average; an update attack (`attack:`) rewrites every copy,
+each measured from the component it was trained from (the copies are a model entry of known origin,
+`fedlight.plugin.message`). Under DP the unit of privacy stays the client: its M copies' updates are clipped to
 C / sqrt(M) each, so together they have norm at most C, the M noised sums are one Gaussian mechanism of noise
 multiplier z, and the accountant steps once a round at the rate of clients selected (`fedlight.aggregators.privacy`).
 A client predicts with its mixture, p(y | x) = sum_m pi_tm p_m(y | x) (the evaluation model is a callable returning
@@ -179,7 +180,7 @@ class FedEM(Algorithm):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """E-step, M-step of the mixture weights, and every component's weighted training, one group call per
         component. The model a client sends is its trained copy of the component it started from (`client_model`:
-        its most likely one, `assignment`), so an update attack acts on a copy and its own start; the state holds
+        its most likely one, `assignment`), so an update attack acts on it as on every copy; the state holds
         every copy ("copies", (clients, M, d)), that component's index ("component") and the new pi_t ("mixture",
         which the engine stores). The loss is the sum over components of their weighted losses."""
         if self.num_components == 1:
