@@ -87,7 +87,8 @@ class SCAFFOLD(Algorithm):
         rate = self.server.learning_rate(round) * self.learning_rate_scale(round)
         scale = (self.steps[clients] * rate).to(starts.dtype)[:, None]
         drift = torch.sub(starts, trained.params).div_(scale).masked_fill_(~self.parameter_entries, 0)  # in place: a
-        new = old.sub(self.control).add_(drift)  # group of large models holds few (clients x parameters) copies
+        new = old.sub_(self.control).add_(drift)  # group of large models holds few (clients x parameters) copies
+        del drift  # (old is a copy: the store's read, or the stacked rows)
         return Trained(trained.params, trained.loss, trained.logs, {**trained.state, "client_controls": new})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:

@@ -39,7 +39,7 @@ from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
 from fedlight.engine.round_limits import check_held_round_fits
 from fedlight.engine.state_limits import check_round_fits, disk_shortfall
-from fedlight.plugin.round_updates import TrainingReport
+from fedlight.plugin.round_updates import RoundUpdates, TrainingReport
 from fedlight.plugin.server import ServerContext, stream_seed
 from fedlight.engine.threads import use_threads
 from fedlight.system.config import SystemConfig
@@ -189,7 +189,7 @@ class Federation:
             if round == 1:
                 self.aggregation.check_applied(alg, self.flat.numel)
             training = updates.finish()
-        self.client_states.write_returned(updates)
+        self.store_returned(updates)
         self.round, clusters = round, alg.cluster_labels()
         stop = self.end_round(round, len(clients))
         logged, matrices = self.server.round_log.take()
@@ -199,6 +199,12 @@ class Federation:
         if self.server.evaluates(round):
             self.evaluate_round(result, training, clusters)
         return result
+
+    def store_returned(self, updates: RoundUpdates) -> None:
+        """Write what the round's clients returned under a store's name into the client states, then let the round's
+        updates go (an evaluated round would otherwise hold a round of models while it evaluates)."""
+        self.client_states.write_returned(updates)
+        updates.release()
 
     def check_client_state(self, round: int, selected: int) -> None:
         """Refuse in one line a round whose clients' rows exceed the client-state memory budget

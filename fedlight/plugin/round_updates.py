@@ -88,6 +88,7 @@ class RoundUpdates:
         self._all: Updates | None = None
         self._streamed = False
         self._sent: list[tuple[Tensor, dict[str, Tensor]]] = []  # streamed groups' Updates.state, kept for state()
+        self._released = False  # `release` dropped what the round held
 
     @classmethod
     def of(cls, updates: Updates) -> "RoundUpdates":
@@ -172,6 +173,8 @@ class RoundUpdates:
         if not self.holds:
             raise RuntimeError("this algorithm streams its updates (holds_updates = False), so the round is never held "
                                "whole: iterate groups(), or set holds_updates = True to receive every update at once")
+        if self._released:
+            raise RuntimeError("the round's updates were released after the round: read them in its hooks")
         if self._all is None:
             mine = [c for group in self._groups for c in group]
             updates = finite(self._train(mine), self._left_out)
@@ -195,6 +198,11 @@ class RoundUpdates:
         order = position[ids].argsort()
         return Updates(ids[order], *(c[order] for c in columns), {k: v[order] for k, v in logs.items()},
                        {k: v[order] for k, v in state.items()})
+
+    def release(self) -> None:
+        """Drop what the round held (the held updates, the streamed groups' returned entries) once the engine has
+        stored it, so that the evaluation after the round does not keep a round of models alive."""
+        self._all, self._sent, self._groups, self._released = None, [], [], True
 
     # -- the engine's ------------------------------------------------------------------------------------------
     def finish(self) -> TrainingReport:
