@@ -125,17 +125,24 @@ def test_an_entry_that_did_not_move_while_in_flight_arrives_as_trained_one_that_
     assert arrived.updates.params[0].tolist() == [11.0, 5.0]
 
 
+def client_0_sent_out_in_round_1(algorithm):
+    """A federation of three clients, 3 s, 1 s and 2 s a round, one arrival an update, after round 1: (it, what
+    client 0 trained in round 1, the model it trained from); client 0 arrives in round 4, 3 versions stale."""
+    fed = small_federation(algorithm, num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
+                           system=SystemConfig(buffer_size=1, concurrency=3))
+    model = fed.extension(SystemModel)
+    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
+    fed.run_round(1)
+    row = model.in_flight.clients.tolist().index(0)
+    return fed, model.in_flight.trained[row].clone(), model.in_flight.starts[row].clone()
+
+
 def test_a_slow_fedper_clients_head_arrives_as_trained_and_its_base_moves_the_model_by_half_its_change():
     """Three clients, 3 s, 1 s and 2 s a round, one arrival an update: client 0, sent out in round 1, arrives in
     round 4, 3 versions stale. Its personal layers are stored exactly as it trained them; the base, FedAvg of its
     update alone, becomes the base before round 4 plus 1/sqrt(1 + 3) = 1/2 of its change."""
-    fed = small_federation(FedPer(), num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
-                           system=SystemConfig(buffer_size=1, concurrency=3))
-    model, per = fed.extension(SystemModel), fed.algorithm
-    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
-    fed.run_round(1)
-    row = model.in_flight.clients.tolist().index(0)
-    trained, start = model.in_flight.trained[row].clone(), model.in_flight.starts[row].clone()
+    fed, trained, start = client_0_sent_out_in_round_1(FedPer())
+    per = fed.algorithm
     fed.run_round(2)
     fed.run_round(3)
     head, base = per.personal_mask, ~per.personal_mask
@@ -205,13 +212,8 @@ def test_a_stale_scaffold_client_stores_the_variate_it_computed_from_the_model_i
     """Three clients, 3 s, 1 s and 2 s a round, one arrival an update: client 0, sent out in round 1 from x0 with
     c = c_0 = 0, arrives in round 4; its stored c_0+ is (x0 - y0) / (K eta) from its own trained y0 (option II, as
     the client computes it), not from the x the server holds by then, and c moves by c_0+ / N."""
-    fed = small_federation(SCAFFOLD(), num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
-                           system=SystemConfig(buffer_size=1, concurrency=3))
-    model, alg = fed.extension(SystemModel), fed.algorithm
-    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
-    fed.run_round(1)
-    row = model.in_flight.clients.tolist().index(0)
-    x0, y0 = model.in_flight.starts[row].double(), model.in_flight.trained[row].double()
+    fed, trained, start = client_0_sent_out_in_round_1(SCAFFOLD())
+    alg, x0, y0 = fed.algorithm, start.double(), trained.double()
     for t in (2, 3):
         fed.run_round(t)
     control_before = alg.control.double().clone()
