@@ -194,11 +194,4 @@ def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, cli
     its weight times its change on the entries of that model that moved since it was sent out, and exactly as
     trained on the others (nothing moved under them: its own personal part, a model only it writes)."""
     starts = torch.stack([client_model(int(c)) for c in taken.clients]) if len(taken) else taken.starts.clone()
-    params = torch.empty_like(starts)
-    for row, (now, weight) in enumerate(zip(fresh, weights)):
-        if now:
-            params[row] = taken.trained[row]
-        else:
-            moved = rebased(starts[row], taken.trained[row] - taken.starts[row], float(weight))
-            params[row] = torch.where(starts[row] == taken.starts[row], taken.trained[row], moved)
-    return starts, params
+    return starts, rebased_entry(taken.trained, taken.starts, starts, fresh, weights)
