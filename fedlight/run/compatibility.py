@@ -16,7 +16,8 @@ bug, and the cell says "fails". `python -m fedlight.run.compatibility --write` m
 `fedlight/run/compatibility_table.py` (what `fedlight list --compatibility` prints without running anything);
 `tests/test_compatibility.py` checks that they are what the code does.
 
-Not in the table: several processes (every algorithm runs over them: tests/test_distributed.py).
+Not in the table: several processes (tests/test_distributed.py runs methods of each kind over them; FedBuff refuses
+them) and the virtual clock's charges (one model's work and transfer a round, whatever the algorithm does).
 """
 from __future__ import annotations
 
