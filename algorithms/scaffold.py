@@ -80,15 +80,14 @@ class SCAFFOLD(Algorithm):
         """The module's SGD with the corrected gradient, then each client's option II variate
         c_i+ = c_i - c + (x - y_i) / (K eta_l), from the x it started from and the c it trained with."""
         trained = super().train_group(round, clients, starts)
-        old = torch.stack([self.training_controls.pop(c) for c in clients]) if all(
-            c in self.training_controls for c in clients) else self.client_controls.read(clients)
         for client in clients:  # trained: its c_i is not needed again this round
             self.training_controls.pop(client, None)
+        old = self.client_controls.read(clients)  # a copy: written in place below
         rate = self.server.learning_rate(round) * self.learning_rate_scale(round)
         scale = (self.steps[clients] * rate).to(starts.dtype)[:, None]
         drift = torch.sub(starts, trained.params).div_(scale).masked_fill_(~self.parameter_entries, 0)  # in place: a
         new = old.sub_(self.control).add_(drift)  # group of large models holds few (clients x parameters) copies
-        del drift  # (old is a copy: the store's read, or the stacked rows)
+        del drift
         return Trained(trained.params, trained.loss, trained.logs, {**trained.state, "client_controls": new})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
