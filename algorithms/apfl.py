@@ -13,8 +13,8 @@ Algorithm 1), and one batch for the w step and the v step. The server averages t
 client is evaluated with its v_bar_i.
 
 How it maps onto fedlight: the local loop is the algorithm's own group loop (`train_group`), built from
-`server.group_batches` (the batches the module's SGD would take, for a group of clients at once) and
-`server.group_loss_and_grad` (every client's gradient of a step in one vectorized call when the plan allows). v_i and alpha_i are per-client
+`server.clients.group_batches` (the batches the module's SGD would take, for a group of clients at once) and
+`server.model.group_loss_and_grad` (every client's gradient of a step in one vectorized call when the plan allows). v_i and alpha_i are per-client
 state (the client states "local" and "alpha"): the client sends them back beside w (`Updates.state`) and the
 engine stores them, gathered over the processes, so every process reaches the same state; they are saved in the
 checkpoint. A step works on views of the group's rows of w and v when they are consecutive (they are but
@@ -87,29 +87,29 @@ class APFL(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        if not bool(server.parameter_mask().all()):
+        if not bool(server.model.parameter_mask().all()):
             warnings.warn("APFL's local loop does not update buffers (BatchNorm running statistics): they keep "
                           "their initial values; use a network without BatchNorm", stacklevel=2)
-        self.local = server.client_state("local", initial=server.initial_params)
-        self.alpha = server.client_state("alpha", initial=self.models.new_tensor(self.initial_alpha))
+        self.local = server.state.declare("local", initial=server.model.initial_params)
+        self.alpha = server.state.declare("alpha", initial=self.models.new_tensor(self.initial_alpha))
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
-        """Algorithm 1's local steps for a group of clients at once (`server.group_batches`, each step's gradients of
-        every client in one `server.group_loss_and_grad`): (trained w's, mean loss of each w over its last epoch,
+        """Algorithm 1's local steps for a group of clients at once (`server.clients.group_batches`, each step's gradients of
+        every client in one `server.model.group_loss_and_grad`): (trained w's, mean loss of each w over its last epoch,
         {"local": v's, "alpha": alphas})."""
         server = self.server
-        rate = server.learning_rate(round) * self.learning_rate_scale(round)
+        rate = server.clients.learning_rate(round) * self.learning_rate_scale(round)
         alpha_rate = rate if self.alpha_lr is None else self.alpha_lr
         w, v, alpha = starts.clone(), self.local.read(clients), self.alpha.read(clients)
         loss_sum, steps = torch.zeros(len(clients), device=w.device), torch.zeros(len(clients), device=w.device)
-        for group in server.group_batches(round, clients):
+        for group in server.clients.group_batches(round, clients):
             rows = group.rows
             if group.step == 0:
                 loss_sum[rows], steps[rows] = 0, 0
             at = row_range(rows)  # a run of rows: views of w and v, updated in place; else copies, written back
             w_rows, v_rows, a_rows = w[at], v[at], alpha[rows][:, None]
-            loss, grad_w = server.group_loss_and_grad(w_rows, group.batch, group.step)
-            _, grad_mixed = server.group_loss_and_grad(personalized(a_rows, v_rows, w_rows), group.batch, group.step)
+            loss, grad_w = server.model.group_loss_and_grad(w_rows, group.batch, group.step)
+            _, grad_mixed = server.model.group_loss_and_grad(personalized(a_rows, v_rows, w_rows), group.batch, group.step)
             grad_alpha = torch.stack([torch.dot(a, b) for a, b in zip(v_rows - w_rows, grad_mixed)])
             w_rows.sub_(grad_w, alpha=rate)
             v_rows.sub_(grad_mixed.mul_(a_rows * rate))

@@ -36,7 +36,7 @@ class CentClus(CentroidAlgorithm):
         return start, torch.zeros((), device=start.device)
 
     def aggregate(self, round: int, updates) -> None:
-        x = self.all_points(self.server.split("train").x)
+        x = self.all_points(self.server.clients.split("train").x)
         generator = self.server_generator(round)
         if self.max_points is None or len(x) <= self.max_points:
             centers = self.cluster(x, generator).centers

@@ -42,19 +42,19 @@ class CentroidAlgorithm(Algorithm):
     # -- set-up ------------------------------------------------------------------------------------
     def setup(self, server) -> None:
         super().setup(server)
-        module = server.model
+        module = server.model.module
         name = type(self).__name__
         if not all(hasattr(module, a) for a in ("num_centers", "dim", "ell", "medoids", "centers_of", "points")):
             raise ValueError(f"{name} clusters data points: use model: fedlight.models.CentroidModel, "
                              f"not {type(module).__name__}")
-        if server.num_params != module.num_centers * module.dim:
+        if server.model.num_params != module.num_centers * module.dim:
             raise ValueError(f"{name} needs a model made only of its {module.num_centers} x {module.dim} centers")
-        server.needs_every_client(name, "in every round (each uploads its local clustering)")
+        server.cohort.needs_every_client(name, "in every round (each uploads its local clustering)")
         server.message.sends("counts", MODEL)  # how many of the centers in its flat model are real
-        if self.one_shot and server.rounds != 1:
-            raise ValueError(f"{name} is one-shot: set federation.rounds: 1 (got {server.rounds})")
+        if self.one_shot and server.run.rounds != 1:
+            raise ValueError(f"{name} is one-shot: set federation.rounds: 1 (got {server.run.rounds})")
         self.k, self.ell, self.medoids = module.num_centers, module.ell, module.medoids
-        self.all_points(server.split("train").x[:1])  # the data's feature count must match the model's dim
+        self.all_points(server.clients.split("train").x[:1])  # the data's feature count must match the model's dim
 
     # -- local work ------------------------------------------------------------------------------
     def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, ...]:
@@ -66,7 +66,7 @@ class CentroidAlgorithm(Algorithm):
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
         """(the client's fitted flat model, its mean cost per point[, what it sends beside them]) from its points `x`
         (n, h). The default is the model's (k, l)-clustering, seeded by (run seed, round, client)."""
-        fit = self.cluster(x, self.generator(self.server.client_seed(round, client)))
+        fit = self.cluster(x, self.generator(self.server.random.client_seed(round, client)))
         return self.fitted(fit, x)
 
     def fitted(self, fit: kcenters.CenterFit, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -78,18 +78,18 @@ class CentroidAlgorithm(Algorithm):
     # -- services ----------------------------------------------------------------------------------
     def client_points(self, client: int, split: str = "train") -> Tensor:
         """A client's points as an (n, h) matrix (the data module's batch conversion applied, flattened)."""
-        x, _ = self.server.split(split).client(client)
+        x, _ = self.server.clients.split(split).client(client)
         return self.all_points(x)
 
     def all_points(self, x: Tensor) -> Tensor:
         """Raw samples as an (n, h) matrix of points, as the model sees them."""
-        return self.server.model.points(self.server.inputs(x))
+        return self.server.model.module.points(self.server.data.inputs(x))
 
     def generator(self, seed: int) -> torch.Generator:
         return kcenters.generator_for(seed)
 
     def server_generator(self, round: int, purpose: str = "server") -> torch.Generator:
-        return self.generator(int(self.server.rng(round, purpose).integers(2 ** 62)))
+        return self.generator(int(self.server.random.rng(round, purpose).integers(2 ** 62)))
 
     def cluster(self, x: Tensor, generator: torch.Generator, weights: Tensor | None = None,
                 k: int | None = None) -> kcenters.CenterFit:
@@ -102,7 +102,7 @@ class CentroidAlgorithm(Algorithm):
         return kcenters.pad_centers(centers, self.k).reshape(-1).to(self.models.dtype)
 
     def centers(self, flat: Tensor) -> Tensor:
-        return self.server.model.centers_of(flat)
+        return self.server.model.module.centers_of(flat)
 
     def uploads(self, updates: Updates) -> list[Tensor]:
         """Each client's uploaded centers without padding (in the order of the updates)."""
@@ -113,8 +113,8 @@ class CentroidAlgorithm(Algorithm):
                            split: str | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Every evaluated point's nearest-center index under its client's model, and the module's per-client
         metrics, for any (models, group of each client) pair like `evaluation_models()`."""
-        split = split or self.server.eval_split
-        data, client = self.server.split(split), self.server.client_of_row(split)
+        split = split or self.server.run.eval_split
+        data, client = self.server.clients.split(split), self.server.clients.client_of_row(split)
         points = self.all_points(data.x)
         outputs = torch.empty(len(points), self.k, dtype=points.dtype, device=points.device)
         group_of_row = group_of_client[client]
@@ -127,7 +127,7 @@ class CentroidAlgorithm(Algorithm):
                     rows = order[begin: begin + count]
                     outputs[rows] = kcenters.distances(points[rows], self.centers(models[group]), self.ell)
                     begin += count
-            metrics = self.server.model.client_metrics(outputs, data.y, client, self.server.num_clients)
+            metrics = self.server.model.module.client_metrics(outputs, data.y, client, self.server.num_clients)
         return outputs.argmin(dim=1), metrics
 
     def center_metrics(self, models: Tensor, group_of_client: Tensor, prefix: str) -> dict[str, float]:
@@ -149,11 +149,11 @@ class CentroidAlgorithm(Algorithm):
 
     # -- logging -----------------------------------------------------------------------------------
     def round_metrics(self) -> dict[str, float]:
-        if not getattr(self.server.model, "score_labels", False):
+        if not getattr(self.server.model.module, "score_labels", False):
             return {}
         models, groups = self.evaluation_models()
         labels, _ = self.labels_and_metrics(models, groups)
-        true = self.server.split(self.server.eval_split).y
+        true = self.server.clients.split(self.server.run.eval_split).y
         if len(true) == 0:
             return {}
         return {"cluster/point_ari": clustering_scores(true.cpu().numpy(), labels.cpu().numpy())["ari"]}

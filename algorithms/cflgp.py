@@ -173,16 +173,16 @@ class CFLGP(Algorithm):
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the {n} clients: "
                              f"give at most {n}")
         server.message.sends(QUERY, PER_CLIENT)  # an update at the criterion model, read into each client's profile
-        server.declare_every_client_work("each clustering partitions every client seen so far, from the gradient "
+        server.cohort.declare_every_client_work("each clustering partitions every client seen so far, from the gradient "
                                          "profiles the server stored for them (no training)")
-        entries = server.parameter_mask().nonzero().flatten()
+        entries = server.model.parameter_mask().nonzero().flatten()
         if self.compression > 1:
             size = max(1, len(entries) // self.compression)
-            keep = server.rng(0, "cflgp-profile-entries").choice(len(entries), size, replace=False)
+            keep = server.random.rng(0, "cflgp-profile-entries").choice(len(entries), size, replace=False)
             entries = entries[torch.as_tensor(np.sort(keep), device=entries.device)]
         self.entries = entries
-        self.profile = server.client_state("gradient_profile", initial=torch.zeros(
-            self.num_clusters, len(entries), dtype=server.initial_params.dtype, device=device))
+        self.profile = server.state.declare("gradient_profile", initial=torch.zeros(
+            self.num_clusters, len(entries), dtype=server.model.initial_params.dtype, device=device))
         self.visits = torch.zeros(n, self.num_clusters, dtype=torch.long, device=device)
         self.gram = torch.zeros(n, n, dtype=torch.float64, device=device)  # profiles' inner products, seen clients
         self.seen = torch.zeros(n, dtype=torch.bool, device=device)      # clients with a profile
@@ -208,7 +208,7 @@ class CFLGP(Algorithm):
         others = [i for i, c in enumerate(clients) if int(self.assignment[c]) != k]
         if others:
             at = self.models[k].expand(len(others), -1).contiguous()
-            elsewhere = self.server.train_many(round, [clients[i] for i in others], at,
+            elsewhere = self.server.clients.train_many(round, [clients[i] for i in others], at,
                                                lr_scale=self.learning_rate_scale(round))
             query[others] = elsewhere.params[:, self.entries] - at[:, self.entries]
         trained.state = {**trained.state, QUERY: query}
@@ -262,7 +262,7 @@ class CFLGP(Algorithm):
         self.clustered_round = round
 
     def _seed(self, round: int) -> int:
-        return int(self.server.rng(round, "cflgp-kmeans").integers(2**31))
+        return int(self.server.random.rng(round, "cflgp-kmeans").integers(2**31))
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each cluster model moves by the unweighted mean of its members' updates (the code's `model_averaging`)."""

@@ -37,7 +37,7 @@ from fedlight.plugin import Algorithm, ClientModels, Trained
 class Ditto(Algorithm):
     """FedAvg for the global model plus one proximally regularized personal model per client (the client state
     "personal": rows for the clients trained so far), trained beside the global update (two group calls of
-    `server.train_many`) and sent back as `Updates.state["personal"]`, which the engine stores.
+    `server.clients.train_many`) and sent back as `Updates.state["personal"]`, which the engine stores.
 
     Args:
         lam: lambda >= 0, the weight of lambda/2 ||v - w||^2 pulling each personal model towards the global one
@@ -57,7 +57,7 @@ class Ditto(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.personal_models = server.client_state("personal", initial=server.initial_params)
+        self.personal_models = server.state.declare("personal", initial=server.model.initial_params)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """Two group calls: the global update from `starts` (FedAvg's), then the personal models' update towards
@@ -66,7 +66,7 @@ class Ditto(Algorithm):
         hook = None
         if self.lam:
             hook = lambda rows, params, grad, begin: grad.add_(params - starts[rows], alpha=self.lam)  # noqa: E731
-        personal = self.server.train_many(round, clients, self.personal_models.read(clients), self.personal_epochs,
+        personal = self.server.clients.train_many(round, clients, self.personal_models.read(clients), self.personal_epochs,
                                           self.learning_rate_scale(round), hook)
         trained.state = {"personal": personal.params}
         return trained

@@ -16,7 +16,7 @@ batch of the sample, from the current theta_hat_i,
 Theta - theta_i; `ala_step`). W_i starts at ones (theta_hat = Theta). At the client's first ALA step, W_i trains pass
 after pass over the same sample until its loss settles (the standard deviation of the last `num_pre_loss` passes'
 losses, each the loss of a pass's last batch, below `threshold`, or `max_start_passes` passes); at later ones, one pass.
-The client then trains theta_hat_i with the module's SGD (`server.train_many`), sends the trained model, which the
+The client then trains theta_hat_i with the module's SGD (`server.clients.train_many`), sends the trained model, which the
 server averages (the engine's FedAvg), and keeps its top layers as its new theta_i. ALA is skipped, as in the
 authors' code, while theta_i equals Theta on the mixed entries (the first round: both are the initial model); the
 client then starts from Theta and its first ALA step is still to come.
@@ -25,8 +25,8 @@ How it maps onto fedlight: theta_i (the trained model's mixed entries) and W_i a
 "weights"), and whether W_i has had its first, converging ALA step a third ("weights_learned"); only the mixed
 entries are stored, since the lower layers always come from the global model. The clients return them beside their
 models and the engine stores them. W learning is a group loop over the round's clients: the sample's batches come
-from `server.group_batches` (stream "ala"), every batch's gradients of the group from one
-`server.group_loss_and_grad`, and the convergence loop runs as that group too: each pass goes over the clients still
+from `server.clients.group_batches` (stream "ala"), every batch's gradients of the group from one
+`server.model.group_loss_and_grad`, and the convergence loop runs as that group too: each pass goes over the clients still
 learning, so a client that has settled, or has had its one later pass, leaves it. `train/ala_passes` and
 `train/ala_weight_mean` report each client's passes and mean W of the round.
 
@@ -89,7 +89,7 @@ class FedALA(Algorithm):
         eta: learning rate of the aggregation weights W (>= 0; 0 keeps W at ones: FedAvg).
         rand_percent: s, the percentage of a client's training data W learns on, in (0, 100].
         layers: p, how many layers, counted from the output, are mixed (> 0 and at most the network's layers; a half
-            count takes half of the boundary layer, `ServerContext.layer_count_mask`).
+            count takes half of the boundary layer, `ServerContext.model.layer_count_mask`).
         threshold: the first ALA step of a client stops when the standard deviation of its last `num_pre_loss`
             pass losses is below this (>= 0).
         num_pre_loss: how many of the last pass losses that standard deviation covers (>= 1).
@@ -120,15 +120,15 @@ class FedALA(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        names = server.layers()
+        names = server.model.layers()
         if self.layers > len(names):
             raise ValueError(f"layers must be at most the network's {len(names)} layers ({', '.join(names)}), got "
                              f"{self.layers}")
-        self.mixed = server.layer_count_mask(self.layers, "last") & server.parameter_mask()
-        initial = server.initial_params[self.mixed]
-        self.local = server.client_state("local", initial=initial)  # theta_i^0 = Theta^0
-        self.weights = server.client_state("weights", initial=torch.ones_like(initial))
-        self.weights_learned = server.client_state("weights_learned", initial=initial.new_zeros(()))
+        self.mixed = server.model.layer_count_mask(self.layers, "last") & server.model.parameter_mask()
+        initial = server.model.initial_params[self.mixed]
+        self.local = server.state.declare("local", initial=initial)  # theta_i^0 = Theta^0
+        self.weights = server.state.declare("weights", initial=torch.ones_like(initial))
+        self.weights_learned = server.state.declare("weights_learned", initial=initial.new_zeros(()))
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """ALA for the group (W learned by `learn_weights` where theta_i differs from Theta), then the module's SGD
@@ -148,7 +148,7 @@ class FedALA(Algorithm):
             top = initialized[active]
             top[:, mixed] = mix(local[active], received[active], weights[active])
             initialized[active] = top
-        trained = self.server.train_many(round, clients, initialized, lr_scale=self.learning_rate_scale(round))
+        trained = self.server.clients.train_many(round, clients, initialized, lr_scale=self.learning_rate_scale(round))
         trained.logs = {**trained.logs, "ala_passes": passes, "ala_weight_mean": weights.mean(dim=1)}
         trained.state = {"local": trained.params[:, mixed], "weights": weights, "weights_learned": learned}
         return trained
@@ -174,7 +174,7 @@ class FedALA(Algorithm):
                 at = [rows[i] for i in keep]
                 params = starts[at].clone()
                 params[:, mixed] = mix(local[at], starts[at][:, mixed], weights[at])
-                loss, grad = server.group_loss_and_grad(params, (batch[0][keep], batch[1][keep]), step)
+                loss, grad = server.model.group_loss_and_grad(params, (batch[0][keep], batch[1][keep]), step)
                 weights[at] = ala_step(weights[at], grad[:, mixed], difference[at], self.eta)
                 last[at] = loss.to(last.dtype)
             history.append(last)
@@ -197,10 +197,10 @@ class FedALA(Algorithm):
         the first int(s / 100 * n) samples of a random order of its n training samples, the whole batches at the
         federation's batch size (the short last one dropped, as PFLlib's loader drops it; a sample smaller than one
         batch is one batch). A list of (the clients' positions, their batches stacked, the step)."""
-        left = [int(self.rand_percent / 100 * n) for n in self.server.train_sizes[clients].tolist()]
+        left = [int(self.rand_percent / 100 * n) for n in self.server.clients.train_sizes[clients].tolist()]
         started = [False] * len(clients)
         batches = []
-        for group in self.server.group_batches(round, clients, epochs=1, purpose="ala"):
+        for group in self.server.clients.group_batches(round, clients, epochs=1, purpose="ala"):
             if not any(left):
                 break
             x, y = group.batch

@@ -109,7 +109,7 @@ class FedAMP(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.personal_models = server.client_state("personal", initial=server.initial_params)
+        self.personal_models = server.state.declare("personal", initial=server.model.initial_params)
 
     def begin_round(self, round: int) -> None:
         """Message passing over the round's clients: their cloud models u_i from their stored personal models."""
@@ -141,7 +141,7 @@ class FedAMP(Algorithm):
         if self.lam:
             pull = self.lam / self.alpha_k
             hook = lambda rows, params, grad, cloud: grad.add_(params - cloud, alpha=pull)  # noqa: E731
-        return self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                       gradient_hook=hook)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:

@@ -8,7 +8,7 @@ fine-tuning epochs in its main tables). Every evaluation then reports the global
 (`<split>/acc_mean`) and, beside it, each client's fine-tuned model (`<split>_ft/acc_mean`, the paper's FedBABU
 number). The fine-tuning trains the whole model (body and head) with the module's optimizer, the paper's default.
 
-How the head is kept fixed: local training trains the body only (`server.train_many(trainable=...)`, so clients
+How the head is kept fixed: local training trains the body only (`server.clients.train_many(trainable=...)`, so clients
 still train vectorized): the head takes no gradient and the optimizer skips it, so it never moves, weight decay
 and momentum included. `aggregate` writes the initial head back into the global model, since a weighted mean of
 equal heads can differ from them in the last float bit: the server's head is the initial head, bit for bit, after
@@ -30,7 +30,7 @@ class FedBABU(Algorithm):
 
     Args:
         head_layers: how many layers, counted from the output, form the frozen head (> 0; default 1, the paper's
-            last linear layer; a half count takes half of the boundary layer, `ServerContext.layer_count_mask`).
+            last linear layer; a half count takes half of the boundary layer, `ServerContext.model.layer_count_mask`).
         participation: share of clients selected each round.
     """
 
@@ -42,12 +42,12 @@ class FedBABU(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.head = server.head_mask(self.head_layers, "algorithm.init_args.head_layers")
-        self.initial_head = server.initial_params[self.head]
+        self.head = server.model.head_mask(self.head_layers, "algorithm.init_args.head_layers")
+        self.initial_head = server.model.initial_params[self.head]
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The module's SGD on the body alone; the head keeps its start (the initial head) exactly."""
-        return self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                       trainable=~self.head)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:

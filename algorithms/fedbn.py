@@ -19,4 +19,4 @@ class FedBN(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.set_personal_mask(server.module_mask((_BatchNorm,)))
+        self.set_personal_mask(server.model.module_mask((_BatchNorm,)))

@@ -23,7 +23,7 @@ How it sits on the engine: the network's own head (its last layer) is the person
 CPN and the global head (a copy of the network's head, from its initial weights) are modules the method adds
 (`extend_model`), averaged with the body. The round's clients train vectorized on one objective (`train_many`, the
 global head frozen by `trainable`): each client's context is its row of `client_inputs`, and the frozen global body
-runs through `torch.func.functional_call` with the round's global weights (`server.named_tensors`), on copies of the
+runs through `torch.func.functional_call` with the round's global weights (`server.model.named_tensors`), on copies of the
 client's buffers. A forward hook on the head replaces its output with the two-head logits, so evaluation,
 fine-tuning and newcomers see the FedCP model. Every number lives in the flat models (shared or personal), so a
 resumed run is exact; the work grows with the round's clients only.
@@ -152,7 +152,7 @@ class FedCP(Algorithm):
         if self._plain_head:
             return output
         features = args[0]
-        module = self.server.model
+        module = self.server.model.module
         policy = module.get_submodule(POLICY)
         context = context_of(head.weight) if self._context is None else self._context
         personal, shared = policy_shares(policy, features, context, noisy=policy.training)
@@ -161,8 +161,8 @@ class FedCP(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.personal_head = server.layer_mask([self.head_layer])
-        self.global_head = server.layer_mask([GLOBAL_HEAD])
+        self.personal_head = server.model.layer_mask([self.head_layer])
+        self.global_head = server.model.layer_mask([GLOBAL_HEAD])
         if int(self.personal_head.sum()) != int(self.global_head.sum()):
             raise ValueError("FedCP's global head copies the network's last layer, which must be the linear head "
                              "alone; end the network with one nn.Linear")
@@ -172,11 +172,11 @@ class FedCP(Algorithm):
         """The round's clients on cross-entropy of the two-head logits + lam x MMD, the global head frozen; each
         sends the mean of its personal head and the received global head as its global head."""
         server = self.server
-        contexts = context_of(server.named_tensors(starts)[f"{self.head_layer}.weight"])
-        global_model = server.named_tensors(self.models[0].clone())
-        weights = {f"inner.{name}": global_model[name] for name, _ in server.model.named_parameters()}
-        objective = functools.partial(self._objective, _Features(server.model, server.head), weights)
-        trained = server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        contexts = context_of(server.model.named_tensors(starts)[f"{self.head_layer}.weight"])
+        global_model = server.model.named_tensors(self.models[0].clone())
+        weights = {f"inner.{name}": global_model[name] for name, _ in server.model.module.named_parameters()}
+        objective = functools.partial(self._objective, _Features(server.model.module, server.model.head), weights)
+        trained = server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                     trainable=~self.global_head, objective=objective, client_inputs=contexts)
         params = trained.params
         params[:, self.global_head] = 0.5 * (params[:, self.personal_head] + params[:, self.global_head])
@@ -189,7 +189,7 @@ class FedCP(Algorithm):
         x, y = batch
         self._context = context
         try:
-            features, logits = head_inputs(module, self.server.head, x)
+            features, logits = head_inputs(module, self.server.model.head, x)
         finally:
             self._context = None
         loss = F.cross_entropy(logits, y)

@@ -112,11 +112,11 @@ class FedDBE(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.prbm = server.layer_mask([PRBM])
-        self.running_mean = server.layer_mask([RUNNING_MEAN])
+        self.prbm = server.model.layer_mask([PRBM])
+        self.running_mean = server.model.layer_mask([RUNNING_MEAN])
         self.set_personal_mask(self.prbm)
         if self.every_client_mean and self.kappa > 0:
-            server.needs_every_client("FedDBE", "once before round 1 (the global mean of the features, PFLlib's "
+            server.cohort.needs_every_client("FedDBE", "once before round 1 (the global mean of the features, PFLlib's "
                                       "initialization)", instead="algorithm.init_args.every_client_mean: false",
                                       in_a_round=False)
 
@@ -132,26 +132,26 @@ class FedDBE(Algorithm):
         round's worth of clients at a time (round index 0: a stream of its own)."""
         clients = list(range(self.server.num_clients)) if self.every_client_mean else self.select_clients(round)
         chunk = len(self.select_clients(round))
-        weights = self.server.train_sizes.to(self.models.dtype)
+        weights = self.server.clients.train_sizes.to(self.models.dtype)
         total = self.models.new_zeros(int(self.running_mean.sum()))
         for begin in range(0, len(clients), chunk):
             group = clients[begin: begin + chunk]
-            starts = self.server.initial_params.expand(len(group), -1)
-            trained = self.server.train_many(0, group, starts, trainable=~self.prbm, objective=self._objective)
+            starts = self.server.model.initial_params.expand(len(group), -1)
+            trained = self.server.clients.train_many(0, group, starts, trainable=~self.prbm, objective=self._objective)
             total += weights[group].to(total.device) @ trained.params[:, self.running_mean]
             del trained
         return total / weights[clients].sum().to(total.device)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The module's SGD on cross-entropy of head(features + PRBM) + kappa x MR; the running means stay home."""
-        trained = self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                          objective=self._objective)
         trained.params[:, self.running_mean] = 0
         return trained
 
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], inputs: Tensor) -> Tensor:
         x, y = batch
-        features, outputs = head_inputs(module, self.server.head, x)  # features before the PRBM's shift
+        features, outputs = head_inputs(module, self.server.model.head, x)  # features before the PRBM's shift
         tracked = module.get_submodule(RUNNING_MEAN).mean
         running = updated_mean(tracked, features, self.momentum)
         tracked.copy_(running.detach())  # the next step's start; this step's gradient flows through its batch only

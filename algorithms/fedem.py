@@ -6,7 +6,7 @@ the simplex), component m a model theta_m. In a round, each selected client t, o
 - E-step: q_t(z_i = m) proportional to pi_tm exp(-l(theta_m; x_i, y_i)) (l the cross-entropy);
 - M-step: pi_tm = the mean of q_t(z_i = m) over its samples;
 - trains every component m from the server's theta_m on its data with the per-sample weights q_t(z_i = m) (the
-  batch mean of weight x cross-entropy, `ServerContext.train(..., sample_weights=...)`).
+  batch mean of weight x cross-entropy, `ServerContext.clients.train(..., sample_weights=...)`).
 The server averages each component over the clients, weighted by training-set size, through the engine's cluster
 aggregator: each component is a cluster, and every trained client adds one row to each, its copy trained from the
 server's component, so a configured robust rule (`federation.aggregator`) or DP (`privacy:`) applies per component.
@@ -165,9 +165,9 @@ class FedEM(Algorithm):
         if m > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_components is {m}, more than the {server.num_clients} "
                              f"clients: give at most {server.num_clients}")
-        seeds = server.rng(0, "fedem-components").integers(2**31, size=m)
-        self.models = torch.stack([server.initial_params] + [server.random_params(int(s)) for s in seeds[1:]])
-        self.mixture = server.client_state("mixture", initial=self.initial_mixture())
+        seeds = server.random.rng(0, "fedem-components").integers(2**31, size=m)
+        self.models = torch.stack([server.model.initial_params] + [server.model.random_params(int(s)) for s in seeds[1:]])
+        self.mixture = server.state.declare("mixture", initial=self.initial_mixture())
 
     def initial_mixture(self) -> Tensor:
         """A client's mixture weights before it trains: uniform over the M components."""
@@ -213,7 +213,7 @@ class FedEM(Algorithm):
         copies = starts.new_empty(len(clients), *self.models.shape)  # each client's copies, written as trained
         losses = []
         for m, theta in enumerate(self.models):
-            part = self.server.train_many(round, clients, theta.expand(len(clients), -1), lr_scale=scale,
+            part = self.server.clients.train_many(round, clients, theta.expand(len(clients), -1), lr_scale=scale,
                                           sample_weights=[qc[:, m] for qc in q])
             copies[:, m] = part.params
             losses.append(part.loss)
@@ -230,7 +230,7 @@ class FedEM(Algorithm):
         aggregator that reads them, so memory holds the group's copies once."""
         m, d = self.models.shape
         # the run's cluster aggregator, a component a cluster: the weighted mean, or the configured rule or DP
-        average = self.server.cluster_aggregator(m, d, self.models.dtype, self.models.device, rows_per_client=m)
+        average = self.server.aggregation.new(m, d, self.models.dtype, self.models.device, rows_per_client=m)
         components = torch.arange(m, device=self.models.device)
         received = torch.zeros(m, dtype=torch.float64, device=self.models.device)  # weight received, summed
         for group in updates.groups():  # the block and indices are popped: not kept to the round's end, not stored
@@ -256,7 +256,7 @@ class FedEM(Algorithm):
 
     def total_weights(self, updates: RoundUpdates) -> Tensor:
         """(M,) float64 every client's weight in each component, summed (`average: all_clients`)."""
-        return self.server.train_sizes.to(torch.float64).sum().expand(self.num_components)
+        return self.server.clients.train_sizes.to(torch.float64).sum().expand(self.num_components)
 
     def component_shares(self, mixture: Tensor) -> Tensor:
         """(clients, M) how much of each client's data each component models, from its stored mixture rows: pi_t
@@ -264,7 +264,7 @@ class FedEM(Algorithm):
         return mixture
 
     def mixture_predictor(self, log_weights: Tensor) -> MixturePredictor:
-        return MixturePredictor(self.server.predict, self.models, log_weights)
+        return MixturePredictor(self.server.model.predict, self.models, log_weights)
 
     def evaluation_models(self) -> tuple[Tensor | ClientModels, Tensor]:
         """Every client predicts with its mixture (one component: the component itself, as FedAvg)."""

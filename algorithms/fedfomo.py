@@ -24,7 +24,7 @@ left out of its local training (their sample weight is 0). The skew configs have
 share.
 
 Cost: a round's clients compute (M + 1) losses each, one pass of a model over the validation rows of the group's
-clients that need it (`server.client_losses` over those clients; the share's rows through `server.predict`), and
+clients that need it (`server.clients.losses` over those clients; the share's rows through `server.model.predict`), and
 read M models each from the store; nothing grows with the clients not selected but P's rows, num_clients entries
 for each client trained so far (the client state "affinity", 13.6 kB a client at 3,400 clients).
 
@@ -49,7 +49,7 @@ Deviations, and choices the paper leaves open:
   an earlier copy (`--baseline_model first_model`). Their hierarchical variant (sub-federations clustered from P)
   is not included.
 - With a val share, local training minimizes the batch mean of sample weight x cross-entropy of the module's
-  outputs (`server.train_many`'s `sample_weights`) instead of the module's `training_step` (for `Classifier` the
+  outputs (`server.clients.train_many`'s `sample_weights`) instead of the module's `training_step` (for `Classifier` the
   same loss), on batches of the configured size that count the held-out rows: an epoch takes the steps of every
   training row and sums the gradients of the others once, as an epoch over them alone would.
 - Local training is the module's own optimizer (momentum, weight decay, schedulers), not the paper's plain SGD.
@@ -135,10 +135,10 @@ class FedFomo(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.local_models = server.client_state("local_models", initial=server.initial_params)
-        self.affinity = server.client_state("affinity", initial=torch.zeros(server.num_clients, device=server.device))
+        self.local_models = server.state.declare("local_models", initial=server.model.initial_params)
+        self.affinity = server.state.declare("affinity", initial=torch.zeros(server.num_clients, device=server.device))
         #: "val": the data module's val split; "train": a `val_share` of each client's training rows
-        self.validation = "val" if int(server.split("val").sizes().sum()) > 0 else "train"
+        self.validation = "val" if int(server.clients.split("val").sizes().sum()) > 0 else "train"
 
     def client_model(self, client: int) -> Tensor:
         return self.local_models[client]
@@ -157,7 +157,7 @@ class FedFomo(Algorithm):
                 signed, weights = first_order_weights(starts[row], losses[row][0], others, losses[row][1:])
                 combined[row] = first_order_update(starts[row], others, weights)
                 affinity[row, ids] += signed.to(affinity.dtype)
-        trained = self.server.train_many(round, clients, combined, lr_scale=self.learning_rate_scale(round),
+        trained = self.server.clients.train_many(round, clients, combined, lr_scale=self.learning_rate_scale(round),
                                          sample_weights=self.training_weights(clients))
         trained.state = {"local_models": trained.params, "affinity": affinity}
         return trained
@@ -169,7 +169,7 @@ class FedFomo(Algorithm):
         rows = self.affinity.read(clients).cpu().numpy()
         epsilon = max(0.0, self.epsilon - self.epsilon_decay * (round - 1))
         return [epsilon_greedy(row, stored[stored != client], self.M, epsilon,
-                               np.random.default_rng(self.server.client_seed(round, client, DOWNLOAD_PURPOSE)))
+                               np.random.default_rng(self.server.random.client_seed(round, client, DOWNLOAD_PURPOSE)))
                 for client, row in zip(clients, rows)]
 
     def validation_losses(self, clients: list[int], starts: Tensor, received: list[list[int]]) -> list[Tensor]:
@@ -193,23 +193,23 @@ class FedFomo(Algorithm):
         """(len(clients),) mean cross-entropy of one flat model on each client's validation data (NaN for a client
         without any)."""
         if self.validation == "val":
-            return self.server.client_losses(params[None], "val", clients)[0]
-        split = self.server.split("train")
+            return self.server.clients.losses(params[None], "val", clients)[0]
+        split = self.server.clients.split("train")
         parts = [(x[held], y[held]) for x, y, held in
                  ((*split.client(c), self.held_out_rows(c)) for c in clients)]
         y = torch.cat([part[1] for part in parts])
         sizes = torch.tensor([len(part[1]) for part in parts], device=y.device)
         owner = torch.repeat_interleave(torch.arange(len(clients), device=y.device), sizes)
-        entropy = F.cross_entropy(self.server.predict(params, torch.cat([part[0] for part in parts])), y,
+        entropy = F.cross_entropy(self.server.model.predict(params, torch.cat([part[0] for part in parts])), y,
                                   reduction="none")
         return torch.bincount(owner, weights=entropy, minlength=len(clients)) / sizes
 
     def held_out_rows(self, client: int) -> Tensor:
         """The client's training rows kept for validation when there is no val split: a `val_share` of them (at
         least one row left to train), the same in every round, drawn from the (seed, client) stream."""
-        n = int(self.server.train_sizes[client])
+        n = int(self.server.clients.train_sizes[client])
         count = max(0, min(int(round(self.val_share * n)), n - 1))
-        generator = torch.Generator().manual_seed(self.server.client_seed(0, client, VALIDATION_PURPOSE))
+        generator = torch.Generator().manual_seed(self.server.random.client_seed(0, client, VALIDATION_PURPOSE))
         return torch.randperm(n, generator=generator)[:count].to(self.server.device)
 
     def training_weights(self, clients: list[int]) -> list[Tensor] | None:
@@ -218,7 +218,7 @@ class FedFomo(Algorithm):
             return None
         weights = []
         for client in clients:
-            weight = torch.ones(int(self.server.train_sizes[client]), device=self.server.device)
+            weight = torch.ones(int(self.server.clients.train_sizes[client]), device=self.server.device)
             weight[self.held_out_rows(client)] = 0
             weights.append(weight)
         return weights

@@ -187,25 +187,25 @@ class FedGMM(FedEM):
     def setup(self, server) -> None:
         super().setup(server)
         server.message.sends("gaussian_statistics", SUMMED)
-        server.declare_every_client_work("every client sends its inputs' moments once, before round 1, for the "
+        server.cohort.declare_every_client_work("every client sends its inputs' moments once, before round 1, for the "
                                          "embedding's PCA")
-        train = server.split("train")
-        features = server.inputs(train.x[:1]).flatten(1).shape[1]
+        train = server.clients.split("train")
+        features = server.data.inputs(train.x[:1]).flatten(1).shape[1]
         if self.embedding_dim > features:
             raise ValueError(f"algorithm.init_args.embedding_dim is {self.embedding_dim}, more than the {features} "
                              f"input features: give at most {features}")
         pooled = sum(self.input_statistics(train.client(c)[0]) for c in range(server.num_clients))
         self.center, self.basis, variances = pca_projection(pooled, self.embedding_dim)
-        draws = server.rng(0, "fedgmm-gaussians").standard_normal((self.num_gaussians, self.embedding_dim))
+        draws = server.random.rng(0, "fedgmm-gaussians").standard_normal((self.num_gaussians, self.embedding_dim))
         self.means = torch.as_tensor(draws, device=variances.device) * variances.sqrt()
         self.covariances = torch.diag(variances).expand(self.num_gaussians, -1, -1).clone()
         m1, k = self.num_gaussians, self.num_components  # every client's n_t pi_t, summed: uniform weights
-        self.mass = torch.full((m1, k), float(server.train_sizes.sum()) / (m1 * k), dtype=torch.float64,
+        self.mass = torch.full((m1, k), float(server.clients.train_sizes.sum()) / (m1 * k), dtype=torch.float64,
                                device=server.device)
 
     def flat_inputs(self, x: Tensor) -> Tensor:
         """Raw samples as the model sees them, flattened, in float64, a chunk of rows at a time."""
-        parts = [self.server.inputs(x[i:i + CHUNK_ROWS]).flatten(1).to(torch.float64)
+        parts = [self.server.data.inputs(x[i:i + CHUNK_ROWS]).flatten(1).to(torch.float64)
                  for i in range(0, len(x), CHUNK_ROWS)]
         return torch.cat(parts) if parts else x.new_zeros(0, 0, dtype=torch.float64)
 
@@ -231,7 +231,7 @@ class FedGMM(FedEM):
         """E-step over the (Gaussian, model) pairs, the client's new weights ("mixture", stored by the engine) and its
         Gaussians' statistics ("gaussian_statistics", sent), then every conditional model trained with the weights
         sum_m q[m, k] (FedEM's `train_components`)."""
-        train = self.server.split("train")
+        train = self.server.clients.split("train")
         q, statistics = [], []
         for c in clients:
             e, densities = self.log_densities(train.client(c)[0])
@@ -251,7 +251,7 @@ class FedGMM(FedEM):
     def round_mass(self, updates: RoundUpdates) -> Tensor:
         """(M1, K) every client's n_t pi_t summed, with the round's clients' new weights in place of their old ones."""
         clients, mixture = updates.state("mixture")
-        sizes = self.server.train_sizes[clients].to(torch.float64)[:, None, None]
+        sizes = self.server.clients.train_sizes[clients].to(torch.float64)[:, None, None]
         change = (mixture.to(torch.float64) - self.mixture.read(clients).to(torch.float64)) * sizes
         return self.mass + change.sum(dim=0)
 
@@ -273,7 +273,7 @@ class FedGMM(FedEM):
             rest = (mass.sum(dim=1) - summed[:, 0]).clamp(min=0.0)  # the mass of the clients not received
             summed = summed + rest[:, None] * self.previous_statistics()
         means, covariances = gaussians_from_statistics(summed)
-        kept = summed[:, 0] > 1e-12 * float(self.server.train_sizes.sum())
+        kept = summed[:, 0] > 1e-12 * float(self.server.clients.train_sizes.sum())
         self.means = torch.where(kept[:, None], means, self.means)
         self.covariances = torch.where(kept[:, None, None], covariances, self.covariances)
         self.mass = mass
@@ -284,7 +284,7 @@ class FedGMM(FedEM):
         return torch.cat([torch.ones_like(self.means[:, :1]), self.means, outer.flatten(1)], dim=1)
 
     def mixture_predictor(self, log_weights: Tensor) -> GaussianMixturePredictor:
-        return GaussianMixturePredictor(self.server.predict, self.models, log_weights, self.embed, self.means,
+        return GaussianMixturePredictor(self.server.model.predict, self.models, log_weights, self.embed, self.means,
                                         self.regularized_covariances())
 
     def newcomer_weights(self, newcomers: Newcomers) -> Tensor:

@@ -38,7 +38,7 @@ Defaults and where they come from:
 - Prototypes averaged weighted by class counts (the authors' `protos_aggregation`; PFLlib averages unweighted).
 
 Deviations:
-- Features for the statistics and prototypes are computed in evaluation mode (`server.features`); the authors'
+- Features for the statistics and prototypes are computed in evaluation mode (`server.model.features`); the authors'
   code runs the model in training mode (dropout, BatchNorm's batch statistics).
 - Both phases use the module's optimizer and learning rate (as PFLlib), each with a fresh state; the authors' code
   trains the head at a learning rate of 0.1 whatever the body's, with momentum 0.5 and weight decay 5e-4.
@@ -196,14 +196,14 @@ class FedPAC(Algorithm):
             server.message.sends(entry, PER_CLIENT)
         for entry in (COUNTS, PROTOTYPES):  # summed into the global prototypes
             server.message.sends(entry, SUMMED)
-        self.head = server.layer_count_mask(1, "last")
-        layer = server.head
+        self.head = server.model.layer_count_mask(1, "last")
+        layer = server.model.head
         if not isinstance(layer, nn.Linear) or int(self.head.sum()) != sum(p.numel() for p in layer.parameters()):
             raise ValueError(f"FedPAC combines linear heads on the features: the network's last layer must be one "
                              f"nn.Linear, not {type(layer).__name__}: set model.network to a network that ends with "
                              "nn.Linear")
         self.num_classes, features = layer.out_features, layer.in_features
-        self.prototypes = server.initial_params.new_zeros(self.num_classes, features)
+        self.prototypes = server.model.initial_params.new_zeros(self.num_classes, features)
         self.known = torch.zeros(self.num_classes, dtype=torch.bool, device=server.device)
         self.set_personal_mask(self.head)
 
@@ -212,7 +212,7 @@ class FedPAC(Algorithm):
         (stream "train", head frozen, aligned to the global prototypes once there are any), then the prototypes;
         the statistics and prototypes are sent beside the models (`Trained.state`)."""
         scale = self.learning_rate_scale(round)
-        split = self.server.split("train")
+        split = self.server.clients.split("train")
         received = [self._features(start, *split.client(c)) for c, start in zip(clients, starts)]
         variances, biases, own_means = [], [], []
         for features, labels in received:
@@ -220,13 +220,13 @@ class FedPAC(Algorithm):
             variances.append(variance)
             biases.append(bias)
             own_means.append(class_means(features, labels, self.num_classes)[1])
-        tuned = self.server.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
+        tuned = self.server.clients.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
                                        purpose="head")
         alignment = {}
         if self.lam > 0 and bool(self.known.any()):  # round 1 has no global prototypes: cross-entropy alone
             targets = torch.stack([torch.where(self.known[:, None], self.prototypes, own) for own in own_means])
             alignment = {"objective": self._objective, "client_inputs": targets}
-        trained = self.server.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head,
+        trained = self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head,
                                          **alignment)
         counts, means = zip(*(class_means(*self._features(params, *split.client(c)), self.num_classes)
                               for c, params in zip(clients, trained.params)))
@@ -236,11 +236,11 @@ class FedPAC(Algorithm):
 
     def _features(self, params: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """(features of a client's samples under `params`, their labels)."""
-        return self.server.features(params, x)[0], y.to(params.device)
+        return self.server.model.features(params, x)[0], y.to(params.device)
 
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], targets: Tensor) -> Tensor:
         x, y = batch
-        features, outputs = head_inputs(module, self.server.head, x)
+        features, outputs = head_inputs(module, self.server.model.head, x)
         return F.cross_entropy(outputs, y) + self.lam * alignment_loss(features, y, targets)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:

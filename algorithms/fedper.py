@@ -11,7 +11,7 @@ class FedPer(Algorithm):
 
     Args:
         personal_layers: how many layers, counted from the output, are personal; a half count (1.5) makes the
-            second half of the boundary layer personal as well (`ServerContext.layer_count_mask`). Default 2,
+            second half of the boundary layer personal as well (`ServerContext.model.layer_count_mask`). Default 2,
             our choice for the FedPer baseline of FedTSDP ("Federated Two Stage Decoupling With Adaptive
             Personalization Layers", section 4.1.3, which gives no count; its CNN: fc1 + fc2); FedPer's paper
             varies it.
@@ -27,4 +27,4 @@ class FedPer(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.set_personal_mask(server.head_mask(self.num_personal, "algorithm.init_args.personal_layers"))
+        self.set_personal_mask(server.model.head_mask(self.num_personal, "algorithm.init_args.personal_layers"))

@@ -128,10 +128,10 @@ class FedProto(Local):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The group on cross-entropy + lambda x prototype distance; each client sends its local prototypes and class
         counts beside its model."""
-        trained = self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                          objective=self._objective)
-        split, classes = self.server.split("train"), len(self.known)
-        sent = [local_prototypes(self.server.features(params, split.client(c)[0])[0], split.client(c)[1], classes)
+        split, classes = self.server.clients.split("train"), len(self.known)
+        sent = [local_prototypes(self.server.model.features(params, split.client(c)[0])[0], split.client(c)[1], classes)
                 for c, params in zip(clients, trained.params)]
         trained.state = {**trained.state, "prototypes": torch.stack([p for p, _ in sent]),
                          "class_counts": torch.stack([n for _, n in sent])}
@@ -139,7 +139,7 @@ class FedProto(Local):
 
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], inputs: Tensor) -> Tensor:
         x, y = batch
-        features, logits = head_inputs(module, self.server.head, x)
+        features, logits = head_inputs(module, self.server.model.head, x)
         return F.cross_entropy(logits, y) + self.lam * prototype_distance(features, y, self.prototypes, self.known)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:

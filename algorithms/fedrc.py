@@ -74,24 +74,24 @@ class FedRC(FedEM):
 
     def setup(self, server) -> None:
         super().setup(server)
-        m, c = self.num_components, server.num_classes
+        m, c = self.num_components, server.data.num_classes
         start = torch.full((m, c), 1.0 / c, dtype=torch.float64, device=server.device)
-        self.label_mass = server.client_state("label_mass", initial=start)
+        self.label_mass = server.state.declare("label_mass", initial=start)
         server.message.sends("label_mass", SUMMED)  # kept per client, and summed into M by the server
         self.label_totals = start * server.num_clients  # M: every client's row summed
 
     def responsibilities(self, client: int) -> Tensor:
         """FedRC's E-step: q(z_i = k) proportional to omega_k exp(-l_k(x_i, y_i)) / P_k(y_i)."""
-        labels = self.server.split("train").client(client)[1]
+        labels = self.server.clients.split("train").client(client)[1]
         losses = self.sample_losses(client)
         prior = label_log_prior(self.label_totals).to(losses.dtype)
         return posterior(self.mixture[client].log(), losses + prior[:, labels])
 
     def responsibility_state(self, clients: list[int], q: list[Tensor]) -> dict[str, Tensor]:
         """Each client's label mass under its responsibilities, the rows the server sums into M."""
-        split = self.server.split("train")
+        split = self.server.clients.split("train")
         return {"label_mass": torch.stack([label_mass(qc.to(torch.float64), split.client(c)[1],
-                                                      self.server.num_classes) for c, qc in zip(clients, q)])}
+                                                      self.server.data.num_classes) for c, qc in zip(clients, q)])}
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """FedEM's averaging of the components; then M changes by the round's clients' new label mass less their

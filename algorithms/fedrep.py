@@ -17,7 +17,7 @@ Defaults (the paper's, section 5): `head_layers` = 1 (the last layer of the netw
 linear head), `head_epochs` = 10 and `body_epochs` = 1. Ten head epochs also suit the small digits clients: a
 linear head on about 60 images is some 40 steps at batch 16, cheap next to the shared body's one epoch.
 
-Freezing a part: its parameter tensors take no gradient and the optimizer skips them (`server.train_many`'s
+Freezing a part: its parameter tensors take no gradient and the optimizer skips them (`server.clients.train_many`'s
 `trainable`), so neither SGD, momentum nor weight decay moves it within a phase, and the frozen part, buffers
 included (BatchNorm statistics the forward passes update), is restored to its value at the start of the phase
 afterwards.
@@ -38,11 +38,11 @@ from fedlight.plugin import Algorithm, Newcomers, Trained
 
 class FedRep(Algorithm):
     """Shared body (FedAvg), personal head (`set_personal_mask`), head-then-body local training, each phase one
-    group call of `server.train_many` with the other part frozen.
+    group call of `server.clients.train_many` with the other part frozen.
 
     Args:
         head_layers: how many layers, counted from the output, form the personal head (> 0; a half count takes
-            half of the boundary layer, `ServerContext.layer_count_mask`).
+            half of the boundary layer, `ServerContext.model.layer_count_mask`).
         head_epochs: local epochs of the head per round, body frozen (>= 1).
         body_epochs: local epochs of the body per round, head frozen (>= 1).
         participation: share of clients selected each round.
@@ -60,16 +60,16 @@ class FedRep(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.head = server.head_mask(self.head_layers, "algorithm.init_args.head_layers")
+        self.head = server.model.head_mask(self.head_layers, "algorithm.init_args.head_layers")
         self.set_personal_mask(self.head)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The head phase (batch stream "head", body frozen), then the body phase (the ordinary stream "train", head
         frozen); the frozen part of each phase equals its start exactly."""
         scale = self.learning_rate_scale(round)
-        tuned = self.server.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
+        tuned = self.server.clients.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
                                        purpose="head")
-        return self.server.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head)
+        return self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head)
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, None]:
         """Each newcomer's model: the global body with the initial head (the base class's fresh personal part),

@@ -68,12 +68,12 @@ class FedRoD(Algorithm):
     def _add_personal_logits(self, head: nn.Module, args: tuple[Tensor, ...], generic: Tensor) -> Tensor:
         if self._generic_only:
             return generic
-        return generic + self.server.model.get_submodule(PERSONAL_HEAD)(args[0].detach())
+        return generic + self.server.model.module.get_submodule(PERSONAL_HEAD)(args[0].detach())
 
     def setup(self, server) -> None:
         super().setup(server)
-        head = server.layer_mask([self.head_layer])
-        self.personal_head = server.layer_mask([PERSONAL_HEAD])
+        head = server.model.layer_mask([self.head_layer])
+        self.personal_head = server.model.layer_mask([PERSONAL_HEAD])
         if int(head.sum()) != int(self.personal_head.sum()):
             raise ValueError("FedRoD's personal head copies the network's last layer, which must be the linear head "
                              "alone; end the network with one nn.Linear")
@@ -82,17 +82,17 @@ class FedRoD(Algorithm):
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The round's clients on balanced softmax + personal cross-entropy, each with its own log class counts."""
-        split = self.server.split("train")
-        classes = self.server.model.get_submodule(PERSONAL_HEAD).out_features
+        split = self.server.clients.split("train")
+        classes = self.server.model.module.get_submodule(PERSONAL_HEAD).out_features
         log_counts = torch.stack([torch.bincount(split.client(c)[1], minlength=classes).float().log()
                                   for c in clients])
-        return self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                       objective=self._objective, client_inputs=log_counts)
 
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], log_counts: Tensor) -> Tensor:
         x, y = batch
-        features, _ = head_inputs(module, self.server.head, x)
-        head = self.server.head
+        features, _ = head_inputs(module, self.server.model.head, x)
+        head = self.server.model.head
         generic = F.linear(features, head.weight, head.bias)
         personal = module.get_submodule(PERSONAL_HEAD)(features.detach())
         return balanced_softmax_loss(generic, y, log_counts) + F.cross_entropy(generic.detach() + personal, y)
@@ -100,15 +100,15 @@ class FedRoD(Algorithm):
     def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """In an evaluated round, the generic model's accuracy (the averaged body and generic head, no personal
         head) on every client's evaluation split, as the mean over clients (`generic/acc_mean`)."""
-        if not self.server.evaluates(round):
+        if not self.server.run.evaluates(round):
             return
-        split = self.server.split(self.server.eval_split)
+        split = self.server.clients.split(self.server.run.eval_split)
         self._generic_only = True
         try:
-            correct = (self.server.predict(self.models[0], split.x).argmax(1) == split.y).float()
+            correct = (self.server.model.predict(self.models[0], split.x).argmax(1) == split.y).float()
         finally:
             self._generic_only = False
-        rows = self.server.client_of_row(self.server.eval_split)
+        rows = self.server.clients.client_of_row(self.server.run.eval_split)
         sizes = torch.bincount(rows, minlength=self.server.num_clients).float()
         per_client = torch.bincount(rows, weights=correct, minlength=self.server.num_clients) / sizes
         self.log("generic/acc_mean", float(per_client[sizes > 0].mean()))

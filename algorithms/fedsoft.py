@@ -106,7 +106,7 @@ class FedSoft(Algorithm):
         super().setup(server)
         server.message.sends(DRAWN_BY, ROUTING)  # the centers whose draws sent the client out
         n, s = server.num_clients, self.num_clusters
-        if server.clients_per_round is not None:
+        if server.cohort.clients_per_round is not None:
             raise ValueError("FedSoft draws its own clients (selection_size for each center, by importance): leave "
                              "federation.clients_per_round out")
         if s > n:
@@ -114,22 +114,22 @@ class FedSoft(Algorithm):
         if self.selection_size is not None and self.selection_size > n:
             raise ValueError(f"algorithm.init_args.selection_size is {self.selection_size}, more than the {n} clients: "
                              f"give at most {n}, or null to train every client")
-        empty = np.flatnonzero(server.train_sizes.cpu().numpy() == 0)
+        empty = np.flatnonzero(server.clients.train_sizes.cpu().numpy() == 0)
         if len(empty):
             raise ValueError(f"FedSoft estimates each client's importance weights from its training samples, but "
                              f"client {int(empty[0])} has none: give every client training data (data.init_args)")
-        server.declare_every_client_work(f"every client estimates its importance weights every "
+        server.cohort.declare_every_client_work(f"every client estimates its importance weights every "
                                          f"{self.estimation_interval} rounds (a pass of each center over its data)")
-        seeds = server.rng(0, "fedsoft-centers").integers(2**31, size=s)
-        self.models = torch.stack([server.initial_params] + [server.random_params(int(x)) for x in seeds[1:]])
-        self.local_models = server.client_state("local_models", initial=server.initial_params)
+        seeds = server.random.rng(0, "fedsoft-centers").integers(2**31, size=s)
+        self.models = torch.stack([server.model.initial_params] + [server.model.random_params(int(x)) for x in seeds[1:]])
+        self.local_models = server.state.declare("local_models", initial=server.model.initial_params)
         self.fractions = torch.full((n, s), 1.0 / s, dtype=torch.float64, device=server.device)
 
     def begin_round(self, round: int) -> None:
         """Every tau rounds (from round 1), every client's importance weights from the centers' losses on its data."""
         if (round - 1) % self.estimation_interval == 0:
             losses, owner = self.server.clients.sample_losses(self.models)
-            self.fractions = importance_fractions(losses, owner, self.server.train_sizes, self.count_smoother)
+            self.fractions = importance_fractions(losses, owner, self.server.clients.train_sizes, self.count_smoother)
             self.assignment = self.fractions.argmax(dim=1).to(self.assignment)
 
     def draws(self, round: int) -> list[list[int]]:
@@ -138,8 +138,8 @@ class FedSoft(Algorithm):
         n = self.server.num_clients
         if self.selection_size is None:
             return [list(range(n))] * self.num_clusters
-        v = center_importance(self.fractions, self.server.train_sizes).cpu().numpy()
-        rng = self.server.rng(round, "fedsoft-selection")
+        v = center_importance(self.fractions, self.server.clients.train_sizes).cpu().numpy()
+        rng = self.server.random.rng(round, "fedsoft-selection")
         return [sorted(rng.choice(n, size=self.selection_size, replace=False, p=p / p.sum()).tolist()) for p in v]
 
     def select_clients(self, round: int) -> list[int]:
@@ -158,7 +158,7 @@ class FedSoft(Algorithm):
         def pull(rows: list[int], params: Tensor, grad: Tensor, _: Tensor) -> None:
             grad += proximal_gradient(params, fractions[rows], centers, lam)  # on buffers too: no optimizer reads it
 
-        trained = self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                          gradient_hook=pull if lam > 0 else None)
         if self.selection_size is not None:
             draws = self.draws(round)
@@ -172,7 +172,7 @@ class FedSoft(Algorithm):
         held = updates.all()
         self.local_models.write(held.clients, held.params)
         if self.selection_size is None:
-            v = center_importance(self.fractions, self.server.train_sizes).to(held.params.dtype)
+            v = center_importance(self.fractions, self.server.clients.train_sizes).to(held.params.dtype)
             weights = v[:, held.clients]
             self.models = (weights / weights.sum(dim=1, keepdim=True)) @ held.params
             return

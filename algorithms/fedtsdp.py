@@ -106,11 +106,11 @@ class FedTSDP(Algorithm):
     # -- set-up ------------------------------------------------------------------------------------
     def setup(self, server) -> None:
         super().setup(server)
-        public = server.public_x
+        public = server.data.public_x
         if public is None or len(public) == 0:
             raise ValueError("FedTSDP clusters clients by their outputs on unlabelled server data: give the data "
                              "module a public_size > 0 (data.init_args.public_size)")
-        total = len(server.layers())
+        total = len(server.model.layers())
         self.shared_layers = float(total if self.initial_shared is None else self.initial_shared)
         if self.shared_layers > total:
             raise ValueError(f"initial_shared={self.initial_shared} exceeds the model's {total} layers")
@@ -125,7 +125,7 @@ class FedTSDP(Algorithm):
 
     def personal_mask_now(self) -> Tensor:
         """Everything after the first `effective_shared` layers (half layers included) is personal."""
-        return ~self.server.layer_count_mask(self.effective_shared, "first")
+        return ~self.server.model.layer_count_mask(self.effective_shared, "first")
 
     # -- one round ---------------------------------------------------------------------------------
     def learning_rate_scale(self, round: int) -> float:
@@ -143,10 +143,10 @@ class FedTSDP(Algorithm):
         if m < 2:
             return
         batch = self.draw_public_batch(round)
-        x = self.server.public_x[batch.to(self.server.public_x.device)]
-        probs = torch.stack([self.server.predict(p, x).softmax(dim=-1) for p in updates.params])  # (m, B, C)
+        x = self.server.data.public_x[batch.to(self.server.data.public_x.device)]
+        probs = torch.stack([self.server.model.predict(p, x).softmax(dim=-1) for p in updates.params])  # (m, B, C)
         sample = default_sample_size(m) if self.hopkins_sample is None else min(self.hopkins_sample, m)
-        seed = int(self.server.rng(round, "fedtsdp-hopkins").integers(2**62))
+        seed = int(self.server.random.rng(round, "fedtsdp-hopkins").integers(2**62))
         H = hopkins(probs.reshape(m, -1), sample, generator=seed)
         js = js_divergence_matrix(probs)
         dist = l2_distance_matrix(updates.params[:, self.stage2_mask()])
@@ -181,7 +181,7 @@ class FedTSDP(Algorithm):
         """B distinct public indices drawn with probabilities W / sum(W), from a stream of (seed, round)."""
         n = len(self.public_weights)
         p = (self.public_weights / self.public_weights.sum()).numpy()
-        rng = self.server.rng(round, "fedtsdp-public")
+        rng = self.server.random.rng(round, "fedtsdp-public")
         return torch.as_tensor(np.sort(rng.choice(n, min(self.public_batch, n), replace=False, p=p)))
 
     def update_public_weights(self, batch: Tensor) -> None:
@@ -193,7 +193,7 @@ class FedTSDP(Algorithm):
 
     def stage2_mask(self) -> Tensor:
         """The entries stage 2 compares: trainable parameters (all, or only the shared ones)."""
-        mask = self.server.parameter_mask()
+        mask = self.server.model.parameter_mask()
         if self.weights == "shared" and self.personal_mask is not None:
             mask &= ~self.personal_mask
         return mask

@@ -63,11 +63,11 @@ class FeSEM(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        server.needs_every_client(type(self).__name__, f"in its seeding round (seed_round {self.seed_round})")
+        server.cohort.needs_every_client(type(self).__name__, f"in its seeding round (seed_round {self.seed_round})")
         if self.num_clusters > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
                              f"{server.num_clients} clients: give at most {server.num_clients}")
-        self.mask = server.parameter_mask()
+        self.mask = server.model.parameter_mask()
 
     def select_clients(self, round: int) -> list[int]:
         if round == self.seed_round and not self.seeded:
@@ -81,7 +81,7 @@ class FeSEM(Algorithm):
         held = updates.all()
         local = held.params[:, self.mask]
         if not self.seeded:  # k-means on the local models: the centers are then their members' means (M-step)
-            generator = kcenters.generator_for(int(self.server.rng(round, "fesem-seeding").integers(2**62)))
+            generator = kcenters.generator_for(int(self.server.random.rng(round, "fesem-seeding").integers(2**62)))
             labels = kcenters.fit(local.double(), self.num_clusters, generator=generator).labels
             self.models = self.models.repeat(self.num_clusters, 1)
             self.assignment[held.clients] = labels
@@ -100,7 +100,7 @@ class FeSEM(Algorithm):
     def center_mean(self) -> Tensor:
         """The centers' mean, weighted by their members' training-set sizes (the model FedAvg would hold)."""
         sizes = torch.zeros(len(self.models), dtype=torch.float64, device=self.models.device)
-        sizes.index_add_(0, self.assignment, self.server.train_sizes.to(torch.float64))
+        sizes.index_add_(0, self.assignment, self.server.clients.train_sizes.to(torch.float64))
         return (sizes @ self.models.double() / sizes.sum()).to(self.models.dtype)
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -54,7 +54,7 @@ class InferenceSimilarity(Algorithm):
         self.beta, self.soft = beta, soft
 
     def setup(self, server) -> None:
-        if server.public_x is None:
+        if server.data.public_x is None:
             raise ValueError(f"{type(self).__name__} needs server public data: set data.init_args.public_size "
                              "(the paper uses 2500 samples)")
         super().setup(server)
@@ -62,7 +62,7 @@ class InferenceSimilarity(Algorithm):
     def inferences(self, params: Tensor) -> Tensor:
         """What m flat models infer on the public data: (m, samples) predicted classes, or (m, samples, classes)
         softmax outputs with `soft`."""
-        outputs = torch.stack([self.server.predict(p, self.server.public_x) for p in params])
+        outputs = torch.stack([self.server.model.predict(p, self.server.data.public_x) for p in params])
         return outputs.softmax(dim=-1) if self.soft else outputs.argmax(dim=-1)
 
     def similarity(self, params: Tensor) -> Tensor:
@@ -104,7 +104,7 @@ class FlisDC(InferenceSimilarity):
 
     def setup(self, server) -> None:
         super().setup(server)
-        empty = np.flatnonzero(server.split(self.selection_split).sizes() == 0)
+        empty = np.flatnonzero(server.clients.split(self.selection_split).sizes() == 0)
         if len(empty):
             raise ValueError(f"FlisDC picks each client's starting model by its loss on the client's "
                              f"{self.selection_split!r} split, but {len(empty)} of {server.num_clients} clients "
@@ -112,10 +112,10 @@ class FlisDC(InferenceSimilarity):
                              f"data.init_args.{self.selection_split}_fraction, or set "
                              "algorithm.init_args.selection_split: train")
         evaluated = "every client" if self.evaluate == "pool" else "every client that has not trained yet"
-        server.declare_every_client_work(f"{evaluated} picks its pool model by loss in each evaluated round "
+        server.cohort.declare_every_client_work(f"{evaluated} picks its pool model by loss in each evaluated round "
                                          "(federation.eval_every)")
         if self.evaluate == "local":  # a client that has not trained yet reads its pool model
-            self.local_models = server.client_state("local_models",
+            self.local_models = server.state.declare("local_models",
                                                     initial=lambda clients: self.models[self.assignment[clients]])
 
     def begin_round(self, round: int) -> None:
@@ -133,7 +133,7 @@ class FlisDC(InferenceSimilarity):
             return
         every = len(clients) == self.server.num_clients
         distinct, copy_of = distinct_rows(self.models)
-        losses = self.server.client_losses(distinct, self.selection_split, None if every else clients)
+        losses = self.server.clients.losses(distinct, self.selection_split, None if every else clients)
         self.assignment[index] = losses[copy_of.to(losses.device)].argmin(dim=0)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
@@ -151,7 +151,7 @@ class FlisDC(InferenceSimilarity):
     def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """In an evaluated round, every client evaluated with a pool model picks it from the new pool (see the
         class doc)."""
-        if not self.server.evaluates(round):
+        if not self.server.run.evaluates(round):
             return
         n = self.server.num_clients
         if self.local_models is None:
@@ -207,7 +207,7 @@ class FlisHC(InferenceSimilarity):
 
     def setup(self, server) -> None:
         super().setup(server)
-        server.needs_every_client(type(self).__name__, "in its phase 0 (round 1)")
+        server.cohort.needs_every_client(type(self).__name__, "in its phase 0 (round 1)")
 
     def begin_round(self, round: int) -> None:
         if not self.clustered:
@@ -217,7 +217,7 @@ class FlisHC(InferenceSimilarity):
         """Every client trains the initial model once (round index 0); the similarity of the results fixes the
         clusters; every cluster model restarts from the initial model."""
         n = self.server.num_clients
-        trained = self.server.train_many(0, list(range(n)), self.server.initial_params.expand(n, -1),
+        trained = self.server.clients.train_many(0, list(range(n)), self.server.model.initial_params.expand(n, -1),
                                          epochs=self.phase_zero_epochs).params
         self.phase_zero_inferences = self.inferences(trained)
         similarity = agreement_similarity(self.phase_zero_inferences, soft=self.soft).cpu().numpy()
@@ -226,7 +226,7 @@ class FlisHC(InferenceSimilarity):
         labels = Agglomerative(distance_threshold=self.tau, linkage=self.linkage).fit_predict(distance,
                                                                                              kind="distance")
         self.assignment = torch.as_tensor(labels, device=self.models.device)
-        self.models = self.server.initial_params.repeat(int(labels.max()) + 1, 1)
+        self.models = self.server.model.initial_params.repeat(int(labels.max()) + 1, 1)
         self.clustered = True
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -235,7 +235,7 @@ class FlisHC(InferenceSimilarity):
         cut by, compared like for like (the phase-0 inferences are kept for it)."""
         if not self.clustered or self.phase_zero_inferences is None:
             return super().newcomer_models(newcomers)
-        start, count = self.server.initial_params, newcomers.count
+        start, count = self.server.model.initial_params, newcomers.count
         own = self.inferences(newcomers.train_many(list(range(count)), start.expand(count, -1), self.phase_zero_epochs))
         similarity = agreement_similarity(torch.cat([own, self.phase_zero_inferences]), soft=self.soft)[:count, count:]
         members = F.one_hot(self.assignment, len(self.models)).to(similarity.dtype)  # (clients, clusters)

@@ -147,29 +147,29 @@ class GPFL(Algorithm):
 
     def _personalized_route(self, head: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor]:
         """The head's input f replaced by CoV(f, p_i): every prediction is the personalized model's."""
-        model = self.server.model
+        model = self.server.model.module
         condition = model.get_submodule(INPUTS).values[PERSONALIZED]
         return (model.get_submodule(COV)(args[0], condition),)
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.embeddings = server.layer_mask([GCE])
-        self.inputs = server.layer_mask([INPUTS])
-        self.set_personal_mask(server.layer_mask([self.head_layer]) | self.inputs)
+        self.embeddings = server.model.layer_mask([GCE])
+        self.inputs = server.model.layer_mask([INPUTS])
+        self.set_personal_mask(server.model.layer_mask([self.head_layer]) | self.inputs)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The round's clients on the objective, each with the embeddings it received; then each one's conditional
         inputs for its next round from the embeddings it trained."""
-        trained = self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                          objective=self._objective, client_inputs=starts[:, self.embeddings])
         embeddings = trained.params[:, self.embeddings].view(len(clients), self.classes, self.width)
-        shares = class_shares(self.server.split("train"), clients, self.classes).to(embeddings)
+        shares = class_shares(self.server.clients.split("train"), clients, self.classes).to(embeddings)
         trained.params[:, self.inputs] = conditional_inputs(embeddings, shares).flatten(1)
         return trained
 
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], received: Tensor) -> Tensor:
         x, y = batch
-        features, personalized = head_inputs(module, self.server.head, x)  # the head ran on CoV(f, p_i)
+        features, personalized = head_inputs(module, self.server.model.head, x)  # the head ran on CoV(f, p_i)
         gce, cov = module.get_submodule(GCE), module.get_submodule(COV)
         global_route = cov(features, module.get_submodule(INPUTS).values[GENERIC])
         return (F.cross_entropy(personalized, y) + angle_level_loss(global_route, gce.weight, y)

@@ -127,7 +127,7 @@ class ICFL(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.entries = server.parameter_mask()  # updates are compared on the parameters, as the code's
+        self.entries = server.model.parameter_mask()  # updates are compared on the parameters, as the code's
 
     # -- clustering ------------------------------------------------------------------------------------------
     def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
@@ -154,7 +154,7 @@ class ICFL(Algorithm):
             alpha_g = cohesion(similarity)
             least = min(least, alpha_g)
             if alpha_g < alpha_t:
-                seed = int(self.server.rng(round, f"icfl-split-{cluster}").integers(2**31))
+                seed = int(self.server.random.rng(round, f"icfl-split-{cluster}").integers(2**31))
                 self.split(round, cluster, held.clients[members], bipartition(similarity, seed))
         self.log("cluster/alpha_G_min", least)  # the least cohesive cluster tested (1: none had two members)
 
@@ -185,7 +185,7 @@ class ICFL(Algorithm):
         held = updates.all()
         self.set_shared(*self.cluster_means(held, held.num_samples.to(self.models.dtype)))
         if len(self.models) > 1:
-            sizes = torch.bincount(self.assignment, weights=self.server.train_sizes.to(self.assignment.device).double(),
+            sizes = torch.bincount(self.assignment, weights=self.server.clients.train_sizes.to(self.assignment.device).double(),
                                    minlength=len(self.models))[1:].to(self.models)
             self.models[POOL] = sizes @ self.models[1:] / sizes.sum()
 

@@ -51,11 +51,11 @@ class IFCA(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        server.declare_every_client_work("every client picks its cluster by loss in each evaluated round "
+        server.cohort.declare_every_client_work("every client picks its cluster by loss in each evaluated round "
                                          "(federation.eval_every)")
         if not self.warmup_rounds:
-            seeds = server.rng(0, "cluster-inits").integers(2**31, size=self.num_clusters)
-            inits = [server.initial_params] + [server.random_params(int(seed)) for seed in seeds[1:]]
+            seeds = server.random.rng(0, "cluster-inits").integers(2**31, size=self.num_clusters)
+            inits = [server.model.initial_params] + [server.model.random_params(int(seed)) for seed in seeds[1:]]
             self.models = torch.stack(inits)
             self.seeded = True
 
@@ -68,7 +68,7 @@ class IFCA(Algorithm):
     def pick_clusters(self, clients: list[int]) -> None:
         """Each of `clients` joins the cluster model with the lowest loss on its training data."""
         every = len(clients) == self.server.num_clients
-        losses = self.server.client_losses(self.models, "train", None if every else clients)
+        losses = self.server.clients.losses(self.models, "train", None if every else clients)
         self.assignment[torch.as_tensor(clients, device=self.assignment.device)] = losses.argmin(dim=0)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
@@ -80,7 +80,7 @@ class IFCA(Algorithm):
 
     def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """In an evaluated round, every client estimates its cluster under the new models (see the class doc)."""
-        if self.seeded and self.server.evaluates(round):
+        if self.seeded and self.server.run.evaluates(round):
             self.pick_clusters(list(range(self.server.num_clients)))
             self.everyone_after = round
 

@@ -51,12 +51,12 @@ class KFED(CentroidAlgorithm):
             raise ValueError(f"local_k={self.local_k} exceeds the model's {self.k} centers")
 
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
-        fit = kcenters.awasthi_sheffet(x, self.local_k or self.k, self.generator(self.server.client_seed(round, client)),
+        fit = kcenters.awasthi_sheffet(x, self.local_k or self.k, self.generator(self.server.random.client_seed(round, client)),
                                      self.max_iter, self.tol)
         return self.fitted(fit, x)
 
     def start_centers(self, round: int, uploads: list[Tensor]) -> Tensor:
-        first = 0 if self.start_client == "first" else int(self.server.rng(round, "start").integers(len(uploads)))
+        first = 0 if self.start_client == "first" else int(self.server.random.rng(round, "start").integers(len(uploads)))
         return uploads[first]
 
     def aggregate(self, round: int, updates) -> None:

@@ -30,7 +30,7 @@ class LGFedAvg(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        total = len(server.layers())
+        total = len(server.model.layers())
         if self.global_layers > total:
             raise ValueError(f"global_layers={self.global_layers} exceeds the model's {total} layers")
-        self.set_personal_mask(~server.head_mask(self.global_layers, "algorithm.init_args.global_layers"))
+        self.set_personal_mask(~server.model.head_mask(self.global_layers, "algorithm.init_args.global_layers"))

@@ -16,7 +16,7 @@ class Local(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.local_models = server.client_state("local_models", initial=server.initial_params)
+        self.local_models = server.state.declare("local_models", initial=server.model.initial_params)
 
     def client_model(self, client: int) -> Tensor:
         return self.local_models[client]

@@ -46,13 +46,13 @@ class MFC(CentroidAlgorithm):
         super().setup(server)
         if self.ell != 2 or self.medoids:
             raise ValueError("MFC is a k-means method: use a CentroidModel with ell: 2 and medoids: false")
-        self.shared = server.client_state("shared", initial=torch.zeros(server.model.dim + 1))  # last (mean, size)
+        self.shared = server.state.declare("shared", initial=torch.zeros(server.model.module.dim + 1))  # last (mean, size)
         server.message.sends("shared", PER_CLIENT)  # kept per client, and read by the server client by client
 
     # -- clients -------------------------------------------------------------------------------------
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
         if round == 1:
-            fit = kcenters.awasthi_sheffet(x, self.k, self.generator(self.server.client_seed(round, client)),
+            fit = kcenters.awasthi_sheffet(x, self.k, self.generator(self.server.random.client_seed(round, client)),
                                          self.max_iter, self.tol)
             return self.fitted(fit, x)
         centers = self.centers(start)

@@ -64,7 +64,7 @@ class OCFL(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.mask = None if self.include_buffers else server.parameter_mask()
+        self.mask = None if self.include_buffers else server.model.parameter_mask()
         self.unassigned = torch.zeros(server.num_clients, dtype=torch.bool, device=server.device)
 
     def triggered(self) -> bool:

@@ -134,13 +134,13 @@ class PACFL(Algorithm):
         if self.num_clusters is not None and self.num_clusters > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
                              f"{server.num_clients} clients: give at most {server.num_clients}")
-        server.declare_every_client_work("every client sends its data subspace once, before round 1, and the "
+        server.cohort.declare_every_client_work("every client sends its data subspace once, before round 1, and the "
                                          "server compares every pair")
-        self.bases = self.client_bases(server.split("train"), server.num_clients)
+        self.bases = self.client_bases(server.clients.split("train"), server.num_clients)
         self.proximity = smallest_angles(self.bases)
         labels = self.clusterer.fit_predict(self.proximity.numpy(), kind="distance")
         self.assignment = torch.as_tensor(labels, device=server.device)
-        self.models = server.initial_params.repeat(int(labels.max()) + 1, 1)
+        self.models = server.model.initial_params.repeat(int(labels.max()) + 1, 1)
 
     def client_bases(self, split: ClientSplit, count: int) -> Tensor:
         """(count, features, p) every client's basis from its samples of `split`, raw or converted as the model sees
@@ -150,7 +150,7 @@ class PACFL(Algorithm):
 
     def subspace_data(self, x: Tensor) -> Tensor:
         """A client's samples as its subspace is taken of them: raw, or as the model sees them."""
-        return self.server.inputs(x) if self.inputs == "model" else x
+        return self.server.data.inputs(x) if self.inputs == "model" else x
 
     def begin_round(self, round: int) -> None:
         if round == 1:  # the one clustering, recorded with the first round

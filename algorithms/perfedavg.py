@@ -111,11 +111,11 @@ class PerFedAvg(Algorithm):
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """Algorithm 1's client for a group at once: (w's after the round's meta steps, mean of f(temp; D2) over each
-        client's last epoch). D1 is the stream `server.train_many` would take, D2 and D3 independent ones ("meta",
-        "hessian"), each a `server.group_batches` stream; every gradient of a step is one `group_loss_and_grad`."""
+        client's last epoch). D1 is the stream `server.clients.train_many` would take, D2 and D3 independent ones ("meta",
+        "hessian"), each a `server.clients.group_batches` stream; every gradient of a step is one `group_loss_and_grad`."""
         server = self.server
         purposes = ("train", "meta", "hessian") if self.variant == "hf" else ("train", "meta")
-        streams = [server.group_batches(round, clients, purpose=p) for p in purposes]
+        streams = [server.clients.group_batches(round, clients, purpose=p) for p in purposes]
         w = starts.clone()
         losses: list[list[Tensor]] = [[] for _ in clients]
         for groups in zip(*streams):
@@ -123,7 +123,7 @@ class PerFedAvg(Algorithm):
             if step == 0:
                 for row in rows:
                     losses[row] = []  # the mean loss of the last epoch, as the module's SGD reports
-            grads = [partial(server.group_loss_and_grad, batch=group.batch, step=step) for group in groups]
+            grads = [partial(server.model.group_loss_and_grad, batch=group.batch, step=step) for group in groups]
             hessian = replayed(grads[2], w.device) if len(grads) == 3 else None
             w[rows], loss = meta_step(w[rows], grads[0], grads[1], self.alpha, self.beta, hessian, self.delta)
             for i, row in enumerate(rows):
@@ -139,7 +139,7 @@ class PerFedAvg(Algorithm):
     def adapted_model(self, client: int) -> Tensor:
         """w - alpha grad f(w; B): the global model after one step on the first batch B of the client's "adapt"
         stream of round 0 (the global model itself for a client without training data)."""
-        return self.adapted(self.client_model(client), self.server.batches(ADAPT_ROUND, client, epochs=1,
+        return self.adapted(self.client_model(client), self.server.clients.batches(ADAPT_ROUND, client, epochs=1,
                                                                            purpose="adapt"))
 
     def adapted(self, w: Tensor, batches) -> Tensor:
@@ -147,7 +147,7 @@ class PerFedAvg(Algorithm):
         first = next(batches, None)
         if first is None:
             return w
-        _, grad = self.server.loss_and_grad(w, first[2])
+        _, grad = self.server.model.loss_and_grad(w, first[2])
         return w - self.alpha * grad
 
     def newcomer_models(self, newcomers) -> tuple[ClientModels, Tensor, None]:

@@ -116,8 +116,8 @@ class PFClus(CentroidAlgorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.local_centers = server.client_state("local_centers", initial=server.initial_params)
-        self.global_centers = server.initial_params.clone()
+        self.local_centers = server.state.declare("local_centers", initial=server.model.initial_params)
+        self.global_centers = server.model.initial_params.clone()
 
     # phase 1, the clients' local (k, l)-clustering, is the inherited `local_fit`
 
@@ -138,7 +138,7 @@ class PFClus(CentroidAlgorithm):
 
     def personalized(self, global_centers: Tensor) -> Tensor:
         """(Z, k*h) every client's personalized centers, each started from `global_centers` (flat)."""
-        data = self.server.split("train")
+        data = self.server.clients.split("train")
         x = self.all_points(data.x)
         local = self.centers(self.local_centers.read(torch.arange(self.server.num_clients)))
         start = self.centers(global_centers)

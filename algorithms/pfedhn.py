@@ -175,17 +175,17 @@ class PFedHN(Algorithm):
         super().setup(server)
         size = int(self.embed_dim) if self.embed_dim is not None else int(1 + server.num_clients / 4)
         self.size = size
-        self.generated = server.parameter_mask()  # what h generates; buffers stay shared (models[0])
+        self.generated = server.model.parameter_mask()  # what h generates; buffers stay shared (models[0])
         with torch.device("meta"):
             hypernet = HyperNetwork(size, self.hidden_dim, self.n_hidden, int(self.generated.sum()))
         self.hypernet = hypernet.to_empty(device=server.device)
-        default_init_(self.hypernet, torch.Generator().manual_seed(server.client_seed(0, 0, "pfedhn_hypernetwork")))
+        default_init_(self.hypernet, torch.Generator().manual_seed(server.random.client_seed(0, 0, "pfedhn_hypernetwork")))
         with torch.no_grad():
-            self.hypernet.head.bias.copy_(server.initial_params[self.generated])
+            self.hypernet.head.bias.copy_(server.model.initial_params[self.generated])
         self.momenta = [torch.zeros_like(p) for p in self.hypernet.parameters()]
         # a function, not a bound method: a copy of the store (a snapshot) then shares it
-        self.embeddings = server.client_state("embedding", initial=lambda clients: self.initial_embeddings(clients))
-        self.embedding_momentum = server.client_state("embedding_momentum", initial=torch.zeros(size))
+        self.embeddings = server.state.declare("embedding", initial=lambda clients: self.initial_embeddings(clients))
+        self.embedding_momentum = server.state.declare("embedding_momentum", initial=torch.zeros(size))
 
     def initial_embeddings(self, clients: Tensor) -> Tensor:
         """(len(clients), e) each client's untrained embedding: an N(0, 1) draw of its own (nn.Embedding's
@@ -194,7 +194,7 @@ class PFedHN(Algorithm):
 
     def fresh_embeddings(self, clients: list[int], purpose: str) -> Tensor:
         """(len(clients), e) N(0, 1) rows, each drawn on the CPU from (seed, client, purpose)."""
-        seeds = [self.server.client_seed(0, c, purpose) for c in clients]
+        seeds = [self.server.random.client_seed(0, c, purpose) for c in clients]
         rows = [torch.randn(self.size, generator=torch.Generator().manual_seed(s)) for s in seeds]
         return torch.stack(rows) if rows else torch.zeros(0, self.size)
 
@@ -274,15 +274,15 @@ class PFedHN(Algorithm):
 
     def fit_embedding(self, newcomers: Newcomers, newcomer: int, embedding: Tensor) -> Tensor:
         """`newcomer_epochs` epochs of the server's SGD on one newcomer's embedding alone: at each batch, the
-        gradient of the module's training loss at h(v) (`server.loss_and_grad`), carried back through h to v."""
+        gradient of the module's training loss at h(v) (`server.model.loss_and_grad`), carried back through h to v."""
         server, v, buffer = self.server, embedding.clone(), torch.zeros_like(embedding)
         devices = [v.device] if v.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.enable_grad():  # dropout draws repeat in a resumed run
-            torch.manual_seed(server.client_seed(newcomers.round, newcomer, "pfedhn_newcomer"))
+            torch.manual_seed(server.random.client_seed(newcomers.round, newcomer, "pfedhn_newcomer"))
             for _, step, batch in newcomers.batches(newcomer, self.newcomer_epochs, purpose="pfedhn_embedding"):
                 leaf = v.detach().requires_grad_(True)
                 theta = self.hypernet(leaf[None])
-                _, grad = server.loss_and_grad(self.with_buffers(theta)[0], batch, step)
+                _, grad = server.model.loss_and_grad(self.with_buffers(theta)[0], batch, step)
                 (v_grad,) = torch.autograd.grad(theta[0], leaf, grad_outputs=grad[self.generated].float())
                 sgd_step_(v, v_grad, buffer, self.embed_lr, self.hn_momentum, self.hn_weight_decay)
         return v

@@ -23,7 +23,7 @@ clients' included: their personal models move every round, as in the paper, whil
 `train_every_client: false` trains only the sampled clients (the engine's cohort, as every other method), so an
 unsampled client keeps its last theta; with participation 1 the two are the same run. Training every client is
 all-client work: with `federation.clients_per_round` below the clients (cross-device) the default is refused at
-set-up in one line naming `train_every_client` (`ServerContext.needs_every_client`), so a cross-device run states
+set-up in one line naming `train_every_client` (`ServerContext.cohort.needs_every_client`), so a cross-device run states
 `train_every_client: false` (configs/cross_device/femnist/pfedme.yaml); so is a `privacy:` section with a share
 below 1, whose accountant and adaptive clipping would count every trained client as released.
 
@@ -35,10 +35,10 @@ differs from FedAvg only in the clients' work; beta = 2 is one option away. The 
 R = 20 are the run's settings here (the module's learning rate, `federation.batch_size`, `federation.local_epochs`).
 
 Deviations from the paper, and why:
-- eta is the module's configured learning rate of the round (`server.learning_rate(round)`), so schedulers apply;
+- eta is the module's configured learning rate of the round (`server.clients.learning_rate(round)`), so schedulers apply;
   the module's optimizer itself is not used: momentum and weight decay do not enter these plain gradient steps.
 - R is the client's optimizer steps of a round (its batches times `federation.local_epochs`, each sample once per
-  epoch, the batches `server.batches` gives), not a fixed count of sampled batches: the same local work as FedAvg's.
+  epoch, the batches `server.clients.batches` gives), not a fixed count of sampled batches: the same local work as FedAvg's.
 - mean(w_local) is the training-set-size weighted mean, as the authors' code and the engine's FedAvg average; the
   paper writes the plain mean over the selected clients (the same when clients are equally large).
 - theta starts from the received global model at each round and carries over between the round's iterations, as in
@@ -107,13 +107,13 @@ class PFedMe(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.personal_models = server.client_state("personal", initial=server.initial_params)  # every client's theta
+        self.personal_models = server.state.declare("personal", initial=server.model.initial_params)  # every client's theta
         if not self.train_every_client:
             return
         option = "algorithm.init_args.train_every_client: false"
-        server.needs_every_client("pFedMe", "every round (train_every_client, Algorithm 1: the sampled clients are "
+        server.cohort.needs_every_client("pFedMe", "every round (train_every_client, Algorithm 1: the sampled clients are "
                                   "those averaged)", instead=option)
-        if server.private_aggregation and len(self.sampled_clients(1)) < server.num_clients:
+        if server.aggregation.private and len(self.sampled_clients(1)) < server.num_clients:
             raise ValueError(f"pFedMe with train_every_client trains every client but averages a participation share "
                              f"({self.participation}), which DP's accountant and adaptive clipping cannot tell "
                              f"apart: set {option} or participation 1.0 with a privacy section")
@@ -130,18 +130,18 @@ class PFedMe(Algorithm):
         return super().select_clients(round)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
-        """Algorithm 1's client for a group at once (`server.group_batches`, `server.group_loss_and_grad`):
+        """Algorithm 1's client for a group at once (`server.clients.group_batches`, `server.model.group_loss_and_grad`):
         (w_local's, mean loss f(theta; batch) of each client's last epoch, {"personal": theta's})."""
         server = self.server
-        eta = server.learning_rate(round)
+        eta = server.clients.learning_rate(round)
         local, theta = starts.clone(), starts.clone()
         losses: list[list[Tensor]] = [[] for _ in clients]
-        for group in server.group_batches(round, clients):
+        for group in server.clients.group_batches(round, clients):
             rows = group.rows
             if group.step == 0:
                 for row in rows:
                     losses[row] = []  # the mean loss of the last epoch, as the module's SGD reports
-            solved, loss = personalize(partial(server.group_loss_and_grad, batch=group.batch, step=group.step),
+            solved, loss = personalize(partial(server.model.group_loss_and_grad, batch=group.batch, step=group.step),
                                        theta[rows], local[rows], self.lam, self.personal_lr, self.K)
             theta[rows] = solved
             local[rows] = local[rows] - eta * self.lam * (local[rows] - solved)
@@ -168,7 +168,7 @@ class PFedMe(Algorithm):
         models = self.models
         sampled = torch.zeros(self.server.num_clients, dtype=torch.bool, device=models.device)
         sampled[self.sampled_clients(round)] = True
-        average = self.server.cluster_aggregator(1, models.shape[1], models.dtype, models.device)
+        average = self.server.aggregation.new(1, models.shape[1], models.dtype, models.device)
         for group in updates.groups():
             kept = group.subset(sampled[group.clients])
             del group  # or it would stay alive while the next group trains: two groups in memory

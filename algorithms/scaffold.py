@@ -2,8 +2,8 @@
 Federated Learning", ICML 2020, Algorithm 1 with option II of the client control variate).
 
 The server keeps a control variate c (d,) and every client one, c_i (client state). A client of round r starts from the
-server model x and takes its K local steps (`server.local_steps(client)`) at the learning rate eta_l
-(`server.learning_rate(r)`) with the corrected gradient g + c - c_i, reaching y_i; option II then sets
+server model x and takes its K local steps (`server.clients.local_steps(client)`) at the learning rate eta_l
+(`server.clients.learning_rate(r)`) with the corrected gradient g + c - c_i, reaching y_i; option II then sets
 c_i+ = c_i - c + (x - y_i) / (K eta_l). The server applies x <- x + eta_g mean(y_i - x) and
 c <- c + (|S| / N) mean(c_i+ - c_i) over the |S| clients of the round (N clients in all).
 
@@ -62,12 +62,12 @@ class SCAFFOLD(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        d, n = server.num_params, server.num_clients
+        d, n = server.model.num_params, server.num_clients
         self.control = self.models.new_zeros(d)
-        self.client_controls = server.client_state("client_controls", initial=self.models.new_zeros(d))
+        self.client_controls = server.state.declare("client_controls", initial=self.models.new_zeros(d))
         server.message.sends("client_controls", SUMMED)  # c_i+, kept by the client; c_i+ - c_i summed into c
-        self.parameter_entries = server.parameter_mask().to(server.device)
-        self.steps = torch.tensor([server.local_steps(c) for c in range(n)], device=server.device)
+        self.parameter_entries = server.model.parameter_mask().to(server.device)
+        self.steps = torch.tensor([server.clients.local_steps(c) for c in range(n)], device=server.device)
         self.training_controls: dict[int, Tensor] = {}  # c_i of the clients training now: read once, not every step
 
     def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
@@ -83,7 +83,7 @@ class SCAFFOLD(Algorithm):
         for client in clients:  # trained: its c_i is not needed again this round
             self.training_controls.pop(client, None)
         old = self.client_controls.read(clients)  # a copy: written in place below
-        rate = self.server.learning_rate(round) * self.learning_rate_scale(round)
+        rate = self.server.clients.learning_rate(round) * self.learning_rate_scale(round)
         scale = (self.steps[clients] * rate).to(starts.dtype)[:, None]
         drift = torch.sub(starts, trained.params).div_(scale).masked_fill_(~self.parameter_entries, 0)  # in place: a
         new = old.sub_(self.control).add_(drift)  # group of large models holds few (clients x parameters) copies

@@ -27,7 +27,7 @@ metric; `dist_fraction` 0.3 (their tuned FEMNIST value is 0.34; their MNIST conf
 `init_epochs` = refine_rounds x the federation's local epochs, the authors' rule (refine rounds = init iterations /
 local iterations).
 
-The distances need every local model evaluated on every client's data: `server.client_losses` of n models over all
+The distances need every local model evaluated on every client's data: `server.clients.losses` of n models over all
 clients, n^2 client passes once (and K models over all clients at each step's end), fine at the cross-silo sizes the
 paper uses (tens of clients), not at thousands. The one-shot round trains every client, so a
 `federation.clients_per_round` below the clients is refused.
@@ -153,7 +153,7 @@ class SRFCA(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        server.needs_every_client("SR-FCA", "in its one-shot round (round 1), whose local models it clusters")
+        server.cohort.needs_every_client("SR-FCA", "in its one-shot round (round 1), whose local models it clusters")
         if self.size_threshold > server.num_clients:
             raise ValueError(f"algorithm.init_args.size_threshold is {self.size_threshold}, more than the "
                              f"{server.num_clients} clients: give at most {server.num_clients}")
@@ -170,12 +170,12 @@ class SRFCA(Algorithm):
         m = share_count(self.participation, len(clustered))
         if m == len(clustered):
             return clustered
-        return sorted(self.server.rng(round, "select").choice(clustered, size=m, replace=False).tolist())
+        return sorted(self.server.random.rng(round, "select").choice(clustered, size=m, replace=False).tolist())
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The module's SGD, for `init_epochs` in the one-shot round."""
         epochs = self.init_epochs if round == 1 else None
-        return self.server.train_many(round, clients, starts, epochs=epochs)
+        return self.server.clients.train_many(round, clients, starts, epochs=epochs)
 
     def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """Round 1: the cross-loss distances of the local models, lambda, the one-shot correlation clustering."""
@@ -183,14 +183,14 @@ class SRFCA(Algorithm):
             return
         held, n = updates.all(), self.server.num_clients
         losses = torch.full((n, n), math.nan, device=self.models.device)
-        losses[held.clients] = self.server.client_losses(held.params, "train").to(losses)
+        losses[held.clients] = self.server.clients.losses(held.params, "train").to(losses)
         distance = cross_loss_distance(losses)
         self.log_matrix("cross_loss_distance", distance)
         self.threshold = self.dist_threshold if self.dist_threshold is not None else \
             fraction_threshold(distance, self.dist_fraction)
         self.log("cluster/distance_threshold", self.threshold)
         adjacency = (distance <= self.threshold).cpu().numpy()  # NaN (a left-out client) is no edge
-        kept = [c for c in correlation_clustering(adjacency, self.server.rng(round, "pivots"))
+        kept = [c for c in correlation_clustering(adjacency, self.server.random.rng(round, "pivots"))
                 if len(c) >= self.size_threshold]
         if not kept:
             raise ValueError(f"SR-FCA's one-shot clustering (lambda {self.threshold:.4g}) left no cluster of "
@@ -222,7 +222,7 @@ class SRFCA(Algorithm):
     def refine_and_merge(self, round: int) -> None:
         """RECLUSTER every client to its nearest cluster (clusters of fewer than t dropped), then MERGE the clusters
         whose models are within lambda of each other."""
-        model_losses = self.server.client_losses(self.models, "train").to(self.local_losses)
+        model_losses = self.server.clients.losses(self.models, "train").to(self.local_losses)
         members = [((self.assignment == k) & self.clustered).nonzero().flatten() for k in range(len(self.models))]
         distance = torch.nan_to_num(client_cluster_distances(model_losses, self.local_losses, members), nan=math.inf)
         nearest = distance.argmin(dim=0)
@@ -235,9 +235,9 @@ class SRFCA(Algorithm):
         members = [(nearest == k).nonzero().flatten() for k in kept.tolist()]
         pairs = cluster_pair_distances(model_losses[kept], members)
         self.log_matrix("cluster_cross_loss_distance", pairs)
-        groups = correlation_clustering((pairs <= self.threshold).cpu().numpy(), self.server.rng(round, "pivots"))
+        groups = correlation_clustering((pairs <= self.threshold).cpu().numpy(), self.server.random.rng(round, "pivots"))
         group_of = torch.empty(len(kept), dtype=torch.long, device=kept.device)
-        sizes = torch.stack([self.server.train_sizes[m].sum() for m in members]).to(self.models)
+        sizes = torch.stack([self.server.clients.train_sizes[m].sum() for m in members]).to(self.models)
         models = []
         for g, parts in enumerate(groups):
             group_of[parts] = g

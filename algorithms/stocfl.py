@@ -114,7 +114,7 @@ class StoCFL(Algorithm):
         super().setup(server)
         server.message.sends(GLOBAL_COPY, MODEL,  # trained from omega, the global model
                              trained_from=lambda clients: self.models[GLOBAL].expand(len(clients), -1))
-        self.entries = server.parameter_mask()  # the representation's entries: the parameters, not buffers
+        self.entries = server.model.parameter_mask()  # the representation's entries: the parameters, not buffers
         self.representations = self.models.new_zeros(1, int(self.entries.sum()))  # a row per row of models
         self.members = torch.zeros(1, dtype=torch.long, device=server.device)  # clients in each row
 
@@ -130,8 +130,8 @@ class StoCFL(Algorithm):
 
     def observe(self, round: int, clients: list[int]) -> Tensor:
         """(len(clients), parameters) each client's psi = anchor - its model after `observe_epochs` from the anchor."""
-        anchor = self.server.initial_params
-        trained = self.server.train_many(round, clients, anchor.expand(len(clients), -1), epochs=self.observe_epochs,
+        anchor = self.server.model.initial_params
+        trained = self.server.clients.train_many(round, clients, anchor.expand(len(clients), -1), epochs=self.observe_epochs,
                                          purpose="stocfl-observe")
         return (anchor - trained.params)[:, self.entries]
 
@@ -181,8 +181,8 @@ class StoCFL(Algorithm):
         def pull(rows: list[int], params: Tensor, grad: Tensor, _: Tensor) -> None:
             grad += proximal_gradient(params, omega, lam)
 
-        trained = self.server.train_many(round, clients, starts, lr_scale=scale, gradient_hook=pull if lam else None)
-        global_copies = self.server.train_many(round, clients, omega.expand(len(clients), -1), lr_scale=scale).params
+        trained = self.server.clients.train_many(round, clients, starts, lr_scale=scale, gradient_hook=pull if lam else None)
+        global_copies = self.server.clients.train_many(round, clients, omega.expand(len(clients), -1), lr_scale=scale).params
         trained.state = {**trained.state, GLOBAL_COPY: global_copies}
         return trained
 
@@ -190,7 +190,7 @@ class StoCFL(Algorithm):
         """Each cluster model the weighted mean of its round members' cluster copies, the global model that of
         every round client's global copy, through the run's cluster aggregator (two rows a client)."""
         k, d = self.models.shape
-        average = self.server.cluster_aggregator(k, d, self.models.dtype, self.models.device, rows_per_client=2)
+        average = self.server.aggregation.new(k, d, self.models.dtype, self.models.device, rows_per_client=2)
         for group in updates.groups():
             weights = group.num_samples.to(self.models.dtype)
             copies = group.state.pop(GLOBAL_COPY)
@@ -205,7 +205,7 @@ class StoCFL(Algorithm):
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor]:
         """Each newcomer's psi at the anchor; it joins the cluster of most similar representation when that is
         >= tau, else it gets the global model (label 0)."""
-        anchor, count = self.server.initial_params, newcomers.count
+        anchor, count = self.server.model.initial_params, newcomers.count
         trained = newcomers.train_many(list(range(count)), anchor.expand(count, -1), epochs=self.observe_epochs,
                                        purpose="stocfl-observe")
         groups = torch.full((count,), GLOBAL, dtype=torch.long, device=self.models.device)

@@ -24,9 +24,9 @@ def main() -> None:
     for vectorize in (0, 3):  # the sequential and the vectorized trainer
         cpu, nudged, gpu = (mlp_federation(FedAvg(), vectorize=vectorize, accelerator=a) for a in ("cpu", "cpu", "cuda"))
         nudge_by_one_ulp(nudged.algorithm.models)
-        start = cpu.server.initial_params
-        one_cpu = cpu.server.train(1, 0, start)[0]
-        one_gpu = gpu.server.train(1, 0, start.to(gpu.device))[0].cpu()
+        start = cpu.server.model.initial_params
+        one_cpu = cpu.server.clients.train(1, 0, start).params
+        one_gpu = gpu.server.clients.train(1, 0, start.to(gpu.device)).params.cpu()
         print(f"vectorize={vectorize}: client 0 alone, 1 round: gpu-cpu {float((one_gpu - one_cpu).abs().max()):.2e}")
         for r in (1, 2):
             cpu.run_round(r), nudged.run_round(r), gpu.run_round(r)

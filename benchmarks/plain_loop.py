@@ -36,7 +36,7 @@ class PlainLoop:
             net.load_state_dict(self.global_state)
             optimizer = self.make_optimizer(net.parameters())
             x, y = fed.data.train.client(client)
-            seed = fed.server.client_seed(round, client)
+            seed = fed.server.random.client_seed(round, client)
             torch.manual_seed(seed)
             generator = torch.Generator().manual_seed(seed)  # drawn on the CPU, as fedlight draws sample orders
             net.train()

@@ -65,10 +65,10 @@ def test_local_never_averages_each_model_is_its_client_trained_alone():
     for r in (1, 2):
         fed.run_round(r)
     for k in range(3):
-        alone = fed.server.initial_params
+        alone = fed.server.model.initial_params
         x, y = fed.data.train.client(k)
         for r in (1, 2):
-            alone = fed.execution.trainer.fit(alone, x, y, fed.server.client_seed(r, k)).params
+            alone = fed.execution.trainer.fit(alone, x, y, fed.server.random.client_seed(r, k)).params
         assert torch.equal(fed.algorithm.client_model(k), alone)
     assert not torch.equal(fed.algorithm.client_model(0), fed.algorithm.client_model(1))
 
@@ -76,13 +76,13 @@ def test_local_never_averages_each_model_is_its_client_trained_alone():
 class LastLayerPersonal(Algorithm):
     def setup(self, server):
         super().setup(server)
-        self.set_personal_mask(server.layer_mask(server.layers()[-1:]))
+        self.set_personal_mask(server.model.layer_mask(server.model.layers()[-1:]))
 
 
 def test_personal_layers_are_untouched_by_aggregation():
     fed = small_federation(LastLayerPersonal(), num_clients=3)
     alg = fed.algorithm
-    initial_personal = fed.server.initial_params[alg.personal_mask]
+    initial_personal = fed.server.model.initial_params[alg.personal_mask]
     updates = fed.execution.train(1, [0, 1, 2])
     alg.aggregate(1, RoundUpdates.of(updates))
     assert torch.equal(alg.models[0][alg.personal_mask], initial_personal)  # the server never averages them

@@ -74,7 +74,7 @@ def test_a_query_round_sends_each_clients_update_at_the_criterion_model():
     fed.run_round(2)
     labels = alg.cluster_labels()
     for client in (int(np.flatnonzero(labels == 0)[0]), int(np.flatnonzero(labels == 1)[0])):
-        trained, _ = fed.server.train(2, client, models[1])
+        trained = fed.server.clients.train(2, client, models[1]).params
         assert torch.allclose(alg.profile[client][1], (trained - models[1])[alg.entries], atol=1e-6)
     assert alg.visits.tolist() == [[1, 1]] * 6  # model 0 queried in round 1, model 1 in round 2
 

@@ -36,7 +36,7 @@ class SendsCounts(Algorithm):
 
     def train_group(self, round: int, clients: list[int], starts: torch.Tensor) -> Trained:
         trained = super().train_group(round, clients, starts)
-        split = self.server.split("train")
+        split = self.server.clients.split("train")
         counts = torch.stack([torch.bincount(split.client(c)[1], minlength=10).float() for c in clients])
         return Trained(trained.params, trained.loss, trained.logs, {"label_counts": counts})
 

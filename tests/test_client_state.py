@@ -156,7 +156,7 @@ class Noted(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.notes = server.client_state("note", initial=torch.zeros(2))
+        self.notes = server.state.declare("note", initial=torch.zeros(2))
 
     def train_client(self, round, client, start):
         trained, loss = super().train_client(round, client, start)
@@ -173,8 +173,8 @@ def test_the_engine_stores_returned_state_and_leaves_out_a_client_whose_state_is
     assert notes.touched().tolist() == [0, 1, 3]
     assert torch.equal(every_row(notes), torch.tensor([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [3.0, 1.0]]))
     kept = [0, 1, 3]  # FedAvg over the other clients, each trained alone from the initial model
-    trained = torch.stack([server.train(1, c, server.initial_params)[0] for c in kept]).double()
-    sizes = server.train_sizes[kept].double()
+    trained = torch.stack([server.clients.train(1, c, server.model.initial_params).params for c in kept]).double()
+    sizes = server.clients.train_sizes[kept].double()
     expected = (sizes[:, None] * trained).sum(0) / sizes.sum()
     assert torch.allclose(fed.algorithm.models[0].double(), expected, atol=1e-6)
 

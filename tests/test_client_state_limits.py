@@ -62,7 +62,7 @@ class EveryClientInRound2(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.notes = server.client_state("notes", initial=torch.zeros(1000))
+        self.notes = server.state.declare("notes", initial=torch.zeros(1000))
 
     def select_clients(self, round: int) -> list[int]:
         return list(range(self.server.num_clients)) if round == 2 else super().select_clients(round)

@@ -234,7 +234,7 @@ def test_ifca_assigns_each_client_to_the_model_with_the_lowest_loss_computed_by_
         for j in range(2):
             log_p = biases[j] - torch.logsumexp(biases[j], 0)
             expected_losses[j, k] = -log_p[y].double().mean()
-    assert np.allclose(fed.server.client_losses(alg.models, "train").double().numpy(), expected_losses, atol=1e-5)
+    assert np.allclose(fed.server.clients.losses(alg.models, "train").double().numpy(), expected_losses, atol=1e-5)
     alg.pick_clusters(list(range(5)))
     assert alg.assignment.tolist() == expected_losses.argmin(axis=0).tolist()
 
@@ -242,7 +242,7 @@ def test_ifca_assigns_each_client_to_the_model_with_the_lowest_loss_computed_by_
 def test_ifca_cluster_models_start_from_different_initializations():
     fed = small_federation(IFCA(num_clusters=3), num_clients=3)
     m = fed.algorithm.models
-    assert torch.equal(m[0], fed.server.initial_params) and not torch.equal(m[1], m[2])
+    assert torch.equal(m[0], fed.server.model.initial_params) and not torch.equal(m[1], m[2])
 
 
 # -- FLIS -------------------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def test_flis_hc_recovers_rotation_clusters_after_phase_zero():
     from sklearn.metrics import adjusted_rand_score
 
     assert adjusted_rand_score(truth, labels) == 1.0
-    assert not any(torch.equal(m, fed.server.initial_params) for m in fed.algorithm.models)  # trained in round 1
+    assert not any(torch.equal(m, fed.server.model.initial_params) for m in fed.algorithm.models)  # trained in round 1
 
 
 def test_the_logged_cluster_of_each_client_is_the_clustering_that_was_scored():
@@ -306,10 +306,10 @@ def test_ifca_evaluates_every_client_with_the_model_of_the_cluster_it_is_logged_
     for round in (1, 2, 3):
         metrics = fed.run_round(round)
         logged = metrics.per_client["cluster"]
-        assert logged.tolist() == server.client_losses(alg.models, "train").argmin(dim=0).tolist()
+        assert logged.tolist() == server.clients.losses(alg.models, "train").argmin(dim=0).tolist()
         for client in range(8):
             x, y = fed.data.test.client(client)
-            accuracy = (server.predict(alg.models[int(logged[client])], x).argmax(dim=1) == y).float().mean()
+            accuracy = (server.model.predict(alg.models[int(logged[client])], x).argmax(dim=1) == y).float().mean()
             assert metrics.per_client["acc"][client] == pytest.approx(float(accuracy))
 
 
@@ -340,7 +340,7 @@ def test_predict_on_no_rows_and_losses_of_clients_without_rows():
 
     fed = digits_without_val(FedAvg())
     server = fed.server
-    assert server.predict(server.initial_params, fed.data.val.x).shape == (0, 10)
-    models = server.initial_params[None]
-    assert torch.isnan(server.client_losses(models, "val")).all()  # no rows: no loss, rather than 0
-    assert torch.isfinite(server.client_losses(models, "train")).all()
+    assert server.model.predict(server.model.initial_params, fed.data.val.x).shape == (0, 10)
+    models = server.model.initial_params[None]
+    assert torch.isnan(server.clients.losses(models, "val")).all()  # no rows: no loss, rather than 0
+    assert torch.isfinite(server.clients.losses(models, "train")).all()

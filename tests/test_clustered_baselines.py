@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -37,28 +38,28 @@ class FederationNewcomers:
 
     def __init__(self, fed, round: int = 1) -> None:
         self.server = fed.server
-        self.count, self.round, self.train_sizes = fed.server.num_clients, round, fed.server.train_sizes
+        self.count, self.round, self.train_sizes = fed.server.num_clients, round, fed.server.clients.train_sizes
 
     def split(self, name):
-        return self.server.split(name)
+        return self.server.clients.split(name)
 
     def losses(self, models, split="train"):
-        return self.server.client_losses(models, split)
+        return self.server.clients.losses(models, split)
 
     def sample_losses(self, models):
-        data = self.server.split("train")
-        losses = torch.stack([F.cross_entropy(self.server.predict(m, data.x), data.y, reduction="none")
+        data = self.server.clients.split("train")
+        losses = torch.stack([F.cross_entropy(self.server.model.predict(m, data.x), data.y, reduction="none")
                               for m in models])
-        return losses, self.server.client_of_row("train")
+        return losses, self.server.clients.client_of_row("train")
 
     def train(self, newcomer, start, epochs=None, purpose="newcomer"):
-        return self.server.train(self.round, newcomer, start, epochs, purpose=purpose)[0]
+        return self.server.clients.train(self.round, newcomer, start, epochs, purpose=purpose).params
 
     def train_many(self, newcomers, starts, epochs=None, purpose="newcomer"):
-        return self.server.train_many(self.round, newcomers, starts, epochs, purpose=purpose).params
+        return self.server.clients.train_many(self.round, newcomers, starts, epochs, purpose=purpose).params
 
     def batches(self, newcomer, epochs=None, purpose="newcomer"):
-        return self.server.batches(self.round, newcomer, epochs, purpose)
+        return self.server.clients.batches(self.round, newcomer, epochs, purpose)
 
 
 def run(fed, rounds):
@@ -271,7 +272,7 @@ def test_pacfl_takes_its_subspaces_of_the_raw_data_or_of_what_the_model_sees(inp
     M = [[0, 1], [-1, -1]], have as top left singular vector the eigenvector (1, -phi) of M M^T = [[1, -1], [-1, 2]]
     (eigenvalue (3 + sqrt 5) / 2), at arccos((phi - 1) / sqrt(2 (1 + phi^2))) = 76.7 degrees from (1, 1)."""
     alg = PACFL(basis_size=1, inputs=inputs)
-    alg.server = type("Server", (), {"inputs": staticmethod(lambda x: x - 1.0)})()
+    alg.server = SimpleNamespace(data=SimpleNamespace(inputs=lambda x: x - 1.0))
     bases = alg.client_bases(TwoClients([[1.0, 1.0], [3.0, 3.0]], [[1.0, 0.0], [2.0, 0.0]]), 2)
     assert float(smallest_angles(bases)[0, 1]) == pytest.approx(angle, abs=1e-9)
 
@@ -318,7 +319,7 @@ def test_fedem_trains_each_component_with_its_posterior_weights_and_stores_the_m
     q = posterior(mixture[1].log(), alg.sample_losses(1))
     out = alg.train_group(1, [1], alg.client_model(1)[None])
     sent = {name: value[0] for name, value in out.state.items()}
-    expected = fed.server.train(1, 1, before[1], sample_weights=q[:, 1])[0]
+    expected = fed.server.clients.train(1, 1, before[1], sample_weights=q[:, 1]).params
     assert torch.equal(sent["copies"][1], expected)
     assert int(sent["component"]) == int(alg.assignment[1])
     assert torch.equal(out.params[0], sent["copies"][int(alg.assignment[1])])  # the copy of its start component
@@ -365,7 +366,7 @@ def test_fedem_with_one_client_of_three_mixes_the_previous_components_in_as_the_
     d = alg.models.shape[1]
     alg.models = torch.stack([torch.full((d,), 1.0), torch.full((d,), -2.0)])
     copies = torch.stack([torch.full((d,), 4.0), torch.full((d,), 7.0)])[None]  # client 1's trained copies
-    n0, n1, n2 = fed.server.train_sizes.tolist()
+    n0, n1, n2 = fed.server.clients.train_sizes.tolist()
     updates = Updates(torch.tensor([1]), copies[:, 0], alg.models[:1].clone(), torch.tensor([n1]), torch.zeros(1),
                       state={"copies": copies, "component": torch.tensor([0]), "mixture": torch.tensor([[0.4, 0.6]])})
     alg.aggregate(1, RoundUpdates.of(updates))
@@ -386,11 +387,11 @@ def test_fedem_refuses_an_unknown_average_in_one_line():
 def test_weighted_training_with_unit_weights_is_the_mean_cross_entropy_step():
     fed = small_federation(FedAvg(), num_clients=2)
     server = fed.server
-    start = server.initial_params
-    plain = server.train(1, 0, start)[0]
-    weighted = server.train(1, 0, start, sample_weights=torch.ones(int(server.train_sizes[0])))[0]
+    start = server.model.initial_params
+    plain = server.clients.train(1, 0, start).params
+    weighted = server.clients.train(1, 0, start, sample_weights=torch.ones(int(server.clients.train_sizes[0]))).params
     assert torch.allclose(plain, weighted, atol=1e-6)
-    unmoved = server.train(1, 0, start, epochs=1, sample_weights=torch.zeros(int(server.train_sizes[0])))[0]
+    unmoved = server.clients.train(1, 0, start, epochs=1, sample_weights=torch.zeros(int(server.clients.train_sizes[0]))).params
     assert torch.equal(unmoved, start)  # zero weights: zero gradient, no step
 
 

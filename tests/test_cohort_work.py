@@ -41,26 +41,26 @@ def selections(fed) -> list[list[int]]:
 def hand_choice(fed, models: torch.Tensor, client: int, split: str) -> int:
     """The model with the lowest mean cross-entropy on one client's split, computed client by client."""
     x, y = fed.data.split(split).client(client)
-    return min(range(len(models)), key=lambda k: float(F.cross_entropy(fed.server.predict(models[k], x), y)))
+    return min(range(len(models)), key=lambda k: float(F.cross_entropy(fed.server.model.predict(models[k], x), y)))
 
 
 def test_a_subset_of_clients_has_the_losses_of_the_whole_matrix_by_hand():
     fed = small_federation(FedAvg(), num_clients=6)
-    models = torch.stack([fed.server.initial_params, fed.server.random_params(1)])
+    models = torch.stack([fed.server.model.initial_params, fed.server.model.random_params(1)])
     some = [4, 1]
-    losses = fed.server.client_losses(models, "train", some)
+    losses = fed.server.clients.losses(models, "train", some)
     assert losses.shape == (2, 2)
     for j, client in enumerate(some):
         x, y = fed.data.train.client(client)
         for k in range(2):
-            assert float(losses[k, j]) == pytest.approx(float(F.cross_entropy(fed.server.predict(models[k], x), y)),
+            assert float(losses[k, j]) == pytest.approx(float(F.cross_entropy(fed.server.model.predict(models[k], x), y)),
                                                         rel=1e-5)
-    assert torch.allclose(losses, fed.server.client_losses(models, "train")[:, some])
+    assert torch.allclose(losses, fed.server.clients.losses(models, "train")[:, some])
 
 
 def test_evaluated_rounds_are_every_eval_every_and_the_last():
     fed = small_federation(FedAvg(), num_clients=2, rounds=7, eval_every=3)
-    assert [r for r in range(1, 8) if fed.server.evaluates(r)] == [3, 6, 7]
+    assert [r for r in range(1, 8) if fed.server.run.evaluates(r)] == [3, 6, 7]
 
 
 @pytest.mark.filterwarnings("ignore:most clients have fewer than 10")  # 200 clients of 1,797 digits
@@ -85,7 +85,7 @@ def test_ifca_computes_losses_only_for_the_rounds_clients_until_it_evaluates():
     rows.clear()
     result = fed.run_round(3)
     assert sum(rows) == k * int(sizes[chosen[-1]].sum()) + k * int(sizes.sum())  # the round's, then everyone's
-    everyone = fed.server.client_losses(alg.models, "train").argmin(dim=0)
+    everyone = fed.server.clients.losses(alg.models, "train").argmin(dim=0)
     assert torch.equal(alg.assignment, everyone) and result.per_client["cluster"].tolist() == everyone.tolist()
 
 
@@ -99,7 +99,7 @@ def test_ifca_with_every_client_each_round_reassigns_after_aggregation_with_one_
         rows.clear()
         fed.run_round(round)
         assert sum(rows) == (2 if round == 1 else 1) * 2 * total  # round 1 also picks under the initial models
-        assert torch.equal(alg.assignment, fed.server.client_losses(alg.models, "train").argmin(dim=0))
+        assert torch.equal(alg.assignment, fed.server.clients.losses(alg.models, "train").argmin(dim=0))
 
 
 def test_ifca_recovers_the_rotations_with_a_cohort_a_round():
@@ -156,8 +156,8 @@ def test_flis_dc_makes_one_loss_pass_for_each_distinct_pool_model_and_picks_the_
     hand-computed lowest loss, the first row on ties (a copy of row 0 is never picked over row 0)."""
     fed = small_federation(FlisDC(), num_clients=6, public_size=30)
     alg, sizes = fed.algorithm, fed.data.val.sizes()
-    other = fed.server.random_params(1)
-    alg.models = torch.stack([other, fed.server.initial_params, other, other])
+    other = fed.server.model.random_params(1)
+    alg.models = torch.stack([other, fed.server.model.initial_params, other, other])
     rows = counting_loss_rows(fed)
     clients = [0, 3, 5]
     alg.pick_pool_models(clients)

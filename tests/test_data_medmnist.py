@@ -158,7 +158,7 @@ def test_one_federated_round_on_uint8_images(tmp_path) -> None:
     assert fed.data.train.x.dtype == torch.uint8
     metrics = fed.run_round(1)
     assert np.isfinite(metrics.scalars["train/loss"]) and metrics.evaluated
-    assert fed.server.predict(fed.server.initial_params, fed.data.public_x).shape == (4, 9)
+    assert fed.server.model.predict(fed.server.model.initial_params, fed.data.public_x).shape == (4, 9)
 
 
 def test_listed() -> None:

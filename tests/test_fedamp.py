@@ -33,12 +33,12 @@ def test_the_client_step_adds_lambda_over_alpha_k_times_w_minus_u_to_every_gradi
     alpha_k, lam = 0.5, 0.8
     fed = small_federation(FedAMP(alpha_k=alpha_k, lam=lam), num_clients=3, local_epochs=2, batch_size=10_000)
     alg, server = fed.algorithm, fed.server
-    u = server.initial_params + 0.05 * torch.randn(server.num_params, generator=torch.Generator().manual_seed(1))
+    u = server.model.initial_params + 0.05 * torch.randn(server.model.num_params, generator=torch.Generator().manual_seed(1))
     trained = alg.train_group(1, [1], u[None]).params[0]
-    (_, _, first), (_, _, second) = list(server.batches(1, 1, 2))  # one batch an epoch: two SGD steps
-    lr = server.learning_rate(1)
-    w1 = u - lr * server.loss_and_grad(u, first)[1]  # at u itself the pull is 0
-    g1 = server.loss_and_grad(w1, second)[1]
+    (_, _, first), (_, _, second) = list(server.clients.batches(1, 1, 2))  # one batch an epoch: two SGD steps
+    lr = server.clients.learning_rate(1)
+    w1 = u - lr * server.model.loss_and_grad(u, first)[1]  # at u itself the pull is 0
+    g1 = server.model.loss_and_grad(w1, second)[1]
     assert torch.allclose(trained, w1 - lr * (g1 + lam / alpha_k * (w1 - u)), atol=1e-6)
     assert (trained - (w1 - lr * g1)).norm() > 1e-3  # the pull is there, towards u
     assert (trained - u).norm() < (w1 - lr * g1 - u).norm()
@@ -51,7 +51,7 @@ def test_two_rounds_mix_the_round_clients_stored_models_and_evaluate_each_client
     fed.run_round(1)
     assert alg.cloud == {}  # spent with the round
     for k in range(4):
-        assert torch.equal(alg.personal_models[k], server.initial_params) == (k not in first)
+        assert torch.equal(alg.personal_models[k], server.model.initial_params) == (k not in first)
 
     clients = alg.select_clients(2)
     assert len(clients) == 3
@@ -73,8 +73,8 @@ def test_two_rounds_mix_the_round_clients_stored_models_and_evaluate_each_client
         assert torch.allclose(alg.personal_models[i], alg.train_group(2, [i], clouds[i][None]).params[0], atol=1e-6)
     accuracy = []
     for k in range(4):
-        x, y = server.split("test").client(k)
-        accuracy.append((server.predict(alg.personal_models[k], x).argmax(1) == y).double().mean())
+        x, y = server.clients.split("test").client(k)
+        accuracy.append((server.model.predict(alg.personal_models[k], x).argmax(1) == y).double().mean())
     assert result.scalars["test/acc_mean"] == pytest.approx(float(torch.stack(accuracy).mean()))
     assert 0 <= result.scalars["fedamp/self_weight_min"] <= result.scalars["fedamp/self_weight_mean"] <= 1
 

@@ -74,7 +74,7 @@ def test_local_training_is_the_authors_step():
     base.requires_grad_(False), head_g.requires_grad_(False)
     context = F.normalize(network.out.weight.detach().sum(0, keepdim=True), dim=1)
     step = torch.optim.SGD([*network.parameters(), *policy.parameters()], lr=0.05, momentum=0.9)
-    for _, _, (x, y) in fed.server.batches(1, client):
+    for _, _, (x, y) in fed.server.clients.batches(1, client):
         rep = torch.relu(network.hidden[0](torch.flatten(x, 1)))
         shares = F.gumbel_softmax(policy(rep * context).view(len(x), 2, -1), dim=1, tau=1, hard=False)
         output = network.out(rep * shares[:, 0]) + head_g(rep * shares[:, 1])
@@ -108,13 +108,13 @@ def test_a_round_averages_body_policy_and_uploaded_global_heads_clients_predict_
     head; then round 2 after a resume from round 1's state equals round 2 of the run itself."""
     fed = mlp_federation(FedCP(participation=0.6), vectorize=0, batch_size=64)
     alg, server = fed.algorithm, fed.server
-    personal, shared = server.layer_mask(["network.out"]), server.layer_mask([GLOBAL_HEAD])
+    personal, shared = server.model.layer_mask(["network.out"]), server.model.layer_mask([GLOBAL_HEAD])
     assert torch.equal(alg.personal_mask, personal) and torch.equal(alg.models[0, shared], alg.models[0, personal])
-    assert int(server.layer_mask([f"{POLICY}.0", f"{POLICY}.1"]).sum()) == 32 * 64 + 64 + 2 * 64  # Linear, LayerNorm
+    assert int(server.model.layer_mask([f"{POLICY}.0", f"{POLICY}.1"]).sum()) == 32 * 64 + 64 + 2 * 64  # Linear, LayerNorm
     received, clients = alg.models[0, shared].clone(), alg.select_clients(1)
     assert len(clients) == 3
     fed.run_round(1)
-    weights = server.train_sizes[clients].float() / server.train_sizes[clients].sum()
+    weights = server.clients.train_sizes[clients].float() / server.clients.train_sizes[clients].sum()
     heads = torch.stack([alg.client_model(c)[personal] for c in clients])
     assert torch.allclose(alg.models[0, shared], 0.5 * received + 0.5 * weights @ heads, atol=1e-6)
     assert not torch.equal(heads[0], heads[1])  # each its own
@@ -128,7 +128,7 @@ def test_a_round_averages_body_policy_and_uploaded_global_heads_clients_predict_
         context = F.normalize(net.out.weight.sum(0), dim=0)
         pair = policy(rep * context).view(len(x), 2, 32).softmax(dim=1)  # evaluation: no Gumbel noise
         by_hand = F.linear(rep * pair[:, 0], net.out.weight, net.out.bias) + head_g(rep * pair[:, 1])
-    assert torch.allclose(server.predict(params, x), by_hand, atol=1e-5)
+    assert torch.allclose(server.model.predict(params, x), by_hand, atol=1e-5)
     models, which, clusters = alg.newcomer_models(CountedNewcomers(3))
     assert clusters is None and which.tolist() == [0, 0, 0]
     assert torch.equal(models[0, personal], alg.models[0, shared])  # a newcomer's personal head is the global head

@@ -51,12 +51,12 @@ def test_one_local_epoch_is_pfllibs_client_loop(vectorize):
     clients = [0, 1, 2]
     starts = torch.stack([alg.client_model(c) for c in clients])
     starts[:, alg.prbm] = 0.1 * torch.randn(3, 32, generator=torch.Generator().manual_seed(1))
-    trained = server.train_many(1, clients, starts, epochs=1, objective=alg._objective).params
+    trained = server.clients.train_many(1, clients, starts, epochs=1, objective=alg._objective).params
     for row, client in enumerate(clients):
         network, bias = hand_network(fed, starts[row])
         step = torch.optim.SGD([*network.parameters(), bias], lr=0.05, momentum=0.9)
         running = torch.zeros(32)
-        for _, _, (x, y) in server.batches(1, client, epochs=1):
+        for _, _, (x, y) in server.clients.batches(1, client, epochs=1):
             rep = representation(network, x)
             current = (1 - 0.3) * running + 0.3 * rep.mean(dim=0)
             loss = F.cross_entropy(network.out(rep + bias), y) + 2.0 * (0.5 * (current - alg.global_mean) ** 2).mean()
@@ -80,17 +80,17 @@ def test_the_global_mean_is_pfllibs_initialization_pass():
     alg.begin_round(1)
     total = torch.zeros(32)
     for client in range(server.num_clients):
-        network, _ = hand_network(fed, server.initial_params)
+        network, _ = hand_network(fed, server.model.initial_params)
         step = torch.optim.SGD(network.parameters(), lr=0.05, momentum=0.9)
         running = torch.zeros(32)
-        for _, _, (x, y) in server.batches(0, client, epochs=2):
+        for _, _, (x, y) in server.clients.batches(0, client, epochs=2):
             rep = representation(network, x)
             running = 0.5 * running + 0.5 * rep.mean(dim=0).detach()
             step.zero_grad()
             F.cross_entropy(network.out(rep), y).backward()
             step.step()
-        total += float(server.train_sizes[client]) * running
-    assert torch.allclose(alg.global_mean, total / server.train_sizes.sum(), atol=1e-5)
+        total += float(server.clients.train_sizes[client]) * running
+    assert torch.allclose(alg.global_mean, total / server.clients.train_sizes.sum(), atol=1e-5)
 
 
 def test_the_prbm_shifts_the_features_exactly_and_is_personal():
@@ -98,7 +98,7 @@ def test_the_prbm_shifts_the_features_exactly_and_is_personal():
     and a newcomer gets the averaged model with a zero vector."""
     fed = mlp_federation(FedDBE(), vectorize=0)
     alg, server = fed.algorithm, fed.server
-    assert torch.equal(alg.personal_mask, server.layer_mask([PRBM])) and int(alg.personal_mask.sum()) == 32
+    assert torch.equal(alg.personal_mask, server.model.layer_mask([PRBM])) and int(alg.personal_mask.sum()) == 32
     params, x = alg.client_model(2).clone(), fed.data.test.client(2)[0]
     vector = torch.linspace(-1.0, 2.0, 32)
     params[alg.prbm] = vector
@@ -106,9 +106,9 @@ def test_the_prbm_shifts_the_features_exactly_and_is_personal():
     with torch.no_grad():
         rep = representation(network, x)
         by_hand = F.linear(rep + vector, network.out.weight, network.out.bias)
-    features, outputs = server.features(params, x)
+    features, outputs = server.model.features(params, x)
     assert torch.allclose(outputs, by_hand, atol=1e-5) and torch.allclose(features, rep, atol=1e-5)
-    assert torch.allclose(server.predict(params, x), by_hand, atol=1e-5)
+    assert torch.allclose(server.model.predict(params, x), by_hand, atol=1e-5)
     models, _, _ = alg.newcomer_models(CountedNewcomers(3))
     assert not models[0][alg.prbm].any()
 

@@ -60,8 +60,8 @@ def test_two_rounds_combine_each_client_by_its_validation_losses_then_train():
     fed.run_round(2)
     positive = 0
     for client, ids in enumerate(received):
-        x, y = fed.server.split("val").client(client)
-        loss = torch.stack([torch.nn.functional.cross_entropy(fed.server.predict(before[m].float(), x), y)
+        x, y = fed.server.clients.split("val").client(client)
+        loss = torch.stack([torch.nn.functional.cross_entropy(fed.server.model.predict(before[m].float(), x), y)
                             for m in (client, *ids)]).double()
         signed = [(loss[0] - loss[k + 1]) / (before[n] - before[client]).norm() for k, n in enumerate(ids)]
         kept = [max(0.0, float(w)) for w in signed]
@@ -71,7 +71,7 @@ def test_two_rounds_combine_each_client_by_its_validation_losses_then_train():
         expected_row = torch.zeros(4, dtype=torch.float64)
         expected_row[ids] = torch.stack(signed)
         assert torch.allclose(alg.affinity[client].double(), expected_row, atol=1e-5), client
-        trained, _ = fed.server.train(2, client, start.float())
+        trained = fed.server.clients.train(2, client, start.float()).params
         assert torch.allclose(alg.local_models[client], trained, atol=1e-5), client
     assert positive  # the case the update is about happened at least once
     models, groups = alg.evaluation_models()
@@ -85,14 +85,14 @@ def test_without_a_val_split_a_fixed_share_of_training_rows_validates_and_does_n
     fed = Federation(data, Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1), FedFomo(M=2), settings, seed=0)
     alg = fed.algorithm
     assert alg.validation == "train"
-    n = int(fed.server.train_sizes[0])
+    n = int(fed.server.clients.train_sizes[0])
     held = alg.held_out_rows(0)
     assert len(held) == round(0.2 * n) == len(set(held.tolist())) and torch.equal(held, alg.held_out_rows(0))
-    x, y = fed.server.split("train").client(0)
-    by_hand = torch.nn.functional.cross_entropy(fed.server.predict(alg.client_model(0), x[held]), y[held])
+    x, y = fed.server.clients.split("train").client(0)
+    by_hand = torch.nn.functional.cross_entropy(fed.server.model.predict(alg.client_model(0), x[held]), y[held])
     assert torch.allclose(alg.losses(alg.client_model(0), [0])[0], by_hand, atol=1e-6)
     first = fed.execution.train(1, [0]).params
-    labels = fed.server.split("train").y
+    labels = fed.server.clients.split("train").y
     labels[held] = (labels[held] + 1) % 10  # client 0's rows come first: its held-out rows' labels change
     assert torch.equal(fed.execution.train(1, [0]).params, first)  # they take no part in training
     trains = int(np.setdiff1d(np.arange(n), held.numpy())[0])
@@ -114,7 +114,7 @@ def test_a_rounds_loss_passes_cover_its_clients_validation_rows_once_per_model_t
     cohort = fed.algorithm.select_clients(3)
     fed.execution.train(3, cohort)
     stored = set(fed.algorithm.local_models.touched().tolist())  # the clients trained in rounds 1 and 2
-    expected = sum((1 + min(2, len(stored - {c}))) * fed.server.split("val").size(c) for c in cohort)
+    expected = sum((1 + min(2, len(stored - {c}))) * fed.server.clients.split("val").size(c) for c in cohort)
     assert len(stored) >= 3 and sum(rows) == expected
 
 

@@ -62,7 +62,7 @@ def test_a_round_with_every_client_sets_the_gaussians_to_the_pooled_fit_of_their
     the clients, fitted by numpy: the server's Gaussians after the round, from the clients' summed statistics."""
     fed = small_federation(FedGMM(num_components=2, num_gaussians=2, embedding_dim=3), num_clients=4, rounds=1)
     alg = fed.algorithm
-    train = fed.server.split("train")
+    train = fed.server.clients.split("train")
     embedded, weights = [], []
     for c in range(4):
         e, densities = alg.log_densities(train.client(c)[0])
@@ -100,7 +100,7 @@ def test_on_rotations_a_run_beats_chance_logs_clusters_and_keeps_every_clients_w
     assert all("cluster/ari" in result.scalars for result in results)
     assert results[-1].scalars["test/acc_mean"] > 0.3  # chance is 0.1
     assert alg.cluster_labels().shape == (6,)
-    stored = alg.mixture.read(range(6)).to(torch.float64) * fed.server.train_sizes.to(torch.float64)[:, None, None]
+    stored = alg.mixture.read(range(6)).to(torch.float64) * fed.server.clients.train_sizes.to(torch.float64)[:, None, None]
     assert torch.allclose(alg.mass, stored.sum(dim=0))  # the running total, kept from the rounds' clients alone
 
 

@@ -50,7 +50,7 @@ def test_a_clients_local_work_is_head_then_aligned_body(vectorize):
     lam, client = 0.5, 1
     fed = mlp_federation(FedPAC(lam=lam), vectorize=vectorize, batch_size=32)
     alg = fed.algorithm
-    x_all, y_all = fed.server.split("train").client(client)
+    x_all, y_all = fed.server.clients.split("train").client(client)
     present = torch.unique(y_all)
     alg.known = torch.zeros(10, dtype=torch.bool)
     alg.known[present[1:]] = True  # the client's first class has no global prototype
@@ -66,13 +66,13 @@ def test_a_clients_local_work_is_head_then_aligned_body(vectorize):
         return rep, rep @ t["network.out.weight"].T + t["network.out.bias"]
 
     with torch.no_grad():
-        rep, _ = forward(fed.server.inputs(x_all))
+        rep, _ = forward(fed.server.data.inputs(x_all))
     own = torch.stack([rep[y_all == k].mean(0) if (y_all == k).any() else torch.zeros(32) for k in range(10)])
     targets = torch.where(alg.known[:, None], alg.prototypes, own)
     head, body = ["network.out.weight", "network.out.bias"], ["network.hidden.0.weight", "network.hidden.0.bias"]
     for names, epochs, purpose, aligned in ((head, 1, "head", False), (body, 2, "train", True)):
         step = torch.optim.SGD([t[n] for n in names], lr=0.05, momentum=0.9)
-        for _, _, (x, y) in fed.server.batches(2, client, epochs, purpose):
+        for _, _, (x, y) in fed.server.clients.batches(2, client, epochs, purpose):
             features, outputs = forward(x)
             loss = F.cross_entropy(outputs, y)
             if aligned:
@@ -83,7 +83,7 @@ def test_a_clients_local_work_is_head_then_aligned_body(vectorize):
     expected = torch.cat([t[e.name].detach().reshape(-1) for e in entries])
     assert torch.allclose(trained.params[0], expected, atol=1e-5)
     with torch.no_grad():
-        rep, _ = forward(fed.server.inputs(x_all))
+        rep, _ = forward(fed.server.data.inputs(x_all))
     counts = torch.bincount(y_all, minlength=10).float()
     assert torch.equal(trained.state[COUNTS][0], counts)
     means = torch.stack([rep[y_all == k].mean(0) if counts[k] else torch.zeros(32) for k in range(10)])
@@ -150,7 +150,7 @@ def test_the_server_averages_bodies_and_prototypes_and_combines_the_heads():
     fed = mlp_federation(FedPAC())
     alg = fed.algorithm
     head = alg.head
-    params = torch.randn(2, fed.server.num_params, generator=torch.Generator().manual_seed(0))
+    params = torch.randn(2, fed.server.model.num_params, generator=torch.Generator().manual_seed(0))
     bias = torch.zeros(2, 10, 32)
     bias[1, 3, 5] = 1.0  # ||h_0 - h_1||^2 = 1
     counts = torch.zeros(2, 10)
@@ -165,7 +165,7 @@ def test_the_server_averages_bodies_and_prototypes_and_combines_the_heads():
     assert torch.allclose(alg.models[0][~head], (0.75 * params[0] + 0.25 * params[1])[~head], atol=1e-6)
     assert torch.allclose(alg.client_model(0)[head], (2 / 3 * params[0] + 1 / 3 * params[1])[head], atol=1e-6)
     assert torch.allclose(alg.client_model(2)[head], (1 / 3 * params[0] + 2 / 3 * params[1])[head], atol=1e-6)
-    assert torch.equal(alg.client_model(1)[head], fed.server.initial_params[head])  # not in the round: untouched
+    assert torch.equal(alg.client_model(1)[head], fed.server.model.initial_params[head])  # not in the round: untouched
     assert alg.known.nonzero().flatten().tolist() == [3, 4]
     assert torch.allclose(alg.prototypes[3], torch.full((32,), (4.0 + 3 * 8.0) / 4))
     assert torch.equal(alg.prototypes[4], torch.full((32,), -1.0))
@@ -197,7 +197,7 @@ def test_a_newcomer_gets_the_global_body_and_a_head_fitted_on_it():
     models, groups, placed = alg.newcomer_models(newcomers)
     model = models[int(groups[0])]
     assert placed is None and torch.equal(model[~alg.head], alg.models[0][~alg.head])
-    assert not torch.equal(model[alg.head], fed.server.initial_params[alg.head])
+    assert not torch.equal(model[alg.head], fed.server.model.initial_params[alg.head])
 
 
 def test_bad_input_is_refused_in_one_line():

@@ -28,7 +28,7 @@ def test_the_objective_is_cross_entropy_plus_lambda_times_the_mean_squared_dista
     assert math.isclose(float(prototype_distance(features, y, prototypes, first)), 5 / 6, rel_tol=1e-6)
     algorithm, head = FedProto(lam=0.5), nn.Linear(2, 2)
     nn.init.zeros_(head.weight), nn.init.zeros_(head.bias)
-    algorithm.server, algorithm.prototypes, algorithm.known = SimpleNamespace(head=head), prototypes, both
+    algorithm.server, algorithm.prototypes, algorithm.known = SimpleNamespace(model=SimpleNamespace(head=head)), prototypes, both
     with torch.no_grad():
         loss = algorithm._objective(nn.Sequential(head), (features, y), torch.empty(0))
     assert math.isclose(float(loss), math.log(2) + 0.5 * 11 / 6, rel_tol=1e-6)
@@ -74,12 +74,12 @@ def test_one_local_epoch_is_sgd_on_cross_entropy_plus_the_prototype_distance(vec
     alg.prototypes = torch.randn(10, 32, generator=torch.Generator().manual_seed(1))
     alg.known = torch.arange(10) % 3 != 0  # classes 0, 3, 6, 9 without a prototype
     client, start = 1, alg.client_model(1)
-    trained = fed.server.train_many(1, [client], start[None], epochs=1, objective=alg._objective).params[0]
+    trained = fed.server.clients.train_many(1, [client], start[None], epochs=1, objective=alg._objective).params[0]
     network = MLP(64, [32], 10)
     fed.flat.load(start)
     network.load_state_dict(fed.module.network.state_dict())
     step = torch.optim.SGD(network.parameters(), lr=0.05, momentum=0.9)
-    for _, _, (x, y) in fed.server.batches(1, client, epochs=1):
+    for _, _, (x, y) in fed.server.clients.batches(1, client, epochs=1):
         features = torch.relu(network.hidden[0](torch.flatten(x, 1)))
         mask = alg.known[y].float()[:, None]
         loss = F.cross_entropy(network.out(features), y) + 0.5 * ((features - alg.prototypes[y]) ** 2 * mask).mean()
@@ -114,7 +114,7 @@ def test_a_round_averages_the_clients_prototypes_and_evaluates_by_the_nearest_on
     with torch.no_grad():
         features = torch.relu(fed.module.network.hidden[0](torch.flatten(x, 1)))
     distances = ((features[:, None, :] - alg.prototypes[None]) ** 2).sum(dim=2).sqrt()
-    assert torch.allclose(fed.server.predict(alg.client_model(2), x), -distances, atol=1e-4)
+    assert torch.allclose(fed.server.model.predict(alg.client_model(2), x), -distances, atol=1e-4)
 
 
 def test_a_resumed_run_ends_as_an_uninterrupted_one():

@@ -30,8 +30,8 @@ def test_a_label_shift_alone_moves_no_sample_but_a_better_conditional_does():
     loss under component 1 is lower by log 3 beyond its marginal gets q proportional to omega x (1, 3)."""
     fed = small_federation(FedRC(num_components=2), num_clients=4, rounds=1)
     alg = fed.algorithm
-    labels = fed.server.split("train").client(0)[1]
-    c = fed.server.num_classes
+    labels = fed.server.clients.split("train").client(0)[1]
+    c = fed.server.data.num_classes
     marginal = torch.full((2, c), 0.5 / (c - 1), dtype=torch.float64)
     marginal[0, 0] = marginal[1, 1] = 0.5
     alg.label_totals = marginal * 100.0  # M: P_k(y) once normalized
@@ -59,16 +59,16 @@ def test_the_servers_label_total_is_every_clients_latest_row_summed_under_partia
     alg = fed.algorithm
     stored = every_row(alg.label_mass)
     assert torch.allclose(alg.label_totals, stored.sum(dim=0), rtol=1e-12, atol=1e-9)
-    split = fed.server.split("train")
+    split = fed.server.clients.split("train")
     touched = set(alg.label_mass.touched().tolist())
     assert touched  # some client trained
     for client in range(6):
         if client not in touched:
-            assert torch.allclose(stored[client], torch.full_like(stored[client], 1 / fed.server.num_classes))
+            assert torch.allclose(stored[client], torch.full_like(stored[client], 1 / fed.server.data.num_classes))
             continue
         labels = split.client(client)[1]
         assert float(stored[client].sum()) == pytest.approx(len(labels))
-        absent = np.setdiff1d(np.arange(fed.server.num_classes), labels.numpy())
+        absent = np.setdiff1d(np.arange(fed.server.data.num_classes), labels.numpy())
         assert float(stored[client][:, absent].abs().sum()) == 0.0
 
 

@@ -30,7 +30,7 @@ def test_one_local_epoch_is_the_authors_two_optimizer_step(vectorize):
     Written here with two torch optimizers (momentum 0.9, as the module's), batch by batch in the engine's order."""
     fed = mlp_federation(FedRoD(), vectorize=vectorize)
     client, start = 1, fed.algorithm.client_model(1)
-    trained = fed.server.train_many(1, [client], start[None], epochs=1,
+    trained = fed.server.clients.train_many(1, [client], start[None], epochs=1,
                                     objective=fed.algorithm._objective,
                                     client_inputs=torch.bincount(fed.data.train.client(client)[1], minlength=10)
                                     .float().log()[None]).params[0]
@@ -42,7 +42,7 @@ def test_one_local_epoch_is_the_authors_two_optimizer_step(vectorize):
     shared_step = torch.optim.SGD(network.parameters(), lr=0.05, momentum=0.9)
     personal_step = torch.optim.SGD(personal.parameters(), lr=0.05, momentum=0.9)
     counts = torch.bincount(fed.data.train.client(client)[1], minlength=10).float()
-    for _, _, (x, y) in fed.server.batches(1, client, epochs=1):
+    for _, _, (x, y) in fed.server.clients.batches(1, client, epochs=1):
         rep = torch.relu(network.hidden[0](torch.flatten(x, 1)))
         generic = network.out(rep)
         loss = F.cross_entropy(generic + counts.log(), y)
@@ -61,7 +61,7 @@ def test_one_local_epoch_is_the_authors_two_optimizer_step(vectorize):
 def test_the_personal_head_starts_as_the_generic_head_and_is_personal():
     fed = mlp_federation(FedRoD())
     alg, server = fed.algorithm, fed.server
-    head, personal = server.layer_mask(["network.out"]), server.layer_mask([PERSONAL_HEAD])
+    head, personal = server.model.layer_mask(["network.out"]), server.model.layer_mask([PERSONAL_HEAD])
     assert int(personal.sum()) == 32 * 10 + 10 and torch.equal(alg.personal_mask, personal)
     assert torch.equal(alg.client_model(3)[personal], alg.client_model(3)[head])
     fed.run_round(1)
@@ -79,10 +79,10 @@ def test_a_client_predicts_with_the_sum_of_both_heads_and_a_newcomer_with_the_ge
         rep = torch.relu(net.hidden[0](torch.flatten(x, 1)))
         generic = F.linear(rep, net.out.weight, net.out.bias)  # not net.out(rep): FedRoD's hook adds the personal head
         by_hand = generic + personal(rep)
-    assert torch.allclose(fed.server.predict(params, x), by_hand, atol=1e-5)
+    assert torch.allclose(fed.server.model.predict(params, x), by_hand, atol=1e-5)
     models, which, clusters = fed.algorithm.newcomer_models(CountedNewcomers(4))
     assert clusters is None and which.tolist() == [0, 0, 0, 0]
-    assert torch.allclose(fed.server.predict(models[0], x), generic, atol=1e-5)
+    assert torch.allclose(fed.server.model.predict(models[0], x), generic, atol=1e-5)
 
 
 class CountedNewcomers:

@@ -41,14 +41,14 @@ def test_a_round_draws_k_clients_per_center_and_each_center_is_the_mean_of_its_d
         expected = local[[trained.index(c) for c in drawn]].mean(dim=0)
         assert torch.allclose(alg.models[s], expected, atol=1e-6)
     untouched = [c for c in range(6) if c not in trained]
-    assert all(torch.equal(alg.local_models[c], fed.server.initial_params) for c in untouched)
+    assert all(torch.equal(alg.local_models[c], fed.server.model.initial_params) for c in untouched)
 
 
 def test_the_draws_follow_the_centers_importance():
     """Over many rounds a center draws each client about K v_sk times out of K draws a round (without replacement,
     the share is pulled towards uniform, so only the order is checked: a client twice as important is drawn more)."""
     alg = small_federation(FedSoft(num_clusters=1, selection_size=1), num_clients=6, rounds=1).algorithm
-    sizes = alg.server.train_sizes
+    sizes = alg.server.clients.train_sizes
     drawn = np.bincount([alg.select_clients(r)[0] for r in range(1, 2001)], minlength=6) / 2000
     expected = (sizes / sizes.sum()).cpu().numpy()
     assert np.abs(drawn - expected).max() < 0.04

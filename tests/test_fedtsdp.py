@@ -59,9 +59,9 @@ def test_never_clustering_with_a_constant_learning_rate_is_fedavg():
 def test_learning_rate_decays_by_the_factor_per_round():
     decayed = federation(FedTSDP(hopkins_threshold=NEVER, lr_decay=0.5), lr=0.2)
     plain = federation(FedAvg(), lr=0.05)  # 0.2 * 0.5 ** (3 - 1)
-    start = decayed.server.initial_params
+    start = decayed.server.model.initial_params
     trained, _ = decayed.algorithm.train_client(3, 1, start)
-    expected, _ = plain.server.train(3, 1, start)
+    expected = plain.server.clients.train(3, 1, start).params
     assert torch.allclose(trained, expected, atol=1e-6)
 
 

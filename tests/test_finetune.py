@@ -16,9 +16,9 @@ def test_fine_tuned_results_are_each_clients_model_trained_alone_then_evaluated(
     # by hand: each client trains the global model on its own data (its fine-tuning stream), then is evaluated
     accuracies = []
     for client in range(4):
-        tuned = fed.server.train(1, client, global_model, epochs=2, purpose="finetune")[0]
+        tuned = fed.server.clients.train(1, client, global_model, epochs=2, purpose="finetune").params
         x, y = fed.data.test.client(client)
-        logits = fed.server.predict(tuned, x)
+        logits = fed.server.model.predict(tuned, x)
         accuracies.append(float((logits.argmax(dim=1) == y).float().mean()))
     assert tuned_by_engine.per_client["ft_acc"].tolist() == pytest.approx(accuracies)
     assert tuned_by_engine.scalars["test_ft/acc_mean"] == pytest.approx(sum(accuracies) / 4)

@@ -83,7 +83,7 @@ def test_one_local_epoch_is_the_authors_three_optimizer_step(vectorize):
     alg, client = fed.algorithm, 1
     start = alg.client_model(client)
     start[alg.inputs] = torch.randn(int(alg.inputs.sum()), generator=torch.Generator().manual_seed(1))
-    trained = fed.server.train_many(1, [client], start[None], epochs=1, objective=alg._objective,
+    trained = fed.server.clients.train_many(1, [client], start[None], epochs=1, objective=alg._objective,
                                     client_inputs=start[alg.embeddings][None]).params[0]
     fed.flat.load(start)
     state = {name: t.detach().clone() for name, t in fed.module.state_dict().items()}
@@ -95,7 +95,7 @@ def test_one_local_epoch_is_the_authors_three_optimizer_step(vectorize):
     steps = [torch.optim.SGD(list(network.values()), lr=0.05, momentum=0.9),
              torch.optim.SGD([gce], lr=0.05, momentum=0.9, weight_decay=mu),
              torch.optim.SGD(list(cov.values()), lr=0.05, momentum=0.9, weight_decay=mu)]
-    for _, _, (x, y) in fed.server.batches(1, client, epochs=1):
+    for _, _, (x, y) in fed.server.clients.batches(1, client, epochs=1):
         feat = torch.relu(F.linear(torch.flatten(x, 1), network["hidden.0.weight"], network["hidden.0.bias"]))
         output = F.linear(valve(feat, personalized, cov), network["out.weight"], network["out.bias"])
         feat_g = valve(feat, generic, cov)
@@ -139,7 +139,7 @@ def test_vectorized_training_is_one_client_after_another_and_writes_each_clients
 def test_the_head_and_conditional_inputs_are_personal_and_a_client_predicts_through_its_personalized_route():
     fed = mlp_federation(GPFL(), vectorize=0, num_clients=3, batch_size=64)
     alg, server = fed.algorithm, fed.server
-    personal = server.layer_mask(["network.out", INPUTS])
+    personal = server.model.layer_mask(["network.out", INPUTS])
     assert int(personal.sum()) == 32 * 10 + 10 + 2 * 32 and torch.equal(alg.personal_mask, personal)
     fed.run_round(1)
     models = [alg.client_model(c) for c in range(3)]
@@ -151,7 +151,7 @@ def test_the_head_and_conditional_inputs_are_personal_and_a_client_predicts_thro
     cov = {k.removeprefix(f"{COV}."): v for k, v in p.items() if k.startswith(f"{COV}.")}
     feat = torch.relu(F.linear(torch.flatten(x, 1), p["network.hidden.0.weight"], p["network.hidden.0.bias"]))
     by_hand = F.linear(valve(feat, p[f"{INPUTS}.values"][1], cov), p["network.out.weight"], p["network.out.bias"])
-    assert torch.allclose(server.predict(models[2], x), by_hand, atol=1e-5)
+    assert torch.allclose(server.model.predict(models[2], x), by_hand, atol=1e-5)
 
 
 def test_a_resumed_run_repeats_round_two_exactly():

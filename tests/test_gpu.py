@@ -43,8 +43,8 @@ def test_a_vectorized_group_on_the_gpu_trains_what_each_client_trains_alone():
     torch.backends.cuda.matmul.allow_tf32 = False
     grouped, single = mlp_federation(vectorize=3, accelerator="cuda"), mlp_federation(vectorize=0, accelerator="cuda")
     starts, clients = noisy_starts(grouped, 5), [0, 1, 2, 3, 4]
-    got = grouped.server.train_many(1, clients, starts).params
-    expected = torch.stack([single.server.train(1, c, s)[0] for c, s in zip(clients, starts)])
+    got = grouped.server.clients.train_many(1, clients, starts).params
+    expected = torch.stack([single.server.clients.train(1, c, s).params for c, s in zip(clients, starts)])
     assert grouped.execution.plan.trainer == "vectorized"
     assert torch.allclose(got.cpu(), expected.cpu(), atol=1e-5)
 

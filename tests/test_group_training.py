@@ -1,4 +1,4 @@
-"""Group training (`ServerContext.train_many`, `group_batches`, `group_loss_and_grad`) against independent
+"""Group training (`ServerContext.clients.train_many`, `group_batches`, `group_loss_and_grad`) against independent
 computations: each client trained alone by the sequential trainer, each client's batches drawn alone, and the
 personalized methods' group work vectorized against the same work one client at a time."""
 import pytest
@@ -34,14 +34,14 @@ def mlp_federation(algorithm=None, vectorize=8, num_clients=5, batch_size=16, we
 
 
 def alone(fed: Federation, round: int, clients: list[int], starts: torch.Tensor, **options) -> torch.Tensor:
-    """Each client trained by the sequential trainer alone, with `server.train`'s options."""
-    return torch.stack([fed.server.train(round, c, s, **options)[0] for c, s in zip(clients, starts)])
+    """Each client trained by the sequential trainer alone, with `server.clients.train`'s options."""
+    return torch.stack([fed.server.clients.train(round, c, s, **options).params for c, s in zip(clients, starts)])
 
 
 def noisy_starts(fed: Federation, count: int) -> torch.Tensor:
     noise = torch.Generator().manual_seed(3)
-    initial = fed.server.initial_params
-    return initial + 0.05 * torch.randn(count, fed.server.num_params, generator=noise).to(initial.device)
+    initial = fed.server.model.initial_params
+    return initial + 0.05 * torch.randn(count, fed.server.model.num_params, generator=noise).to(initial.device)
 
 
 def test_clients_are_unequal_so_groups_have_short_and_missing_batches():
@@ -52,10 +52,10 @@ def test_clients_are_unequal_so_groups_have_short_and_missing_batches():
 def test_train_many_one_client_after_another_is_train_for_each_client_bit_for_bit():
     fed = mlp_federation(vectorize=0)
     starts, clients = noisy_starts(fed, 4), [3, 0, 4, 1]
-    weights = [torch.rand(int(fed.server.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients]
-    got = fed.server.train_many(2, clients, starts, epochs=1, lr_scale=0.5, sample_weights=weights,
+    weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients]
+    got = fed.server.clients.train_many(2, clients, starts, epochs=1, lr_scale=0.5, sample_weights=weights,
                                 purpose="other").params
-    expected = torch.stack([fed.server.train(2, c, s, epochs=1, lr_scale=0.5, purpose="other", sample_weights=w)[0]
+    expected = torch.stack([fed.server.clients.train(2, c, s, epochs=1, lr_scale=0.5, purpose="other", sample_weights=w).params
                             for c, s, w in zip(clients, starts, weights)])
     assert torch.equal(got, expected)
 
@@ -64,10 +64,10 @@ def test_train_many_one_client_after_another_is_train_for_each_client_bit_for_bi
 def test_train_many_vectorized_matches_each_client_alone(weighted):
     fed = mlp_federation(vectorize=3)  # groups of 3 and 2
     starts, clients = noisy_starts(fed, 5), [0, 1, 2, 3, 4]
-    weights = [torch.rand(int(fed.server.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients] \
+    weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients] \
         if weighted else None
-    got = fed.server.train_many(1, clients, starts, sample_weights=weights)
-    expected = torch.stack([fed.server.train(1, c, s, sample_weights=None if weights is None else weights[i])[0]
+    got = fed.server.clients.train_many(1, clients, starts, sample_weights=weights)
+    expected = torch.stack([fed.server.clients.train(1, c, s, sample_weights=None if weights is None else weights[i]).params
                             for i, (c, s) in enumerate(zip(clients, starts))])
     assert fed.execution.plan.trainer == "vectorized"
     assert torch.allclose(got.params, expected, atol=1e-6)
@@ -88,8 +88,8 @@ def test_a_group_hook_sees_each_clients_rows_and_positions(buffers):
         seen.update(rows)
         grad.add_(params - anchors[rows], alpha=0.3)
 
-    got = fed.server.train_many(1, clients, starts, gradient_hook=group_hook).params
-    expected = torch.stack([fed.server.train(1, c, s, gradient_hook=lambda p, g, b, a=a: g.add_(p - a, alpha=0.3))[0]
+    got = fed.server.clients.train_many(1, clients, starts, gradient_hook=group_hook).params
+    expected = torch.stack([fed.server.clients.train(1, c, s, gradient_hook=lambda p, g, b, a=a: g.add_(p - a, alpha=0.3)).params
                             for c, s, a in zip(clients, starts, anchors)])
     assert seen == {0, 1, 2, 3}
     assert torch.allclose(got, expected, atol=1e-6)
@@ -101,9 +101,9 @@ def test_trainable_entries_train_and_the_rest_keep_their_start_exactly(vectorize
     gradient on the body cancels SGD's weight-decay term (-wd * p there, so the body's step is zero)."""
     wd = 0.01
     fed = mlp_federation(vectorize=vectorize, weight_decay=wd)
-    last = fed.server.layer_mask(fed.server.layers()[-1:])
+    last = fed.server.model.layer_mask(fed.server.model.layers()[-1:])
     starts = noisy_starts(fed, 5)
-    got = fed.server.train_many(1, list(range(5)), starts, trainable=last).params
+    got = fed.server.clients.train_many(1, list(range(5)), starts, trainable=last).params
     assert torch.equal(got[:, ~last], starts[:, ~last]) and not torch.equal(got[:, last], starts[:, last])
     still = alone(fed, 1, list(range(5)), starts,
                   gradient_hook=lambda p, g, b: g.copy_(torch.where(last, g, -wd * p)))
@@ -130,32 +130,32 @@ def test_a_frozen_body_costs_no_backward_pass(vectorize):
     the head's weight and input gradients, the body's weight gradient), 3 remain (the head's input gradient is
     needed by nothing). A hook zeroing the body's gradient instead runs all 5. The models are the same."""
     fed = mlp_federation(vectorize=vectorize)
-    last = fed.server.layer_mask(fed.server.layers()[-1:])
+    last = fed.server.model.layer_mask(fed.server.model.layers()[-1:])
     starts, clients = noisy_starts(fed, 3), [0, 1, 2]
-    fed.server.train_many(1, clients, starts, trainable=last)  # the vectorized trainer's first call: warm-up
+    fed.server.clients.train_many(1, clients, starts, trainable=last)  # the vectorized trainer's first call: warm-up
     with MatrixProducts() as frozen:
-        got = fed.server.train_many(1, clients, starts, trainable=last).params
+        got = fed.server.clients.train_many(1, clients, starts, trainable=last).params
     with MatrixProducts() as masked:
-        expected = fed.server.train_many(1, clients, starts, gradient_hook=lambda rows, p, g, s: g.masked_fill_(~last, 0)
+        expected = fed.server.clients.train_many(1, clients, starts, gradient_hook=lambda rows, p, g, s: g.masked_fill_(~last, 0)
                                          ).params
     assert frozen.count * 5 == masked.count * 3
     assert torch.equal(got[:, last], expected[:, last])
 
 
 def test_group_batches_give_each_client_its_own_batches_in_order():
-    """Every client's rows of the group steps, in order, are the batches `server.batches` gives it alone; every step
+    """Every client's rows of the group steps, in order, are the batches `server.clients.batches` gives it alone; every step
     stacks batches of one size."""
     fed = mlp_federation()
     clients = [4, 1, 0, 3]
     mine = {row: [] for row in range(len(clients))}
-    for step in fed.server.group_batches(1, clients, purpose="meta"):
+    for step in fed.server.clients.group_batches(1, clients, purpose="meta"):
         x, y = step.batch
         assert x.shape[:2] == y.shape and len(step.rows) == len(x)
         for i, row in enumerate(step.rows):
             mine[row].append((step.epoch, step.step, x[i], y[i]))
     for row, client in enumerate(clients):
-        expected = list(fed.server.batches(1, client, purpose="meta"))
-        assert len(mine[row]) == len(expected) == fed.server.local_steps(client)
+        expected = list(fed.server.clients.batches(1, client, purpose="meta"))
+        assert len(mine[row]) == len(expected) == fed.server.clients.local_steps(client)
         for (epoch, step, x, y), (e, s, (ex, ey)) in zip(mine[row], expected):
             assert (epoch, step) == (e, s) and torch.equal(x, ex) and torch.equal(y, ey)
 
@@ -163,11 +163,11 @@ def test_group_batches_give_each_client_its_own_batches_in_order():
 def test_group_loss_and_grad_is_each_models_loss_and_grad():
     fed = mlp_federation(vectorize=4)
     params = noisy_starts(fed, 3)
-    step = next(iter(fed.server.group_batches(1, [0, 1, 2])))
-    losses, grads = fed.server.group_loss_and_grad(params, step.batch, step.step)
+    step = next(iter(fed.server.clients.group_batches(1, [0, 1, 2])))
+    losses, grads = fed.server.model.group_loss_and_grad(params, step.batch, step.step)
     x, y = step.batch
     for i in range(3):
-        loss, grad = fed.server.loss_and_grad(params[i], (x[i], y[i]), step.step)
+        loss, grad = fed.server.model.loss_and_grad(params[i], (x[i], y[i]), step.step)
         assert torch.allclose(losses[i], loss, atol=1e-6) and torch.allclose(grads[i], grad, atol=1e-6)
 
 

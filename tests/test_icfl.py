@@ -133,8 +133,8 @@ def test_on_rotations_it_recovers_the_two_clusters_and_averages_them():
     assert fed.run_round(1).scalars["cluster/ari"] == 0.0 and len(alg.models) == 1
     start = alg.models[0].clone()
     assert fed.run_round(2).scalars["cluster/ari"] == 1.0
-    sizes = fed.server.train_sizes.double()
-    own = torch.stack([fed.server.train(2, c, start)[0] for c in range(6)]).double()
+    sizes = fed.server.clients.train_sizes.double()
+    own = torch.stack([fed.server.clients.train(2, c, start).params for c in range(6)]).double()
     totals = []
     for row in (1, 2):
         members = (alg.assignment == row).nonzero().flatten()

@@ -47,7 +47,7 @@ def train_alone(fed: Federation, client: int, round: int, start: torch.Tensor, r
     net.train()
     optimizer = torch.optim.SGD(net.parameters(), lr=rates[0], momentum=0.9)
     x, y = fed.data.train.client(client)
-    seed = fed.server.client_seed(round, client)
+    seed = fed.server.random.client_seed(round, client)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     step = 0
@@ -131,7 +131,7 @@ def test_fedavg_with_batchnorm_averages_the_running_statistics_by_training_set_s
     fed = federation(FedAvg(), vectorize=0)
     updates = fed.execution.train(1, [0, 1, 2, 3])
     fed.algorithm.aggregate(1, RoundUpdates.of(updates))
-    stats = fed.server.module_mask((nn.BatchNorm2d,)) & ~fed.flat.parameter_mask()
+    stats = fed.server.model.module_mask((nn.BatchNorm2d,)) & ~fed.flat.parameter_mask()
     assert int(stats.sum()) == 2 * 8  # running mean and variance
     sizes = torch.as_tensor(fed.data.train.sizes(), dtype=torch.float64)
     by_hand = (sizes[:, None] * updates.params[:, stats].double()).sum(0) / sizes.sum()
@@ -142,7 +142,7 @@ def test_fedavg_with_batchnorm_averages_the_running_statistics_by_training_set_s
 def test_fedbn_clients_keep_their_trained_batchnorm_and_share_the_rest(vectorize):
     fed = federation(FedBN(), vectorize=vectorize)
     alg = fed.algorithm
-    assert torch.equal(alg.personal_mask, fed.server.module_mask((nn.BatchNorm2d,)))
+    assert torch.equal(alg.personal_mask, fed.server.model.module_mask((nn.BatchNorm2d,)))
     assert int(alg.personal_mask.sum()) == 4 * 8  # weight, bias, running mean and variance of 8 channels
     updates = fed.execution.train(1, [0, 1, 2, 3])
     alg.aggregate(1, RoundUpdates.of(updates))

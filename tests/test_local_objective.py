@@ -1,5 +1,5 @@
 """A method's own local objective (`LocalWork.objective`), the features at the network's head (`head_inputs`,
-`server.features`), flat models' tensors by name (`server.named_tensors`) and modules a method adds to the model
+`server.model.features`), flat models' tensors by name (`server.model.named_tensors`) and modules a method adds to the model
 (`Algorithm.extend_model`), against hand computations."""
 import warnings
 
@@ -24,10 +24,10 @@ def test_an_objective_with_client_inputs_moves_exactly_what_its_hand_gradient_sa
     clients = [0, 1, 2, 3]
     starts = noisy_starts(fed, len(clients))
     c = torch.tensor([[0.5], [-1.0], [2.0], [0.0]])
-    trained = fed.server.train_many(1, clients, starts, objective=bias_objective, client_inputs=c).params
-    bias = fed.server.layer_mask(["network.out"]) & fed.flat.mask(lambda e: e.name.endswith("out.bias"))
+    trained = fed.server.clients.train_many(1, clients, starts, objective=bias_objective, client_inputs=c).params
+    bias = fed.server.model.layer_mask(["network.out"]) & fed.flat.mask(lambda e: e.name.endswith("out.bias"))
     for row, client in enumerate(clients):
-        steps = fed.server.local_steps(client)
+        steps = fed.server.clients.local_steps(client)
         # momentum buffer after t steps of a constant gradient g: g (1 + 0.9 + ... + 0.9^(t-1))
         travelled = 0.05 * sum(sum(0.9 ** j for j in range(t)) for t in range(1, steps + 1))
         expected = starts[row].clone()
@@ -42,7 +42,7 @@ def test_the_trainer_probe_hands_the_objective_its_client_inputs():
     c = torch.tensor([[0.5], [-1.0], [2.0], [1.0]])
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # "vectorized training is off: training_step failed ..."
-        fed.server.train_many(1, [0, 1, 2, 3], noisy_starts(fed, 4), objective=bias_objective, client_inputs=c)
+        fed.server.clients.train_many(1, [0, 1, 2, 3], noisy_starts(fed, 4), objective=bias_objective, client_inputs=c)
     assert "failed" not in str(fed.execution.plan.reason)
 
 
@@ -60,9 +60,9 @@ def test_head_inputs_are_the_hidden_activations_and_server_features_evaluate_the
     fed.flat.load(params)
     layer = fed.module.network.hidden[0]
     by_hand = torch.relu(torch.flatten(x, 1) @ layer.weight.T + layer.bias)
-    features, logits = fed.server.features(params, x)
+    features, logits = fed.server.model.features(params, x)
     assert torch.allclose(features, by_hand, atol=1e-6)
-    assert torch.allclose(logits, fed.server.predict(params, x))
+    assert torch.allclose(logits, fed.server.model.predict(params, x))
 
 
 def test_named_tensors_are_views_of_flat_models_under_the_modules_names():
@@ -70,7 +70,7 @@ def test_named_tensors_are_views_of_flat_models_under_the_modules_names():
     `functional_call` with them computes what `predict` computes on that row."""
     fed = mlp_federation()
     rows = noisy_starts(fed, 2)
-    named = fed.server.named_tensors(rows)
+    named = fed.server.model.named_tensors(rows)
     assert named["network.out.weight"].shape == (2, 10, 32)
     assert named["network.out.weight"].untyped_storage().data_ptr() == rows.untyped_storage().data_ptr()  # views
     fed.flat.load(rows[1])
@@ -78,8 +78,8 @@ def test_named_tensors_are_views_of_flat_models_under_the_modules_names():
         assert torch.equal(named[name][1], tensor), name
     x = fed.data.test.client(0)[0][:5]
     with torch.no_grad():
-        outputs = torch.func.functional_call(fed.module, {n: t[0] for n, t in named.items()}, (fed.server.inputs(x),))
-    assert torch.allclose(outputs, fed.server.predict(rows[0], x), atol=1e-6)
+        outputs = torch.func.functional_call(fed.module, {n: t[0] for n, t in named.items()}, (fed.server.data.inputs(x),))
+    assert torch.allclose(outputs, fed.server.model.predict(rows[0], x), atol=1e-6)
 
 
 class PersonalShift(Algorithm):
@@ -93,9 +93,9 @@ class PersonalShift(Algorithm):
 def test_a_module_added_by_a_method_is_part_of_every_clients_flat_model_and_trains_under_its_objective():
     plain = mlp_federation()
     fed = mlp_federation(PersonalShift())
-    assert fed.algorithm.head_name == "network.out" and fed.server.head is fed.module.network.out
-    assert fed.server.num_params == plain.server.num_params + 32  # the shift's 32 x 1 weights
-    shift = fed.server.layer_mask(["shift"])
+    assert fed.algorithm.head_name == "network.out" and fed.server.model.head is fed.module.network.out
+    assert fed.server.model.num_params == plain.server.model.num_params + 32  # the shift's 32 x 1 weights
+    shift = fed.server.model.layer_mask(["shift"])
     assert int(shift.sum()) == 32 and bool(shift[-32:].all())  # the method's layer comes after the network's
 
     def shifted(module, batch, inputs):
@@ -104,8 +104,8 @@ def test_a_module_added_by_a_method_is_part_of_every_clients_flat_model_and_trai
         return F.cross_entropy(outputs + module.shift(features), y)
 
     starts = noisy_starts(fed, 2)
-    moved = fed.server.train_many(1, [0, 1], starts, objective=shifted).params
-    kept = fed.server.train_many(1, [0, 1], starts).params
+    moved = fed.server.clients.train_many(1, [0, 1], starts, objective=shifted).params
+    kept = fed.server.clients.train_many(1, [0, 1], starts).params
     assert not torch.equal(moved[:, shift], starts[:, shift])  # the objective trains it
     assert torch.equal(kept[:, shift], starts[:, shift])  # the module's training_step never reaches it
 

@@ -147,10 +147,10 @@ def test_unseen_metrics_are_the_lowest_loss_cluster_models_scores_on_each_newcom
     accuracies, placed = [], []
     for j in range(3):  # by hand: the cluster model with the lowest mean cross-entropy on the newcomer's train rows
         x, y = held.train.client(j)
-        losses = [float(F.cross_entropy(fed.server.predict(m, x), y)) for m in alg.models]
+        losses = [float(F.cross_entropy(fed.server.model.predict(m, x), y)) for m in alg.models]
         placed.append(int(np.argmin(losses)))
         x, y = held.test.client(j)
-        accuracies.append(float((fed.server.predict(alg.models[placed[-1]], x).argmax(dim=1) == y).float().mean()))
+        accuracies.append(float((fed.server.model.predict(alg.models[placed[-1]], x).argmax(dim=1) == y).float().mean()))
     assert result.newcomers["cluster"].tolist() == placed
     assert result.newcomers["acc"].tolist() == pytest.approx(accuracies)
     assert result.scalars["unseen/acc_mean"] == pytest.approx(np.mean(accuracies))
@@ -169,11 +169,11 @@ def test_fedavg_gives_newcomers_the_global_model_and_fine_tunes_it_on_their_own_
     plain, tuned = [], []
     for j in range(2):
         x, y = held.test.client(j)
-        plain.append(float((fed.server.predict(w, x).argmax(dim=1) == y).float().mean()))
-        seed = fed.server.client_seed(1, j, "finetune")  # (seed, round, newcomer, purpose)
+        plain.append(float((fed.server.model.predict(w, x).argmax(dim=1) == y).float().mean()))
+        seed = fed.server.random.client_seed(1, j, "finetune")  # (seed, round, newcomer, purpose)
         tx, ty = held.train.client(j)
         model = held_out(fed).trainer.fit(w, tx, ty, seed, epochs=2).params
-        tuned.append(float((fed.server.predict(model, x).argmax(dim=1) == y).float().mean()))
+        tuned.append(float((fed.server.model.predict(model, x).argmax(dim=1) == y).float().mean()))
     assert result.newcomers["acc"].tolist() == pytest.approx(plain)
     assert result.newcomers["ft_acc"].tolist() == pytest.approx(tuned)
     assert result.scalars["unseen_ft/acc_mean"] == pytest.approx(np.mean(tuned))
@@ -235,9 +235,9 @@ def test_a_personal_part_starts_fresh_for_a_newcomer():
     models, groups, placed = alg.newcomer_models(held_out(fed))
     mask = alg.personal_mask
     assert groups.tolist() == [0, 0] and placed is None
-    assert torch.equal(models[0][mask], fed.server.initial_params[mask])
+    assert torch.equal(models[0][mask], fed.server.model.initial_params[mask])
     assert torch.equal(models[0][~mask], alg.models[0][~mask])
-    assert not torch.equal(alg.models[0][~mask], fed.server.initial_params[~mask])  # the shared part trained
+    assert not torch.equal(alg.models[0][~mask], fed.server.model.initial_params[~mask])  # the shared part trained
 
 
 def test_pfclus_gives_newcomers_the_global_centers_and_each_point_its_nearest():
@@ -394,24 +394,24 @@ def test_a_newcomers_local_work_is_seeded_by_the_round_and_its_purpose():
     assert not torch.equal(first, newcomers.train(0, start))                  # another round, other batches
     losses, rows = newcomers.sample_losses(fed.algorithm.models)
     x, y = fed.data.newcomers.train.x, fed.data.newcomers.train.y
-    assert torch.allclose(losses[0], F.cross_entropy(fed.server.predict(start, x), y, reduction="none"))
+    assert torch.allclose(losses[0], F.cross_entropy(fed.server.model.predict(start, x), y, reduction="none"))
     assert torch.allclose(newcomers.losses(fed.algorithm.models)[0],
                           torch.stack([losses[0][rows == j].mean() for j in range(2)]))
 
 
 def test_training_clients_and_newcomers_are_one_population_class():
     fed = federation(FedAvg(), rounds=1)
-    server, models = fed.server, fed.server.initial_params[None]
+    server, models = fed.server, fed.server.model.initial_params[None]
     assert type(server.clients) is type(held_out(fed).population) is ClientPopulation
-    assert server.clients.count == server.num_clients and torch.equal(server.clients.train_sizes, server.train_sizes)
+    assert server.clients.count == server.num_clients and torch.equal(server.clients.train_sizes, server.clients.train_sizes)
     losses, owner = server.clients.sample_losses(models, [2, 0])  # two clients' rows, client 2's first
-    x2, y2 = server.split("train").client(2)
-    x0, y0 = server.split("train").client(0)
+    x2, y2 = server.clients.split("train").client(2)
+    x0, y0 = server.clients.split("train").client(0)
     assert owner.tolist() == [2] * len(y2) + [0] * len(y0)
-    by_hand = [F.cross_entropy(server.predict(models[0], x), y, reduction="none") for x, y in ((x2, y2), (x0, y0))]
+    by_hand = [F.cross_entropy(server.model.predict(models[0], x), y, reduction="none") for x, y in ((x2, y2), (x0, y0))]
     assert torch.allclose(losses[0], torch.cat(by_hand))
-    assert torch.allclose(server.client_losses(models)[0, 2], by_hand[0].mean())
-    params, _ = server.train(1, 2, models[0])
+    assert torch.allclose(server.clients.losses(models)[0, 2], by_hand[0].mean())
+    params = server.clients.train(1, 2, models[0]).params
     assert torch.equal(params, server.clients.train(1, 2, models[0]).params)
 
 

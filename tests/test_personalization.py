@@ -106,7 +106,7 @@ def two_clusters_of_three_clients():
     A[:4] = True
     B = torch.zeros(d, dtype=torch.bool)
     B[4:6] = True
-    return fed, d, fed.server.train_sizes.double(), A, B
+    return fed, d, fed.server.clients.train_sizes.double(), A, B
 
 
 def test_set_personal_mask_reslices_storage_by_hand():
@@ -203,7 +203,7 @@ def test_personal_layers_are_untouched_by_aggregation(algorithm, personal):
     alg.aggregate(1, RoundUpdates.of(updates))
     mask = alg.personal_mask
     assert torch.equal(alg.models[0][mask], before[mask])  # the server never averages personal entries
-    n = fed.server.train_sizes.double()
+    n = fed.server.clients.train_sizes.double()
     shared_mean = (n[:, None] * updates.params.double()).sum(0) / n.sum()
     assert torch.allclose(alg.models[0][~mask].double(), shared_mean[~mask], atol=1e-6)
     for k in range(3):
@@ -256,7 +256,7 @@ def test_fedper_over_2000_clients_stores_the_personal_rows_of_the_clients_it_tra
     assert store.memory_bytes == fed.client_states.budget.used == len(trained) * row  # a dense part: 2,000 rows
     models, groups = alg.evaluation_models()
     assert torch.equal(groups, torch.arange(n))
-    initial = fed.server.initial_params[mask]
+    initial = fed.server.model.initial_params[mask]
     for c in range(n):
         model = models[c]
         assert torch.equal(model[~mask], alg.models[0][~mask])

@@ -73,7 +73,7 @@ def test_a_round_moves_the_heads_bias_by_lr_times_the_summed_changes_and_each_cl
     starts = {c: alg.client_model(c).clone() for c in range(4)}
     assert all(not torch.equal(starts[0], starts[c]) for c in (1, 2, 3))  # a model of its own for every client
     bias = alg.hypernet.head.bias.detach().clone()
-    assert torch.equal(bias, fed.server.initial_params)  # SmallCNN has no buffers: h generates every entry
+    assert torch.equal(bias, fed.server.model.initial_params)  # SmallCNN has no buffers: h generates every entry
     result = fed.run_round(1)
     deltas = sum(alg.train_group(1, [c], starts[c][None]).params[0] - starts[c] for c in clients)
     assert result.scalars["pfedhn/grad_norm"] < 50  # not clipped
@@ -83,8 +83,8 @@ def test_a_round_moves_the_heads_bias_by_lr_times_the_summed_changes_and_each_cl
         assert torch.equal(alg.embeddings[c], alg.initial_embeddings(torch.tensor([c]))[0]) == (c not in clients)
     accuracy = []
     for c in range(4):  # every client is evaluated with its own generated model
-        x, y = fed.server.split("test").client(c)
-        accuracy.append((fed.server.predict(alg.client_model(c), x).argmax(1) == y).double().mean())
+        x, y = fed.server.clients.split("test").client(c)
+        accuracy.append((fed.server.model.predict(alg.client_model(c), x).argmax(1) == y).double().mean())
     assert result.scalars["test/acc_mean"] == pytest.approx(float(torch.stack(accuracy).mean()))
 
 

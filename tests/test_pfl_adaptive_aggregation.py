@@ -19,7 +19,7 @@ def test_one_w_step_is_minus_eta_times_the_gradient_times_global_minus_local_cli
     fed = linear_federation(FedALA(eta=50.0, rand_percent=100), num_clients=3, batch_size=4096)
     alg, generator = fed.algorithm, torch.Generator().manual_seed(1)
     assert bool(alg.mixed.all())  # softmax regression is one layer: p = 1 mixes every parameter
-    received = fed.server.initial_params.clone()  # Theta
+    received = fed.server.model.initial_params.clone()  # Theta
     local = received + 0.5 * torch.randn(len(received), generator=generator)  # theta
     start = torch.rand(len(received), generator=generator)  # W before the step
     weights, passes = alg.learn_weights(1, [1], received[None], local[None], start[None], torch.tensor([True]))
@@ -41,11 +41,11 @@ def two_rounds():
     fed.run_round(1)  # theta_i = Theta = the initial model: ALA skipped, every client trains from Theta
     clients = alg.select_clients(2)
     local, received = alg.local.read(clients).clone(), alg.models[0].clone()
-    starts, train_many = [], server.train_many
-    server.train_many = lambda round, group, begin, *args, **kwargs: (
+    starts, train_many = [], server.clients.train_many
+    server.clients.train_many = lambda round, group, begin, *args, **kwargs: (
         starts.append(begin.clone()), train_many(round, group, begin, *args, **kwargs))[1]
     fed.run_round(2)
-    del server.train_many
+    del server.clients.train_many
     return fed, clients, local, received, torch.cat(starts)
 
 
@@ -53,7 +53,7 @@ def test_local_training_starts_from_the_hand_mix_on_the_top_layer_and_the_global
     fed, clients, local, received, starts = two_rounds
     alg, server = fed.algorithm, fed.server
     top = alg.mixed
-    assert torch.equal(top, server.layer_mask(server.layers()[-1:]))  # p = 1: SmallCNN's fc
+    assert torch.equal(top, server.model.layer_mask(server.model.layers()[-1:]))  # p = 1: SmallCNN's fc
     assert torch.equal(starts[:, ~top], received[~top].expand(len(clients), -1))  # the global model whole below
     weights = alg.weights.read(clients)  # as the clients learned and used them in round 2
     hand = local + (received[top] - local) * weights  # theta + (Theta - theta) W
@@ -87,7 +87,7 @@ def test_a_clients_first_w_learning_stops_when_its_last_pass_losses_settle(monke
                             batch_size=4096, partition=QuantitySkew(min_size=30))
     alg, server = fed.algorithm, fed.server
     clients = [0, 1]
-    sizes = [int(0.8 * int(server.train_sizes[c])) for c in clients]
+    sizes = [int(0.8 * int(server.clients.train_sizes[c])) for c in clients]
     assert sizes[0] != sizes[1]  # one batch a client and pass, told apart by its size
     # client 0: std of passes 4-6 = std(0.6, 0.5, 0.5) = 0.047 < 0.1, of passes 3-5 = std(1, 0.6, 0.5) = 0.216: 6
     # client 1: std of passes 2-4 = 0 < 0.1, and 4 > 3 passes: 4
@@ -99,9 +99,9 @@ def test_a_clients_first_w_learning_stops_when_its_last_pass_losses_settle(monke
         calls[size] += 1
         return torch.full((len(params),), script[size][calls[size] - 1]), torch.zeros_like(params)
 
-    monkeypatch.setattr(server, "group_loss_and_grad", scripted)
-    starts = server.initial_params.expand(2, -1)
-    _, passes = alg.learn_weights(1, clients, starts, starts + 1, torch.ones(2, server.num_params),
+    monkeypatch.setattr(server.model, "group_loss_and_grad", scripted)
+    starts = server.model.initial_params.expand(2, -1)
+    _, passes = alg.learn_weights(1, clients, starts, starts + 1, torch.ones(2, server.model.num_params),
                                   torch.tensor([learned, learned]))
     assert passes.tolist() == expected and [calls[s] for s in sizes] == expected
 

@@ -42,8 +42,8 @@ def linear_gradient(params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> t
 
 
 def client_data(fed: Federation, client: int) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = fed.server.split("train").client(client)
-    return fed.server.inputs(x), y
+    x, y = fed.server.clients.split("train").client(client)
+    return fed.server.data.inputs(x), y
 
 
 def resumed_equals_uninterrupted(make, names: tuple[str, ...]) -> None:
@@ -66,7 +66,7 @@ def test_scaffold_first_round_is_the_unweighted_mean_of_fedavg_clients():
     clients = [0, 1, 2, 3]
     fedavg = small_federation(FedAvg(), num_clients=4, partition=QuantitySkew(min_size=30))
     trained = fedavg.execution.train(1, clients).params.double()  # FedAvg's clients, trained on their own
-    sizes = fedavg.server.train_sizes.double()
+    sizes = fedavg.server.clients.train_sizes.double()
     assert sizes.max() > 2 * sizes.min()  # unequal sizes: weighted and unweighted means differ
     scaffold = small_federation(SCAFFOLD(), num_clients=4, partition=QuantitySkew(min_size=30))
     scaffold.run_round(1)  # zero control variates: no correction, server_lr 1
@@ -86,14 +86,14 @@ def test_scaffold_control_variates_follow_option_two_by_hand():
     x, c, c_i = alg.models[0].double(), alg.control.double(), every_row(alg.client_controls).double()
     clients = alg.select_clients(2)
     assert len(clients) == 2 and c_i.abs().sum() > 0
-    assert fed.server.train_sizes[clients[0]] != fed.server.train_sizes[clients[1]]  # steps K differ
+    assert fed.server.clients.train_sizes[clients[0]] != fed.server.clients.train_sizes[clients[1]]  # steps K differ
     updates = fed.execution.train(2, clients)
     round_updates = RoundUpdates.of(updates)
     alg.aggregate(2, round_updates)
     fed.client_states.write_returned(round_updates)  # the engine stores each client's returned c_i+ after the round
     expected_ci = c_i.clone()
     for row, k in enumerate(clients):
-        steps = math.ceil(int(fed.server.train_sizes[k]) / 32)  # one local epoch of batches of 32
+        steps = math.ceil(int(fed.server.clients.train_sizes[k]) / 32)  # one local epoch of batches of 32
         expected_ci[k] = c_i[k] - c + (x - updates.params[row].double()) / (steps * LR)
     assert torch.allclose(every_row(alg.client_controls).double(), expected_ci, atol=1e-5)
     change = sum(expected_ci[k] - c_i[k] for k in clients) / 4  # (|S| / N) times the mean change
@@ -152,7 +152,7 @@ def test_apfl_one_step_matches_a_hand_computation(alpha_lr, clipped):
     alg = fed.algorithm
     w, v, alpha = alg.models[0].double(), every_row(alg.local).double(), every_row(alg.alpha).double()
     fed.run_round(2)
-    sizes = fed.server.train_sizes.double()
+    sizes = fed.server.clients.train_sizes.double()
     rate = LR if alpha_lr is None else alpha_lr
     trained_w = []
     for k in range(3):
@@ -180,8 +180,8 @@ def test_apfl_evaluates_each_client_with_its_mixture():
     for k in range(4):
         mixture = alg.alpha[k] * alg.local[k] + (1 - alg.alpha[k]) * alg.models[0]
         assert torch.allclose(models[k], mixture)
-        x, y = fed.server.split("test").client(k)
-        accuracy = (fed.server.predict(mixture, x).argmax(1) == y).double().mean()
+        x, y = fed.server.clients.split("test").client(k)
+        accuracy = (fed.server.model.predict(mixture, x).argmax(1) == y).double().mean()
         assert result.per_client["acc"][k] == pytest.approx(float(accuracy))
 
 

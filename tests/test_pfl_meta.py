@@ -72,15 +72,15 @@ def test_pfedme_client_round_and_server_step_match_a_plain_loop():
     locals_, thetas = [], []
     for client in (0, 1):  # Algorithm 1's client, written out
         local, theta = w.clone(), w.clone()
-        for _, step, batch in server.batches(1, client):
+        for _, step, batch in server.clients.batches(1, client):
             for _ in range(K):
-                grad = server.loss_and_grad(theta, batch, step)[1]
+                grad = server.model.loss_and_grad(theta, batch, step)[1]
                 theta = theta - personal_lr * (grad + lam * (theta - local))
             local = local - 0.1 * lam * (local - theta)
         locals_.append(local)
         thetas.append(theta)
     fed.run_round(1)
-    n = server.train_sizes.double()
+    n = server.clients.train_sizes.double()
     mean = (n[0] * locals_[0].double() + n[1] * locals_[1].double()) / n.sum()
     assert torch.allclose(fed.algorithm.models[0].double(), mean, atol=1e-6)  # beta = 1: the weighted mean
     models, groups = fed.algorithm.evaluation_models()
@@ -93,7 +93,7 @@ def test_pfedme_client_round_and_server_step_match_a_plain_loop():
 @pytest.mark.parametrize("beta", [0.5, 1.0, 2.0])
 def test_pfedme_server_mixes_the_clients_mean_into_the_global_model_with_beta(beta):
     fed = small_federation(PFedMe(beta=beta), num_clients=3, rounds=1)
-    alg, d = fed.algorithm, fed.server.num_params
+    alg, d = fed.algorithm, fed.server.model.num_params
     g = torch.Generator().manual_seed(1)
     w = torch.randn(d, generator=g)
     alg.models[0] = w
@@ -119,14 +119,14 @@ def test_pfedme_trains_every_client_and_averages_only_the_sampled_ones():
     assert len(sampled) == 2 and alg.select_clients(1) == [0, 1, 2, 3]
     alone = [alg.train_group(1, [c], start[None]) for c in range(4)]  # each client's round, as it trains alone
     assert fed.run_round(1).clients_trained == 4
-    n = server.train_sizes.double()
+    n = server.clients.train_sizes.double()
     mean = sum(n[c] * alone[c].params[0].double() for c in sampled) / n[sampled].sum()
     everyone = sum(n[c] * alone[c].params[0].double() for c in range(4)) / n.sum()
     assert torch.allclose(alg.models[0].double(), mean, atol=1e-6)
     assert not torch.allclose(alg.models[0].double(), everyone, atol=1e-4)  # the unsampled w_local are not averaged
     for c in range(4):  # every client's theta moved and is stored, the unsampled clients' too
         assert torch.equal(alg.personal_models[c], alone[c].state["personal"][0])
-        assert not torch.equal(alg.personal_models[c], server.initial_params)
+        assert not torch.equal(alg.personal_models[c], server.model.initial_params)
 
 
 def test_pfedme_trains_only_the_cohort_when_asked_and_refuses_a_cohort_by_default():
@@ -139,7 +139,7 @@ def test_pfedme_trains_only_the_cohort_when_asked_and_refuses_a_cohort_by_defaul
     cohort = fed.algorithm.select_clients(1)
     assert fed.run_round(1).clients_trained == 2
     for c in range(4):  # the clients outside the cohort keep their theta: the initial model
-        assert torch.equal(fed.algorithm.personal_models[c], fed.server.initial_params) == (c not in cohort)
+        assert torch.equal(fed.algorithm.personal_models[c], fed.server.model.initial_params) == (c not in cohort)
 
 
 def test_pfedme_resumes_exactly():
@@ -188,12 +188,12 @@ def test_perfedavg_first_order_client_round_matches_a_plain_loop():
     trained = []
     for client in (0, 1):
         v = w.clone()
-        for (_, step, d1), (_, _, d2) in zip(server.batches(1, client), server.batches(1, client, purpose="meta")):
-            temp = v - alpha * server.loss_and_grad(v, d1, step)[1]
-            v = v - beta * server.loss_and_grad(temp, d2, step)[1]
+        for (_, step, d1), (_, _, d2) in zip(server.clients.batches(1, client), server.clients.batches(1, client, purpose="meta")):
+            temp = v - alpha * server.model.loss_and_grad(v, d1, step)[1]
+            v = v - beta * server.model.loss_and_grad(temp, d2, step)[1]
         trained.append(v)
     fed.run_round(1)
-    n = server.train_sizes.double()
+    n = server.clients.train_sizes.double()
     mean = (n[0] * trained[0].double() + n[1] * trained[1].double()) / n.sum()  # the engine's FedAvg
     assert torch.allclose(fed.algorithm.models[0].double(), mean, atol=1e-6)
 
@@ -206,13 +206,13 @@ def test_perfedavg_evaluates_each_client_after_one_adaptation_step_from_the_glob
     models, groups = fed.algorithm.evaluation_models()
     assert torch.equal(groups, torch.arange(3))
     for client in range(3):
-        _, _, batch = next(server.batches(0, client, epochs=1, purpose="adapt"))  # one batch of its training data
-        assert len(batch[1]) == min(32, int(server.train_sizes[client]))
-        by_hand = w - alpha * server.loss_and_grad(w, batch)[1]
+        _, _, batch = next(server.clients.batches(0, client, epochs=1, purpose="adapt"))  # one batch of its training data
+        assert len(batch[1]) == min(32, int(server.clients.train_sizes[client]))
+        by_hand = w - alpha * server.model.loss_and_grad(w, batch)[1]
         assert torch.equal(models[client], by_hand)
         assert not torch.equal(by_hand, w)
         x, y = fed.data.test.client(client)  # and the round's evaluation used that model
-        accuracy = float((server.predict(by_hand, x).argmax(dim=1) == y).float().mean())
+        accuracy = float((server.model.predict(by_hand, x).argmax(dim=1) == y).float().mean())
         assert result.per_client["acc"][client] == pytest.approx(accuracy)
     assert torch.equal(models[1], fed.algorithm.evaluation_models()[0][1])  # deterministic
 
@@ -224,8 +224,8 @@ def test_hessian_free_differences_see_the_same_dropout_masks():
     fed = Federation(data, model, PerFedAvg(), FederationConfig(rounds=1, batch_size=32, accelerator="cpu",
                                                                  vectorize=0))
     server, w = fed.server, fed.algorithm.models[0]
-    _, _, batch = next(server.batches(1, 0, purpose="hessian"))
-    plain = partial(server.loss_and_grad, batch=batch)
+    _, _, batch = next(server.clients.batches(1, 0, purpose="hessian"))
+    plain = partial(server.model.loss_and_grad, batch=batch)
     assert not torch.equal(plain(w)[1], plain(w)[1])  # two draws of the masks
     same = replayed(plain, w.device)
     assert torch.equal(same(w)[1], same(w)[1])

@@ -34,14 +34,14 @@ def federation(algorithm, num_clients: int = 5, momentum: float = 0.0, weight_de
 def plain_phases(fed: Federation, round: int, client: int, start: torch.Tensor, phases, momentum: float,
                  batches=None):
     """A plain PyTorch loop: for each (mask of trained entries, epochs, batch stream) a fresh torch.optim.SGD over
-    the trained tensors only (the others are simply not in the optimizer), on the batches `server.batches` gives
+    the trained tensors only (the others are simply not in the optimizer), on the batches `server.clients.batches` gives
     (or `batches(client, epochs, purpose)`: a newcomer's)."""
-    batches = batches or (lambda c, epochs, purpose: fed.server.batches(round, c, epochs, purpose))
+    batches = batches or (lambda c, epochs, purpose: fed.server.clients.batches(round, c, epochs, purpose))
     entries = fed.flat.entries
     tensors = {e.name: start[e.start: e.stop].view(e.shape).clone().requires_grad_() for e in entries}
     for part, epochs, purpose in phases:
         trained = [tensors[e.name] for e in entries if e.is_parameter and bool(part[e.start])]
-        optimizer = torch.optim.SGD(trained, lr=fed.server.learning_rate(round), momentum=momentum)
+        optimizer = torch.optim.SGD(trained, lr=fed.server.clients.learning_rate(round), momentum=momentum)
         for _, _, (x, y) in batches(client, epochs, purpose):
             optimizer.zero_grad()
             F.cross_entropy(torch.func.functional_call(fed.module, tensors, (x,)), y).backward()
@@ -77,14 +77,14 @@ def test_ditto_personal_step_adds_the_proximal_gradient_worked_by_hand():
     fed = federation(Ditto(lam=lam), batch_size=10_000)  # one batch: one SGD step per epoch
     alg, server = fed.algorithm, fed.server
     noise = torch.Generator().manual_seed(1)
-    w = server.initial_params + 0.05 * torch.randn(server.num_params, generator=noise)
-    v = server.initial_params + 0.05 * torch.randn(server.num_params, generator=noise)
+    w = server.model.initial_params + 0.05 * torch.randn(server.model.num_params, generator=noise)
+    v = server.model.initial_params + 0.05 * torch.randn(server.model.num_params, generator=noise)
     alg.personal_models.write([1], v[None])
     out = alg.train_group(1, [1], w[None])
     trained, state = out.params[0], {"personal": out.state["personal"][0]}
-    [(_, _, batch)] = list(server.batches(1, 1, 1))
-    lr = server.learning_rate(1)
-    grad_v, grad_w = server.loss_and_grad(v, batch)[1], server.loss_and_grad(w, batch)[1]
+    [(_, _, batch)] = list(server.clients.batches(1, 1, 1))
+    lr = server.clients.learning_rate(1)
+    grad_v, grad_w = server.model.loss_and_grad(v, batch)[1], server.model.loss_and_grad(w, batch)[1]
     expected = v - lr * (grad_v + lam * (v - w))
     assert torch.allclose(state["personal"], expected, atol=1e-6)
     assert torch.allclose(trained, w - lr * grad_w, atol=1e-6)  # the global update is FedAvg's
@@ -97,12 +97,12 @@ def test_ditto_keeps_unselected_clients_personal_models_and_evaluates_with_them(
     selected = alg.select_clients(1)
     result = fed.run_round(1)
     for k in range(5):
-        moved = not torch.equal(alg.personal_models[k], fed.server.initial_params)
+        moved = not torch.equal(alg.personal_models[k], fed.server.model.initial_params)
         assert moved == (k in selected)
     accuracy = []
     for k in range(5):
         x, y = fed.data.test.client(k)
-        accuracy.append((fed.server.predict(alg.personal_models[k], x).argmax(1) == y).double().mean())
+        accuracy.append((fed.server.model.predict(alg.personal_models[k], x).argmax(1) == y).double().mean())
     assert result.scalars["test/acc_mean"] == pytest.approx(float(torch.stack(accuracy).mean()))
 
 
@@ -119,9 +119,9 @@ def test_fedrep_phases_leave_the_frozen_part_bit_for_bit_under_momentum_and_weig
     fed = federation(FedRep(head_epochs=2), momentum=0.9, weight_decay=0.01)
     alg = fed.algorithm
     head, start = alg.head, alg.client_model(0)
-    tuned = fed.server.train_many(1, [0], start[None], 2, trainable=head, purpose="head").params[0]
+    tuned = fed.server.clients.train_many(1, [0], start[None], 2, trainable=head, purpose="head").params[0]
     assert torch.equal(tuned[~head], start[~head]) and not torch.equal(tuned[head], start[head])
-    trained = fed.server.train_many(1, [0], tuned[None], 1, trainable=~head).params[0]
+    trained = fed.server.clients.train_many(1, [0], tuned[None], 1, trainable=~head).params[0]
     assert torch.equal(trained[head], tuned[head]) and not torch.equal(trained[~head], tuned[~head])
     assert torch.equal(alg.train_group(1, [0], start[None]).params[0], trained)  # train_group is the two phases
 
@@ -143,7 +143,7 @@ def test_fedrep_averages_bodies_and_never_heads():
     updates = fed.execution.train(1, [0, 1, 2, 3, 4])
     alg.aggregate(1, RoundUpdates.of(updates))
     assert torch.equal(alg.models[0][head], before[head])
-    n = fed.server.train_sizes.double()
+    n = fed.server.clients.train_sizes.double()
     body_mean = (n[:, None] * updates.params.double()).sum(0) / n.sum()
     assert torch.allclose(alg.models[0][~head].double(), body_mean[~head], atol=1e-6)
     for k in range(5):
@@ -157,7 +157,7 @@ def test_fedrep_fits_a_newcomers_head_on_the_global_body_and_evaluates_it_with_t
     fed = Federation(data, Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1), FedRep(head_epochs=2),
                      FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0), seed=0)
     result = fed.run_round(1)
-    alg, newcomers, initial = fed.algorithm, fed.extension(NewcomerEvaluation).clients, fed.server.initial_params
+    alg, newcomers, initial = fed.algorithm, fed.extension(NewcomerEvaluation).clients, fed.server.model.initial_params
     head, body = alg.head, alg.models[0][~alg.head]
     models, groups, placed = alg.newcomer_models(newcomers)  # at round 1, as the round's evaluation asked
     assert placed is None and len(groups) == 2
@@ -169,7 +169,7 @@ def test_fedrep_fits_a_newcomers_head_on_the_global_body_and_evaluates_it_with_t
                                 momentum=0.0, batches=newcomers.batches)  # 2 epochs on its training split
         assert torch.allclose(model, expected, atol=1e-5)
         x, y = fed.data.newcomers.test.client(j)
-        accuracy = float((fed.server.predict(model, x).argmax(dim=1) == y).float().mean())
+        accuracy = float((fed.server.model.predict(model, x).argmax(dim=1) == y).float().mean())
         assert result.newcomers["acc"][j] == pytest.approx(accuracy)  # the evaluation used the fitted head
 
 
@@ -186,7 +186,7 @@ def test_fedrep_refuses_bad_input():
 def test_fedbabu_server_head_is_the_initial_head_under_momentum_and_weight_decay(vectorize):
     fed = federation(FedBABU(), momentum=0.9, weight_decay=0.01, vectorize=vectorize)
     alg = fed.algorithm
-    head, initial = alg.head, fed.server.initial_params
+    head, initial = alg.head, fed.server.model.initial_params
     for r in (1, 2):
         fed.run_round(r)
         assert torch.equal(alg.models[0][head], initial[head])
@@ -211,7 +211,7 @@ def test_fedbabu_reports_the_fine_tuned_evaluation_and_keeps_the_server_state():
     fed = federation(FedBABU(), finetune_epochs=1)
     result = fed.run_round(1)
     assert {"test/acc_mean", "test_ft/acc_mean"} <= set(result.scalars)
-    assert torch.equal(fed.algorithm.models[0][fed.algorithm.head], fed.server.initial_params[fed.algorithm.head])
+    assert torch.equal(fed.algorithm.models[0][fed.algorithm.head], fed.server.model.initial_params[fed.algorithm.head])
 
 
 def test_fedbabu_refuses_bad_input():

@@ -96,7 +96,7 @@ def test_the_readme_example_keeps_the_last_layer_personal():
     exec(re.search(r"```python\n(.*?)```", readme, re.S).group(1), namespace)
     fed = small_federation(namespace["LastLayersPersonal"](count=1), num_clients=3, rounds=1)
     fed.run_round(1)
-    alg, last = fed.algorithm, fed.server.layer_mask(fed.server.layers()[-1:])
+    alg, last = fed.algorithm, fed.server.model.layer_mask(fed.server.model.layers()[-1:])
     assert torch.equal(alg.personal_mask, last)
     assert not torch.equal(alg.client_model(0)[last], alg.client_model(1)[last])  # each client's own head
     assert torch.equal(alg.client_model(0)[~last], alg.client_model(1)[~last])    # one shared body
@@ -216,6 +216,19 @@ def test_the_server_context_holds_no_reference_to_the_federation():
     assert isinstance(fed.algorithm.server, ServerContext)
     assert not hasattr(fed.algorithm, "fed")
     assert all(not isinstance(value, Federation) for value in vars(fed.algorithm.server).values())
+
+
+def test_the_server_context_is_a_few_namespaces():
+    """An algorithm meets at most 12 names on `server` (the rest sit in namespaces), and each namespace exposes only
+    the services the module docstring's table lists, with no binding of the engine's among them but the marked."""
+    server = small_federation(FedAvg(), num_clients=2).algorithm.server
+    public = sorted(name for name in {*vars(server), *dir(type(server))} if not name.startswith("_"))
+    assert public == ["aggregation", "clients", "cohort", "data", "device", "log", "message", "model",
+                      "num_clients", "random", "run", "state"]
+    table = inspect.getmodule(ServerContext).__doc__
+    for name in public:
+        if name not in ("device", "num_clients"):
+            assert f"| `{name}` |" in table, f"server.{name} is not in fedlight/plugin/server.py's table"
 
 
 # -- import direction ----------------------------------------------------------------------------------------

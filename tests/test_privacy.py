@@ -88,7 +88,7 @@ def test_fedem_under_dp_clips_each_clients_copies_together():
     moves[1, 1, 1] = 8.0                        # clipped to sqrt(2) (0, 1)
     copies = start + moves
     component = alg.assignment[:2]  # each client sends its copy of the component it started from
-    updates = Updates(torch.tensor([0, 1]), copies[[0, 1], component], start[component], fed.server.train_sizes,
+    updates = Updates(torch.tensor([0, 1]), copies[[0, 1], component], start[component], fed.server.clients.train_sizes,
                       torch.zeros(2), state={"copies": copies, "component": component,
                                              "mixture": alg.mixture.read([0, 1])})
     alg.aggregate(1, RoundUpdates.of(updates))

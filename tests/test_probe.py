@@ -140,7 +140,7 @@ def test_round_one_trains_every_client_once_plus_the_one_step_check(monkeypatch)
     monkeypatch.setattr(VectorizedTrainer, "fit_many", fit_many)
     fed = federation()
     fed.execution.train(1, list(range(5)))
-    sizes = fed.server.train_sizes.tolist()
+    sizes = fed.server.clients.train_sizes.tolist()
     local = [-(-int(n) // 10) for n in sizes]
     assert steps == {"sequential": sum(local[:2]) + 2, "vectorized": sum(local[2:]) + 3}
 

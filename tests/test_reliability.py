@@ -189,7 +189,7 @@ def test_a_client_with_a_nan_pixel_is_left_out_of_aggregation_and_the_rest_is_av
     lo = fed.data.train.bounds[2]
     fed.data.train.x[lo, 0, 3, 3] = float("nan")  # one pixel of client 2
     start = fed.algorithm.models[0].clone()
-    trained = {c: fed.server.train(1, c, start)[0] for c in (0, 1, 3)}
+    trained = {c: fed.server.clients.train(1, c, start).params for c in (0, 1, 3)}
     n = fed.data.train.sizes().astype("float64")
     expected = sum(n[c] * trained[c].double() for c in trained) / sum(n[c] for c in trained)
     metrics = fed.run_round(1)

@@ -236,7 +236,7 @@ def test_an_algorithm_that_bypasses_the_aggregator_is_stopped_after_round_1(sett
     assert "\n" not in message
     assert message.startswith(f"OwnMean combined its clients' updates in round 1 without the engine's cluster "
                               f"aggregator, so {named} could not apply: run OwnMean with federation.aggregator: mean")
-    assert "cluster_means" in message and "server.cluster_aggregator" in message
+    assert "cluster_means" in message and "server.aggregation.new" in message
 
 
 def test_an_algorithm_that_bypasses_the_aggregator_runs_with_the_default_mean():
@@ -261,7 +261,7 @@ class AveragesHalf(Algorithm):
     def aggregate(self, round, updates) -> None:
         held = updates.all()
         half = self.models.shape[1] // 2
-        average = self.server.cluster_aggregator(1, half, self.models.dtype, self.models.device)
+        average = self.server.aggregation.new(1, half, self.models.dtype, self.models.device)
         zeros = torch.zeros(len(held), dtype=torch.long, device=self.models.device)
         average.add(zeros, held.num_samples.to(self.models.dtype), held.params[:, :half], held.starts[:, :half])
         average.reduce(updates)

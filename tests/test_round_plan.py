@@ -34,7 +34,7 @@ def test_a_hook_that_runs_only_when_declared_is_refused_without_its_declaration(
     fed = small_federation(Declared(), num_clients=3, vectorize=-1)
     assert fed.execution.plan.trainer == "sequential" and "train_client" in fed.execution.plan.reason
     fed.run_round(1)
-    assert torch.equal(fed.algorithm.models[0], fed.server.initial_params + 1)  # the mean of every start + 1
+    assert torch.equal(fed.algorithm.models[0], fed.server.model.initial_params + 1)  # the mean of every start + 1
 
 
 def test_the_plan_follows_the_declarations():
@@ -131,7 +131,7 @@ def test_held_round_of_given_updates_runs_the_hooks_directly():
     updates = RoundUpdates.of(fed.execution.train(1, [0, 1]))
     updates.all().params = params
     fed.algorithm.aggregate(1, updates)
-    sizes = fed.server.train_sizes[:2].double()
+    sizes = fed.server.clients.train_sizes[:2].double()
     expected = (sizes[0] * 1.0 + sizes[1] * 3.0) / sizes.sum()
     assert torch.allclose(fed.algorithm.models[0].double(), torch.full((d,), float(expected), dtype=torch.float64), atol=1e-6)
 

@@ -53,12 +53,12 @@ def test_the_cross_loss_distances_by_hand():
 def test_the_one_shot_losses_are_the_local_models_cross_entropy_on_each_clients_data():
     fed = small_federation(SRFCA(refine_rounds=1, init_epochs=2), num_clients=6, rounds=1)
     fed.run_round(1)
-    train = fed.server.split("train")
+    train = fed.server.clients.split("train")
     for i in (0, 4):
-        local, _ = fed.server.train(1, i, fed.server.initial_params, epochs=2)
+        local = fed.server.clients.train(1, i, fed.server.model.initial_params, epochs=2).params
         for j in (1, 5):
             x, y = train.client(j)
-            expected = F.cross_entropy(fed.server.predict(local, x), y)
+            expected = F.cross_entropy(fed.server.model.predict(local, x), y)
             assert fed.algorithm.local_losses[i, j] == pytest.approx(float(expected), rel=1e-4)
 
 

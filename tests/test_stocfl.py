@@ -83,11 +83,11 @@ def test_each_client_trains_its_cluster_model_with_the_pull_and_the_global_model
     omega, models, assignment = alg.models[0].clone(), alg.models.clone(), alg.assignment.clone()
     fed.algorithm.begin_round = lambda round: None  # clustered above
     fed.run_round(2)
-    sizes = fed.server.train_sizes.double()
-    own = torch.stack([fed.server.train(2, c, omega)[0] for c in range(6)]).double()
+    sizes = fed.server.clients.train_sizes.double()
+    own = torch.stack([fed.server.clients.train(2, c, omega).params for c in range(6)]).double()
     assert torch.allclose(alg.models[0].double(), sizes @ own / sizes.sum(), atol=1e-5)
-    pulled = torch.stack([fed.server.train(2, c, models[assignment[c]], gradient_hook=lambda p, g, s:
-                                           g.add_(p - omega, alpha=0.5))[0] for c in range(6)]).double()
+    pulled = torch.stack([fed.server.clients.train(2, c, models[assignment[c]], gradient_hook=lambda p, g, s:
+                                           g.add_(p - omega, alpha=0.5)).params for c in range(6)]).double()
     for row in assignment.unique().tolist():
         members = (assignment == row).nonzero().flatten()
         expected = sizes[members] @ pulled[members] / sizes[members].sum()
@@ -100,9 +100,9 @@ def test_the_runs_robust_rule_combines_the_global_copies():
     from fedlight.aggregators.privacy import PrivacyConfig
 
     fed = small_federation(StoCFL(observe_epochs=1), num_clients=3, rounds=1, aggregator="median")
-    initial = fed.server.initial_params.clone()
+    initial = fed.server.model.initial_params.clone()
     fed.run_round(1)
-    own = torch.stack([fed.server.train(1, c, initial)[0] for c in range(3)])
+    own = torch.stack([fed.server.clients.train(1, c, initial).params for c in range(3)])
     assert torch.allclose(fed.algorithm.models[0], own.median(dim=0).values, atol=1e-6)
     private = small_federation(StoCFL(observe_epochs=1), num_clients=3, rounds=1,
                                privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))

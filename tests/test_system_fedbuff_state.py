@@ -47,7 +47,7 @@ class KeepsRows(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.kept = server.client_state("kept", initial=server.initial_params)
+        self.kept = server.state.declare("kept", initial=server.model.initial_params)
 
     def train_group(self, round, clients, starts):
         trained = super().train_group(round, clients, starts)
@@ -219,7 +219,7 @@ def test_a_stale_scaffold_client_stores_the_variate_it_computed_from_the_model_i
     control_before = alg.control.double().clone()
     assert not torch.equal(alg.models[0].double(), x0)  # the server model moved while client 0 was in flight
     fed.run_round(4)
-    steps, rate = fed.server.local_steps(0), fed.server.learning_rate(1)
+    steps, rate = fed.server.clients.local_steps(0), fed.server.clients.learning_rate(1)
     expected = ((x0 - y0) / (steps * rate)) * alg.parameter_entries.double()
     assert torch.allclose(alg.client_controls[0].double(), expected, atol=1e-5)
     assert torch.allclose(alg.control.double(), control_before + expected / 3, atol=1e-5)

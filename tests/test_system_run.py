@@ -47,7 +47,7 @@ def test_without_a_system_section_nothing_changes_and_a_neutral_one_changes_no_n
 
 def test_a_rounds_virtual_time_is_its_slowest_clients_local_work_and_two_transfers(plain_and_neutral):
     _, (neutral, rounds) = plain_and_neutral
-    sizes = neutral.server.train_sizes.tolist()
+    sizes = neutral.server.clients.train_sizes.tolist()
     bits = neutral.flat.numel * 32  # float32 entries, down and up at 10 Mbit/s
     total = 0.0
     for result in rounds:
@@ -63,12 +63,12 @@ def test_a_client_cut_to_half_its_steps_trains_its_first_epoch_of_two_the_others
     whole = fed.execution.train(3, [0, 1, 2])
     with fed.execution.trainer.work_shares.during({1: 0.5}):
         cut = fed.execution.train(3, [0, 1, 2])
-    one_epoch, _ = fed.server.train(3, 1, fed.algorithm.client_model(1), epochs=1)
+    one_epoch = fed.server.clients.train(3, 1, fed.algorithm.client_model(1), epochs=1).params
     assert torch.equal(cut.params[0], whole.params[0]) and torch.equal(cut.params[2], whole.params[2])
     assert torch.equal(cut.params[1], one_epoch) and not torch.equal(cut.params[1], whole.params[1])
     with fed.execution.trainer.work_shares.during({1: 0.5}):  # custom group loops take the same share
-        steps = [(s.epoch, s.step) for s in fed.server.group_batches(3, [0, 1, 2]) if 1 in s.rows]
-    assert steps == [(0, step) for step in range(fed.server.local_steps(1, epochs=1))]
+        steps = [(s.epoch, s.step) for s in fed.server.clients.group_batches(3, [0, 1, 2]) if 1 in s.rows]
+    assert steps == [(0, step) for step in range(fed.server.clients.local_steps(1, epochs=1))]
 
 
 def test_dropped_clients_are_left_out_untrained_and_a_resumed_run_ends_as_an_uninterrupted_one():

@@ -173,10 +173,10 @@ def test_global_step_counts_the_runs_steps_and_current_epoch_the_local_epoch(vec
 def test_a_custom_group_loop_sees_the_place_of_each_step_it_draws():
     fed = federation(StepCounter, 0, rounds=3, local_epochs=2)
     per_epoch = batches(max(fed.data.train.sizes()))
-    for step in fed.server.group_batches(3, [0, 1], epochs=2):
+    for step in fed.server.clients.group_batches(3, [0, 1], epochs=2):
         assert (fed.module.current_epoch, fed.module.global_step) == \
             (step.epoch, 2 * (2 * per_epoch) + step.epoch * per_epoch + step.step)
-    for epoch, step, _ in fed.server.batches(2, 3):
+    for epoch, step, _ in fed.server.clients.batches(2, 3):
         assert fed.module.global_step == 2 * per_epoch + epoch * per_epoch + step
 
 

@@ -26,7 +26,7 @@ def mlp_federation(algorithm, vectorize=8, optimizer="sgd", momentum=0.9, lr=0.0
 class LastLayerPersonal(Algorithm):
     def setup(self, server):
         super().setup(server)
-        self.set_personal_mask(server.layer_mask(server.layers()[-1:]))
+        self.set_personal_mask(server.model.layer_mask(server.model.layers()[-1:]))
 
 
 @pytest.mark.parametrize("make_algorithm", [FedAvg, lambda: FedProx(mu=0.5), LastLayerPersonal],
@@ -113,7 +113,7 @@ def test_a_training_step_that_fails_under_vmap_falls_back_and_still_trains():
     with pytest.warns(UserWarning, match="training_step failed under torch.func"):
         fed.run_round(1)
     assert fed.execution.vectorized is None and fed.module.last_loss > 0
-    assert not torch.equal(fed.algorithm.models[0], fed.server.initial_params)
+    assert not torch.equal(fed.algorithm.models[0], fed.server.model.initial_params)
 
 
 @pytest.mark.parametrize("kind, settings", [

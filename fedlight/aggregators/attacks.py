@@ -207,7 +207,7 @@ class Attack(RoundExtension):
         """(success, baseline): the share of honest clients' `split` samples of another label than the target that
         their own evaluation model classifies as the target once the trigger is on, and without it (a model that
         predicts the target for much of anything scores high on both: the gap is the backdoor's)."""
-        data, client_of_row = evaluator.data.split(split), evaluator.server.client_of_row(split)
+        data, client_of_row = evaluator.data.split(split), evaluator.server.clients.client_of_row(split)
         honest = torch.as_tensor(~self.is_malicious, device=client_of_row.device)
         keep = (data.y != self.config.target) & honest[client_of_row]
         if not bool(keep.any()):

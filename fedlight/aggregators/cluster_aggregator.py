@@ -1,6 +1,6 @@
 """The engine's cluster aggregator: how the members' updates of each cluster become the cluster's model.
 
-`Algorithm.aggregate` and `Algorithm.cluster_means` ask the server for one (`ServerContext.cluster_aggregator`) and
+`Algorithm.aggregate` and `Algorithm.cluster_means` ask the server for one (`ServerContext.aggregation.new`) and
 feed it rows a group at a time, as they fed `ClusterAverage` before; which one they get is the run's configuration,
 never the algorithm's choice:
 
@@ -149,7 +149,7 @@ class CountedAggregator:
 
 class ClusterAggregation:
     """The run's choice of cluster aggregator (engine-owned; one per federation), handing a fresh aggregator to each
-    call of `ServerContext.cluster_aggregator` and counting the means taken from them each round."""
+    call of `ServerContext.aggregation.new` and counting the means taken from them each round."""
 
     def __init__(self, settings: RobustSettings, privacy: NoisedAggregation | None = None) -> None:
         self.settings, self.privacy = settings, privacy
@@ -205,7 +205,7 @@ class ClusterAggregation:
         raise ValueError(f"{name} combined {what} in round 1 without the engine's cluster aggregator, so "
                          f"{self.configured()} could not apply: run {name} with federation.aggregator: mean and no "
                          "privacy section (a plugin combines its updates through cluster_means or "
-                         "server.cluster_aggregator)")
+                         "server.aggregation.new)")
 
 
 def largest_f(rule: str, members: int) -> int:

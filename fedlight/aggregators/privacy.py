@@ -217,7 +217,7 @@ class PrivacyMechanism(RoundExtension):
                              "data_size with privacy, or leave privacy out")
         if not sampling.uniform:
             self.account_each_client(sampling.why)
-        self._drawn = context.server.drawn
+        self._drawn = context.server.cohort.drawn
 
     def check_message(self, schema: MessageSchema, algorithm: str) -> None:
         """Refuse a message with an entry DP does not clip and noise: a statistic summed over clients or a value read

@@ -36,7 +36,7 @@ class Evaluator:
         group's model runs once on its clients' rows of every split (a model built on demand is built once), and
         they add their summaries alone (`<also><suffix>/`). Spread over processes, each evaluates every `world`-th
         client and the per-client values are gathered."""
-        splits = [split or self.server.eval_split, *also]
+        splits = [split or self.server.run.eval_split, *also]
         data = [self.data.split(name) for name in splits]
         parts = [self.rows(one) for one in data]
         outputs = self.outputs_by_group(models_and_groups, parts)
@@ -106,10 +106,10 @@ class Evaluator:
         return values
 
     def outputs(self, model: "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]", x: torch.Tensor) -> torch.Tensor:
-        """A model's outputs on raw inputs `x`: a flat model runs through the module (`ServerContext.predict`); a
+        """A model's outputs on raw inputs `x`: a flat model runs through the module (`ServerContext.model.predict`); a
         callable is a predictor of the algorithm's own that returns logits or log-probabilities (a mixture of
         component models, as FedEM predicts)."""
-        return model(x) if callable(model) else self.server.predict(model, x)
+        return model(x) if callable(model) else self.server.model.predict(model, x)
 
     def evaluate_and_fine_tune(self, models_and_groups: tuple,
                                fine_tune: "Callable[[int, torch.Tensor], torch.Tensor] | None" = None,

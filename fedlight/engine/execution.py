@@ -7,7 +7,7 @@ every backward pass. It is printed in the run's start line and recorded in summa
 
 `ClientExecution` carries it out: every process trains its shard of the round's clients (`Collective.shard`), in
 groups that fit in memory, through the algorithm's `train_group` (by default the module's SGD, and every call of
-`ServerContext.train_many`: `fedlight.engine.group_training`, vectorized or one client after another), or one client
+`ServerContext.clients.train_many`: `fedlight.engine.group_training`, vectorized or one client after another), or one client
 at a time through the algorithm's own `train_client`; `round_updates` hands the result to the algorithm as a
 `RoundUpdates`.
 """
@@ -70,7 +70,7 @@ class ExecutionPlan:
         hold_reason: why the round is held though the algorithm streams (a robust aggregator that needs every
             update of a cluster); None otherwise.
         every_client: what the algorithm does on every client rather than on the round's cohort, as it declared
-            in its `setup` (`ServerContext.declare_every_client_work`): a cross-device run's cost that grows with
+            in its `setup` (`ServerContext.cohort.declare_every_client_work`): a cross-device run's cost that grows with
             all clients.
     """
 
@@ -121,10 +121,11 @@ class ClientExecution:
         self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, algorithm.corrects_gradient,
                                   collective.world, *threads,
                                   hold_reason=None if algorithm.holds_updates else hold_reason)
-        self.training = GroupTraining(trainer, server.split("train"), server.client_seed, config, collective,
+        self.training = GroupTraining(trainer, server.clients.split("train"), server.random.client_seed, config, collective,
                                       algorithm.corrects_gradient, own, self._follow)
         self.plan.trainer, self.plan.reason = self.training.choice, self.training.reason
-        server.bind_group_training(self.train_many, self.training.loss_and_grads)
+        server.clients.bind_group_training(self.train_many)
+        server.model.bind_group_gradients(self.training.loss_and_grads)
 
     def _follow(self, choice: str, reason: str | None) -> None:
         self.plan.trainer, self.plan.reason = choice, reason
@@ -207,11 +208,11 @@ class ClientExecution:
                     trained.state[name] = tampered_rows(self.tamper, round, clients, trained_from(clients),
                                                         trained.state[name])
         ids = torch.tensor(clients, device=self.device)
-        return Updates(ids, trained.params, starts, self.server.train_sizes[ids], trained.loss, trained.logs,
+        return Updates(ids, trained.params, starts, self.server.clients.train_sizes[ids], trained.loss, trained.logs,
                        trained.state)
 
     def train_many(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:
-        """`ServerContext.train_many`: the group training of the plan."""
+        """`ServerContext.clients.train_many`: the group training of the plan."""
         return self.training.fit(round, clients, starts, work)
 
     def _train_own(self, round: int, clients: list[int], starts: Tensor) -> Trained:
@@ -227,7 +228,7 @@ class ClientExecution:
 
     def local_steps(self, clients: list[int]) -> int:
         """Local optimizer steps of the longest of `clients` in a round (its batches times the local epochs)."""
-        longest = int(self.server.train_sizes[clients].max()) if clients else 0
+        longest = int(self.server.clients.train_sizes[clients].max()) if clients else 0
         return max(1, self.trainer.local_steps(longest))
 
     # -- checkpoints -----------------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ class Federation:
         self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
                                          threads, self.aggregation.hold_reason(), self.extensions.tamper,
                                          self.extensions.work, self.extensions.arrivals)
-        self.server.bind_selection(self.extensions.select)
+        self.server.cohort.bind(self.extensions.select)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
         self.sampling = self.extensions.sampling()  # how a round's clients are chosen, for DP's accounting
@@ -111,7 +111,7 @@ class Federation:
             check_held_round_fits(type(self.algorithm).__name__, self.cohort.size, flat.numel,
                                   flat.vector.element_size(), available_memory(self.device))
         self._disk_checked = False  # the spilled rows' disk: checked once their folder is chosen, or in round 1
-        self.execution.plan.every_client = list(self.server.every_client_work)
+        self.execution.plan.every_client = list(self.server.cohort.every_client_work)
 
     def extension_context(self) -> ExtensionContext:
         """What the round extensions may use of the run (`fedlight.plugin.extension.ExtensionContext`)."""
@@ -179,7 +179,7 @@ class Federation:
         alg = self.algorithm
         self.begin_round(round)
         clients = alg.select_clients(round)
-        self.cohort.check_selected(type(alg).__name__, round, len(clients), self.server.drawn(round))
+        self.cohort.check_selected(type(alg).__name__, round, len(clients), self.server.cohort.drawn(round))
         self.check_client_state(round, len(clients))
         updates = self.execution.round_updates(round, clients)
         with watched_round(round, updates, alg, self.extensions.suspects(), self.aggregation.default):
@@ -192,11 +192,11 @@ class Federation:
         self.store_returned(updates)
         self.round, clusters = round, alg.cluster_labels()
         stop = self.end_round(round, len(clients))
-        logged, matrices = self.server.round_log.take()
+        logged, matrices = self.server.log.take()
         result = RoundResult(round, len(clients), training.left_out, training.metrics, {**logged, **alg.round_metrics()},
                              self.cluster_scores(clusters), matrices=matrices, stop_reason=stop,
                              dropped=training.dropped)
-        if self.server.evaluates(round):
+        if self.server.run.evaluates(round):
             self.evaluate_round(result, training, clusters)
         return result
 
@@ -235,7 +235,7 @@ class Federation:
         must stop before the next round, or None."""
         scalars, stop = self.extensions.end_round(round, selected)
         for name, value in scalars.items():
-            self.server.round_log.scalar(name, value)
+            self.server.log.scalar(name, value)
         return stop
 
     def cluster_scores(self, clusters: np.ndarray | None) -> dict[str, float]:
@@ -260,8 +260,8 @@ class Federation:
         """(summaries, per-client values) of the evaluation `models` (and, with `finetune_epochs`, of each client's
         fine-tuned one; the summaries of the splits in `also_evaluated` beside them), with the mean of the primary
         metric within each true and each found cluster (`cluster_acc/true_<c>`, `cluster_acc/found_<c>`)."""
-        train, epochs = self.server.train, self.config.finetune_epochs
-        fine_tune = (lambda client, start: train(round, client, start, epochs=epochs, purpose="finetune")[0]) \
+        train, epochs = self.server.clients.train, self.config.finetune_epochs
+        fine_tune = (lambda client, start: train(round, client, start, epochs=epochs, purpose="finetune").params) \
             if epochs else None
         summary, values = self.evaluator.evaluate_and_fine_tune(models, fine_tune, self.also_evaluated)
         metric = "acc" if "acc" in values else next(iter(values))

@@ -1,5 +1,5 @@
 """Group training: the one place where clients' local SGD runs, for the round's default training and for every
-call of `ServerContext.train_many` an algorithm's own group work makes.
+call of `ServerContext.clients.train_many` an algorithm's own group work makes.
 
 `GroupTraining.fit(round, clients, starts, work)` trains a group of clients from their starting models as one
 `LocalWork` says (epochs, learning-rate factor, gradient hook, trainable entries, sample weights, batch stream):
@@ -50,7 +50,7 @@ class GroupTraining:
     Args:
         trainer: the sequential trainer (also the module, its optimizer and schedules).
         train: every client's training split.
-        seed_of: (round, client, purpose) -> the client's seed (`ServerContext.client_seed`).
+        seed_of: (round, client, purpose) -> the client's seed (`ServerContext.random.client_seed`).
         config: the federation's settings (`vectorize`, `batch_size`, `local_epochs`).
         collective: the processes (the probe's decision is the first process's, for all).
         hook_flag: whether the run's default training has a gradient hook (part of the probe's memory key).

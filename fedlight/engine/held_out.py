@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class HeldOutClients:
     """`Newcomers` of a run: the held-out clients' data (`FederatedData.newcomers`) as a `ClientPopulation` with the
-    federation's own module, trainer, group training and seeds (`ServerContext.predict`, `client_seed`), so a newcomer
+    federation's own module, trainer, group training and seeds (`ServerContext.model.predict`, `client_seed`), so a newcomer
     is run exactly as a training client would be. The engine sets `round` before each evaluation; the `Newcomers`
     methods are the population's at that round."""
 
@@ -27,9 +27,9 @@ class HeldOutClients:
                  training: "GroupTraining") -> None:
         def train_group(round: int, clients: list[int], starts: Tensor, work: LocalWork) -> "Trained":
             # a view taken at each call, so it follows the training clients' trainer choice (a probe's fall-back)
-            return training.on(data.train, server.client_seed).fit(round, clients, starts, work)
+            return training.on(data.train, server.random.client_seed).fit(round, clients, starts, work)
 
-        self.population = ClientPopulation(data, server.predict, trainer, server.client_seed, train_group)
+        self.population = ClientPopulation(data, server.model.predict, trainer, server.random.client_seed, train_group)
         self.trainer = trainer
         self.count, self.train_sizes = self.population.count, self.population.train_sizes
         self.round = 0
@@ -48,8 +48,8 @@ class HeldOutClients:
 
     def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
                    purpose: str = "newcomer", trainable: Tensor | None = None) -> Tensor:
-        work = LocalWork(epochs, trainable=trainable, purpose=purpose)
-        return self.population.train_many(self.round, newcomers, starts, work).params
+        return self.population.train_many(self.round, newcomers, starts, epochs, trainable=trainable,
+                                          purpose=purpose).params
 
     def batches(self, newcomer: int, epochs: int | None = None,
                 purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:

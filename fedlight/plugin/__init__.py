@@ -5,8 +5,9 @@
 | module | what it holds |
 |---|---|
 | `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg |
-| `cohort` | `Cohort`: the clients of a round, an exact count (`federation.clients_per_round`) or a share (`participation`); `share_count`, the clients a share selects |
-| `server` | `ServerContext`: the services an algorithm may use (data, running the model, group training, layer masks, randomness) |
+| `cohort` | `Cohort`: the clients of a round, an exact count (`federation.clients_per_round`) or a share (`participation`); `share_count`, the clients a share selects; `CohortDraw`, the run's draw (`server.cohort`); `Sampling`, how clients are chosen |
+| `server` | `ServerContext`: the services an algorithm may use, in namespaces (`run`, `data`, `clients`, `model`, `random`, `state`, `message`, `aggregation`, `cohort`, `log`) |
+| `model_view` | `ModelView`: the network as flat models (`server.model`: predict, features, gradients, layer masks) |
 | `updates`, `round_updates` | `Updates` (stacked rows of trained models) and `RoundUpdates` (a round's, streamed or held) |
 | `collective` | `Processes`: the collectives a round's updates use (the engine's `Collective` meets it), `OneProcess` |
 | `training_stats` | a round's training losses and logged values, reduced in client order |

@@ -26,7 +26,7 @@ may record scalars and matrices as they act (`log`, `log_matrix`).
     setup(server)                      once: build the state; `server` is the run's `ServerContext`
     begin_round(round)                 first thing in a round: one-time phases
     select_clients(round) ?            the clients that train
-    train_group(round, clients, starts) a group's local work: the module's SGD (`server.train_many`) by default
+    train_group(round, clients, starts) a group's local work: the module's SGD (`server.clients.train_many`) by default
     train_client(round, client, start) one client's own local work (only with own_training = True)
       learning_rate_scale(round) ?     SGD clients train at the configured learning rate times this
       local_gradient(client, ...)      ... with the gradient edited in place (only with corrects_gradient = True)
@@ -121,7 +121,7 @@ class Algorithm:
         """Called once before the first round (and before a checkpoint is loaded): one global model, every
         client in cluster 0, nothing personal. Subclasses call `super().setup(server)` first."""
         self.server = server
-        self.models = server.initial_params.unsqueeze(0).clone()
+        self.models = server.model.initial_params.unsqueeze(0).clone()
         self.assignment = torch.zeros(server.num_clients, dtype=torch.long, device=server.device)
 
     def begin_round(self, round: int) -> None:
@@ -130,21 +130,21 @@ class Algorithm:
 
     def select_clients(self, round: int) -> list[int]:
         """The clients that train this round, sampled without replacement: exactly `federation.clients_per_round`
-        when the run gives it, else a `participation` share, drawn by the run (`server.draw_clients`: uniformly, or
+        when the run gives it, else a `participation` share, drawn by the run (`server.cohort.draw`: uniformly, or
         from the available clients by `system.selection`)."""
         n = self.server.num_clients
-        return self.server.draw_clients(round, Cohort(n, self.participation, self.server.clients_per_round).size)
+        return self.server.cohort.draw(round, Cohort(n, self.participation, self.server.cohort.clients_per_round).size)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The local work of a group of clients from their models `starts` (one row each): a `Trained` with the
         trained models (rows), each client's mean training loss and, in `state`, per-client tensors sent beside
         the models (a personal model, mixture weights: (len(clients), ...) each), which reach the aggregation hooks
-        as `Updates.state`. Build it from `server.train_many` calls (several for several models, each with its own
-        gradient hook, trainable entries or sample weights) and `server.group_batches` / `server.group_loss_and_grad`
+        as `Updates.state`. Build it from `server.clients.train_many` calls (several for several models, each with its own
+        gradient hook, trainable entries or sample weights) and `server.clients.group_batches` / `server.model.group_loss_and_grad`
         for a custom loop: the engine sizes the groups by memory and trains each call vectorized when the plan
         allows. This default is the module's SGD at `learning_rate_scale`, with `local_gradient` when the class
         corrects gradients."""
-        return self.server.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
+        return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                       gradient_hook=self._gradient_hook(clients))
 
     def _gradient_hook(self, clients: list[int]) -> GroupHook | None:
@@ -168,7 +168,9 @@ class Algorithm:
         hook = None
         if self.corrects_gradient:
             hook = lambda params, grad, begin: self.local_gradient(client, params, grad, begin)  # noqa: E731
-        return self.server.train(round, client, start, lr_scale=self.learning_rate_scale(round), gradient_hook=hook)
+        trained = self.server.clients.train(round, client, start, lr_scale=self.learning_rate_scale(round),
+                                            gradient_hook=hook)
+        return trained.params, trained.loss
 
     def learning_rate_scale(self, round: int) -> float:
         """Factor on the clients' configured learning rate in this round (a server-side schedule); 1 here."""
@@ -187,10 +189,10 @@ class Algorithm:
         """FedAvg within each cluster: the shared part of every cluster model with members in `updates` becomes
         their training-set-size weighted mean; each client keeps its trained personal part. Streamed, the sums
         run over one group at a time and are added over the processes once. The combination is the engine's
-        cluster aggregator (`ServerContext.cluster_aggregator`): the weighted mean unless the run configures a
+        cluster aggregator (`ServerContext.aggregation.new`): the weighted mean unless the run configures a
         robust rule or differential privacy."""
         models, mask = self.models, self.personal_mask
-        average = self.server.cluster_aggregator(len(models), models.shape[1], models.dtype, models.device, mask)
+        average = self.server.aggregation.new(len(models), models.shape[1], models.dtype, models.device, mask)
         width = 0 if mask is None else int(mask.sum())
         ids, rows = [models.new_zeros(0, dtype=torch.long)], [models.new_zeros(0, width)]  # personal parts trained
         for group in updates.groups():
@@ -229,7 +231,7 @@ class Algorithm:
         `federation.finetune_epochs` then trains)."""
         models = self.models
         if self.personal_mask is not None:  # the losses are those of the models the newcomers get
-            models = torch.where(self.personal_mask, self.server.initial_params, models)
+            models = torch.where(self.personal_mask, self.server.model.initial_params, models)
         if len(models) == 1:
             groups = torch.zeros(newcomers.count, dtype=torch.long, device=models.device)
         else:
@@ -262,24 +264,24 @@ class Algorithm:
         self.models = state["models"]
         self.assignment = state["assignment"]
         if self.personal is not None:
-            self.server.drop_client_state(self.personal.name)
+            self.server.state.drop(self.personal.name)
         self.personal_mask, self.personal, self._personal_start = state["personal_mask"], None, None
         self._personal_generation = int(state["personal_generation"])
         if self.personal_mask is not None:
             self._personal_start = PersonalStart(state["personal_start"], state["personal_start_group"])
-            self.personal = self.server.client_state(store_name(self._personal_generation), self._personal_start)
+            self.personal = self.server.state.declare(store_name(self._personal_generation), self._personal_start)
 
     # -- logging -----------------------------------------------------------------------------------------------
     def log(self, name: str, value: float | Tensor) -> None:
         """Record a scalar of this round (metrics.csv, the console, W&B), as LightningModule.log does; a name
         logged twice in a round keeps the later value."""
-        self.server.round_log.scalar(name, value)
+        self.server.log.scalar(name, value)
 
     def log_matrix(self, name: str, matrix: np.ndarray | Tensor) -> None:
         """Record a client-by-client matrix of this round: saved in the run folder as matrices/<name>_roundNNNN.npy
         and shown as a heatmap in W&B (a name ending in its kind, `_cosine_distance` or `_similarity`, fixes the
         colour scale)."""
-        self.server.round_log.matrix(name, matrix)
+        self.server.log.matrix(name, matrix)
 
     # -- services on the state -----------------------------------------------------------------------------
     def client_model(self, client: int) -> Tensor:
@@ -301,7 +303,7 @@ class Algorithm:
         aggregator, as in `aggregate`: a robust rule or DP's noised mean when the run configures one."""
         starts = updates.starts if values is None else None
         values = updates.params if values is None else values
-        average = self.server.cluster_aggregator(len(self.models), values.shape[1], values.dtype, values.device,
+        average = self.server.aggregation.new(len(self.models), values.shape[1], values.dtype, values.device,
                                                  self.personal_mask)
         average.add(self.assignment[updates.clients], weights, values, starts)
         return average.means()
@@ -315,7 +317,7 @@ class Algorithm:
 
     def set_personal_mask(self, mask: Tensor | None, updates: Updates | None = None) -> None:
         """Make the entries where `mask` is True the personal part from now on (a fixed set of layers from
-        `server.layer_mask`/`layer_count_mask`, or a schedule), re-slicing every client's stored personal
+        `server.model.layer_mask`/`layer_count_mask`, or a schedule), re-slicing every client's stored personal
         values. A mask with no True entry, or None, makes everything shared.
 
         An entry that becomes personal starts, for a client in `updates`, from its trained value there, and for
@@ -331,13 +333,13 @@ class Algorithm:
         leaving = old_m & ~new_m
         old, old_start = self.personal, self._personal_start
         if leaving.any():
-            active, means = leaving_means(old, old_start, self.assignment, self.server.train_sizes, leaving[old_m],
+            active, means = leaving_means(old, old_start, self.assignment, self.server.clients.train_sizes, leaving[old_m],
                                           len(self.models))
             rows = self.models[active]
             rows[:, leaving] = means
             self.models[active] = rows
         if old is not None:
-            self.server.drop_client_state(old.name)  # still read below; its budget goes to the new store
+            self.server.state.drop(old.name)  # still read below; its budget goes to the new store
         self.personal_mask, self.personal, self._personal_start = new, None, None
         if new is None:
             return
@@ -346,6 +348,6 @@ class Algorithm:
         start = PersonalStart.first(cluster_values, self.assignment) if old_start is None else \
             old_start.resliced(cluster_values, self.assignment, kept, from_old)
         self._personal_generation += 1
-        self.personal = self.server.client_state(store_name(self._personal_generation), start)
+        self.personal = self.server.state.declare(store_name(self._personal_generation), start)
         self._personal_start = start
         reslice(old, self.personal, cluster_values, self.assignment, kept, from_old, updates, new)

@@ -2,7 +2,7 @@
 
 An algorithm declares each per-client tensor once in `setup`, and reads and writes rows of it:
 
-    self.personal_models = server.client_state("personal", initial=server.initial_params)
+    self.personal_models = server.state.declare("personal", initial=server.model.initial_params)
     rows = self.personal_models.read(clients)   # (len(clients), *row_shape) on the server's device
     self.personal_models.write(clients, rows)   # the same rows on every process
 
@@ -316,3 +316,6 @@ class ClientStates:
         still be read back (`fedlight.plugin.spill`)."""
         for store in self.stores.values():
             store.checkpointed()
+
+
+ClientStateStores = ClientStates

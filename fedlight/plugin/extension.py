@@ -106,7 +106,7 @@ class RoundExtension:
 
     def select(self, round: int, count: int) -> list[int] | None:
         """The round's `count` clients when this extension draws them (from the clients it finds available, fewer
-        when fewer are), for the base class's `select_clients` (`ServerContext.draw_clients`); None: the uniform
+        when fewer are), for the base class's `select_clients` (`ServerContext.cohort.draw`); None: the uniform
         draw. Called any number of times in a round: the same answer each time."""
         return None
 

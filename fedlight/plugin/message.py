@@ -3,7 +3,7 @@ decides what it can do with it from the message itself, never from an algorithm'
 
 A client's message is its trained model (the `Updates` row every extension already sees), its training loss and
 logs, and the entries its local work returns beside them (`Trained.state`). An entry returned under the name of a
-client-state store (`server.client_state`) is the client's own: the engine writes it into the client's row (Ditto's
+client-state store (`server.state.declare`) is the client's own: the engine writes it into the client's row (Ditto's
 personal model, APFL's alpha) and it goes no further. Every other entry leaves the client, and the algorithm's `setup`
 says what it is (`server.message.sends(name, kind)`), one of:
 
@@ -23,7 +23,7 @@ it (`check_returned`), so nothing leaves a client unseen by the extensions. Exte
 algorithm is set up (`RoundExtension.check_message`) and refuse in one line what they cannot handle.
 
 A round may also need every client's message at once (SR-FCA's one-shot round clusters every client's model; FL+HC's
-clustering round): `needs_every_client` records it (`ServerContext.needs_every_client` does), so that an asynchronous
+clustering round): `needs_every_client` records it (`ServerContext.cohort.needs_every_client` does), so that an asynchronous
 server, which aggregates the first arrivals, can refuse it.
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ class MessageSchema:
                 raise ValueError(f"{algorithm}'s clients return {name!r} beside their models, which is neither a "
                                  "client-state store nor declared: say what it is in setup, "
                                  f"server.message.sends({name!r}, kind) with kind one of {', '.join(KINDS)} "
-                                 "(fedlight.plugin.message), or store it with server.client_state")
+                                 "(fedlight.plugin.message), or store it with server.state.declare")
 
     def describe(self, name: str) -> str:
         """An entry as a refusal names it: "'global_copy' (a model beside the trained one)"."""

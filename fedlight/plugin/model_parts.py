@@ -4,7 +4,7 @@ Some personalized methods train modules of their own beside the configured netwo
 per-client shift of the features (FedDBE), a conditional policy (FedCP). Added through `ModelParts.add` in
 `Algorithm.extend_model`, before the engine lays the module's tensors out as one flat vector, such a module's
 tensors are entries of every client's flat model like the network's own: trained vectorized by the group training,
-kept in the client-state store, checkpointed, and averaged or kept personal by mask (`server.layer_mask([name])`).
+kept in the client-state store, checkpointed, and averaged or kept personal by mask (`server.model.layer_mask([name])`).
 The network's forward does not call them; the method calls them in its local objective (`LocalWork.objective`) and
 its evaluation, or hooks them onto the head (`head.register_forward_pre_hook`).
 

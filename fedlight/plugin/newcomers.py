@@ -33,7 +33,7 @@ class Newcomers(Protocol):
     train_sizes: Tensor
 
     def split(self, name: str) -> ClientSplit:
-        """Every newcomer's samples of split `name` ("train", "val" or "test"), raw (`ServerContext.inputs`
+        """Every newcomer's samples of split `name` ("train", "val" or "test"), raw (`ServerContext.data.inputs`
         converts them as the model sees them)."""
         ...
 
@@ -57,13 +57,13 @@ class Newcomers(Protocol):
     def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
                    purpose: str = "newcomer", trainable: Tensor | None = None) -> Tensor:
         """(len(newcomers), d) `train` of each newcomer from its row of `starts`, as one group: vectorized when the
-        run's plan trains its clients vectorized (`ServerContext.train_many`). `trainable` ((d,) bool) freezes the
+        run's plan trains its clients vectorized (`ServerContext.clients.train_many`). `trainable` ((d,) bool) freezes the
         other entries, which end exactly at their starts (FedRep fits a newcomer's head on the global body)."""
         ...
 
     def batches(self, newcomer: int, epochs: int | None = None,
                 purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
-        """(epoch, step, batch) of one newcomer's training split, as `ServerContext.batches` gives a training
+        """(epoch, step, batch) of one newcomer's training split, as `ServerContext.clients.batches` gives a training
         client's: the pieces of an algorithm's own local step (Per-FedAvg's adaptation)."""
         ...
 

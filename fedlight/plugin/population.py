@@ -1,6 +1,6 @@
 """`ClientPopulation`: one set of clients and their data, run through the federation's module, trainer and seeds.
 
-The training clients (`ServerContext.clients`) and the clients held out of training (the engine's `Newcomers`) are
+The training clients (`server.clients`) and the clients held out of training (the engine's `Newcomers`) are
 two populations of one class, so their sizes, splits, losses, per-sample losses and local training are the same
 code: a newcomer is run exactly as a training client would be.
 """
@@ -18,7 +18,8 @@ from torch import Tensor
 from fedlight.plugin.data import SPLITS, ClientSplit, FederatedData
 from fedlight.training.group_batches import GroupStep, group_steps
 from fedlight.training.local_work import LocalWork
-from fedlight.training.sequential import ClientTrainer, GradientHook, Trained
+from fedlight.training.sequential import ClientTrainer, GradientHook, Objective, Trained
+from fedlight.training.vectorized import GroupHook
 
 GroupTrainer = Callable[[int, list[int], Tensor, LocalWork], Trained]
 """(round, clients, starts, work) -> the clients trained as one group (the engine's group training)."""
@@ -29,9 +30,9 @@ class ClientPopulation:
 
     Args:
         data: the clients' samples.
-        predict: (flat model, raw inputs) -> logits (`ServerContext.predict`).
+        predict: (flat model, raw inputs) -> logits (`server.model.module.predict`).
         trainer: the module's local training (its optimizer, batch size and local epochs).
-        seed_of: (round, client, purpose) -> the seed of a client's local work (`ServerContext.client_seed`).
+        seed_of: (round, client, purpose) -> the seed of a client's local work (`server.random.client_seed`).
         train_group: the engine's group training of these clients (`bind_group_training` sets it later).
 
     Attributes:
@@ -104,19 +105,42 @@ class ClientPopulation:
     def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
               gradient_hook: GradientHook | None = None, purpose: str = "train",
               sample_weights: Tensor | None = None) -> Trained:
-        """One client's local training from `start` on its training split, seeded by (round, client, purpose)
-        (`ServerContext.train` says what each argument does); a set-up phase numbered 0 trains at round 1's rates."""
+        """Train the model from `start` on one client's training split with the module's `training_step` and
+        optimizer, seeded by (seed, round, client); returns its `Trained` (`params`, the trained flat model; `loss`,
+        the mean loss of the last epoch). `epochs` defaults to the federation's local epochs; `gradient_hook(params,
+        grad, start)` may edit the flat gradient in place after each backward pass; another `purpose` draws another
+        stream of batches (a personal model's training beside the global one, fine-tuning). `sample_weights`, one per
+        row of the client's training split, replace `training_step`'s loss with the batch mean of weight x
+        cross-entropy of the module's outputs (a mixture component's M-step, FedEM). A set-up phase numbered 0
+        trains at round 1's rates."""
         x, y = self.data.train.client(client)
         return self.trainer.fit(start, x, y, self.seed_of(round, client, purpose), gradient_hook, lr_scale=lr_scale,
                                 epochs=epochs, round=max(round, 1), sample_weights=sample_weights,
                                 max_steps=self._max_steps(client, epochs))
 
-    def train_many(self, round: int, clients: list[int], starts: Tensor, work: LocalWork = LocalWork()) -> Trained:
-        """`clients` trained from the rows of `starts` as `work` says, as one group (`ServerContext.train_many`)."""
+    def train_many(self, round: int, clients: list[int], starts: Tensor, epochs: int | None = None,
+                   lr_scale: float = 1.0, gradient_hook: GroupHook | None = None, trainable: Tensor | None = None,
+                   sample_weights: list[Tensor] | None = None, purpose: str = "train",
+                   objective: Objective | None = None, client_inputs: Tensor | None = None) -> Trained:
+        """Train `clients` from the rows of `starts` with the module's `training_step` and optimizer, as `train`
+        does for each alone (same batches, same seeds), but as one group: vectorized when the run's plan allows,
+        in groups sized by memory. Returns a `Trained` (models (len(clients), d), each client's mean loss of the last
+        epoch, what `training_step` logged). `gradient_hook(rows, params, grad, starts)` edits the gradients of
+        the clients at positions `rows` in place after every backward pass; `trainable` ((d,) bool) trains only
+        those entries, the others keep their starting values; `sample_weights` (one tensor per client, a weight
+        per row of its training split) weight each sample's cross-entropy; another `purpose` draws another stream
+        of batches; `objective(module, (x, y), inputs)` is each step's loss instead of `training_step`, handed the
+        client's row of `client_inputs` (`fedlight.training.local_work.LocalWork`)."""
         if self._train_group is None:
             raise RuntimeError("ClientPopulation.train_many before the engine bound its group training: "
                                "call bind_group_training first")
+        work = LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose, objective, client_inputs)
         return self._train_group(round, list(clients), starts, work)
+
+    def learning_rate(self, round: int) -> float:
+        """The clients' configured learning rate at the start of round `round` (the module's optimizer and its
+        schedulers, first parameter group)."""
+        return self.trainer.learning_rates.round_rate(max(round, 1))
 
     def batches(self, round: int, client: int, epochs: int | None = None,
                 purpose: str = "train") -> Iterator[tuple[int, int, Any]]:
@@ -129,7 +153,7 @@ class ClientPopulation:
     def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
                       purpose: str = "train") -> Iterator[GroupStep]:
         """The steps of a custom loop of a group of clients at once, each client's batches those `batches` gives it
-        (`ServerContext.group_batches`); the module's trainer is told each step's place in the round, as the
+        (for a custom local loop with `server.model.module.group_loss_and_grad`); the module's trainer is told each step's place in the round, as the
         trainers tell it."""
         data = [self.data.train.client(c) for c in clients]
         seeds = [self.seed_of(round, c, purpose) for c in clients]

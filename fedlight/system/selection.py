@@ -21,7 +21,7 @@ class SelectionContext:
     """What the selectors read of the run.
 
     Attributes:
-        rng: (round, purpose) -> a generator of the (seed, round, purpose) stream (`ServerContext.rng`).
+        rng: (round, purpose) -> a generator of the (seed, round, purpose) stream (`ServerContext.random.rng`).
         sizes: (clients,) training-set sizes.
         times_s: (clients,) each client's time for a whole round on its device (local work and transfers).
         losses: clients -> ((len,) mean training loss, (len,) root mean square of the per-sample losses) of each

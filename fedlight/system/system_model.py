@@ -82,11 +82,11 @@ class SystemModel(RoundExtension):
             raise ValueError(f"system.partial_work: {type(algorithm).__name__} trains its clients its own way "
                              "(train_client), which has no local steps to cut short: leave partial_work out (clients "
                              "past the deadline are then dropped)")
-        self.steps = np.array([server.local_steps(c) for c in range(self.num_clients)], dtype=np.int64)
+        self.steps = np.array([server.clients.local_steps(c) for c in range(self.num_clients)], dtype=np.int64)
         self.compute_s = self.devices.compute_s(self.steps, context.config.batch_size)
         self.transfer_s = self.devices.transfer_s(context.model.numel() * context.model.element_size() * 8)
         self.check_deadline()
-        selection = SelectionContext(server.rng, server.train_sizes.cpu().numpy(), self.compute_s + self.transfer_s,
+        selection = SelectionContext(server.random.rng, server.clients.train_sizes.cpu().numpy(), self.compute_s + self.transfer_s,
                                      lambda clients: loss_statistics(server, algorithm, clients),
                                      lambda: algorithm.assignment.cpu().numpy())
         self.selector = make_selector(config, selection)
@@ -105,7 +105,7 @@ class SystemModel(RoundExtension):
             raise ValueError("system.buffer_size: asynchronous rounds keep their clients in flight on one process; "
                              "run on one device (or leave buffer_size out)")
         self.algorithm = context.algorithm
-        self.sizes, self.like = context.server.train_sizes, context.model
+        self.sizes, self.like = context.server.clients.train_sizes, context.model
         self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
             InFlight.from_state(self._in_flight_state, self.like.device)
 

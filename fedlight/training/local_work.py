@@ -1,6 +1,6 @@
 """`LocalWork`: what one call of group training does beyond the module's SGD on the clients' batches.
 
-An algorithm's local work is one or more calls of `ServerContext.train_many` on a group of clients; each call
+An algorithm's local work is one or more calls of `ServerContext.clients.train_many` on a group of clients; each call
 says, in one value, how many epochs, at which learning-rate factor, with which gradient correction, which entries
 train, how the samples are weighted, and which stream of batches it draws. The engine carries it out vectorized
 or one client after another, as the run's plan says, so the algorithm never loops over clients itself.
