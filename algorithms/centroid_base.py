@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
-from fedlight.plugin import MODEL, Algorithm, Updates, summarize
+from fedlight.plugin import MODEL, Algorithm, Plan, Updates, summarize
 from fedlight.cluster.scores import clustering_scores
 
 
@@ -30,8 +30,7 @@ class CentroidAlgorithm(Algorithm):
     """
 
     one_shot = True  # one communication round (federation.rounds must be 1)
-    own_training = True  # local work is a clustering of the client's points, not SGD
-    holds_updates = True  # the server clusters every uploaded center set at once
+    plan = Plan(holds_updates=True)  # the server clusters every uploaded center set at once
 
     def __init__(self, n_init: int = 10, max_iter: int = 300, tol: float = 1e-4) -> None:
         super().__init__(participation=1.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedlight.plugin import Algorithm, Newcomers, RoundUpdates, nearest_update_direction
+from fedlight.plugin import Algorithm, Newcomers, Plan, RoundUpdates, nearest_update_direction
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import cosine_similarity_matrix
 
@@ -35,7 +35,7 @@ class CFL(Algorithm):
         participation: share of clients per round (the method assumes all).
     """
 
-    holds_updates = True  # splits a cluster by the cosine similarities of its members' updates
+    plan = Plan(holds_updates=True)  # splits a cluster by the cosine similarities of its members' updates
 
     def __init__(self, eps1: float = 0.4, eps2: float = 1.6, min_cluster_size: int = 2, warmup_rounds: int = 20,
                  gamma_max: float | None = None, split_cooldown: int = 0, weighted: bool = True,

@@ -62,7 +62,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_score
 from torch import Tensor
 
-from fedlight.plugin import PER_CLIENT, Algorithm, RoundUpdates, Trained, Updates
+from fedlight.plugin import PER_CLIENT, Algorithm, Plan, RoundUpdates, Trained, Updates
 
 QUERY = "criterion_update"  # what a client sends beside its model in a query round: its update at the criterion model
 CHUNK_BYTES = 1 << 28  # stored profiles read at a time when the Gram matrix is updated
@@ -137,7 +137,7 @@ class CFLGP(Algorithm):
         participation: share of clients per round (the paper trains all).
     """
 
-    holds_updates = True  # the query round's profiles are read from every update
+    plan = Plan(holds_updates=True)  # the query round's profiles are read from every update
     def __init__(self, num_clusters: int = 4, clustering_period: int = 2, clustering_rounds: int | None = 10,
                  beta: float | None = None, unknown_k: bool = False, warmup_rounds: int = 0, compression: int = 1,
                  participation: float = 1.0) -> None:

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from fedlight.cluster.similarity import l2_distance_matrix
-from fedlight.plugin import Algorithm, ClientModels, RoundUpdates, Trained
+from fedlight.plugin import Algorithm, ClientModels, Plan, RoundUpdates, Trained
 
 
 def squared_distances(models: Tensor) -> Tensor:
@@ -91,7 +91,7 @@ class FedAMP(Algorithm):
         participation: share of clients selected each round (the paper: every client, 1).
     """
 
-    holds_updates = True  # the round's trained models become the clients' personal models at once
+    plan = Plan(holds_updates=True)  # the round's trained models become the clients' personal models at once
 
     def __init__(self, alpha_k: float = 1.0, lam: float = 1.0, sigma: float | None = None,
                  participation: float = 1.0) -> None:

@@ -13,8 +13,6 @@ class FedProx(Algorithm):
         participation: share of clients selected each round.
     """
 
-    corrects_gradient = True
-
     def __init__(self, mu: float = 0.01, participation: float = 1.0) -> None:
         super().__init__(participation)
         if mu < 0:

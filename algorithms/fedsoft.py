@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin import ROUTING, Algorithm, ClientModels, Newcomers, RoundUpdates, Trained
+from fedlight.plugin import ROUTING, Algorithm, ClientModels, Newcomers, Plan, RoundUpdates, Trained
 
 #: what a client sends beside its model under selection: which centers drew it in the round it trained
 DRAWN_BY = "drawn_by"
@@ -84,7 +84,7 @@ class FedSoft(Algorithm):
         evaluate: "local" (each client's local model) or "center" (its most important center).
     """
 
-    holds_updates = True  # every center reads every trained local model
+    plan = Plan(holds_updates=True)  # every center reads every trained local model
 
     def __init__(self, num_clusters: int = 2, reg_weight: float = 0.01, count_smoother: float = 1e-4,
                  estimation_interval: int = 2, selection_size: int | None = 15,

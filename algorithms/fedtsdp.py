@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, RoundUpdates, half_step
+from fedlight.plugin import Algorithm, Plan, RoundUpdates, half_step
 from fedlight.cluster.clusterers import DBSCAN
 from fedlight.cluster.hopkins import default_sample_size, hopkins
 from fedlight.cluster.similarity import js_divergence_matrix, l2_distance_matrix
@@ -67,7 +67,7 @@ class FedTSDP(Algorithm):
         participation: δ, the share of clients per round (paper: 1.0).
     """
 
-    holds_updates = True  # clusters on every participant's outputs and weights
+    plan = Plan(holds_updates=True)  # clusters on every participant's outputs and weights
     #: under FedBuff the shared layers arrive re-based and the personal ones as trained; it clusters the round's
     #: arrivals as it would its participants
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
-from fedlight.plugin import Algorithm, Newcomers, RoundUpdates
+from fedlight.plugin import Algorithm, Newcomers, Plan, RoundUpdates
 
 
 class FeSEM(Algorithm):
@@ -49,7 +49,7 @@ class FeSEM(Algorithm):
         participation: share of clients per round (all in the seeding round).
     """
 
-    holds_updates = True  # the E-step compares every local model with the centers
+    plan = Plan(holds_updates=True)  # the E-step compares every local model with the centers
 
     def __init__(self, num_clusters: int = 4, seed_round: int = 1, weighted: bool = True,
                  participation: float = 1.0) -> None:

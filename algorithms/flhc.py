@@ -32,7 +32,7 @@ from sklearn.metrics import pairwise_distances
 from torch import Tensor
 
 from fedlight.cluster.clusterers import linkage_to_clusters, relabel
-from fedlight.plugin import Algorithm, Newcomers, RoundUpdates
+from fedlight.plugin import Algorithm, Newcomers, Plan, RoundUpdates
 from fedlight.cluster.similarity import l2_distance_matrix
 
 Linkage = Literal["ward", "average", "complete", "single"]
@@ -62,7 +62,7 @@ class FLHC(Algorithm):
         participation: share of clients per round (all in the clustering round).
     """
 
-    holds_updates = True  # the clustering round compares every update
+    plan = Plan(holds_updates=True)  # the clustering round compares every update
 
     def __init__(self, cluster_round: int = 10, distance_threshold: float | None = 3.0, num_clusters: int | None = None,
                  linkage: Linkage = "ward", metric: Metric = "euclidean", participation: float = 1.0) -> None:

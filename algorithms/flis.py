@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, ClientModels, ClientState, Newcomers, RoundUpdates
+from fedlight.plugin import Algorithm, ClientModels, ClientState, Newcomers, Plan, RoundUpdates
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import agreement_similarity
 
@@ -93,7 +93,7 @@ class FlisDC(InferenceSimilarity):
     before, number for number.
     """
 
-    holds_updates = True  # compares every participant's model on the public data
+    plan = Plan(holds_updates=True)  # compares every participant's model on the public data
 
     def __init__(self, beta: float = 0.3, soft: bool = False, selection_split: Literal["train", "val", "test"] = "val",
                  evaluate: Literal["local", "pool"] = "local", participation: float = 1.0) -> None:

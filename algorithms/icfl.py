@@ -72,7 +72,7 @@ from sklearn.cluster import KMeans
 from torch import Tensor
 
 from fedlight.cluster.similarity import cosine_similarity_matrix
-from fedlight.plugin import Algorithm, RoundUpdates, nearest_direction
+from fedlight.plugin import Algorithm, Plan, RoundUpdates, nearest_direction
 
 POOL = 0  # the row of `models` holding S0's model; the clusters are rows 1..
 
@@ -112,7 +112,7 @@ class ICFL(Algorithm):
         participation: share of clients per round (or the federation's `clients_per_round`).
     """
 
-    holds_updates = True  # the split test compares every pair of a cluster's round members' updates
+    plan = Plan(holds_updates=True)  # the split test compares every pair of a cluster's round members' updates
 
     def __init__(self, epsilon_1: float = 4.0, alpha_0: float = 0.85, participation: float = 1.0) -> None:
         super().__init__(participation)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedlight.plugin import Algorithm, RoundUpdates
+from fedlight.plugin import Algorithm, Plan, RoundUpdates
 from fedlight.cluster.differences import Differences
 from fedlight.cluster.similarity import cosine_distance_matrix
 
@@ -39,7 +39,7 @@ class IFCA(Algorithm):
         participation: share of clients per round.
     """
 
-    holds_updates = True  # the warm-up seeds the clusters with chosen clients' models
+    plan = Plan(holds_updates=True)  # the warm-up seeds the clusters with chosen clients' models
 
     def __init__(self, num_clusters: int = 2, warmup_rounds: int = 0, participation: float = 1.0) -> None:
         super().__init__(participation)

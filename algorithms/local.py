@@ -4,7 +4,7 @@ import math
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates
+from fedlight.plugin import Algorithm, ClientModels, Newcomers, Plan, RoundUpdates
 
 
 class Local(Algorithm):
@@ -12,7 +12,7 @@ class Local(Algorithm):
     state "local_models", the initial model until it trains). Every client trains every round, unless the run
     selects fewer (`participation`, `federation.clients_per_round`): a client then trains only in its rounds."""
 
-    holds_updates = True  # keeps every client's trained model
+    plan = Plan(holds_updates=True)  # keeps every client's trained model
 
     def setup(self, server) -> None:
         super().setup(server)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, Newcomers, RoundUpdates, Updates, nearest_update_direction
+from fedlight.plugin import Algorithm, Newcomers, Plan, RoundUpdates, Updates, nearest_update_direction
 from fedlight.cluster.clusterers import HDBSCAN, Clusterer
 from fedlight.cluster.differences import Differences
 from fedlight.cluster.similarity import cosine_distance_matrix
@@ -47,7 +47,7 @@ class OCFL(Algorithm):
             at the shot joins the cluster whose mean delta is closest to its own when it first trains).
     """
 
-    holds_updates = True  # clusters on the cosine distances of every update
+    plan = Plan(holds_updates=True)  # clusters on the cosine distances of every update
 
     def __init__(self, clusterer: Clusterer | None = None, p: float = 2.0, strict: bool = True, window: int = 1,
                  min_rounds: int = 1, include_buffers: bool = False, server_lr: float = 1.0,

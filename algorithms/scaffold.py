@@ -51,8 +51,6 @@ class SCAFFOLD(Algorithm):
         participation: share of clients selected each round.
     """
 
-    corrects_gradient = True
-
     def __init__(self, server_lr: float = 1.0, participation: float = 1.0) -> None:
         super().__init__(participation)
         if not server_lr > 0:

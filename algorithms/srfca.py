@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, RoundUpdates, Trained, share_count
+from fedlight.plugin import Algorithm, Plan, RoundUpdates, Trained, share_count
 
 
 def pivot_clusters(adjacency: np.ndarray, order: Sequence[int]) -> list[list[int]]:
@@ -129,7 +129,7 @@ class SRFCA(Algorithm):
         participation: share of the clustered clients per refine round (round 1 trains every client).
     """
 
-    holds_updates = True  # the one-shot round compares every client's local model
+    plan = Plan(holds_updates=True)  # the one-shot round compares every client's local model
 
     def __init__(self, dist_fraction: float = 0.3, dist_threshold: float | None = None, size_threshold: int = 2,
                  num_refine_steps: int = 2, refine_rounds: int = 10, init_epochs: int | None = None,

@@ -2,7 +2,7 @@
 LEAF's FEMNIST CNN (`fedlight.models.LeafCNN`, 6.6 M parameters), 5 rounds.
 
 Held as (clients x parameters) tensors, Ditto's personal models or SCAFFOLD's control variates would take
-3,400 x 6.6 M x 4 bytes = 90 GB before round 1; in the engine's client-state store (`fedlight.plugin.client_state`)
+3,400 x 6.6 M x 4 bytes = 90 GB before round 1; in the engine's client-state store (`fedlight.engine.client_states`)
 memory grows with the clients a run has touched (50 here) and the store's budget. Each method runs in a fresh
 process (random 28 x 28 images, 10 a client, uint8 like FEMNIST's, 62 classes; W&B off); the peak is the process's
 `ru_maxrss`. The issue's target: under 4 GB over 5 rounds.

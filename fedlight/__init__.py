@@ -22,7 +22,7 @@ WAIT_POLICY_SET = "OMP_WAIT_POLICY" not in os.environ and "torch" not in sys.mod
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: public name -> the module that defines it
-API = {"Algorithm": "fedlight.plugin.algorithm", "FederationConfig": "fedlight.engine.config",
+API = {"Algorithm": "fedlight.plugin.algorithm", "Plan": "fedlight.plugin.algorithm", "FederationConfig": "fedlight.engine.config",
        "Federation": "fedlight.engine.federation", "RoundResult": "fedlight.engine.round_result",
        "RoundUpdates": "fedlight.plugin.round_updates", "RoundExtension": "fedlight.plugin.extension",
        "ServerContext": "fedlight.plugin.server",
@@ -33,7 +33,7 @@ __all__ = sorted(API)
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fedlight.plugin.algorithm import Algorithm
+    from fedlight.plugin.algorithm import Algorithm, Plan
     from fedlight.engine.config import FederationConfig
     from fedlight.plugin.extension import RoundExtension
     from fedlight.engine.federation import Federation

@@ -1,4 +1,4 @@
-"""Per-client state the engine keeps (`fedlight.plugin.client_state`): rows read back as written whether in memory
+"""Per-client state the engine keeps (`fedlight.engine.client_states`): rows read back as written whether in memory
 or spilled to the file, untouched clients cost nothing, the engine stores what clients return and leaves out what is
 not finite, and checkpoints (in memory, and a run resumed after a crash) give back exactly the rows they saved."""
 import copy
@@ -11,7 +11,7 @@ import torch
 
 from conftest import crash_and_resume, every_row, small_federation
 from fedlight.plugin.algorithm import Algorithm
-from fedlight.plugin.client_state import ClientStates
+from fedlight.engine.client_states import ClientStates
 from fedlight.engine.config import FederationConfig
 from fedlight.plugin.round_updates import finite
 from fedlight.plugin.updates import Updates
@@ -147,8 +147,6 @@ def test_the_folder_of_the_spill_files_is_chosen_before_a_row_spills(tmp_path):
 
 class Noted(Algorithm):
     """FedAvg whose clients send a note beside their model (the client state "note"); client `bad` sends NaN."""
-
-    own_training = True
 
     def __init__(self, bad: int, participation: float = 1.0) -> None:
         super().__init__(participation)

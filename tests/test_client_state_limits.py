@@ -1,4 +1,4 @@
-"""Where per-client state must fit (`fedlight.engine.state_limits`, `fedlight.plugin.spill`): a memory budget below
+"""Where per-client state must fit (`fedlight.engine.state_limits`, `fedlight.engine.spill`): a memory budget below
 one round's rows and a disk too small for the rows a run may spill are refused in one line with the numbers; a disk
 that fills up while the spill file grows stops the run in one line with its last checkpoint intact, and the resumed
 run ends with the numbers of an uninterrupted one."""
@@ -21,8 +21,8 @@ from fedlight.engine.federation import Federation
 from fedlight.engine.state_limits import check_round_fits, disk_shortfall
 from fedlight.models import SmallCNN
 from fedlight.plugin.algorithm import Algorithm
-from fedlight.plugin.client_state import ClientStates
-from fedlight.plugin.spill import ClientStateDiskFull
+from fedlight.engine.client_states import ClientStates
+from fedlight.engine.spill import ClientStateDiskFull
 from fedlight.run import checkpoint
 from fedlight.run.cli import main
 

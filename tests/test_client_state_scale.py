@@ -1,4 +1,4 @@
-"""Per-client state at cross-device scale (`fedlight.plugin.client_state`): what a store holds, in memory and in its
+"""Per-client state at cross-device scale (`fedlight.engine.client_states`): what a store holds, in memory and in its
 file, follows the clients written, never the clients there are; a row paged out to the file comes back bit for bit;
 a run of 2,000 clients whose rows spill resumes after a crash to the numbers of an uninterrupted run."""
 import copy
@@ -13,7 +13,7 @@ from conftest import crash_and_resume
 from fedlight import Federation, FederationConfig
 from fedlight.algorithms.scaffold import SCAFFOLD
 from fedlight.models import MLP, Classifier
-from fedlight.plugin.client_state import ClientStates
+from fedlight.engine.client_states import ClientStates
 from fedlight.run import checkpoint
 from fedlight.run.cli import main
 

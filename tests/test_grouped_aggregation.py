@@ -5,7 +5,7 @@ import torch
 
 from conftest import every_row, small_federation
 from fedlight.plugin.aggregation import ClientModels, ClusterAverage
-from fedlight.plugin.algorithm import Algorithm
+from fedlight.plugin.algorithm import Algorithm, Plan
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer
 
@@ -13,7 +13,7 @@ from fedlight.algorithms.fedper import FedPer
 class AllAtOnce(FedAvg):
     """FedAvg that declares it holds its updates, so the engine hands it the whole round at once."""
 
-    holds_updates = True
+    plan = Plan(holds_updates=True)
 
 
 def test_cluster_average_over_groups_is_the_weighted_mean_by_hand():
@@ -64,7 +64,7 @@ def test_grouped_fedavg_equals_fedavg_on_the_whole_round(vectorize):
 
 def test_grouped_fedper_keeps_the_same_personal_parts_as_whole_rounds():
     class FedPerAllAtOnce(FedPer):
-        holds_updates = True
+        plan = Plan(holds_updates=True)
 
     grouped = small_federation(FedPer(personal_layers=1), num_clients=5, vectorize=2)
     whole = small_federation(FedPerAllAtOnce(personal_layers=1), num_clients=5, vectorize=2)

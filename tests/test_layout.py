@@ -173,3 +173,16 @@ def test_federation_names_no_extension_outside_the_place_it_builds_them():
              if number not in allowed and re.search(r"attack|privacy|newcomer|system", line, re.I)]
     assert not named, named
     assert len(allowed) > 10  # the builder was found
+
+
+def test_the_plugin_package_holds_the_api_not_the_engine_mechanics():
+    """What algorithms import describes what they use; the stores' memory budget and spill files and the processes'
+    collectives live in the engine (`fedlight.engine.client_states`, `spill`, `processes`)."""
+    mechanics = {"mmap", "tempfile", "shutil", "torch.distributed"}
+    for path in (PACKAGE / "plugin").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not imported & mechanics, f"fedlight/plugin/{path.name} imports {sorted(imported & mechanics)}"
+    assert {"client_states", "spill", "processes"} <= {p.stem for p in (PACKAGE / "engine").glob("*.py")}
+    assert not any((PACKAGE / "plugin" / f"{name}.py").exists() for name in ("spill", "collective", "client_states"))

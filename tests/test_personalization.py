@@ -8,7 +8,7 @@ from conftest import every_row, small_federation
 from fedlight.datamodules import DigitsFederated
 from fedlight.run import checkpoint
 from fedlight.plugin import personal_part
-from fedlight.plugin.client_state import ClientStates
+from fedlight.engine.client_states import ClientStates
 from fedlight.plugin.updates import Updates
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedper import FedPer

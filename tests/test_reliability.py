@@ -201,8 +201,6 @@ def test_a_client_with_a_nan_pixel_is_left_out_of_aggregation_and_the_rest_is_av
 class ExplodesForClient1(OCFL):
     """A clustered algorithm whose client 1 returns an infinite model (an exploding loss)."""
 
-    own_training = True
-
     def train_client(self, round, client, start):
         params, loss = super().train_client(round, client, start)
         return (params * float("inf"), loss) if client == 1 else (params, loss)

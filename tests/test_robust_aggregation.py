@@ -12,6 +12,7 @@ import torch
 
 from conftest import small_federation
 from fedlight import Algorithm
+from fedlight.plugin import Plan
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedem import FedEM
 from fedlight.algorithms.local import Local
@@ -269,7 +270,7 @@ class AveragesHalf(Algorithm):
         self.models[0, :half] = means[0]
         self.models[0, half:] = held.params[:, half:].mean(dim=0)
 
-    holds_updates = True
+    plan = Plan(holds_updates=True)
 
 
 def test_an_algorithm_that_aggregates_part_of_the_model_its_own_way_is_stopped_after_round_1():

@@ -10,23 +10,42 @@ import torch
 
 from conftest import small_federation
 from fedlight import Algorithm, RoundUpdates
+from fedlight.plugin import Plan
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.ocfl import OCFL
 from fedlight.run.cli import main
 
 
-def test_a_hook_that_runs_only_when_declared_is_refused_without_its_declaration():
-    with pytest.raises(TypeError, match="own_training = True"):
-        class OwnWork(Algorithm):  # noqa: F841
-            def train_client(self, round, client, start):
-                return start, torch.zeros(())
-    with pytest.raises(TypeError, match="corrects_gradient = True"):
-        class Corrects(Algorithm):  # noqa: F841
-            def local_gradient(self, client, params, grad, start):
-                grad.zero_()
+def test_the_plan_derives_what_the_overridden_hooks_say_and_refuses_the_former_declarations():
+    class OwnWork(Algorithm):
+        def train_client(self, round, client, start):
+            return start, torch.zeros(())
+
+    class Corrects(FedAvg):
+        def local_gradient(self, client, params, grad, start):
+            grad.zero_()
+
+    class Inherits(OwnWork):  # a subclass of an own-work method is one too
+        plan = Plan(holds_updates=True)
+
+    assert (OwnWork.plan.own_training, OwnWork.plan.corrects_gradient, OwnWork.plan.holds_updates) == (True, False, False)
+    assert (Corrects.plan.own_training, Corrects.plan.corrects_gradient) == (False, True)
+    assert (Inherits.plan.own_training, Inherits.plan.holds_updates) == (True, True)
+    assert FedAvg.plan == Plan() and OCFL.plan.holds_updates
+    with pytest.raises(TypeError, match=r"sets `holds_updates`.*plan = Plan\(holds_updates=True\)"):
+        class Old(Algorithm):  # noqa: F841
+            holds_updates = True
+    with pytest.raises(TypeError, match="remove it, own_training follows from overriding train_client"):
+        class OldOwn(OwnWork):  # noqa: F841
+            own_training = True
+    with pytest.raises(TypeError, match="both train_client .* and train_group"):
+        class Both(OwnWork):  # noqa: F841
+            def train_group(self, round, clients, starts):
+                return super().train_group(round, clients, starts)
+    with pytest.raises(TypeError):
+        Plan(own_training=True)  # derived, never declared
 
     class Declared(Algorithm):
-        own_training = True
 
         def train_client(self, round, client, start):
             return start + 1, torch.zeros(())
@@ -68,7 +87,7 @@ def test_a_streamed_round_is_read_once_and_never_held_whole():
     assert [g.clients.tolist() for g in updates.groups()] == [[0, 1], [2, 3]]
     with pytest.raises(RuntimeError, match="read once"):
         next(updates.groups())
-    with pytest.raises(RuntimeError, match="holds_updates = True"):
+    with pytest.raises(RuntimeError, match=r"Plan\(holds_updates=True\)"):
         updates.all()
 
 
@@ -83,7 +102,7 @@ def test_a_held_round_is_every_update_in_client_order_and_groups_give_the_same()
 
 
 class SeesLeftOut(FedAvg):
-    holds_updates = True
+    plan = Plan(holds_updates=True)
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,7 +122,7 @@ def test_the_aggregation_hooks_receive_the_clients_left_out():
 
 
 class Logs(FedAvg):
-    holds_updates = True
+    plan = Plan(holds_updates=True)
 
     def pre_aggregation(self, round, updates):
         deltas = updates.all().deltas
@@ -153,8 +172,6 @@ def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path,
 
 class SendsItsId(FedAvg):
     """Own local work that sends a per-client value beside the model, as Ditto sends its personal model."""
-
-    own_training = True
 
     def setup(self, server):
         super().setup(server)

@@ -18,7 +18,7 @@ from fedlight.engine.divergence import RoundDiverged, likely_cause, server_model
 from fedlight.engine.execution import ClientExecution
 from fedlight.engine.federation import Federation
 from fedlight.engine.processes import Collective
-from fedlight.plugin.algorithm import Algorithm
+from fedlight.plugin.algorithm import Algorithm, Plan
 from fedlight.run import checkpoint, termination
 from fedlight.run.cli import main
 
@@ -85,7 +85,7 @@ def test_a_round_whose_clients_were_all_left_out_stops_the_run_and_one_left_out_
 class StacksEveryUpdate(FedAvg):
     """A method that looks at every update and cannot cope with none (stacking them), or fails in `fail_in`."""
 
-    holds_updates = True
+    plan = Plan(holds_updates=True)
 
     def __init__(self, fail_in: int | None = None) -> None:
         super().__init__()

@@ -46,7 +46,7 @@ def test_each_round_matches_sequential_training_from_the_same_server_state(make_
         vectorized.params = sequential
         held = RoundUpdates.of(vectorized)
         alg.pre_aggregation(r, held), alg.aggregate(r, held), alg.post_aggregation(r, held)
-    assert alg.corrects_gradient == isinstance(alg, FedProx)
+    assert alg.plan.corrects_gradient == isinstance(alg, FedProx)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])

@@ -12,6 +12,7 @@ Algorithms never import it: they see the run through `fedlight.plugin`.
 | `divergence` | `RoundDiverged`: a round whose server model is not finite or whose clients were all left out stops the run |
 | `evaluator` | every client's model on its split (sharded over processes) |
 | `processes` | the collectives of a federation spread over processes |
+| `client_states`, `spill` | the client-state stores algorithms declare (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |
 | `state_limits` | the client state's memory budget against one round's rows, and the disk of its spill files against the rows a run may spill |
 | `round_limits` | a round that holds every update (trained models and starts) against the device's free memory, refused at set-up |
 | `config`, `devices` | the federation's settings, Fabric and devices (and the memory they have) |

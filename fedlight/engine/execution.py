@@ -112,17 +112,17 @@ class ClientExecution:
                  = None) -> None:
         self.algorithm, self.server, self.trainer = algorithm, server, trainer
         self.config, self.collective = config, collective
-        self.holds = algorithm.holds_updates or hold_reason is not None
+        self.holds = algorithm.plan.holds_updates or hold_reason is not None
         self.tamper = tamper  # what clients send of the models they trained (round extensions' `tamper`), or None
         self.work = work  # what the selected clients get done (round extensions' `work`), or None: all of it
         self.arrivals = arrivals  # the updates an asynchronous server aggregates (round extensions'), or None
         self.device = server.device
-        own = f"{type(algorithm).__name__} trains its clients itself (train_client)" if algorithm.own_training else None
-        self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, algorithm.corrects_gradient,
+        own = f"{type(algorithm).__name__} trains its clients itself (train_client)" if algorithm.plan.own_training else None
+        self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, algorithm.plan.corrects_gradient,
                                   collective.world, *threads,
-                                  hold_reason=None if algorithm.holds_updates else hold_reason)
+                                  hold_reason=None if algorithm.plan.holds_updates else hold_reason)
         self.training = GroupTraining(trainer, server.clients.split("train"), server.random.client_seed, config, collective,
-                                      algorithm.corrects_gradient, own, self._follow)
+                                      algorithm.plan.corrects_gradient, own, self._follow)
         self.plan.trainer, self.plan.reason = self.training.choice, self.training.reason
         server.clients.bind_group_training(self.train_many)
         server.model.bind_group_gradients(self.training.loss_and_grads)
@@ -158,7 +158,7 @@ class ClientExecution:
         dropped = set(work.dropped)
         sending = [c for c in clients if c not in dropped] if dropped else clients
         train = self._training(round, work.shares)
-        rate = None if alg.own_training else \
+        rate = None if alg.plan.own_training else \
             self.trainer.learning_rates.round_rate(round, self.local_steps(clients)) * alg.learning_rate_scale(round)
         arrived = None if self.arrivals is None else \
             self.arrivals(round, sending, lambda dispatched: [train(group) for group in self._groups(dispatched)])
@@ -192,7 +192,7 @@ class ClientExecution:
         another."""
         alg = self.algorithm
         starts = stacked_starts([alg.client_model(c) for c in clients])
-        if alg.own_training:
+        if alg.plan.own_training:
             trained = self._train_own(round, clients, starts)
         elif self.training.choice == "sequential":  # a group of one: a custom loop draws what it drew alone
             trained = Trained.cat([alg.train_group(round, clients[i: i + 1], starts[i: i + 1])

@@ -18,7 +18,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fedlight.plugin.algorithm import Algorithm
 from fedlight.aggregators.attacks import Attack, AttackConfig
-from fedlight.plugin.client_state import ClientStates
+from fedlight.engine.client_states import ClientStates
 from fedlight.plugin.cohort import Cohort
 from fedlight.aggregators.cluster_aggregator import ClusterAggregation, RobustSettings, check_aggregation
 from fedlight.engine.config import FederationConfig

@@ -14,7 +14,7 @@ for the clients it trains, at most min(clients, clients a round x rounds) of the
 the bytes a client takes over the stores, less the budget, per process (each keeps its own files), less what the
 files already hold (a resumed run). A run that needs more than the folder's disk has free is refused at set-up
 (`disk_shortfall`); a disk that fills up later (other writers, a store written for clients beyond the round's) is
-`fedlight.plugin.spill.ClientStateDiskFull` at the write that finds it.
+`fedlight.engine.spill.ClientStateDiskFull` at the write that finds it.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import math
 import shutil
 from pathlib import Path
 
-from fedlight.plugin.client_state import ClientStates
+from fedlight.engine.client_states import ClientStates
 
 
 def client_bytes(states: ClientStates) -> int:

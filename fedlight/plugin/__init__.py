@@ -4,14 +4,13 @@
 
 | module | what it holds |
 |---|---|
-| `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg |
+| `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg; `Plan`, how its rounds run |
 | `cohort` | `Cohort`: the clients of a round, an exact count (`federation.clients_per_round`) or a share (`participation`); `share_count`, the clients a share selects; `CohortDraw`, the run's draw (`server.cohort`); `Sampling`, how clients are chosen |
 | `server` | `ServerContext`: the services an algorithm may use, in namespaces (`run`, `data`, `clients`, `model`, `random`, `state`, `message`, `aggregation`, `cohort`, `log`) |
 | `model_view` | `ModelView`: the network as flat models (`server.model`: predict, features, gradients, layer masks) |
 | `updates`, `round_updates` | `Updates` (stacked rows of trained models) and `RoundUpdates` (a round's, streamed or held) |
-| `collective` | `Processes`: the collectives a round's updates use (the engine's `Collective` meets it), `OneProcess` |
-| `training_stats` | a round's training losses and logged values, reduced in client order |
-| `client_state`, `spill` | `ClientState`: a per-client tensor the engine keeps for an algorithm (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |
+| `training_stats` | a round's training losses and logged values, reduced in client order; `Processes`, what a round needs of the processes (the engine's `Collective` meets it) |
+| `client_state` | `ClientState`: what an algorithm sees of a per-client tensor the engine keeps for it (`read`, `write`, `touched`; the stores are `fedlight.engine.client_states`) |
 | `personal_part` | the base class's personal part as a client state: clients never written read `PersonalStart` rows; re-slicing at a mask change |
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
@@ -28,7 +27,7 @@
 What an algorithm may import is this package and `fedlight.cluster` (tests/test_layout.py checks `algorithms/`).
 """
 from fedlight.plugin.aggregation import ClientModels, ClusterAverage
-from fedlight.plugin.algorithm import Algorithm
+from fedlight.plugin.algorithm import Algorithm, Plan
 from fedlight.plugin.client_state import ClientState
 from fedlight.plugin.cohort import share_count
 from fedlight.plugin.data import ClientSplit, FederatedData
@@ -49,6 +48,6 @@ from fedlight.training.sequential import Trained
 from fedlight.training.vectorized import GroupHook
 
 __all__ = ["MODEL", "PER_CLIENT", "ROUTING", "SUMMED", "ExtensionContext", "MessageSchema", "Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
-           "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "RoundExtension",
+           "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "Plan", "RoundExtension",
            "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "half_step", "head_inputs",
            "nearest_direction", "nearest_update_direction", "share_count", "summarize", "unit_rows"]

@@ -8,14 +8,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin.collective import OneProcess, Processes, gather_logs
-from fedlight.plugin.training_stats import TrainingStats
+from fedlight.plugin.training_stats import Processes, TrainingStats, gather_logs
 from fedlight.plugin.updates import Updates
+
+
+class OneProcess:
+    """`Processes` of a run on one process: to call the aggregation hooks directly (tests, `RoundUpdates.of`)."""
+
+    world, rank, spread, device = 1, 0, False, torch.device("cpu")
+
+    def sum_(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def gather(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        return [obj]
 
 
 @dataclass
@@ -65,7 +80,7 @@ class RoundUpdates:
 
     Args:
         clients: the selected clients, in the order `all()` returns them.
-        holds: the plan (`Algorithm.holds_updates`).
+        holds: the plan (`Plan.holds_updates`).
         groups: this process's clients, cut into the groups it trains together.
         train: trains a list of clients and returns their updates.
         collective: the federation's processes.
@@ -121,7 +136,7 @@ class RoundUpdates:
             return
         if self._streamed:
             raise RuntimeError("a streamed round's updates can be read once (its groups are trained as they are "
-                               "read): set holds_updates = True on the algorithm to look at them more than once")
+                               "read): declare plan = Plan(holds_updates=True) on the algorithm to look at them more than once")
         self._streamed = True
         for group in self._groups:
             updates = self._stats.add(finite(self._train(group), self._left_out))
@@ -172,7 +187,7 @@ class RoundUpdates:
         """Every finite update of the round, in the order of `clients`, on every process."""
         if not self.holds:
             raise RuntimeError("this algorithm streams its updates (holds_updates = False), so the round is never held "
-                               "whole: iterate groups(), or set holds_updates = True to receive every update at once")
+                               "whole: iterate groups(), or declare plan = Plan(holds_updates=True) to receive every update at once")
         if self._released:
             raise RuntimeError("the round's updates were released after the round: read them in its hooks")
         if self._all is None:

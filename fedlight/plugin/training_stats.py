@@ -2,12 +2,41 @@
 reduced across clients for metrics.csv and kept per client for clients.csv."""
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin.collective import Processes, gather_logs
 from fedlight.plugin.updates import Updates
+
+
+class Processes(Protocol):
+    """What a round's reports and updates need of the federation's processes (the engine's
+    `fedlight.engine.processes.Collective` meets it; every method is the identity for one process)."""
+
+    world: int
+    rank: int
+
+    @property
+    def spread(self) -> bool: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def sum_(self, tensor: Tensor) -> Tensor: ...
+
+    def gather(self, tensor: Tensor) -> Tensor: ...
+
+    def gather_objects(self, obj: Any) -> list[Any]: ...
+
+
+def gather_logs(processes: Processes, logs: dict[str, Tensor], rows: int, device: torch.device) -> dict[str, Tensor]:
+    """Per-row logged values from every process (`rows` of them on this one); a name a process did not log, e.g.
+    because it trained no client this round, is NaN for its rows."""
+    names = sorted(set().union(*processes.gather_objects(set(logs))))
+    return {name: processes.gather(logs.get(name, torch.full((rows,), float("nan"), device=device)))
+            for name in names}
 
 
 class TrainingStats:

@@ -2,12 +2,12 @@
 
 `Updates` are stacked rows, row i belonging to `clients[i]`. `RoundUpdates` is the whole round's, handed to
 `pre_aggregation`, `aggregate` and `post_aggregation`; how it delivers them is the algorithm's plan, fixed at
-set-up by `Algorithm.holds_updates`:
+set-up by the algorithm's `Plan.holds_updates`:
 
-- streamed (`holds_updates = False`, FedAvg and every method that only averages): `groups()` trains this process's
+- streamed (`Plan.holds_updates` False, FedAvg and every method that only averages): `groups()` trains this process's
   clients a group at a time as it is iterated, so memory holds one group's models; sums over the processes are
   taken once with `sum_over_processes_`, rows with `cat_over_processes`;
-- held (`holds_updates = True`, methods that compare every update): `all()` is the whole round, every process's
+- held (`Plan.holds_updates` True, methods that compare every update): `all()` is the whole round, every process's
   clients gathered back in the single-process order, on every process; the two helpers then do nothing.
 
 A client whose trained model, training loss or any row of its returned `state` is not finite is left out of both

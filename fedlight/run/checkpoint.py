@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from fedlight.plugin.client_state import memory_rows_state
+from fedlight.engine.client_states import memory_rows_state
 from fedlight.plugin.personal_part import store_name
 from fedlight.run.callback_keys import key_class, state_keys, v1_keys
 

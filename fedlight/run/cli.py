@@ -26,7 +26,7 @@ from fedlight.aggregators.attacks import AttackConfig
 from fedlight.engine.config import FederationConfig
 from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.engine.divergence import RoundDiverged
-from fedlight.plugin.spill import ClientStateDiskFull
+from fedlight.engine.spill import ClientStateDiskFull
 from fedlight.system.config import SystemConfig
 from fedlight.run import catalog, failures, registry, termination, tune
 from fedlight.run.callbacks import Callback, RunInterrupted

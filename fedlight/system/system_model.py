@@ -78,7 +78,7 @@ class SystemModel(RoundExtension):
         """Each client's local steps and its time for them and for the model's transfers; the deadline checked
         against the fastest client; the selector."""
         server, algorithm, config = context.server, context.algorithm, self.config
-        if config.partial_work and algorithm.own_training:
+        if config.partial_work and algorithm.plan.own_training:
             raise ValueError(f"system.partial_work: {type(algorithm).__name__} trains its clients its own way "
                              "(train_client), which has no local steps to cut short: leave partial_work out (clients "
                              "past the deadline are then dropped)")

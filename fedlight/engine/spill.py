@@ -1,4 +1,4 @@
-"""The file a client-state store keeps its rows in beyond the memory budget (`fedlight.plugin.client_state`).
+"""The file a client-state store keeps its rows in beyond the memory budget (`fedlight.engine.client_states`).
 
 A `SpillFile` is a memory-mapped file of fixed-size slots, one row of bytes each. A round checkpoint refers to the
 slots of the rows it needs instead of holding them, so the file must still hold those rows when the checkpoint is
