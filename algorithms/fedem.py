@@ -9,7 +9,7 @@ the simplex), component m a model theta_m. In a round, each selected client t, o
   batch mean of weight x cross-entropy, `ServerContext.clients.train(..., sample_weights=...)`).
 The server averages each component over the clients, weighted by training-set size, through the engine's cluster
 aggregator: each component is a cluster, and every trained client adds one row to each, its copy trained from the
-server's component, so a configured robust rule (`federation.aggregator`) or DP (`privacy:`) applies per component.
+server's component, so a configured robust rule (`aggregator.rule`) or DP (`privacy:`) applies per component.
 The model a client sends beside its copies is its copy of the component it started from (`client_model`: its most
 likely component), and it replaces that copy in the average; an update attack (`attack:`) rewrites every copy,
 each measured from the component it was trained from (the copies are a model entry of known origin,

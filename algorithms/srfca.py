@@ -12,7 +12,7 @@ train each cluster, recluster the clients and merge close clusters. Each piece f
   neighbours form a cluster, repeated), and clusters of fewer than `size_threshold` (t) clients are dropped.
 - REFINE step s (rounds 2 + s R to 1 + (s + 1) R, R = `refine_rounds`, `num_refine_steps` steps): FedAvg within each
   cluster over its members (the paper's TrimmedMeanGD: the authors' trimmed mean is the run's
-  `federation.aggregator: trimmed_mean` with its beta, 0.15 in their MNIST configs; the default mean is their beta 0).
+  `aggregator.rule: trimmed_mean` with its beta, 0.15 in their MNIST configs; the default mean is their beta 0).
   At the step's end, RECLUSTER: each client joins the cluster at the smallest distance, the same metric between the
   cluster model and the client's local model: (loss of the cluster model on the client's data + mean loss of the
   client's local model on the data of the cluster's members) / 2; clusters of fewer than t clients are dropped.

@@ -6,7 +6,7 @@
     python benchmarks/robust_digits.py --output_dir runs/robust --grid private     # one grid (144 and 36 runs)
 
 Grid 1 (robust): FedAvg and OCFL on the quickstart (digits, 20 clients in 4 rotation clusters, SmallCNN, 10 rounds),
-with every `federation.aggregator`, clean and with 20 % sign-flip or label-flip attackers (f = 4 for Krum, Multi-Krum
+with every `aggregator.rule`, clean and with 20 % sign-flip or label-flip attackers (f = 4 for Krum, Multi-Krum
 and Bulyan, beta = 0.2 for the trimmed mean, clip 0.5 for the clipped mean: about the median update norm of round 1).
 Grid 2 (private): FedAvg, OCFL-KM (k = 4) and IFCA (k = 4) on digits with 40 clients in 4 rotation clusters and logistic
 regression (650 parameters: client-level DP needs many clients per parameter), every client every round, clip 0.3
@@ -33,8 +33,8 @@ AGGREGATORS = ["mean", "median", "trimmed_mean", "krum", "multikrum", "bulyan", 
 ATTACKS = {"clean": {}, "sign_flip": {"attack.kind": "sign_flip", "attack.fraction": 0.2},
            "label_flip": {"attack.kind": "label_flip", "attack.fraction": 0.2}}
 ROBUST_ALGORITHMS = {"fedavg": "fedavg", "ocfl": "ocfl"}
-ROBUST_SETTINGS = {"federation.rounds": 10, "federation.aggregator_f": 4, "federation.aggregator_beta": 0.2,
-                   "federation.aggregator_clip": 0.5, "logger.wandb": False}
+ROBUST_SETTINGS = {"federation.rounds": 10, "aggregator.f": 4, "aggregator.beta": 0.2,
+                   "aggregator.clip": 0.5, "logger.wandb": False}
 EPSILONS = [1, 4, 8, None]
 #: OCFL-KM (the OCFL paper's k-means variant, k = 4 known): with logistic regression's updates HDBSCAN at its default
 #: minimum cluster size finds one cluster even without DP, which would leave nothing for the noise to degrade
@@ -50,7 +50,7 @@ PRIVACY = {"privacy.clip": 0.3, "privacy.delta": 1e-5}
 
 def robust_grid() -> list[dict]:
     return [{"class_path": algorithm, "name": f"{name}-{aggregator}-{attack}",
-             "overrides": {"federation.aggregator": aggregator, **extra}}
+             "overrides": {"aggregator.rule": aggregator, **extra}}
             for name, algorithm in ROBUST_ALGORITHMS.items() for aggregator in AGGREGATORS
             for attack, extra in ATTACKS.items()]
 

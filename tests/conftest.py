@@ -34,9 +34,21 @@ def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed
     torch.manual_seed(seed)
     model = Classifier(SmallCNN(1, 10, 8, width=8), lr=lr, momentum=momentum)
     data = DigitsFederated(num_clients=num_clients, partition=partition or Rotations(2), public_size=public_size)
+    aggregator = aggregator_section(config)
     settings = {"rounds": rounds, "local_epochs": 1, "batch_size": 32, "accelerator": "cpu", "vectorize": 0, **config}
     return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed, privacy=privacy, system=system,
-                      attack=attack)
+                      attack=attack, aggregator=aggregator)
+
+
+def aggregator_section(config: dict):
+    """The `aggregator:` section from a test's `aggregator="median", aggregator_f=2, ...` keywords, taken out of
+    `config` (None when it gives none: the mean)."""
+    from fedlight.aggregators.config import AggregatorConfig
+
+    names = {"aggregator": "rule", "aggregator_f": "f", "aggregator_beta": "beta", "aggregator_clip": "clip",
+             "aggregator_keep": "keep"}
+    given = {field: config.pop(key) for key, field in names.items() if key in config}
+    return AggregatorConfig(**given) if given else None
 
 
 def every_row(value):
@@ -109,3 +121,21 @@ def resumed_and_whole(args: list[str], run_root, monkeypatch, crash_round: int =
     assert main(args + ["--run_name", "whole"]) == 0
     crash_and_resume(args, run_root / "crashed", monkeypatch, crash_round=crash_round)
     return rows(run_root / "crashed" / "metrics.csv"), rows(run_root / "whole" / "metrics.csv")
+
+
+def hand_set_times(model, compute_s, transfer_s):
+    """Give a system model's clients devices on which their nominal local work (all local steps, one model each
+    way) takes `compute_s` and their transfers `transfer_s` seconds: the clock then charges exactly these times to a
+    method whose clients run their local steps (`fedlight.system.work_cost`)."""
+    import numpy as np
+
+    from fedlight.system.clock import DeviceProfiles
+    from fedlight.system.work_cost import WorkCost
+
+    compute_s, transfer_s = np.asarray(compute_s, dtype=float), np.asarray(transfer_s, dtype=float)
+    cost = model.cost
+    speeds = model.steps * cost.batch_size / compute_s
+    links = np.divide(2 * cost.model_bits / 1e6, transfer_s, out=np.full_like(transfer_s, np.inf), where=transfer_s > 0)
+    model.devices = DeviceProfiles(speeds, links)
+    model.compute_s, model.transfer_s = compute_s.copy(), transfer_s.copy()
+    model.cost = WorkCost(model.devices, cost.batch_size, cost.model_bits, compute_s.copy())

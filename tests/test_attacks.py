@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import aggregator_section
 from fedlight import Federation, FederationConfig
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.datamodules import IID, DigitsFederated
@@ -25,8 +26,10 @@ def federation(attack: AttackConfig | None = None, num_clients: int = 10, rounds
     torch.manual_seed(0)
     model = Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1, momentum=0.9)
     data = DigitsFederated(num_clients=num_clients, partition=partition or IID())
+    aggregator = aggregator_section(config)
     settings = {"rounds": rounds, "local_epochs": 2, "batch_size": 16, "accelerator": "cpu", "vectorize": 0, **config}
-    return Federation(data, model, algorithm or FedAvg(), FederationConfig(**settings), seed=0, attack=attack)
+    return Federation(data, model, algorithm or FedAvg(), FederationConfig(**settings), seed=0, attack=attack,
+                      aggregator=aggregator)
 
 
 def test_the_attackers_are_a_seeded_share_of_the_clients():

@@ -14,5 +14,5 @@ def test_the_nearest_name_is_suggested_only_when_it_is_close(given, expected):
 
 
 def test_the_error_names_the_setting_the_choices_and_the_value():
-    error = unknown_choice("federation.aggregator", "meen", ["mean", "median"])
-    assert str(error) == "federation.aggregator must be one of mean, median, got 'meen' (did you mean 'mean'?)"
+    error = unknown_choice("aggregator.rule", "meen", ["mean", "median"])
+    assert str(error) == "aggregator.rule must be one of mean, median, got 'meen' (did you mean 'mean'?)"

@@ -83,9 +83,9 @@ def assert_same_numbers(a: Path, b: Path, rel_tol: float = 0.0) -> None:
 
 
 @pytest.mark.parametrize("algorithm", [
-    ["--algorithm", "fedavg", "--federation.aggregator", "clipped_mean", "--federation.aggregator_clip", "0.3",
+    ["--algorithm", "fedavg", "--aggregator.rule", "clipped_mean", "--aggregator.clip", "0.3",
      "--attack.kind", "gaussian", "--attack.fraction", "0.34", "--attack.scale", "0.01"],
-    ["--algorithm", "ocfl", "--federation.aggregator", "median", "--attack.kind", "sign_flip"],
+    ["--algorithm", "ocfl", "--aggregator.rule", "median", "--attack.kind", "sign_flip"],
     ["--algorithm", "fedper", "--algorithm.init_args.personal_layers", "1"],
     ["--algorithm", "ditto", "--privacy.noise_multiplier", "0.5", "--privacy.clip", "0.5", "--privacy.adaptive",
      "true", "--privacy.count_noise", "1"],

@@ -259,8 +259,8 @@ def test_a_checkpoint_that_kept_dp_under_aggregation_resumes_with_its_accountant
 @pytest.mark.parametrize("extra, message", [
     (["--privacy.noise_multiplier", "1"], "privacy.clip must be given"),
     (["--privacy.clip", "1"], "privacy needs privacy.noise_multiplier or privacy.target_epsilon"),
-    (["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--federation.aggregator", "median"],
-     "needs federation.aggregator mean"),
+    (["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--aggregator.rule", "median"],
+     "needs aggregator.rule mean"),
     (["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--algorithm", "local"],
      "Local combined its clients' updates in round 1 without the engine's cluster aggregator, so the privacy section "
      "could not apply"),

@@ -17,7 +17,8 @@ from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.fedem import FedEM
 from fedlight.algorithms.local import Local
 from fedlight.cluster.differences import Differences
-from fedlight.aggregators.cluster_aggregator import RobustClusterAggregate, RobustSettings
+from fedlight.aggregators.cluster_aggregator import RobustClusterAggregate
+from fedlight.aggregators.config import AggregatorConfig
 from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.aggregators.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
                                     multikrum, trimmed_mean)
@@ -100,13 +101,13 @@ def test_the_cluster_aggregator_applies_the_rule_to_updates_within_each_cluster(
     starts = torch.tensor([[10.0, 10.0]] * 3 + [[-4.0, 0.0]] * 3)
     updates = torch.tensor([[1.0, 0.0], [2.0, 0.0], [90.0, 0.0], [0.0, 1.0], [0.0, 3.0], [0.0, -60.0]])
     clusters = torch.tensor([0, 0, 0, 2, 2, 2])
-    aggregate = RobustClusterAggregate(RobustSettings("median"), 3, 2, torch.float32, torch.device("cpu"))
+    aggregate = RobustClusterAggregate(AggregatorConfig("median"), 3, 2, torch.float32, torch.device("cpu"))
     aggregate.add(clusters, torch.ones(6), starts + updates, starts)
     active, models = aggregate.means()
     assert active.tolist() == [0, 2]
     assert models.tolist() == [[12.0, 10.0], [-4.0, 1.0]]  # start + the median update of each cluster
     # the clipped mean clips updates (not models): norms 1, 2, 90 clipped to 1.5 -> (1 + 1.5 + 1.5) / 3
-    clipped = RobustClusterAggregate(RobustSettings("clipped_mean", clip=1.5), 3, 2, torch.float32,
+    clipped = RobustClusterAggregate(AggregatorConfig("clipped_mean", clip=1.5), 3, 2, torch.float32,
                                      torch.device("cpu"))
     clipped.add(clusters[:3], torch.ones(3), starts[:3] + updates[:3], starts[:3])
     assert clipped.means()[1][0].tolist() == pytest.approx([10.0 + 4.0 / 3, 10.0])
@@ -122,7 +123,7 @@ def test_updates_read_lazily_combine_as_the_built_updates(rule):
     clusters, weights = torch.tensor([0, 1, 0, 1, 0, 1, 0]), torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
     found = []
     for values in (params - starts, Differences(params, starts)):
-        aggregate = RobustClusterAggregate(RobustSettings(rule, f=0, clip=1.0), 2, 5, torch.float32,
+        aggregate = RobustClusterAggregate(AggregatorConfig(rule, f=0, clip=1.0), 2, 5, torch.float32,
                                            torch.device("cpu"))
         aggregate.add(clusters, weights, values)
         found.append(aggregate.means())
@@ -133,7 +134,7 @@ def test_personal_entries_count_in_no_distance():
     """Krum on models with a personal entry: the personal values (huge, different per client) must not decide."""
     starts = torch.zeros(5, 2)
     trained = torch.tensor([[0.0, 1e3], [1.0, -1e3], [2.5, 5e3], [3.0, 0.0], [50.0, 0.0]])
-    aggregate = RobustClusterAggregate(RobustSettings("krum", f=1), 1, 2, torch.float32, torch.device("cpu"),
+    aggregate = RobustClusterAggregate(AggregatorConfig("krum", f=1), 1, 2, torch.float32, torch.device("cpu"),
                                        personal_mask=torch.tensor([False, True]))
     aggregate.add(torch.zeros(5, dtype=torch.long), torch.ones(5), trained, starts)
     assert aggregate.means()[1][0, 0].item() == 2.5
@@ -161,10 +162,10 @@ def test_median_of_one_cluster_run_equals_the_median_of_the_trained_models():
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"aggregator": "krum", "aggregator_f": 2}, "aggregator_f 2 is too large for krum with 6 clients"),
-    ({"aggregator": "bulyan", "aggregator_f": 1}, "lower federation.aggregator_f to 0"),
-    ({"aggregator": "trimmed_mean", "aggregator_beta": 0.5}, "aggregator_beta must be in [0, 0.5)"),
-    ({"aggregator": "mode"}, "federation.aggregator must be one of"),
+    ({"aggregator": "krum", "aggregator_f": 2}, "aggregator.f 2 is too large for krum with 6 clients"),
+    ({"aggregator": "bulyan", "aggregator_f": 1}, "lower aggregator.f to 0"),
+    ({"aggregator": "trimmed_mean", "aggregator_beta": 0.5}, "aggregator.beta must be in [0, 0.5)"),
+    ({"aggregator": "mode"}, "aggregator.rule must be one of"),
     ({"aggregator": "krumm"}, "got 'krumm' (did you mean 'krum'?)"),
 ])
 def test_bad_settings_are_refused(settings, message):
@@ -175,25 +176,44 @@ def test_bad_settings_are_refused(settings, message):
 def test_an_algorithm_with_its_own_aggregation_refuses_a_robust_rule_after_round_1():
     fed = small_federation(Local(), num_clients=4, rounds=1, aggregator="median")
     with pytest.raises(ValueError, match="Local combined its clients' updates in round 1 without the engine's cluster "
-                                         "aggregator, so federation.aggregator: median could not apply"):
+                                         "aggregator, so aggregator.rule: median could not apply"):
         fed.run_round(1)
 
 
-def test_a_run_folder_written_before_the_aggregator_settings_existed_resumes(tmp_path, tiny_run_args):
-    """Its config.yaml has no federation.aggregator*: the defaults (the mean) are what it ran with."""
+@pytest.mark.parametrize("former", [{}, {"aggregator": "median", "aggregator_f": 1, "aggregator_beta": 0.1,
+                                            "aggregator_clip": 1.0, "aggregator_keep": None}])
+def test_a_run_folder_written_before_the_aggregator_section_resumes_with_its_settings(tmp_path, tiny_run_args, former):
+    """Its config.yaml has no `aggregator:` section: none of the settings (older still: the mean is what it ran with),
+    or the five `federation.aggregator*` keys they were (it ran with the median, and resumes with it)."""
     import yaml
 
     from fedlight.run.cli import main
 
-    assert main(tiny_run_args + ["--run_name", "old", "--federation.rounds", "1"]) == 0
+    rule = former.get("aggregator", "mean")
+    assert main(tiny_run_args + ["--run_name", "old", "--federation.rounds", "1", "--aggregator.rule", rule]) == 0
     config = tmp_path / "old" / "config.yaml"
     saved = yaml.safe_load(config.read_text())
-    saved["federation"] = {k: v for k, v in saved["federation"].items() if not k.startswith("aggregator")}
-    saved.pop("attack"), saved.pop("privacy")
+    assert saved["aggregator"]["rule"] == rule
+    saved.pop("aggregator"), saved.pop("attack"), saved.pop("privacy")
+    saved["federation"].update(former)
     config.write_text(yaml.safe_dump(saved))
     assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "2"]) == 0
-    assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "3", "--federation.aggregator",
-                 "median"]) == 2  # a setting it did not run with is still refused
+    assert yaml.safe_load(config.read_text())["aggregator"]["rule"] == rule  # rewritten in the current format
+    other = "trimmed_mean" if rule == "median" else "median"
+    assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "3", "--aggregator.rule",
+                 other]) == 2  # a setting it did not run with is still refused
+
+
+def test_a_former_aggregator_key_is_told_its_new_name(tmp_path, tiny_run_args, capsys):
+    from fedlight.run.cli import main
+
+    assert main(tiny_run_args + ["--federation.aggregator", "median"]) == 2
+    assert "--federation.aggregator is now --aggregator.rule" in capsys.readouterr().err
+    config = tmp_path / "old.yaml"
+    config.write_text("federation:\n  aggregator_f: 2\n")
+    assert main(tiny_run_args + ["--config", str(config)]) == 2
+    assert f"config key federation.aggregator_f is now aggregator.f (the aggregator: section): move it there in " \
+           f"{config}" in capsys.readouterr().err
 
 
 def test_fedem_median_is_each_components_coordinate_median_of_the_clients_copies():
@@ -226,7 +246,7 @@ class OwnMean(Algorithm):
 
 
 @pytest.mark.parametrize("setting, named", [
-    ({"aggregator": "median"}, "federation.aggregator: median"),
+    ({"aggregator": "median"}, "aggregator.rule: median"),
     ({"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)}, "the privacy section"),
 ])
 def test_an_algorithm_that_bypasses_the_aggregator_is_stopped_after_round_1(setting, named):
@@ -236,7 +256,7 @@ def test_an_algorithm_that_bypasses_the_aggregator_is_stopped_after_round_1(sett
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"OwnMean combined its clients' updates in round 1 without the engine's cluster "
-                              f"aggregator, so {named} could not apply: run OwnMean with federation.aggregator: mean")
+                              f"aggregator, so {named} could not apply: run OwnMean with aggregator.rule: mean")
     assert "cluster_means" in message and "server.aggregation.new" in message
 
 

@@ -139,7 +139,7 @@ def test_a_client_with_a_non_finite_personal_part_is_left_out_and_its_row_not_wr
 def test_the_likely_cause_names_round_extensions_under_the_plain_mean_and_else_the_learning_rate():
     notes = ["attack sign_flip by 4 clients"]
     assert likely_cause(notes, plain_mean=True).startswith("likely attack sign_flip by 4 clients averaged by the "
-                                                           "plain mean: configure a robust federation.aggregator")
+                                                           "plain mean: configure a robust aggregator.rule")
     for cause in (likely_cause(notes, plain_mean=False), likely_cause([], plain_mean=True)):
         assert cause.startswith("likely a learning rate too high")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import small_federation
+from conftest import hand_set_times, small_federation
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.plugin.updates import Updates
 from fedlight.system.buffered import InFlight, staleness_weight, take_arrivals
@@ -66,7 +66,7 @@ def test_clients_arrive_in_the_order_of_their_hand_set_times():
     dispatched first of the two due then), 1 again (2 s), 0 (3 s)."""
     fed = federation(SystemConfig(buffer_size=1, concurrency=3), 4, num_clients=3, per_round=3)
     model = fed.extension(SystemModel)
-    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
+    hand_set_times(model, np.array([3.0, 1.0, 2.0]), np.zeros(3))
     flying, times, staleness = [], [], []
     for t in range(1, 5):
         scalars = fed.run_round(t).scalars

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import small_federation
+from conftest import hand_set_times, small_federation
 from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.system.config import SystemConfig
@@ -35,7 +35,7 @@ def test_the_client_released_most_often_sets_epsilon_hand_set_arrivals():
     fed = federation(SystemConfig(buffer_size=1, concurrency=3), 4, PrivacyConfig(noise_multiplier=2.0, clip=1.0),
                      num_clients=3, per_round=3)
     model = fed.extension(SystemModel)
-    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
+    hand_set_times(model, np.array([3.0, 1.0, 2.0]), np.zeros(3))
     scalars = [fed.run_round(t).scalars for t in range(1, 5)]
     assert [s["privacy/most_releases"] for s in scalars] == [1, 1, 2, 2]
     for s, releases in zip(scalars, [1, 1, 2, 2]):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import every_row, small_federation
+from conftest import every_row, hand_set_times, small_federation
 from fedlight.algorithms.cflgp import CFLGP
 from fedlight.algorithms.ditto import Ditto
 from fedlight.algorithms.fedpac import FedPAC
@@ -90,7 +90,7 @@ def test_a_slow_clients_state_changes_only_at_its_arrival_and_is_then_what_it_tr
     fed = small_federation(make(), num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
                            system=SystemConfig(buffer_size=1, concurrency=3))
     model = fed.extension(SystemModel)
-    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
+    hand_set_times(model, np.array([3.0, 1.0, 2.0]), np.zeros(3))
     initial = rows(fed, name)[0].clone()  # every client's row before it trains: the initial model
     store = fed.client_states.stores[name]
     for t in (1, 2, 3):
@@ -131,7 +131,7 @@ def client_0_sent_out_in_round_1(algorithm):
     fed = small_federation(algorithm, num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
                            system=SystemConfig(buffer_size=1, concurrency=3))
     model = fed.extension(SystemModel)
-    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0]), np.zeros(3)
+    hand_set_times(model, np.array([3.0, 1.0, 2.0]), np.zeros(3))
     fed.run_round(1)
     row = model.in_flight.clients.tolist().index(0)
     return fed, model.in_flight.trained[row].clone(), model.in_flight.starts[row].clone()
@@ -163,7 +163,7 @@ def test_a_fedsoft_center_averages_the_arrived_local_models_it_drew_when_they_we
     fed = small_federation(FedSoft(num_clusters=2, selection_size=2, estimation_interval=100), num_clients=4,
                            rounds=6, eval_every=6, system=SystemConfig(buffer_size=1))
     model, soft = fed.extension(SystemModel), fed.algorithm
-    model.compute_s, model.transfer_s = np.array([3.0, 1.0, 2.0, 1.5]), np.zeros(4)
+    hand_set_times(model, np.array([3.0, 1.0, 2.0, 1.5]), np.zeros(4))
     differs = False
     for t in range(1, 7):
         sent_in = {c: v + 1 for c, v in zip(model.in_flight.clients.tolist(), model.in_flight.versions.tolist())}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import small_federation
+from conftest import hand_set_times, small_federation
 from fedlight.system.availability import Always, Diurnal, Periods, Trace
 from fedlight.system.config import SystemConfig
 from fedlight.system.stragglers import run_round
@@ -69,7 +69,7 @@ def test_in_a_run_the_leaving_client_is_left_out_untrained_and_counted():
                            system=SystemConfig(availability="periods", online_s=10.0, offline_s=20.0))
     model = fed.extension(SystemModel)
     model.availability.phase_s = np.array([0.0, 8.0, 1.0])
-    model.compute_s, model.transfer_s = np.array([3.0, 3.5, 2.0]), np.full(3, 0.5)
+    hand_set_times(model, np.array([3.0, 3.5, 2.0]), np.full(3, 0.5))
     before = fed.algorithm.models.clone()
     result = fed.run_round(1)
     assert result.scalars["system/went_offline"] == 1 and result.scalars["system/round_virtual_s"] == 3.5
@@ -84,7 +84,7 @@ def test_under_fedbuff_a_dispatched_client_going_offline_never_flies():
                            system=SystemConfig(availability="periods", online_s=10.0, offline_s=20.0, buffer_size=1))
     model = fed.extension(SystemModel)
     model.availability.phase_s = np.array([0.0, 8.0, 1.0])
-    model.compute_s, model.transfer_s = np.array([3.0, 3.5, 2.0]), np.full(3, 0.5)
+    hand_set_times(model, np.array([3.0, 3.5, 2.0]), np.full(3, 0.5))
     scalars = fed.run_round(1).scalars
     assert scalars["system/went_offline"] == 1 and scalars["system/virtual_time_s"] == 2.5
     assert model.in_flight.clients.tolist() == [0]

@@ -4,7 +4,7 @@
 feed it rows a group at a time, as they fed `ClusterAverage` before; which one they get is the run's configuration,
 never the algorithm's choice:
 
-- `federation.aggregator: mean` with no privacy: `ClusterAverage`, the running float64 weighted sums (the numbers
+- `aggregator.rule: mean` with no privacy: `ClusterAverage`, the running float64 weighted sums (the numbers
   of a run without this feature, bit for bit);
 - another rule (`fedlight.aggregators.robust`): `RobustClusterAggregate`, the rule applied within each cluster to the
   members' updates (trained minus start), added back to the cluster's start;
@@ -22,14 +22,14 @@ part of the model only. Nothing is declared: it is what the round did.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
-from fedlight.plugin.aggregation import ClusterAverage
+from fedlight.aggregators.config import AggregatorConfig
 from fedlight.aggregators.robust import RULES, apply_rule, clip_rows
+from fedlight.plugin.aggregation import ClusterAverage
 
 if TYPE_CHECKING:
     from fedlight.plugin.round_updates import RoundUpdates
@@ -41,21 +41,6 @@ class NoisedAggregation(Protocol):
 
     def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
                    personal_mask: Tensor | None, rows_per_client: int = 1) -> Any: ...
-
-
-@dataclass(frozen=True)
-class RobustSettings:
-    """`federation.aggregator` and its parameters (see `FederationConfig`)."""
-
-    rule: str = "mean"
-    f: int = 1
-    beta: float = 0.1
-    clip: float = 1.0
-    keep: int | None = None
-
-    @property
-    def holds(self) -> bool:
-        return RULES[self.rule].holds
 
 
 def member_updates(values: Tensor, starts: Tensor | None, personal_mask: Tensor | None) -> Tensor:
@@ -82,7 +67,7 @@ class RobustClusterAggregate:
 
     reads_starts = True  # the rule is applied to the updates, trained minus start
 
-    def __init__(self, settings: RobustSettings, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
+    def __init__(self, settings: AggregatorConfig, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
                  personal_mask: Tensor | None = None) -> None:
         self.settings, self.dtype, self.personal_mask = settings, dtype, personal_mask
         self.base = ClusterAverage(clusters, dim, dtype, device)      # mean start of each cluster's members
@@ -151,7 +136,7 @@ class ClusterAggregation:
     """The run's choice of cluster aggregator (engine-owned; one per federation), handing a fresh aggregator to each
     call of `ServerContext.aggregation.new` and counting the means taken from them each round."""
 
-    def __init__(self, settings: RobustSettings, privacy: NoisedAggregation | None = None) -> None:
+    def __init__(self, settings: AggregatorConfig, privacy: NoisedAggregation | None = None) -> None:
         self.settings, self.privacy = settings, privacy
         self.combined = 0  # the most entries of a model an aggregator handed out this round took a mean over
 
@@ -163,12 +148,12 @@ class ClusterAggregation:
     def hold_reason(self) -> str | None:
         """Why the plan must hold every update of a round (None: the aggregator streams)."""
         if self.settings.holds:
-            return f"federation.aggregator {self.settings.rule} needs every update of a cluster"
+            return f"aggregator.rule {self.settings.rule} needs every update of a cluster"
         return None
 
     def configured(self) -> str:
         """The settings that make this aggregation other than the default, as a config names them."""
-        parts = [] if self.settings.rule == "mean" else [f"federation.aggregator: {self.settings.rule}"]
+        parts = [] if self.settings.rule == "mean" else [f"aggregator.rule: {self.settings.rule}"]
         return " and ".join(parts + ([] if self.privacy is None else ["the privacy section"]))
 
     def describe(self) -> str:
@@ -203,7 +188,7 @@ class ClusterAggregation:
         what = "its clients' updates" if not self.combined else \
             f"{shared - self.combined:,} of the {shared:,} shared entries of its clients' models"
         raise ValueError(f"{name} combined {what} in round 1 without the engine's cluster aggregator, so "
-                         f"{self.configured()} could not apply: run {name} with federation.aggregator: mean and no "
+                         f"{self.configured()} could not apply: run {name} with aggregator.rule: mean and no "
                          "privacy section (a plugin combines its updates through cluster_means or "
                          "server.aggregation.new)")
 
@@ -221,12 +206,12 @@ def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, per_round
     round (a cluster never has more members than that)."""
     settings = aggregation.settings
     if aggregation.privacy is not None and settings.rule != "mean":
-        raise ValueError(f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs federation.aggregator "
+        raise ValueError(f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs aggregator.rule "
                          f"mean, got {settings.rule}: drop one of the two")
     need = RULES[settings.rule].min_members(settings.f)
     if need > per_round:
         most = largest_f(settings.rule, per_round)
-        fix = (f"lower federation.aggregator_f to {most}" if most >= 0 else
-               "use more clients a round or another federation.aggregator")
-        raise ValueError(f"federation.aggregator_f {settings.f} is too large for {settings.rule} with {per_round} "
+        fix = (f"lower aggregator.f to {most}" if most >= 0 else
+               "use more clients a round or another aggregator.rule")
+        raise ValueError(f"aggregator.f {settings.f} is too large for {settings.rule} with {per_round} "
                          f"clients a round (it needs {need}): {fix}")

@@ -134,7 +134,7 @@ class Rule:
     """An aggregation rule as the engine runs it.
 
     Attributes:
-        name: the value of `federation.aggregator`.
+        name: the value of `aggregator.rule`.
         holds: it needs every update of a cluster at once (the plan then holds the round's updates); False: it is a
             sum over clients, streamed a group at a time.
         min_members: the fewest clients a cluster needs for the rule's guarantee with f attackers (f -> count).
@@ -176,4 +176,4 @@ def apply_rule(name: str, x: Tensor, weights: Tensor, f: int = 0, beta: float = 
         return geometric_median(x, weights)
     if name == "clipped_mean":
         return clipped_mean(x, weights, clip)
-    raise unknown_choice("federation.aggregator", name, RULES)
+    raise unknown_choice("aggregator.rule", name, RULES)

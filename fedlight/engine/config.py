@@ -3,9 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedlight.aggregators.robust import RULES
-from fedlight.plugin.choices import unknown_choice
-
 
 @dataclass
 class FederationConfig:
@@ -43,17 +40,6 @@ class FederationConfig:
         threads: torch's CPU threads per process; None: `OMP_NUM_THREADS` when set, else the cores this process may
             use (affinity, cgroup quota) shared among the run's processes on the machine and the runs launched beside
             it (`fedlight.engine.threads`), so parallel runs do not oversubscribe the cores.
-        aggregator: how the members' updates of each cluster are combined, for every algorithm that aggregates
-            through the engine (`fedlight.aggregators.robust`): "mean" (weighted, FedAvg's), "median" (coordinate-wise),
-            "trimmed_mean" (`aggregator_beta`), "krum" and "multikrum" (`aggregator_f`, `aggregator_keep`),
-            "bulyan" (`aggregator_f`), "geomed" (the geometric median, RFA's Weiszfeld iterations), "clipped_mean"
-            (each update clipped to norm `aggregator_clip`). All but the mean and the clipped mean hold every update
-            of a round.
-        aggregator_f: attackers Krum, Multi-Krum and Bulyan tolerate per cluster (they need 2f+3, 2f+3 and 4f+3
-            clients a round).
-        aggregator_beta: share of values trimmed at each end of every coordinate by "trimmed_mean", in [0, 0.5).
-        aggregator_clip: norm each update is clipped to by "clipped_mean".
-        aggregator_keep: updates Multi-Krum averages (None: the clients of the cluster minus f).
         client_state_memory: GB of per-client state (personal models, control variates: `fedlight.plugin.client_state`)
             kept in memory, over all of the algorithm's stores; rows beyond it go to memory-mapped files in the run
             folder's `client_state/`. None: a quarter of the memory available on the device at set-up. It must hold
@@ -75,11 +61,6 @@ class FederationConfig:
     num_nodes: int = 1
     strategy: str = "ddp"
     threads: int | None = None
-    aggregator: str = "mean"
-    aggregator_f: int = 1
-    aggregator_beta: float = 0.1
-    aggregator_clip: float = 1.0
-    aggregator_keep: int | None = None
     client_state_memory: float | None = None
 
     def __post_init__(self) -> None:
@@ -97,16 +78,6 @@ class FederationConfig:
             raise ValueError(f"federation.eval_split must be 'test', 'val' or 'train', got {self.eval_split!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"federation.threads must be at least 1 (or null: the usable cores), got {self.threads}")
-        if self.aggregator not in RULES:
-            raise unknown_choice("federation.aggregator", self.aggregator, RULES)
-        if self.aggregator_f < 0:
-            raise ValueError(f"federation.aggregator_f must be 0 or more, got {self.aggregator_f}")
-        if not 0 <= self.aggregator_beta < 0.5:
-            raise ValueError(f"federation.aggregator_beta must be in [0, 0.5), got {self.aggregator_beta}")
-        if self.aggregator_clip <= 0:
-            raise ValueError(f"federation.aggregator_clip must be above 0, got {self.aggregator_clip}")
-        if self.aggregator_keep is not None and self.aggregator_keep < 1:
-            raise ValueError(f"federation.aggregator_keep must be at least 1 or None, got {self.aggregator_keep}")
         if self.client_state_memory is not None and not self.client_state_memory > 0:
             raise ValueError(f"federation.client_state_memory must be above 0 GB (or null: a quarter of the available "
                              f"memory), got {self.client_state_memory}")

@@ -41,7 +41,7 @@ def likely_cause(notes: list[str], plain_mean: bool) -> str:
     """What most likely made the training diverge, and the fix: with round extensions at work (`notes`, an attack's
     'attack sign_flip by 4 clients') under the plain mean, the attackers' updates; otherwise the learning rate."""
     if notes and plain_mean:
-        return (f"likely {', '.join(notes)} averaged by the plain mean: configure a robust federation.aggregator "
+        return (f"likely {', '.join(notes)} averaged by the plain mean: configure a robust aggregator.rule "
                 f"({ROBUST_RULES}) or lower the learning rate")
     return "likely a learning rate too high for the model: lower it (or look for huge values in the data)"
 

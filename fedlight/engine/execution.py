@@ -201,6 +201,10 @@ class ClientExecution:
             trained = alg.train_group(round, clients, starts)
         message = self.server.message
         message.check_returned(type(alg).__name__, trained.state)
+        sent = sum(rows[0].numel() * rows.element_size() for name, rows in trained.state.items()
+                   if name in message.entries and len(rows))
+        if sent:  # what the message carries beside the trained model (a store's rows alone stay on the client)
+            self.server.clients.work.sent(clients, [sent] * len(clients))
         if self.tamper is not None:
             trained.params = self.tamper(round, clients, starts, trained.params)
             for name, trained_from in message.trained_from.items():  # every model entry, extra copies included

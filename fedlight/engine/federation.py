@@ -20,7 +20,8 @@ from fedlight.plugin.algorithm import Algorithm
 from fedlight.aggregators.attacks import Attack, AttackConfig
 from fedlight.engine.client_states import ClientStates
 from fedlight.plugin.cohort import Cohort
-from fedlight.aggregators.cluster_aggregator import ClusterAggregation, RobustSettings, check_aggregation
+from fedlight.aggregators.cluster_aggregator import ClusterAggregation, check_aggregation
+from fedlight.aggregators.config import AggregatorConfig
 from fedlight.engine.config import FederationConfig
 from fedlight.plugin.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import (available_memory, batch_transform, client_state_budget, default_precision,
@@ -54,14 +55,16 @@ class Federation:
 
     What a run adds around the round (the constructor's threat and DP settings, clients held out of training, the
     clients' devices, and `extensions` of one's own) are round extensions (`fedlight.engine.extensions`), called at
-    fixed points of the set-up and of every round; `config.aggregator` picks the rule that combines each cluster's
-    updates (`fedlight.aggregators.cluster_aggregator`). None of them changes anything when left at its default."""
+    fixed points of the set-up and of every round; `aggregator` (the `aggregator:` section) picks the rule that
+    combines each cluster's updates (`fedlight.aggregators.cluster_aggregator`). None of them changes anything when
+    left at its default."""
 
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
                  config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,
                  privacy: PrivacyConfig | None = None, extensions: list[RoundExtension] | None = None,
-                 system: SystemConfig | None = None) -> None:
+                 system: SystemConfig | None = None, aggregator: AggregatorConfig | None = None) -> None:
         self.config = config or FederationConfig()
+        self.aggregator = aggregator or AggregatorConfig()
         self.seed = seed
         self.algorithm = algorithm if algorithm is not None else Algorithm()
         self.precision = self.config.precision or default_precision(self.config.accelerator)
@@ -151,9 +154,7 @@ class Federation:
     def _aggregation(self) -> ClusterAggregation:
         """The cluster aggregator the configuration and the extensions ask for, checked against the algorithm and
         the clients."""
-        c = self.config
-        settings = RobustSettings(c.aggregator, c.aggregator_f, c.aggregator_beta, c.aggregator_clip, c.aggregator_keep)
-        aggregation = self.extensions.aggregation(ClusterAggregation(settings))
+        aggregation = self.extensions.aggregation(ClusterAggregation(self.aggregator))
         check_aggregation(aggregation, self.algorithm, self.cohort.size)
         return aggregation
 
@@ -233,6 +234,7 @@ class Federation:
     def end_round(self, round: int, selected: int) -> str | None:
         """Log what the extensions measured once the round aggregated (a budget spent, a clip adapted); why the run
         must stop before the next round, or None."""
+        self.server.clients.work.share(self.collective)  # what the clients ran, for the virtual clock
         scalars, stop = self.extensions.end_round(round, selected)
         for name, value in scalars.items():
             self.server.log.scalar(name, value)

@@ -13,6 +13,7 @@
 | `client_state` | `ClientState`: what an algorithm sees of a per-client tensor the engine keeps for it (`read`, `write`, `touched`; the stores are `fedlight.engine.client_states`) |
 | `personal_part` | the base class's personal part as a client state: clients never written read `PersonalStart` rows; re-slicing at a mask change |
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
+| `client_work` | `ClientWork`: what each client's local work ran (training steps, forward passes, models used, bytes sent), counted where it runs, which the virtual clock charges |
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction`, `nearest_direction` |
 | `message` | `MessageSchema`: what a client's message carries beside its trained model (`MODEL`, `SUMMED`, `PER_CLIENT`, `ROUTING` entries), which every round extension reads to refuse what it cannot handle |

@@ -38,6 +38,7 @@ class ModelView:
         self.num_params = flat.numel
         self.initial_params = flat.read()
         self._group_gradients: GroupGradients = lambda params, x, y, step: None
+        self.on_gradient_pass: Callable[[], None] = lambda: None  # counts a custom loop's pass as its clients' step
 
     def bind_group_gradients(self, group_gradients: GroupGradients) -> None:
         """The engine's vectorized gradients (`fedlight.engine.group_training`), which `group_loss_and_grad` asks
@@ -88,12 +89,14 @@ class ModelView:
 
     def loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
         """(loss, flat gradient) of the module's `training_step` on `batch` at the flat model `params`."""
+        self.on_gradient_pass()
         return self._trainer.loss_and_grad(params, batch, step)
 
     def group_loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
         """(losses (k,), flat gradients (k, d)) of the module's `training_step` at k flat models, each on its own
         batch of a `GroupStep`: vectorized when the plan allows, else `loss_and_grad` one model after another."""
         x, y = batch
+        self.on_gradient_pass()
         vectorized = self._group_gradients(params, x, y, step)
         if vectorized is not None:
             return vectorized

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedlight.plugin.client_work import ClientWork
 from fedlight.plugin.data import SPLITS, ClientSplit, FederatedData
 from fedlight.training.group_batches import GroupStep, group_steps
 from fedlight.training.local_work import LocalWork
@@ -30,7 +31,7 @@ class ClientPopulation:
 
     Args:
         data: the clients' samples.
-        predict: (flat model, raw inputs) -> logits (`server.model.module.predict`).
+        predict: (flat model, raw inputs) -> logits (`server.model.predict`).
         trainer: the module's local training (its optimizer, batch size and local epochs).
         seed_of: (round, client, purpose) -> the seed of a client's local work (`server.random.client_seed`).
         train_group: the engine's group training of these clients (`bind_group_training` sets it later).
@@ -38,15 +39,18 @@ class ClientPopulation:
     Attributes:
         count: how many clients there are.
         train_sizes: (count,) their training-set sizes, on the data's device.
+        work: what each client's work ran (`fedlight.plugin.client_work`), which the virtual clock charges.
     """
 
     def __init__(self, data: FederatedData, predict: Callable[[Tensor, Tensor], Tensor], trainer: ClientTrainer,
                  seed_of: Callable[[int, int, str], int], train_group: GroupTrainer | None = None) -> None:
         self.data, self.predict, self.trainer, self.seed_of = data, predict, trainer, seed_of
+        self._stepping: list[int] = []  # the clients whose batch a custom loop drew last (`gradient_pass`)
         self._train_group = train_group
         self.count = data.num_clients
         self.train_sizes = torch.as_tensor(data.train.sizes(), device=data.train.x.device)
         self._rows = {name: data.split(name).client_of_row() for name in SPLITS}
+        self.work = ClientWork(self.count)
 
     def bind_group_training(self, train_group: GroupTrainer) -> None:
         """The engine's group training, which `train_many` hands its work to (set once the engine's plan is made)."""
@@ -73,6 +77,7 @@ class ClientPopulation:
             data = data.select(np.asarray(clients, dtype=np.int64))
             owner, count = data.client_of_row(), len(clients)
         counts = torch.bincount(owner, minlength=count)
+        self.work.forward(range(count) if clients is None else clients, counts.tolist(), len(models))
         losses = torch.empty(len(models), count, device=data.y.device)
         for j, params in enumerate(models):
             losses[j] = torch.bincount(owner, weights=self._cross_entropy(params, data.x, data.y),
@@ -85,9 +90,11 @@ class ClientPopulation:
         a mixture's E-step needs (FedEM). `clients`: only their rows, client after client (default: every row)."""
         train = self.data.train
         if clients is None:
+            self.work.forward(range(self.count), self.train_sizes.tolist(), len(models))
             return self._per_sample(models, train.x, train.y), self._rows["train"]
         parts = [train.client(c) for c in clients]
         sizes = torch.as_tensor([len(y) for _, y in parts], device=train.y.device)
+        self.work.forward(clients, sizes.tolist(), len(models))
         owner = torch.repeat_interleave(torch.as_tensor(clients, dtype=torch.long, device=train.y.device), sizes)
         return self._per_sample(models, torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])), owner
 
@@ -114,9 +121,11 @@ class ClientPopulation:
         cross-entropy of the module's outputs (a mixture component's M-step, FedEM). A set-up phase numbered 0
         trains at round 1's rates."""
         x, y = self.data.train.client(client)
+        max_steps = self._max_steps(client, epochs)
+        self.work.trained([client], [self.local_steps(client, epochs) if max_steps is None else max_steps])
         return self.trainer.fit(start, x, y, self.seed_of(round, client, purpose), gradient_hook, lr_scale=lr_scale,
                                 epochs=epochs, round=max(round, 1), sample_weights=sample_weights,
-                                max_steps=self._max_steps(client, epochs))
+                                max_steps=max_steps)
 
     def train_many(self, round: int, clients: list[int], starts: Tensor, epochs: int | None = None,
                    lr_scale: float = 1.0, gradient_hook: GroupHook | None = None, trainable: Tensor | None = None,
@@ -135,7 +144,10 @@ class ClientPopulation:
             raise RuntimeError("ClientPopulation.train_many before the engine bound its group training: "
                                "call bind_group_training first")
         work = LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose, objective, client_inputs)
-        return self._train_group(round, list(clients), starts, work)
+        clients = list(clients)
+        self.work.trained(clients, [self.local_steps(c, epochs) if (cut := self._max_steps(c, epochs)) is None else cut
+                                    for c in clients])
+        return self._train_group(round, clients, starts, work)
 
     def learning_rate(self, round: int) -> float:
         """The clients' configured learning rate at the start of round `round` (the module's optimizer and its
@@ -148,21 +160,38 @@ class ClientPopulation:
         `train` takes in this round for this purpose (its share of them when the round cuts it short)."""
         x, y = self.data.train.client(client)
         batches = self.trainer.batches(x, y, self.seed_of(round, client, purpose), epochs, max(round, 1))
-        return itertools.islice(batches, self._max_steps(client, epochs))
+        self.work.began([client])
+        try:
+            for batch in itertools.islice(batches, self._max_steps(client, epochs)):
+                self._stepping = [client]
+                yield batch
+        finally:
+            self._stepping = []
 
     def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
                       purpose: str = "train") -> Iterator[GroupStep]:
         """The steps of a custom loop of a group of clients at once, each client's batches those `batches` gives it
-        (for a custom local loop with `server.model.module.group_loss_and_grad`); the module's trainer is told each step's place in the round, as the
-        trainers tell it."""
+        (for a custom local loop with `server.model.group_loss_and_grad`); the module's trainer is told each step's
+        place in the round, as the trainers tell it."""
         data = [self.data.train.client(c) for c in clients]
         seeds = [self.seed_of(round, c, purpose) for c in clients]
         epochs = self.trainer.local_epochs if epochs is None else epochs
         limits = [self._max_steps(c, epochs) for c in clients] if self.trainer.work_shares.cuts(clients) else None
-        for step in group_steps(data, seeds, self.trainer.batch_size, epochs, self.trainer.batch_transform,
-                                self.train_sizes.device, limits):
-            self.trainer.stand_in.at(max(round, 1), step.epoch, step.step)
-            yield step
+        self.work.began(clients)
+        try:
+            for step in group_steps(data, seeds, self.trainer.batch_size, epochs, self.trainer.batch_transform,
+                                    self.train_sizes.device, limits):
+                self.trainer.stand_in.at(max(round, 1), step.epoch, step.step)
+                self._stepping = [clients[row] for row in step.rows]
+                yield step
+        finally:
+            self._stepping = []
+
+    def gradient_pass(self) -> None:
+        """Count a gradient pass of a custom loop (`server.model.loss_and_grad`, `group_loss_and_grad`) as a step of
+        the clients whose batch it last drew: two models' gradients on one batch are two steps (APFL), K inner
+        iterations K steps (pFedMe); a pass outside such a loop is the server's and counts for no client."""
+        self.work.stepped(self._stepping)
 
     def _max_steps(self, client: int, epochs: int | None) -> int | None:
         """The steps `client` takes of its local work when the round cuts it short (partial work), else None."""

@@ -3,7 +3,7 @@
 | module | what it holds |
 |---|---|
 | `cli` | `python -m fedlight fit / list / report / sweep / tune`, config parsing and one-line errors |
-| `config_errors`, `registry` | jsonargparse errors explained; algorithms, data and models found by entry point |
+| `config_errors`, `config_upgrade`, `registry` | jsonargparse errors explained; run configs of earlier versions read in the current format (a moved key told its new name); algorithms, data and models found by entry point |
 | `early_checks`, `lazy_types`, `catalog` | what the command line answers before Lightning loads: option and key typos, the parser's base classes, `list` read from the source files |
 | `runner` | `fit`: rounds, resume, Ctrl-C and SIGTERM, the summary; callbacks called by hook name |
 | `termination`, `failures` | SIGTERM handled as Ctrl-C (exit 143; several processes stop after the same round); the line after a failed run's error |

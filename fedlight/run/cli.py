@@ -23,6 +23,8 @@ from rich.console import Console
 
 from fedlight.plugin.algorithm import Algorithm
 from fedlight.aggregators.attacks import AttackConfig
+from fedlight.aggregators.config import AggregatorConfig
+from fedlight.run.config_upgrade import upgraded
 from fedlight.engine.config import FederationConfig
 from fedlight.aggregators.privacy import PrivacyConfig
 from fedlight.engine.divergence import RoundDiverged
@@ -61,6 +63,7 @@ def fit_parser() -> ArgumentParser:
     parser.add_subclass_arguments(LightningModule, "model", required=True)
     parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.plugin.algorithm.Algorithm"})
     parser.add_class_arguments(FederationConfig, "federation")
+    parser.add_class_arguments(AggregatorConfig, "aggregator")
     parser.add_argument("--attack", type=AttackConfig | None, default=None,
                         help="malicious clients: attack.kind, attack.fraction, ... (fedlight.aggregators.attacks)")
     parser.add_argument("--privacy", type=PrivacyConfig | None, default=None,
@@ -151,7 +154,9 @@ def with_saved_config(argv: list[str]) -> list[str]:
     if not saved.is_file():
         raise FileNotFoundError(f"--resume {run}: not a run folder (no {saved}); give the folder a run wrote, "
                                 "e.g. runs/<name>")
-    return ["fit", "--config", str(saved), *argv[1:]]
+    config = yaml.safe_load(saved.read_text())
+    current = upgraded(config)  # a run written before a setting moved: its config in the current format
+    return ["fit", "--config", str(saved) if current is config else yaml.safe_dump(current), *argv[1:]]
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -209,7 +214,7 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     resume = cfg.resume is not None
     if resume:
         run_dir = Path(cfg.resume)
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        saved = upgraded(yaml.safe_load((run_dir / "config.yaml").read_text()))
         defaults = yaml.safe_load(parser.dump(parser.get_defaults(), skip_none=False, skip_check=True))
         check_resume(saved, yaml.safe_load(parser.dump(cfg, skip_none=False)), defaults)
     else:
@@ -221,7 +226,8 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
     with showing:
         init = parser.instantiate_classes(cfg)
         federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed,
-                                attack=init.attack, privacy=init.privacy, system=init.system)
+                                attack=init.attack, privacy=init.privacy, system=init.system,
+                                aggregator=init.aggregator)
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))

@@ -17,7 +17,7 @@ bug, and the cell says "fails". `python -m fedlight.run.compatibility --write` m
 `tests/test_compatibility.py` checks that they are what the code does.
 
 Not in the table: several processes (tests/test_distributed.py runs methods of each kind over them; FedBuff refuses
-them) and the virtual clock's charges (one model's work and transfer a round, whatever the algorithm does).
+them). The virtual clock runs with every algorithm and charges what its clients ran (`fedlight.system.work_cost`).
 """
 from __future__ import annotations
 
@@ -47,12 +47,14 @@ class Cell:
 def extension_settings(column: str) -> dict[str, Any]:
     """The Federation keyword arguments (and the data module's, under "data") of one column."""
     from fedlight.aggregators.attacks import AttackConfig
+    from fedlight.aggregators.config import AggregatorConfig
     from fedlight.aggregators.privacy import PrivacyConfig
     from fedlight.system.config import SystemConfig
 
     return {"privacy": {"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)},
             "FedBuff": {"system": SystemConfig(buffer_size=3, concurrency=8)},
-            "robust + attack": {"aggregator": "trimmed_mean", "attack": AttackConfig(kind="sign_flip", fraction=0.2)},
+            "robust + attack": {"aggregator": AggregatorConfig(rule="trimmed_mean"),
+                                "attack": AttackConfig(kind="sign_flip", fraction=0.2)},
             "deadline": {"system": SystemConfig(deadline_percentile=75.0, partial_work=True)},
             "newcomers": {"data": {"holdout_clients": 4}}}[column]
 
@@ -66,7 +68,6 @@ def tiny_federation(algorithm: Any, points: bool, settings: dict[str, Any]) -> A
 
     settings = dict(settings)
     data_options = settings.pop("data", {})
-    config = {key: settings.pop(key) for key in ("aggregator",) if key in settings}
     torch.manual_seed(0)
     if points:  # the classes by path, as a run config names them: the core imports no data module or model
         data = load("fedlight.datamodules.SyntheticGaussians")(num_clients=CLIENTS, points_per_client=40,
@@ -80,7 +81,7 @@ def tiny_federation(algorithm: Any, points: bool, settings: dict[str, Any]) -> A
         model = load("fedlight.models.Classifier")(network, lr=0.1)
     rounds = 1 if getattr(algorithm, "one_shot", False) else 2
     federation_config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=32, accelerator="cpu",
-                                         vectorize=0, eval_every=rounds, **config)
+                                         vectorize=0, eval_every=rounds)
     return Federation(data, model, algorithm, federation_config, seed=0, **settings)
 
 
@@ -114,7 +115,14 @@ def what_it_does(column: str, federation: Any) -> str:
         honest = f"; attackers leave {', '.join(unattacked)} as trained" if unattacked else ""
         return f"attacks and trims the model{also} within each cluster{honest}"
     if column == "deadline":
-        return "drops or cuts short late clients"
+        from fedlight.system.system_model import SystemModel
+
+        charges = federation.extension(SystemModel).charges
+        work = f"{charges['work_x_local_steps']:.2g}x its local steps' time" if charges else "its local steps"
+        extra = charges.get("bytes_sent_beside_model", 0.0)
+        sent = f", the model and {extra / 1e3:.3g} kB up" if extra else ", the model up"
+        down = charges.get("models_received", 1)
+        return f"drops or cuts short late clients; charges a client {work}, {down} model{'s' * (down > 1)} down{sent}"
     return "gives each newcomer a model (newcomer_models)"
 
 

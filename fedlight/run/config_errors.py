@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from fedlight.run.config_upgrade import moved_key
+
 _NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
 _PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
@@ -31,12 +33,16 @@ def explain(message: str, options: Iterable[str] = ()) -> str:
     unknown = _UNRECOGNIZED.search(message)
     if unknown:
         given = unknown.group(1).split()[0].split("=", 1)[0]
+        if moved_key(given):
+            return f"{given.lstrip('-')} is now {moved_key(given)} (the aggregator: section): give --{moved_key(given)}"
         close = closest_key(given.lstrip("-"), options)
         hint = f" (did you mean --{close}?)" if close else " (see `fedlight fit --help`)"
         return f"unknown option {given}{hint}; options are never abbreviated"
     not_a_key = _NOT_A_KEY.search(message)
     if not_a_key:  # a key of a config file (or of a section given as a whole), top level or nested
         given = not_a_key.group(1)
+        if moved_key(given):
+            return f"config key {given} is now {moved_key(given)} (the aggregator: section): move it there"
         close = closest_key(given, options)
         hint = f" (did you mean {close}?)" if close else " (see `fedlight fit --help` for the keys)"
         return f"unknown config key {given}{hint}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from fedlight.run.config_errors import closest_key
+from fedlight.run.config_upgrade import moved_key
 
 #: sections whose keys depend on the class they name (checked by the parser once the class is imported); sections
 #: typed as a whole (attack, privacy) are left to the parser too
@@ -29,12 +30,22 @@ def check_fit_arguments(arguments: list[str], options: Iterable[str]) -> None:
         key = token[2:].split("=", 1)[0]
         if key == "config":
             path = token.split("=", 1)[1] if "=" in token else (arguments[i + 1] if i + 1 < len(arguments) else None)
-            if path is not None and Path(path).is_file():
+            if path is not None and is_file(path):
                 check_config_keys(Path(path), known)
         elif not _left_to_parser(key, known) and f"--{key}" not in known:
+            if moved_key(key):
+                raise ValueError(f"--{key} is now --{moved_key(key)} (the aggregator: section)")
             close = closest_key(key, known)
             hint = f" (did you mean --{close}?)" if close else " (see `fedlight fit --help`)"
             raise ValueError(f"unknown option --{key}{hint}; options are never abbreviated")
+
+
+def is_file(path: str) -> bool:
+    """Whether `path` names a file; False for a config given as YAML text (a resumed run's upgraded config)."""
+    try:
+        return "\n" not in path and Path(path).is_file()
+    except OSError:  # a name too long for the file system
+        return False
 
 
 def check_config_keys(path: Path, known: set[str]) -> None:
@@ -52,6 +63,9 @@ def check_config_keys(path: Path, known: set[str]) -> None:
         keys = [f"{key}.{sub}" for sub in value if isinstance(sub, str)] if isinstance(value, dict) else [key]
         for dotted in keys:
             if f"--{dotted}" not in known:
+                if moved_key(dotted):
+                    raise ValueError(f"config key {dotted} is now {moved_key(dotted)} (the aggregator: section): "
+                                     f"move it there in {path}")
                 close = closest_key(dotted, known)
                 hint = f" (did you mean {close}?)" if close else " (see `fedlight fit --help` for the keys)"
                 raise ValueError(f"unknown config key {dotted}{hint}")

@@ -7,6 +7,7 @@ the server picks, on a virtual clock (docs/architecture.md, "System model"). Off
 | `speeds` | per-client draws from (seed, purpose, client) streams: speeds, phases, time zones |
 | `traces` | trace files of device speeds and online intervals, fedlight's fields or FedScale's |
 | `clock` | `DeviceProfiles` (each client's compute and transfer time) and the `VirtualClock` |
+| `work_cost` | `WorkCost`: the seconds of what clients' work actually ran (steps, forward passes, models received, bytes sent) |
 | `availability` | when clients are online: always, a share, on/off periods, diurnal by time zone, a trace |
 | `stragglers` | a synchronous round: the deadline, dropouts, partial work, the round's length |
 | `buffered` | asynchronous rounds (FedBuff): the clients in flight, their arrivals, staleness weights, re-basing |

@@ -60,6 +60,7 @@ class RoundTimes:
         deadline_s: the round's deadline, or None.
         waited: the deadline left no client, so the server waited for the first to finish.
         went_offline: True where its online period ended before it sent anything.
+        deadline_bound: the deadline cut a client, so the round lasts at least until it.
     """
 
     done: np.ndarray
@@ -70,6 +71,7 @@ class RoundTimes:
     deadline_s: float | None
     waited: bool
     went_offline: np.ndarray
+    deadline_bound: bool = False
 
 
 def run_round(steps: np.ndarray, compute_s: np.ndarray, transfer_s: np.ndarray, dropped_out: np.ndarray,
@@ -97,6 +99,7 @@ def run_round(steps: np.ndarray, compute_s: np.ndarray, transfer_s: np.ndarray, 
     kept_s = np.where(done == steps, whole_s, done * step_s + transfer_s)
     kept = staying & ~(cut & (done == 0))
     duration = float(kept_s[kept].max()) if kept.any() else 0.0
-    if (staying & (by_deadline < steps)).any() and deadline_s is not None and not waited:
+    bound = bool((staying & (by_deadline < steps)).any()) and deadline_s is not None and not waited
+    if bound:
         duration = max(duration, deadline_s)
-    return RoundTimes(done, dropped_out.copy(), cut, kept, duration, deadline_s, waited, went_offline)
+    return RoundTimes(done, dropped_out.copy(), cut, kept, duration, deadline_s, waited, went_offline, bound)

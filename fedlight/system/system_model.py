@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedlight.plugin.client_work import WorkDone
 from fedlight.plugin.cohort import Sampling
 from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.message import MODEL, PER_CLIENT, MessageSchema
@@ -27,6 +28,7 @@ from fedlight.system.losses import loss_statistics
 from fedlight.system.selection import SelectionContext
 from fedlight.system.selectors import make_selector
 from fedlight.system.stragglers import DECIMALS, round_deadline, run_round
+from fedlight.system.work_cost import WorkCost
 
 WAIT_DAYS = 7  # with no client online, the server looks again every `wait_s` for this long before giving up
 
@@ -45,6 +47,9 @@ class RoundRecord:
     deadline_s: float | None
     waited_for_first: bool
     went_offline: int = 0
+    kept: np.ndarray | None = None  # the clients that sent an update
+    whole: np.ndarray | None = None  # of those, the ones that ran all of their local work (not cut short)
+    deadline_bound: bool = False  # the deadline cut a client, so the round lasts at least until it
 
 
 class SystemModel(RoundExtension):
@@ -72,6 +77,9 @@ class SystemModel(RoundExtension):
         self.trained_from: dict[str, Callable[[list[int]], Any]] = {}  # model entries re-based with the model
         self._arrived: tuple[float, Arrived] | None = None  # the round's dispatch time and arrivals
         self._in_flight_state: dict | None = None  # a resumed buffer, made whole once the model's device is known
+        self._selection_s = 0.0  # the round's selection phase (the candidates' loss passes)
+        self.last_selection: WorkDone | None = None  # what that phase ran
+        self.charges: dict[str, float] = {}  # what the last measured client's whole work was charged (`charged_s`)
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, context: ExtensionContext) -> None:
@@ -83,8 +91,13 @@ class SystemModel(RoundExtension):
                              "(train_client), which has no local steps to cut short: leave partial_work out (clients "
                              "past the deadline are then dropped)")
         self.steps = np.array([server.clients.local_steps(c) for c in range(self.num_clients)], dtype=np.int64)
+        # each client's time for its work and transfers as last measured: its nominal local steps and one model
+        # each way until its work was counted (`fedlight.system.work_cost`), which the deadline and Oort read
         self.compute_s = self.devices.compute_s(self.steps, context.config.batch_size)
-        self.transfer_s = self.devices.transfer_s(context.model.numel() * context.model.element_size() * 8)
+        model_bits = context.model.numel() * context.model.element_size() * 8
+        self.transfer_s = self.devices.transfer_s(model_bits)
+        self.cost = WorkCost(self.devices, context.config.batch_size, model_bits, self.compute_s.copy())
+        self.work_log = server.clients.work
         self.check_deadline()
         selection = SelectionContext(server.random.rng, server.clients.train_sizes.cpu().numpy(), self.compute_s + self.transfer_s,
                                      lambda clients: loss_statistics(server, algorithm, clients),
@@ -206,7 +219,7 @@ class SystemModel(RoundExtension):
             online[self.in_flight.clients] = False  # a client training now is not dispatched again
         available = np.flatnonzero(online)
         if len(available) > count:
-            chosen = self.selector.select(round, available, count) if count else []
+            chosen = self.selected(round, available, count) if count else []
         else:
             chosen = available.tolist()
             if len(available) < count and not self._short_said:
@@ -215,6 +228,22 @@ class SystemModel(RoundExtension):
                               "all of them train (system/online logs every round's count)", stacklevel=2)
         self._drawn = (round, count, chosen)
         return list(chosen)
+
+    def begin_round(self, round: int) -> None:
+        """Forget the work counted since the last round ended (the evaluation's, which the clock does not charge;
+        what a round's aggregation hooks run on its clients, as IFCA's choice of a cluster by loss, counts)."""
+        self.work_log.take()
+        self._selection_s = 0.0
+
+    def selected(self, round: int, available: np.ndarray, count: int) -> list[int]:
+        """`count` of the `available` clients by `system.selection`, and the seconds its work took (the candidates'
+        loss passes of power-of-choice and Oort: a phase before the round's training, measured apart from it)."""
+        before = self.work_log.take()
+        chosen = self.selector.select(round, available, count)
+        self.last_selection = self.work_log.take()
+        self._selection_s = self.cost.phase_s(self.last_selection)
+        self.work_log.add(before)
+        return chosen
 
     def work(self, round: int, clients: list[int]) -> RoundWork:
         """The selected clients that are offline (an algorithm's own selection can pick them), drop out, miss the
@@ -235,7 +264,8 @@ class SystemModel(RoundExtension):
         partial = times.kept & times.cut
         self._record = RoundRecord(start_s, int(online.sum()), len(offline), int(out.sum()),
                                    int((times.cut & ~times.kept).sum()), int(partial.sum()), times.duration_s,
-                                   deadline, times.waited, int(times.went_offline.sum()))
+                                   deadline, times.waited, int(times.went_offline.sum()), present[times.kept],
+                                   present[times.kept & ~times.cut], times.deadline_bound)
         dropped = offline.tolist() + present[~times.kept].tolist()
         return RoundWork(tuple(sorted(dropped)), {int(c): float(d / s) for c, d, s in
                                                   zip(present[partial], times.done[partial], steps[partial])})
@@ -258,7 +288,7 @@ class SystemModel(RoundExtension):
                             {k: torch.cat([p.logs[k] for p in parts]) for k in parts[0].logs},
                             {k: torch.cat([p.state[k] for p in parts]) for k in parts[0].state})
         fresh_clients = np.asarray([] if fresh is None else fresh.clients.tolist(), dtype=np.int64)
-        arrivals_s = start_s + self.compute_s[fresh_clients] + self.transfer_s[fresh_clients]
+        arrivals_s = start_s + self._selection_s + self.charged_s(self.work_log.take(), fresh_clients, fresh_clients)
         arrived, self.in_flight = take_arrivals(self.in_flight, fresh, arrivals_s, round - 1, self.config.buffer_size,
                                                 self.config.staleness, self.algorithm.client_model, self.sizes,
                                                 self.trained_from)
@@ -291,8 +321,9 @@ class SystemModel(RoundExtension):
             start_s, online = self.online(round)
             record = RoundRecord(start_s, int(online.sum()), 0, 0, 0, 0, 0.0, None, False)
         waited_s = record.start_s - self.clock.now_s
-        self.clock.advance(waited_s + record.duration_s)
-        scalars = {"system/round_virtual_s": waited_s + record.duration_s, "system/virtual_time_s": self.clock.now_s,
+        duration_s, late = self.measured_duration(record)
+        self.clock.advance(waited_s + duration_s)
+        scalars = {"system/round_virtual_s": waited_s + duration_s, "system/virtual_time_s": self.clock.now_s,
                    "system/waited_s": waited_s,
                    "system/online": record.online, "system/dropped_offline": record.offline,
                    "system/dropped_out": record.dropped_out, "system/dropped_deadline": record.deadline_dropped,
@@ -300,7 +331,40 @@ class SystemModel(RoundExtension):
                    "system/went_offline": record.went_offline}
         if record.deadline_s is not None:
             scalars["system/deadline_s"] = record.deadline_s
+            scalars["system/late"] = late
         return scalars, None
+
+    def charged_s(self, done: WorkDone, clients: np.ndarray, whole: np.ndarray) -> np.ndarray:
+        """(len(clients),) seconds of the clients' counted work and transfers (`fedlight.system.work_cost`); the
+        clients in `whole` ran all of their local work, so their times become the ones the next deadlines and Oort
+        read for them."""
+        compute_s, transfer_s = self.cost.compute_s(done, clients), self.cost.transfer_s(done, clients)
+        ran_all = np.isin(clients, whole)
+        self.compute_s[clients[ran_all]] = compute_s[ran_all]
+        self.transfer_s[clients[ran_all]] = transfer_s[ran_all]
+        if ran_all.any():  # what a client's whole work was charged, for the compatibility table and the summary
+            measured = clients[ran_all]
+            self.charges = {"work_x_local_steps": float(np.median(compute_s[ran_all] /
+                                                                   self.cost.nominal_compute_s[measured])),
+                            "models_received": int(max(done.models_used[measured].max(), 1)),
+                            "bytes_sent_beside_model": float(done.sent_bytes[measured].max())}
+        return compute_s + transfer_s
+
+    def measured_duration(self, record: RoundRecord) -> tuple[float, int]:
+        """(the round's length: its selection phase, then until the last kept client's counted work and transfers
+        arrive, at least until a deadline that cut a client; the kept clients whose counted time passed the deadline,
+        which their time as last measured had met; none when no client could meet it and the server waited for the
+        first)."""
+        done = self.work_log.take()
+        if record.kept is None or not len(record.kept):
+            return self._selection_s + record.duration_s, 0
+        seconds = self.charged_s(done, record.kept, record.whole)
+        duration = float(seconds.max())
+        if record.deadline_bound and record.deadline_s is not None:
+            duration = max(duration, record.deadline_s)
+        late = 0 if record.deadline_s is None or record.waited_for_first else \
+            int((np.round(seconds, DECIMALS) > record.deadline_s).sum())
+        return self._selection_s + duration, late
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
