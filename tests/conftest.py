@@ -26,7 +26,7 @@ from fedlight.models import Classifier, SmallCNN  # noqa: E402
 
 def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed: int = 0, partition=None,
                      lr: float = 0.1, momentum: float = 0.0, public_size: int = 0, privacy=None, system=None,
-                     attack=None, **config) -> Federation:
+                     attack=None, server_optimizer=None, **config) -> Federation:
     """A fast federation on digits: a narrow SmallCNN, few clients, one local epoch; clients train one after
     another unless `vectorize` is given (tests of the sequential trainer compare exact values). `privacy`: a
     `PrivacyConfig` (the run's `privacy:` section); `system`: a `SystemConfig` (its `system:` section); `attack`: an
@@ -37,7 +37,7 @@ def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed
     aggregator = aggregator_section(config)
     settings = {"rounds": rounds, "local_epochs": 1, "batch_size": 32, "accelerator": "cpu", "vectorize": 0, **config}
     return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed, privacy=privacy, system=system,
-                      attack=attack, aggregator=aggregator)
+                      attack=attack, aggregator=aggregator, server_optimizer=server_optimizer)
 
 
 def aggregator_section(config: dict):

@@ -6,6 +6,7 @@ cluster aggregator, client-level differential privacy and attacks (the last two 
 | `robust` | robust rules on update matrices (median, trimmed mean, Krum, Multi-Krum, Bulyan, geometric median, clipped mean) |
 | `config` | `AggregatorConfig`, the `aggregator:` section: the rule and its parameters |
 | `cluster_aggregator` | the run's aggregator of each cluster's rows: the weighted mean, a robust rule or DP's noised sums |
+| `server_optimizer` | a server optimizer for any method, a round extension: FedAvgM, FedAdam, FedYogi, FedAdagrad stepping each aggregated model with its own state |
 | `privacy` | client-level DP, a round extension: DP-FedAvg's clipped and noised cluster sums, adaptive clipping, Opacus's accountant |
 | `attacks` | malicious clients for testing robustness, a round extension: data attacks (label flip, backdoor) and update attacks (sign flip, scaling, random) |
 """

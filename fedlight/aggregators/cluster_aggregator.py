@@ -138,12 +138,13 @@ class ClusterAggregation:
 
     def __init__(self, settings: AggregatorConfig, privacy: NoisedAggregation | None = None) -> None:
         self.settings, self.privacy = settings, privacy
+        self.server_optimizer: Any = None  # the `server_optimizer:` section's extension puts itself here
         self.combined = 0  # the most entries of a model an aggregator handed out this round took a mean over
 
     @property
     def default(self) -> bool:
         """The plain weighted mean (FedAvg's numbers)."""
-        return self.settings.rule == "mean" and self.privacy is None
+        return self.settings.rule == "mean" and self.privacy is None and self.server_optimizer is None
 
     def hold_reason(self) -> str | None:
         """Why the plan must hold every update of a round (None: the aggregator streams)."""
@@ -154,7 +155,8 @@ class ClusterAggregation:
     def configured(self) -> str:
         """The settings that make this aggregation other than the default, as a config names them."""
         parts = [] if self.settings.rule == "mean" else [f"aggregator.rule: {self.settings.rule}"]
-        return " and ".join(parts + ([] if self.privacy is None else ["the privacy section"]))
+        parts += [] if self.privacy is None else ["the privacy section"]
+        return " and ".join(parts + ([] if self.server_optimizer is None else ["the server_optimizer section"]))
 
     def describe(self) -> str:
         """The start line's note of a robust rule ('' for the mean; DP describes itself as an extension)."""
@@ -173,6 +175,8 @@ class ClusterAggregation:
             inner = ClusterAverage(clusters, dim, dtype, device)
         else:
             inner = RobustClusterAggregate(self.settings, clusters, dim, dtype, device, personal_mask)
+        if self.server_optimizer is not None:  # the combined rows stepped by the server optimizer
+            inner = self.server_optimizer.wrap(inner, clusters, dim, dtype, device, personal_mask)
         personal = 0 if personal_mask is None else int(personal_mask.sum())
         return CountedAggregator(inner, self, dim - personal)
 
@@ -189,7 +193,7 @@ class ClusterAggregation:
             f"{shared - self.combined:,} of the {shared:,} shared entries of its clients' models"
         raise ValueError(f"{name} combined {what} in round 1 without the engine's cluster aggregator, so "
                          f"{self.configured()} could not apply: run {name} with aggregator.rule: mean and no "
-                         "privacy section (a plugin combines its updates through cluster_means or "
+                         "privacy or server_optimizer section (a plugin combines its updates through cluster_means or "
                          "server.aggregation.new)")
 
 

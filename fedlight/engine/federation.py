@@ -36,6 +36,7 @@ from fedlight.engine.extensions import Extension, RoundExtension, RoundExtension
 from fedlight.engine.held_out import HeldOutClients
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.aggregators.privacy import PrivacyConfig, PrivacyMechanism
+from fedlight.aggregators.server_optimizer import ServerOptimizer, ServerOptimizerConfig
 from fedlight.engine.processes import Collective
 from fedlight.engine.round_result import RoundResult
 from fedlight.engine.round_limits import check_held_round_fits
@@ -62,7 +63,8 @@ class Federation:
     def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
                  config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,
                  privacy: PrivacyConfig | None = None, extensions: list[RoundExtension] | None = None,
-                 system: SystemConfig | None = None, aggregator: AggregatorConfig | None = None) -> None:
+                 system: SystemConfig | None = None, aggregator: AggregatorConfig | None = None,
+                 server_optimizer: ServerOptimizerConfig | None = None) -> None:
         self.config = config or FederationConfig()
         self.aggregator = aggregator or AggregatorConfig()
         self.seed = seed
@@ -74,7 +76,7 @@ class Federation:
         self.data: FederatedData = load_clients(data, seed).to(self.device)
         self.cohort = Cohort(self.data.num_clients, getattr(self.algorithm, "participation", 1.0),
                              self.config.clients_per_round)
-        self.extensions = self._extensions(attack, privacy, extensions or [], system)
+        self.extensions = self._extensions(attack, privacy, extensions or [], system, server_optimizer)
         self.data = self.extensions.prepare_data(self.data)
         self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
         self.module = model
@@ -128,10 +130,12 @@ class Federation:
                                 held_out)
 
     def _extensions(self, attack: AttackConfig | None, privacy: PrivacyConfig | None,
-                    own: list[RoundExtension], system: SystemConfig | None = None) -> RoundExtensions:
+                    own: list[RoundExtension], system: SystemConfig | None = None,
+                    server_optimizer: ServerOptimizerConfig | None = None) -> RoundExtensions:
         """The run's round extensions, built once from the constructor's arguments and the data, in the order their
         hooks run: client-level DP (`privacy`), the attackers (`attack`), the clients held out of training (the
-        data's newcomers), the clients' devices (`system`), then `own`. The only place this module names them."""
+        data's newcomers), the clients' devices (`system`), the server optimizer, then `own`. The only place this
+        module names them."""
         n, seed = self.data.num_clients, self.seed
         built: list[RoundExtension] = []
         if privacy is not None:
@@ -143,6 +147,8 @@ class Federation:
             built.append(NewcomerEvaluation(self.data.newcomers))
         if system is not None:
             built.append(SystemModel(system, n, seed))
+        if server_optimizer is not None:
+            built.append(ServerOptimizer(server_optimizer))
         return RoundExtensions(built + own)
 
     def _trainer_stand_in(self) -> TrainerStandIn:

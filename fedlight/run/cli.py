@@ -27,6 +27,7 @@ from fedlight.aggregators.config import AggregatorConfig
 from fedlight.run.config_upgrade import upgraded
 from fedlight.engine.config import FederationConfig
 from fedlight.aggregators.privacy import PrivacyConfig
+from fedlight.aggregators.server_optimizer import ServerOptimizerConfig
 from fedlight.engine.divergence import RoundDiverged
 from fedlight.engine.spill import ClientStateDiskFull
 from fedlight.system.config import SystemConfig
@@ -69,6 +70,9 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--privacy", type=PrivacyConfig | None, default=None,
                         help="client-level DP: privacy.noise_multiplier, privacy.clip, privacy.delta, ... "
                              "(fedlight.aggregators.privacy)")
+    parser.add_argument("--server_optimizer", type=ServerOptimizerConfig | None, default=None,
+                        help="a server optimizer for any method: server_optimizer.kind (sgd, momentum, adam, yogi, "
+                             "adagrad), server_optimizer.lr, ... (fedlight.aggregators.server_optimizer)")
     parser.add_argument("--system", type=SystemConfig | None, default=None,
                         help="the clients' devices: system.compute, system.availability, system.deadline_s, "
                              "system.selection, ... (fedlight.system.config)")
@@ -227,7 +231,7 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
         init = parser.instantiate_classes(cfg)
         federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed,
                                 attack=init.attack, privacy=init.privacy, system=init.system,
-                                aggregator=init.aggregator)
+                                aggregator=init.aggregator, server_optimizer=init.server_optimizer)
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
