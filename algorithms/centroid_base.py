@@ -30,7 +30,8 @@ class CentroidAlgorithm(Algorithm):
     """
 
     one_shot = True  # one communication round (federation.rounds must be 1)
-    plan = Plan(holds_updates=True)  # the server clusters every uploaded center set at once
+    # local work is a clustering of the client's points, not SGD; the server clusters every uploaded center set at once
+    plan = Plan(holds_updates=True, own_training=True)
 
     def __init__(self, n_init: int = 10, max_iter: int = 300, tol: float = 1e-4) -> None:
         super().__init__(participation=1.0)

@@ -1,7 +1,7 @@
 """FedProx (Li et al., 2020): FedAvg with a proximal term mu/2 ||w - w_start||^2 in the local objective."""
 from torch import Tensor
 
-from fedlight.plugin import Algorithm
+from fedlight.plugin import Algorithm, Plan
 
 
 class FedProx(Algorithm):
@@ -12,6 +12,8 @@ class FedProx(Algorithm):
         mu: weight of the proximal term.
         participation: share of clients selected each round.
     """
+
+    plan = Plan(corrects_gradient=True)
 
     def __init__(self, mu: float = 0.01, participation: float = 1.0) -> None:
         super().__init__(participation)

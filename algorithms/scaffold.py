@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight.plugin import SUMMED, Algorithm, RoundUpdates, Trained
+from fedlight.plugin import SUMMED, Algorithm, Plan, RoundUpdates, Trained
 
 
 class SCAFFOLD(Algorithm):
@@ -50,6 +50,8 @@ class SCAFFOLD(Algorithm):
         server_lr: the global step size eta_g (> 0; 1 in the paper).
         participation: share of clients selected each round.
     """
+
+    plan = Plan(corrects_gradient=True)
 
     def __init__(self, server_lr: float = 1.0, participation: float = 1.0) -> None:
         super().__init__(participation)

@@ -13,6 +13,7 @@ from conftest import crash_and_resume, every_row, small_federation
 from fedlight.plugin.algorithm import Algorithm
 from fedlight.engine.client_states import ClientStates
 from fedlight.engine.config import FederationConfig
+from fedlight.plugin import Plan
 from fedlight.plugin.round_updates import finite
 from fedlight.plugin.updates import Updates
 from fedlight.models import SmallCNN
@@ -147,6 +148,8 @@ def test_the_folder_of_the_spill_files_is_chosen_before_a_row_spills(tmp_path):
 
 class Noted(Algorithm):
     """FedAvg whose clients send a note beside their model (the client state "note"); client `bad` sends NaN."""
+
+    plan = Plan(own_training=True)
 
     def __init__(self, bad: int, participation: float = 1.0) -> None:
         super().__init__(participation)

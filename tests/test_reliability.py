@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import small_federation
+from fedlight.plugin import Plan
 from fedlight.run import checkpoint
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.ocfl import OCFL
@@ -200,6 +201,8 @@ def test_a_client_with_a_nan_pixel_is_left_out_of_aggregation_and_the_rest_is_av
 
 class ExplodesForClient1(OCFL):
     """A clustered algorithm whose client 1 returns an infinite model (an exploding loss)."""
+
+    plan = Plan(holds_updates=True, own_training=True)
 
     def train_client(self, round, client, start):
         params, loss = super().train_client(round, client, start)

@@ -13,12 +13,12 @@ A client's model is its cluster's row with its personal entries written in. The 
 form; a clustered algorithm changes `assignment` and `models`, a personalized one sets a personal mask, and the
 rest (cluster-wise weighted averaging, merging shared and personal parts, checkpointing) is inherited.
 
-One `Plan` on the class says how its rounds run (docs/architecture.md, "The plan"): only `holds_updates` is declared
-(the aggregation hooks compare every update, so the round is held whole instead of streamed); whether clients run
-the algorithm's own local work (`train_client`) or have their gradient edited (`local_gradient`) follows from the
-hooks it overrides. What a client sends is declared on `server.message`; what the extensions do with it is derived
-from that (`fedlight.plugin.message`), and an algorithm that combines its updates without the engine's cluster
-aggregator is found out after round 1.
+One `Plan` on the class declares how its rounds run (docs/architecture.md, "The plan"): `holds_updates` (the
+aggregation hooks compare every update, so the round is held whole instead of streamed), `own_training`
+(`train_client` is the algorithm's own local work, not the module's SGD) and `corrects_gradient` (`local_gradient`
+edits every client's gradient). What a client sends is declared on `server.message`; what the extensions do with
+it is derived from that (`fedlight.plugin.message`), and an algorithm that combines its updates without the
+engine's cluster aggregator is found out after round 1.
 
 The hooks, in the order of a round. Queries (marked ?) change nothing; only commands change state, and commands
 may record scalars and matrices as they act (`log`, `log_matrix`).
@@ -28,9 +28,9 @@ may record scalars and matrices as they act (`log`, `log_matrix`).
     begin_round(round)                 first thing in a round: one-time phases
     select_clients(round) ?            the clients that train
     train_group(round, clients, starts) a group's local work: the module's SGD (`server.clients.train_many`) by default
-    train_client(round, client, start) one client's own local work that is not SGD, instead (one client at a time)
+    train_client(round, client, start) one client's own local work (only with Plan(own_training=True))
       learning_rate_scale(round) ?     SGD clients train at the configured learning rate times this
-      local_gradient(client, ...)      ... with the gradient edited in place (when overridden)
+      local_gradient(client, ...)      ... with the gradient edited in place (only with Plan(corrects_gradient=True))
     pre_aggregation(round, updates)    look at the round's updates: cluster clients, fire triggers
     aggregate(round, updates)          combine them: FedAvg within each cluster
     post_aggregation(round, updates)   afterwards: reassign clients, schedules
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -68,33 +68,28 @@ if TYPE_CHECKING:
 
 #: the attributes one `Plan` replaced, refused on a class with the line that replaces them
 FORMER_DECLARATIONS = ("holds_updates", "own_training", "corrects_gradient")
+#: hooks that run only when the plan declares the matching field (checked when a subclass is defined)
+DECLARED_BY = {"train_client": "own_training", "local_gradient": "corrects_gradient"}
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How the engine runs an algorithm's rounds: one value on the class, of which only `holds_updates` is declared
-    (`plan = Plan(holds_updates=True)`); the rest follows from the hooks the class overrides, so it cannot disagree
-    with them.
+    """How the engine runs an algorithm's rounds, declared once on the class (`plan = Plan(holds_updates=True)`) and
+    read by the engine at set-up: how a round streams and trains is declared, never inferred from the hooks a class
+    overrides (those are only checked against it when the class is defined).
 
     Attributes:
         holds_updates: the aggregation hooks look at every update of a round at once (`updates.all()`); False: they
             stream them a group at a time (`updates.groups()`), so memory never holds every client's model.
-        own_training: derived: the class overrides `train_client`, its own local work that is not gradient descent
-            (local k-means): clients then train one at a time. Gradient-based local work overrides `train_group`.
-        corrects_gradient: derived: the class overrides `local_gradient`, which edits every client's flat gradient
-            after each backward pass (FedProx's proximal term, SCAFFOLD's control variates).
+        own_training: `train_client` is the algorithm's own local work that is not gradient descent (local k-means):
+            clients then train one at a time. Gradient-based local work overrides `train_group` instead.
+        corrects_gradient: `local_gradient` edits every client's flat gradient after each backward pass (FedProx's
+            proximal term, SCAFFOLD's control variates).
     """
 
     holds_updates: bool = False
-    own_training: bool = field(default=False, init=False)
-    corrects_gradient: bool = field(default=False, init=False)
-
-    def of(self, own_training: bool, corrects_gradient: bool) -> "Plan":
-        """This declaration with the derived fields set."""
-        plan = Plan(self.holds_updates)
-        object.__setattr__(plan, "own_training", own_training)
-        object.__setattr__(plan, "corrects_gradient", corrects_gradient)
-        return plan
+    own_training: bool = False
+    corrects_gradient: bool = False
 
 
 class Algorithm:
@@ -109,22 +104,22 @@ class Algorithm:
             (`fedlight.plugin.cohort`).
     """
 
-    #: how the engine runs the rounds (`Plan`): declare `plan = Plan(holds_updates=True)` to read every update at once
+    #: how the engine runs the rounds (`Plan`), declared once: e.g. `plan = Plan(holds_updates=True)`
     plan: ClassVar[Plan] = Plan()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for name in FORMER_DECLARATIONS:
             if name in vars(cls):
-                hook = "train_client" if name == "own_training" else "local_gradient"
-                fix = "write plan = Plan(holds_updates=True)" if name == "holds_updates" else \
-                    f"remove it, {name} follows from overriding {hook}"
-                raise TypeError(f"{cls.__name__} sets `{name}`, which the class's plan replaced: {fix}")
-        own = cls.train_client is not Algorithm.train_client
-        if own and cls.train_group is not Algorithm.train_group:
-            raise TypeError(f"{cls.__name__} overrides both train_client (its own local work, one client at a time) "
-                            "and train_group (a group's gradient-based work): override one of the two")
-        cls.plan = cls.plan.of(own, cls.local_gradient is not Algorithm.local_gradient)
+                raise TypeError(f"{cls.__name__} sets `{name} = True`, which the class's plan replaced: write "
+                                f"plan = Plan({name}=True)")
+        for hook, field_name in DECLARED_BY.items():
+            if hook in vars(cls) and not getattr(cls.plan, field_name):
+                raise TypeError(f"{cls.__name__} overrides {hook}, which runs only when the plan declares it: write "
+                                f"plan = Plan({field_name}=True)")
+        if "train_group" in vars(cls) and cls.plan.own_training:
+            raise TypeError(f"{cls.__name__} overrides train_group but its plan declares own_training, under which "
+                            "clients run train_client one at a time: remove one of the two")
 
     def __init__(self, participation: float = 1.0) -> None:
         if not 0 < participation <= 1:
@@ -189,7 +184,7 @@ class Algorithm:
         """One client's own local work from its model `start`: (trained flat model, mean training loss), optionally
         with a third element, a dict of tensors the client sends beside its model (its personal model, its control
         variate), which reaches the aggregation hooks as `Updates.state`, gathered over the processes like the
-        model. Called only when the class overrides it (its clients then train one after another);
+        model. Called only when the plan declares `own_training` (its clients then train one after another);
         otherwise clients run the module's own `training_step` and optimizer, possibly vectorized, shaped by
         `learning_rate_scale` and `local_gradient`. This default is that SGD, for an override to build on."""
         hook = None
@@ -206,7 +201,7 @@ class Algorithm:
     def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
         """Change the local objective by editing the flat gradient `grad` in place after every backward pass
         (FedProx's proximal term). `params` is the current flat model, `start` the one training began from.
-        Called only when the class overrides it."""
+        Called only when the plan declares `corrects_gradient`."""
 
     def pre_aggregation(self, round: int, updates: "RoundUpdates") -> None:
         """Look at the round's updates before they are combined: cluster clients, fire triggers (an algorithm
