@@ -174,7 +174,7 @@ class CFLGP(Algorithm):
                              f"give at most {n}")
         server.message.sends(QUERY, PER_CLIENT)  # an update at the criterion model, read into each client's profile
         server.cohort.declare_every_client_work("each clustering partitions every client seen so far, from the gradient "
-                                         "profiles the server stored for them (no training)")
+                                                "profiles the server stored for them (no training)")
         entries = server.model.parameter_mask().nonzero().flatten()
         if self.compression > 1:
             size = max(1, len(entries) // self.compression)
@@ -209,7 +209,7 @@ class CFLGP(Algorithm):
         if others:
             at = self.models[k].expand(len(others), -1).contiguous()
             elsewhere = self.server.clients.train_many(round, [clients[i] for i in others], at,
-                                               lr_scale=self.learning_rate_scale(round))
+                                                       lr_scale=self.learning_rate_scale(round))
             query[others] = elsewhere.params[:, self.entries] - at[:, self.entries]
         trained.state = {**trained.state, QUERY: query}
         return trained

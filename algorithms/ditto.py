@@ -67,7 +67,7 @@ class Ditto(Algorithm):
         if self.lam:
             hook = lambda rows, params, grad, begin: grad.add_(params - starts[rows], alpha=self.lam)  # noqa: E731
         personal = self.server.clients.train_many(round, clients, self.personal_models.read(clients), self.personal_epochs,
-                                          self.learning_rate_scale(round), hook)
+                                                  self.learning_rate_scale(round), hook)
         trained.state = {"personal": personal.params}
         return trained
 

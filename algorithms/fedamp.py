@@ -142,7 +142,7 @@ class FedAMP(Algorithm):
             pull = self.lam / self.alpha_k
             hook = lambda rows, params, grad, cloud: grad.add_(params - cloud, alpha=pull)  # noqa: E731
         return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                      gradient_hook=hook)
+                                              gradient_hook=hook)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each client's trained model becomes its personal model w_i (the clients left out keep theirs)."""

@@ -48,7 +48,7 @@ class FedBABU(Algorithm):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The module's SGD on the body alone; the head keeps its start (the initial head) exactly."""
         return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                      trainable=~self.head)
+                                              trainable=~self.head)
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """FedAvg, then the initial head written back (the weighted mean of equal heads may round differently)."""

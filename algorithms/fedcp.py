@@ -177,7 +177,7 @@ class FedCP(Algorithm):
         weights = {f"inner.{name}": global_model[name] for name, _ in server.model.module.named_parameters()}
         objective = functools.partial(self._objective, _Features(server.model.module, server.model.head), weights)
         trained = server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                    trainable=~self.global_head, objective=objective, client_inputs=contexts)
+                                            trainable=~self.global_head, objective=objective, client_inputs=contexts)
         params = trained.params
         params[:, self.global_head] = 0.5 * (params[:, self.personal_head] + params[:, self.global_head])
         return trained

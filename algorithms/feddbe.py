@@ -145,7 +145,7 @@ class FedDBE(Algorithm):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The module's SGD on cross-entropy of head(features + PRBM) + kappa x MR; the running means stay home."""
         trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                         objective=self._objective)
+                                                 objective=self._objective)
         trained.params[:, self.running_mean] = 0
         return trained
 

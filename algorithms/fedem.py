@@ -214,7 +214,7 @@ class FedEM(Algorithm):
         losses = []
         for m, theta in enumerate(self.models):
             part = self.server.clients.train_many(round, clients, theta.expand(len(clients), -1), lr_scale=scale,
-                                          sample_weights=[qc[:, m] for qc in q])
+                                                  sample_weights=[qc[:, m] for qc in q])
             copies[:, m] = part.params
             losses.append(part.loss)
             del part  # one component's trained models beside the block, never all of them

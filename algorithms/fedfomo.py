@@ -158,7 +158,7 @@ class FedFomo(Algorithm):
                 combined[row] = first_order_update(starts[row], others, weights)
                 affinity[row, ids] += signed.to(affinity.dtype)
         trained = self.server.clients.train_many(round, clients, combined, lr_scale=self.learning_rate_scale(round),
-                                         sample_weights=self.training_weights(clients))
+                                                 sample_weights=self.training_weights(clients))
         trained.state = {"local_models": trained.params, "affinity": affinity}
         return trained
 

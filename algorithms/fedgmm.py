@@ -188,7 +188,7 @@ class FedGMM(FedEM):
         super().setup(server)
         server.message.sends("gaussian_statistics", SUMMED)
         server.cohort.declare_every_client_work("every client sends its inputs' moments once, before round 1, for the "
-                                         "embedding's PCA")
+                                                "embedding's PCA")
         train = server.clients.split("train")
         features = server.data.inputs(train.x[:1]).flatten(1).shape[1]
         if self.embedding_dim > features:

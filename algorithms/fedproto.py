@@ -129,7 +129,7 @@ class FedProto(Local):
         """The group on cross-entropy + lambda x prototype distance; each client sends its local prototypes and class
         counts beside its model."""
         trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                         objective=self._objective)
+                                                 objective=self._objective)
         split, classes = self.server.clients.split("train"), len(self.known)
         sent = [local_prototypes(self.server.model.features(params, split.client(c)[0])[0], split.client(c)[1], classes)
                 for c, params in zip(clients, trained.params)]

@@ -68,7 +68,7 @@ class FedRep(Algorithm):
         frozen); the frozen part of each phase equals its start exactly."""
         scale = self.learning_rate_scale(round)
         tuned = self.server.clients.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
-                                       purpose="head")
+                                               purpose="head")
         return self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head)
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, None]:

@@ -87,7 +87,7 @@ class FedRoD(Algorithm):
         log_counts = torch.stack([torch.bincount(split.client(c)[1], minlength=classes).float().log()
                                   for c in clients])
         return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                      objective=self._objective, client_inputs=log_counts)
+                                              objective=self._objective, client_inputs=log_counts)
 
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], log_counts: Tensor) -> Tensor:
         x, y = batch

@@ -159,7 +159,7 @@ class FedSoft(Algorithm):
             grad += proximal_gradient(params, fractions[rows], centers, lam)  # on buffers too: no optimizer reads it
 
         trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                         gradient_hook=pull if lam > 0 else None)
+                                                 gradient_hook=pull if lam > 0 else None)
         if self.selection_size is not None:
             draws = self.draws(round)
             trained.state = {**trained.state, DRAWN_BY: starts.new_tensor([[c in drawn for drawn in draws]

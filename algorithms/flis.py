@@ -113,10 +113,10 @@ class FlisDC(InferenceSimilarity):
                              "algorithm.init_args.selection_split: train")
         evaluated = "every client" if self.evaluate == "pool" else "every client that has not trained yet"
         server.cohort.declare_every_client_work(f"{evaluated} picks its pool model by loss in each evaluated round "
-                                         "(federation.eval_every)")
+                                                "(federation.eval_every)")
         if self.evaluate == "local":  # a client that has not trained yet reads its pool model
             self.local_models = server.state.declare("local_models",
-                                                    initial=lambda clients: self.models[self.assignment[clients]])
+                                                     initial=lambda clients: self.models[self.assignment[clients]])
 
     def begin_round(self, round: int) -> None:
         """The round's clients pick their starting pool models (unless every client just did, after the last
@@ -218,7 +218,7 @@ class FlisHC(InferenceSimilarity):
         clusters; every cluster model restarts from the initial model."""
         n = self.server.num_clients
         trained = self.server.clients.train_many(0, list(range(n)), self.server.model.initial_params.expand(n, -1),
-                                         epochs=self.phase_zero_epochs).params
+                                                 epochs=self.phase_zero_epochs).params
         self.phase_zero_inferences = self.inferences(trained)
         similarity = agreement_similarity(self.phase_zero_inferences, soft=self.soft).cpu().numpy()
         self.log_matrix("inference_similarity", similarity)

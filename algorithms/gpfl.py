@@ -161,7 +161,7 @@ class GPFL(Algorithm):
         """The round's clients on the objective, each with the embeddings it received; then each one's conditional
         inputs for its next round from the embeddings it trained."""
         trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                         objective=self._objective, client_inputs=starts[:, self.embeddings])
+                                                 objective=self._objective, client_inputs=starts[:, self.embeddings])
         embeddings = trained.params[:, self.embeddings].view(len(clients), self.classes, self.width)
         shares = class_shares(self.server.clients.split("train"), clients, self.classes).to(embeddings)
         trained.params[:, self.inputs] = conditional_inputs(embeddings, shares).flatten(1)

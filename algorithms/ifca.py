@@ -52,7 +52,7 @@ class IFCA(Algorithm):
     def setup(self, server) -> None:
         super().setup(server)
         server.cohort.declare_every_client_work("every client picks its cluster by loss in each evaluated round "
-                                         "(federation.eval_every)")
+                                                "(federation.eval_every)")
         if not self.warmup_rounds:
             seeds = server.random.rng(0, "cluster-inits").integers(2**31, size=self.num_clusters)
             inits = [server.model.initial_params] + [server.model.random_params(int(seed)) for seed in seeds[1:]]

@@ -135,7 +135,7 @@ class PACFL(Algorithm):
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
                              f"{server.num_clients} clients: give at most {server.num_clients}")
         server.cohort.declare_every_client_work("every client sends its data subspace once, before round 1, and the "
-                                         "server compares every pair")
+                                                "server compares every pair")
         self.bases = self.client_bases(server.clients.split("train"), server.num_clients)
         self.proximity = smallest_angles(self.bases)
         labels = self.clusterer.fit_predict(self.proximity.numpy(), kind="distance")

@@ -140,7 +140,7 @@ class PerFedAvg(Algorithm):
         """w - alpha grad f(w; B): the global model after one step on the first batch B of the client's "adapt"
         stream of round 0 (the global model itself for a client without training data)."""
         return self.adapted(self.client_model(client), self.server.clients.batches(ADAPT_ROUND, client, epochs=1,
-                                                                           purpose="adapt"))
+                                                                                   purpose="adapt"))
 
     def adapted(self, w: Tensor, batches) -> Tensor:
         """w after one step of size alpha on the first of `batches` (w itself when there is none)."""

@@ -132,7 +132,7 @@ class StoCFL(Algorithm):
         """(len(clients), parameters) each client's psi = anchor - its model after `observe_epochs` from the anchor."""
         anchor = self.server.model.initial_params
         trained = self.server.clients.train_many(round, clients, anchor.expand(len(clients), -1), epochs=self.observe_epochs,
-                                         purpose="stocfl-observe")
+                                                 purpose="stocfl-observe")
         return (anchor - trained.params)[:, self.entries]
 
     def open_clusters(self, clients: list[int], psi: Tensor) -> None:

@@ -31,9 +31,9 @@ def test_one_local_epoch_is_the_authors_two_optimizer_step(vectorize):
     fed = mlp_federation(FedRoD(), vectorize=vectorize)
     client, start = 1, fed.algorithm.client_model(1)
     trained = fed.server.clients.train_many(1, [client], start[None], epochs=1,
-                                    objective=fed.algorithm._objective,
-                                    client_inputs=torch.bincount(fed.data.train.client(client)[1], minlength=10)
-                                    .float().log()[None]).params[0]
+                                            objective=fed.algorithm._objective,
+                                            client_inputs=torch.bincount(fed.data.train.client(client)[1], minlength=10)
+                                            .float().log()[None]).params[0]
     network = MLP(64, [32], 10)
     personal = nn.Linear(32, 10)
     fed.flat.load(start)

@@ -84,7 +84,7 @@ def test_one_local_epoch_is_the_authors_three_optimizer_step(vectorize):
     start = alg.client_model(client)
     start[alg.inputs] = torch.randn(int(alg.inputs.sum()), generator=torch.Generator().manual_seed(1))
     trained = fed.server.clients.train_many(1, [client], start[None], epochs=1, objective=alg._objective,
-                                    client_inputs=start[alg.embeddings][None]).params[0]
+                                            client_inputs=start[alg.embeddings][None]).params[0]
     fed.flat.load(start)
     state = {name: t.detach().clone() for name, t in fed.module.state_dict().items()}
     network = {k.removeprefix("network."): v.requires_grad_() for k, v in state.items() if k.startswith("network.")}

@@ -54,7 +54,7 @@ def test_train_many_one_client_after_another_is_train_for_each_client_bit_for_bi
     starts, clients = noisy_starts(fed, 4), [3, 0, 4, 1]
     weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients]
     got = fed.server.clients.train_many(2, clients, starts, epochs=1, lr_scale=0.5, sample_weights=weights,
-                                purpose="other").params
+                                        purpose="other").params
     expected = torch.stack([fed.server.clients.train(2, c, s, epochs=1, lr_scale=0.5, purpose="other", sample_weights=w).params
                             for c, s, w in zip(clients, starts, weights)])
     assert torch.equal(got, expected)
@@ -137,7 +137,7 @@ def test_a_frozen_body_costs_no_backward_pass(vectorize):
         got = fed.server.clients.train_many(1, clients, starts, trainable=last).params
     with MatrixProducts() as masked:
         expected = fed.server.clients.train_many(1, clients, starts, gradient_hook=lambda rows, p, g, s: g.masked_fill_(~last, 0)
-                                         ).params
+                                                 ).params
     assert frozen.count * 5 == masked.count * 3
     assert torch.equal(got[:, last], expected[:, last])
 

@@ -87,7 +87,7 @@ def test_each_client_trains_its_cluster_model_with_the_pull_and_the_global_model
     own = torch.stack([fed.server.clients.train(2, c, omega).params for c in range(6)]).double()
     assert torch.allclose(alg.models[0].double(), sizes @ own / sizes.sum(), atol=1e-5)
     pulled = torch.stack([fed.server.clients.train(2, c, models[assignment[c]], gradient_hook=lambda p, g, s:
-                                           g.add_(p - omega, alpha=0.5)).params for c in range(6)]).double()
+                                                   g.add_(p - omega, alpha=0.5)).params for c in range(6)]).double()
     for row in assignment.unique().tolist():
         members = (assignment == row).nonzero().flatten()
         expected = sizes[members] @ pulled[members] / sizes[members].sum()

@@ -117,12 +117,13 @@ class ClientExecution:
         self.work = work  # what the selected clients get done (round extensions' `work`), or None: all of it
         self.arrivals = arrivals  # the updates an asynchronous server aggregates (round extensions'), or None
         self.device = server.device
-        own = f"{type(algorithm).__name__} trains its clients itself (train_client)" if algorithm.plan.own_training else None
-        self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, algorithm.plan.corrects_gradient,
+        plan = algorithm.plan
+        own = f"{type(algorithm).__name__} trains its clients itself (train_client)" if plan.own_training else None
+        self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, plan.corrects_gradient,
                                   collective.world, *threads,
-                                  hold_reason=None if algorithm.plan.holds_updates else hold_reason)
-        self.training = GroupTraining(trainer, server.clients.split("train"), server.random.client_seed, config, collective,
-                                      algorithm.plan.corrects_gradient, own, self._follow)
+                                  hold_reason=None if plan.holds_updates else hold_reason)
+        self.training = GroupTraining(trainer, server.clients.split("train"), server.random.client_seed, config,
+                                      collective, plan.corrects_gradient, own, self._follow)
         self.plan.trainer, self.plan.reason = self.training.choice, self.training.reason
         server.clients.bind_group_training(self.train_many)
         server.model.bind_group_gradients(self.training.loss_and_grads)

@@ -161,13 +161,13 @@ class Algorithm:
         """The local work of a group of clients from their models `starts` (one row each): a `Trained` with the
         trained models (rows), each client's mean training loss and, in `state`, per-client tensors sent beside
         the models (a personal model, mixture weights: (len(clients), ...) each), which reach the aggregation hooks
-        as `Updates.state`. Build it from `server.clients.train_many` calls (several for several models, each with its own
-        gradient hook, trainable entries or sample weights) and `server.clients.group_batches` / `server.model.group_loss_and_grad`
-        for a custom loop: the engine sizes the groups by memory and trains each call vectorized when the plan
-        allows. This default is the module's SGD at `learning_rate_scale`, with `local_gradient` when the class
+        as `Updates.state`. Build it from `server.clients.train_many` calls (several for several models, each with its
+        own gradient hook, trainable entries or sample weights) and `server.clients.group_batches` /
+        `server.model.group_loss_and_grad` for a custom loop: the engine sizes the groups by memory and trains each
+        call vectorized when the plan allows. This default is the module's SGD at `learning_rate_scale`, with `local_gradient` when the class
         corrects gradients."""
         return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                      gradient_hook=self._gradient_hook(clients))
+                                              gradient_hook=self._gradient_hook(clients))
 
     def _gradient_hook(self, clients: list[int]) -> GroupHook | None:
         """`local_gradient` as a hook of `train_many` over `clients` (None when the class does not correct)."""
@@ -326,7 +326,7 @@ class Algorithm:
         starts = updates.starts if values is None else None
         values = updates.params if values is None else values
         average = self.server.aggregation.new(len(self.models), values.shape[1], values.dtype, values.device,
-                                                 self.personal_mask)
+                                              self.personal_mask)
         average.add(self.assignment[updates.clients], weights, values, starts)
         return average.means()
 
@@ -355,8 +355,8 @@ class Algorithm:
         leaving = old_m & ~new_m
         old, old_start = self.personal, self._personal_start
         if leaving.any():
-            active, means = leaving_means(old, old_start, self.assignment, self.server.clients.train_sizes, leaving[old_m],
-                                          len(self.models))
+            active, means = leaving_means(old, old_start, self.assignment, self.server.clients.train_sizes,
+                                          leaving[old_m], len(self.models))
             rows = self.models[active]
             rows[:, leaving] = means
             self.models[active] = rows

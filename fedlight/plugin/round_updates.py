@@ -136,7 +136,8 @@ class RoundUpdates:
             return
         if self._streamed:
             raise RuntimeError("a streamed round's updates can be read once (its groups are trained as they are "
-                               "read): declare plan = Plan(holds_updates=True) on the algorithm to look at them more than once")
+                               "read): declare plan = Plan(holds_updates=True) on the algorithm to look at them "
+                               "more than once")
         self._streamed = True
         for group in self._groups:
             updates = self._stats.add(finite(self._train(group), self._left_out))
@@ -187,7 +188,8 @@ class RoundUpdates:
         """Every finite update of the round, in the order of `clients`, on every process."""
         if not self.holds:
             raise RuntimeError("this algorithm streams its updates (holds_updates = False), so the round is never held "
-                               "whole: iterate groups(), or declare plan = Plan(holds_updates=True) to receive every update at once")
+                               "whole: iterate groups(), or declare plan = Plan(holds_updates=True) to receive "
+                               "every update at once")
         if self._released:
             raise RuntimeError("the round's updates were released after the round: read them in its hooks")
         if self._all is None:

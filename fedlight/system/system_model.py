@@ -99,7 +99,8 @@ class SystemModel(RoundExtension):
         self.cost = WorkCost(self.devices, context.config.batch_size, model_bits, self.compute_s.copy())
         self.work_log = server.clients.work
         self.check_deadline()
-        selection = SelectionContext(server.random.rng, server.clients.train_sizes.cpu().numpy(), self.compute_s + self.transfer_s,
+        selection = SelectionContext(server.random.rng, server.clients.train_sizes.cpu().numpy(),
+                                     self.compute_s + self.transfer_s,
                                      lambda clients: loss_statistics(server, algorithm, clients),
                                      lambda: algorithm.assignment.cpu().numpy())
         self.selector = make_selector(config, selection)
