@@ -1,4 +1,4 @@
-"""Robust aggregation and client-level DP on digits: the two tables of README.md's "Robust and private federations".
+"""Robust aggregation and client-level DP on digits: the two tables of docs/guides/robust_private.md.
 
     python benchmarks/robust_digits.py --output_dir runs/robust            # both grids, 3 seeds, then the tables
     python benchmarks/robust_digits.py --output_dir runs/robust --tables   # the tables only, from the run folders

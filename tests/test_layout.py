@@ -128,7 +128,7 @@ def test_run_round_reads_as_the_algorithms_story_and_calls_no_collective():
 
 def documented_paths() -> list[str]:
     paths = []
-    for doc in (REPO / "docs" / "architecture.md", REPO / "README.md"):
+    for doc in (REPO / "docs" / "architecture.md", REPO / "README.md", *sorted((REPO / "docs" / "guides").glob("*.md"))):
         for match in re.findall(r"`((?:fedlight|tests|benchmarks|configs|docs|algorithms|models|datamodules)/"
                                 r"[\w./-]*)`", doc.read_text()):
             paths.append(match)

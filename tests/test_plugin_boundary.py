@@ -90,8 +90,8 @@ def test_the_tutorial_algorithm_runs_from_the_command_line_by_class_path(tmp_pat
     assert "cluster/count" in header and "cluster/ari" in header
 
 
-def test_the_readme_example_keeps_the_last_layer_personal():
-    readme = (REPO / "README.md").read_text().split("\n## Writing an algorithm\n", 1)[1]
+def test_the_guides_example_keeps_the_last_layer_personal():
+    readme = (REPO / "docs" / "guides" / "writing_an_algorithm.md").read_text()
     namespace: dict = {}
     exec(re.search(r"```python\n(.*?)```", readme, re.S).group(1), namespace)
     fed = small_federation(namespace["LastLayersPersonal"](count=1), num_clients=3, rounds=1)
