@@ -58,9 +58,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 
-from fedlight.plugin import Algorithm, ModelParts, Newcomers, Trained, head_inputs
+from fedlight.plugin import Algorithm, ModelParts, Newcomers, Trained, features_with, head_inputs
 
 POLICY = "fedcp_policy"
 GLOBAL_HEAD = "fedcp_global_head"
@@ -104,19 +103,6 @@ def policy_shares(policy: nn.Module, features: Tensor, context: Tensor, noisy: b
         scores = scores + gumbel_noise(scores)
     shares = scores.softmax(dim=-2)
     return shares[..., 0, :], shares[..., 1, :]
-
-
-class _Features(nn.Module):
-    """The features (the head's input) of `module` as a forward pass, for `functional_call` to run with another
-    model's weights."""
-
-    def __init__(self, module: nn.Module, head: nn.Module) -> None:
-        super().__init__()
-        self.inner = module
-        self._head = (head,)  # a submodule of `inner`, not registered twice
-
-    def forward(self, x: Tensor) -> Tensor:
-        return head_inputs(self.inner, self._head[0], x)[0]
 
 
 class FedCP(Algorithm):
@@ -174,18 +160,18 @@ class FedCP(Algorithm):
         server = self.server
         contexts = context_of(server.model.named_tensors(starts)[f"{self.head_layer}.weight"])
         global_model = server.model.named_tensors(self.models[0].clone())
-        weights = {f"inner.{name}": global_model[name] for name, _ in server.model.module.named_parameters()}
-        objective = functools.partial(self._objective, _Features(server.model.module, server.model.head), weights)
+        weights = {name: global_model[name] for name, _ in server.model.module.named_parameters()}
+        objective = functools.partial(self._objective, weights)
         trained = server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                             trainable=~self.global_head, objective=objective, client_inputs=contexts)
         params = trained.params
         params[:, self.global_head] = 0.5 * (params[:, self.personal_head] + params[:, self.global_head])
         return trained
 
-    def _objective(self, features_of: _Features, global_weights: dict[str, Tensor], module: nn.Module,
-                   batch: tuple[Tensor, Tensor], context: Tensor) -> Tensor:
+    def _objective(self, global_weights: dict[str, Tensor], module: nn.Module, batch: tuple[Tensor, Tensor],
+                   context: Tensor) -> Tensor:
         """Cross-entropy of the two-head logits + lam x MMD between the client's features and those of the global
-        body (`global_weights`, run through `features_of`) on the same batch."""
+        body (`global_weights`, the parameters; the client's buffers, copied) on the same batch."""
         x, y = batch
         self._context = context
         try:
@@ -195,10 +181,10 @@ class FedCP(Algorithm):
         loss = F.cross_entropy(logits, y)
         if self.lam == 0:
             return loss
-        buffers = {f"inner.{name}": b.clone() for name, b in module.named_buffers()}  # BatchNorm moves copies
         self._plain_head = True
         try:
-            global_features = functional_call(features_of, {**global_weights, **buffers}, (x,))
+            global_features = features_with(module, self.server.model.head,
+                                            {**global_weights, **dict(module.named_buffers())}, x)
         finally:
             self._plain_head = False
         return loss + self.lam * mmd(features, global_features.detach())

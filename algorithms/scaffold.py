@@ -2,7 +2,8 @@
 Federated Learning", ICML 2020, Algorithm 1 with option II of the client control variate).
 
 The server keeps a control variate c (d,) and every client one, c_i (client state). A client of round r starts from the
-server model x and takes its K local steps (`server.clients.local_steps(client)`) at the learning rate eta_l
+server model x and takes its K local steps (`server.clients.steps_this_round(client)`: fewer when the system model
+cuts its work short) at the learning rate eta_l
 (`server.clients.learning_rate(r)`) with the corrected gradient g + c - c_i, reaching y_i; option II then sets
 c_i+ = c_i - c + (x - y_i) / (K eta_l). The server applies x <- x + eta_g mean(y_i - x) and
 c <- c + (|S| / N) mean(c_i+ - c_i) over the |S| clients of the round (N clients in all).
@@ -62,12 +63,11 @@ class SCAFFOLD(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        d, n = server.model.num_params, server.num_clients
+        d = server.model.num_params
         self.control = self.models.new_zeros(d)
         self.client_controls = server.state.declare("client_controls", initial=self.models.new_zeros(d))
         server.message.sends("client_controls", SUMMED)  # c_i+, kept by the client; c_i+ - c_i summed into c
         self.parameter_entries = server.model.parameter_mask().to(server.device)
-        self.steps = torch.tensor([server.clients.local_steps(c) for c in range(n)], device=server.device)
         self.training_controls: dict[int, Tensor] = {}  # c_i of the clients training now: read once, not every step
 
     def local_gradient(self, client: int, params: Tensor, grad: Tensor, start: Tensor) -> None:
@@ -84,7 +84,8 @@ class SCAFFOLD(Algorithm):
             self.training_controls.pop(client, None)
         old = self.client_controls.read(clients)  # a copy: written in place below
         rate = self.server.clients.learning_rate(round) * self.learning_rate_scale(round)
-        scale = (self.steps[clients] * rate).to(starts.dtype)[:, None]
+        steps = torch.tensor([self.server.clients.steps_this_round(c) for c in clients], device=starts.device)
+        scale = (steps * rate).to(starts.dtype)[:, None]
         drift = torch.sub(starts, trained.params).div_(scale).masked_fill_(~self.parameter_entries, 0)  # in place: a
         new = old.sub_(self.control).add_(drift)  # group of large models holds few (clients x parameters) copies
         del drift

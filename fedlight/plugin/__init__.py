@@ -22,7 +22,7 @@
 | `round_log` | what an algorithm records as it acts (`Algorithm.log`, `log_matrix`) |
 | `data` | the data contract: `ClientSplit`, `FederatedData`, what a data module gives |
 | `evaluation` | per-client metrics and their summaries (mean, spread, worst client) |
-| `model_parts` | `ModelParts`: the model as a method extends it before set-up (`Algorithm.extend_model`); `head_inputs`: the features (the head's input) beside the outputs |
+| `model_parts` | `ModelParts`: the model as a method extends it before set-up (`Algorithm.extend_model`); `head_inputs`: the features (the head's input) beside the outputs; `features_with`: another model's features |
 | `choices` | the error for a name outside a fixed set, with the nearest valid name (a typo's "did you mean") |
 
 What an algorithm may import is this package and `fedlight.cluster` (tests/test_layout.py checks `algorithms/`).
@@ -35,7 +35,7 @@ from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.evaluation import summarize
 from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.message import MODEL, PER_CLIENT, ROUTING, SUMMED, MessageSchema
-from fedlight.plugin.model_parts import ModelParts, head_inputs
+from fedlight.plugin.model_parts import ModelParts, features_with, head_inputs
 from fedlight.plugin.newcomers import Newcomers, nearest_direction, nearest_update_direction, unit_rows
 from fedlight.plugin.population import ClientPopulation
 from fedlight.plugin.round_updates import RoundUpdates
@@ -50,5 +50,5 @@ from fedlight.training.vectorized import GroupHook
 
 __all__ = ["MODEL", "PER_CLIENT", "ROUTING", "SUMMED", "ExtensionContext", "MessageSchema", "Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
            "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "Plan", "RoundExtension",
-           "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "half_step", "head_inputs",
+           "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "features_with", "half_step", "head_inputs",
            "nearest_direction", "nearest_update_direction", "share_count", "summarize", "unit_rows"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from fedlight.training.flat import declared_layers
 from fedlight.training.layer_masks import owns_parameters
@@ -53,6 +54,29 @@ def head_inputs(module: nn.Module, head: nn.Module, x: Tensor) -> tuple[Tensor, 
         raise ValueError(f"the head ({type(head).__name__}) ran {len(captured)} times in one forward pass; "
                          "features are read at a head that runs once")
     return captured[0], outputs
+
+
+class _Features(nn.Module):
+    """The features (the head's input) of `inner` as a forward pass, for `functional_call` to run with other weights."""
+
+    def __init__(self, module: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.inner = module
+        self._head = (head,)  # a submodule of `inner`, not registered twice
+
+    def forward(self, x: Tensor) -> Tensor:
+        return head_inputs(self.inner, self._head[0], x)[0]
+
+
+def features_with(module: nn.Module, head: nn.Module, weights: dict[str, Tensor], x: Tensor) -> Tensor:
+    """The features of `module` on `x` with the tensors `weights` (by qualified name: `server.model.named_tensors` of
+    a flat model, or some of them) in place of its own, through `torch.func.functional_call`, so that it runs inside a
+    vectorized objective: another model's representation of the client's batch (FedCP's global body, MOON's global and
+    previous models). Buffers among `weights` are copied first, so BatchNorm in training mode moves copies; the
+    module's own tensors stand in for the names left out."""
+    buffers = {name for name, _ in module.named_buffers()}
+    tensors = {f"inner.{name}": (t.clone() if name in buffers else t) for name, t in weights.items()}
+    return functional_call(_Features(module, head), tensors, (x,))
 
 
 @dataclass

@@ -122,7 +122,7 @@ class ClientPopulation:
         trains at round 1's rates."""
         x, y = self.data.train.client(client)
         max_steps = self._max_steps(client, epochs)
-        self.work.trained([client], [self.local_steps(client, epochs) if max_steps is None else max_steps])
+        self.work.trained([client], [self.steps_this_round(client, epochs)])
         return self.trainer.fit(start, x, y, self.seed_of(round, client, purpose), gradient_hook, lr_scale=lr_scale,
                                 epochs=epochs, round=max(round, 1), sample_weights=sample_weights,
                                 max_steps=max_steps)
@@ -145,8 +145,7 @@ class ClientPopulation:
                                "call bind_group_training first")
         work = LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose, objective, client_inputs)
         clients = list(clients)
-        self.work.trained(clients, [self.local_steps(c, epochs) if (cut := self._max_steps(c, epochs)) is None else cut
-                                    for c in clients])
+        self.work.trained(clients, [self.steps_this_round(c, epochs) for c in clients])
         return self._train_group(round, clients, starts, work)
 
     def learning_rate(self, round: int) -> float:
@@ -192,6 +191,18 @@ class ClientPopulation:
         the clients whose batch it last drew: two models' gradients on one batch are two steps (APFL), K inner
         iterations K steps (pFedMe); a pass outside such a loop is the server's and counts for no client."""
         self.work.stepped(self._stepping)
+
+    def steps_this_round(self, client: int, epochs: int | None = None) -> int:
+        """The optimizer steps `client` takes in this round's local work: its `local_steps`, or fewer when the round
+        cuts its work short (the system model's partial work). FedNova normalizes by them; SCAFFOLD divides by them."""
+        cut = self._max_steps(client, epochs)
+        return self.local_steps(client, epochs) if cut is None else cut
+
+    def optimizer_settings(self) -> tuple[str, dict[str, Any]]:
+        """(the class name of the module's optimizer, e.g. "SGD"; its first parameter group's configured settings:
+        lr, momentum, dampening, nesterov, weight_decay, ...), for a method whose rule depends on the local optimizer."""
+        settings = self.trainer.initial_groups[0] if self.trainer.initial_groups else {}
+        return type(self.trainer.raw_optimizer).__name__, dict(settings)
 
     def _max_steps(self, client: int, epochs: int | None) -> int | None:
         """The steps `client` takes of its local work when the round cuts it short (partial work), else None."""
