@@ -164,6 +164,8 @@ class FedCP(Algorithm):
         objective = functools.partial(self._objective, weights)
         trained = server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                             trainable=~self.global_head, objective=objective, client_inputs=contexts)
+        if self.lam:
+            server.clients.forward_passes(clients, 1)  # the frozen global body, on every batch
         params = trained.params
         params[:, self.global_head] = 0.5 * (params[:, self.personal_head] + params[:, self.global_head])
         return trained

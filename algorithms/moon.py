@@ -82,6 +82,7 @@ class MOON(Algorithm):
             objective = functools.partial(self._objective, global_weights)
             trained = server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                                 objective=objective, client_inputs=self.previous.read(clients))
+            server.clients.forward_passes(clients, 2)  # the frozen global and previous models, on every batch
         return Trained(trained.params, trained.loss, trained.logs, {**trained.state, PREVIOUS: trained.params.clone()})
 
     def _objective(self, global_weights: dict[str, Tensor], module: nn.Module, batch: tuple[Tensor, Tensor],

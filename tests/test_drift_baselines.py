@@ -174,6 +174,16 @@ def test_moons_local_steps_match_a_plain_torch_rewrite_of_its_loss():
         assert torch.allclose(updates.state["moon_previous"][k], updates.params[k])
 
 
+def test_the_clock_counts_moons_two_frozen_forward_passes_but_one_model_received():
+    fed = small_federation(MOON(), num_clients=3)
+    fed.server.clients.work.take()
+    fed.execution.train(1, [0, 1, 2])
+    done = fed.server.clients.work.take()
+    sizes = fed.server.clients.train_sizes.tolist()
+    assert done.forward_samples.tolist() == [2.0 * n for n in sizes]  # one local epoch: each sample once, 2 models
+    assert done.steps.tolist() == [math.ceil(n / 32) for n in sizes] and done.models_used.tolist() == [1, 1, 1]
+
+
 def test_moon_resumes_exactly():
     resumed_equals_uninterrupted(lambda: small_federation(MOON(participation=0.5), num_clients=4, rounds=3),
                                  ("previous",))
@@ -250,3 +260,27 @@ def test_feddf_refuses_bad_settings(bad):
 def test_a_crashed_run_resumes_with_the_uninterrupted_numbers(tmp_path, tiny_run_args, monkeypatch, extra):
     crashed, whole = resumed_and_whole(tiny_run_args + extra, tmp_path, monkeypatch)
     assert crashed == whole and len(whole) == 3
+
+
+# ----------------------------------------------------------------------------- the measured sweeps
+
+@pytest.mark.parametrize("name", ["baselines_skew", "fednova_partial_work", "ifca_fedadam"])
+def test_each_measured_sweeps_runs_are_valid_fit_configs(name, tmp_path, capsys):
+    """Seed 0 of every entry of the sweeps behind docs/guides/global_baselines.md, printed by `fit --print_config`."""
+    from pathlib import Path
+
+    from fedlight.run import sweep
+    from fedlight.run.cli import main
+
+    path = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / f"{name}.yaml"
+    config, base = sweep.load(path)
+    config.output_dir = str(tmp_path)
+    firsts = [c for c in sweep.combinations(config, path) if c.name.endswith("-s0")]
+    assert len(firsts) == len(config.algorithms) and config.seeds == [0, 1, 2]
+    for combination in firsts:
+        with pytest.raises(SystemExit) as stop:
+            main(sweep.fit_args(combination, base, config) + ["--print_config"])
+        assert stop.value.code in (0, None), combination.name
+        printed = capsys.readouterr().out
+        if combination.name in ("fedadam-s0", "fedyogi-s0", "ifca-fedadam-s0"):
+            assert f"kind: {'yogi' if 'yogi' in combination.name else 'adam'}" in printed

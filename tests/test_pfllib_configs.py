@@ -52,6 +52,9 @@ PFLLIB_ARGS = {
     "fedpac": {"lam": 1.0, "head_epochs": 1, "body_epochs": 1},
     "fedcp": {"lam": 1.0},
     "gpfl": {"lam": 1.0, "mu": 0.0},
+    # not PFLlib's defaults, which would turn the method off or weigh another term (the configs say why)
+    "moon": {"mu": 1.0, "temperature": 0.5},
+    "feddyn": {"alpha": 0.01},
 }
 #: the leaderboard's Cifar100 numbers (pathological, practical); FedPer and FedRep from GPFL's Table 1
 PUBLISHED = {

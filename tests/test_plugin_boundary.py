@@ -32,7 +32,8 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedem": "FedEM", "fedgmm": "FedGMM", "pacfl": "PACFL", "fedamp": "FedAMP", "fedfomo": "FedFomo",
            "fedala": "FedALA", "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto",
            "cflgp": "CFL-GP", "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL",
-           "srfca": "SR-FCA", "stocfl": "StoCFL", "fedrc": "FedRC", "icfl": "ICFL"}
+           "srfca": "SR-FCA", "stocfl": "StoCFL", "fedrc": "FedRC", "icfl": "ICFL",
+           "feddyn": "FedDyn", "moon": "MOON", "fednova": "FedNova", "feddf": "FedDF"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 

@@ -72,11 +72,13 @@ class ClientWork:
         np.add.at(self._calls, ids, 1)
         np.maximum.at(self._models, ids, self._calls[ids])
 
-    def forward(self, clients: Sequence[int], samples: Sequence[float], models: int) -> None:
-        """`models` models each passed forward over `samples` of each client's samples."""
+    def forward(self, clients: Sequence[int], samples: Sequence[float], models: int, received: bool = True) -> None:
+        """`models` models each passed forward over `samples` of each client's samples; `received`: the models came
+        from the server (False: models the client keeps, such as its previous local model, or ones it already counts)."""
         ids = np.asarray(clients, dtype=np.int64)
         np.add.at(self._forward, ids, np.asarray(samples, dtype=np.float64) * models)
-        np.maximum.at(self._models, ids, models)
+        if received:
+            np.maximum.at(self._models, ids, models)
 
     def sent(self, clients: Sequence[int], sent_bytes: Sequence[float]) -> None:
         """What `clients`' messages carried beside the trained model, in bytes each."""

@@ -198,6 +198,14 @@ class ClientPopulation:
         cut = self._max_steps(client, epochs)
         return self.local_steps(client, epochs) if cut is None else cut
 
+    def forward_passes(self, clients: list[int], models: int) -> None:
+        """Count, for the clock, `models` more forward passes over the samples each of `clients` trains on in this
+        round: frozen models run inside a local objective (MOON's global and previous models, FedCP's global body),
+        which the steps alone do not count. They are not counted as models received."""
+        batch, epochs = self.trainer.batch_size, self.trainer.local_epochs
+        samples = [min(self.steps_this_round(c) * batch, int(self.train_sizes[c]) * epochs) for c in clients]
+        self.work.forward(clients, samples, models, received=False)
+
     def optimizer_settings(self) -> tuple[str, dict[str, Any]]:
         """(the class name of the module's optimizer, e.g. "SGD"; its first parameter group's configured settings:
         lr, momentum, dampening, nesterov, weight_decay, ...), for a method whose rule depends on the local optimizer."""

@@ -4,6 +4,7 @@
 |---|---|
 | `report` | `fedlight report`: runs grouped by configuration, seeds as mean ± std, one HTML page |
 | `run_groups` | which runs are one configuration (`config_group`) |
+| `intervals` | a mean over seeds with its Student-t interval; the paired difference of two methods on the same seeds |
 | `selection` | the rounds a run's numbers come from: the last, the one chosen on validation data, the best on test |
 | `plots` | every figure, matplotlib's object-oriented API |
 | `wandb_report` | the same comparison as a W&B Report; whether W&B runs online |
