@@ -121,6 +121,7 @@ class ServerOptimizer(RoundExtension):
         self.config = config
         self.states: dict[str, dict[str, Tensor]] = {}  # "<call>.<cluster>" -> {"m": ..., "v": ...}
         self.calls = 0
+        self.shared_part_only = False  # whether a step left personal entries out (for the compatibility table)
 
     def aggregation(self, aggregation: "ClusterAggregation") -> "ClusterAggregation":
         aggregation.server_optimizer = self
@@ -142,6 +143,7 @@ class ServerOptimizer(RoundExtension):
             delta = means[row].to(torch.float64) - base[row].to(torch.float64)
             if personal_mask is not None:
                 delta = delta.masked_fill(personal_mask, 0.0)
+                self.shared_part_only = True
             state = self.states.setdefault(f"{call}.{cluster}", {})
             for name, tensor in state.items():  # a resumed run's state comes from the checkpoint on the CPU
                 state[name] = tensor.to(delta.device)

@@ -8,7 +8,8 @@ classifier, 20 clients of points from Gaussians and a centroid model), with one 
 - `FedBuff`: asynchronous rounds (3 arrivals an update, 8 clients in flight);
 - `robust + attack`: the trimmed mean against 20 % sign-flipping clients;
 - `deadline`: the system model's devices, a deadline at the 75th percentile of the clients' times, partial work;
-- `newcomers`: 4 of the clients held out of training and evaluated as newcomers.
+- `newcomers`: 4 of the clients held out of training and evaluated as newcomers;
+- `server optimizer`: FedAdam's server step (`server_optimizer.kind: adam`) on every model the method aggregates.
 
 A cell "runs", with what the extension does to which entry of the client's message (`fedlight.plugin.message`), or
 is "refused" with the one line the run stops with, at set-up or after round 1; a run that fails another way is a
@@ -33,7 +34,7 @@ from fedlight.run.registry import ALGORITHMS
 
 CLIENTS = 20
 #: each column: the Federation keyword arguments of its extension, built when asked (the classes load torch)
-COLUMNS = ("privacy", "FedBuff", "robust + attack", "deadline", "newcomers")
+COLUMNS = ("privacy", "FedBuff", "robust + attack", "deadline", "newcomers", "server optimizer")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ def extension_settings(column: str) -> dict[str, Any]:
     from fedlight.aggregators.attacks import AttackConfig
     from fedlight.aggregators.config import AggregatorConfig
     from fedlight.aggregators.privacy import PrivacyConfig
+    from fedlight.aggregators.server_optimizer import ServerOptimizerConfig
     from fedlight.system.config import SystemConfig
 
     return {"privacy": {"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)},
@@ -56,7 +58,8 @@ def extension_settings(column: str) -> dict[str, Any]:
             "robust + attack": {"aggregator": AggregatorConfig(rule="trimmed_mean"),
                                 "attack": AttackConfig(kind="sign_flip", fraction=0.2)},
             "deadline": {"system": SystemConfig(deadline_percentile=75.0, partial_work=True)},
-            "newcomers": {"data": {"holdout_clients": 4}}}[column]
+            "newcomers": {"data": {"holdout_clients": 4}},
+            "server optimizer": {"server_optimizer": ServerOptimizerConfig(kind="adam")}}[column]
 
 
 def tiny_federation(algorithm: Any, points: bool, settings: dict[str, Any]) -> Any:
@@ -123,6 +126,13 @@ def what_it_does(column: str, federation: Any) -> str:
         sent = f", the model and {extra / 1e3:.3g} kB up" if extra else ", the model up"
         down = charges.get("models_received", 1)
         return f"drops or cuts short late clients; charges a client {work}, {down} model{'s' * (down > 1)} down{sent}"
+    if column == "server optimizer":
+        from fedlight.aggregators.server_optimizer import ServerOptimizer
+
+        optimizer = federation.extension(ServerOptimizer)
+        count = len(optimizer.states)
+        part = "; the shared part only" if optimizer.shared_part_only else ""
+        return f"steps each aggregated model with its own Adam state ({count} kept{part})"
     return "gives each newcomer a model (newcomer_models)"
 
 
