@@ -17,11 +17,12 @@ def stop_before_running(signum: int, frame: object) -> None:
 
 
 def run() -> int:
+    """Ctrl-C exits at once until the command line has read its arguments (the config's classes load then: torch,
+    Lightning); from there on a run handles it (one line, and how to continue)."""
     previous = signal.signal(signal.SIGINT, stop_before_running)
     from fedlight.run.cli import main
 
-    signal.signal(signal.SIGINT, previous)
-    return main()
+    return main(on_parsed=lambda: signal.signal(signal.SIGINT, previous))
 
 
 if __name__ == "__main__":

@@ -158,9 +158,11 @@ def test_output_to_a_pipe_is_plain_lines_with_the_clustering_events(tmp_path):
 
 def test_ctrl_c_while_the_modules_load_prints_one_line(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "fedlight", "list"], cwd=tmp_path, env=env,  # a real start-up
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.8)  # importing torch and Lightning takes seconds: the signal lands during the imports
+    quickstart = str(Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml")
+    command = [sys.executable, "-m", "fedlight", "fit", "--config", quickstart, "--print_config"]  # loads its classes
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.8)  # `list` answers in under a second now; a config's classes take seconds (torch, Lightning): the
+    # signal lands while they load
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130, err

@@ -4,7 +4,7 @@ cluster aggregator, client-level differential privacy and attacks (the last two 
 | module | what it holds |
 |---|---|
 | `robust` | robust rules on update matrices (median, trimmed mean, Krum, Multi-Krum, Bulyan, geometric median, clipped mean) |
-| `config` | `AggregatorConfig`, the `aggregator:` section: the rule and its parameters |
+| `config` | the sections it acts on as plain dataclasses (no torch: the command line reads them): `AggregatorConfig` (the rule and its parameters, the rules' table), `AttackConfig`, `PrivacyConfig`, `ServerOptimizerConfig` |
 | `cluster_aggregator` | the run's aggregator of each cluster's rows: the weighted mean, a robust rule or DP's noised sums |
 | `server_optimizer` | a server optimizer for any method, a round extension: FedAvgM, FedAdam, FedYogi, FedAdagrad stepping each aggregated model with its own state |
 | `privacy` | client-level DP, a round extension: DP-FedAvg's clipped and noised cluster sums, adaptive clipping, Opacus's accountant |

@@ -32,53 +32,10 @@ from torch import Tensor
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.choices import unknown_choice
+from fedlight.aggregators.config import AttackConfig, DATA_ATTACKS, DEFAULT_SCALE, UPDATE_ATTACKS
 
 if TYPE_CHECKING:
     from fedlight.engine.evaluator import Evaluator
-
-DATA_ATTACKS = ("label_flip", "backdoor")
-UPDATE_ATTACKS = ("sign_flip", "scale", "gaussian")
-DEFAULT_SCALE = {"sign_flip": 10.0, "scale": 10.0, "gaussian": 1.0}
-
-
-@dataclass
-class AttackConfig:
-    """Malicious clients (the `attack:` section; no `kind`: no attack).
-
-    Args:
-        kind: "label_flip", "backdoor", "sign_flip", "scale" or "gaussian" (None: every client is honest).
-        fraction: share of the clients that are malicious, in (0, 1); the same clients every round.
-        scale: s of the update attacks: `sign_flip` sends start - s * update (default 10), `scale` start + s * update
-            (default 10), `gaussian` start + N(0, s^2) in every entry (default 1).
-        target: the label a backdoor's trigger leads to.
-        poison_fraction: share of a backdoor attacker's training rows that carry the trigger, in (0, 1].
-        trigger_size: the trigger: a square of this side at the bottom-right of each sample's last two dimensions
-            (images), or its last this-many features (tables), set to the training split's largest value.
-    """
-
-    kind: str | None = None
-    fraction: float = 0.2
-    scale: float | None = None
-    target: int = 0
-    poison_fraction: float = 0.5
-    trigger_size: int = 3
-
-    def __post_init__(self) -> None:
-        kinds = DATA_ATTACKS + UPDATE_ATTACKS
-        if self.kind is not None and self.kind not in kinds:
-            raise unknown_choice("attack.kind", self.kind, kinds, " (or left out)")
-        if not 0 < self.fraction < 1:
-            raise ValueError(f"attack.fraction must be in (0, 1) (a share of the clients, some honest), got "
-                             f"{self.fraction}")
-        if self.scale is not None and self.scale <= 0:
-            raise ValueError(f"attack.scale must be above 0, got {self.scale}")
-        if not 0 < self.poison_fraction <= 1 or self.trigger_size < 1:
-            raise ValueError(f"attack.poison_fraction must be in (0, 1] and attack.trigger_size at least 1, got "
-                             f"{self.poison_fraction} and {self.trigger_size}")
-
-    @property
-    def active(self) -> bool:
-        return self.kind is not None
 
 
 def apply_trigger(x: Tensor, value: float, size: int) -> Tensor:

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from fedlight.aggregators.config import AggregatorConfig
-from fedlight.aggregators.robust import RULES, apply_rule, clip_rows
+from fedlight.aggregators.config import RULES
+from fedlight.aggregators.robust import apply_rule, clip_rows
 from fedlight.plugin.aggregation import ClusterAverage
 
 if TYPE_CHECKING:

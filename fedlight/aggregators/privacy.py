@@ -70,61 +70,10 @@ from fedlight.aggregators.cluster_aggregator import ClusterAggregation, add_star
 from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.message import PER_CLIENT, SUMMED, MessageSchema
 from fedlight.aggregators.robust import clip_rows
+from fedlight.aggregators.config import ACCOUNTANTS, PrivacyConfig
 
 if TYPE_CHECKING:
     from fedlight.plugin.round_updates import RoundUpdates
-
-ACCOUNTANTS = ("rdp", "prv")
-
-
-@dataclass
-class PrivacyConfig:
-    """Client-level DP (the `privacy:` section; leave it out for none).
-
-    Args:
-        noise_multiplier: z, the noise's standard deviation over the clip. None: chosen from `target_epsilon` for the
-            configured rounds.
-        clip: C, the norm every update is clipped to (the initial clip with `adaptive`). Required.
-        delta: the delta `privacy/epsilon` is reported for.
-        target_epsilon: with no `noise_multiplier`, the epsilon z is chosen to reach after `federation.rounds`;
-            with one, the run stops after the last round whose epsilon stays within it.
-        accountant: "rdp" or "prv" (Opacus's accountants).
-        adaptive: follow the `target_quantile` of the update norms (Andrew et al.) instead of a fixed clip.
-        target_quantile: gamma, the share of updates meant to be within the clip.
-        clip_learning_rate: eta, the step of the clip's geometric update.
-        count_noise: sigma_b, the noise on the count of unclipped updates (None: clients per round / 20).
-    """
-
-    noise_multiplier: float | None = None
-    clip: float | None = None
-    delta: float = 1e-5
-    target_epsilon: float | None = None
-    accountant: str = "rdp"
-    adaptive: bool = False
-    target_quantile: float = 0.5
-    clip_learning_rate: float = 0.2
-    count_noise: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.clip is None or self.clip <= 0:
-            raise ValueError(f"privacy.clip must be given, above 0 (the norm each update is clipped to: DP needs a "
-                             f"bound on a client's contribution), got {self.clip}")
-        if self.noise_multiplier is None and self.target_epsilon is None:
-            raise ValueError("privacy needs privacy.noise_multiplier or privacy.target_epsilon (or leave the privacy "
-                             "section out)")
-        if self.noise_multiplier is not None and self.noise_multiplier <= 0:
-            raise ValueError(f"privacy.noise_multiplier must be above 0, got {self.noise_multiplier}")
-        if self.target_epsilon is not None and self.target_epsilon <= 0:
-            raise ValueError(f"privacy.target_epsilon must be above 0, got {self.target_epsilon}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"privacy.delta must be in (0, 1), got {self.delta}")
-        if self.accountant not in ACCOUNTANTS:
-            raise ValueError(f"privacy.accountant must be 'rdp' or 'prv', got {self.accountant!r}")
-        if not 0 < self.target_quantile < 1 or self.clip_learning_rate <= 0:
-            raise ValueError(f"privacy.target_quantile must be in (0, 1) and privacy.clip_learning_rate above 0, got "
-                             f"{self.target_quantile} and {self.clip_learning_rate}")
-        if self.count_noise is not None and self.count_noise <= 0:
-            raise ValueError(f"privacy.count_noise must be above 0, got {self.count_noise}")
 
 
 def quiet_accounting() -> None:

@@ -11,12 +11,11 @@ median, trimmed mean, Krum, Multi-Krum and Bulyan count every client once, as th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from fedlight.aggregators.config import RULES
 from fedlight.plugin.choices import unknown_choice
 
 
@@ -127,34 +126,6 @@ def clipped_mean(x: Tensor, weights: Tensor, bound: float) -> Tensor:
     """The weighted mean of the rows clipped to norm `bound` (the clipping of "Learning Differentially Private
     Recurrent Language Models", McMahan et al., ICLR 2018, without the noise)."""
     return weighted_mean(clip_rows(x, bound), weights)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """An aggregation rule as the engine runs it.
-
-    Attributes:
-        name: the value of `aggregator.rule`.
-        holds: it needs every update of a cluster at once (the plan then holds the round's updates); False: it is a
-            sum over clients, streamed a group at a time.
-        min_members: the fewest clients a cluster needs for the rule's guarantee with f attackers (f -> count).
-    """
-
-    name: str
-    holds: bool
-    min_members: Callable[[int], int] = lambda f: 1
-
-
-RULES = {rule.name: rule for rule in (
-    Rule("mean", holds=False),
-    Rule("median", holds=True),
-    Rule("trimmed_mean", holds=True),
-    Rule("krum", holds=True, min_members=lambda f: 2 * f + 3),
-    Rule("multikrum", holds=True, min_members=lambda f: 2 * f + 3),
-    Rule("bulyan", holds=True, min_members=lambda f: 4 * f + 3),
-    Rule("geomed", holds=True),
-    Rule("clipped_mean", holds=False),
-)}
 
 
 def apply_rule(name: str, x: Tensor, weights: Tensor, f: int = 0, beta: float = 0.1, clip: float = 1.0,

@@ -39,52 +39,11 @@ from fedlight.aggregators.cluster_aggregator import add_starts
 from fedlight.plugin.aggregation import ClusterAverage
 from fedlight.plugin.choices import unknown_choice
 from fedlight.plugin.extension import RoundExtension
+from fedlight.aggregators.config import DEFAULT_LR, KINDS, ServerOptimizerConfig
 
 if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation
     from fedlight.plugin.round_updates import RoundUpdates
-
-KINDS = ("sgd", "momentum", "adam", "yogi", "adagrad")
-DEFAULT_LR = {"sgd": 1.0, "momentum": 1.0, "adam": 0.01, "yogi": 0.01, "adagrad": 0.1}
-
-
-@dataclass(frozen=True)
-class ServerOptimizerConfig:
-    """The `server_optimizer:` section.
-
-    Attributes:
-        kind: "sgd", "momentum" (FedAvgM), "adam" (FedAdam), "yogi" (FedYogi) or "adagrad" (FedAdagrad).
-        lr: the server learning rate eta (None: the kind's default, see the module docstring).
-        momentum: FedAvgM's beta.
-        beta1, beta2: the adaptive kinds' moment decays.
-        tau: the adaptive kinds' degree of adaptivity (added to sqrt(v); v starts at tau^2).
-    """
-
-    kind: str = "adam"
-    lr: float | None = None
-    momentum: float = 0.9
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise unknown_choice("server_optimizer.kind", self.kind, KINDS)
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"server_optimizer.lr must be above 0 (or null: {DEFAULT_LR[self.kind]} for "
-                             f"{self.kind}), got {self.lr}")
-        for name in ("momentum", "beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"server_optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not self.tau > 0:
-            raise ValueError(f"server_optimizer.tau must be above 0, got {self.tau}")
-
-    @property
-    def server_lr(self) -> float:
-        return DEFAULT_LR[self.kind] if self.lr is None else self.lr
-
-    def describe(self) -> str:
-        return f"server optimizer {self.kind} (lr {self.server_lr:g})"
 
 
 def server_step(config: ServerOptimizerConfig, delta: Tensor, state: dict[str, Tensor]) -> Tensor:

@@ -10,6 +10,7 @@ Algorithms never import it: they see the run through `fedlight.plugin`.
 | `held_out`, `newcomer_evaluation` | `HeldOutClients`, the engine's `Newcomers`; the round extension that evaluates them (`unseen/*`) |
 | `round_result` | the typed record a round produces |
 | `divergence` | `RoundDiverged`: a round whose server model is not finite or whose clients were all left out stops the run |
+| `run_errors` | the errors a run stops with in one line (a diverged round, a full disk under the spill files), without torch, for the command line |
 | `evaluator` | every client's model on its split (sharded over processes) |
 | `processes` | the collectives of a federation spread over processes |
 | `client_states`, `spill` | the client-state stores algorithms declare (rows in memory up to a budget, beyond it in a memory-mapped file), written from what clients return and checkpointed; the file's slots |

@@ -17,17 +17,9 @@ from typing import Any
 from torch import Tensor
 
 from fedlight.plugin.round_updates import RoundUpdates, finite_rows
+from fedlight.engine.run_errors import RoundDiverged
 
 ROBUST_RULES = "median, trimmed_mean, krum, ..."  # what the hint offers (fedlight.aggregators.robust has them all)
-
-
-class RoundDiverged(RuntimeError):
-    """The round `round` left the run nothing to go on; the message names the round, what was not finite and the
-    likely cause."""
-
-    def __init__(self, round: int, problem: str) -> None:
-        super().__init__(f"round {round}: {problem}")
-        self.round = round
 
 
 def server_model_finite(algorithm: Any) -> bool:

@@ -26,28 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedlight.engine.run_errors import ClientStateDiskFull
+
 KEEP = 2  # checkpoints kept on disk (`fedlight.run.checkpoint`: last.ckpt and previous.ckpt)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left on the disk, or none left in the user's quota
 NO_RESERVATION = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)  # a file system that cannot reserve blocks
-
-
-class ClientStateDiskFull(OSError):
-    """The disk of a spill file's folder is full: the message names the folder, the file, what the write needed
-    and what is free, and the fixes. A run stops with it in the round it happened (its last checkpoint intact)."""
-
-    def __init__(self, path: Path, needed: int) -> None:
-        folder = path.parent
-        free = shutil.disk_usage(folder).free if folder.is_dir() else 0
-        held = path.stat().st_blocks * 512 if path.is_file() else 0
-        super().__init__(f"no space left on the disk of {folder} for the client-state rows beyond "
-                         f"federation.client_state_memory: {path.name} (holding {held / 1e9:.3g} GB) needed "
-                         f"{needed:,} more bytes and {free:,} are free; free space on that disk (other files there, "
-                         "old runs' client_state/ folders), or raise federation.client_state_memory so fewer rows "
-                         "spill, then resume")
-        self.errno, self.filename = errno.ENOSPC, str(path)
-
-    def __str__(self) -> str:
-        return self.args[0]  # the line alone, not OSError's "[Errno 28] ..." form
 
 
 class SpillFile:

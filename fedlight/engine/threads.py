@@ -13,8 +13,6 @@ import math
 import os
 from pathlib import Path
 
-import torch
-
 PARALLEL_RUNS_VARIABLE = "FEDLIGHT_PARALLEL_RUNS"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -76,6 +74,8 @@ def thread_count(configured: int | None, processes_here: int, cores: int | None 
 
 def use_threads(configured: int | None, processes_here: int) -> tuple[int, str]:
     """Set torch's intra-op threads for this process (see `thread_count`): (how many, where from)."""
+    import torch  # here, not at the top: the command line reads this module's environment helpers without torch
+
     threads, source = thread_count(configured, processes_here)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)

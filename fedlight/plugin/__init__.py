@@ -27,28 +27,81 @@
 
 What an algorithm may import is this package and `fedlight.cluster` (tests/test_layout.py checks `algorithms/`).
 """
-from fedlight.plugin.aggregation import ClientModels, ClusterAverage
-from fedlight.plugin.algorithm import Algorithm, Plan
-from fedlight.plugin.client_state import ClientState
-from fedlight.plugin.cohort import share_count
-from fedlight.plugin.data import ClientSplit, FederatedData
-from fedlight.plugin.evaluation import summarize
-from fedlight.plugin.extension import ExtensionContext, RoundExtension
-from fedlight.plugin.message import MODEL, PER_CLIENT, ROUTING, SUMMED, MessageSchema
-from fedlight.plugin.model_parts import ModelParts, features_with, head_inputs
-from fedlight.plugin.newcomers import Newcomers, nearest_direction, nearest_update_direction, unit_rows
-from fedlight.plugin.population import ClientPopulation
-from fedlight.plugin.round_updates import RoundUpdates
-from fedlight.plugin.round_work import Arrivals, RoundWork
-from fedlight.plugin.server import ServerContext
-from fedlight.plugin.updates import Updates
-from fedlight.training.group_batches import GroupStep
-from fedlight.training.layer_masks import half_step
-from fedlight.training.local_work import LocalWork
-from fedlight.training.sequential import Trained
-from fedlight.training.vectorized import GroupHook
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["MODEL", "PER_CLIENT", "ROUTING", "SUMMED", "ExtensionContext", "MessageSchema", "Algorithm", "Arrivals", "ClientModels", "ClientPopulation", "ClientSplit", "ClientState", "ClusterAverage",
-           "FederatedData", "GroupHook", "GroupStep", "LocalWork", "ModelParts", "Newcomers", "Plan", "RoundExtension",
-           "RoundUpdates", "RoundWork", "ServerContext", "Trained", "Updates", "features_with", "half_step", "head_inputs",
-           "nearest_direction", "nearest_update_direction", "share_count", "summarize", "unit_rows"]
+#: each public name -> the module that defines it, imported when the name is first asked for (PEP 562), so that
+#: importing one light module of the package (`fedlight.plugin.choices`, `message`) does not load torch and
+#: scikit-learn through the others: the command line answers `--help` and config errors without them
+_WHERE = {
+    "ClientModels": "fedlight.plugin.aggregation",
+    "ClusterAverage": "fedlight.plugin.aggregation",
+    "Algorithm": "fedlight.plugin.algorithm",
+    "Plan": "fedlight.plugin.algorithm",
+    "ClientState": "fedlight.plugin.client_state",
+    "share_count": "fedlight.plugin.cohort",
+    "ClientSplit": "fedlight.plugin.data",
+    "FederatedData": "fedlight.plugin.data",
+    "summarize": "fedlight.plugin.evaluation",
+    "ExtensionContext": "fedlight.plugin.extension",
+    "RoundExtension": "fedlight.plugin.extension",
+    "MODEL": "fedlight.plugin.message",
+    "PER_CLIENT": "fedlight.plugin.message",
+    "ROUTING": "fedlight.plugin.message",
+    "SUMMED": "fedlight.plugin.message",
+    "MessageSchema": "fedlight.plugin.message",
+    "ModelParts": "fedlight.plugin.model_parts",
+    "features_with": "fedlight.plugin.model_parts",
+    "head_inputs": "fedlight.plugin.model_parts",
+    "Newcomers": "fedlight.plugin.newcomers",
+    "nearest_direction": "fedlight.plugin.newcomers",
+    "nearest_update_direction": "fedlight.plugin.newcomers",
+    "unit_rows": "fedlight.plugin.newcomers",
+    "ClientPopulation": "fedlight.plugin.population",
+    "RoundUpdates": "fedlight.plugin.round_updates",
+    "Arrivals": "fedlight.plugin.round_work",
+    "RoundWork": "fedlight.plugin.round_work",
+    "ServerContext": "fedlight.plugin.server",
+    "Updates": "fedlight.plugin.updates",
+    "GroupStep": "fedlight.training.group_batches",
+    "half_step": "fedlight.training.layer_masks",
+    "LocalWork": "fedlight.training.local_work",
+    "Trained": "fedlight.training.sequential",
+    "GroupHook": "fedlight.training.vectorized",
+}
+
+if TYPE_CHECKING:  # the names as the type checker sees them; at run time `__getattr__` imports them
+    from fedlight.plugin.aggregation import ClientModels, ClusterAverage
+    from fedlight.plugin.algorithm import Algorithm, Plan
+    from fedlight.plugin.client_state import ClientState
+    from fedlight.plugin.cohort import share_count
+    from fedlight.plugin.data import ClientSplit, FederatedData
+    from fedlight.plugin.evaluation import summarize
+    from fedlight.plugin.extension import ExtensionContext, RoundExtension
+    from fedlight.plugin.message import MODEL, PER_CLIENT, ROUTING, SUMMED, MessageSchema
+    from fedlight.plugin.model_parts import ModelParts, features_with, head_inputs
+    from fedlight.plugin.newcomers import Newcomers, nearest_direction, nearest_update_direction, unit_rows
+    from fedlight.plugin.population import ClientPopulation
+    from fedlight.plugin.round_updates import RoundUpdates
+    from fedlight.plugin.round_work import Arrivals, RoundWork
+    from fedlight.plugin.server import ServerContext
+    from fedlight.plugin.updates import Updates
+    from fedlight.training.group_batches import GroupStep
+    from fedlight.training.layer_masks import half_step
+    from fedlight.training.local_work import LocalWork
+    from fedlight.training.sequential import Trained
+    from fedlight.training.vectorized import GroupHook
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'fedlight.plugin' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

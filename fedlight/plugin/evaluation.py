@@ -6,10 +6,12 @@ or predictions, as torchmetrics does), tested against torchmetrics client by cli
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 HIGHER_IS_BETTER = {"acc": True, "f1": True, "loss": False, "cost": False}
 UNSEEN = "unseen"  # the name of the held-out clients' summaries: unseen/acc_mean, unseen/ari, ...
@@ -18,6 +20,9 @@ UNSEEN = "unseen"  # the name of the held-out clients' summaries: unseen/acc_mea
 def per_client_classification(logits: Tensor, target: Tensor, client: Tensor, num_clients: int,
                               num_classes: int) -> dict[str, Tensor]:
     """Accuracy, macro-F1 and mean cross-entropy of each client; rows of `logits` belong to `client`."""
+    import torch  # here: the metric names below are read by the command line, which does not load torch
+    import torch.nn.functional as F
+
     preds = logits.argmax(dim=1)
     flat_target = client * num_classes + target
     cells = num_clients * num_classes

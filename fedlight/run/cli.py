@@ -13,7 +13,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +21,17 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace, set_loader
 from rich.console import Console
 
-from fedlight.plugin.algorithm import Algorithm
-from fedlight.aggregators.attacks import AttackConfig
-from fedlight.aggregators.config import AggregatorConfig
+from fedlight.aggregators.config import AggregatorConfig, AttackConfig, PrivacyConfig, ServerOptimizerConfig
 from fedlight.run.config_upgrade import upgraded
 from fedlight.engine.config import FederationConfig
-from fedlight.aggregators.privacy import PrivacyConfig
-from fedlight.aggregators.server_optimizer import ServerOptimizerConfig
-from fedlight.engine.divergence import RoundDiverged
-from fedlight.engine.spill import ClientStateDiskFull
+from fedlight.engine.run_errors import ClientStateDiskFull, RoundDiverged
 from fedlight.system.config import SystemConfig
 from fedlight.run import catalog, failures, registry, termination, tune
 from fedlight.run.callbacks import Callback, RunInterrupted
 from fedlight.run.config_errors import explain
 from fedlight.run.console import make_console
 from fedlight.run.early_checks import check_fit_arguments
-from fedlight.run.lazy_types import LightningDataModule, LightningModule
+from fedlight.run.lazy_types import FederatedAlgorithm, LightningDataModule, LightningModule
 from fedlight.run.wandb_logger import LoggerConfig
 
 PARSER_MODE = "fedlight_yaml"
@@ -62,7 +57,7 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--checkpoint_every", type=int, default=1, help="rounds between checkpoints")
     parser.add_subclass_arguments(LightningDataModule, "data", required=True)
     parser.add_subclass_arguments(LightningModule, "model", required=True)
-    parser.add_subclass_arguments(Algorithm, "algorithm", default={"class_path": "fedlight.plugin.algorithm.Algorithm"})
+    parser.add_subclass_arguments(FederatedAlgorithm, "algorithm", required=False)  # default: `with_base_algorithm`
     parser.add_class_arguments(FederationConfig, "federation")
     parser.add_class_arguments(AggregatorConfig, "aggregator")
     parser.add_argument("--attack", type=AttackConfig | None, default=None,
@@ -80,6 +75,17 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
                         help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)")
     return parser
+
+
+#: the algorithm of a run that names none: the base class, FedAvg
+BASE_ALGORITHM = {"class_path": "fedlight.plugin.algorithm.Algorithm"}
+
+
+def with_base_algorithm(parser: ArgumentParser) -> None:
+    """Make FedAvg (the base class) the algorithm of a run that names none. Set only once a run's config is parsed:
+    jsonargparse imports a default class to resolve it, and the base class loads torch and scikit-learn, which
+    `--help`, `list` and a one-line config error do not need."""
+    parser.set_defaults(algorithm=BASE_ALGORITHM)
 
 
 def build_parser() -> ArgumentParser:
@@ -104,7 +110,8 @@ def build_parser() -> ArgumentParser:
                               help="I/N: only runs I, I+N, I+2N, ... and no report (what each --jobs process runs)")
     commands.add_subcommand("sweep", sweep_parser,
                             help="run a grid of algorithms x settings x seeds and write the report")
-    commands.add_subcommand("tune", tune.add_arguments(fit_parser()),
+    parser.tune_parser = tune.add_arguments(fit_parser())
+    commands.add_subcommand("tune", parser.tune_parser,
                             help="search hyperparameters on validation data with Optuna (configs/tune/)")
     return parser
 
@@ -272,7 +279,9 @@ def one_line_warnings(errors: Console) -> Iterator[None]:
         yield
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, on_parsed: Callable[[], Any] | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv); `on_parsed` is called once the arguments are read (and the
+    config's classes loaded), before anything runs (`python -m fedlight` restores Ctrl-C's handling there)."""
     registry.short_names.cache_clear()
     console, errors = make_console(), Console(stderr=True, soft_wrap=True, highlight=False)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -281,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = with_saved_config(expand_short_names(argv))
         if argv[:1] == ["fit"]:  # before the parser imports the config's classes
             check_fit_arguments(argv[1:], parser.fit_parser._option_string_actions)
+        if argv[:1] in (["fit"], ["tune"]) and not {"-h", "--help"} & set(argv):
+            with_base_algorithm(parser.fit_parser if argv[0] == "fit" else parser.tune_parser)
         with console.status("reading the config") if console.is_terminal and argv[:1] == ["fit"] else \
                 contextlib.nullcontext():  # the config's classes load here (Lightning: seconds)
             cfg = parser.parse_args(argv)
@@ -291,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:  # from the config loader and the checks above
         errors.print(f"fedlight: error: {str(error).splitlines()[0]}")
         return 2
+    if on_parsed is not None:
+        on_parsed()
     if cfg.command == "list":
         print_compatibility(console) if cfg.list.compatibility else print_components(console)
         return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedlight.engine.divergence import RoundDiverged
+from fedlight.engine.run_errors import RoundDiverged
 
 NOTE = "fedlight: "  # the start of the line a failed run's error carries
 FOLLOWER = "_fedlight_follower"  # set on an error raised in a process other than the first, which reports it

@@ -1,8 +1,9 @@
-"""Stand-ins for Lightning's base classes in the command line's types, so that building the parser (for `--help`,
-`list` and most config errors) does not import Lightning, which takes 3-4 s on a laptop CPU.
+"""Stand-ins for Lightning's base classes and fedlight's `Algorithm` in the command line's types, so that building the
+parser (for `--help`, `list` and most config errors) does not import Lightning, torch or scikit-learn, which take
+several seconds on a laptop CPU.
 
-`issubclass(cls, LightningModule)` and `isinstance(obj, LightningModule)` import Lightning the first time they are
-asked and answer for the real class, which happens only when a config names a class (and so imports it anyway).
+`issubclass(cls, LightningModule)` and `isinstance(obj, LightningModule)` import the real class the first time they
+are asked and answer for it, which happens only when a config names a class (and so imports it anyway).
 The stand-ins are abstract, so jsonargparse never offers them as a class to instantiate.
 """
 from __future__ import annotations
@@ -42,3 +43,14 @@ class LightningModule(metaclass=LazyBase):
 
     @abstractmethod
     def training_step(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class FederatedAlgorithm(metaclass=LazyBase):
+    """A federated algorithm: `fedlight.plugin.Algorithm` or a subclass (see `fedlight list` for the shipped ones).
+    Not named `Algorithm`: jsonargparse looks a class up by name in its package's parents, and `fedlight.Algorithm`
+    would import the real one."""
+
+    target = "fedlight.plugin.algorithm:Algorithm"
+
+    @abstractmethod
+    def aggregate(self, round: int, updates: Any) -> None: ...
