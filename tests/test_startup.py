@@ -1,5 +1,6 @@
-"""What the command line answers before Lightning loads: `list`, `--help`, `fit --help` and typos outside the class
-sections never import Lightning (checked in a fresh interpreter), and `list` read from the source files names
+"""What the command line answers before anything heavy loads: importing it, `list`, `--help`, `fit --help`, `tune
+--help`, `sweep --help`, an unknown algorithm and typos outside the class sections import none of torch, Lightning,
+scikit-learn, SciPy, W&B or Optuna (checked in a fresh interpreter), and `list` read from the source files names
 exactly the classes that importing the packages finds."""
 from __future__ import annotations
 
@@ -22,26 +23,46 @@ for argv in {commands!r}:
         codes.append(main(argv))
     except SystemExit as stop:  # --help
         codes.append(stop.code)
-print("LIGHTNING_LOADED" if "lightning" in sys.modules else "LIGHTNING_NOT_LOADED", *codes)
+heavy = [m for m in ("torch", "lightning", "sklearn", "scipy", "wandb", "optuna") if m in sys.modules]
+print(",".join(heavy) or "NOTHING_HEAVY", *codes)
 """
 
 
-def test_list_help_and_typos_outside_class_sections_never_load_lightning(tmp_path):
-    """Every command a user types before a run, one after another in one fresh interpreter: none imports Lightning,
-    and each answers as it should (0, or 2 for a refused typo)."""
+def test_list_help_and_typos_outside_class_sections_load_nothing_heavy(tmp_path):
+    """Every command a user types before a run, one after another in one fresh interpreter: none imports torch (nor
+    Lightning, scikit-learn, ...), and each answers as it should (0, or 2 for a refused typo)."""
     config, typo = tmp_path / "run.yaml", tmp_path / "typo.yaml"
     config.write_text("data:\n  class_path: fedlight.datamodules.DigitsFederated\n"
                       "model:\n  class_path: fedlight.models.Classifier\n")
     typo.write_text("federation:\n  roundz: 2\n")
     commands = [["list"], ["--help"], ["fit", "--help"],
                 ["fit", "--federaton.rounds", "3", "--config", str(config)],
-                ["fit", "--config", str(config), "--config", str(typo)]]
+                ["fit", "--config", str(config), "--config", str(typo)], ["fit", "--algorithm", "fedprxo"],
+                ["tune", "--help"], ["sweep", "--help"]]
     done = subprocess.run([sys.executable, "-c", PROBE.format(commands=commands)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)
     marker, *codes = done.stdout.strip().splitlines()[-1].split()
-    assert marker == "LIGHTNING_NOT_LOADED", done.stdout + done.stderr
-    assert [int(c) for c in codes] == [0, 0, 0, 2, 2], done.stdout + done.stderr
+    assert marker == "NOTHING_HEAVY", done.stdout + done.stderr
+    assert [int(c) for c in codes] == [0, 0, 0, 2, 2, 2, 0, 0], done.stdout + done.stderr
     assert "did you mean --federation.rounds?" in done.stderr and "did you mean federation.rounds?" in done.stderr
+    assert "unknown algorithm 'fedprxo' (did you mean 'fedprox'?)" in done.stderr
+
+
+def test_importing_the_command_line_loads_nothing_heavy():
+    probe = "import sys, fedlight.run.cli\nprint([m for m in ('torch', 'lightning', 'sklearn') if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_a_run_that_names_no_algorithm_is_fedavg(tmp_path, tiny_run_args):
+    """The base class is the default algorithm, set once a run is parsed (not when the parser is built)."""
+    import yaml
+
+    from fedlight.run.cli import main
+
+    assert main(tiny_run_args + ["--federation.rounds", "1", "--run_name", "plain"]) == 0
+    saved = yaml.safe_load((tmp_path / "plain" / "config.yaml").read_text())
+    assert saved["algorithm"]["class_path"] in ("fedlight.Algorithm", "fedlight.plugin.algorithm.Algorithm")
 
 
 # -- the catalog against importing the packages --------------------------------------------------------------
