@@ -22,8 +22,8 @@ from fedlight.run.runner import Totals
 from test_console_messages import SUMMARY, rendered
 from test_report import fake_run, table
 
-# (round, val mean, test mean, test worst): val is best at round 2, test at round 3 (tied with round 4, the earlier
-# counts), the last round is 5, and round 1's NaN validation mean is never chosen
+# (round, val mean, test mean, test worst): val is best at round 2, test at rounds 3 and 4 (a tie, no loss to break it:
+# the later counts), the last round is 5, and round 1's NaN validation mean is never chosen
 ROWS = [(1, float("nan"), 0.30, 0.10), (2, 0.80, 0.50, 0.20), (3, 0.60, 0.90, 0.40), (4, 0.70, 0.90, 0.30),
         (5, 0.75, 0.60, 0.25)]
 
@@ -41,17 +41,28 @@ def rows(table_rows=ROWS, validated=True) -> list[dict]:
 def test_the_val_selected_and_test_selected_rounds_by_hand():
     chosen = selection.selections(rows(), "test", "acc")
     assert chosen == {"val_selected/round": 2, "val_selected/val/acc_mean": 0.80, "val_selected/test/acc_mean": 0.50,
-                      "val_selected/test/acc_worst": 0.20, "test_selected/round": 3,
-                      "test_selected/test/acc_mean": 0.90, "test_selected/test/acc_worst": 0.40}
+                      "val_selected/test/acc_worst": 0.20, "test_selected/round": 4,
+                      "test_selected/test/acc_mean": 0.90, "test_selected/test/acc_worst": 0.30}
     # a loss is chosen at its lowest: round 1's 0.30 test "loss", round 2's 0.80 validation one is the highest
     lowest = selection.selections([{k.replace("acc", "loss"): v for k, v in r.items()} for r in rows()], "test", "loss")
     assert (lowest["test_selected/round"], lowest["val_selected/round"]) == (1, 3)
 
 
+def test_a_tie_goes_to_the_lower_loss_on_the_chosen_split_then_to_the_later_round():
+    tied = [{"round": 1, "val/acc_mean": 0.9, "val/loss_mean": 0.40, "test/acc_mean": 0.70, "test/acc_worst": 0.5},
+            {"round": 2, "val/acc_mean": 0.9, "val/loss_mean": 0.30, "test/acc_mean": 0.80, "test/acc_worst": 0.6},
+            {"round": 3, "val/acc_mean": 0.9, "val/loss_mean": 0.35, "test/acc_mean": 0.75, "test/acc_worst": 0.4},
+            {"round": 4, "val/acc_mean": 0.8, "val/loss_mean": 0.10, "test/acc_mean": 0.60, "test/acc_worst": 0.3}]
+    chosen = selection.selections(tied, "test", "acc")
+    assert chosen["val_selected/round"] == 2  # three rounds tie at 0.9; round 2 has the lowest validation loss
+    no_loss = [{k: v for k, v in row.items() if "loss" not in k} for row in tied]
+    assert selection.selections(no_loss, "test", "acc")["val_selected/round"] == 3  # then the latest of the tie
+
+
 def test_without_validation_numbers_the_val_selected_round_is_absent_and_says_why():
     chosen = selection.selections(rows(validated=False), "test", "acc")
-    assert chosen == {"no_val_selection": "no validation split", "test_selected/round": 3,
-                      "test_selected/test/acc_mean": 0.90, "test_selected/test/acc_worst": 0.40}
+    assert chosen == {"no_val_selection": "no validation split", "test_selected/round": 4,
+                      "test_selected/test/acc_mean": 0.90, "test_selected/test/acc_worst": 0.30}
     partly = selection.selections(rows(ROWS[:2], validated=False) + rows(ROWS[2:]), "test", "acc")
     assert partly["no_val_selection"] == "validation not measured in every evaluated round"
     assert not any(k.startswith("val_selected/") for k in partly)
@@ -163,11 +174,11 @@ def test_table_1_adds_the_val_selected_and_test_selected_columns_and_ranks_by_va
     assert [c.header for c in columns][:7] == ["mean acc", "std acc (clients)", "worst-client acc",
                                                "val-selected acc", "val-selected worst-client acc",
                                                "test-selected acc", "test-selected worst-client acc"]
-    # by hand: s0 rounds 2 and 3 (above), s1 round 1 on val and round 2 on test
+    # by hand: s0 rounds 2 and 4 (above), s1 round 1 on val and round 2 on test
     assert a["val-selected acc"] == (pytest.approx(0.6), pytest.approx(0.1), 2)
     assert a["val-selected worst-client acc"] == (pytest.approx(0.25), pytest.approx(0.05), 2)
     assert a["test-selected acc"] == (pytest.approx(0.85), pytest.approx(0.05), 2)
-    assert a["test-selected worst-client acc"] == (pytest.approx(0.3), pytest.approx(0.1), 2)
+    assert a["test-selected worst-client acc"] == (pytest.approx(0.25), pytest.approx(0.05), 2)
     assert b["val-selected acc"] == (0.3, 0.0, 1) and b["test-selected acc"] == (0.3, 0.0, 1)
     assert report.ranking_text(groups, "test", "acc") == ("Ranked by val-selected acc (every run chose its round on "
                                                           "validation data): 1. FedAvg (lr=0.1) 0.600; 2. FedAvg "

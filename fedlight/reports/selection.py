@@ -3,7 +3,8 @@ runner keeps of them): the last round's (the summary's `<split>/*` as ever), the
 (`val_selected/`, the round with the best mean validation metric: what tables report) and the best round on the
 evaluated split itself (`<split>_selected/`, "test-selected": it chooses the model on the test set, as PFLlib's
 best-over-rounds numbers do, so it is only for comparison with published tables). Each selection keeps the
-worst-client value of its round beside the mean; without validation numbers in every evaluated round the
+worst-client value of its round beside the mean; a tie goes to the round with the lower mean loss on the split it
+is chosen on, then to the later round (`best_row`); without validation numbers in every evaluated round the
 validation-selected one is absent, and `no_val_selection` says why."""
 from __future__ import annotations
 
@@ -42,16 +43,18 @@ def kept_keys(row: Mapping[str, Any], split: str) -> dict[str, Any]:
             and k.endswith(("_mean", "_worst"))}
 
 
-def best_row(rows: Sequence[Mapping[str, Any]], key: str, higher: bool) -> Mapping[str, Any] | None:
-    """The first row with the best finite value of `key` (the earliest round on a tie), or None."""
-    best = None
-    for row in rows:
-        value = row.get(key)
-        if value is None or not math.isfinite(value):
-            continue
-        if best is None or (value > best[key] if higher else value < best[key]):
-            best = row
-    return best
+def best_row(rows: Sequence[Mapping[str, Any]], key: str, higher: bool,
+             tie_break: str | None = None) -> Mapping[str, Any] | None:
+    """The row with the best finite value of `key`; on a tie the one with the lowest finite `tie_break` (the chosen
+    split's mean loss), then the latest round; None when no row has a finite value. Accuracy on small test sets ties
+    often, and an early saturated round should not win a tie over a later one that fits better."""
+    def rank(row: Mapping[str, Any]) -> tuple[float, float, float]:
+        loss = row.get(tie_break) if tie_break is not None else None
+        return (-row[key] if higher else row[key], loss if loss is not None and math.isfinite(loss) else math.inf,
+                -row["round"])
+
+    finite = [row for row in rows if row.get(key) is not None and math.isfinite(row[key])]
+    return min(finite, key=rank) if finite else None
 
 
 def selections(rows: Sequence[Mapping[str, Any]], split: str, metric: str) -> dict[str, Any]:
@@ -76,7 +79,7 @@ def selections(rows: Sequence[Mapping[str, Any]], split: str, metric: str) -> di
 
 def _selected(rows: Sequence[Mapping[str, Any]], name: str, on: str, mean: str, worst: str,
               higher: bool) -> dict[str, Any]:
-    row = best_row(rows, on, higher)
+    row = best_row(rows, on, higher, tie_break=f"{on.split('/', 1)[0]}/loss_mean")
     if row is None:
         return {}
     return {f"{name}/round": int(row["round"]), f"{name}/{on}": row[on], f"{name}/{mean}": row[mean],
