@@ -50,7 +50,7 @@ def table(page: str) -> dict[str, dict[str, tuple[float, float, int] | None]]:
     out = {}
     for label, cells in re.findall(r"<tr data-group='[^']*'><th scope='row'><span[^>]*></span>(.*?)</th>(.*?)</tr>",
                                    body, re.S):
-        values = re.findall(r"<td class='num'(?: data-mean='([^']*)' data-std='([^']*)' data-n='(\d+)')?>", cells)[1:]
+        values = re.findall(r"<td class='num'(?: data-mean='([^']*)' data-std='([^']*)' data-n='(\d+)'[^>]*)?>", cells)[1:]
         out[label] = {h: (float(m), float(s), int(n)) if m else None for h, (m, s, n) in zip(headers, values)}
     return out
 
@@ -209,7 +209,8 @@ def test_rerunning_a_sweep_skips_the_finished_runs(sweep, capsys):
     for algorithm in ("FedAvg", "OCFL"):
         mean, std, _ = page[algorithm]["mean acc"]
         row = next(line for line in out.splitlines() if line.split("│")[1:2] and line.split("│")[1].strip() == algorithm)
-        assert f"{mean:.3f} ± {std:.3f}" in row and "seeds 0, 1" in row
+        half = 12.706204736174698 * std  # two seeds: t_{0.975, 1} x the sample sd / sqrt(2) = t x the population std
+        assert f"{mean:.3f} ± {half:.3f}" in row and "seeds 0, 1" in row
 
 
 def test_an_unknown_algorithm_stops_the_sweep_before_any_run(tmp_path, capsys):
@@ -278,7 +279,7 @@ def test_runs_of_one_seed_are_counted_as_runs_not_seeds(tmp_path):
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
         assert table(page)[f"FedAvg (lr={lr})"]["mean acc"] == (pytest.approx(mean), pytest.approx(std), len(values))
-    assert "standard\ndeviation over its runs" in page and "mean over runs, band ± std over runs" in page
+    assert "95 % Student-t interval over its runs" in page and "mean over runs, band ± std over runs" in page
     assert "over its seeds" not in page and "over seeds" not in page
 
 
@@ -288,7 +289,7 @@ def test_distinct_seeds_are_still_called_seeds(tmp_path):
     assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert runs_cells(page) == {"FedAvg": "seeds 0, 1"}
-    assert "deviation over its seeds" in page and "mean over seeds, band ± std over seeds" in page
+    assert "95 % Student-t interval over its seeds" in page and "mean over seeds, band ± std over seeds" in page
 
 
 def test_fine_tuned_accuracy_and_epsilon_get_columns_only_where_a_run_has_them(tmp_path):
@@ -449,3 +450,18 @@ def test_a_sweep_part_must_name_one_of_its_shares(tmp_path, capsys):
     assert "--part '2/2': I must be 0 to N-1" in capsys.readouterr().err
     assert main(["sweep", "--config", str(tmp_path / "none.yaml"), "--jobs", "0"]) == 2
     assert "--jobs must be 1 or more (runs at once), got 0" in capsys.readouterr().err
+
+
+def test_the_ranking_says_which_neighbours_the_seeds_resolve(tmp_path):
+    """Three configurations over seeds 0-2: lr 0.1 beats lr 0.2 by 0.10, 0.11, 0.12 (paired differences' interval
+    0.11 ± 0.025, excluding 0); lr 0.2 and lr 0.3 differ by +0.05, -0.04, +0.01 (an interval spanning 0)."""
+    from fedlight.reports import report
+
+    accs = {0.1: [0.80, 0.71, 0.62], 0.2: [0.70, 0.60, 0.50], 0.3: [0.65, 0.64, 0.49]}
+    for lr, values in accs.items():
+        for seed, acc in enumerate(values):
+            fake_run(tmp_path / f"lr{lr}" / f"s{seed}", seed, acc, lr=lr)
+    groups = report.group_runs([report.load_run(p) for p in report.find_runs([tmp_path])])
+    text = report.ranking_text(groups, "test", "acc")
+    assert text.endswith(" Resolved by the seeds (paired 95 % interval): FedAvg (lr=0.1) over FedAvg (lr=0.2). "
+                         "Not resolved: FedAvg (lr=0.2) and FedAvg (lr=0.3).")

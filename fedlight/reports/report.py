@@ -1,7 +1,7 @@
 """`fedlight report RUN [RUN ...] [--output report.html]`: one self-contained HTML page that compares runs, the kind
 a paper's appendix holds. A folder argument stands for every run folder below it, at any depth (a sweep writes its
 runs one level deeper). Runs whose configs differ only in seed form one configuration (`config_group`, the same
-key as their W&B group) and are shown as mean ± std over their runs; two runs of one seed are two runs (repeats),
+key as their W&B group) and are shown as mean ± their 95 % interval over their runs; two runs of one seed are two runs (repeats),
 never two seeds, and the table says so. The page goes to report.html in the folder that holds the runs unless
 `--output` says otherwise, and never replaces an existing file without `--overwrite`. It has a comparison table
 (final mean, std and worst-client accuracy, the val-selected and test-selected accuracy with their worst clients,
@@ -26,6 +26,7 @@ import yaml
 
 from fedlight.plugin.evaluation import UNSEEN, higher_is_better
 from fedlight.reports import plots, selection
+from fedlight.reports.intervals import mean_interval, paired_difference
 from fedlight.reports.run_groups import RUN_ONLY_KEYS, config_group
 
 
@@ -208,7 +209,8 @@ def load_run(path: Path) -> Run:
 @dataclass
 class Group:
     """The runs of one configuration, drawn in one colour under one label. Two runs of one seed are kept as two
-    runs (repeats): every number is a mean ± std over the runs, and `seeds` says how many runs of which seeds."""
+    runs (repeats): every number is a mean ± its 95 % interval over the runs, and `seeds` says how many runs of which
+    seeds."""
 
     key: str
     label: str
@@ -361,11 +363,44 @@ def ranking(groups: Sequence[Group], column: Column, metric: str) -> list[tuple[
 
 
 def ranking_text(groups: Sequence[Group], split: str, metric: str) -> str:
-    """'Ranked by val-selected acc (every run chose its round on validation data): 1. OCFL 0.912; 2. FedAvg 0.850.'"""
+    """'Ranked by val-selected acc (every run chose its round on validation data): 1. OCFL 0.912; 2. FedAvg 0.850.',
+    then, where neighbours in the ranking share two or more seeds, which of their gaps those seeds resolve
+    (`resolution`)."""
     column, why = headline(groups, split, metric)
+    ranked = ranking(groups, column, metric)
     places = "; ".join(f"{rank}. {g.label} {value:.{column.digits}f}" if value is not None else f"{g.label} –"
-                       for rank, g, value in ranking(groups, column, metric))
-    return f"Ranked by {column.header} ({why}): {places}."
+                       for rank, g, value in ranked)
+    return f"Ranked by {column.header} ({why}): {places}.{resolution([g for _, g, v in ranked if v is not None], column)}"
+
+
+def resolution(ranked: Sequence[Group], column: Column) -> str:
+    """' Resolved by the seeds: A over B. Not resolved: B and C.' for each pair of neighbours in `ranked` that share
+    two or more seeds: resolved when the 95 % interval of their paired difference over those seeds excludes 0
+    (`fedlight.reports.intervals.paired_difference`); '' when no pair shares two seeds."""
+    resolved, unresolved = [], []
+    for upper, lower in zip(ranked, ranked[1:]):
+        mine, theirs = _by_seed(upper, column), _by_seed(lower, column)
+        if len(set(mine) & set(theirs)) < 2:
+            continue
+        pair = (upper.label, lower.label)
+        (resolved if paired_difference(mine, theirs).excludes_zero() else unresolved).append(pair)
+    text = ""
+    if resolved:
+        text += " Resolved by the seeds (paired 95 % interval): " + ", ".join(f"{a} over {b}" for a, b in resolved) + "."
+    if unresolved:
+        text += " Not resolved: " + ", ".join(f"{a} and {b}" for a, b in unresolved) + "."
+    return text
+
+
+def _by_seed(group: Group, column: Column) -> dict[int, float]:
+    """seed -> the run's value of `column` (runs without a seed or a finite value left out; a repeated seed: its
+    first run)."""
+    values: dict[int, float] = {}
+    for run in group.runs:
+        value = column.value(run)
+        if run.seed is not None and value is not None and np.isfinite(value):
+            values.setdefault(run.seed, value)
+    return values
 
 
 def has_final(groups: Sequence[Group], key: str) -> bool:
@@ -384,20 +419,21 @@ def _values(group: Group, column: Column) -> list[float]:
 
 
 def _text(values: list[float], digits: int) -> str:
-    """'mean ± std' over runs (population std), the value alone for one run, '–' for none."""
+    """'mean ± h' over runs, h the half-width of the mean's 95 % Student-t interval (`fedlight.reports.intervals`);
+    the value alone for one run, '–' for none."""
     if not values:
         return "–"
-    mean, std = float(np.mean(values)), float(np.std(values))
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
+    return mean_interval(values).text(digits)
 
 
 def _cell(values: list[float], digits: int, missing: str = "–") -> str:
-    """`_text` as a cell (`missing` without a value); the exact numbers ride along as data attributes (data-n: the
-    number of runs)."""
+    """`_text` as a cell (`missing` without a value); the exact numbers ride along as data attributes (data-std: the
+    population std over runs, data-half: the interval's half-width, data-n: the number of runs)."""
     if not values:
         return f"<td class='num'>{html.escape(missing)}</td>"
     mean, std = float(np.mean(values)), float(np.std(values))
-    return (f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}'>"
+    half = mean_interval(values).half_width
+    return (f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}' data-half='{half!r}'>"
             f"{_text(values, digits)}</td>")
 
 
@@ -587,8 +623,9 @@ def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Seq
 <body><main>
 <h1>{html.escape(title)}</h1>
 <p class="lead">{plural(runs, "run")} in {plural(len(groups), "configuration")}, evaluated on each client's own
-{html.escape(split)} split. Runs whose configs differ only in seed are one configuration: numbers are mean ± standard
-deviation over its {over} (population std), and the curves show their mean with a ± std band.{repeats}</p>
+{html.escape(split)} split. Runs whose configs differ only in seed are one configuration: numbers are mean ± the
+half-width of the mean's 95 % Student-t interval over its {over} (each cell also holds the population std, data-std),
+and the curves show their mean with a ± std band.{repeats}</p>
 <h2>Comparison</h2>
 <p class="note"><strong>Table 1.</strong> Final round: {label} of every client's own model (mean over clients, standard
 deviation across clients, worst client); {selection_note}; adjusted Rand index of the clustering against the true
