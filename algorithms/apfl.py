@@ -14,11 +14,11 @@ client is evaluated with its v_bar_i.
 
 How it maps onto fedlight: the local loop is the algorithm's own group loop (`train_group`), built from
 `server.clients.group_batches` (the batches the module's SGD would take, for a group of clients at once) and
-`server.model.group_loss_and_grad` (every client's gradient of a step in one vectorized call when the plan allows). v_i and alpha_i are per-client
-state (the client states "local" and "alpha"): the client sends them back beside w (`Updates.state`) and the
-engine stores them, gathered over the processes, so every process reaches the same state; they are saved in the
-checkpoint. A step works on views of the group's rows of w and v when they are consecutive (they are but
-for clients with a short last batch) and builds the personalized models a row at a time, so it holds w, v, their
+`server.model.group_loss_and_grad` (every client's gradient of a step in one vectorized call when the plan allows). v_i
+and alpha_i are per-client state (the client states "local" and "alpha"): the client sends them back beside w
+(`Updates.state`) and the engine stores them, gathered over the processes, so every process reaches the same state; they
+are saved in the checkpoint. A step works on views of the group's rows of w and v when they are consecutive (they are
+but for clients with a short last batch) and builds the personalized models a row at a time, so it holds w, v, their
 two gradients and the personalized models: a few (clients, parameters) matrices of the group, no copies of them.
 
 Defaults: alpha = 0.5, the initial mixing weight of the authors' released implementation (FedTorch);
@@ -94,9 +94,9 @@ class APFL(Algorithm):
         self.alpha = server.state.declare("alpha", initial=self.models.new_tensor(self.initial_alpha))
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
-        """Algorithm 1's local steps for a group of clients at once (`server.clients.group_batches`, each step's gradients of
-        every client in one `server.model.group_loss_and_grad`): (trained w's, mean loss of each w over its last epoch,
-        {"local": v's, "alpha": alphas})."""
+        """Algorithm 1's local steps for a group of clients at once (`server.clients.group_batches`, each step's
+        gradients of every client in one `server.model.group_loss_and_grad`): (trained w's, mean loss of each w over its
+        last epoch, {"local": v's, "alpha": alphas})."""
         server = self.server
         rate = server.clients.learning_rate(round) * self.learning_rate_scale(round)
         alpha_rate = rate if self.alpha_lr is None else self.alpha_lr
@@ -109,7 +109,8 @@ class APFL(Algorithm):
             at = row_range(rows)  # a run of rows: views of w and v, updated in place; else copies, written back
             w_rows, v_rows, a_rows = w[at], v[at], alpha[rows][:, None]
             loss, grad_w = server.model.group_loss_and_grad(w_rows, group.batch, group.step)
-            _, grad_mixed = server.model.group_loss_and_grad(personalized(a_rows, v_rows, w_rows), group.batch, group.step)
+            _, grad_mixed = server.model.group_loss_and_grad(personalized(a_rows, v_rows, w_rows), group.batch,
+                                                             group.step)
             grad_alpha = torch.stack([torch.dot(a, b) for a, b in zip(v_rows - w_rows, grad_mixed)])
             w_rows.sub_(grad_w, alpha=rate)
             v_rows.sub_(grad_mixed.mul_(a_rows * rate))

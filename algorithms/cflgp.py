@@ -173,8 +173,8 @@ class CFLGP(Algorithm):
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the {n} clients: "
                              f"give at most {n}")
         server.message.sends(QUERY, PER_CLIENT)  # an update at the criterion model, read into each client's profile
-        server.cohort.declare_every_client_work("each clustering partitions every client seen so far, from the gradient "
-                                                "profiles the server stored for them (no training)")
+        server.cohort.declare_every_client_work("each clustering partitions every client seen so far, from the "
+                                                "gradient profiles the server stored for them (no training)")
         entries = server.model.parameter_mask().nonzero().flatten()
         if self.compression > 1:
             size = max(1, len(entries) // self.compression)

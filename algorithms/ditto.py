@@ -66,8 +66,8 @@ class Ditto(Algorithm):
         hook = None
         if self.lam:
             hook = lambda rows, params, grad, begin: grad.add_(params - starts[rows], alpha=self.lam)  # noqa: E731
-        personal = self.server.clients.train_many(round, clients, self.personal_models.read(clients), self.personal_epochs,
-                                                  self.learning_rate_scale(round), hook)
+        personal = self.server.clients.train_many(round, clients, self.personal_models.read(clients),
+                                                  self.personal_epochs, self.learning_rate_scale(round), hook)
         trained.state = {"personal": personal.params}
         return trained
 

@@ -16,8 +16,8 @@ batch of the sample, from the current theta_hat_i,
 Theta - theta_i; `ala_step`). W_i starts at ones (theta_hat = Theta). At the client's first ALA step, W_i trains pass
 after pass over the same sample until its loss settles (the standard deviation of the last `num_pre_loss` passes'
 losses, each the loss of a pass's last batch, below `threshold`, or `max_start_passes` passes); at later ones, one pass.
-The client then trains theta_hat_i with the module's SGD (`server.clients.train_many`), sends the trained model, which the
-server averages (the engine's FedAvg), and keeps its top layers as its new theta_i. ALA is skipped, as in the
+The client then trains theta_hat_i with the module's SGD (`server.clients.train_many`), sends the trained model, which
+the server averages (the engine's FedAvg), and keeps its top layers as its new theta_i. ALA is skipped, as in the
 authors' code, while theta_i equals Theta on the mixed entries (the first round: both are the initial model); the
 client then starts from Theta and its first ALA step is still to come.
 
@@ -26,8 +26,8 @@ How it maps onto fedlight: theta_i (the trained model's mixed entries) and W_i a
 entries are stored, since the lower layers always come from the global model. The clients return them beside their
 models and the engine stores them. W learning is a group loop over the round's clients: the sample's batches come
 from `server.clients.group_batches` (stream "ala"), every batch's gradients of the group from one
-`server.model.group_loss_and_grad`, and the convergence loop runs as that group too: each pass goes over the clients still
-learning, so a client that has settled, or has had its one later pass, leaves it. `train/ala_passes` and
+`server.model.group_loss_and_grad`, and the convergence loop runs as that group too: each pass goes over the clients
+still learning, so a client that has settled, or has had its one later pass, leaves it. `train/ala_passes` and
 `train/ala_weight_mean` report each client's passes and mean W of the round.
 
 Evaluation: every client is evaluated with the ALA aggregation of the current global model and its stored theta_i

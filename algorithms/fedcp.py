@@ -23,8 +23,8 @@ How it sits on the engine: the network's own head (its last layer) is the person
 CPN and the global head (a copy of the network's head, from its initial weights) are modules the method adds
 (`extend_model`), averaged with the body. The round's clients train vectorized on one objective (`train_many`, the
 global head frozen by `trainable`): each client's context is its row of `client_inputs`, and the frozen global body
-runs through `torch.func.functional_call` with the round's global weights (`server.model.named_tensors`), on copies of the
-client's buffers. A forward hook on the head replaces its output with the two-head logits, so evaluation,
+runs through `torch.func.functional_call` with the round's global weights (`server.model.named_tensors`), on copies of
+the client's buffers. A forward hook on the head replaces its output with the two-head logits, so evaluation,
 fine-tuning and newcomers see the FedCP model. Every number lives in the flat models (shared or personal), so a
 resumed run is exact; the work grows with the round's clients only.
 

@@ -89,7 +89,8 @@ class FedDF(Algorithm):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """FedAvg's local work; each client also sends its trained model's logits on the public data."""
         trained = super().train_group(round, clients, starts)
-        logits = torch.stack([self.server.model.predict(params, self.server.data.public_x) for params in trained.params])
+        logits = torch.stack([self.server.model.predict(params, self.server.data.public_x)
+                              for params in trained.params])
         return Trained(trained.params, trained.loss, trained.logs, {**trained.state, LOGITS: logits})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
@@ -152,7 +153,8 @@ class FedDF(Algorithm):
 
     def _kl(self, student: Tensor, rows: Tensor, target: Tensor) -> Tensor:
         """KL(target || softmax(student / T)) on the public `rows`, the batch mean."""
-        logits = functional_call(self.server.model.module, self.server.model.named_tensors(student), (self.public[rows],))
+        logits = functional_call(self.server.model.module, self.server.model.named_tensors(student),
+                                 (self.public[rows],))
         return F.kl_div(F.log_softmax(logits.float() / self.temperature, dim=1), target[rows], reduction="batchmean")
 
     @torch.no_grad()

@@ -166,7 +166,8 @@ class FedEM(Algorithm):
             raise ValueError(f"algorithm.init_args.num_components is {m}, more than the {server.num_clients} "
                              f"clients: give at most {server.num_clients}")
         seeds = server.random.rng(0, "fedem-components").integers(2**31, size=m)
-        self.models = torch.stack([server.model.initial_params] + [server.model.random_params(int(s)) for s in seeds[1:]])
+        self.models = torch.stack([server.model.initial_params]
+                                  + [server.model.random_params(int(s)) for s in seeds[1:]])
         self.mixture = server.state.declare("mixture", initial=self.initial_mixture())
 
     def initial_mixture(self) -> Tensor:

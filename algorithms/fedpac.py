@@ -226,8 +226,8 @@ class FedPAC(Algorithm):
         if self.lam > 0 and bool(self.known.any()):  # round 1 has no global prototypes: cross-entropy alone
             targets = torch.stack([torch.where(self.known[:, None], self.prototypes, own) for own in own_means])
             alignment = {"objective": self._objective, "client_inputs": targets}
-        trained = self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head,
-                                                 **alignment)
+        trained = self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale,
+                                                 trainable=~self.head, **alignment)
         counts, means = zip(*(class_means(*self._features(params, *split.client(c)), self.num_classes)
                               for c, params in zip(clients, trained.params)))
         trained.state.update({VARIANCE: torch.stack(variances)[:, None], BIAS: torch.stack(biases),

@@ -29,9 +29,10 @@ Deviations: those of FedEM (the local solver, the E-step in evaluation mode); a 
 FedEM's EM with the components fixed and without the label marginals, as the authors' test clients do (their label
 weights are never set); FedRC's variants in the code (`FedRC_SW`, the Adam-smoothed and DP ones) are not built.
 
-Measured (docs/guides/newcomers.md, "Concept shift"): on digits cut by FedRC's split (3 concepts), at 4x the shared learning rate and 60
-rounds, FedRC's components follow the concepts (ARI 0.56 over 3 seeds, 0.883 accuracy) where FedEM's, identical but
-for this E-step, do not (ARI 0.21, 0.824); on the digits rotations, a feature shift, both collapse onto one component.
+Measured (docs/guides/newcomers.md, "Concept shift"): on digits cut by FedRC's split (3 concepts), at 4x the shared
+learning rate and 60 rounds, FedRC's components follow the concepts (ARI 0.56 over 3 seeds, 0.883 accuracy) where
+FedEM's, identical but for this E-step, do not (ARI 0.21, 0.824); on the digits rotations, a feature shift, both
+collapse onto one component.
 """
 from __future__ import annotations
 

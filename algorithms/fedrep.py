@@ -69,7 +69,8 @@ class FedRep(Algorithm):
         scale = self.learning_rate_scale(round)
         tuned = self.server.clients.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
                                                purpose="head")
-        return self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head)
+        return self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale,
+                                              trainable=~self.head)
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, None]:
         """Each newcomer's model: the global body with the initial head (the base class's fresh personal part),

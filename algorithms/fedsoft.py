@@ -121,7 +121,8 @@ class FedSoft(Algorithm):
         server.cohort.declare_every_client_work(f"every client estimates its importance weights every "
                                          f"{self.estimation_interval} rounds (a pass of each center over its data)")
         seeds = server.random.rng(0, "fedsoft-centers").integers(2**31, size=s)
-        self.models = torch.stack([server.model.initial_params] + [server.model.random_params(int(x)) for x in seeds[1:]])
+        self.models = torch.stack([server.model.initial_params]
+                                  + [server.model.random_params(int(x)) for x in seeds[1:]])
         self.local_models = server.state.declare("local_models", initial=server.model.initial_params)
         self.fractions = torch.full((n, s), 1.0 / s, dtype=torch.float64, device=server.device)
 

@@ -87,7 +87,8 @@ class FLHC(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        server.cohort.needs_every_client(type(self).__name__, f"in its clustering round (cluster_round {self.cluster_round})")
+        server.cohort.needs_every_client(type(self).__name__,
+                                         f"in its clustering round (cluster_round {self.cluster_round})")
         if self.num_clusters is not None and self.num_clusters > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
                              f"{server.num_clients} clients: give at most {server.num_clients}")

@@ -185,7 +185,8 @@ class ICFL(Algorithm):
         held = updates.all()
         self.set_shared(*self.cluster_means(held, held.num_samples.to(self.models.dtype)))
         if len(self.models) > 1:
-            sizes = torch.bincount(self.assignment, weights=self.server.clients.train_sizes.to(self.assignment.device).double(),
+            sizes = torch.bincount(self.assignment,
+                                   weights=self.server.clients.train_sizes.to(self.assignment.device).double(),
                                    minlength=len(self.models))[1:].to(self.models)
             self.models[POOL] = sizes @ self.models[1:] / sizes.sum()
 

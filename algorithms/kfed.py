@@ -2,11 +2,11 @@
 Federated Data Clustering through Personalization: Bridging the Gap between Diverse Data Distributions", section 5,
 baselines) runs it.
 
-Clients: the Awasthi-Sheffet local k-means with k' centers (k' = k in the reference code) (project on the top-k right singular vectors, seed
-with k-means++ there, keep each seed's "3x closer" points, lift their mean back, Lloyd to convergence). Server
-("cleanup"): start from the first client's centers (or a random client's), grow to k by farthest-first over all
-uploaded centers, then Lloyd on the uploaded centers to convergence (`server_steps: 1` is the original paper's
-single step). Every client is evaluated with the same k global centers. k-means only (l = 2).
+Clients: the Awasthi-Sheffet local k-means with k' centers (k' = k in the reference code) (project on the top-k right
+singular vectors, seed with k-means++ there, keep each seed's "3x closer" points, lift their mean back, Lloyd to
+convergence). Server ("cleanup"): start from the first client's centers (or a random client's), grow to k by
+farthest-first over all uploaded centers, then Lloyd on the uploaded centers to convergence (`server_steps: 1` is the
+original paper's single step). Every client is evaluated with the same k global centers. k-means only (l = 2).
 """
 from __future__ import annotations
 
@@ -51,12 +51,14 @@ class KFED(CentroidAlgorithm):
             raise ValueError(f"local_k={self.local_k} exceeds the model's {self.k} centers")
 
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
-        fit = kcenters.awasthi_sheffet(x, self.local_k or self.k, self.generator(self.server.random.client_seed(round, client)),
-                                     self.max_iter, self.tol)
+        fit = kcenters.awasthi_sheffet(x, self.local_k or self.k,
+                                       self.generator(self.server.random.client_seed(round, client)),
+                                       self.max_iter, self.tol)
         return self.fitted(fit, x)
 
     def start_centers(self, round: int, uploads: list[Tensor]) -> Tensor:
-        first = 0 if self.start_client == "first" else int(self.server.random.rng(round, "start").integers(len(uploads)))
+        first = (0 if self.start_client == "first"
+                 else int(self.server.random.rng(round, "start").integers(len(uploads))))
         return uploads[first]
 
     def aggregate(self, round: int, updates) -> None:

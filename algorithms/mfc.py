@@ -46,7 +46,8 @@ class MFC(CentroidAlgorithm):
         super().setup(server)
         if self.ell != 2 or self.medoids:
             raise ValueError("MFC is a k-means method: use a CentroidModel with ell: 2 and medoids: false")
-        self.shared = server.state.declare("shared", initial=torch.zeros(server.model.module.dim + 1))  # last (mean, size)
+        self.shared = server.state.declare("shared",
+                                           initial=torch.zeros(server.model.module.dim + 1))  # last (mean, size)
         server.message.sends("shared", PER_CLIENT)  # kept per client, and read by the server client by client
 
     # -- clients -------------------------------------------------------------------------------------

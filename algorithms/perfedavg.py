@@ -111,8 +111,9 @@ class PerFedAvg(Algorithm):
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """Algorithm 1's client for a group at once: (w's after the round's meta steps, mean of f(temp; D2) over each
-        client's last epoch). D1 is the stream `server.clients.train_many` would take, D2 and D3 independent ones ("meta",
-        "hessian"), each a `server.clients.group_batches` stream; every gradient of a step is one `group_loss_and_grad`."""
+        client's last epoch). D1 is the stream `server.clients.train_many` would take, D2 and D3 independent ones
+        ("meta", "hessian"), each a `server.clients.group_batches` stream; every gradient of a step is one
+        `group_loss_and_grad`."""
         server = self.server
         purposes = ("train", "meta", "hessian") if self.variant == "hf" else ("train", "meta")
         streams = [server.clients.group_batches(round, clients, purpose=p) for p in purposes]

@@ -179,7 +179,8 @@ class PFedHN(Algorithm):
         with torch.device("meta"):
             hypernet = HyperNetwork(size, self.hidden_dim, self.n_hidden, int(self.generated.sum()))
         self.hypernet = hypernet.to_empty(device=server.device)
-        default_init_(self.hypernet, torch.Generator().manual_seed(server.random.client_seed(0, 0, "pfedhn_hypernetwork")))
+        default_init_(self.hypernet,
+                      torch.Generator().manual_seed(server.random.client_seed(0, 0, "pfedhn_hypernetwork")))
         with torch.no_grad():
             self.hypernet.head.bias.copy_(server.model.initial_params[self.generated])
         self.momenta = [torch.zeros_like(p) for p in self.hypernet.parameters()]

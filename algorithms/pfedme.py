@@ -35,10 +35,11 @@ differs from FedAvg only in the clients' work; beta = 2 is one option away. The 
 R = 20 are the run's settings here (the module's learning rate, `federation.batch_size`, `federation.local_epochs`).
 
 Deviations from the paper, and why:
-- eta is the module's configured learning rate of the round (`server.clients.learning_rate(round)`), so schedulers apply;
-  the module's optimizer itself is not used: momentum and weight decay do not enter these plain gradient steps.
+- eta is the module's configured learning rate of the round (`server.clients.learning_rate(round)`), so schedulers
+  apply; the module's optimizer itself is not used: momentum and weight decay do not enter these plain gradient steps.
 - R is the client's optimizer steps of a round (its batches times `federation.local_epochs`, each sample once per
-  epoch, the batches `server.clients.batches` gives), not a fixed count of sampled batches: the same local work as FedAvg's.
+  epoch, the batches `server.clients.batches` gives), not a fixed count of sampled batches: the same local work as
+  FedAvg's.
 - mean(w_local) is the training-set-size weighted mean, as the authors' code and the engine's FedAvg average; the
   paper writes the plain mean over the selected clients (the same when clients are equally large).
 - theta starts from the received global model at each round and carries over between the round's iterations, as in
@@ -107,12 +108,13 @@ class PFedMe(Algorithm):
 
     def setup(self, server) -> None:
         super().setup(server)
-        self.personal_models = server.state.declare("personal", initial=server.model.initial_params)  # every client's theta
+        self.personal_models = server.state.declare("personal",
+                                                    initial=server.model.initial_params)  # every client's theta
         if not self.train_every_client:
             return
         option = "algorithm.init_args.train_every_client: false"
-        server.cohort.needs_every_client("pFedMe", "every round (train_every_client, Algorithm 1: the sampled clients are "
-                                  "those averaged)", instead=option)
+        server.cohort.needs_every_client("pFedMe", "every round (train_every_client, Algorithm 1: the sampled "
+                                  "clients are those averaged)", instead=option)
         if server.aggregation.private and len(self.sampled_clients(1)) < server.num_clients:
             raise ValueError(f"pFedMe with train_every_client trains every client but averages a participation share "
                              f"({self.participation}), which DP's accountant and adaptive clipping cannot tell "
@@ -130,8 +132,9 @@ class PFedMe(Algorithm):
         return super().select_clients(round)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
-        """Algorithm 1's client for a group at once (`server.clients.group_batches`, `server.model.group_loss_and_grad`):
-        (w_local's, mean loss f(theta; batch) of each client's last epoch, {"personal": theta's})."""
+        """Algorithm 1's client for a group at once (`server.clients.group_batches`,
+        `server.model.group_loss_and_grad`): (w_local's, mean loss f(theta; batch) of each client's last epoch,
+        {"personal": theta's})."""
         server = self.server
         eta = server.clients.learning_rate(round)
         local, theta = starts.clone(), starts.clone()

@@ -235,7 +235,8 @@ class SRFCA(Algorithm):
         members = [(nearest == k).nonzero().flatten() for k in kept.tolist()]
         pairs = cluster_pair_distances(model_losses[kept], members)
         self.log_matrix("cluster_cross_loss_distance", pairs)
-        groups = correlation_clustering((pairs <= self.threshold).cpu().numpy(), self.server.random.rng(round, "pivots"))
+        groups = correlation_clustering((pairs <= self.threshold).cpu().numpy(),
+                                        self.server.random.rng(round, "pivots"))
         group_of = torch.empty(len(kept), dtype=torch.long, device=kept.device)
         sizes = torch.stack([self.server.clients.train_sizes[m].sum() for m in members]).to(self.models)
         models = []

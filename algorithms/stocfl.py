@@ -131,8 +131,8 @@ class StoCFL(Algorithm):
     def observe(self, round: int, clients: list[int]) -> Tensor:
         """(len(clients), parameters) each client's psi = anchor - its model after `observe_epochs` from the anchor."""
         anchor = self.server.model.initial_params
-        trained = self.server.clients.train_many(round, clients, anchor.expand(len(clients), -1), epochs=self.observe_epochs,
-                                                 purpose="stocfl-observe")
+        trained = self.server.clients.train_many(round, clients, anchor.expand(len(clients), -1),
+                                                 epochs=self.observe_epochs, purpose="stocfl-observe")
         return (anchor - trained.params)[:, self.entries]
 
     def open_clusters(self, clients: list[int], psi: Tensor) -> None:
@@ -181,8 +181,10 @@ class StoCFL(Algorithm):
         def pull(rows: list[int], params: Tensor, grad: Tensor, _: Tensor) -> None:
             grad += proximal_gradient(params, omega, lam)
 
-        trained = self.server.clients.train_many(round, clients, starts, lr_scale=scale, gradient_hook=pull if lam else None)
-        global_copies = self.server.clients.train_many(round, clients, omega.expand(len(clients), -1), lr_scale=scale).params
+        trained = self.server.clients.train_many(round, clients, starts, lr_scale=scale,
+                                                 gradient_hook=pull if lam else None)
+        global_copies = self.server.clients.train_many(round, clients, omega.expand(len(clients), -1),
+                                                       lr_scale=scale).params
         trained.state = {**trained.state, GLOBAL_COPY: global_copies}
         return trained
 

@@ -121,7 +121,8 @@ class SyntheticGaussians(FederatedDataModule):
                 raise ValueError(f"a client of {n} points has no training points: lower val/test_fraction")
             for split, rows in cuts.items():
                 rows = np.sort(rows)
-                pieces[split].append((torch.tensor(x[rows], dtype=torch.float32), torch.tensor(y[rows], dtype=torch.long)))
+                pieces[split].append((torch.tensor(x[rows], dtype=torch.float32),
+                                      torch.tensor(y[rows], dtype=torch.long)))
         total = sum(len(p[1]) for s in pieces.values() for p in s)
         return FederatedData(*(self._stack(pieces[s]) for s in ("train", "val", "test")),
                              num_classes=self.num_classes, cluster_labels=None,

@@ -99,7 +99,8 @@ class CentroidModel(L.LightningModule):
         dmin, labels = outputs.min(dim=1)
         size = torch.bincount(client, minlength=num_clients).clamp(min=1)
         metrics = {
-            "cost": torch.bincount(client, weights=kcenters.power(dmin.double(), self.ell), minlength=num_clients) / size,
+            "cost": torch.bincount(client, weights=kcenters.power(dmin.double(), self.ell),
+                                   minlength=num_clients) / size,
             "cost_p1": torch.bincount(client, weights=dmin.double(), minlength=num_clients) / size,
         }
         if self.score_labels:

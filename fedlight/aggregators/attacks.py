@@ -22,7 +22,7 @@ more cluster of their own (did the clustering isolate them?).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +31,6 @@ from torch import Tensor
 
 from fedlight.plugin.data import ClientSplit, FederatedData
 from fedlight.plugin.extension import ExtensionContext, RoundExtension
-from fedlight.plugin.choices import unknown_choice
 from fedlight.aggregators.config import AttackConfig, DATA_ATTACKS, DEFAULT_SCALE, UPDATE_ATTACKS
 
 if TYPE_CHECKING:
@@ -177,7 +176,8 @@ class Attack(RoundExtension):
         for group in torch.unique(groups).tolist():
             rows = groups == group
             for i, x in enumerate((triggered, clean)):
-                as_target[i] += int((evaluator.outputs(models[group], x[rows]).argmax(dim=1) == self.config.target).sum())
+                as_target[i] += int((evaluator.outputs(models[group], x[rows]).argmax(dim=1)
+                                     == self.config.target).sum())
         return as_target[0] / len(clean), as_target[1] / len(clean)
 
     def state_dict(self) -> dict[str, Any]:

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +69,7 @@ from fedlight.aggregators.cluster_aggregator import ClusterAggregation, add_star
 from fedlight.plugin.extension import ExtensionContext, RoundExtension
 from fedlight.plugin.message import PER_CLIENT, SUMMED, MessageSchema
 from fedlight.aggregators.robust import clip_rows
-from fedlight.aggregators.config import ACCOUNTANTS, PrivacyConfig
+from fedlight.aggregators.config import PrivacyConfig
 
 if TYPE_CHECKING:
     from fedlight.plugin.round_updates import RoundUpdates
@@ -148,7 +147,8 @@ class PrivacyMechanism(RoundExtension):
         self.accountant = make_accountant(config.accountant)  # the rounds accounted as sampled Gaussian mechanisms
         self.round, self.calls, self.released = 0, 0, False
         self.within_clip: tuple[float, float] | None = None  # (updates within the clip, updates) of the round
-        self.releases = np.zeros(num_clients, dtype=np.int64)  # each client's noised sums in rounds accounted per client
+        # each client's noised sums in rounds accounted per client
+        self.releases = np.zeros(num_clients, dtype=np.int64)
         self.each_client: str | None = None  # why every round is accounted per client (set at set-up), or None
         self.unsampled_rounds = 0  # rounds of a sampled run accounted per client: their clients were not the draw
         self.round_clients: set[int] = set()  # the clients whose updates the round's noised sums took

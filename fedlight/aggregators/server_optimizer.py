@@ -29,7 +29,6 @@ tasks. Tune `lr` and `tau` on validation data (`fedlight tune`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,9 +36,8 @@ from torch import Tensor
 
 from fedlight.aggregators.cluster_aggregator import add_starts
 from fedlight.plugin.aggregation import ClusterAverage
-from fedlight.plugin.choices import unknown_choice
 from fedlight.plugin.extension import RoundExtension
-from fedlight.aggregators.config import DEFAULT_LR, KINDS, ServerOptimizerConfig
+from fedlight.aggregators.config import ServerOptimizerConfig
 
 if TYPE_CHECKING:
     from fedlight.aggregators.cluster_aggregator import ClusterAggregation

@@ -201,8 +201,8 @@ def agreement_similarity(preds: Tensor, soft: bool = False, chunk_size: int | No
     Hard (default): `preds` is (n, m) predicted labels, or (n, m, c) scores whose argmax is taken. Entry (i, j)
     is the fraction of samples on which clients i and j predict the same class. This is the cosine of the
     flattened one-hot inference matrices, FLIS's formula (section 2.2) as the authors' code computes it,
-    ⟨B_i, B_j⟩_F / (‖B_i‖_F ‖B_j‖_F) (the paper's printed ‖B_i ⊙ B_j‖_F is a norm, not a sum, and is wrong). Computed as a sum over classes of
-    indicator Gram matrices: exact integer counts, peak memory two (n, m) blocks.
+    ⟨B_i, B_j⟩_F / (‖B_i‖_F ‖B_j‖_F) (the paper's printed ‖B_i ⊙ B_j‖_F is a norm, not a sum, and is wrong). Computed as
+    a sum over classes of indicator Gram matrices: exact integer counts, peak memory two (n, m) blocks.
 
     Soft (`soft=True`): `preds` is (n, m, c) probabilities (softmax outputs) and the result is the cosine of
     the flattened (m·c) matrices, FLIS's soft-label option (section 2.2); non-negative entries keep it in [0, 1].

@@ -82,5 +82,5 @@ class FederationConfig:
             raise ValueError(f"federation.client_state_memory must be above 0 GB (or null: a quarter of the available "
                              f"memory), got {self.client_state_memory}")
         if not (self.devices == "auto" or isinstance(self.devices, int) and self.devices >= 1) or self.num_nodes < 1:
-            raise ValueError(f"federation.devices must be 'auto' or at least 1 and federation.num_nodes at least 1, got "
-                             f"{self.devices!r} and {self.num_nodes}")
+            raise ValueError(f"federation.devices must be 'auto' or at least 1 and federation.num_nodes at least 1, "
+                             f"got {self.devices!r} and {self.num_nodes}")

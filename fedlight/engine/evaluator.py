@@ -161,5 +161,6 @@ class Evaluator:
             return {}
         scores = {"cluster/count": float(len(np.unique(predicted)))}
         if self.data.cluster_labels is not None:
-            scores.update({f"cluster/{k}": v for k, v in clustering_scores(self.data.cluster_labels, predicted).items()})
+            scores.update({f"cluster/{k}": v
+                           for k, v in clustering_scores(self.data.cluster_labels, predicted).items()})
         return scores

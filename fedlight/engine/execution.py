@@ -7,8 +7,8 @@ every backward pass. It is printed in the run's start line and recorded in summa
 
 `ClientExecution` carries it out: every process trains its shard of the round's clients (`Collective.shard`), in
 groups that fit in memory, through the algorithm's `train_group` (by default the module's SGD, and every call of
-`ServerContext.clients.train_many`: `fedlight.engine.group_training`, vectorized or one client after another), or one client
-at a time through the algorithm's own `train_client`; `round_updates` hands the result to the algorithm as a
+`ServerContext.clients.train_many`: `fedlight.engine.group_training`, vectorized or one client after another), or one
+client at a time through the algorithm's own `train_client`; `round_updates` hands the result to the algorithm as a
 `RoundUpdates`.
 """
 from __future__ import annotations

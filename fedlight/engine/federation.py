@@ -200,9 +200,9 @@ class Federation:
         self.round, clusters = round, alg.cluster_labels()
         stop = self.end_round(round, len(clients))
         logged, matrices = self.server.log.take()
-        result = RoundResult(round, len(clients), training.left_out, training.metrics, {**logged, **alg.round_metrics()},
-                             self.cluster_scores(clusters), matrices=matrices, stop_reason=stop,
-                             dropped=training.dropped)
+        result = RoundResult(round, len(clients), training.left_out, training.metrics,
+                             {**logged, **alg.round_metrics()}, self.cluster_scores(clusters), matrices=matrices,
+                             stop_reason=stop, dropped=training.dropped)
         if self.server.run.evaluates(round):
             self.evaluate_round(result, training, clusters)
         return result

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 class HeldOutClients:
     """`Newcomers` of a run: the held-out clients' data (`FederatedData.newcomers`) as a `ClientPopulation` with the
-    federation's own module, trainer, group training and seeds (`ServerContext.model.predict`, `client_seed`), so a newcomer
-    is run exactly as a training client would be. The engine sets `round` before each evaluation; the `Newcomers`
-    methods are the population's at that round."""
+    federation's own module, trainer, group training and seeds (`ServerContext.model.predict`, `client_seed`), so a
+    newcomer is run exactly as a training client would be. The engine sets `round` before each evaluation; the
+    `Newcomers` methods are the population's at that round."""
 
     def __init__(self, data: FederatedData, server: "ServerContext", trainer: "ClientTrainer",
                  training: "GroupTraining") -> None:

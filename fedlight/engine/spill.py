@@ -18,7 +18,6 @@ import errno
 import heapq
 import mmap
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

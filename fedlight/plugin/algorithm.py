@@ -164,8 +164,8 @@ class Algorithm:
         as `Updates.state`. Build it from `server.clients.train_many` calls (several for several models, each with its
         own gradient hook, trainable entries or sample weights) and `server.clients.group_batches` /
         `server.model.group_loss_and_grad` for a custom loop: the engine sizes the groups by memory and trains each
-        call vectorized when the plan allows. This default is the module's SGD at `learning_rate_scale`, with `local_gradient` when the class
-        corrects gradients."""
+        call vectorized when the plan allows. This default is the module's SGD at `learning_rate_scale`, with
+        `local_gradient` when the class corrects gradients."""
         return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                               gradient_hook=self._gradient_hook(clients))
 

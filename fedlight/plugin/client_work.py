@@ -74,7 +74,8 @@ class ClientWork:
 
     def forward(self, clients: Sequence[int], samples: Sequence[float], models: int, received: bool = True) -> None:
         """`models` models each passed forward over `samples` of each client's samples; `received`: the models came
-        from the server (False: models the client keeps, such as its previous local model, or ones it already counts)."""
+        from the server (False: models the client keeps, such as its previous local model, or ones it already
+        counts)."""
         ids = np.asarray(clients, dtype=np.int64)
         np.add.at(self._forward, ids, np.asarray(samples, dtype=np.float64) * models)
         if received:

@@ -103,7 +103,8 @@ class CohortDraw:
 
     def __init__(self, num_clients: int, clients_per_round: int | None,
                  rng: Callable[[int, str], np.random.Generator], message: "MessageSchema") -> None:
-        self.num_clients, self.clients_per_round, self._rng, self._message = num_clients, clients_per_round, rng, message
+        self.num_clients, self.clients_per_round = num_clients, clients_per_round
+        self._rng, self._message = rng, message
         self.every_client_work: list[str] = []
         self._draw: Callable[[int, int], list[int] | None] = lambda round, count: None
         self._drawn: tuple[int, list[int]] | None = None  # (round, clients) of the last draw

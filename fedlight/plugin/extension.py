@@ -59,10 +59,10 @@ class ExtensionContext:
 
 class RoundExtension:
     """Hooks the federation calls, each a no-op here. Set-up: `prepare_data`, `aggregation`, `sampling`, `setup`,
-    `check_message`, `describe`. Every round: `begin_round`, `select` (the base class's draw of the round's clients), `work` (what the
-    selected clients get done), `arrivals` (the updates an asynchronous server aggregates), `tamper` (on every group's
-    trained models), `end_round` (after aggregation), `cluster_scores`; every evaluated round: `client_columns`,
-    `evaluate`; at the end, `summary`. Checkpoints: `state_dict` is saved under
+    `check_message`, `describe`. Every round: `begin_round`, `select` (the base class's draw of the round's clients),
+    `work` (what the selected clients get done), `arrivals` (the updates an asynchronous server aggregates), `tamper`
+    (on every group's trained models), `end_round` (after aggregation), `cluster_scores`; every evaluated round:
+    `client_columns`, `evaluate`; at the end, `summary`. Checkpoints: `state_dict` is saved under
     `name` in the federation's state and handed back to `load_state_dict` on a resume (None when it holds none)."""
 
     name: str = "extension"

@@ -23,8 +23,8 @@ it (`check_returned`), so nothing leaves a client unseen by the extensions. Exte
 algorithm is set up (`RoundExtension.check_message`) and refuse in one line what they cannot handle.
 
 A round may also need every client's message at once (SR-FCA's one-shot round clusters every client's model; FL+HC's
-clustering round): `needs_every_client` records it (`ServerContext.cohort.needs_every_client` does), so that an asynchronous
-server, which aggregates the first arrivals, can refuse it.
+clustering round): `needs_every_client` records it (`ServerContext.cohort.needs_every_client` does), so that an
+asynchronous server, which aggregates the first arrivals, can refuse it.
 """
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-import torch
 from torch import Tensor
 
 from fedlight.plugin.data import ClientSplit
@@ -57,8 +56,8 @@ class Newcomers(Protocol):
     def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
                    purpose: str = "newcomer", trainable: Tensor | None = None) -> Tensor:
         """(len(newcomers), d) `train` of each newcomer from its row of `starts`, as one group: vectorized when the
-        run's plan trains its clients vectorized (`ServerContext.clients.train_many`). `trainable` ((d,) bool) freezes the
-        other entries, which end exactly at their starts (FedRep fits a newcomer's head on the global body)."""
+        run's plan trains its clients vectorized (`ServerContext.clients.train_many`). `trainable` ((d,) bool) freezes
+        the other entries, which end exactly at their starts (FedRep fits a newcomer's head on the global body)."""
         ...
 
     def batches(self, newcomer: int, epochs: int | None = None,

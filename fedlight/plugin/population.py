@@ -208,7 +208,8 @@ class ClientPopulation:
 
     def optimizer_settings(self) -> tuple[str, dict[str, Any]]:
         """(the class name of the module's optimizer, e.g. "SGD"; its first parameter group's configured settings:
-        lr, momentum, dampening, nesterov, weight_decay, ...), for a method whose rule depends on the local optimizer."""
+        lr, momentum, dampening, nesterov, weight_decay, ...), for a method whose rule depends on the local
+        optimizer."""
         settings = self.trainer.initial_groups[0] if self.trainer.initial_groups else {}
         return type(self.trainer.raw_optimizer).__name__, dict(settings)
 

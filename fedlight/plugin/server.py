@@ -8,13 +8,13 @@ and the device, its services come in eleven namespaces:
 |---|---|
 | `run` | the run's facts: `seed`, `rounds`, `eval_split`, `eval_every`, `evaluates(round)` |
 | `data` | `num_classes`, the server's unlabelled `public_x`, `inputs(x)` (raw samples as the model sees them) |
-| `clients` | the training clients (`ClientPopulation`): `train_sizes`, `split`, `losses`, `train`, `train_many`, `batches`, `group_batches`, `local_steps`, `learning_rate` |
-| `model` | the network (`ModelView`): `module`, `num_params`, `initial_params`, `predict`, `features`, `loss_and_grad`, `group_loss_and_grad`, layer masks |
+| `clients` | the training clients (`ClientPopulation`): sizes, splits, losses, local training, steps and rates |
+| `model` | the network as flat models (`ModelView`): run, differentiated, re-initialized; its layer masks |
 | `random` | streams that depend only on (seed, round, purpose): `rng`, `client_seed` |
 | `state` | per-client tensors the engine keeps: `declare(name, initial)`, `drop(name)` |
 | `message` | what a client's message carries beside its trained model (`MessageSchema`) |
 | `aggregation` | cluster aggregators as the run configures them: `new(...)`, `private` |
-| `cohort` | the round's clients: `clients_per_round`, `draw`, `drawn`, `needs_every_client`, `declare_every_client_work` |
+| `cohort` | the round's clients (`CohortDraw`): `clients_per_round`, `draw`, `drawn`, `needs_every_client` |
 | `log` | where `Algorithm.log` and `log_matrix` record this round's values (`RoundLog`) |
 
 It holds no reference to the federation loop: what an algorithm can reach is exactly what is listed here.

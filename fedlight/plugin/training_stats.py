@@ -75,11 +75,11 @@ class TrainingStats:
             return np.zeros(0, dtype=np.int64), {"loss": np.zeros(0)}, np.zeros(0)
         clients = torch.cat([c for c, *_ in self.parts]).cpu().numpy()
         sizes = torch.cat([n for _, _, n, _ in self.parts]).double().cpu().numpy()
-        values = {"loss": torch.cat([l for _, l, _, _ in self.parts]).double().cpu().numpy()}
+        values = {"loss": torch.cat([loss for _, loss, _, _ in self.parts]).double().cpu().numpy()}
         for name in dict.fromkeys(k for *_, logs in self.parts for k in logs):
-            values[name] = torch.cat([logs[name].double() if name in logs else torch.full_like(l, float("nan"),
-                                                                                          dtype=torch.float64)
-                                      for _, l, _, logs in self.parts]).cpu().numpy()
+            values[name] = torch.cat([logs[name].double() if name in logs else torch.full_like(loss, float("nan"),
+                                                                                             dtype=torch.float64)
+                                      for _, loss, _, logs in self.parts]).cpu().numpy()
         order = np.argsort(clients, kind="stable")
         return clients[order], {k: v[order] for k, v in values.items()}, sizes[order]
 

@@ -24,8 +24,8 @@ STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.font
          "image.interpolation": "nearest", "svg.fonttype": "none", "legend.frameon": False}
 MATRIX_CMAP = "viridis"
 NOISE_COLOUR = "#d9d9d9"  # a client no cluster holds (label -1)
-# Known kinds of logged matrices (Algorithm.log_matrix) by the words of their name, and the range each kind can take: the colour scale of
-# a matrix is fixed by its kind, so a colour means the same value in every round and run.
+# Known kinds of logged matrices (Algorithm.log_matrix) by the words of their name, and the range each kind can take:
+# the colour scale of a matrix is fixed by its kind, so a colour means the same value in every round and run.
 MATRIX_RANGES: tuple[tuple[frozenset[str], tuple[float, float]], ...] = (
     (frozenset({"cosine", "distance"}), (0.0, 2.0)),
     (frozenset({"cosine", "similarity"}), (-1.0, 1.0)),

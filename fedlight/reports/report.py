@@ -1,8 +1,8 @@
 """`fedlight report RUN [RUN ...] [--output report.html]`: one self-contained HTML page that compares runs, the kind
 a paper's appendix holds. A folder argument stands for every run folder below it, at any depth (a sweep writes its
 runs one level deeper). Runs whose configs differ only in seed form one configuration (`config_group`, the same
-key as their W&B group) and are shown as mean ± their 95 % interval over their runs; two runs of one seed are two runs (repeats),
-never two seeds, and the table says so. The page goes to report.html in the folder that holds the runs unless
+key as their W&B group) and are shown as mean ± their 95 % interval over their runs; two runs of one seed are two runs
+(repeats), never two seeds, and the table says so. The page goes to report.html in the folder that holds the runs unless
 `--output` says otherwise, and never replaces an existing file without `--overwrite`. It has a comparison table
 (final mean, std and worst-client accuracy, the val-selected and test-selected accuracy with their worst clients,
 ARI, clusters, wall time) with the ranking under it, and figures drawn by matplotlib and inlined
@@ -370,7 +370,8 @@ def ranking_text(groups: Sequence[Group], split: str, metric: str) -> str:
     ranked = ranking(groups, column, metric)
     places = "; ".join(f"{rank}. {g.label} {value:.{column.digits}f}" if value is not None else f"{g.label} –"
                        for rank, g, value in ranked)
-    return f"Ranked by {column.header} ({why}): {places}.{resolution([g for _, g, v in ranked if v is not None], column)}"
+    return (f"Ranked by {column.header} ({why}): {places}."
+            f"{resolution([g for _, g, v in ranked if v is not None], column)}")
 
 
 def resolution(ranked: Sequence[Group], column: Column) -> str:
@@ -386,7 +387,8 @@ def resolution(ranked: Sequence[Group], column: Column) -> str:
         (resolved if paired_difference(mine, theirs).excludes_zero() else unresolved).append(pair)
     text = ""
     if resolved:
-        text += " Resolved by the seeds (paired 95 % interval): " + ", ".join(f"{a} over {b}" for a, b in resolved) + "."
+        text += (" Resolved by the seeds (paired 95 % interval): "
+                 + ", ".join(f"{a} over {b}" for a, b in resolved) + ".")
     if unresolved:
         text += " Not resolved: " + ", ".join(f"{a} and {b}" for a, b in unresolved) + "."
     return text
@@ -648,7 +650,8 @@ def build(paths: Sequence[str | Path], title: str = "fedlight report") -> tuple[
     for run in runs:
         by_split.setdefault(run.split, []).append(run)
     if len(by_split) > 1:
-        where = {split: os.path.commonpath([os.path.abspath(r.path) for r in found]) for split, found in by_split.items()}
+        where = {split: os.path.commonpath([os.path.abspath(r.path) for r in found])
+                 for split, found in by_split.items()}
         found = "; ".join(f"{plural(len(found), 'run')} on {split} under {where[split]}"
                           for split, found in sorted(by_split.items()))
         example = where[min(by_split, key=lambda split: split == "val")]  # tuning trials evaluate val

@@ -82,7 +82,8 @@ def read_module(module: str) -> tuple[dict[str, str], dict[str, ClassInfo]]:
     for node in tree.body:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                imported[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                imported[alias.asname or alias.name.split(".")[0]] = (alias.name if alias.asname
+                                                                      else alias.name.split(".")[0])
         elif isinstance(node, ast.ImportFrom):
             source = _absolute(node.module or "", node.level, package)
             for alias in node.names:

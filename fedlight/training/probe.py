@@ -160,7 +160,8 @@ def machine_cache_dir() -> Path:
     """fedlight's folder of things remembered on this machine: `$FEDLIGHT_CACHE_DIR`, else `~/.cache/fedlight`
     (under `$XDG_CACHE_HOME` when set). The trainer choices live here, and data caches that cannot sit beside
     their data (`fedlight.datamodules.femnist_cache`)."""
-    root = os.environ.get("FEDLIGHT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedlight"
+    root = (os.environ.get("FEDLIGHT_CACHE_DIR")
+            or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedlight")
     return Path(root)
 
 

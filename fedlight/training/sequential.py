@@ -214,8 +214,8 @@ class ClientTrainer:
     def batches(self, x: Tensor, y: Tensor, seed: int, epochs: int | None = None,
                 round: int = 1) -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of a client's local epochs on (x, y), converted as the module sees them, in the order
-        `fit` takes them (`batch_rows`), so a custom local loop (`ServerContext.clients.batches`) draws what `fit` would; the
-        module's trainer is told each step's place in round `round`, as `fit` tells it."""
+        `fit` takes them (`batch_rows`), so a custom local loop (`ServerContext.clients.batches`) draws what `fit`
+        would; the module's trainer is told each step's place in round `round`, as `fit` tells it."""
         for epoch, step, rows in self.batch_rows(len(y), seed, epochs, x.device):
             self.stand_in.at(round, epoch, step)
             yield epoch, step, self.batch_transform((x[rows], y[rows]), 0)

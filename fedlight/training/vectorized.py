@@ -9,11 +9,11 @@ permutation stream as the sequential trainer. Clients train largest first, so a 
 training's up to float rounding, with one caveat: where max pooling meets exactly equal activations, the batched
 kernel may route the gradient to another of the tied positions (an equally valid subgradient). The optimizer is
 applied functionally to the stacked rows with the hyper-parameters of the module's own optimizer (SGD with
-momentum/Nesterov/weight decay, Adam, AdamW), at the learning rates of its schedulers (`fedlight.training.schedules`). Buffers are per client too: BatchNorm's
-running statistics are a (clients, ...) tensor each, updated in place by the vmapped step as each client's own
-would be. What `training_step` logs comes back beside the loss, one value per client (`fedlight.training.step_logs`).
-Modules that cannot be vectorized (other optimizers, several parameter groups, a gradient scaler, cumulative
-BatchNorm averages) are reported by `unsupported_reason` and trained sequentially.
+momentum/Nesterov/weight decay, Adam, AdamW), at the learning rates of its schedulers (`fedlight.training.schedules`).
+Buffers are per client too: BatchNorm's running statistics are a (clients, ...) tensor each, updated in place by the
+vmapped step as each client's own would be. What `training_step` logs comes back beside the loss, one value per client
+(`fedlight.training.step_logs`). Modules that cannot be vectorized (other optimizers, several parameter groups, a
+gradient scaler, cumulative BatchNorm averages) are reported by `unsupported_reason` and trained sequentially.
 """
 from __future__ import annotations
 
