@@ -82,7 +82,8 @@ def main() -> None:
                                 env={**os.environ, "WANDB_MODE": "offline"}).stdout
         row = json.loads(output.strip().splitlines()[-1])
         rounds = ", ".join(f"{t:.1f}" for t in row["round_s"])
-        print(f"{method:9s} {row['clients']} clients, {row['params']:,} parameters: peak RSS {row['peak_rss_gb']:.2f} GB, "
+        print(f"{method:9s} {row['clients']} clients, {row['params']:,} parameters: "
+              f"peak RSS {row['peak_rss_gb']:.2f} GB, "
               f"set-up {row['setup_s']:.1f} s, rounds {rounds} s; client state: {row['client_state'] or 'none'}")
 
 

@@ -3,13 +3,14 @@
 
 The data module is the shipped configs' (configs/cross_device/femnist/common/data.yaml: 3,400 writers drawn from
 LEAF's, 1,000 public images); its files are LEAF-format JSON files of made images (`femnist_load.py` writes
-them; give their folder with --root, or let this script write them once into --root). Each method runs in a fresh process, which loads FEMNIST (the cached
-parse after the first load), runs --rounds rounds without evaluation, then evaluates every writer's model on its
-test split once. Beside every fedlight round, the same process runs a plain PyTorch FedAvg round of the same clients
-(`plain_loop.PlainLoop`: the same steps on the same network, one client after another), interleaved, so both see
-the same machine. Printed per method: the set-up's seconds (building the federation: the algorithm's `setup`),
-seconds a round (median) and against the plain loop, the evaluation's seconds, peak resident memory (`ru_maxrss`),
-and the client-state store's memory and file size. A method that refuses a cohort smaller than all clients says why.
+them; give their folder with --root, or let this script write them once into --root). Each method runs in a fresh
+process, which loads FEMNIST (the cached parse after the first load), runs --rounds rounds without evaluation, then
+evaluates every writer's model on its test split once. Beside every fedlight round, the same process runs a plain
+PyTorch FedAvg round of the same clients (`plain_loop.PlainLoop`: the same steps on the same network, one client after
+another), interleaved, so both see the same machine. Printed per method: the set-up's seconds (building the
+federation: the algorithm's `setup`), seconds a round (median) and against the plain loop, the evaluation's seconds,
+peak resident memory (`ru_maxrss`), and the client-state store's memory and file size. A method that refuses a cohort
+smaller than all clients says why.
 
     python benchmarks/cross_device.py --root DIR [--methods fedavg ditto ...] [--rounds 5] [--per_round 10]
         [--json out.json] [--shipped_args]
@@ -139,7 +140,8 @@ def in_a_fresh_process(method: str, args: argparse.Namespace) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| method | set-up s | round 1 s | s/round (median of later) | plain loop s/round | ratio | eval s (all writers) | peak RSS GB "
+    lines = ["| method | set-up s | round 1 s | s/round (median of later) | plain loop s/round | ratio "
+             "| eval s (all writers) | peak RSS GB "
              "| state in memory GB | state file GB | trainer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "round_s" not in row:
@@ -148,7 +150,8 @@ def table(rows: list[dict]) -> str:
             continue
         later = slice(1, None) if len(row["round_s"]) > 1 else slice(None)  # round 1 also sets up (the probe)
         ours, theirs = statistics.median(row["round_s"][later]), statistics.median(row["plain_round_s"][later])
-        lines.append(f"| {row['method']} | {row['setup_s']:.1f} | {row['round_s'][0]:.2f} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} | {row['eval_s']:.1f} "
+        lines.append(f"| {row['method']} | {row['setup_s']:.1f} | {row['round_s'][0]:.2f} | {ours:.2f} | {theirs:.2f} "
+                     f"| {ours / theirs:.2f} | {row['eval_s']:.1f} "
                      f"| {row['peak_rss_gb']:.2f} | {row['state_memory_gb']:.2f} | {row['state_file_gb']:.2f} "
                      f"| {row['trainer']} |")
     return "\n".join(lines)
@@ -156,12 +159,14 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, required=True, help="LEAF FEMNIST folder (train/, test/); written if empty")
+    parser.add_argument("--root", type=Path, required=True,
+                        help="LEAF FEMNIST folder (train/, test/); written if empty")
     parser.add_argument("--methods", nargs="+", default=[DEFAULT])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per_round", type=int, default=10)
     parser.add_argument("--vectorize", type=int, default=-1, help="federation.vectorize (-1: measured)")
-    parser.add_argument("--writers", type=int, default=None, help="writers to write when --root is empty (LEAF's 3,550)")
+    parser.add_argument("--writers", type=int, default=None,
+                        help="writers to write when --root is empty (LEAF's 3,550)")
     parser.add_argument("--num_writers", type=int, default=None, help="default: the shipped configs' 3,400")
     parser.add_argument("--public_size", type=int, default=None, help="default: the shipped configs' 1,000")
     parser.add_argument("--no_eval", action="store_true", help="skip the evaluation of every writer")

@@ -58,7 +58,8 @@ def main() -> None:
               "local_epochs": args.local_epochs, "batch_size": args.batch_size, "rounds_timed": args.rounds,
               "fedlight_round_s": median["fedlight"], "plain_round_s": median["plain"],
               "ratio": median["fedlight"] / median["plain"], "max_param_diff_after_round_1": max_diff,
-              "vectorized_round_s": median["vectorized"], "vectorized_speedup_vs_plain": median["plain"] / median["vectorized"],
+              "vectorized_round_s": median["vectorized"],
+              "vectorized_speedup_vs_plain": median["plain"] / median["vectorized"],
               "torch_threads": torch.get_num_threads()}
     print("| device | precision | clients | fedlight s/round | plain s/round | ratio | max param diff | "
           "vectorized s/round | vectorized speed-up |")

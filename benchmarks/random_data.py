@@ -21,8 +21,10 @@ class RandomImages(FederatedDataModule):
 
     def load_pool(self):
         g = torch.Generator().manual_seed(0)
-        n, shape = self.num_clients * self.samples, (self.num_clients * self.samples, self.channels, self.size, self.size)
-        x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g) if self.uint8 else torch.rand(shape, generator=g)
+        n, shape = self.num_clients * self.samples, (self.num_clients * self.samples, self.channels, self.size,
+                                                     self.size)
+        x = (torch.randint(0, 256, shape, dtype=torch.uint8, generator=g) if self.uint8
+             else torch.rand(shape, generator=g))
         return x, torch.randint(0, self.classes, (n,), generator=g)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):

@@ -98,7 +98,8 @@ def robust_tables(folder: Path) -> str:
                  for k in ATTACKS]
         lines.append(f"| {aggregator} | " + " | ".join(cells) + " |")
     lines += ["", "OCFL's clustering: ARI against the rotations, and against the rotations with the attackers as a "
-              "fifth cluster:", "", "| aggregator | clean ARI | sign_flip ARI (attackers) | label_flip ARI (attackers) |",
+              "fifth cluster:", "",
+              "| aggregator | clean ARI | sign_flip ARI (attackers) | label_flip ARI (attackers) |",
               "|---|---|---|---|"]
     for aggregator in AGGREGATORS:
         cells = [cell(final(folder, f"ocfl-{aggregator}-clean", "cluster/ari"))]
@@ -115,7 +116,8 @@ def private_table(folder: Path) -> str:
              "|---|---|---|---|---|---|---|"]
     for epsilon in EPSILONS:
         tag = epsilon or "none"
-        noise = [z for name in PRIVATE_ALGORITHMS for z in final(folder, f"{name}-eps{tag}", "privacy/noise_multiplier")]
+        noise = [z for name in PRIVATE_ALGORITHMS
+                 for z in final(folder, f"{name}-eps{tag}", "privacy/noise_multiplier")]
         cells = [f"{noise[0]:.2f}" if noise else "-", cell(final(folder, f"fedavg-eps{tag}", "test/acc_mean"))]
         for name in ("ocfl", "ifca"):
             cells += [cell(final(folder, f"{name}-eps{tag}", key)) for key in ("test/acc_mean", "cluster/ari")]

@@ -72,7 +72,8 @@ def recordings() -> list[Recording]:
         *[Recording(name, CENTROIDS / f"syn_o_h2_{name}.yaml", rounds=1) for name in ("pfclus", "kfed", "centclus")],
         Recording("mfc", CENTROIDS / "syn_o_h2_mfc.yaml"),
         Recording("fedavg-vec4", ROTATIONS, vectorize="4"),
-        Recording("ditto-vec4", DIGITS / "skew" / "ditto.yaml", vectorize="4"),  # vectorized group work (dropout: masks per group)
+        Recording("ditto-vec4", DIGITS / "skew" / "ditto.yaml",
+                  vectorize="4"),  # vectorized group work (dropout: masks per group)
         Recording("fedper-vec4", DIGITS / "skew" / "fedper.yaml", vectorize="4"),  # personal layers, vectorized
         Recording("scaffold-vec4", DIGITS / "skew" / "scaffold.yaml", vectorize="4"),  # a gradient correction
         Recording("fedrep-vec4", DIGITS / "skew" / "fedrep.yaml", vectorize="4"),  # frozen parts, vectorized

@@ -5,8 +5,9 @@ a difference whose interval excludes 0 is marked, one that spans 0 is not resolv
     python benchmarks/seed_intervals.py runs/sweep-baselines-skew [--metrics test/acc_mean test/acc_worst]
                                         [--against FedAvg] [--level 0.95]
 
-The groups are the report's (`fedlight.reports.report.group_runs`: one per configuration); a configuration is named by its runs' folder name without the seed (a sweep entry's `name`), else by the report's
-label; `--against` names the reference (default: the first).
+The groups are the report's (`fedlight.reports.report.group_runs`: one per configuration); a configuration is named by
+its runs' folder name without the seed (a sweep entry's `name`), else by the report's label; `--against` names the
+reference (default: the first).
 """
 from __future__ import annotations
 

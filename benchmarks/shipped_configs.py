@@ -1,8 +1,8 @@
 """The shipped configs end to end, three ways: `federation.vectorize` -1 (auto), 0 (sequential) and the clients'
-count (vectorized: one group of up to 256), each a fresh `python -m fedlight fit` process (set-up, probe, training, evaluation), the three
-taking turns per config. Reported per config: seconds per round (the rounds' own times in metrics.csv, the probe,
-training and evaluation included; the process's start-up and set-up are reported apart as its wall time), auto's
-choice and reason (summary.json's plan), and each way's peak resident memory.
+count (vectorized: one group of up to 256), each a fresh `python -m fedlight fit` process (set-up, probe, training,
+evaluation), the three taking turns per config. Reported per config: seconds per round (the rounds' own times in
+metrics.csv, the probe, training and evaluation included; the process's start-up and set-up are reported apart as its
+wall time), auto's choice and reason (summary.json's plan), and each way's peak resident memory.
 
     python benchmarks/shipped_configs.py [--configs configs/digits] [--rounds 5] [--repeats 1] [--json out.json]
 
@@ -135,8 +135,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = []
-    print("| config | auto s/round | sequential s/round | vectorized s/round | auto's choice (reason) | auto vs faster | "
-          "process wall s (auto/seq/vec) | peak RSS MB (auto/seq/vec) |\n|---|---|---|---|---|---|---|---|", flush=True)
+    print("| config | auto s/round | sequential s/round | vectorized s/round | auto's choice (reason) | "
+          "auto vs faster | process wall s (auto/seq/vec) | peak RSS MB (auto/seq/vec) |\n"
+          "|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for config in configs_under([c.resolve() for c in args.configs]):
             runs: dict[str, list[dict]] = {mode: [] for mode in MODES}

@@ -120,7 +120,8 @@ def main() -> None:
         else:
             rows.append(run_isolated(kind, n, size, dtype, args.accelerator))
         print(json.dumps(rows[-1]), file=sys.stderr)
-    print("| matrix | clients n | d (params) or m (samples) | storage | input GB | seconds | peak added GB | max |cos - fp32| |")
+    print("| matrix | clients n | d (params) or m (samples) | storage | input GB | seconds | peak added GB "
+          "| max |cos - fp32| |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         timing = (f"{r['seconds']:.3f} | {r['peak_added_gb']:.3f}" if "seconds" in r else f"not run: {r['skipped']} |")

@@ -1,8 +1,8 @@
 """The table of configs/sweeps/system_stragglers.yaml: per method and selection (`system.selection`), the mean and
-standard deviation over seeds (one row per method, deadline and selection) of the last round's mean and worst-client test accuracy, the accuracy of the slow
-cluster (its true cluster's mean, `cluster_acc/true_<k>`), the ARI of the found clusters against the true ones, the
-virtual time to reach each target mean accuracy (with how many seeds reached it) and the total virtual time, read from
-the run folders' metrics.csv alone (docs/system_experiments.md).
+standard deviation over seeds (one row per method, deadline and selection) of the last round's mean and worst-client
+test accuracy, the accuracy of the slow cluster (its true cluster's mean, `cluster_acc/true_<k>`), the ARI of the
+found clusters against the true ones, the virtual time to reach each target mean accuracy (with how many seeds reached
+it) and the total virtual time, read from the run folders' metrics.csv alone (docs/system_experiments.md).
 
     python -m fedlight sweep --config configs/sweeps/system_stragglers.yaml
     python benchmarks/system_stragglers.py runs/sweep-system-stragglers [--targets 0.7 0.8] [--slow_cluster 3] \
@@ -67,7 +67,8 @@ def table(runs: Sequence[Run], targets: Sequence[float], slow_cluster: int) -> s
     deadlines = list(dict.fromkeys(key[1] for key in groups))
     order = sorted(groups, key=lambda key: (algorithms.index(key[0]), deadlines.index(key[1]), key[2] != "uniform",
                                             key[2]))
-    header = ["method", "deadline", "selection", "seeds", "acc mean", "acc worst client", f"acc slow cluster ({slow_cluster})",
+    header = ["method", "deadline", "selection", "seeds", "acc mean", "acc worst client",
+              f"acc slow cluster ({slow_cluster})",
               "ARI", *(f"virtual s to acc {t:g} (seeds reached)" for t in targets), "virtual s total",
               "dropped by deadline / round"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -58,6 +58,7 @@ def reset_peak_rss() -> None:
 def _proc_status() -> dict[str, int]:
     try:
         with open("/proc/self/status") as f:
-            return {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f) if v.strip().endswith("kB")}
+            return {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)
+                    if v.strip().endswith("kB")}
     except OSError:
         return {}

@@ -157,9 +157,10 @@ def test_shipped_configs_benchmark_finds_run_configs_and_compares_auto_with_the_
     row = {"config": "configs/digits/x.yaml",
            "auto": {"s_per_round": 1.1, "wall_s": 9.0, "peak_mb": 900.0,
                     "summary": {"plan": {"trainer": "sequential", "reason": "probe"}}},
-           "sequential": {"s_per_round": 1.0, "wall_s": 8.0, "peak_mb": 800.0}, "vectorized": {"error": "out of memory"}}
-    assert shipped_configs.table_row(row) == ("| configs/digits/x.yaml | 1.10 | 1.00 | out of memory | sequential (probe) "
-                                              "| 1.10x | 9.0/8.0/- | 900/800/- |")
+           "sequential": {"s_per_round": 1.0, "wall_s": 8.0, "peak_mb": 800.0},
+           "vectorized": {"error": "out of memory"}}
+    assert shipped_configs.table_row(row) == ("| configs/digits/x.yaml | 1.10 | 1.00 | out of memory "
+                                              "| sequential (probe) | 1.10x | 9.0/8.0/- | 900/800/- |")
     assert shipped_configs.fastest([{"s_per_round": 2.0}, {"error": "x"}, {"s_per_round": 1.5}]) == {"s_per_round": 1.5}
     assert "other repetitions chose vectorized" in shipped_configs.table_row({**row, "auto_choices": ["sequential",
                                                                                                     "vectorized"]})

@@ -87,7 +87,8 @@ def test_early_stopping_stops_where_the_uninterrupted_run_says(tmp_path, tiny_ru
                                  *early_stopping("train/loss", "max", 1)]) == 0
     early = rows(tmp_path / "early" / "metrics.csv")
     assert len(early) == expected
-    assert [r["train/loss"] for r in early] == [r["train/loss"] for r in rows(tmp_path / "whole" / "metrics.csv")][:expected]
+    assert [r["train/loss"] for r in early] == [r["train/loss"]
+                                                for r in rows(tmp_path / "whole" / "metrics.csv")][:expected]
     summary = json.loads((tmp_path / "early" / "summary.json").read_text())
     assert summary["rounds"] == expected and "train/loss has not improved" in summary["stopped"]
 

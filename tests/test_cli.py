@@ -200,7 +200,8 @@ def test_algorithm_help_takes_a_short_name_as_algorithm_does(capsys, arguments, 
 def test_algorithm_help_with_an_unknown_short_name_lists_the_installed_ones(capsys):
     assert main(["fit", "--algorithm.help", "ocfll"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fedlight: error: unknown algorithm 'ocfll' (did you mean 'ocfl'?): choose one of ") and "ocfl," in err
+    assert (err.startswith("fedlight: error: unknown algorithm 'ocfll' (did you mean 'ocfl'?): choose one of ")
+            and "ocfl," in err)
     assert len(err.strip().splitlines()) == 1
 
 
@@ -293,7 +294,8 @@ def test_an_unknown_algorithm_lists_every_shipped_one_also_beside_an_installed_p
                 monkeypatch.syspath_prepend(str(site))
             assert main(tiny_run_args + ["--algorithm", "fedavgg"]) == 2
             err = capsys.readouterr().err
-            assert err.startswith("fedlight: error: unknown algorithm 'fedavgg' (did you mean 'fedavg'?): choose one of ")
+            assert err.startswith("fedlight: error: unknown algorithm 'fedavgg' (did you mean 'fedavg'?): "
+                                  "choose one of ")
             listed = err.split("choose one of ", 1)[1].split(", or give", 1)[0].split(", ")
             assert set(SHIPPED) | set(installed) <= set(listed), listed
     finally:

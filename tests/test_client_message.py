@@ -82,8 +82,9 @@ def test_every_extension_reads_the_declared_entries_and_the_rounds_that_need_eve
 
 @pytest.mark.parametrize("kind, refused", [(SUMMED, True), (MODEL, False)])
 def test_privacy_refuses_a_summed_statistic_and_takes_a_model_entry(kind, refused):
-    make = lambda: small_federation(SendsCounts(declare=kind), rounds=1,
-                                    privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))
+    def make():
+        return small_federation(SendsCounts(declare=kind), rounds=1,
+                                privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))
     if refused:
         with pytest.raises(ValueError, match=re.escape("privacy: SendsCounts's clients send 'label_counts' (a "
                                                        "statistic summed over clients) beside their models")):
@@ -110,8 +111,8 @@ def test_srfca_under_a_smaller_buffer_is_refused_in_one_line():
     with pytest.raises(ValueError) as refused:
         small_federation(SRFCA(), num_clients=6, rounds=1, system=SystemConfig(buffer_size=2))
     assert str(refused.value) == ("system.buffer_size: SRFCA needs every client's update in its one-shot round (round "
-                                  "1), whose local models it clusters, but FedBuff aggregates the first 2 arrivals of 6 "
-                                  "clients: leave buffer_size out for SRFCA")
+                                  "1), whose local models it clusters, but FedBuff aggregates the first 2 arrivals of "
+                                  "6 clients: leave buffer_size out for SRFCA")
 
 
 def test_srfca_under_a_buffer_of_every_client_is_the_synchronous_run_bit_for_bit():
@@ -166,7 +167,8 @@ def test_a_stale_model_entry_is_re_based_on_the_models_it_would_be_trained_from_
     omega = {"now": torch.tensor([5.0, 1.0])}
     trained_from = {"global_copy": lambda clients: omega["now"].expand(len(clients), -1)}
     waiting = InFlight(np.array([0]), np.array([0]), np.array([2.0]), torch.tensor([[3.0, -3.0]]),
-                       torch.tensor([[1.0, 1.0]]), torch.tensor([0.5]), {}, {"global_copy": torch.tensor([[3.0, -3.0]])},
+                       torch.tensor([[1.0, 1.0]]), torch.tensor([0.5]), {},
+                       {"global_copy": torch.tensor([[3.0, -3.0]])},
                        {"global_copy": torch.tensor([[1.0, 1.0]])})
     arrived, _ = take_arrivals(waiting, None, np.zeros(0), 3, 1, "polynomial", lambda c: torch.tensor([1.0, 1.0]),
                                torch.tensor([4.0]), trained_from)

@@ -198,7 +198,8 @@ def test_cfl_cooldown_keeps_fresh_children_from_splitting_again():
     fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0, split_cooldown=3), num_clients=8)
     alg = fed.algorithm
     d = fed.flat.numel
-    alg.pre_aggregation(1, RoundUpdates.of(updates_from_deltas(opposed_within_clusters(alg.assignment, d), alg.models[0])))
+    alg.pre_aggregation(1, RoundUpdates.of(updates_from_deltas(opposed_within_clusters(alg.assignment, d),
+                                                               alg.models[0])))
     assert len(alg.models) == 2
     for round, expected in ((2, 2), (3, 2), (4, 4)):  # children born in round 1 may split from round 4 on
         deltas = opposed_within_clusters(alg.assignment, d)

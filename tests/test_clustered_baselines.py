@@ -391,7 +391,8 @@ def test_weighted_training_with_unit_weights_is_the_mean_cross_entropy_step():
     plain = server.clients.train(1, 0, start).params
     weighted = server.clients.train(1, 0, start, sample_weights=torch.ones(int(server.clients.train_sizes[0]))).params
     assert torch.allclose(plain, weighted, atol=1e-6)
-    unmoved = server.clients.train(1, 0, start, epochs=1, sample_weights=torch.zeros(int(server.clients.train_sizes[0]))).params
+    unmoved = server.clients.train(1, 0, start, epochs=1,
+                                   sample_weights=torch.zeros(int(server.clients.train_sizes[0]))).params
     assert torch.equal(unmoved, start)  # zero weights: zero gradient, no step
 
 

@@ -12,7 +12,6 @@ from fedlight.algorithms.flis import FlisDC, FlisHC
 from fedlight.algorithms.ifca import IFCA
 from fedlight.algorithms.pacfl import PACFL
 from fedlight.algorithms.fedavg import FedAvg
-from fedlight.datamodules import Rotations
 
 
 def counting_loss_rows(fed) -> list[int]:
@@ -53,7 +52,8 @@ def test_a_subset_of_clients_has_the_losses_of_the_whole_matrix_by_hand():
     for j, client in enumerate(some):
         x, y = fed.data.train.client(client)
         for k in range(2):
-            assert float(losses[k, j]) == pytest.approx(float(F.cross_entropy(fed.server.model.predict(models[k], x), y)),
+            assert float(losses[k, j]) == pytest.approx(float(F.cross_entropy(fed.server.model.predict(models[k], x),
+                                                                              y)),
                                                         rel=1e-5)
     assert torch.allclose(losses, fed.server.clients.losses(models, "train")[:, some])
 
@@ -171,7 +171,8 @@ def test_the_plan_line_names_the_work_on_every_client():
                                                 "(federation.eval_every)"]
     assert ifca.execution.plan.describe().endswith("; on every client: every client picks its cluster by loss in "
                                                    "each evaluated round (federation.eval_every)")
-    assert "every client that has not trained yet" in small_federation(FlisDC(), public_size=30).execution.plan.describe()
+    assert ("every client that has not trained yet"
+            in small_federation(FlisDC(), public_size=30).execution.plan.describe())
     for method, said in [(FLHC(cluster_round=2, num_clusters=2), "trains every client in its clustering round"),
                          (FeSEM(num_clusters=2), "trains every client in its seeding round"),
                          (FlisHC(), "trains every client in its phase 0"),

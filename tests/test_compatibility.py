@@ -1,8 +1,7 @@
 """The compatibility table (`fedlight.run.compatibility`): made by running every algorithm with each extension,
-shipped in docs/compatibility.md and printed by `fedlight list --compatibility` from the shipped rows. The shipped table covers every
-registered algorithm and has no cell that fails other than by a one-line refusal; every row made again here equals
-the shipped one; a DP cell that runs releases models carrying noise of the stated
-scale."""
+shipped in docs/compatibility.md and printed by `fedlight list --compatibility` from the shipped rows. The shipped
+table covers every registered algorithm and has no cell that fails other than by a one-line refusal; every row made
+again here equals the shipped one; a DP cell that runs releases models carrying noise of the stated scale."""
 import subprocess
 import sys
 from pathlib import Path

@@ -46,7 +46,8 @@ def test_each_algorithm_meets_the_checklist(name, config_texts, test_texts):
     assert re.search(rf"\b({re.escape(class_name)}|{re.escape(name)})\b", test_texts), \
         f"{name}: no test names it (step 4)"
     assert f"`{name}`" in (REPO / "README.md").read_text(), f"{name}: not in the README's algorithm table (step 6)"
-    assert name in ROWS, f"{name}: not in the compatibility table: python -m fedlight.run.compatibility --write (step 7)"
+    assert name in ROWS, (f"{name}: not in the compatibility table: python -m fedlight.run.compatibility --write "
+                          "(step 7)")
 
 
 def test_the_repository_has_its_license_and_guides_for_contributors():

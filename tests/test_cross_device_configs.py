@@ -68,7 +68,8 @@ def test_every_method_that_accepts_a_cohort_has_a_config_and_no_other_does():
     registered, shipped = set(short_names()), {path.stem for path in CONFIGS}
     missing = sorted(registered - shipped - set(REFUSES))
     assert not missing, (f"no config under configs/cross_device/femnist/ for {', '.join(missing)}: add one, or, if the "
-                         "method refuses federation.clients_per_round, list it in REFUSES (and in docs/guides/cross_device.md) with why")
+                         "method refuses federation.clients_per_round, list it in REFUSES (and in "
+                         "docs/guides/cross_device.md) with why")
     assert not shipped & set(REFUSES), f"configs for methods that refuse a cohort: {sorted(shipped & set(REFUSES))}"
     assert not shipped - registered, f"configs named after no registered method: {sorted(shipped - registered)}"
 

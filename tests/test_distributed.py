@@ -99,7 +99,8 @@ def assert_same_numbers(a: Path, b: Path, rel_tol: float = 0.0) -> None:
     ids=["fedavg, clipped mean (streamed) against random updates", "ocfl, median (held) against sign flips",
          "fedper (personal parts)", "ditto (personal state in the updates) with DP-FedAvg and adaptive clipping",
          "fedem (a row per component from every client) with DP-FedAvg and adaptive clipping",
-         "scaffold (control variates)", "pfedme (cohort only), personal models beyond three spilled to each process's file",
+         "scaffold (control variates)",
+         "pfedme (cohort only), personal models beyond three spilled to each process's file",
          "ifca with held-out clients"])
 def test_two_processes_give_the_metrics_of_one_bit_for_bit_and_one_run_folder(tmp_path, algorithm):
     args = RUN + EXACT + algorithm + ["--federation.rounds", "3"]

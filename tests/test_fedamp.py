@@ -33,7 +33,8 @@ def test_the_client_step_adds_lambda_over_alpha_k_times_w_minus_u_to_every_gradi
     alpha_k, lam = 0.5, 0.8
     fed = small_federation(FedAMP(alpha_k=alpha_k, lam=lam), num_clients=3, local_epochs=2, batch_size=10_000)
     alg, server = fed.algorithm, fed.server
-    u = server.model.initial_params + 0.05 * torch.randn(server.model.num_params, generator=torch.Generator().manual_seed(1))
+    u = server.model.initial_params + 0.05 * torch.randn(server.model.num_params,
+                                                         generator=torch.Generator().manual_seed(1))
     trained = alg.train_group(1, [1], u[None]).params[0]
     (_, _, first), (_, _, second) = list(server.clients.batches(1, 1, 2))  # one batch an epoch: two SGD steps
     lr = server.clients.learning_rate(1)

@@ -110,7 +110,8 @@ def test_a_round_averages_body_policy_and_uploaded_global_heads_clients_predict_
     alg, server = fed.algorithm, fed.server
     personal, shared = server.model.layer_mask(["network.out"]), server.model.layer_mask([GLOBAL_HEAD])
     assert torch.equal(alg.personal_mask, personal) and torch.equal(alg.models[0, shared], alg.models[0, personal])
-    assert int(server.model.layer_mask([f"{POLICY}.0", f"{POLICY}.1"]).sum()) == 32 * 64 + 64 + 2 * 64  # Linear, LayerNorm
+    assert int(server.model.layer_mask([f"{POLICY}.0", f"{POLICY}.1"]).sum()) == (32 * 64 + 64  # Linear,
+                                                                                  + 2 * 64)  # LayerNorm
     received, clients = alg.models[0, shared].clone(), alg.select_clients(1)
     assert len(clients) == 3
     fed.run_round(1)

@@ -87,7 +87,8 @@ def test_a_client_predicts_with_each_models_share_of_its_joint_density_given_x()
     expected = [sum(share[k] * float(probs[k, y]) for k in range(2)) / sum(share) for y in range(2)]
     predictor = GaussianMixturePredictor(lambda theta, x: probs[int(theta[0])].log().expand(len(x), -1),
                                          torch.tensor([[0.0], [1.0]]), torch.tensor(pi).log(),
-                                         lambda x: x.to(torch.float64), torch.tensor([[0.0], [3.0]], dtype=torch.float64),
+                                         lambda x: x.to(torch.float64),
+                                         torch.tensor([[0.0], [3.0]], dtype=torch.float64),
                                          torch.eye(1, dtype=torch.float64).expand(2, 1, 1))
     assert torch.allclose(predictor(torch.tensor([[1.0]])).exp(), torch.tensor([expected]))
 
@@ -100,7 +101,8 @@ def test_on_rotations_a_run_beats_chance_logs_clusters_and_keeps_every_clients_w
     assert all("cluster/ari" in result.scalars for result in results)
     assert results[-1].scalars["test/acc_mean"] > 0.3  # chance is 0.1
     assert alg.cluster_labels().shape == (6,)
-    stored = alg.mixture.read(range(6)).to(torch.float64) * fed.server.clients.train_sizes.to(torch.float64)[:, None, None]
+    stored = (alg.mixture.read(range(6)).to(torch.float64)
+              * fed.server.clients.train_sizes.to(torch.float64)[:, None, None])
     assert torch.allclose(alg.mass, stored.sum(dim=0))  # the running total, kept from the rounds' clients alone
 
 

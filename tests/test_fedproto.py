@@ -28,7 +28,8 @@ def test_the_objective_is_cross_entropy_plus_lambda_times_the_mean_squared_dista
     assert math.isclose(float(prototype_distance(features, y, prototypes, first)), 5 / 6, rel_tol=1e-6)
     algorithm, head = FedProto(lam=0.5), nn.Linear(2, 2)
     nn.init.zeros_(head.weight), nn.init.zeros_(head.bias)
-    algorithm.server, algorithm.prototypes, algorithm.known = SimpleNamespace(model=SimpleNamespace(head=head)), prototypes, both
+    algorithm.server, algorithm.prototypes, algorithm.known = (SimpleNamespace(model=SimpleNamespace(head=head)),
+                                                               prototypes, both)
     with torch.no_grad():
         loss = algorithm._objective(nn.Sequential(head), (features, y), torch.empty(0))
     assert math.isclose(float(loss), math.log(2) + 0.5 * 11 / 6, rel_tol=1e-6)

@@ -19,7 +19,8 @@ def test_balanced_softmax_shifts_the_logits_by_the_log_class_counts():
     logits = torch.zeros(2, 2)
     loss = balanced_softmax_loss(logits, torch.tensor([0, 1]), torch.tensor([3.0, 1.0]).log())
     assert math.isclose(float(loss), (math.log(4 / 3) + math.log(4)) / 2, rel_tol=1e-6)
-    three = balanced_softmax_loss(torch.tensor([[1.0, 2.0, 5.0]]), torch.tensor([0]), torch.tensor([1.0, 1.0, 0.0]).log())
+    three = balanced_softmax_loss(torch.tensor([[1.0, 2.0, 5.0]]), torch.tensor([0]),
+                                  torch.tensor([1.0, 1.0, 0.0]).log())
     assert math.isclose(float(three), math.log(1 + math.e), rel_tol=1e-6)  # -log(e / (e + e^2))
 
 

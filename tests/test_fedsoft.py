@@ -1,7 +1,5 @@
 """FedSoft: importance weights, the centers' importance and the proximal gradient worked by hand; a round's draws and
 centers against their definitions; clusters found on rotations; exact resume; bad options refused in one line."""
-import json
-
 import numpy as np
 import pytest
 import torch

@@ -42,7 +42,7 @@ def one_round(fed: Federation, round: int) -> Updates:
 
 def groups(labels) -> set[frozenset[int]]:
     """A clustering as a set of member sets (label names do not matter)."""
-    return {frozenset(i for i, l in enumerate(labels) if l == g) for g in set(labels.tolist())}
+    return {frozenset(i for i, label in enumerate(labels) if label == g) for g in set(labels.tolist())}
 
 
 def test_never_clustering_with_a_constant_learning_rate_is_fedavg():

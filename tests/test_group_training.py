@@ -52,10 +52,12 @@ def test_clients_are_unequal_so_groups_have_short_and_missing_batches():
 def test_train_many_one_client_after_another_is_train_for_each_client_bit_for_bit():
     fed = mlp_federation(vectorize=0)
     starts, clients = noisy_starts(fed, 4), [3, 0, 4, 1]
-    weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients]
+    weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c))
+               for c in clients]
     got = fed.server.clients.train_many(2, clients, starts, epochs=1, lr_scale=0.5, sample_weights=weights,
                                         purpose="other").params
-    expected = torch.stack([fed.server.clients.train(2, c, s, epochs=1, lr_scale=0.5, purpose="other", sample_weights=w).params
+    expected = torch.stack([fed.server.clients.train(2, c, s, epochs=1, lr_scale=0.5, purpose="other",
+                                                     sample_weights=w).params
                             for c, s, w in zip(clients, starts, weights)])
     assert torch.equal(got, expected)
 
@@ -64,10 +66,12 @@ def test_train_many_one_client_after_another_is_train_for_each_client_bit_for_bi
 def test_train_many_vectorized_matches_each_client_alone(weighted):
     fed = mlp_federation(vectorize=3)  # groups of 3 and 2
     starts, clients = noisy_starts(fed, 5), [0, 1, 2, 3, 4]
-    weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients] \
+    weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c))
+               for c in clients] \
         if weighted else None
     got = fed.server.clients.train_many(1, clients, starts, sample_weights=weights)
-    expected = torch.stack([fed.server.clients.train(1, c, s, sample_weights=None if weights is None else weights[i]).params
+    expected = torch.stack([fed.server.clients.train(1, c, s,
+                                                     sample_weights=None if weights is None else weights[i]).params
                             for i, (c, s) in enumerate(zip(clients, starts))])
     assert fed.execution.plan.trainer == "vectorized"
     assert torch.allclose(got.params, expected, atol=1e-6)
@@ -89,7 +93,8 @@ def test_a_group_hook_sees_each_clients_rows_and_positions(buffers):
         grad.add_(params - anchors[rows], alpha=0.3)
 
     got = fed.server.clients.train_many(1, clients, starts, gradient_hook=group_hook).params
-    expected = torch.stack([fed.server.clients.train(1, c, s, gradient_hook=lambda p, g, b, a=a: g.add_(p - a, alpha=0.3)).params
+    expected = torch.stack([fed.server.clients.train(1, c, s,
+                                                     gradient_hook=lambda p, g, b, a=a: g.add_(p - a, alpha=0.3)).params
                             for c, s, a in zip(clients, starts, anchors)])
     assert seen == {0, 1, 2, 3}
     assert torch.allclose(got, expected, atol=1e-6)
@@ -136,15 +141,15 @@ def test_a_frozen_body_costs_no_backward_pass(vectorize):
     with MatrixProducts() as frozen:
         got = fed.server.clients.train_many(1, clients, starts, trainable=last).params
     with MatrixProducts() as masked:
-        expected = fed.server.clients.train_many(1, clients, starts, gradient_hook=lambda rows, p, g, s: g.masked_fill_(~last, 0)
-                                                 ).params
+        expected = fed.server.clients.train_many(1, clients, starts,
+                                                 gradient_hook=lambda rows, p, g, s: g.masked_fill_(~last, 0)).params
     assert frozen.count * 5 == masked.count * 3
     assert torch.equal(got[:, last], expected[:, last])
 
 
 def test_group_batches_give_each_client_its_own_batches_in_order():
-    """Every client's rows of the group steps, in order, are the batches `server.clients.batches` gives it alone; every step
-    stacks batches of one size."""
+    """Every client's rows of the group steps, in order, are the batches `server.clients.batches` gives it alone; every
+    step stacks batches of one size."""
     fed = mlp_federation()
     clients = [4, 1, 0, 3]
     mine = {row: [] for row in range(len(clients))}

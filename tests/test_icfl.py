@@ -3,7 +3,6 @@ recovered with the cluster and pool models checked against the clients' own trai
 aggregator, exact resume, bad options refused in one line."""
 import math
 
-import numpy as np
 import pytest
 import torch
 

@@ -160,7 +160,8 @@ def test_ctrl_c_while_the_modules_load_prints_one_line(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     quickstart = str(Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml")
     command = [sys.executable, "-m", "fedlight", "fit", "--config", quickstart, "--print_config"]  # loads its classes
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     time.sleep(0.8)  # `list` answers in under a second now; a config's classes take seconds (torch, Lightning): the
     # signal lands while they load
     process.send_signal(signal.SIGINT)

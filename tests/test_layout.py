@@ -107,7 +107,8 @@ def test_algorithms_import_only_the_plugin_namespace_and_the_clustering_toolkit(
                     f"{path.relative_to(REPO)} imports {name}: import its names from fedlight.plugin itself"
             else:
                 assert parts[1] in ("cluster", "algorithms"), \
-                    f"{path.relative_to(REPO)} imports {name}: an algorithm imports fedlight.plugin and fedlight.cluster"
+                    (f"{path.relative_to(REPO)} imports {name}: an algorithm imports fedlight.plugin and "
+                     "fedlight.cluster")
 
 
 def test_the_execution_path_is_declared_not_inferred_from_overrides():
@@ -128,7 +129,8 @@ def test_run_round_reads_as_the_algorithms_story_and_calls_no_collective():
 
 def documented_paths() -> list[str]:
     paths = []
-    for doc in (REPO / "docs" / "architecture.md", REPO / "README.md", *sorted((REPO / "docs" / "guides").glob("*.md"))):
+    for doc in (REPO / "docs" / "architecture.md", REPO / "README.md",
+                *sorted((REPO / "docs" / "guides").glob("*.md"))):
         for match in re.findall(r"`((?:fedlight|tests|benchmarks|configs|docs|algorithms|models|datamodules)/"
                                 r"[\w./-]*)`", doc.read_text()):
             paths.append(match)
@@ -145,8 +147,8 @@ def test_every_file_path_the_docs_name_exists():
 def test_every_module_the_docs_name_exists():
     doc = (REPO / "docs" / "architecture.md").read_text()
     named = set(re.findall(r"`(fedlight(?:\.\w+)+)`", doc))
-    missing = [n for n in named if n not in MODULES and n.rsplit(".", 1)[0] not in MODULES and n != "fedlight.EarlyStopping"
-               and not hasattr(__import__("fedlight"), n.split(".")[1])]
+    missing = [n for n in named if n not in MODULES and n.rsplit(".", 1)[0] not in MODULES
+               and n != "fedlight.EarlyStopping" and not hasattr(__import__("fedlight"), n.split(".")[1])]
     assert not missing, missing
 
 

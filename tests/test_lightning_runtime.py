@@ -161,7 +161,8 @@ def test_every_precision_runs_the_ordinary_module_vectorized(tmp_path, precision
     args = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "4",
             "--model", "ordinary_module.OrdinaryModule", "--algorithm", "fedavg", "--federation.rounds", "2",
             "--federation.batch_size", "32", "--federation.accelerator", "cpu", "--federation.precision", precision,
-            "--federation.vectorize", "4", "--logger.wandb", "false", "--output_dir", str(tmp_path), "--run_name", "run"]
+            "--federation.vectorize", "4", "--logger.wandb", "false", "--output_dir", str(tmp_path),
+            "--run_name", "run"]
     assert main(args) == 0, capsys.readouterr().err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["vectorized"] is True and summary["vectorized_reason"] is None

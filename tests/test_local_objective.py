@@ -1,6 +1,6 @@
 """A method's own local objective (`LocalWork.objective`), the features at the network's head (`head_inputs`,
-`server.model.features`), flat models' tensors by name (`server.model.named_tensors`) and modules a method adds to the model
-(`Algorithm.extend_model`), against hand computations."""
+`server.model.features`), flat models' tensors by name (`server.model.named_tensors`) and modules a method adds to the
+model (`Algorithm.extend_model`), against hand computations."""
 import warnings
 
 import pytest
@@ -78,7 +78,8 @@ def test_named_tensors_are_views_of_flat_models_under_the_modules_names():
         assert torch.equal(named[name][1], tensor), name
     x = fed.data.test.client(0)[0][:5]
     with torch.no_grad():
-        outputs = torch.func.functional_call(fed.module, {n: t[0] for n, t in named.items()}, (fed.server.data.inputs(x),))
+        outputs = torch.func.functional_call(fed.module, {n: t[0] for n, t in named.items()},
+                                             (fed.server.data.inputs(x),))
     assert torch.allclose(outputs, fed.server.model.predict(rows[0], x), atol=1e-6)
 
 

@@ -150,7 +150,8 @@ def test_unseen_metrics_are_the_lowest_loss_cluster_models_scores_on_each_newcom
         losses = [float(F.cross_entropy(fed.server.model.predict(m, x), y)) for m in alg.models]
         placed.append(int(np.argmin(losses)))
         x, y = held.test.client(j)
-        accuracies.append(float((fed.server.model.predict(alg.models[placed[-1]], x).argmax(dim=1) == y).float().mean()))
+        accuracies.append(float((fed.server.model.predict(alg.models[placed[-1]], x).argmax(dim=1)
+                                 == y).float().mean()))
     assert result.newcomers["cluster"].tolist() == placed
     assert result.newcomers["acc"].tolist() == pytest.approx(accuracies)
     assert result.scalars["unseen/acc_mean"] == pytest.approx(np.mean(accuracies))
@@ -403,12 +404,14 @@ def test_training_clients_and_newcomers_are_one_population_class():
     fed = federation(FedAvg(), rounds=1)
     server, models = fed.server, fed.server.model.initial_params[None]
     assert type(server.clients) is type(held_out(fed).population) is ClientPopulation
-    assert server.clients.count == server.num_clients and torch.equal(server.clients.train_sizes, server.clients.train_sizes)
+    assert server.clients.count == server.num_clients and torch.equal(server.clients.train_sizes,
+                                                                      server.clients.train_sizes)
     losses, owner = server.clients.sample_losses(models, [2, 0])  # two clients' rows, client 2's first
     x2, y2 = server.clients.split("train").client(2)
     x0, y0 = server.clients.split("train").client(0)
     assert owner.tolist() == [2] * len(y2) + [0] * len(y0)
-    by_hand = [F.cross_entropy(server.model.predict(models[0], x), y, reduction="none") for x, y in ((x2, y2), (x0, y0))]
+    by_hand = [F.cross_entropy(server.model.predict(models[0], x), y, reduction="none")
+               for x, y in ((x2, y2), (x0, y0))]
     assert torch.allclose(losses[0], torch.cat(by_hand))
     assert torch.allclose(server.clients.losses(models)[0, 2], by_hand[0].mean())
     params = server.clients.train(1, 2, models[0]).params

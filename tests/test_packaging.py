@@ -25,8 +25,8 @@ def test_wheel_install_maps_the_top_level_folders_under_fedlight(tmp_path):
     assert not any((target / name).exists() for name in ("models", "algorithms", "datamodules"))
     entry_points = next(target.glob("fedlight-*.dist-info")) / "entry_points.txt"
     assert "fedavg = fedlight.algorithms.fedavg:FedAvg" in entry_points.read_text()
-    probe = ("import fedlight.cluster, fedlight.algorithms.fedavg as a, fedlight.models as m, fedlight.datamodules as d; "
-             "print(a.__file__, m.__file__, d.__file__)")
+    probe = ("import fedlight.cluster, fedlight.algorithms.fedavg as a, fedlight.models as m, "
+             "fedlight.datamodules as d; print(a.__file__, m.__file__, d.__file__)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, check=True, capture_output=True, text=True,
                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}).stdout
     assert out.count(str(target)) == 3

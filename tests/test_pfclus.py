@@ -280,7 +280,8 @@ def test_the_centroid_model_also_trains_by_gradient_steps_with_the_default_algor
     from fedlight.plugin.algorithm import Algorithm
 
     data = SyntheticGaussians("NO", 2, num_clients=4, points_per_client=40)
-    config = FederationConfig(rounds=1, eval_split="train", accelerator="cpu", local_epochs=3, batch_size=8, vectorize=0)
+    config = FederationConfig(rounds=1, eval_split="train", accelerator="cpu", local_epochs=3, batch_size=8,
+                              vectorize=0)
     torch.manual_seed(0)
     fed = Federation(data, CentroidModel(10, 2, lr=0.05, init_scale=20.0), Algorithm(), config)
     before = fed.evaluate()[0]["train/cost_mean"]

@@ -5,7 +5,7 @@ first W learning on scripted losses, and its sample's size."""
 import pytest
 import torch
 
-from conftest import every_row, small_federation
+from conftest import small_federation
 from test_pfl_drift_and_mixing import client_data, linear_federation, linear_gradient
 from fedlight.algorithms.fedala import FedALA
 from fedlight.datamodules import QuantitySkew
@@ -108,7 +108,7 @@ def test_a_clients_first_w_learning_stops_when_its_last_pass_losses_settle(monke
 
 def test_the_sample_is_s_percent_of_each_clients_own_training_rows():
     fed = small_federation(FedALA(rand_percent=30), num_clients=4)
-    alg, server = fed.algorithm, fed.server
+    alg = fed.algorithm
     batches = alg.sample_batches(1, [0, 1, 2, 3])
     for row, client in enumerate([0, 1, 2, 3]):
         x, _ = client_data(fed, client)

@@ -188,7 +188,8 @@ def test_perfedavg_first_order_client_round_matches_a_plain_loop():
     trained = []
     for client in (0, 1):
         v = w.clone()
-        for (_, step, d1), (_, _, d2) in zip(server.clients.batches(1, client), server.clients.batches(1, client, purpose="meta")):
+        for (_, step, d1), (_, _, d2) in zip(server.clients.batches(1, client),
+                                             server.clients.batches(1, client, purpose="meta")):
             temp = v - alpha * server.model.loss_and_grad(v, d1, step)[1]
             v = v - beta * server.model.loss_and_grad(temp, d2, step)[1]
         trained.append(v)
@@ -206,7 +207,8 @@ def test_perfedavg_evaluates_each_client_after_one_adaptation_step_from_the_glob
     models, groups = fed.algorithm.evaluation_models()
     assert torch.equal(groups, torch.arange(3))
     for client in range(3):
-        _, _, batch = next(server.clients.batches(0, client, epochs=1, purpose="adapt"))  # one batch of its training data
+        _, _, batch = next(server.clients.batches(0, client, epochs=1,
+                                                  purpose="adapt"))  # one batch of its training data
         assert len(batch[1]) == min(32, int(server.clients.train_sizes[client]))
         by_hand = w - alpha * server.model.loss_and_grad(w, batch)[1]
         assert torch.equal(models[client], by_hand)

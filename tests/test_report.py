@@ -50,7 +50,8 @@ def table(page: str) -> dict[str, dict[str, tuple[float, float, int] | None]]:
     out = {}
     for label, cells in re.findall(r"<tr data-group='[^']*'><th scope='row'><span[^>]*></span>(.*?)</th>(.*?)</tr>",
                                    body, re.S):
-        values = re.findall(r"<td class='num'(?: data-mean='([^']*)' data-std='([^']*)' data-n='(\d+)'[^>]*)?>", cells)[1:]
+        values = re.findall(r"<td class='num'(?: data-mean='([^']*)' data-std='([^']*)' data-n='(\d+)'[^>]*)?>",
+                            cells)[1:]
         out[label] = {h: (float(m), float(s), int(n)) if m else None for h, (m, s, n) in zip(headers, values)}
     return out
 
@@ -121,8 +122,8 @@ def test_a_summary_agrees_with_the_clients_it_summarizes(sweep):
 
 def test_a_runs_three_numbers_are_its_last_round_and_the_rounds_chosen_on_val_and_test_in_metrics_csv(sweep):
     """Each run measured val beside test in every round; picked here by hand over metrics.csv: the last round, the
-    round with the best val mean (on a tie the lower loss there, then the later round) and the one with the best test mean, each with its worst
-    client; Table 1 shows the means over seeds of the runs' chosen rounds."""
+    round with the best val mean (on a tie the lower loss there, then the later round) and the one with the best test
+    mean, each with its worst client; Table 1 shows the means over seeds of the runs' chosen rounds."""
     page = table((sweep / "report.html").read_text())
     for label, name in (("FedAvg", "fedavg"), ("OCFL", "ocfl")):
         chosen = {"val": [], "test": []}
@@ -208,7 +209,8 @@ def test_rerunning_a_sweep_skips_the_finished_runs(sweep, capsys):
     page = table((sweep / "report.html").read_text())
     for algorithm in ("FedAvg", "OCFL"):
         mean, std, _ = page[algorithm]["mean acc"]
-        row = next(line for line in out.splitlines() if line.split("│")[1:2] and line.split("│")[1].strip() == algorithm)
+        row = next(line for line in out.splitlines()
+                   if line.split("│")[1:2] and line.split("│")[1].strip() == algorithm)
         half = 12.706204736174698 * std  # two seeds: t_{0.975, 1} x the sample sd / sqrt(2) = t x the population std
         assert f"{mean:.3f} ± {half:.3f}" in row and "seeds 0, 1" in row
 
@@ -317,7 +319,8 @@ def test_runs_on_different_splits_are_refused_naming_where_each_split_lies(tmp_p
     assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "r.html")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0
-    assert f"1 run on test under {tmp_path / 'runs' / 'final' / 's0'}; 2 runs on val under {tmp_path / 'runs' / 'tune'}" in error
+    assert (f"1 run on test under {tmp_path / 'runs' / 'final' / 's0'}; "
+            f"2 runs on val under {tmp_path / 'runs' / 'tune'}") in error
     assert error.endswith(f"report one split at a time, e.g. `fedlight report {tmp_path / 'runs' / 'final' / 's0'}`")
     assert main(["report", str(tmp_path / "runs" / "final"), "--output", str(tmp_path / "r.html")]) == 0
 

@@ -20,8 +20,8 @@ from fedlight.cluster.differences import Differences
 from fedlight.aggregators.cluster_aggregator import RobustClusterAggregate
 from fedlight.aggregators.config import AggregatorConfig
 from fedlight.aggregators.privacy import PrivacyConfig
-from fedlight.aggregators.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum, krum_scores,
-                                    multikrum, trimmed_mean)
+from fedlight.aggregators.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum,
+                                         krum_scores, multikrum, trimmed_mean)
 
 
 def column(*values: float) -> torch.Tensor:

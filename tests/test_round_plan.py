@@ -144,7 +144,8 @@ def test_held_round_of_given_updates_runs_the_hooks_directly():
     fed.algorithm.aggregate(1, updates)
     sizes = fed.server.clients.train_sizes[:2].double()
     expected = (sizes[0] * 1.0 + sizes[1] * 3.0) / sizes.sum()
-    assert torch.allclose(fed.algorithm.models[0].double(), torch.full((d,), float(expected), dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(fed.algorithm.models[0].double(), torch.full((d,), float(expected), dtype=torch.float64),
+                          atol=1e-6)
 
 
 def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path, tiny_run_args, capsys):

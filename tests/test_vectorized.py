@@ -56,7 +56,7 @@ def test_adam_matches(optimizer):
     sequential = [fed.algorithm.train_client(1, c, vectorized.starts[c]) for c in range(4)]
     # Adam divides by sqrt(v): rounding in near-zero gradients is amplified, hence 1e-5 rather than 1e-6
     assert torch.allclose(vectorized.params, torch.stack([p for p, _ in sequential]), atol=1e-5)
-    assert torch.allclose(vectorized.train_loss, torch.stack([l for _, l in sequential]), atol=1e-6)
+    assert torch.allclose(vectorized.train_loss, torch.stack([loss for _, loss in sequential]), atol=1e-6)
 
 
 def test_unequal_clients_take_their_own_number_of_steps_in_groups():
@@ -80,7 +80,8 @@ def test_a_cnn_matches_up_to_max_pool_tie_breaking():
 
 
 @pytest.mark.parametrize("net, optimizer, reason", [
-    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 10)),
+    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.ReLU(), nn.Flatten(),
+                   nn.Linear(4 * 36, 10)),
      "sgd", "cumulative average"),
     (MLP(64, [16], 10), torch.optim.Rprop, "no vectorized form"),
 ])
