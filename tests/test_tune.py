@@ -65,6 +65,7 @@ def test_a_3_trial_study_writes_its_database_and_rerunning_it_with_5_continues_t
         assert folder.name == f"trial-{trial.number:04d}" and (folder / "metrics.csv").is_file()
         assert config["federation"]["eval_split"] == "val" and config["logger"]["group"] == "s"
         assert config["model"]["init_args"]["lr"] == trial.params["model.init_args.lr"]
+        assert config["algorithm"]["class_path"] in ("fedlight.Algorithm", "fedlight.plugin.algorithm.Algorithm")
         summary = json.loads((folder / "summary.json").read_text())
         assert "val/acc_mean" in summary and "test/acc_mean" not in summary
     for name, lr in (("best-s0", study.best_params["model.init_args.lr"]), ("default-s0", 0.1)):  # the final seeds
