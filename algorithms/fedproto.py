@@ -36,6 +36,9 @@ Deviations:
   rarely held classes would otherwise vanish from inference between rounds;
 - a class no trained client has held yet is never predicted (logit -inf): a test sample of such a class counts as
   wrong and its loss is infinite (PFLlib's FedProto test metrics give no loss);
+- no label oracle: a client predicts the nearest of every class's global prototype; the authors' evaluation takes
+  the argmin over the prototypes of the classes the client itself holds, which a deployed client cannot know of a
+  new sample, and which makes a 2-class client's task a 2-way choice;
 - the paper's heterogeneous architectures are out of scope: every client runs the configured network;
 - `federation.finetune_epochs` fine-tunes with the module's `training_step` (cross-entropy alone), then predicts by
   the nearest global prototype.

@@ -22,8 +22,9 @@ After training, each client's new conditional inputs are computed from the embed
 into its personal part: what PFLlib's server hands every client after the round (`set_GCE` computes them from the
 client's GCE before it loads the averaged one), so they are the client's own from its next round on.
 
-Defaults (the authors' code, TsingZ0/GPFL run_me.sh, also PFLlib's clientgpfl.py / servergpfl.py): lam = 0.01 and
-mu = 0.1, the values for the 4-layer CNN and the MLP (0.0001 and 0 for ResNet-18); the conditional inputs start
+Defaults (the authors' code, TsingZ0/GPFL run_me.sh): lam = 0.01 and mu = 0.1, the values for the 4-layer CNN and
+the MLP (0.0001 and 0 for ResNet-18); PFLlib's command-line defaults are lam 1.0 and mu 0.0 instead (its
+clientgpfl.py / servergpfl.py take them from main.py), which configs/papers/pfllib/ use; the conditional inputs start
 at zero; GCE, CoV and the network train at the module's learning rate; averaging weighted by training-set size.
 
 Measured (configs/digits/skew/, 2 classes per client, 60 rounds, seed 0): 0.991 mean test accuracy (worst client
