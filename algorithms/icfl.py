@@ -17,7 +17,8 @@ on the parameters). As that code runs it, in each round:
   epsilon_2 = 4.911: alpha_t is 0 in round 1, 0.076 in round 2, 0.51 in round 10, 0.91 in round 31, and reaches
   alpha_0 after epsilon_2^2 = 24.1 rounds (round 25). It rises towards 1, so in the long run a cluster splits unless
   its members' updates point the same way;
-- split: when alpha_G < alpha_t (and m >= 2), k-means with 2 clusters on the rows of the top two singular vectors;
+- split: when alpha_G < alpha_t (and m >= 2), k-means with 2 clusters on the rows of the top two singular vectors
+  (optionally only when each half keeps `min_cluster_size` of the round's members: not in the paper or the code);
   S0 keeps its clients not sampled and both halves become clusters, a cluster k is replaced by its two halves;
 - incremental clustering: once clusters exist, S0 is never split again; its sampled clients train S0's model and
   then join a cluster (their trained models count in that cluster's mean, and in its split test);
@@ -109,12 +110,17 @@ class ICFL(Algorithm):
     Args:
         epsilon_1: the threshold's base e / epsilon_1: above e (2.718...); larger makes alpha_t rise faster.
         alpha_0: in (0, 1): the threshold reaches it after epsilon_2^2 rounds.
+        min_cluster_size: a split is made only when each half has at least this many of the round's members (None:
+            no floor, as the authors' code). The threshold rises towards 1, so in a long run clusters keep splitting
+            down to single clients once their members' updates stop agreeing at round-to-round noise; a floor (the
+            smallest true cluster one expects) stops that.
         participation: share of clients per round (or the federation's `clients_per_round`).
     """
 
     plan = Plan(holds_updates=True)  # the split test compares every pair of a cluster's round members' updates
 
-    def __init__(self, epsilon_1: float = 4.0, alpha_0: float = 0.85, participation: float = 1.0) -> None:
+    def __init__(self, epsilon_1: float = 4.0, alpha_0: float = 0.85, min_cluster_size: int | None = None,
+                 participation: float = 1.0) -> None:
         super().__init__(participation)
         if not epsilon_1 > math.e:
             raise ValueError(f"algorithm.init_args.epsilon_1 must be above e (2.718...), got {epsilon_1}: give 4.0, "
@@ -122,7 +128,10 @@ class ICFL(Algorithm):
         if not 0 < alpha_0 < 1:
             raise ValueError(f"algorithm.init_args.alpha_0 must be in (0, 1), got {alpha_0}: give 0.85, the code's "
                              "(ln(1 - alpha_0) is the threshold's scale)")
-        self.epsilon_1, self.alpha_0 = epsilon_1, alpha_0
+        if min_cluster_size is not None and min_cluster_size < 1:
+            raise ValueError(f"algorithm.init_args.min_cluster_size must be at least 1, or null for no floor, got "
+                             f"{min_cluster_size}")
+        self.epsilon_1, self.alpha_0, self.min_cluster_size = epsilon_1, alpha_0, min_cluster_size
         self.split_rounds: list[int] = []
 
     def setup(self, server) -> None:
@@ -155,7 +164,9 @@ class ICFL(Algorithm):
             least = min(least, alpha_g)
             if alpha_g < alpha_t:
                 seed = int(self.server.random.rng(round, f"icfl-split-{cluster}").integers(2**31))
-                self.split(round, cluster, held.clients[members], bipartition(similarity, seed))
+                halves = bipartition(similarity, seed)
+                if self.min_cluster_size is None or min(np.bincount(halves, minlength=2)) >= self.min_cluster_size:
+                    self.split(round, cluster, held.clients[members], halves)
         self.log("cluster/alpha_G_min", least)  # the least cohesive cluster tested (1: none had two members)
 
     def join(self, clients: Tensor, changes: Tensor) -> None:

@@ -96,6 +96,19 @@ def test_two_blocks_of_near_identical_updates_split_exactly_into_the_blocks():
     assert a[0] == a[1] == a[2] != a[3] == a[4] and 0 not in a and len(alg.models) == 3
 
 
+@pytest.mark.parametrize("floor, splits", [(2, True), (3, False)])
+def test_a_cluster_size_floor_keeps_a_split_whose_smaller_half_falls_below_it(floor, splits):
+    """The blocks of 3 and 2 clients above: with min_cluster_size 2 both halves qualify and S0 splits; with 3 the
+    half of 2 does not, and everyone stays in S0 though alpha_G is below the threshold."""
+    fed = small_federation(ICFL(min_cluster_size=floor), num_clients=5, rounds=1)
+    alg = fed.algorithm
+    u, v = directions(fed, 2)
+    changes = torch.stack([u, u, u, v, v]) + 1e-3 * directions(fed, 5, seed=1)
+    alg.pre_aggregation(31, fake_round(fed, [0, 1, 2, 3, 4], changes))
+    assert (len(alg.models) == 3) is splits
+    assert (alg.assignment.tolist() == [0] * 5) is not splits
+
+
 def test_one_block_does_not_split():
     """Four clients along u (0.1 % noise): alpha_G about 1, above round 31's threshold: everyone stays in S0."""
     fed = small_federation(ICFL(), num_clients=4, rounds=1)
@@ -173,6 +186,7 @@ def test_differential_privacy_applies_to_the_cluster_means():
     ({"alpha_0": 0.0}, r"alpha_0 must be in \(0, 1\), got 0.0"),
     ({"alpha_0": 1.0}, r"alpha_0 must be in \(0, 1\)"),
     ({"alpha_0": -0.5}, r"alpha_0 must be in \(0, 1\)"),
+    ({"min_cluster_size": 0}, "min_cluster_size must be at least 1, or null for no floor, got 0"),
 ])
 def test_bad_options_are_refused_in_one_line(options, message):
     with pytest.raises(ValueError, match=message) as error:
