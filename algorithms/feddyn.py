@@ -76,10 +76,10 @@ class FedDyn(Algorithm):
         """The module's SGD with gradient - g_k + alpha (theta - theta^{t-1}), then g_k - alpha (theta_k - theta^{t-1})
         returned for the client's store."""
         linear = self.gradients.read(clients)  # (clients, d), a copy: updated in place below
-        alpha = self.alpha
+        alpha, everyone = self.alpha, list(range(len(clients)))
 
         def regularized(rows: list[int], params: Tensor, grad: Tensor, begin: Tensor) -> None:
-            at = linear if len(rows) == len(clients) and rows == list(range(len(clients))) else linear[rows]
+            at = linear if rows == everyone else linear[rows]  # the whole call in one group: no copy a step
             grad.sub_(at).add_(params, alpha=alpha).sub_(begin, alpha=alpha)
 
         trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from fedlight.reports.intervals import mean_interval, paired_difference
-from fedlight.reports.report import Group, find_runs, group_runs, load_run
+from fedlight.reports.report import Group, find_runs, group_runs, load_run, values_by_seed
 
 
 def name_of(group: Group) -> str:
@@ -28,13 +28,8 @@ def name_of(group: Group) -> str:
 
 
 def finals(group: Group, metric: str) -> dict[int, float]:
-    """seed -> the run's final value of `metric` (runs without it, or without a seed, left out)."""
-    values = {}
-    for run in group.runs:
-        value = run.final(metric)
-        if value is not None and run.seed is not None:
-            values[run.seed] = value
-    return values
+    """seed -> the run's final value of `metric`."""
+    return values_by_seed(group, lambda run: run.final(metric))
 
 
 def table(groups: list[Group], metrics: list[str], against: Group, level: float) -> str:

@@ -380,7 +380,7 @@ def resolution(ranked: Sequence[Group], column: Column) -> str:
     (`fedlight.reports.intervals.paired_difference`); '' when no pair shares two seeds."""
     resolved, unresolved = [], []
     for upper, lower in zip(ranked, ranked[1:]):
-        mine, theirs = _by_seed(upper, column), _by_seed(lower, column)
+        mine, theirs = values_by_seed(upper, column.value), values_by_seed(lower, column.value)
         if len(set(mine) & set(theirs)) < 2:
             continue
         pair = (upper.label, lower.label)
@@ -394,14 +394,14 @@ def resolution(ranked: Sequence[Group], column: Column) -> str:
     return text
 
 
-def _by_seed(group: Group, column: Column) -> dict[int, float]:
-    """seed -> the run's value of `column` (runs without a seed or a finite value left out; a repeated seed: its
-    first run)."""
+def values_by_seed(group: Group, value: Callable[[Run], float | None]) -> dict[int, float]:
+    """seed -> `value` of the group's run of that seed (runs without a seed or a finite value left out; a repeated
+    seed: its first run): what a paired comparison over seeds reads."""
     values: dict[int, float] = {}
     for run in group.runs:
-        value = column.value(run)
-        if run.seed is not None and value is not None and np.isfinite(value):
-            values.setdefault(run.seed, value)
+        found = value(run)
+        if run.seed is not None and found is not None and np.isfinite(found):
+            values.setdefault(run.seed, found)
     return values
 
 
@@ -433,10 +433,10 @@ def _cell(values: list[float], digits: int, missing: str = "–") -> str:
     population std over runs, data-half: the interval's half-width, data-n: the number of runs)."""
     if not values:
         return f"<td class='num'>{html.escape(missing)}</td>"
+    interval = mean_interval(values)
     mean, std = float(np.mean(values)), float(np.std(values))
-    half = mean_interval(values).half_width
-    return (f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}' data-half='{half!r}'>"
-            f"{_text(values, digits)}</td>")
+    return (f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}' "
+            f"data-half='{interval.half_width!r}'>{interval.text(digits)}</td>")
 
 
 def _rounds(group: Group) -> str:
