@@ -21,6 +21,7 @@ import csv
 import math
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,9 @@ CONFIGS = ROOT / "configs"
 DIGITS = CONFIGS / "digits"
 ROTATIONS = DIGITS / "fedavg.yaml"  # digits in 4 rotation clusters, 20 clients
 CENTROIDS = CONFIGS / "papers" / "pfclus"  # 100 clients x 100 points of 2-d Gaussians
+PRETRAINED = CONFIGS / "pretrained"
+#: the tiny random ViT the adapter methods' recordings fine-tune (made by `record` when missing; seeded, so the same)
+TINY_VIT = Path(tempfile.gettempdir()) / "fedlight-same-numbers-tiny-vit"
 #: settings that bring a shipped config's clustering within the 3 rounds (its own waits 5; CFL's updates are
 #: still small in round 2, with a largest norm of about 0.8 under its eps2 of 1)
 WITHIN_ROUNDS = {
@@ -80,6 +84,8 @@ def recordings() -> list[Recording]:
         Recording("ifca-newcomers", DIGITS / "ifca.yaml", ("--data.init_args.holdout_clients", "0.2")),
         Recording("ocfl-backdoor", DIGITS / "ocfl.yaml", ("--attack.kind", "backdoor", "--attack.fraction", "0.2")),
         Recording("fedavg-privacy", ROTATIONS, ("--privacy.noise_multiplier", "1.0", "--privacy.clip", "1.0")),
+        *[Recording(f"{name}-adapters", PRETRAINED / f"image_{name}.yaml", ("--model.init_args.path", str(TINY_VIT)))
+          for name in ("fedit", "ffalora", "fedsalora")],  # LoRA adapters of a frozen base
     ]
     return shipped + own
 
@@ -91,6 +97,10 @@ def record(out: Path, only: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown run names {sorted(unknown)}: choose among {[r.name for r in recordings()]}")
     out.mkdir(parents=True, exist_ok=True)
+    if any(str(TINY_VIT) in r.options for r in chosen) and not (TINY_VIT / "config.json").is_file():
+        from fedlight.models.tiny_pretrained import make_tiny
+
+        make_tiny("vit", TINY_VIT, num_classes=10)
     failed = 0
     for r in chosen:
         env = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", **r.env}

@@ -282,6 +282,52 @@ class Natural(PartitionScheme):
 
 
 # -- cluster schemes with a ground truth -------------------------------------------------------------
+class Groups(PartitionScheme):
+    """Clients cut within the data set's natural groups (a column of the rows: a task, a category, an author), each
+    group a true cluster: group g gets a share of the clients proportional to its samples (largest remainders, at
+    least one each; groups in sorted order, so its clients are a contiguous block) and `base` splits its samples among
+    them (IID when None). Every sample goes to exactly one client.
+
+    Args:
+        base: the split of a group's samples among its clients.
+    """
+
+    def __init__(self, base: PartitionScheme | None = None) -> None:
+        self.base = base if base is not None else IID()
+        self.groups: np.ndarray | None = None  # each client's group, after `assign`
+        self.group_ids: np.ndarray | None = None
+
+    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+               owners: np.ndarray | None = None) -> list[np.ndarray]:
+        if owners is None:
+            raise ValueError("this data set has no groups; give the data module a group column (`group_column`) or "
+                             "use another partition")
+        ids, inverse = np.unique(np.asarray(owners), return_inverse=True)
+        if num_clients < len(ids):
+            raise ValueError(f"{num_clients} clients cannot fill the data's {len(ids)} groups; use at least "
+                             f"{len(ids)} clients")
+        sizes = np.bincount(inverse, minlength=len(ids))
+        counts = clients_by_size(sizes, num_clients)
+        parts: list[np.ndarray] = []
+        for group, count in enumerate(counts):
+            members = np.flatnonzero(inverse == group)
+            parts += [members[part] for part in self.base.assign(np.asarray(labels)[members], int(count), rng)]
+        self.group_ids, self.groups = ids, np.repeat(np.arange(len(ids)), counts)
+        return _sorted(parts)
+
+    def cluster_labels(self, num_clients: int) -> np.ndarray | None:
+        return self.groups
+
+
+def clients_by_size(sizes: np.ndarray, num_clients: int) -> np.ndarray:
+    """Clients per group proportional to `sizes`, at least one each, summing to `num_clients` (largest remainders)."""
+    extra = num_clients - len(sizes)
+    share = sizes / sizes.sum() * extra
+    counts = np.floor(share).astype(np.int64)
+    counts[np.argsort(-(share - counts), kind="stable")[: extra - counts.sum()]] += 1
+    return counts + 1
+
+
 class ClusterScheme(PartitionScheme):
     """Base of the schemes with true clusters: `base` splits the samples (IID when None) and client k
     belongs to cluster k * num_clusters // num_clients (contiguous, balanced blocks)."""

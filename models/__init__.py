@@ -6,3 +6,4 @@ from fedlight.models.lenet import LeNet5
 from fedlight.models.mlp import MLP
 from fedlight.models.resnet import ResNet9, ResNet18, ResNet34
 from fedlight.models.centroids import CentroidModel
+from fedlight.models.pretrained import LoRA, PretrainedClassifier

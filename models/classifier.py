@@ -1,6 +1,7 @@
 """A classification LightningModule wrapping any network: cross-entropy, optimizer from config."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import lightning as L
@@ -38,11 +39,16 @@ class Classifier(L.LightningModule):
         return F.cross_entropy(self(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = self.parameters()
-        if self.optimizer_name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-        if self.optimizer_name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        if self.optimizer_name == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        raise ValueError(f"unknown optimizer {self.optimizer_name!r}; use 'sgd', 'adam' or 'adamw'")
+        return build_optimizer(self.optimizer_name, self.parameters(), self.lr, self.momentum, self.weight_decay)
+
+
+def build_optimizer(name: str, params: Iterable[Tensor], lr: float, momentum: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    """The optimizer a classifier's config names: "sgd" (with `momentum`), "adam" or "adamw"."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; use 'sgd', 'adam' or 'adamw'")

@@ -48,11 +48,11 @@ def test_a_dp_cell_that_runs_releases_models_noised_at_the_stated_scale(monkeypa
     from fedlight.algorithms.fedavg import FedAvg
 
     settings = compatibility.extension_settings("privacy")
-    noisy = compatibility.tiny_federation(FedAvg(), False, settings)
+    noisy = compatibility.tiny_federation(FedAvg(), "digits", settings)
     noisy.run_round(1)
     monkeypatch.setattr(PrivacyMechanism, "noise", lambda self, call, cluster, dim, device:
                         torch.zeros(dim, dtype=torch.float64, device=device))
-    clean = compatibility.tiny_federation(FedAvg(), False, settings)
+    clean = compatibility.tiny_federation(FedAvg(), "digits", settings)
     clean.run_round(1)
     z, clip, m = 1.0, 1.0, compatibility.CLIENTS
     scaled = ((noisy.algorithm.models - clean.algorithm.models) * m / (z * clip)).double().flatten()

@@ -38,6 +38,9 @@ REFUSES = {
     "centclus": "data clustering: every client uploads its local clustering in every round",
     "fedsoft": "FedSoft draws its own clients (K per center, by importance) and estimates every client's importance",
 }
+#: registered methods on LoRA adapters of a pretrained network: LEAF's CNN has none, so they refuse it in one line;
+#: their configs are under configs/pretrained/
+ADAPTERS = {"fedit", "ffalora", "fedsalora"}
 #: the tiny run: every writer of the small files, 2 a round, one round evaluated, a narrow network, no W&B
 TINY_NETWORK = {"class_path": "fedlight.models.SmallCNN",
                 "init_args": {"in_channels": 1, "num_classes": 62, "image_size": 28, "width": 4}}
@@ -66,7 +69,7 @@ def common(name: str) -> dict:
 # -- the set of configs ---------------------------------------------------------------------------------------------
 def test_every_method_that_accepts_a_cohort_has_a_config_and_no_other_does():
     registered, shipped = set(short_names()), {path.stem for path in CONFIGS}
-    missing = sorted(registered - shipped - set(REFUSES))
+    missing = sorted(registered - shipped - set(REFUSES) - ADAPTERS)
     assert not missing, (f"no config under configs/cross_device/femnist/ for {', '.join(missing)}: add one, or, if the "
                          "method refuses federation.clients_per_round, list it in REFUSES (and in "
                          "docs/guides/cross_device.md) with why")
@@ -101,6 +104,17 @@ def test_a_method_left_out_refuses_a_cohort(name, leaf_root):
     with pytest.raises(ValueError, match=r"trains every client .*federation\.clients_per_round allows 2 of 5|"
                                          r"draws its own clients .*leave federation\.clients_per_round out"):
         Federation(data, model, cls(), settings, seed=0)
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_an_adapter_method_refuses_leafs_cnn(name, leaf_root):
+    from fedlight.datamodules import FEMNISTFederated
+    from fedlight.models import Classifier, SmallCNN
+
+    data = FEMNISTFederated(str(leaf_root), val_fraction=0.0)
+    settings = FederationConfig(rounds=1, clients_per_round=2, accelerator="cpu", vectorize=0)
+    with pytest.raises(ValueError, match="trains LoRA adapters, and Classifier has none"):
+        Federation(data, Classifier(SmallCNN(1, 62, 28, width=4)), algorithm_class(name)(), settings, seed=0)
 
 
 # -- each config ------------------------------------------------------------------------------------------------------

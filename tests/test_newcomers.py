@@ -267,6 +267,14 @@ def test_every_algorithm_gives_each_newcomer_a_model_without_changing_its_state(
     if name in CENTROIDS:
         fed = Federation(SyntheticGaussians("NO", 2, 8, 30, holdout_clients=2), CentroidModel(10, 2), algorithm,
                          FederationConfig(rounds=1, eval_split="train", accelerator="cpu"))
+    elif name in ("fedit", "ffalora", "fedsalora"):  # methods on LoRA adapters: a tiny random ViT's
+        from fedlight.models import PretrainedClassifier
+        from fedlight.run.compatibility import tiny_vit_folder
+
+        torch.manual_seed(0)
+        data = DigitsFederated(num_clients=8, partition=Rotations(2), holdout_clients=2)
+        fed = Federation(data, PretrainedClassifier(tiny_vit_folder(), num_classes=10), algorithm,
+                         FederationConfig(rounds=2, local_epochs=1, batch_size=32, accelerator="cpu", vectorize=0))
     else:
         fed = federation(algorithm, public_size=60, rounds=2)
     for round in range(1, fed.config.rounds + 1):

@@ -19,7 +19,7 @@ from conftest import small_federation
 from fedlight import Algorithm, Federation, FederationConfig, ServerContext
 from fedlight.run import registry
 from fedlight.algorithms.fedavg import FedAvg
-from fedlight.datamodules import DigitsFederated, LabelPermutations, SyntheticGaussians
+from fedlight.datamodules import DigitsFederated, LabelPermutations, Rotations, SyntheticGaussians
 from fedlight.models import CentroidModel, Classifier, SmallCNN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +33,8 @@ DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ocfl": "
            "fedala": "FedALA", "fedrod": "FedRoD", "fedsoft": "FedSoft", "pfedhn": "pFedHN", "fedproto": "FedProto",
            "cflgp": "CFL-GP", "feddbe": "FedDBE", "fedpac": "FedPAC", "fedcp": "FedCP", "gpfl": "GPFL",
            "srfca": "SR-FCA", "stocfl": "StoCFL", "fedrc": "FedRC", "icfl": "ICFL",
-           "feddyn": "FedDyn", "moon": "MOON", "fednova": "FedNova", "feddf": "FedDF"}
+           "feddyn": "FedDyn", "moon": "MOON", "fednova": "FedNova", "feddf": "FedDF", "fedit": "FedIT",
+           "ffalora": "FFA-LoRA", "fedsalora": "FedSA-LoRA"}
 SERVICES = {"client_model", "cluster_means", "set_shared", "set_personal_mask", "log", "log_matrix"}
 
 
@@ -170,6 +171,17 @@ def digits_federation(algorithm: Algorithm) -> Federation:
     return small_federation(algorithm, num_clients=6, rounds=3, public_size=60)
 
 
+def adapter_federation(algorithm: Algorithm) -> Federation:
+    """Digits through a tiny random ViT's LoRA adapters (the compatibility table's adapters setting)."""
+    from fedlight.models import PretrainedClassifier
+    from fedlight.run.compatibility import tiny_vit_folder
+
+    torch.manual_seed(0)
+    data = DigitsFederated(num_clients=6, partition=Rotations(2))
+    config = FederationConfig(rounds=3, local_epochs=1, batch_size=32, accelerator="cpu", vectorize=0)
+    return Federation(data, PretrainedClassifier(tiny_vit_folder(), num_classes=10), algorithm, config)
+
+
 def centroid_federation(algorithm: Algorithm) -> Federation:
     config = FederationConfig(rounds=1 if getattr(algorithm, "one_shot", False) else 3, eval_split="train",
                               accelerator="cpu")
@@ -203,7 +215,9 @@ def test_queries_change_no_state_and_give_the_same_answer_twice(name):
     cls = shipped()[name]
     algorithm = cls(**ALGORITHM_SETTINGS.get(name, {}))
     centroid = name in ("pfclus", "kfed", "mfc", "centclus")
-    fed = centroid_federation(algorithm) if centroid else digits_federation(algorithm)
+    adapters = name in ("fedit", "ffalora", "fedsalora")
+    fed = centroid_federation(algorithm) if centroid else \
+        adapter_federation(algorithm) if adapters else digits_federation(algorithm)
     for round in range(1, min(fed.config.rounds, 2) + 1):
         run_commands(fed, round)
         before = snapshot(algorithm)

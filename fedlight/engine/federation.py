@@ -19,6 +19,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from fedlight.plugin.algorithm import Algorithm
 from fedlight.aggregators.attacks import Attack, AttackConfig
 from fedlight.engine.client_states import ClientStates
+from fedlight.plugin.client_work import message_bytes
 from fedlight.plugin.cohort import Cohort
 from fedlight.aggregators.cluster_aggregator import ClusterAggregation, check_aggregation
 from fedlight.aggregators.config import AggregatorConfig
@@ -46,7 +47,7 @@ from fedlight.plugin.server import ServerContext, stream_seed
 from fedlight.engine.threads import use_threads
 from fedlight.system.config import SystemConfig
 from fedlight.system.system_model import SystemModel
-from fedlight.training.flat import FlatModel
+from fedlight.training.flat import FlatModel, frozen_fingerprint
 from fedlight.training.sequential import ClientTrainer
 from fedlight.training.trainer_stand_in import TrainerStandIn
 
@@ -86,6 +87,7 @@ class Federation:
         model._fabric = None  # per-step self.log through Fabric would sync the device; training logs per round
         # (the module's `self.trainer` is then the stand-in the client trainer attaches)
         self.flat = flat = FlatModel(model)
+        self.frozen_base = frozen_fingerprint(model)  # the pretrained base outside the flat vector: a resume checks it
         trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs,
                                 self._trainer_stand_in())
         trainer.learning_rates.check(self.config.rounds, trainer.stand_in.estimated_stepping_batches)
@@ -169,6 +171,15 @@ class Federation:
         parts = [part for part in (self.aggregation.describe(), *self.extensions.describe()) if part]
         return "; " + ", ".join(parts) if parts else ""
 
+    def describe_frozen_base(self) -> str:
+        """The start line's note of a frozen pretrained base ('' without one): what travels against what stays."""
+        base = self.frozen_base
+        if not base["tensors"]:
+            return ""
+        size = self.flat.vector.element_size()
+        return (f"; {self.flat.numel:,} entries federated ({self.flat.numel * size / 1e3:,.1f} kB), a frozen base of "
+                f"{base['entries']:,} held once")
+
     def extension(self, kind: type[Extension]) -> Extension | None:
         """The run's round extension of class `kind` (`fedlight.engine.extensions`), or None."""
         return self.extensions.find(kind)
@@ -198,7 +209,7 @@ class Federation:
             training = updates.finish()
         self.store_returned(updates)
         self.round, clusters = round, alg.cluster_labels()
-        stop = self.end_round(round, len(clients))
+        stop = self.end_round(round, clients)
         logged, matrices = self.server.log.take()
         result = RoundResult(round, len(clients), training.left_out, training.metrics,
                              {**logged, **alg.round_metrics()}, self.cluster_scores(clusters), matrices=matrices,
@@ -231,17 +242,31 @@ class Federation:
         if shortfall:
             raise ValueError(shortfall)
 
+    def travelling_bytes(self) -> float:
+        """Bytes of the model entries that travel between a client and the server: the flat vector (the frozen base is
+        outside it) less the entries each client keeps for itself (`personal_mask`)."""
+        mask = self.algorithm.personal_mask
+        entries = self.flat.numel - (int(mask.sum()) if mask is not None else 0)
+        return float(entries * self.flat.vector.element_size())
+
     def begin_round(self, round: int) -> None:
-        """Tell the aggregation, the round extensions and the algorithm that round `round` begins."""
+        """Tell the aggregation, the round extensions and the algorithm that round `round` begins; forget the work
+        counted since the last round (its evaluation's)."""
+        self.server.clients.work.take()
         self.aggregation.begin_round(round)
         self.extensions.begin_round(round)
         self.algorithm.begin_round(round)
 
-    def end_round(self, round: int, selected: int) -> str | None:
-        """Log what the extensions measured once the round aggregated (a budget spent, a clip adapted); why the run
-        must stop before the next round, or None."""
-        self.server.clients.work.share(self.collective)  # what the clients ran, for the virtual clock
-        scalars, stop = self.extensions.end_round(round, selected)
+    def end_round(self, round: int, clients: list[int]) -> str | None:
+        """Log the bytes the round's clients received and sent (`comm/*`) and what the extensions measured once the
+        round aggregated (a budget spent, a clip adapted); why the run must stop before the next round, or None."""
+        work = self.server.clients.work
+        work.share(self.collective)  # what the clients ran, for the virtual clock
+        done = work.take()
+        work.add(done)  # read, not taken: a round extension may charge it
+        for name, value in message_bytes(done, clients, self.travelling_bytes()).items():
+            self.server.log.scalar(name, value)
+        scalars, stop = self.extensions.end_round(round, len(clients))
         for name, value in scalars.items():
             self.server.log.scalar(name, value)
         return stop
@@ -280,12 +305,19 @@ class Federation:
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The round, the algorithm's state, the probe's choice, the client states (their rows in memory, their spilled
-        rows' slots) and each extension's state under its name."""
-        return {"round": self.round, "algorithm": self.algorithm.state_dict(), "probe": self.execution.state_dict(),
+        """The round, the frozen base's fingerprint (never its tensors), the algorithm's state, the probe's choice, the
+        client states (their rows in memory, their spilled rows' slots) and each extension's state under its name."""
+        return {"round": self.round, "frozen_base": self.frozen_base, "algorithm": self.algorithm.state_dict(),
+                "probe": self.execution.state_dict(),
                 "client_state": self.client_states.state_dict(), **self.extensions.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("frozen_base")
+        if saved is not None and saved != self.frozen_base:
+            raise ValueError(f"the checkpoint was trained over another frozen base ({saved['tensors']} tensors, sha256 "
+                             f"{str(saved['sha256'])[:12]}) than the model loaded now ({self.frozen_base['tensors']} "
+                             f"tensors, sha256 {str(self.frozen_base['sha256'])[:12]}): resume with the pretrained "
+                             "model folder the run started from")
         self.round = state["round"]
         self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))
         self.client_states.load_state_dict(state.get("client_state"))

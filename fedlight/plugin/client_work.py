@@ -11,6 +11,9 @@ Counted per client since the last `take`:
   calls (a personal model beside the global one, FedEM's components): the models it received;
 - `sent_bytes`: what its message carried beside the trained model (a model copy, a statistic, a per-client value),
   recorded by the engine as the message leaves the client.
+
+`message_bytes` turns a round's counts into the bytes each client received and sent (`comm/*`), on the federated
+entries only: a frozen pretrained base never travels, and neither do the entries a client keeps for itself.
 """
 from __future__ import annotations
 
@@ -110,3 +113,17 @@ class ClientWork:
         done = WorkDone(self._steps, self._forward, self._models, self._sent)
         self._reset()
         return done
+
+
+def message_bytes(done: WorkDone, clients: Sequence[int], model_bytes: float) -> dict[str, float]:
+    """The `comm/*` scalars of a round: the mean and largest bytes a client of `clients` received (the models its work
+    used, `model_bytes` each: the entries that travel) and sent (its model's, plus what its message carried beside
+    it), and `model_bytes` itself."""
+    if not len(clients):
+        return {"comm/model_bytes": float(model_bytes)}
+    ids = np.asarray(clients, dtype=np.int64)
+    received = np.maximum(done.models_used[ids], 1) * float(model_bytes)
+    sent = float(model_bytes) + done.sent_bytes[ids]
+    return {"comm/model_bytes": float(model_bytes), "comm/received_bytes": float(received.mean()),
+            "comm/received_bytes_max": float(received.max()), "comm/sent_bytes": float(sent.mean()),
+            "comm/sent_bytes_max": float(sent.max())}

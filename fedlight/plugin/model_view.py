@@ -105,13 +105,18 @@ class ModelView:
 
     def random_params(self, seed: int) -> Tensor:
         """A fresh random initialization of the model (every submodule's `reset_parameters`) as a flat vector,
-        for cluster models that start from independent initializations."""
+        for cluster models that start from independent initializations. A submodule with a frozen parameter (a
+        pretrained base, outside the flat vector), its own or below it, is left alone: the base is shared by every
+        model and never redrawn. Under LoRA the adapters' A and B are then both drawn at random (their layers' own
+        reset), so k cluster models start apart rather than all at the base's function, where every client would
+        tie."""
         saved = self._flat.read()
         device = next(iter(self.module.parameters()), torch.empty(0)).device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             for sub in self.module.modules():
-                if callable(getattr(sub, "reset_parameters", None)):
+                frozen = any(not p.requires_grad for p in sub.parameters())
+                if callable(getattr(sub, "reset_parameters", None)) and not frozen:
                     sub.reset_parameters()
         fresh = self._flat.read()
         self._flat.load(saved)
@@ -140,6 +145,16 @@ class ModelView:
             raise ValueError(f"{option} is {count:g}, the whole network ({len(layers)} layers: {', '.join(layers)}): "
                              f"give fewer than {len(layers)}, so that the split leaves layers on both sides")
         return self.layer_count_mask(count, side)
+
+    def tensors_mask(self, names: list[str]) -> Tensor:
+        """True on the entries of the named parameter tensors (qualified names, as `module.named_parameters()`
+        gives them); a name that is not a federated tensor is refused in one line."""
+        known = {e.name for e in self._flat.entries}
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(f"{unknown[0]} is not a federated tensor of the model (a frozen one is outside the "
+                             "federated parameters)")
+        return self._flat.tensors_mask(names)
 
     def module_mask(self, kinds: tuple[type[nn.Module], ...]) -> Tensor:
         """True on the parameters and buffers of every submodule of one of the given types (e.g. all BatchNorm

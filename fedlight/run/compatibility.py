@@ -1,8 +1,9 @@
 """The compatibility table: every algorithm of the registry against each round extension, found by running it.
 
 Nothing in it is declared. Each cell is a two-round run of the algorithm, with its default settings, on a tiny
-federation (20 clients of scikit-learn's digits in two rotations and a narrow CNN; for an algorithm that refuses a
-classifier, 20 clients of points from Gaussians and a centroid model), with one extension configured:
+federation (20 clients of scikit-learn's digits in two rotations and a narrow CNN; for a method on LoRA adapters,
+which refuses a network without them, the same digits and a tiny random ViT with adapters; for an algorithm that
+refuses a classifier, 20 clients of points from Gaussians and a centroid model), with one extension configured:
 
 - `privacy`: client-level DP (noise multiplier 1, clip 1);
 - `FedBuff`: asynchronous rounds (3 arrivals an update, 8 clients in flight);
@@ -23,6 +24,8 @@ them). The virtual clock runs with every algorithm and charges what its clients 
 from __future__ import annotations
 
 import argparse
+import functools
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,8 +65,22 @@ def extension_settings(column: str) -> dict[str, Any]:
             "server optimizer": {"server_optimizer": ServerOptimizerConfig(kind="adam")}}[column]
 
 
-def tiny_federation(algorithm: Any, points: bool, settings: dict[str, Any]) -> Any:
-    """A two-round federation of `algorithm` on digits (or, `points`, on Gaussian points) with `settings`."""
+#: the tiny federations, in the order a row's is found: the first its algorithm runs on with no extension
+SETTINGS = ("digits", "adapters", "points")
+
+
+@functools.cache
+def tiny_vit_folder() -> str:
+    """A tiny random ViT for 8 x 8 digits, saved once per process (the adapters' setting)."""
+    folder = Path(tempfile.mkdtemp(prefix="fedlight-tiny-vit-")) / "vit"
+    load("fedlight.models.tiny_pretrained.make_tiny")("vit", folder, num_classes=10, image_size=8, channels=1,
+                                                      patch_size=2, hidden=16)
+    return str(folder)
+
+
+def tiny_federation(algorithm: Any, setting: str, settings: dict[str, Any]) -> Any:
+    """A two-round federation of `algorithm` on digits with a CNN, on digits with a tiny ViT's LoRA adapters, or on
+    Gaussian points (`setting`, one of `SETTINGS`) with `settings`."""
     import torch
 
     from fedlight.engine.config import FederationConfig
@@ -72,7 +89,7 @@ def tiny_federation(algorithm: Any, points: bool, settings: dict[str, Any]) -> A
     settings = dict(settings)
     data_options = settings.pop("data", {})
     torch.manual_seed(0)
-    if points:  # the classes by path, as a run config names them: the core imports no data module or model
+    if setting == "points":  # the classes by path, as a run config names them: the core imports no data module or model
         data = load("fedlight.datamodules.SyntheticGaussians")(num_clients=CLIENTS, points_per_client=40,
                                                                test_fraction=0.2, **data_options)
         model: Any = load("fedlight.models.CentroidModel")()
@@ -80,21 +97,24 @@ def tiny_federation(algorithm: Any, points: bool, settings: dict[str, Any]) -> A
         rotations = load("fedlight.datamodules.Rotations")(2)
         data = load("fedlight.datamodules.DigitsFederated")(num_clients=CLIENTS, partition=rotations,
                                                             public_size=60, **data_options)
-        network = load("fedlight.models.SmallCNN")(1, 10, 8, width=8)
-        model = load("fedlight.models.Classifier")(network, lr=0.1)
+        if setting == "adapters":
+            model = load("fedlight.models.PretrainedClassifier")(tiny_vit_folder(), num_classes=10, lr=0.01)
+        else:
+            network = load("fedlight.models.SmallCNN")(1, 10, 8, width=8)
+            model = load("fedlight.models.Classifier")(network, lr=0.1)
     rounds = 1 if getattr(algorithm, "one_shot", False) else 2
     federation_config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=32, accelerator="cpu",
                                          vectorize=0, eval_every=rounds)
     return Federation(data, model, algorithm, federation_config, seed=0, **settings)
 
 
-def run_cell(make: Callable[[], Any], points: bool, settings: dict[str, Any]) -> tuple[Any, Exception | None]:
+def run_cell(make: Callable[[], Any], setting: str, settings: dict[str, Any]) -> tuple[Any, Exception | None]:
     """(the federation, or None, and the exception that stopped it, or None) of a run of every round."""
     federation = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            federation = tiny_federation(make(), points, settings)
+            federation = tiny_federation(make(), setting, settings)
             for round in range(1, federation.config.rounds + 1):
                 federation.run_round(round)
     except Exception as error:  # the cell records what stopped it
@@ -136,14 +156,15 @@ def what_it_does(column: str, federation: Any) -> str:
     return "gives each newcomer a model (newcomer_models)"
 
 
-def needs_points(make: Callable[[], Any]) -> bool:
-    """Whether the algorithm `make` builds runs on points rather than digits: its plain run on digits fails."""
-    return run_cell(make, False, {})[1] is not None
+def setting_of(make: Callable[[], Any]) -> str:
+    """The tiny federation the algorithm `make` builds runs on: the first of `SETTINGS` whose plain run succeeds
+    (points, the last, when none does)."""
+    return next((s for s in SETTINGS[:-1] if run_cell(make, s, {})[1] is None), SETTINGS[-1])
 
 
-def cell(make: Callable[[], Any], column: str, points: bool) -> Cell:
-    """The cell of the algorithm `make` builds under `column`, on points or digits."""
-    federation, error = run_cell(make, points, extension_settings(column))
+def cell(make: Callable[[], Any], column: str, setting: str) -> Cell:
+    """The cell of the algorithm `make` builds under `column`, on its tiny federation (`setting`)."""
+    federation, error = run_cell(make, setting, extension_settings(column))
     if error is None:
         return Cell("runs", what_it_does(column, federation))
     line = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -169,8 +190,8 @@ def table(names: list[str] | None = None, columns: tuple[str, ...] = COLUMNS) ->
     rows = {}
     for name in sorted(found) if names is None else names:
         make = load(found[name])
-        points = needs_points(make)
-        rows[name] = {column: cell(make, column, points) for column in columns}
+        setting = setting_of(make)
+        rows[name] = {column: cell(make, column, setting) for column in columns}
     return rows
 
 

@@ -47,7 +47,8 @@ class ConsoleReporter(Callback):
         newcomers = federation.extension(NewcomerEvaluation)
         held = f" + {newcomers.clients.count} held out" if newcomers is not None else ""
         self.console.print(f"{type(federation.algorithm).__name__}, {federation.cohort.describe()}{held}: "
-                           f"{federation.execution.plan.describe()}{federation.describe_threats()}", highlight=False)
+                           f"{federation.execution.plan.describe()}{federation.describe_threats()}"
+                           f"{federation.describe_frozen_base()}", highlight=False)
         if self.console.is_terminal:
             self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
                                      TimeRemainingColumn(), console=self.console, transient=True)

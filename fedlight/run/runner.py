@@ -170,5 +170,6 @@ def _summary(run: Run, totals: Totals) -> dict[str, Any]:
             "seed": federation.seed, "precision": federation.precision,
             "device": str(federation.device), "plan": plan.as_dict(), "vectorized": plan.trainer != "sequential",
             "vectorized_reason": plan.reason, "vectorize_probe": None if probe is None else probe.as_dict(),
+            "federated_entries": federation.flat.numel, "frozen_base": federation.frozen_base,
             **({"stopped": run.stop_reason} if run.stop_reason else {}), **federation.extensions.summary(),
             "wall_time_s": round(totals.elapsed, 3), **final, **totals.selections(federation.config.eval_split)}

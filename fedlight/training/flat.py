@@ -1,12 +1,18 @@
-"""One flat vector per model: every floating-point parameter and buffer is a view into it.
+"""One flat vector per model: every trainable floating-point parameter and every floating buffer is a view into it.
 
 Loading a client's or a cluster's model is then one `copy_` and reading it back one `clone`, aggregation is
 a matrix product over stacked vectors, and a personalization rule is a boolean mask over the vector. The
 gradients get the same treatment, so that a local-objective correction (FedProx's proximal term) is one
 fused operation over the whole model.
+
+A parameter that does not require a gradient when the flat model is built (a pretrained network's frozen base under
+LoRA adapters) is left out: it is held once by the module, shared by every client, never copied into a client's row,
+sent, aggregated or checkpointed (`frozen_fingerprint` identifies it so a resume can check it is the same). Buffers
+stay in the vector even under a frozen base: BatchNorm's statistics change in training, so they are each client's.
 """
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
 
 from dataclasses import dataclass
@@ -36,15 +42,35 @@ class Entry:
 
 
 def _floating_tensors(module: nn.Module) -> list[tuple[str, nn.Module, str, Tensor, bool]]:
-    """(qualified name, owner module, attribute, tensor, is_parameter) in registration order."""
+    """(qualified name, owner module, attribute, tensor, is_parameter) in registration order: the floating buffers
+    and the parameters that require a gradient (the others are the frozen base, `frozen_parameters`)."""
     found, seen = [], set()
     for prefix, owner in module.named_modules():
         for attr, tensor in list(owner._parameters.items()) + list(owner._buffers.items()):
             if tensor is None or not tensor.is_floating_point() or id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            found.append((f"{prefix}.{attr}" if prefix else attr, owner, attr, tensor, attr in owner._parameters))
+            is_param = attr in owner._parameters
+            if is_param and not tensor.requires_grad:
+                continue
+            found.append((f"{prefix}.{attr}" if prefix else attr, owner, attr, tensor, is_param))
     return found
+
+
+def frozen_parameters(module: nn.Module) -> list[tuple[str, Tensor]]:
+    """(name, tensor) of the parameters that take no gradient: the frozen base, outside the flat vector."""
+    return [(name, p) for name, p in module.named_parameters() if not p.requires_grad]
+
+
+def frozen_fingerprint(module: nn.Module) -> dict[str, object]:
+    """What identifies the frozen base: its tensor count, entries and a SHA-256 of their bytes in name order (read
+    once, at set-up; a run's checkpoint keeps it, and a resume refuses another base in one line)."""
+    digest = hashlib.sha256()
+    tensors = frozen_parameters(module)
+    for name, tensor in tensors:
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return {"tensors": len(tensors), "entries": sum(t.numel() for _, t in tensors), "sha256": digest.hexdigest()}
 
 
 def _layer_of(name: str, layer_names: list[str]) -> str:
@@ -67,7 +93,8 @@ class FlatModel:
     def __init__(self, module: nn.Module) -> None:
         tensors = _floating_tensors(module)
         if not tensors:
-            raise ValueError(f"{type(module).__name__} has no floating-point parameters or buffers to federate")
+            raise ValueError(f"{type(module).__name__} has no trainable floating-point parameters or buffers to "
+                             "federate")
         network_layers = declared_layers(module)
         ref = tensors[0][3]
         total = sum(t.numel() for *_, t, _ in tensors)
