@@ -58,4 +58,6 @@ for device in cuda cpu; do
 done
 bench similarity 60 similarity.py --accelerator cuda --max_gb 30
 bench startup 40 startup.py --repeats 2
+# LoRA clients on the GPU (bf16-mixed): needs transformers, peft and timm there (carried as wheels, the device README)
+bench lora_clients 240 lora_clients.py --device cuda --repeats 1
 echo "== done at $((SECONDS - start)) s"

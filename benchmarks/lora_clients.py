@@ -31,19 +31,21 @@ import time
 from pathlib import Path
 
 SIZE = {"hidden": 64, "layers": 4, "heads": 4, "max_length": 16}
+MEMORY_SIZE = {**SIZE, "hidden": 256}  # a base of 3.2 M entries: a copy per client would be 12.6 MB each
 ROWS_PER_CLIENT, BATCH = 32, 16
+ATTENTION = "sdpa"  # `--attention eager`: transformers' own attention (vmap batches it without a fallback)
 
 
-def make_files(folder: Path, clients: int) -> tuple[Path, Path]:
-    """Planted text of `clients` x 32 rows and a random GPT-2-shaped model with its tokenizer."""
+def make_files(folder: Path, clients: int, size: dict[str, int] = SIZE) -> tuple[Path, Path]:
+    """Planted text of `clients` x 32 rows and a random GPT-2-shaped model of `size` with its tokenizer."""
     from fedlight.datamodules.planted_text import write_planted
     from fedlight.models.tiny_pretrained import make_tiny
 
     corpus = write_planted(folder / f"planted-{clients}.jsonl", samples=clients * ROWS_PER_CLIENT)
-    model = folder / "gpt2"
+    model = folder / f"gpt2-{size['hidden']}"
     if not (model / "config.json").is_file():
-        make_tiny("gpt2", model, corpus, num_classes=4, hidden=SIZE["hidden"], layers=SIZE["layers"],
-                  heads=SIZE["heads"], max_length=SIZE["max_length"])
+        make_tiny("gpt2", model, corpus, num_classes=4, hidden=size["hidden"], layers=size["layers"],
+                  heads=size["heads"], max_length=size["max_length"])
     return corpus, model
 
 
@@ -66,7 +68,7 @@ def federation(corpus: Path, model_path: Path, algorithm, clients: int, device: 
     torch.manual_seed(0)
     data = TextFederated(str(corpus), str(model_path), max_length=SIZE["max_length"], num_clients=clients,
                          val_fraction=0.0, test_fraction=0.1)
-    model = PretrainedClassifier(str(model_path), num_classes=4, lr=1e-3)
+    model = PretrainedClassifier(str(model_path), num_classes=4, lr=1e-3, attention=ATTENTION)
     config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=BATCH, accelerator=device,
                               vectorize=vectorize, eval_every=rounds, clients_per_round=per_round,
                               precision="bf16-mixed" if device == "cuda" else None)
@@ -113,7 +115,7 @@ def measure_plain(corpus: Path, model_path: Path, clients: int, device: str) -> 
                          val_fraction=0.0, test_fraction=0.1)
     data.setup()
     train = data.federated.train
-    model = PretrainedClassifier(str(model_path), num_classes=4, lr=1e-3).to(device)
+    model = PretrainedClassifier(str(model_path), num_classes=4, lr=1e-3, attention=ATTENTION).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     global_state = [p.detach().clone() for p in trainable]
     x_all, y_all = train.x.to(device), train.y.to(device)
@@ -160,15 +162,17 @@ def measure_memory(corpus: Path, model_path: Path, clients: int, device: str) ->
     from fedlight.algorithms.fedsalora import FedSALoRA
 
     fed = federation(corpus, model_path, FedSALoRA(), clients, device, vectorize=-1, rounds=5, per_round=10)
+    setup_peak = peak_bytes(device)
     for round in range(1, 6):
         fed.run_round(round)
-    stores = fed.client_states.stores if hasattr(fed.client_states, "stores") else {}
-    store_bytes = sum(getattr(s, "memory_bytes", lambda: 0)() for s in stores.values())
+    stores = fed.client_states.stores.values()
+    store_bytes = sum(store.stored_bytes for store in stores)
+    rows = sum(len(store.touched()) for store in stores)
     data_bytes = sum(t.numel() * t.element_size() for split in (fed.data.train, fed.data.val, fed.data.test)
                      for t in (split.x, split.y))
-    return {"peak_bytes": peak_bytes(device), "base_bytes": fed.module.base_bytes(),
+    return {"peak_bytes": peak_bytes(device), "setup_peak_bytes": setup_peak, "base_bytes": fed.module.base_bytes(),
             "adapter_bytes": fed.module.trainable_bytes(), "personal_entries": int(fed.algorithm.personal_mask.sum()),
-            "store_bytes": store_bytes, "data_bytes": data_bytes}
+            "store_bytes": store_bytes, "store_rows": rows, "data_bytes": data_bytes}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -184,7 +188,7 @@ def child(args: argparse.Namespace) -> None:
 
 def run_child(what: str, clients: int, corpus: Path, model: Path, device: str) -> dict:
     command = [sys.executable, __file__, "--child", what, "--clients", str(clients), "--corpus", str(corpus),
-               "--model", str(model), "--device", device]
+               "--model", str(model), "--device", device, "--attention", ATTENTION]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -198,22 +202,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--attention", default="sdpa", choices=("sdpa", "eager"))
+    parser.add_argument("--json", help="also write the measurements to this file")
     parser.add_argument("--child", dest="what")
     parser.add_argument("--corpus")
     parser.add_argument("--model")
     args = parser.parse_args()
+    global ATTENTION
+    ATTENTION = args.attention
     if args.what:
         args.clients = args.clients[0]
         return child(args)
     folder = Path(tempfile.mkdtemp(prefix="fedlight-lora-bench-"))
     if args.memory:
-        print("| clients (10 a round) | peak MB | frozen base MB | one client's adapters kB | client-state rows MB | "
-              "data MB |\n|---|---|---|---|---|---|")
+        print("| clients (10 a round) | peak MB after set-up | peak MB after 5 rounds | frozen base MB | "
+              "one client's adapters kB | client-state rows | data MB |\n|---|---|---|---|---|---|---|")
         for clients in args.clients or [100, 1000]:
-            corpus, model = make_files(folder, clients)
+            corpus, model = make_files(folder, clients, MEMORY_SIZE)
             r = run_child("memory", clients, corpus, model, args.device)
-            print(f"| {clients:,} | {r['peak_bytes'] / 2**20:.0f} | {r['base_bytes'] / 2**20:.2f} | "
-                  f"{r['adapter_bytes'] / 1e3:.1f} | {r['store_bytes'] / 2**20:.2f} | {r['data_bytes'] / 2**20:.2f} |",
+            print(f"| {clients:,} | {r['setup_peak_bytes'] / 2**20:.0f} | {r['peak_bytes'] / 2**20:.0f} | "
+                  f"{r['base_bytes'] / 2**20:.2f} | "
+                  f"{r['adapter_bytes'] / 1e3:.1f} | {r['store_rows']} rows, {r['store_bytes'] / 1e3:.0f} kB | "
+                  f"{r['data_bytes'] / 2**20:.2f} |",
                   flush=True)
         return
     methods = {"-1": "fedlight (probe's choice)", "0": "fedlight (one client at a time)", "plain": "plain peft loop"}
@@ -224,7 +234,10 @@ def main() -> None:
         for clients in sizes:
             for what in methods:
                 results.setdefault((clients, what), []).append(run_child(what, clients, *files[clients], args.device))
-    print(f"device: {args.device}; medians of {args.repeats}\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{"clients": c, "trainer": methods[w], "runs": rs}
+                                               for (c, w), rs in results.items()], indent=1))
+    print(f"device: {args.device}; attention: {ATTENTION}; medians of {args.repeats}\n")
     print("| clients a round | trainer | tokens/s | round s | peak MB |\n|---|---|---|---|---|")
     for clients in sizes:
         for what, label in methods.items():

@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import cross_device  # noqa: E402
 import femnist_load  # noqa: E402
+import lora_clients  # noqa: E402
 import made_femnist  # noqa: E402
 import overhead  # noqa: E402
 import paper_configs  # noqa: E402
@@ -221,3 +222,19 @@ def test_virtual_time_to_accuracy_takes_the_first_round_that_reaches_the_target(
     assert first_time_at(rows, "test/acc_mean", 0.8) == 9.0
     assert first_time_at(rows, "test/acc_mean", 0.5) == 3.0
     assert first_time_at(rows, "test/acc_mean", 0.9) is None
+
+
+def test_lora_benchmark_measures_fedlight_the_plain_peft_loop_and_the_memory(monkeypatch, tmp_path):
+    """Each measurement of benchmarks/lora_clients.py at 4 clients of a very small model: tokens trained, the plain
+    loop's adapters moved, and the memory run's rows: the clients' B rows at 10 a round."""
+    size = {"hidden": 16, "layers": 1, "heads": 2, "max_length": 8}
+    monkeypatch.setattr(lora_clients, "SIZE", size)
+    monkeypatch.setattr(lora_clients, "ROWS_PER_CLIENT", 8)
+    corpus, model = lora_clients.make_files(tmp_path, 4, size)
+    fed = lora_clients.measure_fedlight(corpus, model, 4, "cpu", 4)
+    plain = lora_clients.measure_plain(corpus, model, 4, "cpu")
+    for result in (fed, plain):
+        assert result["tokens_per_s"] > 0 and result["peak_bytes"] > 0
+    corpus, model = lora_clients.make_files(tmp_path, 12, size)
+    memory = lora_clients.measure_memory(corpus, model, 12, "cpu")
+    assert 10 <= memory["store_rows"] <= 12 and memory["base_bytes"] > memory["adapter_bytes"]
