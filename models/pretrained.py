@@ -93,6 +93,14 @@ def load_network(path: Path, library: str, num_classes: int, attention: str) -> 
                                 attn_implementation=attention)
 
 
+def checkpoint(network: nn.Module, library: str) -> None:
+    """Turn on the network's own gradient checkpointing (non-reentrant: the frozen inputs need no gradient)."""
+    if library == "timm":
+        network.set_grad_checkpointing(True)
+    else:
+        network.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def head_module_name(network: nn.Module, num_classes: int) -> str:
     """The classification head: the last linear layer with `num_classes` outputs."""
     heads = [name for name, m in network.named_modules() if isinstance(m, nn.Linear) and m.out_features == num_classes]
@@ -127,13 +135,17 @@ class PretrainedClassifier(L.LightningModule):
         optimizer: "sgd", "adam" or "adamw".
         lr, momentum, weight_decay: the optimizer's settings.
         attention: transformers' attention implementation ("sdpa" or "eager").
+        gradient_checkpointing: recompute the base's activations in the backward pass instead of keeping them (less
+            memory a client, about a third more compute). torch.func cannot run it, so the engine then trains the
+            clients one after another (it says so in a warning).
         seed: the seed of the adapters' and the new head's initialization (one start for every run of a config).
     """
 
     def __init__(self, path: str, num_classes: int, library: Literal["transformers", "timm"] = "transformers",
                  lora: LoRA | None = LoRA(), train_head: bool = True,
                  optimizer: Literal["sgd", "adam", "adamw"] = "adamw", lr: float = 1e-3, momentum: float = 0.0,
-                 weight_decay: float = 0.0, attention: Literal["sdpa", "eager"] = "sdpa", seed: int = 0) -> None:
+                 weight_decay: float = 0.0, attention: Literal["sdpa", "eager"] = "sdpa",
+                 gradient_checkpointing: bool = False, seed: int = 0) -> None:
         super().__init__()
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
@@ -145,6 +157,8 @@ class PretrainedClassifier(L.LightningModule):
             network = load_network(self.path, library, num_classes, attention)
             self.head_name = head_module_name(network, num_classes)
             network.requires_grad_(False)
+            if gradient_checkpointing:
+                checkpoint(network, library)
             if lora is not None:
                 network = self._adapted(network, lora)
         self.network = network

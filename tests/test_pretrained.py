@@ -77,6 +77,24 @@ def test_eager_attention_takes_an_additive_mask(root):
         torch.testing.assert_close(model(ids), own, rtol=0, atol=1e-6)
 
 
+def test_gradient_checkpointing_gives_the_same_gradients_and_trains_clients_one_at_a_time(root):
+    ids, y = torch.randint(3, 60, (6, 12)), torch.randint(0, CLASSES, (6,))
+    grads = []
+    for checkpointing in (False, True):
+        model = PretrainedClassifier(str(root / "gpt2"), num_classes=CLASSES, gradient_checkpointing=checkpointing)
+        model.train()
+        torch.manual_seed(1)  # the same dropout masks (checkpointing replays the random state it recomputes with)
+        model.training_step((ids, y), 0).backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+    for plain, recomputed in zip(*grads):
+        torch.testing.assert_close(recomputed, plain)
+    federation = text_federation(root, FedIT(), rounds=1, num_clients=4, vectorize=4)
+    federation.module.network.base_model.model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False})
+    with pytest.warns(UserWarning, match="vectorized training is off"):
+        federation.run_round(1)
+
+
 def test_a_missing_model_folder_is_named_with_how_to_make_one(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"pretrained model folder .*nowhere not found.*tiny_pretrained"):
         PretrainedClassifier(str(tmp_path / "nowhere"), num_classes=2)
