@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from fedlight.reports.intervals import mean_interval, paired_difference
+from fedlight.reports.intervals import client_bootstrap, mean_interval, paired_difference
 
 T_975_2 = 4.302652729911275  # the 0.975 quantile of Student's t with 2 degrees of freedom (tables)
 
@@ -55,3 +55,28 @@ def test_the_benchmark_table_pairs_each_configuration_with_the_reference_by_seed
     rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
     half = T_975_2 * math.sqrt(1 / 3) * 0.01 / math.sqrt(3)  # the differences' sample sd: 0.01 / sqrt(3)
     assert f"0.053 ± {half:.3f} *" in rows["fedadam"] and "0.800 ± " in rows["fedavg"]  # [0.039, 0.068]: not 0
+
+
+def test_the_client_bootstrap_of_half_right_clients_is_the_binomial_interval():
+    """100 clients, half at 1 and half at 0: the resampled mean is Binomial(100, 1/2) / 100, whose 95 % interval is
+    0.5 -+ 1.96 x 0.05 = [0.402, 0.598] (the normal approximation), to a resample's granularity."""
+    interval = client_bootstrap([1.0] * 50 + [0.0] * 50 + [math.nan] * 3)  # NaN: clients with nothing to evaluate
+    assert interval.mean == 0.5 and interval.n == 100
+    assert abs(interval.low - 0.402) <= 0.021 and abs(interval.high - 0.598) <= 0.021
+    assert client_bootstrap([0.5] * 7).low == client_bootstrap([0.5] * 7).high == 0.5  # no spread to resample
+    assert math.isnan(client_bootstrap([0.7]).low)
+
+
+def test_the_summary_carries_the_client_interval_and_the_resolution(tmp_path, tiny_run_args):
+    import json
+
+    from fedlight.datamodules import DigitsFederated
+    from fedlight.run.cli import main
+
+    assert main(tiny_run_args + ["--run_name", "run"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["test/acc_mean_low"] <= summary["test/acc_mean"] <= summary["test/acc_mean_high"]
+    data = DigitsFederated(num_clients=6)
+    data.setup()
+    median = sorted(data.federated.test.sizes())[2:4]  # six clients: the median is the mean of the middle two
+    assert summary["test/acc_resolution"] == pytest.approx(1 / (sum(median) / 2))

@@ -75,7 +75,7 @@ def rounds_into(totals: Totals, table_rows) -> None:
     run = SimpleNamespace(federation=SimpleNamespace(config=SimpleNamespace(eval_split="test")))
     for row in rows(table_rows):
         evaluated = "test/acc_mean" in row
-        totals.on_round_end(run, SimpleNamespace(seconds=1.0, evaluated=evaluated,
+        totals.on_round_end(run, SimpleNamespace(seconds=1.0, evaluated=evaluated, per_client={},
                                                  scalars={**row, "cluster/count": 2.0, "time/round_s": 1.0}))
 
 

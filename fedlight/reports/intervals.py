@@ -1,6 +1,8 @@
 """Confidence intervals over seeds: a method's mean with its Student-t interval, and the paired difference of two
 methods run on the same seeds (the same clients' data and initial model for both, so the per-seed differences cancel
-what the seed alone decides and the interval is tighter than two separate ones)."""
+what the seed alone decides and the interval is tighter than two separate ones). Over clients, within one run: the
+mean over clients with a percentile bootstrap interval (the clients resampled), which says how much the mean rests on
+which clients happened to be in the federation."""
 from __future__ import annotations
 
 import math
@@ -56,3 +58,23 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: flo
     if not seeds:
         raise ValueError("the two methods share no seed: a paired difference needs runs of the same seeds")
     return mean_interval([a[s] - b[s] for s in seeds], level)
+
+
+#: resamples of a client bootstrap, and its stream's seed (one interval for one run's values, whatever ran before)
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
+
+
+def client_bootstrap(values: Sequence[float], level: float = 0.95) -> Interval:
+    """The mean of the clients' `values` (NaN ones left out: clients with nothing to evaluate) and its percentile
+    bootstrap interval, the clients resampled with replacement (scipy.stats.bootstrap, a fixed seed)."""
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    if not len(x):
+        raise ValueError("an interval needs at least one value")
+    mean = float(x.mean())
+    if len(x) < 2 or float(x.min()) == float(x.max()):  # one client, or all alike: no spread to resample
+        return Interval(mean, mean if len(x) > 1 else math.nan, mean if len(x) > 1 else math.nan, len(x))
+    result = stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=BOOTSTRAP_RESAMPLES,
+                             method="percentile", random_state=np.random.default_rng(BOOTSTRAP_SEED))
+    low, high = result.confidence_interval
+    return Interval(mean, float(low), float(high), len(x))

@@ -143,6 +143,12 @@ def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> T
             last = prefix == split and name == metric  # beside it, the rounds chosen on validation and on split
             table.add_row(f"{label} {name}{', last round' if last else ''}",
                           *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")))
+            if last and f"{prefix}/{name}_mean_low" in summary:  # the clients' bootstrap, and one sample's weight
+                low, high = summary[f"{prefix}/{name}_mean_low"], summary[f"{prefix}/{name}_mean_high"]
+                table.add_row(f"{label} {name}, 95 % interval over clients", f"{_number(low)}-{_number(high)}", "",
+                              "")
+                table.add_row(f"{label} {name}, one sample of the median client",
+                              _number(summary[f"{prefix}/{name}_resolution"]), "", "")
             for row in chosen if last else ():
                 table.add_row(*row)
     for key, value in summary.items():

@@ -3,12 +3,14 @@ W&B, a user's own (`callbacks:` in the config) and, last, the round checkpoints.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from rich.console import Console
 
@@ -16,6 +18,7 @@ from fedlight.engine.federation import Federation
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.engine.round_result import RoundResult
 from fedlight.reports import selection
+from fedlight.reports.intervals import client_bootstrap
 from fedlight.run import checkpoint, failures, termination
 from fedlight.run.callbacks import Callback, Run, RunInterrupted, call, callback_states, load_callback_states
 from fedlight.run.console import ConsoleReporter, make_console
@@ -34,12 +37,30 @@ class Totals(Callback):
     def __init__(self) -> None:
         self.elapsed, self.last_eval = 0.0, {}
         self.evaluated: list[dict[str, float | int]] = []
+        self.last_clients: list[float] = []  # the last evaluated round's primary metric, client by client
 
     def on_round_end(self, run: Run, result: RoundResult) -> None:
         self.elapsed += result.seconds
         if result.evaluated:
             self.last_eval = scalars(result.scalars)
-            self.evaluated.append(selection.kept_keys(self.last_eval, run.federation.config.eval_split))
+            split = run.federation.config.eval_split
+            self.evaluated.append(selection.kept_keys(self.last_eval, split))
+            metric = selection.primary_metric(selection.metric_names(self.last_eval, split))
+            if metric in result.per_client:
+                self.last_clients = [float(v) for v in result.per_client[metric]]
+
+    def client_interval(self, split: str, sizes: np.ndarray) -> dict[str, float]:
+        """The last round's primary metric's mean over clients with its 95 % bootstrap interval over clients
+        (`<split>/<metric>_mean_low`, `_high`), and the resolution of the median client's value (1 / its samples on
+        `split`: one sample moves its accuracy by that much)."""
+        names = selection.metric_names(self.last_eval, split)
+        if not self.last_clients or not names:
+            return {}
+        metric = selection.primary_metric(names)
+        interval = client_bootstrap(self.last_clients)
+        median = float(np.median(sizes[sizes > 0])) if (sizes > 0).any() else math.nan
+        return {f"{split}/{metric}_mean_low": interval.low, f"{split}/{metric}_mean_high": interval.high,
+                f"{split}/{metric}_resolution": 1.0 / median if median else math.nan}
 
     def selections(self, split: str) -> dict[str, Any]:
         """The validation-selected and the `split`-selected numbers of the primary metric (the summary's)."""
@@ -47,10 +68,12 @@ class Totals(Callback):
         return selection.selections(self.evaluated, split, selection.primary_metric(names)) if names else {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"elapsed": self.elapsed, "last_eval": self.last_eval, "evaluated": self.evaluated}
+        return {"elapsed": self.elapsed, "last_eval": self.last_eval, "evaluated": self.evaluated,
+                "last_clients": self.last_clients}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.elapsed, self.last_eval, self.evaluated = state["elapsed"], state["last_eval"], state["evaluated"]
+        self.last_clients = state.get("last_clients", [])
 
 
 class Checkpointer(Callback):
@@ -172,4 +195,6 @@ def _summary(run: Run, totals: Totals) -> dict[str, Any]:
             "vectorized_reason": plan.reason, "vectorize_probe": None if probe is None else probe.as_dict(),
             "federated_entries": federation.flat.numel, "frozen_base": federation.frozen_base,
             **({"stopped": run.stop_reason} if run.stop_reason else {}), **federation.extensions.summary(),
-            "wall_time_s": round(totals.elapsed, 3), **final, **totals.selections(federation.config.eval_split)}
+            "wall_time_s": round(totals.elapsed, 3), **final, **totals.selections(federation.config.eval_split),
+            **totals.client_interval(federation.config.eval_split,
+                                     federation.data.split(federation.config.eval_split).sizes())}
