@@ -208,3 +208,34 @@ def test_registry():
         assert list(make_clusterer("everyone_alone").fit_predict(block_distance())) == list(range(15))
     finally:
         CLUSTERERS.pop("everyone_alone")
+
+
+def planted(sizes: list[int], seed: int, within: float = 0.1, across: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks of the given sizes: distances about `within` inside a block, `across` between, symmetric, zero diagonal."""
+    rng = np.random.default_rng(seed)
+    truth = np.repeat(np.arange(len(sizes)), sizes)
+    D = np.where(truth[:, None] == truth[None, :], within, across) + rng.uniform(0, 0.1, (len(truth),) * 2)
+    D = 0.5 * (D + D.T)
+    np.fill_diagonal(D, 0.0)
+    return D, truth
+
+
+@pytest.mark.parametrize("backend", ["hdbscan", "sklearn"])
+def test_hdbscan_finds_four_clusters_of_four_clients_at_ocfls_default(backend):
+    """OCFL's default (min_cluster_size 20 %: 4 of 16 clients) on 4 planted clusters of 4: min_samples counts the
+    client itself, as sklearn's HDBSCAN (the authors' code) counts it. The hdbscan package given min_samples 4 took
+    4 neighbours besides the client, found no core point and returned every client as noise."""
+    D, truth = planted([4, 4, 4, 4], seed=0)
+    labels = HDBSCAN(min_cluster_size=0.2, backend=backend).fit_predict(D, kind="distance")
+    assert adjusted_rand_score(truth, labels) == 1.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_two_hdbscan_backends_cluster_alike(seed):
+    rng = np.random.default_rng(seed)
+    sizes = list(rng.integers(3, 8, size=int(rng.integers(2, 5))))
+    D, _ = planted(sizes, seed, within=0.2, across=0.6)
+    for min_cluster_size, min_samples in ((0.2, None), (3, None), (3, 2)):
+        a, b = (HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, backend=backend)
+                .fit_predict(D, kind="distance") for backend in ("hdbscan", "sklearn"))
+        assert adjusted_rand_score(a, b) == 1.0, (sizes, min_cluster_size, min_samples)

@@ -232,6 +232,11 @@ class HDBSCAN(Clusterer):
     `min_cluster_size` is a count (int >= 2) or a fraction of n in (0, 1): ceil(fraction * n), at least 2
     (one-shot clustered FL uses 20 % of the clients: 3 for n = 15, 6 for n = 30). `min_samples=None` means
     min_cluster_size. `backend="sklearn"` uses `sklearn.cluster.HDBSCAN` instead (what that paper's code ran).
+
+    `min_samples` counts the point itself, as sklearn's HDBSCAN (and so OCFL's code) counts it. The hdbscan package
+    counts the neighbours without it, so it is given one less: both backends then cluster alike. Given as it is, a
+    cluster of exactly min_cluster_size clients (4 rotations of 4 clients, min_cluster_size 20 % of 16) had no core
+    point and every client came back as noise (tests/test_clustering.py).
     """
 
     input_kind = "distance"
@@ -276,6 +281,9 @@ class HDBSCAN(Clusterer):
                       allow_single_cluster=self.allow_single_cluster)
         if self.backend == "hdbscan":
             import hdbscan
+
+            neighbours = (self.min_samples or size) - 1  # the package does not count the point itself
+            kwargs["min_samples"] = max(1, neighbours)
             return hdbscan.HDBSCAN(**kwargs).fit_predict(matrix.astype(np.float64))
         return skc.HDBSCAN(copy=True, **kwargs).fit_predict(matrix)
 
