@@ -211,7 +211,8 @@ def test_registry():
 
 
 def planted(sizes: list[int], seed: int, within: float = 0.1, across: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
-    """Blocks of the given sizes: distances about `within` inside a block, `across` between, symmetric, zero diagonal."""
+    """Blocks of the given sizes: distances about `within` inside a block, `across` between; symmetric, zero
+    diagonal."""
     rng = np.random.default_rng(seed)
     truth = np.repeat(np.arange(len(sizes)), sizes)
     D = np.where(truth[:, None] == truth[None, :], within, across) + rng.uniform(0, 0.1, (len(truth),) * 2)
