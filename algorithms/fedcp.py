@@ -160,7 +160,8 @@ class FedCP(Algorithm):
         server = self.server
         contexts = context_of(server.model.named_tensors(starts)[f"{self.head_layer}.weight"])
         global_model = server.model.named_tensors(self.models[0].clone())
-        weights = {name: global_model[name] for name, _ in server.model.module.named_parameters()}
+        weights = {name: global_model[name] for name, _ in server.model.module.named_parameters()
+                   if name in global_model}  # a frozen base is outside the flat model: the module's own stands in
         objective = functools.partial(self._objective, weights)
         trained = server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
                                             trainable=~self.global_head, objective=objective, client_inputs=contexts)

@@ -183,3 +183,33 @@ def test_ifca_over_adapters_separates_the_two_planted_groups(workdir):
     rows = (workdir / "runs" / "text_ifca" / "metrics.csv").read_text().splitlines()
     header, last = rows[0].split(","), rows[-1].split(",")
     assert float(last[header.index("cluster/ari")]) >= 0.9
+
+
+def test_a_method_reading_the_features_refuses_a_head_on_every_position(root):
+    """GPT-2's head scores every position and the model pools its outputs after it, so there is no feature row a
+    sample: FedProto (features at the head) is refused in one line rather than averaging over positions."""
+    federation = text_federation(root, algorithm("fedproto"), rounds=1, num_clients=4, local_epochs=1)
+    with pytest.raises(ValueError, match="not one feature row a sample"):
+        federation.run_round(1)
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedrod", "moon", "fedcp", "gpfl", "feddbe", "fedpac"])
+def test_methods_reading_the_features_run_on_a_vits_adapters(name):
+    """A ViT's head reads its class token's features, one row a sample: the methods that read features at the head
+    (prototypes, personal heads, contrastive terms, a conditional policy) train two rounds on its adapters (the
+    compatibility table's adapters setting). FedCP's global body is the adapters' part only: the frozen base stands
+    in for itself."""
+    from fedlight.run import compatibility
+
+    federation, error = compatibility.run_cell(algorithm_class_of(name), "adapters", {})
+    assert error is None, error
+    head = federation.module.head_name  # the network's entries are adapters or the head; a method's own modules
+    assert all(".lora_" in e.name or f".{head}." in e.name  # (a personal head, a policy) sit outside `network`
+               for e in federation.flat.entries if e.name.startswith("network."))
+
+
+def algorithm_class_of(name: str):
+    import importlib
+
+    module, cls = short_names()[name].rsplit(".", 1)
+    return getattr(importlib.import_module(module), cls)

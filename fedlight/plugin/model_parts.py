@@ -53,6 +53,10 @@ def head_inputs(module: nn.Module, head: nn.Module, x: Tensor) -> tuple[Tensor, 
     if len(captured) != 1:
         raise ValueError(f"the head ({type(head).__name__}) ran {len(captured)} times in one forward pass; "
                          "features are read at a head that runs once")
+    if captured[0].dim() != 2:  # a head applied to every position of a sequence, pooled after it (GPT-2's score)
+        raise ValueError(f"the head ({type(head).__name__}) reads inputs of shape {tuple(captured[0].shape)}, not one "
+                         "feature row a sample: a method that reads the features at the head needs a network that "
+                         "pools before its head (BERT, ViT, a CNN), not one that pools its outputs (GPT-2)")
     return captured[0], outputs
 
 
