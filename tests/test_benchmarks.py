@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import cross_device  # noqa: E402
 import femnist_load  # noqa: E402
+import leaderboard  # noqa: E402
 import lora_clients  # noqa: E402
 import made_femnist  # noqa: E402
 import overhead  # noqa: E402
@@ -238,3 +239,33 @@ def test_lora_benchmark_measures_fedlight_the_plain_peft_loop_and_the_memory(mon
     corpus, model = lora_clients.make_files(tmp_path, 12, size)
     memory = lora_clients.measure_memory(corpus, model, 12, "cpu")
     assert 10 <= memory["store_rows"] <= 12 and memory["base_bytes"] > memory["adapter_bytes"]
+
+
+def test_leaderboard_reads_every_pfllib_configs_published_number():
+    """Each pfllib config's comment yields the number tests/test_pfllib_configs.py checks it quotes, or None where
+    the leaderboard has no row for it ("not found")."""
+    from test_pfllib_configs import FMNIST_PUBLISHED, PUBLISHED, SPLITS
+
+    paths = leaderboard.configs()
+    assert sorted({path.parent.name for path in paths}) == sorted(SPLITS)
+    for path in paths:
+        table = FMNIST_PUBLISHED if path.parent.name.startswith("fmnist_") else PUBLISHED
+        expected = table[path.stem][0 if path.parent.name.endswith("_pat") else 1] if path.stem in table else None
+        assert leaderboard.published(path) == expected, path
+        assert (expected is None) == ("number: not found" in path.read_text()), path
+
+
+def test_leaderboard_skips_every_config_whose_data_is_missing(monkeypatch, tmp_path, capsys):
+    """Without the data files nothing runs: every config is a "skipped" row, with its published number."""
+    def no_run(*args, **kwargs):
+        raise AssertionError(f"ran {args} without data")
+
+    monkeypatch.setattr(leaderboard.subprocess, "run", no_run)
+    rows = leaderboard.main([str(tmp_path / "data"), "--output_dir", str(tmp_path / "runs")])
+    assert len(rows) == 2 + len(leaderboard.configs())
+    assert all(" | skipped: no data | " in row for row in rows[2:])
+    assert not (tmp_path / "runs").exists()
+    out, err = capsys.readouterr()
+    assert "| fedala | fmnist_pat | skipped: no data | 99.57 ± 0.01 |" in out
+    assert "| fedbn | cifar100_pat | skipped: no data | not found |" in out
+    assert err.count("skipped configs/papers/pfllib/") == len(leaderboard.configs())

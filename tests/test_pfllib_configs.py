@@ -1,13 +1,15 @@
 """The PFLlib benchmark configs (configs/papers/pfllib/: PFLlib's leaderboard setting on CIFAR-100, Dirichlet 0.1 and
-pathological, one config per method fedlight shares with PFLlib).
+pathological, one config per method fedlight shares with PFLlib; and on FMNIST, the same two splits, for the five
+methods of FMNIST_PUBLISHED).
 
 Each config keeps PFLlib's setting, stated here independently of the configs: 20 clients, every one every round, train
 and test pooled and split 75/25 per client, the 4-layer CNN, plain SGD at 0.005, batch 10, 1 local epoch, 2000 rounds,
 and each method's hyperparameters as PFLlib's command-line defaults (or the deviation its config explains); its
 algorithm and federation settings are built from it, and `python -m fedlight fit`'s parser reads one config a split
 (the others have the same form: parsing all of them would cost seconds). The published numbers in the comments are
-checked against the leaderboard's Cifar100 columns. No data file is read: the data modules are constructed, the
-partitions run on made labels, the network on the meta device; tests/test_data_vision.py reads made CIFAR-100 files."""
+checked against the leaderboard's Cifar100 and FMNIST columns. No data file is read: the data modules are constructed,
+the partitions run on made labels, the network on the meta device; tests/test_data_vision.py reads made CIFAR-100
+files."""
 from __future__ import annotations
 
 import functools
@@ -20,15 +22,15 @@ import torch
 import yaml
 
 from fedlight import FederationConfig
-from fedlight.datamodules import CIFAR100Federated, ClassesPerClient, Dirichlet
+from fedlight.datamodules import CIFAR100Federated, ClassesPerClient, Dirichlet, FashionMNISTFederated
 from fedlight.models import FedAvgCNN
 from fedlight.run import registry
 from fedlight.run.cli import fit_parser
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER = REPO / "configs" / "papers" / "pfllib"
-SPLITS = ("cifar100_dir0.1", "cifar100_pat")
-CONFIGS = sorted(FOLDER.glob("cifar100_*/*.yaml"))
+SPLITS = ("cifar100_dir0.1", "cifar100_pat", "fmnist_dir0.1", "fmnist_pat")
+CONFIGS = sorted(path for split in SPLITS for path in (FOLDER / split).glob("*.yaml"))
 
 #: each method's init_args: PFLlib's defaults (system/main.py and the client files), participation 1 (join ratio 1)
 PFLLIB_ARGS = {
@@ -52,17 +54,27 @@ PFLLIB_ARGS = {
     "fedpac": {"lam": 1.0, "head_epochs": 1, "body_epochs": 1},
     "fedcp": {"lam": 1.0},
     "gpfl": {"lam": 1.0, "mu": 0.0},
+    "fedala": {"eta": 1.0, "rand_percent": 80, "layers": 1},  # PFLlib's -et 1.0, -s 80, -p 2 (fc's two tensors)
     # not PFLlib's defaults, which would turn the method off or weigh another term (the configs say why)
     "moon": {"mu": 1.0, "temperature": 0.5},
     "feddyn": {"alpha": 0.01},
 }
-#: the leaderboard's Cifar100 numbers (pathological, practical); FedPer and FedRep from GPFL's Table 1
+#: the leaderboard's Cifar100 numbers (pathological, practical); FedPer's and FedRep's are also GPFL's Table 1's
 PUBLISHED = {
     "fedavg": ("25.98 +- 0.13", "31.89 +- 0.47"), "fedprox": ("25.94 +- 0.16", "31.99 +- 0.41"),
     "perfedavg": ("56.80 +- 0.26", "44.28 +- 0.33"), "pfedme": ("58.20 +- 0.14", "47.34 +- 0.46"),
     "ditto": ("67.23 +- 0.07", "52.87 +- 0.64"), "apfl": ("64.26 +- 0.13", "46.74 +- 0.60"),
     "fedamp": ("64.34 +- 0.37", "47.69 +- 0.49"), "fedper": ("63.53 +- 0.21", "49.63 +- 0.54"),
-    "fedrep": ("67.56 +- 0.31", "52.39 +- 0.35"),
+    "fedrep": ("67.56 +- 0.31", "52.39 +- 0.35"), "fedrod": ("62.30 +- 0.02", "50.94 +- 0.11"),
+    "fedbabu": ("66.85 +- 0.07", "55.02 +- 0.33"), "fedcp": ("71.80 +- 0.16", "59.56 +- 0.08"),
+    "gpfl": ("71.78 +- 0.26", "61.86 +- 0.31"), "feddbe": ("73.38 +- 0.18", "64.39 +- 0.27"),
+    "fedproto": ("69.18 +- 0.03", "52.70 +- 0.33"),
+}
+#: the leaderboard's FMNIST numbers (pathological, practical): the methods of the FMNIST splits
+FMNIST_PUBLISHED = {
+    "fedavg": ("80.41 +- 0.08", "85.85 +- 0.19"), "ditto": ("99.44 +- 0.06", "97.47 +- 0.04"),
+    "fedala": ("99.57 +- 0.01", "97.66 +- 0.02"), "gpfl": ("99.85 +- 0.08", "97.81 +- 0.09"),
+    "feddbe": ("99.74 +- 0.04", "97.69 +- 0.05"),
 }
 FEDERATION = {"rounds": 2000, "local_epochs": 1, "batch_size": 10, "eval_split": "test", "precision": "32-true"}
 
@@ -82,6 +94,15 @@ def resolved(path: Path) -> dict:
     return config
 
 
+def fmnist(path: Path) -> bool:
+    return path.parent.name.startswith("fmnist_")
+
+
+def methods(split: str) -> list[str]:
+    """The methods a split has a config for: every one on CIFAR-100, FMNIST_PUBLISHED's on FMNIST."""
+    return sorted(FMNIST_PUBLISHED if split.startswith("fmnist_") else set(PFLLIB_ARGS) - {"fedala"})
+
+
 def common(name: str) -> dict:
     return load(FOLDER / "common" / f"{name}.yaml")
 
@@ -94,17 +115,23 @@ def algorithm_class(name: str) -> type:
 def test_each_split_has_a_config_for_every_method_and_only_registered_ones():
     assert sorted({path.parent.name for path in CONFIGS}) == sorted(SPLITS)
     for split in SPLITS:
-        assert sorted(p.stem for p in (FOLDER / split).glob("*.yaml")) == sorted(PFLLIB_ARGS), split
+        assert sorted(p.stem for p in (FOLDER / split).glob("*.yaml")) == methods(split), split
+    assert set(PFLLIB_ARGS) == set(methods("cifar100_pat")) | set(methods("fmnist_pat"))
     assert set(PFLLIB_ARGS) <= set(registry.short_names())
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_the_config_keeps_pfllibs_setting(path):
     """What the config sets, and the algorithm and federation built from it (a wrong key or value raises)."""
-    text, method, pathological = path.read_text(), path.stem, path.parent.name == "cifar100_pat"
+    text, method, pathological = path.read_text(), path.stem, path.parent.name.endswith("_pat")
     assert text.startswith("# ") and f"python -m fedlight fit --config {path.relative_to(REPO).as_posix()}" in text
-    if method in PUBLISHED:
-        assert PUBLISHED[method][0 if pathological else 1] in text.replace("\n# ", " ")
+    assert max(len(line) for line in text.splitlines()) <= 120
+    published = FMNIST_PUBLISHED if fmnist(path) else PUBLISHED
+    column = "FMNIST" if fmnist(path) else "Cifar100"
+    if method in published:
+        flat, number = text.replace("\n# ", " "), published[method][0 if pathological else 1]
+        assert f"{column} column of the {'Pathological' if pathological else 'Practical'} Label Skew Setting" in flat
+        assert f"{number} (best test accuracy over" in flat
     else:
         assert "number: not found" in text
     cfg = resolved(path)
@@ -114,11 +141,12 @@ def test_the_config_keeps_pfllibs_setting(path):
     special = {"eval_every": 2000, "finetune_epochs": 10} if method == "fedbabu" else {"eval_every": 1}
     assert cfg["federation"] == {**FEDERATION, **special}
     FederationConfig(**cfg["federation"])
-    assert cfg["model"] == common("model")
-    assert cfg["data"] == common("data_cifar100_pat" if pathological else "data_cifar100_dir0.1")
+    assert cfg["model"] == common("model_fmnist" if fmnist(path) else "model")
+    assert cfg["data"] == common(f"data_{path.parent.name}")
 
 
-@pytest.mark.parametrize("path", [FOLDER / "cifar100_pat" / "fedbabu.yaml", FOLDER / "cifar100_dir0.1" / "fedamp.yaml"],
+@pytest.mark.parametrize("path", [FOLDER / "cifar100_pat" / "fedbabu.yaml", FOLDER / "cifar100_dir0.1" / "fedamp.yaml",
+                                  FOLDER / "fmnist_pat" / "fedala.yaml", FOLDER / "fmnist_dir0.1" / "feddbe.yaml"],
                          ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_fits_parser_reads_what_the_config_says(path):
     """`python -m fedlight fit`'s parser (keys, types, referenced files, class paths) reads the same settings; one
@@ -129,21 +157,35 @@ def test_fits_parser_reads_what_the_config_says(path):
     assert {k: v for k, v in cfg.federation.as_dict().items() if not k.startswith("__")} == resolved(path)["federation"]
 
 
-def test_the_model_and_data_are_pfllibs():
-    """Plain SGD at 0.005 on the 4-layer CNN; CIFAR-100 pooled and split 75/25 over 20 clients, normalized by 0.5."""
-    model = common("model")["init_args"]
-    assert (common("model")["class_path"], model["network"]["class_path"]) == ("fedlight.models.Classifier",
-                                                                              "fedlight.models.FedAvgCNN")
-    assert model["network"]["init_args"] == {"in_channels": 3, "num_classes": 100, "image_size": 32}
+#: each data set's model file, network settings, data module, data folder, channels and its two partitions
+DATASETS = {
+    "cifar100": ("model", {"in_channels": 3, "num_classes": 100, "image_size": 32}, CIFAR100Federated, "data/cifar100",
+                 3, {"dir0.1": (Dirichlet, {"alpha": 0.1, "min_size": 40}),
+                     "pat": (ClassesPerClient, {"classes_per_client": 10})}),
+    # PFLlib's generate_FashionMNIST.py: class_per_client=2 for its pathological split
+    "fmnist": ("model_fmnist", {"in_channels": 1, "num_classes": 10, "image_size": 28}, FashionMNISTFederated,
+               "data/fmnist", 1, {"dir0.1": (Dirichlet, {"alpha": 0.1, "min_size": 40}),
+                                  "pat": (ClassesPerClient, {"classes_per_client": 2})}),
+}
+
+
+@pytest.mark.parametrize("dataset", sorted(DATASETS))
+def test_the_model_and_data_are_pfllibs(dataset):
+    """Plain SGD at 0.005 on the 4-layer CNN; the data set pooled and split 75/25 over 20 clients, normalized by 0.5."""
+    model_file, network, data_class, root, channels, partitions = DATASETS[dataset]
+    model = common(model_file)["init_args"]
+    assert (common(model_file)["class_path"], model["network"]["class_path"]) == ("fedlight.models.Classifier",
+                                                                                  "fedlight.models.FedAvgCNN")
+    assert model["network"]["init_args"] == network
     assert (model["optimizer"], model["lr"], model["momentum"], model["weight_decay"]) == ("sgd", 0.005, 0.0, 0.0)
-    for name, scheme, args in (("data_cifar100_dir0.1", Dirichlet, {"alpha": 0.1, "min_size": 40}),
-                               ("data_cifar100_pat", ClassesPerClient, {"classes_per_client": 10})):
+    for split, (scheme, args) in partitions.items():
+        name = f"data_{dataset}_{split}"
         data = dict(common(name)["init_args"])
-        assert common(name)["class_path"] == "fedlight.datamodules.CIFAR100Federated"
+        assert common(name)["class_path"] == f"fedlight.datamodules.{data_class.__name__}"
         assert data.pop("partition") == {"class_path": f"fedlight.datamodules.{scheme.__name__}", "init_args": args}
-        assert data == {"root": "data/cifar100", "official_splits": False, "num_clients": 20, "val_fraction": 0.0,
-                        "test_fraction": 0.25, "split_seed": 1, "mean": [0.5] * 3, "std": [0.5] * 3}
-        CIFAR100Federated(partition=scheme(**args), **data)  # builds without reading a file
+        assert data == {"root": root, "official_splits": False, "num_clients": 20, "val_fraction": 0.0,
+                        "test_fraction": 0.25, "split_seed": 1, "mean": [0.5] * channels, "std": [0.5] * channels}
+        data_class(partition=scheme(**args), **data)  # builds without reading a file
 
 
 def test_the_network_is_pfllibs_4_layer_cnn_for_cifar():
@@ -158,6 +200,17 @@ def test_the_network_is_pfllibs_4_layer_cnn_for_cifar():
     assert net.layer_names()[-1] == "fc"  # PFLlib's head: what FedPer, FedRep, FedBABU and LG-FedAvg split off
 
 
+def test_the_network_is_pfllibs_4_layer_cnn_for_fmnist():
+    """PFLlib's FedAvgCNN(in_features=1, dim=1024): 1x28x28 images flatten to 64 x 4 x 4 = 1024 features."""
+    with torch.device("meta"):
+        net = FedAvgCNN(**common("model_fmnist")["init_args"]["network"]["init_args"])
+        out = net(torch.zeros(2, 1, 28, 28))
+    assert out.shape == (2, 10) and net.fc1.in_features == 1024 and net.fc1.out_features == 512
+    by_hand = (1 * 32 * 25 + 32) + (32 * 64 * 25 + 64) + (1024 * 512 + 512) + (512 * 10 + 10)
+    assert sum(p.numel() for p in net.parameters()) == by_hand == 582_026
+    assert net.layer_names()[-1] == "fc"  # the one layer of FedALA's layers 1 (PFLlib's layer_idx 2)
+
+
 def partition_args(name: str) -> dict:
     return common(name)["init_args"]["partition"]["init_args"]
 
@@ -167,6 +220,21 @@ def test_the_pathological_partition_gives_every_client_10_of_100_classes():
     parts = ClassesPerClient(**partition_args("data_cifar100_pat")).assign(labels, 20, np.random.default_rng(0))
     assert [len(np.unique(labels[part])) for part in parts] == [10] * 20
     assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))  # disjoint, nothing left out
+
+
+def test_the_fmnist_pathological_partition_gives_every_client_2_of_10_classes():
+    labels = np.repeat(np.arange(10), 300)
+    parts = ClassesPerClient(**partition_args("data_fmnist_pat")).assign(labels, 20, np.random.default_rng(0))
+    assert [len(np.unique(labels[part])) for part in parts] == [2] * 20
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
+
+
+def test_the_fmnist_dirichlet_partition_keeps_pfllibs_least_samples():
+    """PFLlib's least_samples = min(10 / (1 - 0.75), 70,000 / 20 / 2) = 40 for FMNIST too."""
+    labels = np.repeat(np.arange(10), 300)
+    parts = Dirichlet(**partition_args("data_fmnist_dir0.1")).assign(labels, 20, np.random.default_rng(0))
+    assert min(len(part) for part in parts) >= min(10 / (1 - 0.75), 70_000 / 20 / 2) == 40
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
 
 
 def test_the_dirichlet_partition_keeps_pfllibs_least_samples():
