@@ -42,8 +42,9 @@ Deviations, and why:
   exp(sigma cos), with xi_ii a chosen self-attention weight); this is section 4's A'(||w_i - w_j||^2).
 - The local solver is the module's own optimizer (momentum, weight decay, schedulers as configured).
 - The server keeps what each client sent as its w_i (an update attack's model, under an attack); a client that has
-  not taken part holds w^0, so a held-out newcomer is evaluated with w^0 (the base class's global row, which FedAMP
-  never changes).
+  not taken part holds w^0. A held-out newcomer gets the stored personal model w_i with the lowest loss on its own
+  training data, as Local's newcomers do (the paper defines no placement; w^0, the base class's global row, which
+  FedAMP never changes, is the untrained network).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ import torch
 from torch import Tensor
 
 from fedlight.cluster.similarity import l2_distance_matrix
-from fedlight.plugin import Algorithm, ClientModels, Plan, RoundUpdates, Trained
+from fedlight.plugin import Algorithm, ClientModels, Newcomers, Plan, RoundUpdates, Trained, best_fitting
 
 
 def squared_distances(models: Tensor) -> Tensor:
@@ -133,6 +134,11 @@ class FedAMP(Algorithm):
         """What `client` trains from: its cloud model u_i in a round that built one for it, else its personal w_i."""
         cloud = self.cloud.get(client)
         return self.personal_models[client] if cloud is None else cloud
+
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[ClientModels, Tensor, None]:
+        """Each newcomer gets the stored personal model w_i with the lowest loss on its training split."""
+        models = ClientModels(lambda client: self.personal_models[client], self.server.num_clients)
+        return models, best_fitting(newcomers, models), None
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The proximal step from the cloud models `starts`: the module's SGD with (lam / alpha_k)(w - u_i) added

@@ -53,8 +53,9 @@ Deviations, and choices the paper leaves open:
   same loss), on batches of the configured size that count the held-out rows: an epoch takes the steps of every
   training row and sums the gradients of the others once, as an epoch over them alone would.
 - Local training is the module's own optimizer (momentum, weight decay, schedulers), not the paper's plain SGD.
-- A client that arrives after training (`newcomer_models`) gets the base class's answer, the initial model (the
-  paper defines no placement; `federation.finetune_epochs` trains it on its own data).
+- A client that arrives after training (`newcomer_models`) gets the stored client model with the lowest loss on its
+  own training data, as Local's newcomers do (the paper defines no placement; the base class's answer, the untrained
+  initial model, scored 0.077 on the digits newcomers). `federation.finetune_epochs` trains it on its own data.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, ClientModels, RoundUpdates, Trained
+from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates, Trained, best_fitting
 
 VALIDATION_PURPOSE = "fedfomo_validation"  # the stream that draws each client's held-out training rows
 DOWNLOAD_PURPOSE = "fedfomo_download"      # the stream of the server's epsilon-greedy picks
@@ -142,6 +143,11 @@ class FedFomo(Algorithm):
 
     def client_model(self, client: int) -> Tensor:
         return self.local_models[client]
+
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[ClientModels, Tensor, None]:
+        """Each newcomer gets the stored client model with the lowest loss on its training split."""
+        models = ClientModels(self.client_model, self.server.num_clients)
+        return models, best_fitting(newcomers, models), None
 
     # -- a client's round ---------------------------------------------------------------------------------------
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:

@@ -1,10 +1,9 @@
 """Local training: every client trains its own model on its own data; nothing is ever averaged."""
-import math
 
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, ClientModels, Newcomers, Plan, RoundUpdates
+from fedlight.plugin import Algorithm, ClientModels, Newcomers, Plan, RoundUpdates, best_fitting
 
 
 class Local(Algorithm):
@@ -32,4 +31,4 @@ class Local(Algorithm):
     def newcomer_models(self, newcomers: Newcomers) -> tuple[ClientModels, Tensor, None]:
         """Each newcomer gets the client model with the lowest loss on its training split."""
         models = ClientModels(self.client_model, self.server.num_clients)
-        return models, torch.nan_to_num(newcomers.losses(models), nan=math.inf).argmin(dim=0), None
+        return models, best_fitting(newcomers, models), None

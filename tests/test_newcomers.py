@@ -439,3 +439,22 @@ def test_the_console_prints_the_held_out_clients_apart():
     assert [cell.strip() for cell in row[1:3]] == ["unseen/ari", "0.5000"]
     line = round_text({"test/acc_mean": 0.5, "test/acc_std": 0.25, "test/acc_worst": 0.125, **unseen}, "test")
     assert line.endswith("unseen acc 0.7500 (worst 0.6250)")
+
+
+@pytest.mark.parametrize("name", ["local", "fedfomo", "fedamp"])
+def test_a_method_of_client_models_gives_a_newcomer_the_one_that_fits_it_best(name):
+    """Local, FedFomo and FedAMP hold no global model worth giving (FedFomo's and FedAMP's was the untrained network):
+    each newcomer gets the stored client model with the lowest mean cross-entropy on its own training rows, computed
+    here model by model."""
+    fed = federation(shipped()[name](), rounds=2)
+    for round in (1, 2):
+        fed.run_round(round)
+    newcomers = held_out(fed)
+    newcomers.round = 2
+    models, placed, _ = fed.algorithm.newcomer_models(newcomers)
+    stored = [models[c] for c in range(fed.num_clients)]
+    for j in range(newcomers.count):
+        x, y = newcomers.split("train").client(j)
+        losses = [float(F.cross_entropy(fed.server.model.predict(params, x), y)) for params in stored]
+        assert int(placed[j]) == int(np.argmin(losses)), (name, j)
+    assert len({tuple(m.tolist()) for m in stored}) > 1  # the clients' models differ: the choice is one

@@ -15,7 +15,7 @@
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
 | `client_work` | `ClientWork`: what each client's local work ran (training steps, forward passes, models used, bytes sent), counted where it runs, which the virtual clock charges |
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
-| `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction`, `nearest_direction` |
+| `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction`, `nearest_direction`, `best_fitting` |
 | `message` | `MessageSchema`: what a client's message carries beside its trained model (`MODEL`, `SUMMED`, `PER_CLIENT`, `ROUTING` entries), which every round extension reads to refuse what it cannot handle |
 | `extension` | `RoundExtension`: hooks at fixed points of the set-up and the round for what a run adds around it |
 | `round_work` | `RoundWork`: what a round's selected clients get done (who sends nothing, who is cut short), as extensions decide; `Arrivals`: the updates an asynchronous round aggregates |
@@ -54,6 +54,7 @@ _WHERE = {
     "features_with": "fedlight.plugin.model_parts",
     "head_inputs": "fedlight.plugin.model_parts",
     "Newcomers": "fedlight.plugin.newcomers",
+    "best_fitting": "fedlight.plugin.newcomers",
     "nearest_direction": "fedlight.plugin.newcomers",
     "nearest_update_direction": "fedlight.plugin.newcomers",
     "unit_rows": "fedlight.plugin.newcomers",
@@ -80,7 +81,8 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time `__get
     from fedlight.plugin.extension import ExtensionContext, RoundExtension
     from fedlight.plugin.message import MODEL, PER_CLIENT, ROUTING, SUMMED, MessageSchema
     from fedlight.plugin.model_parts import ModelParts, features_with, head_inputs
-    from fedlight.plugin.newcomers import Newcomers, nearest_direction, nearest_update_direction, unit_rows
+    from fedlight.plugin.newcomers import (Newcomers, best_fitting, nearest_direction, nearest_update_direction,
+                                           unit_rows)
     from fedlight.plugin.population import ClientPopulation
     from fedlight.plugin.round_updates import RoundUpdates
     from fedlight.plugin.round_work import Arrivals, RoundWork

@@ -89,6 +89,17 @@ def nearest_direction(updates: Tensor, directions: Tensor) -> Tensor:
     return (unit_rows(updates) @ unit_rows(directions).T).argmax(dim=1)
 
 
+def best_fitting(newcomers: Newcomers, models: Any) -> Tensor:
+    """(newcomers,) the index of the model in `models` (a (k, d) tensor or `ClientModels`) with the lowest loss on
+    each newcomer's training split (a NaN loss never wins): the stored client model that fits a newcomer best, for
+    methods whose only models are the clients' own (Local, FedFomo, FedAMP)."""
+    import math
+
+    import torch
+
+    return torch.nan_to_num(newcomers.losses(models), nan=math.inf).argmin(dim=0)
+
+
 def unit_rows(rows: Tensor) -> Tensor:
     """Each row divided by its norm (a zero row stays zero: cosine 0 with everything)."""
     return rows / rows.norm(dim=1, keepdim=True).clamp(min=1e-12)
