@@ -52,9 +52,10 @@ Deviations from the authors' code (PFLlib's FedALA), and why:
   a later round therefore mixes the global model with the initial model (its theta_i, the paper's theta_i^0 =
   Theta^0), as a client not trained in the first round does at its first ALA step in the authors' code.
 - The sample is a uniformly random s % of the client's training data (the first int(s/100 * n) samples of a random
-  order, the count PFLlib takes, in whole batches: the short last one dropped, as PFLlib drops it), fixed within a
-  round's passes; PFLlib takes a contiguous window at a random offset. A sample smaller than one batch is one short
-  batch here (PFLlib's loader would be empty and its loop fail).
+  order, the count PFLlib takes, in whole batches: the short last one dropped, our choice, so that every client's ALA
+  step is a full batch and a group's steps run together; PFLlib's utils/ALA.py keeps it, `drop_last=False`), fixed
+  within a round's passes; PFLlib takes a contiguous window at a random offset. A sample smaller than one batch is
+  one short batch here.
 - ALA is skipped when theta_i equals Theta on every mixed entry; PFLlib compares the first parameter tensor's sum.
 - Buffers (BatchNorm statistics) are the global model's; PFLlib's local model keeps its own buffers.
 - The mix is computed as (1 - W) theta + W Theta (the same value up to float rounding, exact at W = 0 and W = 1).
@@ -195,8 +196,9 @@ class FedALA(Algorithm):
     def sample_batches(self, round: int, clients: list[int]) -> list[tuple[list[int], tuple[Tensor, Tensor], int]]:
         """Each client's s % sample as batches, in the order of its "ala" stream of the round (`group_batches`): of
         the first int(s / 100 * n) samples of a random order of its n training samples, the whole batches at the
-        federation's batch size (the short last one dropped, as PFLlib's loader drops it; a sample smaller than one
-        batch is one batch). A list of (the clients' positions, their batches stacked, the step)."""
+        federation's batch size (the short last one dropped, where PFLlib's loader keeps it: see the module
+        docstring; a sample smaller than one batch is one batch). A list of (the clients' positions, their batches
+        stacked, the step)."""
         left = [int(self.rand_percent / 100 * n) for n in self.server.clients.train_sizes[clients].tolist()]
         started = [False] * len(clients)
         batches = []

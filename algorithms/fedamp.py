@@ -20,9 +20,11 @@ alpha_k = 1, xi_ii = 1 - sum_{j != i} A'(.) then falls far below 0 as soon as mo
 the models are still close (configs/digits/skew, 20 clients: xi_ii about -7 in round 2, every client's test accuracy
 0, as u_i steps far past the others). sigma defaults to alpha_k (m - 1) for m clients a round, the smallest value
 that keeps every xi_ii >= 0 whatever the distances (A' <= 1 / sigma), so that every u_i is a convex combination of
-the round's models. sigma is also the scale of the squared distances that tell clients apart: the run logs the
-round's mean (`fedamp/sq_distance_mean`) and its self weights (`fedamp/self_weight_mean`, `fedamp/self_weight_min`),
-to tune it by.
+the round's models. The price: while the models are still close (d_ij << sigma) every xi_ij is about 1 / (m - 1), so
+xi_ii is about 0 and a client's cloud model u_i is the mean of the others', its own model weighing nothing until the
+models move apart; the logged self weights show when that ends. sigma is also the scale of the squared distances
+that tell clients apart: the run logs the round's mean (`fedamp/sq_distance_mean`) and its self weights
+(`fedamp/self_weight_mean`, `fedamp/self_weight_min`), to tune it by.
 
 Which clients the sum runs over: the paper is cross-silo and every client takes part in every round, so u_i mixes
 every client's w_j. Here it mixes the round's clients only (their stored w_j, the initial model for a client that
@@ -32,8 +34,10 @@ selected (`participation` 1, the default) it is the paper's step; with 10 of 3,4
 Deviations, and why:
 - The client's proximal step starts from u_i, the centre of the proximal term and the model the server sends; the
   paper's step is an argmin and does not say where its solver starts. PFLlib continues from the client's own w_i.
-- PFLlib's client adds lambda / (2 alpha_k) ||w - u_i|| unsquared to its loss; here the paper's squared norm, whose
-  gradient is (lambda / alpha_k)(w - u_i).
+- PFLlib's client adds lambda / (2 alpha_k) ||w - u_i|| unsquared to its loss, built from the parameters' `.data`
+  (clientamp.py), so the term carries no gradient and u_i never reaches the client's training: PFLlib's FedAMP clients
+  train locally from their own w_i, as Local does, and its leaderboard number is not a reference for this
+  implementation. Here the paper's squared norm, whose gradient (lambda / alpha_k)(w - u_i) is applied.
 - alpha_k is one constant for every round, as in PFLlib (the paper allows a sequence of step sizes).
 - xi_ij = alpha_k A'(.) as section 4 writes the weights; the exact gradient of sum_{i<j} A(||w_i - w_j||^2) would
   carry a factor 2, folded into alpha_k. A sigma given below alpha_k (m - 1) allows xi_ii < 0: u_i then steps past
