@@ -34,7 +34,12 @@ Deviations:
 - `every_client_mean: false` (cross-device runs): the global mean is computed by the same pass over the first
   round's clients only, the clients that train first (PFLlib's pass covers all of them);
 - a client that arrives after training gets the averaged model with a zero PRBM (the engine's fresh personal part);
-  `federation.finetune_epochs` then trains its PRBM with the rest.
+  `federation.finetune_epochs` then trains its PRBM with the rest;
+- a client's short last batch trains (fedlight's batches cover every sample); PFLlib's loader drops it
+  (`drop_last=True`). With momentum 1 the running mean after an epoch is its last batch's mean alone, so a client
+  whose last batch holds 4 samples enters the global mean (and the MR term of its last step) with those 4 samples'
+  mean; PFLlib's would be a full batch's. Set a batch size that divides the clients' training sets, or a momentum
+  below 1, where that matters.
 """
 from __future__ import annotations
 
