@@ -12,6 +12,11 @@ CIFAR make them, from three kinds of shift at once:
 - feature shift: 30% of the clients (20% of all from concept 0, 5% from each other concept) have every image
   corrupted by one corruption drawn from its list at a severity drawn from 1..5.
 The concepts are the true clusters; the label mixes and the corruptions are not.
+
+The shares above are those the scripts' comments state, and what this split makes. A review of the scripts found that
+their code draws other ones (about 40/30/30 % of the clients per concept and 50/33/33 % of each concept's clients
+corrupted); the comments' shares are kept here as the split the authors describe (configs/digits/concept_shift/ sets
+them), and `concept_shares` and `feature_shift` (each concept's corrupted share) give the others.
 """
 from __future__ import annotations
 
