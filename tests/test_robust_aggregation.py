@@ -302,3 +302,26 @@ def test_an_algorithm_that_aggregates_part_of_the_model_its_own_way_is_stopped_a
                                        "clients' models in round 1 without the engine's cluster aggregator")
     plain = small_federation(AveragesHalf(), num_clients=4, rounds=2)
     plain.run_round(1)  # the mean: nothing to apply
+
+
+def test_a_rule_set_below_the_attackers_it_meets_is_named_with_its_fix():
+    """20 % of 20 updates are 4 attackers: the trimmed mean at beta 0.1 trims 2 a side, Krum at f 1 tolerates 1, the
+    median any minority (9 of 20); each count worked by hand, and the warning names the setting that makes it hold."""
+    from fedlight.aggregators.config import AggregatorConfig, attackers_beyond_rule
+
+    line = attackers_beyond_rule(AggregatorConfig(rule="trimmed_mean"), 0.2, 20)
+    assert line is not None and "about 4 of the 20" in line and "withstands as set (2)" in line
+    assert "aggregator.beta at least 0.2" in line
+    assert attackers_beyond_rule(AggregatorConfig(rule="trimmed_mean", beta=0.2), 0.2, 20) is None
+    assert "aggregator.f 4" in attackers_beyond_rule(AggregatorConfig(rule="krum"), 0.2, 20)
+    assert attackers_beyond_rule(AggregatorConfig(rule="median"), 0.45, 20) is None  # 9 of 20: a minority
+    assert "withstands as set (9)" in attackers_beyond_rule(AggregatorConfig(rule="median"), 0.5, 20)
+    assert attackers_beyond_rule(AggregatorConfig(), 0.2, 20) is None  # the plain mean claims nothing
+    assert attackers_beyond_rule(AggregatorConfig(rule="clipped_mean", clip=1.0), 0.2, 20) is None
+
+
+def test_a_run_warns_when_its_attack_outnumbers_the_rule():
+    from fedlight.aggregators.attacks import AttackConfig
+
+    with pytest.warns(UserWarning, match=r"about 1 of the 6 updates .*trimmed_mean withstands as set \(0\)"):
+        small_federation(FedAvg(), attack=AttackConfig(kind="sign_flip", fraction=0.2), aggregator="trimmed_mean")

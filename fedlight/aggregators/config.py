@@ -4,6 +4,7 @@ rules themselves are `fedlight.aggregators.robust`'s), `attack:` (`AttackConfig`
 `server_optimizer:` (`ServerOptimizerConfig`). Each is re-exported by the module that acts on it."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,23 +20,48 @@ class Rule:
         holds: it needs every update of a cluster at once (the plan then holds the round's updates); False: it is a
             sum over clients, streamed a group at a time.
         min_members: the fewest clients a cluster needs for the rule's guarantee with f attackers (f -> count).
+        tolerated: how many attackers among m updates the rule is built to withstand, from its settings ((settings,
+            m) -> count; None: no claim, the mean's, or a norm clip's, which bounds each update's weight without
+            excluding any).
     """
 
     name: str
     holds: bool
     min_members: Callable[[int], int] = lambda f: 1
+    tolerated: Callable[["AggregatorConfig", int], int] | None = None
+
+
+def _minority(settings: "AggregatorConfig", m: int) -> int:
+    """A median's breakdown point: fewer than half of the updates."""
+    return (m - 1) // 2
 
 
 RULES = {rule.name: rule for rule in (
-    Rule("mean", holds=False),
-    Rule("median", holds=True),
-    Rule("trimmed_mean", holds=True),
-    Rule("krum", holds=True, min_members=lambda f: 2 * f + 3),
-    Rule("multikrum", holds=True, min_members=lambda f: 2 * f + 3),
-    Rule("bulyan", holds=True, min_members=lambda f: 4 * f + 3),
-    Rule("geomed", holds=True),
+    Rule("mean", holds=False),  # no robustness claimed: an attack on FedAvg's mean is an experiment, not a mistake
+    Rule("median", holds=True, tolerated=_minority),
+    Rule("trimmed_mean", holds=True, tolerated=lambda settings, m: math.floor(settings.beta * m)),
+    Rule("krum", holds=True, min_members=lambda f: 2 * f + 3, tolerated=lambda settings, m: settings.f),
+    Rule("multikrum", holds=True, min_members=lambda f: 2 * f + 3, tolerated=lambda settings, m: settings.f),
+    Rule("bulyan", holds=True, min_members=lambda f: 4 * f + 3, tolerated=lambda settings, m: settings.f),
+    Rule("geomed", holds=True, tolerated=_minority),
     Rule("clipped_mean", holds=False),
 )}
+
+
+def attackers_beyond_rule(settings: "AggregatorConfig", fraction: float, cohort: int) -> str | None:
+    """The warning line when a round's expected attackers (`fraction` of `cohort` updates) outnumber what the rule
+    is set to withstand (None when they do not, or the rule gives no count): the rule's guarantee then does not hold,
+    so a run that shows it failing shows its settings, not the rule."""
+    rule = RULES[settings.rule]
+    attackers = round(fraction * cohort)
+    if rule.tolerated is None or attackers <= rule.tolerated(settings, cohort):
+        return None
+    fix = {"trimmed_mean": f"aggregator.beta at least {attackers / cohort:g}",
+           "krum": f"aggregator.f {attackers}", "multikrum": f"aggregator.f {attackers}",
+           "bulyan": f"aggregator.f {attackers}"}.get(settings.rule, "a robust aggregator.rule")
+    return (f"about {attackers} of the {cohort} updates a round are an attacker's (attack.fraction {fraction:g}), "
+            f"more than aggregator.rule {settings.rule} withstands as set ({rule.tolerated(settings, cohort)}): its "
+            f"guarantee does not hold; set {fix} to test the rule itself")
 
 
 @dataclass(frozen=True)

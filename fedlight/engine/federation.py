@@ -9,6 +9,7 @@ matter.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning as L
@@ -22,7 +23,7 @@ from fedlight.engine.client_states import ClientStates
 from fedlight.plugin.client_work import message_bytes
 from fedlight.plugin.cohort import Cohort
 from fedlight.aggregators.cluster_aggregator import ClusterAggregation, check_aggregation
-from fedlight.aggregators.config import AggregatorConfig
+from fedlight.aggregators.config import AggregatorConfig, attackers_beyond_rule
 from fedlight.engine.config import FederationConfig
 from fedlight.plugin.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
 from fedlight.engine.devices import (available_memory, batch_transform, client_state_budget, default_precision,
@@ -145,6 +146,9 @@ class Federation:
                                           stream_seed(seed, "privacy")))
         if attack is not None and attack.active:
             built.append(Attack(attack, n, self.data.num_classes, stream_seed(seed, "attack")))
+            beyond = attackers_beyond_rule(self.aggregator, attack.fraction, self.cohort.size)
+            if beyond:
+                warnings.warn(beyond, stacklevel=3)
         if self.data.newcomers is not None:
             built.append(NewcomerEvaluation(self.data.newcomers))
         if system is not None:
