@@ -174,7 +174,9 @@ def test_each_shipped_config_runs_and_sends_the_adapters_only(path, workdir):
     header, last = rows[0].split(","), rows[-1].split(",")
     sent, model_bytes = (float(last[header.index(k)]) for k in ("comm/sent_bytes", "comm/model_bytes"))
     assert sent == model_bytes and model_bytes < 20_000  # the adapters (and the head): kilobytes, not the model
-    assert summary["rounds"] == 1
+    assert summary["rounds"] == 1 and summary["frozen_base"]["tensors"] > 0
+    if path.stem.split("_", 1)[1] not in ("fedsalora", "fedper"):  # nothing kept back: every federated entry travels
+        assert summary["federated_entries"] * 4 == model_bytes
 
 
 def test_ifca_over_adapters_separates_the_two_planted_groups(workdir):

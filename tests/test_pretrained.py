@@ -125,6 +125,10 @@ def test_a_federation_trains_the_adapters_and_never_touches_the_base(root):
         torch.save(federation.state_dict(), buffer)
         assert buffer.tell() < federation.module.base_bytes() / 2
         assert federation.state_dict()["frozen_base"]["tensors"] == len(base)
+        entries = adapter_entries_by_hand("gpt2")
+        frozen = sum(t.numel() for t in base.values())
+        assert federation.describe_frozen_base() == (f"; {entries:,} entries federated ({entries * 4 / 1e3:,.1f} kB), "
+                                                     f"a frozen base of {frozen:,} held once")
 
 
 def test_a_resume_over_another_base_is_refused(root, tmp_path):
