@@ -75,8 +75,8 @@ def federation(corpus: Path, model_path: Path, algorithm, clients: int, device: 
     return Federation(data, model, algorithm, config, seed=0)
 
 
-def trained_tokens(data, pad_id: int) -> int:
-    x = data.train.x
+def trained_tokens(x, pad_id: int) -> int:
+    """The tokens one epoch over the training rows `x` trains: those that are not padding."""
     return int((x != pad_id).sum())
 
 
@@ -97,9 +97,9 @@ def measure_fedlight(corpus: Path, model_path: Path, clients: int, device: str, 
     fed.run_round(2)
     sync(device)
     seconds = time.perf_counter() - start
-    tokens = trained_tokens(fed.data, fed.module.pad_id)
+    tokens = trained_tokens(fed.data.train.x, fed.module.pad_id)
     return {"seconds": seconds, "tokens_per_s": tokens / seconds, "peak_bytes": peak_bytes(device),
-            "trainer": fed.execution.describe() if hasattr(fed.execution, "describe") else ""}
+            "trainer": fed.execution.plan.describe()}
 
 
 def measure_plain(corpus: Path, model_path: Path, clients: int, device: str) -> dict:
@@ -154,7 +154,7 @@ def measure_plain(corpus: Path, model_path: Path, clients: int, device: str) -> 
     one_round()
     sync(device)
     seconds = time.perf_counter() - start
-    tokens = int((train.x != model.pad_id).sum())
+    tokens = trained_tokens(train.x, model.pad_id)
     return {"seconds": seconds, "tokens_per_s": tokens / seconds, "peak_bytes": peak_bytes(device), "trainer": "peft"}
 
 

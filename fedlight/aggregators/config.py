@@ -54,13 +54,14 @@ def attackers_beyond_rule(settings: "AggregatorConfig", fraction: float, cohort:
     so a run that shows it failing shows its settings, not the rule."""
     rule = RULES[settings.rule]
     attackers = round(fraction * cohort)
-    if rule.tolerated is None or attackers <= rule.tolerated(settings, cohort):
+    tolerated = None if rule.tolerated is None else rule.tolerated(settings, cohort)
+    if tolerated is None or attackers <= tolerated:
         return None
     fix = {"trimmed_mean": f"aggregator.beta at least {attackers / cohort:g}",
            "krum": f"aggregator.f {attackers}", "multikrum": f"aggregator.f {attackers}",
            "bulyan": f"aggregator.f {attackers}"}.get(settings.rule, "a robust aggregator.rule")
     return (f"about {attackers} of the {cohort} updates a round are an attacker's (attack.fraction {fraction:g}), "
-            f"more than aggregator.rule {settings.rule} withstands as set ({rule.tolerated(settings, cohort)}): its "
+            f"more than aggregator.rule {settings.rule} withstands as set ({tolerated}): its "
             f"guarantee does not hold; set {fix} to test the rule itself")
 
 

@@ -9,9 +9,11 @@ newcomer, purpose), so an evaluation repeats exactly in a resumed run.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from fedlight.plugin.data import ClientSplit
@@ -93,10 +95,6 @@ def best_fitting(newcomers: Newcomers, models: Any) -> Tensor:
     """(newcomers,) the index of the model in `models` (a (k, d) tensor or `ClientModels`) with the lowest loss on
     each newcomer's training split (a NaN loss never wins): the stored client model that fits a newcomer best, for
     methods whose only models are the clients' own (Local, FedFomo, FedAMP)."""
-    import math
-
-    import torch
-
     return torch.nan_to_num(newcomers.losses(models), nan=math.inf).argmin(dim=0)
 
 
