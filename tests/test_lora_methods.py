@@ -212,3 +212,29 @@ def test_methods_reading_the_features_run_on_a_vits_adapters(name):
     head = federation.module.head_name  # the network's entries are adapters or the head; a method's own modules
     assert all(".lora_" in e.name or f".{head}." in e.name  # (a personal head, a policy) sit outside `network`
                for e in federation.flat.entries if e.name.startswith("network."))
+
+
+
+@pytest.mark.parametrize("name", ["text_fedsalora", "text_ifca"])
+def test_a_crashed_adapter_run_resumes_to_the_same_numbers(name, workdir, monkeypatch):
+    """A run over a frozen base, crashed in round 3 and resumed from its checkpoint (adapters, personal B rows or
+    cluster models, the base's fingerprint), ends with exactly an uninterrupted run's numbers."""
+    from conftest import crash_and_resume
+
+    out = workdir / f"resume-{name}"
+    args = ["fit", "--config", str(REPO / "configs" / "pretrained" / f"{name}.yaml"), "--logger.wandb", "false",
+            "--output_dir", str(out), "--federation.rounds", "4", "--federation.local_epochs", "1",
+            "--federation.vectorize", "5"]
+    monkeypatch.chdir(workdir)
+    assert main(args + ["--run_name", "whole"]) == 0
+    crash_and_resume(args, out / "crashed", monkeypatch)
+    for file in ("metrics.csv", "clients.csv"):
+        whole, crashed = (untimed((out / run / file).read_text()) for run in ("whole", "crashed"))
+        assert crashed == whole, file
+
+
+def untimed(csv_text: str) -> list[list[str]]:
+    """A CSV file's cells without its wall-time column."""
+    rows = [row.split(",") for row in csv_text.splitlines()]
+    keep = [i for i, column in enumerate(rows[0]) if column != "time/round_s"]
+    return [[row[i] for i in keep] for row in rows]
