@@ -1,10 +1,11 @@
 """fedlight: clustered and personalized federated learning on PyTorch Lightning.
 
 The public API is re-exported here; the subpackages hold it by role (docs/architecture.md, "Layout"):
-`fedlight.engine` (the federation, its round and the plugin boundary), `fedlight.training` (client training),
-`fedlight.run` (the command line, callbacks and what a run writes), `fedlight.reports` (comparing runs) and
-`fedlight.cluster` (the clustering toolkit). Names are imported when first used, so `import fedlight` (and the
-command line's start, its `--help` and its Ctrl-C) does not wait for torch and Lightning.
+`fedlight.plugin` (the plugin boundary: what an algorithm imports), `fedlight.engine` (the federation and its
+round), `fedlight.training` (client training), `fedlight.run` (the command line, callbacks and what a run writes),
+`fedlight.reports` (comparing runs) and `fedlight.cluster` (the clustering toolkit). Names are imported when first
+used, so `import fedlight` (and the command line's start, its `--help` and its Ctrl-C) does not wait for torch and
+Lightning.
 """
 from __future__ import annotations
 

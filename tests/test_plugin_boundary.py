@@ -1,5 +1,5 @@
 """The plugin boundary as docs/architecture.md describes it: the tutorial algorithm runs as printed, the hooks table
-matches the code, every hook is used by a shipped algorithm, queries change nothing, and the engine imports no
+names every public hook, every hook is used by a shipped algorithm, queries change nothing, and the engine imports no
 plugin."""
 from __future__ import annotations
 
@@ -105,17 +105,14 @@ def test_the_guides_example_keeps_the_last_layer_personal():
 
 
 # -- the hooks ---------------------------------------------------------------------------------------------
-def documented_hooks() -> dict[str, set[str]]:
-    """hook name -> the algorithms the table says override it (None for the state_dict row)."""
-    rows = {}
+def documented_hooks() -> set[str]:
+    """The hooks the table names (hook, kind, default); which algorithm overrides each is read from the code."""
+    hooks = set()
     for line in section("Hooks").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0].startswith("`"):
-            names = re.findall(r"`(\w+)\(", cells[0])
-            who = set(re.findall(r"[\w+-]+", re.sub(r"\(.*?\)", "", cells[3])))
-            for name in names:
-                rows[name] = who
-    return rows
+        if len(cells) == 3 and cells[0].startswith("`"):
+            hooks.update(re.findall(r"`(\w+)\(", cells[0]))
+    return hooks
 
 
 def test_every_public_method_is_a_documented_hook_or_one_of_four_services():
@@ -126,14 +123,12 @@ def test_every_public_method_is_a_documented_hook_or_one_of_four_services():
     assert len(hooks) <= 17
 
 
-def test_every_hook_is_overridden_by_the_shipped_algorithms_the_table_names():
+def test_every_hook_is_overridden_by_a_shipped_algorithm():
     classes = shipped()
     assert len(classes) == len(DISPLAY)
-    for hook, documented in documented_hooks().items():
+    for hook in documented_hooks():
         actual = {DISPLAY[name] for name, cls in classes.items() if overrides(cls, hook)}
         assert actual, f"no shipped algorithm uses the hook {hook}"
-        if hook not in ("state_dict", "load_state_dict"):
-            assert actual == documented, (hook, actual ^ documented)
 
 
 # -- queries change nothing ----------------------------------------------------------------------------------
