@@ -14,3 +14,4 @@ from fedlight.datamodules.synthetic import SyntheticGaussians
 from fedlight.datamodules.heterogeneity import Heterogeneity
 from fedlight.datamodules.concept_shift import ConceptShift
 from fedlight.datamodules.text import TextFederated
+from fedlight.datamodules.instructions import InstructionFederated

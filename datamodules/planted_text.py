@@ -2,12 +2,14 @@
 
     python -m fedlight.datamodules.planted_text --out data/planted_text.jsonl
 
-Each row is {"text", "label", "topic", "category"}: a sentence of filler words with `keywords` words of its topic's own
-vocabulary. In category 0 a row's label is its topic; in category 1 the labels are swapped in pairs (topic 0 is
-labelled 1, topic 1 is labelled 0, ...), so the two categories need different classifiers: partitioned by category
-(`partition: Groups`, `group_column: category`) the clients fall into two true clusters that a clustered method can
-find only by what the clients' models learn, as the label-swap benchmark of IFCA and CFL. Partitioned any other way,
-`LabelPermutations` plants the same swap per client instead.
+Each row is {"text", "label", "topic", "category", "instruction", "response"}: a sentence of filler words with
+`keywords` words of its topic's own vocabulary. In category 0 a row's label is its topic; in category 1 the labels are
+swapped in pairs (topic 0 is labelled 1, topic 1 is labelled 0, ...), so the two categories need different classifiers:
+partitioned by category (`partition: Groups`, `group_column: category`) the clients fall into two true clusters that a
+clustered method can find only by what the clients' models learn, as the label-swap benchmark of IFCA and CFL.
+Partitioned any other way, `LabelPermutations` plants the same swap per client instead. For instruction tuning
+(`InstructionFederated`, with `input_column: text`) the instruction asks for the label and the response is its word,
+`label<label>`: the same two groups, told apart by which word follows.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def planted_rows(samples: int = 2000, topics: int = 4, categories: int = 2, keyw
         for word in rng.integers(vocabulary // 4, size=keywords):
             words.insert(int(rng.integers(len(words) + 1)), f"t{topic}_{word}")
         label = topic if category % 2 == 0 else topic ^ 1
-        rows.append({"text": " ".join(words), "label": label, "topic": topic, "category": f"c{category}"})
+        rows.append({"text": " ".join(words), "label": label, "topic": topic, "category": f"c{category}",
+                     "instruction": "Name the label of the text.", "response": f"label{label}"})
     return rows
 
 

@@ -1,4 +1,5 @@
-"""Text classification from a local file (jsonl or csv), tokenized once with the model's own tokenizer.
+"""Text classification from a local file (jsonl or csv) or a `datasets` folder, tokenized once with the model's own
+tokenizer.
 
 The rows become token ids, (N, max_length) integers padded with the tokenizer's pad id (the pretrained model builds
 its attention mask from it, `fedlight.models.PretrainedClassifier`), and integer labels: a label column of integers
@@ -26,22 +27,65 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def read_rows(path: Path, columns: list[str]) -> list[dict]:
-    """The rows of a jsonl or csv file, checked to have `columns`."""
-    if not path.is_file():
-        raise FileNotFoundError(f"text data file {path} not found: give a .jsonl or .csv file with the columns "
-                                f"{columns} (make a planted one with `python -m fedlight.datamodules.planted_text "
-                                f"--out {path}`)")
-    if path.suffix not in (".jsonl", ".csv"):
-        raise ValueError(f"text data file {path}: read .jsonl (one JSON object a line) or .csv files, not "
-                         f"{path.suffix!r}")
-    with path.open(newline="") as f:
-        rows = [json.loads(line) for line in f if line.strip()] if path.suffix == ".jsonl" else list(csv.DictReader(f))
+    """The rows of a jsonl or csv file, or of a Hugging Face `datasets` folder (`Dataset.save_to_disk`), checked to
+    have `columns`."""
+    if path.is_dir():
+        rows = dataset_folder_rows(path)
+    elif not path.is_file():
+        raise FileNotFoundError(f"text data file {path} not found: give a .jsonl or .csv file, or a folder saved by "
+                                f"`datasets`' save_to_disk, with the columns {columns} (make a planted one with "
+                                f"`python -m fedlight.datamodules.planted_text --out {path}`)")
+    elif path.suffix not in (".jsonl", ".csv"):
+        raise ValueError(f"text data file {path}: read .jsonl (one JSON object a line) or .csv files, or a folder "
+                         f"saved by `datasets`, not {path.suffix!r}")
+    else:
+        with path.open(newline="") as f:
+            rows = [json.loads(line) for line in f if line.strip()] if path.suffix == ".jsonl" \
+                else list(csv.DictReader(f))
     if not rows:
         raise ValueError(f"text data file {path} has no rows")
     missing = [c for c in columns if c not in rows[0]]
     if missing:
         raise ValueError(f"text data file {path} has no column {missing[0]!r}; its columns are {sorted(rows[0])}")
     return rows
+
+
+def dataset_folder_rows(path: Path) -> list[dict]:
+    """The rows of a folder `datasets` saved one data set into (a `DatasetDict`'s folder holds one per split)."""
+    if (path / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if p.is_dir())
+        raise ValueError(f"{path} holds the splits {splits} of a DatasetDict: give one split's folder, e.g. "
+                         f"{path / splits[0]}" if splits else f"{path} holds an empty DatasetDict")
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(f"{path} is a folder but not one `datasets` saved (no state.json): give a .jsonl or "
+                                ".csv file, or the folder `Dataset.save_to_disk` wrote")
+    try:
+        from datasets import load_from_disk
+    except ImportError as error:
+        raise ImportError(f"reading the `datasets` folder {path} needs the datasets package: pip install "
+                          "'fedlight[pretrained]'") from error
+    return load_from_disk(str(path)).to_list()
+
+
+def cache_key(path: Path, tokenizer: Path, settings: str) -> str:
+    """A hash of the data (a file, or a `datasets` folder's files), the tokenizer's files and `settings`: what a
+    token cache beside the data depends on."""
+    key = hashlib.sha256()
+    data_files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("tokens-")) \
+        if path.is_dir() else [path]
+    for file in data_files:
+        key.update(file.name.encode() + file.read_bytes())
+    for name in TOKENIZER_FILES:
+        file = tokenizer / name
+        if file.is_file():
+            key.update(name.encode() + file.read_bytes())
+    key.update(settings.encode())
+    return key.hexdigest()[:16]
+
+
+def cache_file(path: Path, key: str) -> Path:
+    """Where tokenized rows are kept: beside a data file, or inside a `datasets` folder."""
+    return path / f"tokens-{key}.pt" if path.is_dir() else path.with_name(f"{path.name}.tokens-{key}.pt")
 
 
 def label_codes(values: list) -> tuple[np.ndarray, list[str]]:
@@ -60,7 +104,7 @@ class TextFederated(FederatedDataModule):
     """Text rows of a local jsonl or csv file, tokenized with the pretrained model's tokenizer, cut into clients.
 
     Args:
-        path: the data file (.jsonl or .csv).
+        path: the data file (.jsonl or .csv), or a folder `datasets` saved one data set into (`save_to_disk`).
         tokenizer: the folder holding the tokenizer (usually the pretrained model's folder).
         text_column, label_column: the columns of the text and of its label.
         group_column: the column of the rows' natural groups, for the `Groups` partition (None: none).
@@ -95,13 +139,7 @@ class TextFederated(FederatedDataModule):
 
     def cache_path(self) -> Path:
         """Where the tokenized rows are kept: beside the data file, keyed by everything they depend on."""
-        key = hashlib.sha256(self.path.read_bytes())
-        for name in TOKENIZER_FILES:
-            file = self.tokenizer_path / name
-            if file.is_file():
-                key.update(name.encode() + file.read_bytes())
-        key.update(f"{self.text_column}|{self.max_length}".encode())
-        return self.path.with_name(f"{self.path.name}.tokens-{key.hexdigest()[:16]}.pt")
+        return cache_file(self.path, cache_key(self.path, self.tokenizer_path, f"{self.text_column}|{self.max_length}"))
 
     def token_ids(self, texts: list[str]) -> Tensor:
         """(N, max_length) token ids of `texts`, from the cache when it has them."""

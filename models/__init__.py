@@ -7,3 +7,4 @@ from fedlight.models.mlp import MLP
 from fedlight.models.resnet import ResNet9, ResNet18, ResNet34
 from fedlight.models.centroids import CentroidModel
 from fedlight.models.pretrained import LoRA, PretrainedClassifier
+from fedlight.models.pretrained_lm import PretrainedCausalLM

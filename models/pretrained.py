@@ -154,8 +154,8 @@ class PretrainedClassifier(L.LightningModule):
         self.attention = attention
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            network = load_network(self.path, library, num_classes, attention)
-            self.head_name = head_module_name(network, num_classes)
+            network = self._load(num_classes)
+            self.head_name = self._head_name(network, num_classes)
             network.requires_grad_(False)
             if gradient_checkpointing:
                 checkpoint(network, library)
@@ -168,6 +168,13 @@ class PretrainedClassifier(L.LightningModule):
         self.causal = self.text and is_causal(self.network)
 
     # -- building -----------------------------------------------------------------------------------------------
+    def _load(self, num_classes: int) -> nn.Module:
+        """The pretrained network, with a `num_classes`-way head."""
+        return load_network(self.path, self.library, num_classes, self.attention)
+
+    def _head_name(self, network: nn.Module, num_classes: int) -> str:
+        return head_module_name(network, num_classes)
+
     def _adapted(self, network: nn.Module, lora: LoRA) -> nn.Module:
         """`network` with LoRA adapters (peft), every other tensor frozen."""
         from peft import LoraConfig, get_peft_model

@@ -3,11 +3,13 @@
     python -m fedlight.models.tiny_pretrained --kind bert --corpus data/planted_text.jsonl --out pretrained/tiny-bert
     python -m fedlight.models.tiny_pretrained --kind vit --image-size 8 --channels 1 --out pretrained/tiny-vit
 
-Text kinds (bert, gpt2) get a word-level tokenizer built from the corpus's words (a jsonl or csv file with a `text`
-column), saved beside the model, with [PAD] as id 0 (the model's pad id) and [CLS] put first in every sequence (BERT
-pools it). Image kinds (vit: transformers' ViT; timm-vit: timm's VisionTransformer) take the images' size and channels.
-The weights are random: the folder has the layout of a real one (config.json, model.safetensors, the tokenizer's
-files) and exercises the same code, not its accuracy.
+Text kinds (bert, gpt2: classifiers; gpt2-lm: a causal language model) get a word-level tokenizer built from the
+corpus's words (a jsonl or csv file with a `text` column; for gpt2-lm also its instruction, input and response columns
+and the prompt template's words), saved beside the model, with [PAD] as id 0 (the model's pad id), [CLS] put first in
+every sequence (BERT pools it) and, for gpt2-lm, [EOS] ending every response. Image kinds (vit: transformers' ViT;
+timm-vit: timm's VisionTransformer) take the images' size and channels. The weights are random: the folder has the
+layout of a real one (config.json, model.safetensors, the tokenizer's files) and exercises the same code, not its
+accuracy.
 """
 from __future__ import annotations
 
@@ -18,33 +20,39 @@ from pathlib import Path
 
 import torch
 
-KINDS = ("bert", "gpt2", "vit", "timm-vit")
+KINDS = ("bert", "gpt2", "gpt2-lm", "vit", "timm-vit")
+#: the causal model's weights' standard deviation: its output layer is its (frozen, tied) embeddings, and at GPT-2's
+#: 0.02 a random one's logits span too little for adapters to make any token likely
+INIT_RANGE = 0.3
+#: the columns a causal model's corpus words come from (those a file has)
+INSTRUCTION_COLUMNS = ("text", "instruction", "input", "response")
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]"]
 
 
-def corpus_texts(path: Path, column: str = "text") -> list[str]:
-    """The `column` of every row of a jsonl or csv file."""
+def corpus_texts(path: Path, columns: tuple[str, ...] = ("text",)) -> list[str]:
+    """The values of `columns` (those the rows have) of every row of a jsonl or csv file."""
     if not path.is_file():
-        raise FileNotFoundError(f"corpus {path} not found: give a .jsonl or .csv file with a {column!r} column (make "
-                                f"one with `python -m fedlight.datamodules.planted_text --out {path}`)")
+        raise FileNotFoundError(f"corpus {path} not found: give a .jsonl or .csv file with a {columns[0]!r} column "
+                                f"(make one with `python -m fedlight.datamodules.planted_text --out {path}`)")
     with path.open(newline="") as f:
         rows = [json.loads(line) for line in f if line.strip()] if path.suffix == ".jsonl" else list(csv.DictReader(f))
-    return [str(row[column]) for row in rows]
+    return [str(row[column]) for row in rows for column in columns if column in row]
 
 
-def save_word_tokenizer(texts: list[str], out: Path) -> int:
-    """A word-level tokenizer of the words in `texts` (whitespace and punctuation split), saved in `out`; its size."""
+def save_word_tokenizer(texts: list[str], out: Path, eos: bool = False) -> int:
+    """A word-level tokenizer of the words in `texts` (whitespace and punctuation split), saved in `out` (with an
+    [EOS] token when `eos`); its size."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     splitter = pre_tokenizers.Whitespace()
     words = sorted({word for text in texts for word, _ in splitter.pre_tokenize_str(text)})
-    vocab = {token: i for i, token in enumerate(SPECIAL + words)}
+    vocab = {token: i for i, token in enumerate(SPECIAL + ["[EOS]"] * eos + words)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = splitter
     tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 2)])
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]",
-                            cls_token="[CLS]").save_pretrained(out)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                            **({"eos_token": "[EOS]"} if eos else {})).save_pretrained(out)
     return len(vocab)
 
 
@@ -65,7 +73,8 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
                                   num_heads=heads, num_classes=num_classes)
         save_for_hf(model, out)
         return out
-    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
+    from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification,
+                              GPT2LMHeadModel)
     from transformers import ViTConfig, ViTForImageClassification
     from transformers.utils import logging
 
@@ -79,6 +88,14 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
         return out
     if corpus is None:
         raise ValueError(f"--kind {kind} needs --corpus, the text file its tokenizer's words come from")
+    if kind == "gpt2-lm":
+        from fedlight.datamodules.instructions import PROMPT_WITH_INPUT
+
+        vocab = save_word_tokenizer(corpus_texts(corpus, INSTRUCTION_COLUMNS) + [PROMPT_WITH_INPUT], out, eos=True)
+        GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
+                                   n_positions=max_length, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+                                   initializer_range=INIT_RANGE)).save_pretrained(out)
+        return out
     vocab = save_word_tokenizer(corpus_texts(corpus), out)
     if kind == "bert":
         model = BertForSequenceClassification(BertConfig(

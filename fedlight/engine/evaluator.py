@@ -106,10 +106,10 @@ class Evaluator:
         return values
 
     def outputs(self, model: "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]", x: torch.Tensor) -> torch.Tensor:
-        """A model's outputs on raw inputs `x`: a flat model runs through the module (`ServerContext.model.predict`); a
+        """A model's outputs on raw inputs `x`: a flat model runs through the module (`ServerContext.model.outputs`); a
         callable is a predictor of the algorithm's own that returns logits or log-probabilities (a mixture of
         component models, as FedEM predicts)."""
-        return model(x) if callable(model) else self.server.model.predict(model, x)
+        return model(x) if callable(model) else self.server.model.outputs(model, x)
 
     def evaluate_and_fine_tune(self, models_and_groups: tuple,
                                fine_tune: "Callable[[int, torch.Tensor], torch.Tensor] | None" = None,

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 class HeldOutClients:
     """`Newcomers` of a run: the held-out clients' data (`FederatedData.newcomers`) as a `ClientPopulation` with the
-    federation's own module, trainer, group training and seeds (`ServerContext.model.predict`, `client_seed`), so a
-    newcomer is run exactly as a training client would be. The engine sets `round` before each evaluation; the
+    federation's own module, trainer, group training and seeds (`ServerContext.model.sample_losses`, `client_seed`),
+    so a newcomer is run exactly as a training client would be. The engine sets `round` before each evaluation; the
     `Newcomers` methods are the population's at that round."""
 
     def __init__(self, data: FederatedData, server: "ServerContext", trainer: "ClientTrainer",
@@ -29,7 +29,8 @@ class HeldOutClients:
             # a view taken at each call, so it follows the training clients' trainer choice (a probe's fall-back)
             return training.on(data.train, server.random.client_seed).fit(round, clients, starts, work)
 
-        self.population = ClientPopulation(data, server.model.predict, trainer, server.random.client_seed, train_group)
+        self.population = ClientPopulation(data, server.model.sample_losses, trainer, server.random.client_seed,
+                                           train_group)
         self.trainer = trainer
         self.count, self.train_sizes = self.population.count, self.population.train_sizes
         self.round = 0

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from fedlight.plugin import model_parts
 from fedlight.training.flat import FlatModel
 from fedlight.training.layer_masks import layer_count_mask
-from fedlight.training.sequential import ClientTrainer
+from fedlight.training.sequential import ClientTrainer, sample_loss
 
 if TYPE_CHECKING:  # type-only: importing Lightning costs seconds, and `fit --help` need not
     import lightning as L
@@ -53,9 +53,25 @@ class ModelView:
         return model_parts.head_of(self.module, self._head_name)
 
     def predict(self, params: Tensor, x: Tensor) -> Tensor:
-        """The outputs (logits) of the flat model `params` on raw inputs `x`, in evaluation mode, in batches
-        of `federation.eval_batch_size`, as float32."""
+        """The class logits (N, classes) of the flat model `params` on raw inputs `x`, in evaluation mode, in batches
+        of `federation.eval_batch_size`, as float32. A module whose outputs are not class logits (a causal language
+        model's per-token scores) is refused in one line: what reads class probabilities cannot run on it."""
+        outputs = self.outputs(params, x)
+        if outputs.dim() != 2:
+            raise ValueError(f"this method reads class probabilities, and {type(self.module).__name__}'s outputs are "
+                             f"{tuple(outputs.shape[1:])} per sample, not class logits: use a classifier, or a method "
+                             "that needs only the module's loss")
+        return outputs
+
+    def outputs(self, params: Tensor, x: Tensor) -> Tensor:
+        """The module's outputs (whatever their shape) of the flat model `params` on raw inputs `x`, as `predict`
+        runs it: what evaluation and per-sample losses read (`sample_loss`)."""
         return self._evaluate(params, x)[1]
+
+    def sample_losses(self, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """(N,) each sample's loss (`fedlight.training.sequential.sample_loss`) under the flat model `params`, in
+        `outputs`' batched passes."""
+        return sample_loss(self.module, self.outputs(params, x), y)
 
     def features(self, params: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         """(features, outputs) of the flat model `params` on raw inputs `x` as `predict` runs it: the head's input

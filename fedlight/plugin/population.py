@@ -12,7 +12,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fedlight.plugin.client_work import ClientWork
@@ -31,7 +30,8 @@ class ClientPopulation:
 
     Args:
         data: the clients' samples.
-        predict: (flat model, raw inputs) -> logits (`server.model.predict`).
+        sample_loss: (flat model, raw inputs, labels) -> each sample's loss, in batched passes (the module's outputs
+            through its loss: `ServerContext.model.outputs` and `sample_loss`).
         trainer: the module's local training (its optimizer, batch size and local epochs).
         seed_of: (round, client, purpose) -> the seed of a client's local work (`server.random.client_seed`).
         train_group: the engine's group training of these clients (`bind_group_training` sets it later).
@@ -42,9 +42,10 @@ class ClientPopulation:
         work: what each client's work ran (`fedlight.plugin.client_work`), which the virtual clock charges.
     """
 
-    def __init__(self, data: FederatedData, predict: Callable[[Tensor, Tensor], Tensor], trainer: ClientTrainer,
-                 seed_of: Callable[[int, int, str], int], train_group: GroupTrainer | None = None) -> None:
-        self.data, self.predict, self.trainer, self.seed_of = data, predict, trainer, seed_of
+    def __init__(self, data: FederatedData, sample_loss: Callable[[Tensor, Tensor, Tensor], Tensor],
+                 trainer: ClientTrainer, seed_of: Callable[[int, int, str], int],
+                 train_group: GroupTrainer | None = None) -> None:
+        self.data, self.sample_loss, self.trainer, self.seed_of = data, sample_loss, trainer, seed_of
         self._stepping: list[int] = []  # the clients whose batch a custom loop drew last (`gradient_pass`)
         self._train_group = train_group
         self.count = data.num_clients
@@ -68,10 +69,10 @@ class ClientPopulation:
     # -- losses ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def losses(self, models: Tensor, split: str = "train", clients: list[int] | None = None) -> Tensor:
-        """(K, clients) mean cross-entropy of each of K flat models on each client's split, one batched pass over the
-        split per model (to pick a model by loss: IFCA, FLIS); NaN for a client without samples in the split.
-        `clients`: only theirs, in that order (a round's cohort: the passes then cover their rows, not the split's);
-        None: every client."""
+        """(K, clients) mean loss (a classifier's cross-entropy) of each of K flat models on each client's split, one
+        batched pass over the split per model (to pick a model by loss: IFCA, FLIS); NaN for a client without samples
+        in the split. `clients`: only theirs, in that order (a round's cohort: the passes then cover their rows, not
+        the split's); None: every client."""
         data, owner, count = self.split(split), self._rows[split], self.count
         if clients is not None:
             data = data.select(np.asarray(clients, dtype=np.int64))
@@ -80,13 +81,13 @@ class ClientPopulation:
         self.work.forward(range(count) if clients is None else clients, counts.tolist(), len(models))
         losses = torch.empty(len(models), count, device=data.y.device)
         for j, params in enumerate(models):
-            losses[j] = torch.bincount(owner, weights=self._cross_entropy(params, data.x, data.y),
+            losses[j] = torch.bincount(owner, weights=self.sample_loss(params, data.x, data.y),
                                        minlength=count) / counts
         return losses
 
     @torch.no_grad()
     def sample_losses(self, models: Tensor, clients: list[int] | None = None) -> tuple[Tensor, Tensor]:
-        """((K, rows) cross-entropy of each flat model on every training row, (rows,) the client of each row): what
+        """((K, rows) loss of each flat model on every training row, (rows,) the client of each row): what
         a mixture's E-step needs (FedEM). `clients`: only their rows, client after client (default: every row)."""
         train = self.data.train
         if clients is None:
@@ -99,14 +100,10 @@ class ClientPopulation:
         return self._per_sample(models, torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])), owner
 
     def _per_sample(self, models: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        """(K, len(y)) cross-entropy of each flat model on each sample."""
+        """(K, len(y)) loss of each flat model on each sample."""
         if not len(models):
             return torch.zeros(0, len(y), device=y.device)
-        return torch.stack([self._cross_entropy(params, x, y) for params in models])
-
-    def _cross_entropy(self, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        """(len(y),) cross-entropy of one flat model on each sample, in one batched pass (`predict`)."""
-        return F.cross_entropy(self.predict(params, x), y, reduction="none")
+        return torch.stack([self.sample_loss(params, x, y) for params in models])
 
     # -- local training --------------------------------------------------------------------------------------
     def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,

@@ -168,7 +168,7 @@ class ServerContext:
         self.data = DataFacts(data, transform)
         self.random = RandomStreams(seed)
         self.model = ModelView(model, flat, trainer, fabric, self.data.inputs, eval_batch_size, head_name)
-        self.clients = ClientPopulation(data, self.model.predict, trainer, self.random.client_seed)
+        self.clients = ClientPopulation(data, self.model.sample_losses, trainer, self.random.client_seed)
         self.model.on_gradient_pass = self.clients.gradient_pass  # a custom loop's passes are its clients' steps
         self.num_clients = self.clients.count
         self.state = StateDeclarations(client_states, self.num_clients)

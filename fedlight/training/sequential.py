@@ -70,11 +70,18 @@ def training_loss(output) -> Tensor:
     raise TypeError("training_step must return the loss tensor or a dict with a 'loss' key")
 
 
+def sample_loss(module: torch.nn.Module, outputs: Tensor, y: Tensor) -> Tensor:
+    """(N,) each sample's loss from the module's outputs: its own `sample_loss(outputs, y)` when it has one (a
+    language model's mean over its response tokens), else the cross-entropy of class logits."""
+    own = getattr(module, "sample_loss", None)
+    return own(outputs, y) if own is not None else F.cross_entropy(outputs, y, reduction="none")
+
+
 def weighted_loss(module: torch.nn.Module, batch: Any, weights: Tensor) -> Tensor:
-    """The batch mean of weight x cross-entropy of the module's outputs on (x, y): the per-sample weighted negative
+    """The batch mean of weight x each sample's loss (`sample_loss`) on (x, y): the per-sample weighted negative
     log-likelihood a mixture's M-step minimizes (FedEM), where `training_step` has no per-sample weights."""
     x, y = batch
-    return (weights * F.cross_entropy(module(x), y, reduction="none")).mean()
+    return (weights * sample_loss(module, module(x), y)).mean()
 
 
 #: the loss of one batch in place of `training_step`: objective(module, (x, y), inputs), `inputs` the client's row of

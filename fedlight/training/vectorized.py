@@ -453,9 +453,9 @@ class VectorizedTrainer:
 
     def _transform(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """The data module's per-batch conversion, on the (clients * batch) rows, reshaped back."""
-        c, n = y.shape
-        flat_x, flat_y = self.batch_transform((x.reshape(c * n, *x.shape[2:]), y.reshape(c * n)), 0)
-        return flat_x.reshape(c, n, *flat_x.shape[1:]), flat_y.reshape(c, n)
+        c, n = y.shape[:2]  # a label may be more than a number (a language model's labels per token)
+        flat_x, flat_y = self.batch_transform((x.reshape(c * n, *x.shape[2:]), y.reshape(c * n, *y.shape[2:])), 0)
+        return flat_x.reshape(c, n, *flat_x.shape[1:]), flat_y.reshape(c, n, *flat_y.shape[1:])
 
     def _apply_hook(self, hook: GroupHook, order: list[int], rows: range, params: Tensor, grads: list[Tensor],
                     starts: Tensor) -> list[Tensor]:
