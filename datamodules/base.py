@@ -135,7 +135,8 @@ class FederatedDataModule(L.LightningDataModule):
             for split, rows in cuts.items():
                 rows = rows.sort().values
                 pieces[split].append((xk[rows], yk[rows]))
-        return FederatedData(*(self._stack(pieces[s]) for s in SPLITS), num_classes=self.num_classes,
+        train, val, test = (self._stack(pieces[s]) for s in SPLITS)
+        return FederatedData(train, val, test, num_classes=self.num_classes,
                              cluster_labels=clusters, public_x=public_x,
                              info={"pool_size": len(labels), "public_size": self.public_size,
                                    "official_splits": official is not None})

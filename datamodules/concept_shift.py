@@ -103,7 +103,7 @@ class ConceptShift(PartitionScheme):
                              f"clients among num_clients={num_clients}: use more clients or a larger share for it")
         return sizes
 
-    def cluster_labels(self, num_clients: int) -> np.ndarray | None:
+    def cluster_labels(self, num_clients: int) -> np.ndarray:
         """Each client's concept: contiguous blocks in concept order."""
         return np.repeat(np.arange(self.num_concepts, dtype=np.int64), self.concept_sizes(num_clients))
 
@@ -198,6 +198,7 @@ class ConceptShift(PartitionScheme):
 
     def transform_client(self, x: Tensor, y: Tensor, client: int, cluster: int | None) -> tuple[Tensor, Tensor]:
         """The concept's label map and, for a corrupted client, its corruption of the images."""
+        assert cluster is not None  # every client has a concept (`cluster_labels`)
         x, y = self.transform(x, y, int(cluster))
         drawn = self.client_corruptions[client] if client < len(self.client_corruptions) else None
         return (x, y) if drawn is None else (corrupt(x, *drawn), y)

@@ -128,6 +128,7 @@ def _record(f: BinaryIO, path: Path, size: int, mmap: bool = False) -> np.ndarra
     end = start + count * dtype.itemsize
     if end > size:
         raise ValueError(f"truncated: {size} bytes, a record ends at byte {end}")
+    array: np.ndarray
     if mmap and count:
         array = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=shape)
     else:

@@ -37,6 +37,7 @@ def flags_2d() -> list[str]:
 
 def _stored_shape(arrays: np.lib.npyio.NpzFile, key: str) -> tuple[int, ...]:
     """The shape of one array of an `.npz`, read from its header without loading the array."""
+    assert arrays.zip is not None  # an open file
     with arrays.zip.open(f"{key}.npy") as f:
         major, _ = np.lib.format.read_magic(f)
         read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0

@@ -36,6 +36,7 @@ class NpzFederated(FederatedDataModule):
     def num_classes(self) -> int:
         if self._num_classes is None:
             self.load_pool()
+        assert self._num_classes is not None  # set by `load_pool`
         return self._num_classes
 
     def load_pool(self) -> tuple[Tensor, Tensor]:

@@ -347,7 +347,7 @@ class ClusterScheme(PartitionScheme):
         self._check_clients(num_clients)
         return self.base.assign(labels, num_clients, rng, owners)
 
-    def cluster_labels(self, num_clients: int) -> np.ndarray | None:
+    def cluster_labels(self, num_clients: int) -> np.ndarray:
         return np.arange(num_clients, dtype=np.int64) * self.num_clusters // num_clients
 
 
@@ -488,7 +488,7 @@ class MissingClasses(ClusterScheme):
             return groups
         return [sorted(groups[c] + groups[(c + 1) % self.num_clusters]) for c in range(self.num_clusters)]
 
-    def cluster_labels(self, num_clients: int) -> np.ndarray | None:
+    def cluster_labels(self, num_clients: int) -> np.ndarray:
         if self.cluster_sizes is None:
             return super().cluster_labels(num_clients)
         if sum(self.cluster_sizes) != num_clients:

@@ -118,11 +118,13 @@ def read_member(archive: bytes, members: Sequence[str]) -> bytes:
         else:
             try:
                 with tarfile.open(fileobj=io.BytesIO(data)) as t:
-                    found = [m for m in t.getmembers()
-                             if m.isfile() and (m.name == name or Path(m.name).name == Path(name).name)]
-                    if not found:
+                    entries = [m for m in t.getmembers()
+                               if m.isfile() and (m.name == name or Path(m.name).name == Path(name).name)]
+                    if not entries:
                         raise CorruptFileError(f"the archive has no member {name!r}")
-                    data = t.extractfile(found[0]).read()
+                    extracted = t.extractfile(entries[0])
+                    assert extracted is not None  # a regular file
+                    data = extracted.read()
             except tarfile.TarError as e:
                 raise CorruptFileError(f"not a zip or tar archive ({e})") from e
     return data
@@ -163,7 +165,7 @@ class ImageBatches:
                  as_rgb: bool = False) -> None:
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
-        if mean is not None:
+        if mean is not None and std is not None:
             if len(mean) != len(std) or len(mean) == 0:
                 raise ValueError(f"mean {list(mean)} and std {list(std)} need the same, non-zero length")
             if min(std) <= 0:

@@ -124,7 +124,7 @@ class SyntheticGaussians(FederatedDataModule):
                 pieces[split].append((torch.tensor(x[rows], dtype=torch.float32),
                                       torch.tensor(y[rows], dtype=torch.long)))
         total = sum(len(p[1]) for s in pieces.values() for p in s)
-        return FederatedData(*(self._stack(pieces[s]) for s in ("train", "val", "test")),
-                             num_classes=self.num_classes, cluster_labels=None,
+        train, val, test = (self._stack(pieces[s]) for s in ("train", "val", "test"))
+        return FederatedData(train, val, test, num_classes=self.num_classes, cluster_labels=None,
                              info={"pool_size": total, "public_size": 0, "overlap": self.overlap,
                                    "heterogeneity": self.heterogeneity})

@@ -143,8 +143,8 @@ class ResNet(nn.Module):
 
     def layer_names(self) -> list[str]:
         """stem, layer1.0, ..., layer4.<last>, fc."""
-        blocks = [f"{stage}.{j}" for stage in ("layer1", "layer2", "layer3", "layer4")
-                  for j in range(len(self.get_submodule(stage)))]  # fmt: skip
+        stages = {"layer1": self.layer1, "layer2": self.layer2, "layer3": self.layer3, "layer4": self.layer4}
+        blocks = [f"{stage}.{j}" for stage, layers in stages.items() for j in range(len(layers))]
         return ["stem", *blocks, "fc"]
 
 

@@ -67,7 +67,7 @@ class Attack(RoundExtension):
         self.malicious = np.sort(rng.choice(num_clients, size=count, replace=False))
         self.is_malicious = np.zeros(num_clients, dtype=bool)
         self.is_malicious[self.malicious] = True
-        self.scale = config.scale if config.scale is not None else DEFAULT_SCALE.get(config.kind, 1.0)
+        self.scale = config.scale if config.scale is not None else DEFAULT_SCALE.get(config.kind or "", 1.0)
         self.trigger_value = 1.0
         self.true_clusters: np.ndarray | None = None  # the clients' true clusters, once the data is prepared
         self.evaluator: "Evaluator | None" = None     # the training clients' evaluator, once set up
@@ -145,6 +145,7 @@ class Attack(RoundExtension):
         """A backdoor's `<split>/backdoor_success` and `<split>/backdoor_baseline` of the evaluation models."""
         if self.config.kind != "backdoor":
             return {}, {}
+        assert self.evaluator is not None  # set up before the first evaluation
         success, baseline = self.backdoor_success(self.evaluator, models, self.split)
         return {f"{self.split}/backdoor_success": success, f"{self.split}/backdoor_baseline": baseline}, {}
 

@@ -134,6 +134,7 @@ class PrivacyMechanism(RoundExtension):
         self.config, self.seed_parts, self.num_clients, self.rounds = config, seed_parts, num_clients, rounds
         self.sample_rate = clients_per_round / num_clients
         if config.noise_multiplier is None:
+            assert config.target_epsilon is not None  # PrivacyConfig asks for one of the two
             self.noise_multiplier = noise_for_epsilon(config.target_epsilon, config.delta, self.sample_rate, rounds,
                                                       config.accountant)
             self.stop_at = None
@@ -143,6 +144,7 @@ class PrivacyMechanism(RoundExtension):
         self.count_noise = config.count_noise or clients_per_round / 20
         self.update_noise = (update_noise(self.noise_multiplier, self.count_noise) if config.adaptive
                              else self.noise_multiplier)
+        assert config.clip is not None  # PrivacyConfig requires it
         self.clip = float(config.clip)
         self.accountant = make_accountant(config.accountant)  # the rounds accounted as sampled Gaussian mechanisms
         self.round, self.calls, self.released = 0, 0, False
@@ -183,6 +185,7 @@ class PrivacyMechanism(RoundExtension):
         with `target_epsilon` alone, the noise keeps a client that is released in every round within it."""
         self.each_client = why
         if self.config.noise_multiplier is None:
+            assert self.config.target_epsilon is not None  # PrivacyConfig asks for one of the two
             self.noise_multiplier = noise_for_epsilon(self.config.target_epsilon, self.config.delta, 1.0, self.rounds,
                                                       self.config.accountant)
             self.update_noise = (update_noise(self.noise_multiplier, self.count_noise) if self.config.adaptive
@@ -280,6 +283,7 @@ class PrivacyMechanism(RoundExtension):
 
     def _adapt_clip(self, clients: int) -> None:
         """C <- C exp(-eta (b - gamma)), b the noised share of updates within the clip (Andrew et al., Algorithm 1)."""
+        assert self.within_clip is not None  # counted in the round
         within, _ = self.within_clip
         rng = np.random.default_rng([*self.seed_parts, self.round, 0])
         share = (within + rng.normal(0.0, self.count_noise)) / max(clients, 1)

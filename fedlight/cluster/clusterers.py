@@ -140,7 +140,7 @@ def linkage_to_clusters(distances: np.ndarray, labels: np.ndarray, linkage: str 
     points' (m, n) distances to its n members and the members' labels 0..k-1: the mean ("average"), largest
     ("complete") or smallest ("single") distance to the cluster's members, as agglomerative clustering would
     measure a merge of the point with the cluster (to place a client that arrives after the clustering)."""
-    reduce = {"average": np.mean, "complete": np.max, "single": np.min}
+    reduce: dict[str, Callable[..., np.ndarray]] = {"average": np.mean, "complete": np.max, "single": np.min}
     if linkage not in reduce:
         raise ValueError(f"linkage must be one of {tuple(reduce)}, got {linkage!r}")
     distances, labels = np.asarray(distances, dtype=np.float64), np.asarray(labels)

@@ -297,6 +297,7 @@ def _fit(x: Tensor, k: int, ell: float, medoids: bool, weights: Tensor | None, n
         start_centers = x[start_index]
     if medoids:
         solve = _medoid_matrix if len(x) <= MEDOID_MATRIX_MAX else _medoid_loop
+        assert start_index is not None  # medoids start from rows of x
         index, n_iter = solve(x, w, start_index, ell, max_iter)
         centers = x[index]
     else:

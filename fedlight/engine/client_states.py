@@ -118,6 +118,7 @@ class ClientStateStore:
             return raw.view(self.dtype).reshape(len(clients), *self.row_shape).to(self.device)
         if self._initial is not None:
             return self._initial
+        assert self._initial_of is not None  # `initial` was a tensor or a callable
         return self._initial_of(torch.tensor(clients, dtype=torch.long, device=self.device))
 
     # -- writing -----------------------------------------------------------------------------------------------

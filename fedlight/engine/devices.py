@@ -49,8 +49,10 @@ def make_fabric(config: FederationConfig, precision: str) -> L.Fabric:
                          "GPU where there is one")
     single = config.devices == 1 and config.num_nodes == 1
     try:
-        fabric = L.Fabric(accelerator=accelerator, precision=precision, devices=config.devices,
-                          num_nodes=config.num_nodes, strategy="auto" if single else config.strategy)
+        # the configured string as given: Fabric refuses one it does not know (the one-line error below)
+        fabric = L.Fabric(accelerator=accelerator, precision=precision,  # type: ignore[arg-type]
+                          devices=config.devices, num_nodes=config.num_nodes,
+                          strategy="auto" if single else config.strategy)
     except (RuntimeError, ValueError) as error:  # Lightning's MisconfigurationException is a RuntimeError
         raise ValueError(f"federation.accelerator={accelerator}, federation.precision={precision}, "
                          f"federation.devices={config.devices}: {str(error).splitlines()[0]}") from None

@@ -77,9 +77,10 @@ class Evaluator:
                 if count[group]:
                     rows = order[begins[i]: begins[i] + count[group]]
                     out = self.outputs(model, x[rows])
-                    if outputs[i] is None:
-                        outputs[i] = out.new_empty((len(x), *out.shape[1:]))
-                    outputs[i][rows] = out
+                    written = outputs[i]
+                    if written is None:
+                        written = outputs[i] = out.new_empty((len(x), *out.shape[1:]))
+                    written[rows] = out
                     begins[i] += count[group]
         return [self.outputs(models[0], x[:0]) if out is None else out  # no row to evaluate on this process
                 for out, (x, _, _) in zip(outputs, parts)]

@@ -195,10 +195,12 @@ class GroupTraining:
         key = self._probe_key(len(params), group_loop=True)
         result = self._recall(key)
         if result is None:
+            vectorized = self.vectorized
+            assert vectorized is not None  # probed while clients train vectorized
             devices = [self.device] if self.device.type == "cuda" else []
             with without_dropout(self.trainer.module), torch.random.fork_rng(devices=devices):
-                self.vectorized.loss_and_grads(params, x, y, step)
-                (_, together), vectorized_s = timed(self.device, lambda: self.vectorized.loss_and_grads(params, x, y,
+                vectorized.loss_and_grads(params, x, y, step)
+                (_, together), vectorized_s = timed(self.device, lambda: vectorized.loss_and_grads(params, x, y,
                                                                                                      step))
                 alone, sequential_s = timed(self.device, lambda: torch.stack(
                     [self.trainer.loss_and_grad(p, (x[i], y[i]), step)[1] for i, p in enumerate(params)]))
@@ -250,6 +252,8 @@ class GroupTraining:
 
     def _vectorized(self, round: int, clients: list[int], starts: Tensor, work: LocalWork,
                     offset: int = 0) -> Trained:
+        vectorized = self.vectorized
+        assert vectorized is not None  # called while clients train vectorized
         size = self.group_size(len(clients))
         hook, seeds = work.hook(self._unstepped(work)), self._seeds(round, clients, work)
         parts = []
@@ -259,7 +263,7 @@ class GroupTraining:
                 (lambda at: lambda rows, p, g, s: hook([at + r for r in rows], p, g, s))(offset + begin)
             weights = None if work.sample_weights is None else \
                 work.sample_weights[offset + begin: offset + end]
-            parts.append(self.vectorized.fit_many(
+            parts.append(vectorized.fit_many(
                 starts[begin: end], [self.train_split.client(c) for c in clients[begin: end]], seeds[begin: end],
                 shifted, lr_scale=work.lr_scale, round=max(round, 1), epochs=work.epochs, sample_weights=weights,
                 client_inputs=self._inputs(work, offset + begin, offset + end)))
@@ -336,9 +340,11 @@ class GroupTraining:
         hook = work.hook(self._unstepped(work))
         shifted = None if hook is None else lambda rows, p, g, s: hook([offset + r for r in rows], p, g, s)
         inputs = self._inputs(work, offset, offset + len(clients))
+        trainer = self.vectorized
+        assert trainer is not None  # checked while clients train vectorized
         with without_dropout(self.trainer.module):
-            vectorized = self.vectorized.fit_many(starts, data, seeds, shifted, work.lr_scale, max(round, 1), epochs=1,
-                                                  sample_weights=weights, client_inputs=inputs).params[:CHECK_CLIENTS]
+            vectorized = trainer.fit_many(starts, data, seeds, shifted, work.lr_scale, max(round, 1), epochs=1,
+                                          sample_weights=weights, client_inputs=inputs).params[:CHECK_CLIENTS]
             sequential = torch.stack([
                 self.trainer.fit(starts[i], *data[i], seeds[i], client_hook(hook, offset + i), work.lr_scale, epochs=1,
                                  round=max(round, 1), sample_weights=None if weights is None else weights[i],
@@ -352,7 +358,7 @@ class GroupTraining:
 
     def keep_probe(self, result: ProbeResult) -> None:
         self.probe_result = result
-        if result.choice == "sequential":
+        if result.reason is not None:  # sequential: the probe says why
             self._sequential_from_now(result.reason)
         else:
             self.choice = "vectorized"

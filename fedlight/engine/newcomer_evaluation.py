@@ -33,6 +33,12 @@ class NewcomerEvaluation(RoundExtension):
         self.training_truth: np.ndarray | None = None
         self.finetune_epochs = 0
 
+    @property
+    def count(self) -> int:
+        """How many clients are held out (known once set up)."""
+        assert self.clients is not None, "setup runs first"
+        return self.clients.count
+
     def setup(self, context: ExtensionContext) -> None:
         self.clients, self.evaluator = context.held_out(self.data)
         self.algorithm, self.training_truth = context.algorithm, context.true_clusters
@@ -43,11 +49,12 @@ class NewcomerEvaluation(RoundExtension):
         """(`unseen/*` summaries, per-newcomer columns): the held-out clients evaluated with the models the
         algorithm gives them at this round, and where they were placed scored with the training clients'
         `clusters` against the true clusters (`unseen/ari`)."""
-        clients, evaluator, epochs = self.clients, self.evaluator, self.finetune_epochs
+        clients, evaluator, algorithm, epochs = self.clients, self.evaluator, self.algorithm, self.finetune_epochs
+        assert clients is not None and evaluator is not None and algorithm is not None, "setup runs first"
         clients.round = round
-        models, groups, placed = self.algorithm.newcomer_models(clients)
+        given, groups, placed = algorithm.newcomer_models(clients)
         fine_tune = (lambda j, start: clients.train(j, start, epochs, purpose="finetune")) if epochs else None
-        summary, values = evaluator.evaluate_and_fine_tune((models, groups), fine_tune)
-        placed = None if placed is None else torch.as_tensor(placed).cpu().numpy()
-        summary.update(evaluator.score_newcomers(clusters, self.training_truth, placed))
-        return summary, {**values, **evaluator.client_facts(placed)}
+        summary, values = evaluator.evaluate_and_fine_tune((given, groups), fine_tune)
+        where = None if placed is None else torch.as_tensor(placed).cpu().numpy()
+        summary.update(evaluator.score_newcomers(clusters, self.training_truth, where))
+        return summary, {**values, **evaluator.client_facts(where)}

@@ -88,5 +88,5 @@ class Collective:
 
     def broadcast(self, obj: T) -> T:
         """Rank 0's `obj` on every process."""
-        return self.fabric.broadcast(obj, src=0) if self.spread else obj
+        return self.fabric.broadcast(obj, src=0) if self.spread and self.fabric is not None else obj
 

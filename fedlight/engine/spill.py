@@ -83,6 +83,7 @@ class SpillFile:
         try:
             self._ensure(max(slots) + 1)
             self._reserve(max(slots) + 1)
+            assert self._rows is not None  # mapped by `_ensure`
             self._rows[np.asarray(slots)] = rows.numpy()
         except OSError as error:
             if error.errno not in DISK_FULL or isinstance(error, ClientStateDiskFull) or self.path is None:
@@ -93,6 +94,7 @@ class SpillFile:
     def read(self, slots: list[int]) -> torch.Tensor:
         """(len(slots), row_bytes) uint8 rows, copied out of the file."""
         self._ensure(0)
+        assert self._rows is not None  # mapped by `_ensure`
         rows = torch.from_numpy(self._rows[np.asarray(slots)])
         self._release_pages()
         return rows
@@ -105,7 +107,7 @@ class SpillFile:
         """Take the file's pages out of this process's memory. The mapping is shared, so every row stays in the
         file (and in the kernel's page cache until the kernel writes it back and reclaims it): the process's
         resident memory grows with the memory budget, not with the rows spilled."""
-        if hasattr(mmap, "MADV_DONTNEED"):
+        if hasattr(mmap, "MADV_DONTNEED") and self._mmap is not None:
             self._mmap.madvise(mmap.MADV_DONTNEED)
 
     def _ensure(self, slots: int) -> None:
@@ -134,6 +136,7 @@ class SpillFile:
         full disk is an OSError here rather than a SIGBUS when a page of the mapping is first written."""
         if slots <= self._reserved or not hasattr(os, "posix_fallocate"):
             return
+        assert self.path is not None  # opened by `_ensure`
         with open(self.path, "r+b") as file:
             try:
                 os.posix_fallocate(file.fileno(), self._reserved * self.row_bytes,

@@ -21,8 +21,8 @@ def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> float | None:
     """The CPU quota of this process's cgroup in cores (cgroup v2 `cpu.max`, or v1 `cpu.cfs_quota_us` over
     `cpu.cfs_period_us`), or None when there is none or it cannot be read."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        quota_text, period_text = (root / "cpu.max").read_text().split()[:2]
+        return None if quota_text == "max" else int(quota_text) / int(period_text)
     except (OSError, ValueError):
         pass
     try:

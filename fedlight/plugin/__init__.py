@@ -4,7 +4,7 @@
 
 | module | what it holds |
 |---|---|
-| `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg; `Plan`, how its rounds run |
+| `algorithm` | `Algorithm`: the hooks of a round, the server state (models, assignment, personal parts), FedAvg; `Plan`, how its rounds run; `GroupModels`, the models it evaluates |
 | `cohort` | `Cohort`: the clients of a round, an exact count (`federation.clients_per_round`) or a share (`participation`); `share_count`, the clients a share selects; `CohortDraw`, the run's draw (`server.cohort`); `Sampling`, how clients are chosen |
 | `server` | `ServerContext`: the services an algorithm may use, in namespaces (`run`, `data`, `clients`, `model`, `random`, `state`, `message`, `aggregation`, `cohort`, `log`) |
 | `model_view` | `ModelView`: the network as flat models (`server.model`: predict, features, gradients, layer masks) |
@@ -37,6 +37,7 @@ _WHERE = {
     "ClientModels": "fedlight.plugin.aggregation",
     "ClusterAverage": "fedlight.plugin.aggregation",
     "Algorithm": "fedlight.plugin.algorithm",
+    "GroupModels": "fedlight.plugin.algorithm",
     "Plan": "fedlight.plugin.algorithm",
     "ClientState": "fedlight.plugin.client_state",
     "share_count": "fedlight.plugin.cohort",
@@ -73,7 +74,7 @@ _WHERE = {
 
 if TYPE_CHECKING:  # the names as the type checker sees them; at run time `__getattr__` imports them
     from fedlight.plugin.aggregation import ClientModels, ClusterAverage
-    from fedlight.plugin.algorithm import Algorithm, Plan
+    from fedlight.plugin.algorithm import Algorithm, GroupModels, Plan
     from fedlight.plugin.client_state import ClientState
     from fedlight.plugin.cohort import share_count
     from fedlight.plugin.data import ClientSplit, FederatedData

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 import torch
 from torch import Tensor
@@ -53,17 +53,28 @@ class ClusterAverage:
         return active, (self.sums[active] / self.totals[active, None]).to(self.dtype)
 
 
-class ClientModels(Sequence):
+M = TypeVar("M")  # a client's model: a flat model (a tensor), or a predictor of the algorithm's own
+
+
+class ClientModels(Sequence[M], Generic[M]):
     """Every client's own model, built on demand by `model_of(client)`: evaluating n personalized clients then
     needs one full model at a time besides the stored personal parts, not n full models."""
 
-    def __init__(self, model_of: Callable[[int], Tensor], num_clients: int) -> None:
+    def __init__(self, model_of: Callable[[int], M], num_clients: int) -> None:
         self.model_of, self.num_clients = model_of, num_clients
 
     def __len__(self) -> int:
         return self.num_clients
 
-    def __getitem__(self, client: int) -> Tensor:
+    @overload
+    def __getitem__(self, client: int) -> M: ...
+
+    @overload
+    def __getitem__(self, client: slice) -> list[M]: ...
+
+    def __getitem__(self, client: int | slice) -> M | list[M]:
+        if isinstance(client, slice):  # a Sequence's slice: those clients' models
+            return [self.model_of(c) for c in range(self.num_clients)[client]]
         if not 0 <= client < self.num_clients:
             raise IndexError(f"client {client} out of range for {self.num_clients} clients")
         return self.model_of(client)

@@ -43,7 +43,7 @@ may record scalars and matrices as they act (`log`, `log_matrix`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -65,6 +65,11 @@ if TYPE_CHECKING:
     from fedlight.plugin.newcomers import Newcomers
     from fedlight.plugin.round_updates import RoundUpdates
     from fedlight.plugin.server import ServerContext
+
+#: the models `evaluation_models` and `newcomer_models` give, one per group: a (groups, d) matrix of flat models, or
+#: a sequence whose models are flat models or predictors of the algorithm's own (raw inputs -> logits or
+#: log-probabilities, for what no single flat model predicts: a mixture of components)
+GroupModels = Tensor | Sequence[Tensor | Callable[[Tensor], Tensor]]
 
 #: the attributes one `Plan` replaced, refused on a class with the line that replaces them
 FORMER_DECLARATIONS = ("holds_updates", "own_training", "corrects_gradient")
@@ -180,7 +185,8 @@ class Algorithm:
 
         return hook
 
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, ...]:
+    def train_client(self, round: int, client: int, start: Tensor
+                     ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         """One client's own local work from its model `start`: (trained flat model, mean training loss), optionally
         with a third element, a dict of tensors the client sends beside its model (its personal model, its control
         variate), which reaches the aggregation hooks as `Updates.state`, gathered over the processes like the
@@ -225,6 +231,7 @@ class Algorithm:
             del group  # or it would stay alive while the next group trains: two groups in memory
         average.reduce(updates)
         if mask is not None:
+            assert self.personal is not None  # set with the mask
             trained = updates.cat_over_processes(torch.cat(ids))
             self.personal.write(trained, updates.cat_over_processes(torch.cat(rows)))  # the trained clients' rows only
         self.set_shared(*average.means())
@@ -232,7 +239,7 @@ class Algorithm:
     def post_aggregation(self, round: int, updates: "RoundUpdates") -> None:
         """After the updates are combined: reassign clients to the new models, schedules, bookkeeping."""
 
-    def evaluation_models(self) -> tuple[Tensor | Sequence[Tensor], Tensor]:
+    def evaluation_models(self) -> tuple[GroupModels, Tensor]:
         """(models, group of each client): the clients of a group share one model, so the engine runs each model
         once over its clients' data. With personal parts, every client is its own group and its model is built
         when asked for (`client_model`: one row of the personal store read at a time, never every client's at once).
@@ -243,7 +250,7 @@ class Algorithm:
         n = self.server.num_clients
         return ClientModels(self.client_model, n), torch.arange(n, device=self.server.device)
 
-    def newcomer_models(self, newcomers: "Newcomers") -> tuple[Tensor | Sequence[Tensor], Tensor, Tensor | None]:
+    def newcomer_models(self, newcomers: "Newcomers") -> tuple[GroupModels, Tensor, Tensor | None]:
         """(models, model of each newcomer, cluster of each newcomer or None) for clients held out of training
         (`fedlight.plugin.newcomers`), as `evaluation_models` gives models and groups; the clusters, in the labels
         of `cluster_labels()`, are scored with the training clients' against the true clusters (`unseen/ari`) when
@@ -312,6 +319,7 @@ class Algorithm:
         model = self.models[self.assignment[client]]
         if self.personal_mask is None:
             return model
+        assert self.personal is not None  # set with the mask
         model = model.clone()
         model[self.personal_mask] = self.personal[client]  # one stored row, or the client's start row
         return model
@@ -355,6 +363,7 @@ class Algorithm:
         leaving = old_m & ~new_m
         old, old_start = self.personal, self._personal_start
         if leaving.any():
+            assert old is not None and old_start is not None  # set with the mask
             active, means = leaving_means(old, old_start, self.assignment, self.server.clients.train_sizes,
                                           leaving[old_m], len(self.models))
             rows = self.models[active]

@@ -94,10 +94,10 @@ class FederatedData:
         """The given clients alone, in that order (their splits, true clusters and the public data), with
         `info["partition_clients"]` naming each one's index here."""
         clients = np.asarray(clients, dtype=np.int64)
-        splits = [self.split(name).select(clients) for name in SPLITS]
+        train, val, test = (self.split(name).select(clients) for name in SPLITS)
         labels = None if self.cluster_labels is None else np.asarray(self.cluster_labels)[clients]
-        return FederatedData(*splits, num_classes=self.num_classes, cluster_labels=labels, public_x=self.public_x,
-                             info={**self.info, "partition_clients": clients.tolist()})
+        return FederatedData(train, val, test, num_classes=self.num_classes, cluster_labels=labels,
+                             public_x=self.public_x, info={**self.info, "partition_clients": clients.tolist()})
 
     def hold_out(self, clients: np.ndarray) -> "FederatedData":
         """The other clients, for training, with the given ones as `newcomers` (docs/architecture.md, "Data

@@ -105,7 +105,7 @@ def reslice(old: ClientState | None, new: ClientState, cluster_values: Tensor, a
         rows = cluster_values[assignment[chunk]]
         if old is not None and bool(kept.any()):
             rows[:, kept] = old.read(chunk)[:, from_old]
-        if trained_row is not None:
+        if trained_row is not None and updates is not None:  # (a trained row comes from `updates`)
             position = trained_row[chunk]
             own = position >= 0
             if bool(own.any()):

@@ -208,13 +208,13 @@ class RoundUpdates:
         position = torch.full((self._num_clients,), -1, dtype=torch.long, device=device)
         position[torch.tensor(self.clients, device=device)] = torch.arange(len(self.clients), device=device)
         ids = collective.gather(updates.clients)
-        columns = [collective.gather(t) for t in (updates.params, updates.starts, updates.num_samples,
-                                                   updates.train_loss)]
+        params, starts, num_samples, train_loss = [
+            collective.gather(t) for t in (updates.params, updates.starts, updates.num_samples, updates.train_loss)]
         logs = gather_logs(collective, updates.logs, len(updates), device)
         state = {k: collective.gather(v) for k, v in sorted(updates.state.items())}  # every process has the same names
         order = position[ids].argsort()
-        return Updates(ids[order], *(c[order] for c in columns), {k: v[order] for k, v in logs.items()},
-                       {k: v[order] for k, v in state.items()})
+        return Updates(ids[order], params[order], starts[order], num_samples[order], train_loss[order],
+                       {k: v[order] for k, v in logs.items()}, {k: v[order] for k, v in state.items()})
 
     def release(self) -> None:
         """Drop what the round held (the held updates, the streamed groups' returned entries) once the engine has

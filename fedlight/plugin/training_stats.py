@@ -57,11 +57,12 @@ class TrainingStats:
             return
         device = collective.device
 
-        def column(i: int, dtype: torch.dtype) -> Tensor:
-            parts = [part[i] for part in self.parts]
+        def column(parts: list[Tensor], dtype: torch.dtype) -> Tensor:
             return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
 
-        clients, losses, sizes = column(0, torch.long), column(1, torch.float32), column(2, torch.long)
+        clients = column([c for c, _, _, _ in self.parts], torch.long)
+        losses = column([loss for _, loss, _, _ in self.parts], torch.float32)
+        sizes = column([n for _, _, n, _ in self.parts], torch.long)
         names = dict.fromkeys(name for *_, logs in self.parts for name in logs)
         logs = {name: torch.cat([logs.get(name, torch.full_like(loss, float("nan")))
                                  for _, loss, _, logs in self.parts]) for name in names}

@@ -8,7 +8,7 @@ import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import matplotlib
 import numpy as np
@@ -18,10 +18,14 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 from scipy.optimize import linear_sum_assignment
 
-STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8,
-         "ytick.labelsize": 8, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-         "grid.alpha": 0.3, "grid.linewidth": 0.6, "figure.dpi": 100, "savefig.dpi": 150,
-         "image.interpolation": "nearest", "svg.fonttype": "none", "legend.frameon": False}
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
+STYLE: dict[RcKeyType, Any] = {
+    "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8,
+    "ytick.labelsize": 8, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+    "grid.alpha": 0.3, "grid.linewidth": 0.6, "figure.dpi": 100, "savefig.dpi": 150,
+    "image.interpolation": "nearest", "svg.fonttype": "none", "legend.frameon": False}
 MATRIX_CMAP = "viridis"
 NOISE_COLOUR = "#d9d9d9"  # a client no cluster holds (label -1)
 # Known kinds of logged matrices (Algorithm.log_matrix) by the words of their name, and the range each kind can take:
@@ -81,15 +85,22 @@ def styled(build: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def palette(name: str) -> list[Any]:
+    """The colours of one of matplotlib's listed (qualitative) colour maps."""
+    cmap = matplotlib.colormaps[name]
+    assert isinstance(cmap, ListedColormap), f"{name} is not a listed colour map"
+    return list(cmap.colors)  # type: ignore[arg-type]  # hinted as any colour input; these maps hold a list
+
+
 def colours(count: int) -> list[str]:
     """`count` distinct colours (tab10, then tab20's light shades): one per run group, the same in every figure."""
-    base = list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["tab20"].colors[1::2])
+    base = palette("tab10") + palette("tab20")[1::2]
     return [matplotlib.colors.to_hex(base[i % len(base)]) for i in range(count)]
 
 
 def cluster_colours(count: int) -> list[str]:
     """`count` colours for clusters, from other palettes than the runs' so a cluster never looks like a run."""
-    base = [c for name in ("Set2", "Dark2", "Set3") for c in matplotlib.colormaps[name].colors]
+    base = [c for name in ("Set2", "Dark2", "Set3") for c in palette(name)]
     return [matplotlib.colors.to_hex(base[i % len(base)]) for i in range(count)]
 
 
@@ -202,8 +213,8 @@ def timeline_figure(panels: Sequence[Timeline]) -> Figure:
     norm = BoundaryNorm(np.arange(-1.5, count), cmap.N)
     width = sum(0.9 + 0.16 * max(len(t.rounds), 8) for t in panels) + 1.4
     figure = Figure(figsize=(max(5.0, width), min(8.0, max(2.8, 0.16 * clients + 1.3))), layout="constrained")
-    subfigures = np.atleast_1d(figure.subfigures(1, len(panels), width_ratios=[max(len(t.rounds), 8) + 6
-                                                                               for t in panels]))
+    subfigures = figure.subfigures(1, len(panels), width_ratios=[max(len(t.rounds), 8) + 6 for t in panels])
+    subfigures = subfigures if isinstance(subfigures, np.ndarray) else np.array([subfigures])  # one panel
     for sub, timeline, (codes, true_codes) in zip(subfigures, panels, coded):
         ratios = [max(len(timeline.rounds), 2), 0.9] if true_codes is not None else [1]
         axes = sub.subplots(1, len(ratios), width_ratios=ratios, sharey=True, squeeze=False)[0]
@@ -236,5 +247,6 @@ def heatmap_figure(panels: Sequence[tuple[str, np.ndarray]], vmin: float, vmax: 
         ax.set_xticks(*_ticks(np.arange(matrix.shape[1])))
         ax.set_yticks(*_ticks(np.arange(matrix.shape[0])))
         ax.grid(False)
+    assert image is not None, "no panel to draw"
     figure.colorbar(image, ax=list(axes), label=label, shrink=0.9)
     return figure

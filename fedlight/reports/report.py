@@ -246,8 +246,9 @@ class Group:
         rounds = sorted(set.intersection(*(set(r.tolist()) for (r, _), x in pairs),
                                          *(set(x[0].tolist()) for _, x in pairs if x is not None)))
         values = np.stack([v[np.searchsorted(r, rounds)] for (r, v), _ in pairs])
+        measured = [x for _, x in pairs if x is not None]  # each run's `against` column
         at = np.array(rounds) if against is None else \
-            np.stack([v[np.searchsorted(r, rounds)] for _, (r, v) in pairs]).astype(float).mean(axis=0)
+            np.stack([v[np.searchsorted(r, rounds)] for r, v in measured]).astype(float).mean(axis=0)
         if len(values) == 1:
             return plots.Series(self.label, self.colour, at, values[0])
         return plots.Series(self.label, self.colour, at, values.mean(axis=0), values.std(axis=0),
@@ -323,6 +324,11 @@ def table_columns(split: str, metric: str, unseen: bool = False, fine_tuned: boo
             Column("wall time (s)", lambda r: r.wall_time, 1)]
 
 
+def selected_value(key: str) -> Callable[[Run], float | None]:
+    """A run's value of `key` at its selected round (None: it has none)."""
+    return lambda r: r.selected.get(key)
+
+
 def selected_columns(split: str, metric: str) -> list[Column]:
     """The mean and worst client at the round chosen on validation data and, unless that is the evaluated split,
     at the best round on the evaluated split itself (`fedlight.reports.selection`)."""
@@ -331,10 +337,9 @@ def selected_columns(split: str, metric: str) -> list[Column]:
     columns = []
     for prefix in dict.fromkeys((selection.VAL_SELECTED, selection.selected_prefix(split))):
         label = prefix.replace("_", "-")
-        columns += [Column(f"{label} {name}", lambda r, p=prefix: r.selected.get(f"{p}/{split}/{metric}_mean"),
+        columns += [Column(f"{label} {name}", selected_value(f"{prefix}/{split}/{metric}_mean"),
                            absent=why if prefix == selection.VAL_SELECTED else None),
-                    Column(f"{label} worst-client {name}",
-                           lambda r, p=prefix: r.selected.get(f"{p}/{split}/{metric}_worst"),
+                    Column(f"{label} worst-client {name}", selected_value(f"{prefix}/{split}/{metric}_worst"),
                            absent=why if prefix == selection.VAL_SELECTED else None)]
     return columns
 
@@ -357,7 +362,7 @@ def ranking(groups: Sequence[Group], column: Column, metric: str) -> list[tuple[
     configuration without a value comes last without one."""
     means = [(g, float(np.mean(v)) if (v := _values(g, column)) else None) for g in groups]
     sign = 1 if higher_is_better(metric) else -1
-    known = sorted((m for m in means if m[1] is not None), key=lambda m: -sign * m[1])
+    known = sorted(((g, m) for g, m in means if m is not None), key=lambda entry: -sign * entry[1])
     ranked = [(1 + sum(sign * other > sign * value for _, other in known), g, value) for g, value in known]
     return ranked + [(0, g, None) for g, value in means if value is None]
 
@@ -378,7 +383,8 @@ def resolution(ranked: Sequence[Group], column: Column) -> str:
     """' Resolved by the seeds: A over B. Not resolved: B and C.' for each pair of neighbours in `ranked` that share
     two or more seeds: resolved when the 95 % interval of their paired difference over those seeds excludes 0
     (`fedlight.reports.intervals.paired_difference`); '' when no pair shares two seeds."""
-    resolved, unresolved = [], []
+    resolved: list[tuple[str, str]] = []
+    unresolved: list[tuple[str, str]] = []
     for upper, lower in zip(ranked, ranked[1:]):
         mine, theirs = values_by_seed(upper, column.value), values_by_seed(lower, column.value)
         if len(set(mine) & set(theirs)) < 2:
@@ -569,6 +575,7 @@ def figures(groups: Sequence[Group], split: str, metric: str) -> list[PageFigure
                 first = first if first is not None else np.load(files[0])
                 round = int(files[-1].stem.rsplit("_round", 1)[1])
                 panels.append((f"{g.label}, round {round}", np.load(files[-1]).astype(float)))
+        assert first is not None  # `name` is a matrix of some configuration
         low, high = plots.matrix_range(name, first)
         add(f"matrix-{name}", f"Last {name.replace('_', ' ')} matrix",
             f"The last {name.replace('_', ' ')} matrix each configuration computed (seed shown: the lowest), clients "

@@ -53,7 +53,8 @@ def history_figure(records: Sequence[TrialRecord], metric: str, maximize: bool) 
         points = [(r.number, r.value) for r in records if r.state == state and r.value is not None
                   and math.isfinite(r.value)]
         if points:
-            ax.scatter(*zip(*points), marker=marker, color=colour, label=state, s=22, zorder=3)
+            trials, values = zip(*points)
+            ax.scatter(trials, values, marker=marker, color=colour, label=state, s=22, zorder=3)
     numbers, best = best_so_far(records, maximize)
     if len(numbers):
         ax.step(numbers, best, where="post", color="#ff7f0e", label="best so far", linewidth=1.4)
@@ -66,7 +67,7 @@ def history_figure(records: Sequence[TrialRecord], metric: str, maximize: bool) 
 @plots.styled
 def importance_figure(importances: dict[str, float]) -> Figure:
     """One horizontal bar per parameter: its share of the objective's variance (fANOVA), largest on top."""
-    names = sorted(importances, key=importances.get)
+    names = sorted(importances, key=lambda name: importances[name])
     figure = Figure(figsize=(6.0, 0.5 + 0.35 * len(names)), layout="constrained")
     ax = figure.subplots()
     ax.barh(names, [importances[n] for n in names], color="#1f77b4")

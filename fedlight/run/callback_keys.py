@@ -22,7 +22,7 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def construction_key(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def construction_key(cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """`module.Class(name=value, ...)`: the class and its constructor's arguments by name, defaults filled in, so
     that a positional and a keyword call of the same arguments give one key."""
     arguments: dict[str, Any] = {}

@@ -66,6 +66,8 @@ class Run:
 class Callback:
     """Base of run callbacks: every hook does nothing."""
 
+    _construction_key: str  # the key of its state in a checkpoint (`__new__`)
+
     def __new__(cls, *args: Any, **kwargs: Any) -> "Callback":
         """Record the class and the arguments the callback is built with (by a config or in Python): the key of
         its state in a checkpoint. Here rather than in `__init__`, which subclasses override without `super()`."""

@@ -16,6 +16,7 @@ import importlib.machinery
 import inspect
 import sys
 import textwrap
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,7 +185,7 @@ def exported_classes(package: str) -> dict[str, str]:
     return {name: (find_class(path).path) for name, path in found.items()}  # type: ignore[union-attr]
 
 
-def kinds(package: str, roots: set[str], exclude: set[str] = frozenset()) -> dict[str, str]:
+def kinds(package: str, roots: set[str], exclude: Collection[str] = frozenset()) -> dict[str, str]:
     """The concrete classes exported by `package` that derive from one of `roots`, not the roots themselves."""
     return dict(sorted((name, path) for name, path in exported_classes(package).items()
                        if path not in roots and path not in exclude and is_a(path, roots) and not is_abstract(path)))

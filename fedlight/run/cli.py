@@ -37,7 +37,7 @@ from fedlight.run.wandb_logger import LoggerConfig
 PARSER_MODE = "fedlight_yaml"
 set_loader(PARSER_MODE, lambda text: registry.resolve_class_paths(registry.check_dotted_keys(yaml.safe_load(text))),
            (yaml.YAMLError,))
-STRICT = {"parser_mode": PARSER_MODE, "exit_on_error": False, "allow_abbrev": False}
+STRICT: dict[str, Any] = {"parser_mode": PARSER_MODE, "exit_on_error": False, "allow_abbrev": False}
 #: settings a resumed run may change: how long it runs, where it logs and over how many processes (the last moves
 #: numbers by float rounding at most), not what it computes
 RESUMABLE = ("federation.rounds", "checkpoint_every", "logger.", "federation.devices", "federation.num_nodes",
@@ -88,10 +88,17 @@ def with_base_algorithm(parser: ArgumentParser) -> None:
     parser.set_defaults(algorithm=BASE_ALGORITHM)
 
 
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="fedlight", description="Clustered and personalized federated learning.", **STRICT)
+class CommandParser(ArgumentParser):
+    """The command line's parser, which keeps its `fit` and `tune` sections' parsers."""
+
+    fit_parser: ArgumentParser  # kept for dumping and instantiating the `fit` section
+    tune_parser: ArgumentParser
+
+
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedlight", description="Clustered and personalized federated learning.", **STRICT)
     commands = parser.add_subcommands(dest="command")
-    parser.fit_parser = fit_parser()  # kept for dumping and instantiating the `fit` section
+    parser.fit_parser = fit_parser()
     commands.add_subcommand("fit", parser.fit_parser, help="run one federated training")
     list_parser = ArgumentParser(description="List algorithms, data and models.", **STRICT)
     list_parser.add_argument("--compatibility", action="store_true",

@@ -56,13 +56,15 @@ def extension_settings(column: str) -> dict[str, Any]:
     from fedlight.aggregators.server_optimizer import ServerOptimizerConfig
     from fedlight.system.config import SystemConfig
 
-    return {"privacy": {"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)},
-            "FedBuff": {"system": SystemConfig(buffer_size=3, concurrency=8)},
-            "robust + attack": {"aggregator": AggregatorConfig(rule="trimmed_mean"),
-                                "attack": AttackConfig(kind="sign_flip", fraction=0.2)},
-            "deadline": {"system": SystemConfig(deadline_percentile=75.0, partial_work=True)},
-            "newcomers": {"data": {"holdout_clients": 4}},
-            "server optimizer": {"server_optimizer": ServerOptimizerConfig(kind="adam")}}[column]
+    settings: dict[str, dict[str, Any]] = {
+        "privacy": {"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)},
+        "FedBuff": {"system": SystemConfig(buffer_size=3, concurrency=8)},
+        "robust + attack": {"aggregator": AggregatorConfig(rule="trimmed_mean"),
+                            "attack": AttackConfig(kind="sign_flip", fraction=0.2)},
+        "deadline": {"system": SystemConfig(deadline_percentile=75.0, partial_work=True)},
+        "newcomers": {"data": {"holdout_clients": 4}},
+        "server optimizer": {"server_optimizer": ServerOptimizerConfig(kind="adam")}}
+    return settings[column]
 
 
 #: the tiny federations, in the order a row's is found: the first its algorithm runs on with no extension

@@ -55,8 +55,8 @@ def explain(message: str, options: Iterable[str] = ()) -> str:
         classes = _CLASS_PATH.findall(message)
         key = ".init_args.".join(keys + [option.group(1)]) if keys else option.group(1)
         accepted = _init_options(classes[-1]) if classes else []
-        close = difflib.get_close_matches(option.group(1), accepted, n=1, cutoff=0.75)
-        meant = f" (did you mean {close[0]}?)" if close else ""
+        matches = difflib.get_close_matches(option.group(1), accepted, n=1, cutoff=0.75)
+        meant = f" (did you mean {matches[0]}?)" if matches else ""
         listed = f"; its options are {', '.join(accepted)}" if accepted else ""
         owner = classes[-1] if classes else "this section"
         return f"{key}: {owner} has no option {option.group(1)!r}{meant}{listed}"
@@ -119,7 +119,7 @@ def _init_options(class_path: str) -> list[str]:
     for klass in inspect.getmro(cls):
         if "__init__" not in vars(klass):
             continue
-        parameters = inspect.signature(klass.__init__).parameters.values()
+        parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
         found += [p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if not any(p.kind == p.VAR_KEYWORD for p in parameters):
             break

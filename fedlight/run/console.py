@@ -45,7 +45,7 @@ class ConsoleReporter(Callback):
         from fedlight.engine.newcomer_evaluation import NewcomerEvaluation  # loaded with the federation already
 
         newcomers = federation.extension(NewcomerEvaluation)
-        held = f" + {newcomers.clients.count} held out" if newcomers is not None else ""
+        held = f" + {newcomers.count} held out" if newcomers is not None else ""
         self.console.print(f"{type(federation.algorithm).__name__}, {federation.cohort.describe()}{held}: "
                            f"{federation.execution.plan.describe()}{federation.describe_threats()}"
                            f"{federation.describe_frozen_base()}", highlight=False)

@@ -6,6 +6,7 @@ the same command starts it again.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from fedlight.engine.run_errors import RoundDiverged
@@ -23,6 +24,15 @@ def failure_note(error: Exception, run_dir: Path, saved_round: int) -> str:
                 f"{error.round}: start a new run with the fix")
     return (f"{NOTE}{saved} in {run_dir}: once the cause is fixed, continue with: python -m fedlight fit --resume "
             f"{run_dir}; or start over with another --run_name")
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """`error.add_note(note)`, on Python 3.10 as well, which has no `add_note` (nor prints notes after a
+    traceback): there the note is kept in `__notes__` for `notes` and the command line's report."""
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    else:
+        setattr(error, "__notes__", [*getattr(error, "__notes__", []), note])
 
 
 def notes(error: BaseException) -> list[str]:

@@ -16,6 +16,8 @@ from typing import Any
 class LazyBase(ABCMeta):
     """A metaclass whose classes stand for the class named by their `target` ("module:name")."""
 
+    target: str
+
     def real(cls) -> type:
         module, _, name = cls.target.partition(":")
         return getattr(importlib.import_module(module), name)

@@ -35,7 +35,8 @@ class Totals(Callback):
     chooses among all of them."""
 
     def __init__(self) -> None:
-        self.elapsed, self.last_eval = 0.0, {}
+        self.elapsed = 0.0
+        self.last_eval: dict[str, float | int] = {}
         self.evaluated: list[dict[str, float | int]] = []
         self.last_clients: list[float] = []  # the last evaluated round's primary metric, client by client
 
@@ -127,6 +128,7 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
     run.resumed = collective.broadcast(resume and checkpoint.exists(run_dir / CHECKPOINTS))  # a run stopped before
     if run.resumed:                                                                        # its first checkpoint
         state = collective.broadcast(checkpoint.load(run_dir / CHECKPOINTS) if main_process else None)  # restarts
+        assert state is not None  # the first process's checkpoint, on every process
         state = checkpoint.upgrade(state, stateful)  # an older format's, in this process's callbacks' terms
         federation.load_state_dict(state["federation"])
         load_callback_states(stateful, state["callbacks"])
@@ -166,7 +168,7 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
             if not resume and not checkpointer.saved_round:  # as after Ctrl-C: the name is free again
                 shutil.rmtree(run_dir, ignore_errors=True)
             else:
-                error.add_note(failures.failure_note(error, run_dir, checkpointer.saved_round))
+                failures.add_note(error, failures.failure_note(error, run_dir, checkpointer.saved_round))
         else:
             failures.mark_follower(error)
         raise
@@ -178,7 +180,9 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float | int]:
     """The round's numbers as plain Python values (a checkpoint holds nothing else)."""
-    return {k: int(v) if k == "round" else float(v) for k, v in metrics.items()
+    # typeshed's numbers.Real declares no __int__ (numpy's and Python's reals have one)
+    return {k: int(v) if k == "round" else float(v)  # type: ignore[call-overload]
+            for k, v in metrics.items()
             if isinstance(v, numbers.Real) and not isinstance(v, bool)}
 
 
@@ -189,7 +193,7 @@ def _summary(run: Run, totals: Totals) -> dict[str, Any]:
     probe = federation.execution.probe_result
     return {"run": run.name, "algorithm": type(federation.algorithm).__name__, "rounds": federation.round,
             "num_clients": federation.num_clients,
-            **({"held_out_clients": newcomers.clients.count} if newcomers is not None else {}),
+            **({"held_out_clients": newcomers.count} if newcomers is not None else {}),
             "seed": federation.seed, "precision": federation.precision,
             "device": str(federation.device), "plan": plan.as_dict(), "vectorized": plan.trainer != "sequential",
             "vectorized_reason": plan.reason, "vectorize_probe": None if probe is None else probe.as_dict(),

@@ -157,7 +157,7 @@ def combinations(config: SweepConfig, source: Path) -> list[Combination]:
     """Every (algorithm, grid point, seed) of the sweep, all algorithms checked before anything runs."""
     entries: list[tuple[str, str | None, dict[str, Any]]] = [] if config.algorithms else [("", None, {})]
     for entry in config.algorithms:
-        spec = {"class_path": entry} if isinstance(entry, str) else dict(entry)
+        spec: dict[str, Any] = {"class_path": entry} if isinstance(entry, str) else dict(entry)
         if "class_path" not in spec:
             raise SweepError(f"{source}: algorithm entry {entry!r} has no class_path; write a short name, or a "
                              "mapping with class_path and init_args")

@@ -123,8 +123,8 @@ class Tuner:
         tune_space.check_keys(self.space, self.parse, lambda error: explain(str(error), parser._option_string_actions))
         self.name = cfg.study or self.space.path.stem
         self.folder = Path(cfg.output_dir) / f"tune-{self.name}"
-        self.direction = "maximize" if higher_is_better(cfg.metric.rsplit("/", 1)[-1].removesuffix("_mean")) \
-            else "minimize"
+        metric = cfg.metric.rsplit("/", 1)[-1].removesuffix("_mean")
+        self.direction: tune_study.Direction = "maximize" if higher_is_better(metric) else "minimize"
 
     def parse(self, args: list[str]) -> Namespace:
         """The `fit` config of the base with `args` applied."""

@@ -57,24 +57,31 @@ class Param:
     choices: list[Any] = field(default_factory=list)
     when: dict[str, Any] = field(default_factory=dict)
 
+    def bounds(self) -> tuple[float | int, float | int]:
+        """(low, high) of an int or float parameter (`load` refuses one without them)."""
+        assert self.low is not None and self.high is not None, f"{self.key} is not a range"
+        return self.low, self.high
+
     def distribution(self) -> Any:
         """The Optuna distribution (which checks the range: low <= high, a positive low for log, ...)."""
         from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
         if self.kind == "categorical":
             return CategoricalDistribution(self.choices)
+        low, high = self.bounds()
         if self.kind == "int":
-            return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
-        return FloatDistribution(float(self.low), float(self.high), log=self.log,
+            return IntDistribution(int(low), int(high), log=self.log, step=int(self.step or 1))
+        return FloatDistribution(float(low), float(high), log=self.log,
                                  step=None if self.step is None else float(self.step))
 
     def suggest(self, trial: Any) -> Any:
         """This parameter's value in `trial` (Optuna's define-by-run API)."""
         if self.kind == "categorical":
             return trial.suggest_categorical(self.key, self.choices)
+        low, high = self.bounds()
         if self.kind == "int":
-            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
-        return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.log, step=self.step)
+            return trial.suggest_int(self.key, int(low), int(high), log=self.log, step=int(self.step or 1))
+        return trial.suggest_float(self.key, float(low), float(high), log=self.log, step=self.step)
 
     def ends(self) -> list[Any]:
         """The values the parser checks: both ends of a range, every choice."""

@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 #: seconds between a running trial's heartbeats, and after which a silent one is failed (and retried)
 HEARTBEAT_S, GRACE_S = 30, 120
@@ -23,6 +23,7 @@ HEARTBEAT_S, GRACE_S = 30, 120
 OPEN_ATTEMPTS = 5
 SAMPLERS = ("tpe", "random", "gp")
 PRUNERS = ("median", "hyperband", "none")
+Direction = Literal["minimize", "maximize"]  # an objective's direction, in Optuna's words
 
 
 class StudyError(ValueError):
@@ -76,7 +77,7 @@ def pruner(name: str, startup_trials: int, warmup_rounds: int) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def open_study(name: str, url: str, metric: str, direction: str, sampler_obj: Any, pruner_obj: Any) -> Any:
+def open_study(name: str, url: str, metric: str, direction: Direction, sampler_obj: Any, pruner_obj: Any) -> Any:
     """Create the study or load it (the same command run again continues it); a study made for another metric or
     direction is refused rather than mixed."""
     import optuna

@@ -18,6 +18,8 @@ from fedlight.run.callbacks import Callback, Run
 from fedlight.run.recorder import CONSTANT_COLUMNS, client_rows, strict_json
 
 if TYPE_CHECKING:
+    from wandb.sdk.wandb_run import Run as WandbRun
+
     from fedlight.engine.round_result import RoundResult
 
 
@@ -51,7 +53,7 @@ class WandbLogger(Callback):
     def __init__(self, settings: LoggerConfig) -> None:
         self.settings = settings
         self.wandb_id: str | None = None
-        self.wandb_run = None
+        self.wandb_run: WandbRun | None = None
         self.matrix_ranges: dict[str, tuple[float, float]] = {}
         self.run_dir = Path(".")
 
@@ -63,17 +65,21 @@ class WandbLogger(Callback):
         self.wandb_id = self.wandb_id or secrets.token_hex(4)
         self.wandb_run = wandb.init(project=self.settings.project, entity=self.settings.entity, name=run.name,
                                     id=self.wandb_id, resume="allow", dir=str(run.run_dir),
-                                    mode=wandb_mode(self.settings.mode), config=run.config,
+                                    # WANDB_MODE may hold any mode wandb takes, not only those its hints name
+                                    mode=wandb_mode(self.settings.mode),  # type: ignore[arg-type]
+                                    config=run.config,
                                     group=self.settings.group or config_group(run.config, algorithm),
                                     tags=list(dict.fromkeys([*self.settings.tags, algorithm])),
                                     settings=wandb.Settings(console="off", silent=True))
 
     def on_round_end(self, run: Run, result: "RoundResult") -> None:
+        assert self.wandb_run is not None, "on_fit_start starts the W&B run"
         rows = client_rows(result.round, result.per_client, result.newcomers)
         self.wandb_run.log(self._payload(result.round, result.scalars, result.per_client, rows, result.matrices),
                            step=result.round)
 
     def on_fit_end(self, run: Run, summary: dict[str, Any]) -> None:
+        assert self.wandb_run is not None, "on_fit_start starts the W&B run"
         self.wandb_run.summary.update({k: v for k, v in strict_json(summary).items()
                                        if isinstance(v, (int, float, str))})
         offline = self.offline_dir
@@ -123,7 +129,7 @@ class WandbLogger(Callback):
 
         from fedlight.reports import plots
 
-        payload = {k: v for k, v in scalars.items() if k != "round" and isinstance(v, (int, float))}
+        payload: dict[str, Any] = {k: v for k, v in scalars.items() if k != "round" and isinstance(v, (int, float))}
         for name, matrix in matrices.items():
             matrix = np.asarray(matrix, dtype=float)
             figure = plots.heatmap_figure([(f"{name}, round {round}", matrix)], *self.matrix_range(name, matrix),
@@ -131,7 +137,8 @@ class WandbLogger(Callback):
             payload[f"matrices/{name}"] = wandb.Image(figure, caption=f"{name}, round {round}")
         if rows:
             columns = list(dict.fromkeys(k for r in rows for k in r))  # held-out clients' rows have no train/*
-            payload["clients/table"] = wandb.Table(columns=columns, data=[[r.get(k) for k in columns] for r in rows])
+            payload["clients/table"] = wandb.Table(columns=columns,  # type: ignore[arg-type]  # hinted list[str | int]
+                                                   data=[[r.get(k) for k in columns] for r in rows])
         for name, values in per_client.items():
             if name in CONSTANT_COLUMNS:
                 continue

@@ -140,5 +140,6 @@ def make_availability(config: SystemConfig, count: int, seed: int) -> Availabili
     if kind == "diurnal":
         return Diurnal(config.online_hours, config.start_hour, count, seed)
     if kind == "trace":
+        assert config.availability_trace is not None  # SystemConfig requires the file for "trace"
         return Trace(config.availability_trace, count)
     return Always(count)

@@ -100,6 +100,6 @@ def run_round(steps: np.ndarray, compute_s: np.ndarray, transfer_s: np.ndarray, 
     kept = staying & ~(cut & (done == 0))
     duration = float(kept_s[kept].max()) if kept.any() else 0.0
     bound = bool((staying & (by_deadline < steps)).any()) and deadline_s is not None and not waited
-    if bound:
+    if bound and deadline_s is not None:  # (bound only under a deadline)
         duration = max(duration, deadline_s)
     return RoundTimes(done, dropped_out.copy(), cut, kept, duration, deadline_s, waited, went_offline, bound)

@@ -111,6 +111,7 @@ class SystemModel(RoundExtension):
         """FedBuff's clients in flight (`fedlight.system.buffered`); refused in one line over several processes, or
         with more clients in flight than the run has."""
         config, n = self.config, self.num_clients
+        assert config.buffer_size is not None  # set up only for asynchronous rounds
         self.concurrency = config.concurrency if config.concurrency is not None else context.cohort_size
         if self.concurrency > n or config.buffer_size > self.concurrency:
             raise ValueError(f"system.concurrency is {self.concurrency} and system.buffer_size {config.buffer_size}, "
@@ -284,12 +285,16 @@ class SystemModel(RoundExtension):
         fresh = None
         if new:
             parts = train(new)
-            fresh = Updates(*(torch.cat([getattr(p, name) for p in parts]) for name in
-                              ("clients", "params", "starts", "num_samples", "train_loss")),
-                            {k: torch.cat([p.logs[k] for p in parts]) for k in parts[0].logs},
+
+            def joined(name: str) -> torch.Tensor:
+                return torch.cat([getattr(p, name) for p in parts])
+
+            fresh = Updates(joined("clients"), joined("params"), joined("starts"), joined("num_samples"),
+                            joined("train_loss"), {k: torch.cat([p.logs[k] for p in parts]) for k in parts[0].logs},
                             {k: torch.cat([p.state[k] for p in parts]) for k in parts[0].state})
         fresh_clients = np.asarray([] if fresh is None else fresh.clients.tolist(), dtype=np.int64)
         arrivals_s = start_s + self._selection_s + self.charged_s(self.work_log.take(), fresh_clients, fresh_clients)
+        assert self.config.buffer_size is not None  # clients in flight: asynchronous rounds
         arrived, self.in_flight = take_arrivals(self.in_flight, fresh, arrivals_s, round - 1, self.config.buffer_size,
                                                 self.config.staleness, self.algorithm.client_model, self.sizes,
                                                 self.trained_from)
@@ -298,6 +303,7 @@ class SystemModel(RoundExtension):
 
     def end_round_buffered(self, round: int) -> dict[str, float]:
         """The clock moves to the round's last arrival; the asynchronous round's `system/*` scalars."""
+        assert self.in_flight is not None  # asynchronous rounds
         start_s, arrived = self._arrived if self._arrived is not None else (self.online(round)[0], None)
         self._arrived = None
         waited_s = start_s - self.clock.now_s
@@ -359,6 +365,7 @@ class SystemModel(RoundExtension):
         done = self.work_log.take()
         if record.kept is None or not len(record.kept):
             return self._selection_s + record.duration_s, 0
+        assert record.whole is not None  # recorded with `kept`
         seconds = self.charged_s(done, record.kept, record.whole)
         duration = float(seconds.max())
         if record.deadline_bound and record.deadline_s is not None:

@@ -75,7 +75,8 @@ class LearningRates:
         self.initial = [group["lr"] for group in optimizer.param_groups]  # what the schedulers start from
         self.states = [s.scheduler.state_dict() for s in schedulers]
         self.by_step = any(s.interval == "step" for s in schedulers)
-        self._round, self._rates = 0, []
+        self._round = 0
+        self._rates: Rates = []
 
     def rates(self, round: int, steps: int) -> Rates:
         """The rates of local steps 0..steps-1 of round `round` (1-based). A round is simulated once for the most

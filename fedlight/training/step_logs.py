@@ -25,7 +25,8 @@ class StepLogs:
         self.values: dict[str, Tensor] = {}
 
     def __enter__(self) -> "StepLogs":
-        self.module.log, self.module.log_dict = self.log, self.log_dict  # instance attributes shadow the methods
+        setattr(self.module, "log", self.log)  # instance attributes shadow the methods
+        setattr(self.module, "log_dict", self.log_dict)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -64,7 +64,8 @@ class TrainerStandIn:
         self.num_devices = max(1, world_size // num_nodes)
         self.global_rank, self.local_rank, self.node_rank = global_rank, local_rank, node_rank
         self.is_global_zero = global_rank == 0
-        self.logger, self.loggers, self.progress_bar_callback = None, [], None
+        self.logger, self.progress_bar_callback = None, None
+        self.loggers: list[Any] = []
         self.barebones = True
         self.current_epoch = 0
         self.global_step = 0

@@ -110,9 +110,10 @@ class FunctionalOptimizer:
         self.h = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
 
     def init_state(self, params: Tensor) -> dict[str, Any]:
-        zeros = torch.zeros_like(params) if self.kind != "SGD" or self.h["momentum"] else None
         if self.kind == "SGD":  # without momentum, no buffer: `step` never reads it
-            return {"momentum": zeros, "started": [False] * len(params)}
+            return {"momentum": torch.zeros_like(params) if self.h["momentum"] else None,
+                    "started": [False] * len(params)}
+        zeros = torch.zeros_like(params)
         return {"m": zeros, "v": zeros.clone(), "t": torch.zeros(len(params), dtype=params.dtype, device=params.device)}
 
     def step(self, params: list[Tensor], grads: list[Tensor], state: dict[str, Any], views: Callable,
