@@ -41,11 +41,15 @@ Deviations and limits:
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, ClientModels, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 def row_range(rows: list[int]) -> slice | list[int]:
@@ -85,7 +89,7 @@ class APFL(Algorithm):
             raise ValueError(f"alpha_lr must be > 0 (or None: the clients' learning rate), got {alpha_lr}")
         self.initial_alpha, self.adaptive, self.alpha_lr = alpha, adaptive, alpha_lr
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         if not bool(server.model.parameter_mask().all()):
             warnings.warn("APFL's local loop does not update buffers (BatchNorm running statistics): they keep "

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from fedlight.cluster import kcenters
 from fedlight.algorithms.centroid_base import CentroidAlgorithm
+from fedlight.plugin import RoundUpdates
 
 
 class CentClus(CentroidAlgorithm):
@@ -35,7 +36,7 @@ class CentClus(CentroidAlgorithm):
     def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         return start, torch.zeros((), device=start.device)
 
-    def aggregate(self, round: int, updates) -> None:
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
         x = self.all_points(self.server.clients.split("train").x)
         generator = self.server_generator(round)
         if self.max_points is None or len(x) <= self.max_points:
@@ -48,4 +49,5 @@ class CentClus(CentroidAlgorithm):
                 total = float(kcenters.cost(x, candidate, self.ell))
                 if total < best:
                     best, centers = total, candidate
+        assert centers is not None  # at least one sample (samples >= 1) with a finite cost
         self.models = self.to_flat(centers).unsqueeze(0)

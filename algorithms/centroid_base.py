@@ -12,12 +12,33 @@ SGD (`train_client` is overridden), and two extra scores are logged every round:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, cast
+
 import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
-from fedlight.plugin import MODEL, Algorithm, Plan, Updates, summarize
+from fedlight.plugin import MODEL, Algorithm, Newcomers, Plan, Updates, summarize
 from fedlight.cluster.scores import clustering_scores
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
+
+
+class CentroidModule(Protocol):
+    """What these methods read of their model, a `fedlight.models.CentroidModel` (`setup` checks it)."""
+
+    num_centers: int
+    dim: int
+    ell: float
+    medoids: bool
+
+    def centers_of(self, flat: Tensor) -> Tensor: ...
+
+    def points(self, x: Tensor) -> Tensor: ...
+
+    def client_metrics(self, outputs: Tensor, y: Tensor, client: Tensor, num_clients: int) -> dict[str, Tensor]: ...
 
 
 class CentroidAlgorithm(Algorithm):
@@ -40,30 +61,39 @@ class CentroidAlgorithm(Algorithm):
         self.n_init, self.max_iter, self.tol = n_init, max_iter, tol
 
     # -- set-up ------------------------------------------------------------------------------------
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         module = server.model.module
         name = type(self).__name__
         if not all(hasattr(module, a) for a in ("num_centers", "dim", "ell", "medoids", "centers_of", "points")):
             raise ValueError(f"{name} clusters data points: use model: fedlight.models.CentroidModel, "
                              f"not {type(module).__name__}")
-        if server.model.num_params != module.num_centers * module.dim:
-            raise ValueError(f"{name} needs a model made only of its {module.num_centers} x {module.dim} centers")
+        centroids = self.centroid_module
+        if server.model.num_params != centroids.num_centers * centroids.dim:
+            raise ValueError(f"{name} needs a model made only of its {centroids.num_centers} x {centroids.dim} "
+                             "centers")
         server.cohort.needs_every_client(name, "in every round (each uploads its local clustering)")
         server.message.sends("counts", MODEL)  # how many of the centers in its flat model are real
         if self.one_shot and server.run.rounds != 1:
             raise ValueError(f"{name} is one-shot: set federation.rounds: 1 (got {server.run.rounds})")
-        self.k, self.ell, self.medoids = module.num_centers, module.ell, module.medoids
+        self.k, self.ell, self.medoids = centroids.num_centers, centroids.ell, centroids.medoids
         self.all_points(server.clients.split("train").x[:1])  # the data's feature count must match the model's dim
 
+    @property
+    def centroid_module(self) -> CentroidModule:
+        """The run's model, as these methods read it (`setup` checks that it has what they read)."""
+        return cast(CentroidModule, self.server.model.module)
+
     # -- local work ------------------------------------------------------------------------------
-    def train_client(self, round: int, client: int, start: Tensor) -> tuple[Tensor, ...]:
+    def train_client(self, round: int, client: int, start: Tensor
+                     ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The client's local clustering (`local_fit`) on its training points, instead of SGD."""
         x = self.client_points(client)
         with kcenters.small_problem_threads(x.numel(), x.device):
             return self.local_fit(round, client, x, start)
 
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
+    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor
+                  ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         """(the client's fitted flat model, its mean cost per point[, what it sends beside them]) from its points `x`
         (n, h). The default is the model's (k, l)-clustering, seeded by (run seed, round, client)."""
         fit = self.cluster(x, self.generator(self.server.random.client_seed(round, client)))
@@ -83,7 +113,7 @@ class CentroidAlgorithm(Algorithm):
 
     def all_points(self, x: Tensor) -> Tensor:
         """Raw samples as an (n, h) matrix of points, as the model sees them."""
-        return self.server.model.module.points(self.server.data.inputs(x))
+        return self.centroid_module.points(self.server.data.inputs(x))
 
     def generator(self, seed: int) -> torch.Generator:
         return kcenters.generator_for(seed)
@@ -102,14 +132,14 @@ class CentroidAlgorithm(Algorithm):
         return kcenters.pad_centers(centers, self.k).reshape(-1).to(self.models.dtype)
 
     def centers(self, flat: Tensor) -> Tensor:
-        return self.server.model.module.centers_of(flat)
+        return self.centroid_module.centers_of(flat)
 
     def uploads(self, updates: Updates) -> list[Tensor]:
         """Each client's uploaded centers without padding (in the order of the updates)."""
         return [c[:count] for c, count in zip(self.centers(updates.params), updates.state["counts"].tolist())]
 
     @torch.no_grad()
-    def labels_and_metrics(self, models: Tensor, group_of_client: Tensor,
+    def labels_and_metrics(self, models: Tensor | Sequence[Tensor], group_of_client: Tensor,
                            split: str | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Every evaluated point's nearest-center index under its client's model, and the module's per-client
         metrics, for any (models, group of each client) pair like `evaluation_models()`."""
@@ -127,7 +157,7 @@ class CentroidAlgorithm(Algorithm):
                     rows = order[begin: begin + count]
                     outputs[rows] = kcenters.distances(points[rows], self.centers(models[group]), self.ell)
                     begin += count
-            metrics = self.server.model.module.client_metrics(outputs, data.y, client, self.server.num_clients)
+            metrics = self.centroid_module.client_metrics(outputs, data.y, client, self.server.num_clients)
         return outputs.argmin(dim=1), metrics
 
     def center_metrics(self, models: Tensor, group_of_client: Tensor, prefix: str) -> dict[str, float]:
@@ -137,7 +167,7 @@ class CentroidAlgorithm(Algorithm):
         return summarize({k: v.cpu().numpy() for k, v in metrics.items()}, prefix)
 
     # -- newcomers ---------------------------------------------------------------------------------
-    def newcomer_models(self, newcomers) -> tuple[Tensor, Tensor, None]:
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, None]:
         """Every newcomer gets the server's centers (`shared_centers`): each of its points goes to the nearest
         one. It has no personalized copy of its own, and these methods cluster points, not clients."""
         groups = torch.zeros(newcomers.count, dtype=torch.long, device=self.models.device)
@@ -152,7 +182,8 @@ class CentroidAlgorithm(Algorithm):
         if not getattr(self.server.model.module, "score_labels", False):
             return {}
         models, groups = self.evaluation_models()
-        labels, _ = self.labels_and_metrics(models, groups)
+        # flat models: these methods give no predictor of their own
+        labels, _ = self.labels_and_metrics(cast("Tensor | Sequence[Tensor]", models), groups)
         true = self.server.clients.split(self.server.run.eval_split).y
         if len(true) == 0:
             return {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedlight.plugin import Algorithm, Newcomers, Plan, RoundUpdates, nearest_update_direction
+from fedlight.plugin import Algorithm, GroupModels, Newcomers, Plan, RoundUpdates, nearest_update_direction
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import cosine_similarity_matrix
 
@@ -51,11 +51,11 @@ class CFL(Algorithm):
 
     def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """Test every cluster with members this round; the last one tested logs its update norms."""
-        updates = updates.all()
-        clusters = self.assignment[updates.clients]
+        held = updates.all()
+        clusters = self.assignment[held.clients]
         for cluster in clusters.unique().tolist():
             rows = (clusters == cluster).nonzero().flatten()
-            deltas = updates.deltas[rows]
+            deltas = held.deltas[rows]
             mean_norm = float(deltas.mean(dim=0).norm())
             max_norm = float(deltas.norm(dim=1).max())
             self.log("cluster/mean_update_norm", mean_norm)
@@ -63,7 +63,7 @@ class CFL(Algorithm):
             cooling = round - self.born.get(cluster, -10**9) < self.split_cooldown
             if (round > self.warmup_rounds and len(rows) > self.min_cluster_size and not cooling
                     and mean_norm < self.eps1 and max_norm > self.eps2):
-                self._bipartition(round, cluster, updates.clients[rows], deltas)
+                self._bipartition(round, cluster, held.clients[rows], deltas)
 
     def _bipartition(self, round: int, cluster: int, clients: torch.Tensor, deltas: torch.Tensor) -> None:
         similarity = cosine_similarity_matrix(deltas)
@@ -79,11 +79,11 @@ class CFL(Algorithm):
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """FedAvg within each cluster, weighted by training-set size or (`weighted=False`) unweighted."""
-        updates = updates.all()
-        weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
-        self.set_shared(*self.cluster_means(updates, weights.to(self.models.dtype)))
+        held = updates.all()
+        weights = held.num_samples if self.weighted else torch.ones_like(held.num_samples)
+        self.set_shared(*self.cluster_means(held, weights.to(self.models.dtype)))
 
-    def newcomer_models(self, newcomers: Newcomers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[GroupModels, torch.Tensor, torch.Tensor | None]:
         """A newcomer joins the cluster its own update points to, by the cosine similarity CFL splits on: its
         update from the clients' mean model against each cluster's direction from there
         (`nearest_update_direction`); before the first split every one has the one model."""

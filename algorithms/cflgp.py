@@ -53,7 +53,7 @@ its training split (the base class's answer; the paper places none).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -63,6 +63,9 @@ from sklearn.metrics import silhouette_score
 from torch import Tensor
 
 from fedlight.plugin import PER_CLIENT, Algorithm, Plan, RoundUpdates, Trained, Updates
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 QUERY = "criterion_update"  # what a client sends beside its model in a query round: its update at the criterion model
 CHUNK_BYTES = 1 << 28  # stored profiles read at a time when the Gram matrix is updated
@@ -166,7 +169,7 @@ class CFLGP(Algorithm):
         self.queries = 0  # query rounds so far: the next criterion model is queries mod (models)
         self.clustered_round = 0
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         n, device = server.num_clients, server.device
         if self.num_clusters > n:
@@ -248,15 +251,17 @@ class CFLGP(Algorithm):
     def _cluster(self, round: int) -> None:
         """Spectral clustering of every client seen into K clusters, labels matched to the previous ones; the first
         clustering starts the K models from the one model."""
+        clusters = self.clusters
+        assert clusters is not None  # known from the start, or chosen the round after the warm-up
         ids = self.seen.nonzero().flatten()
         gram = self.gram[ids][:, ids]
         self.log_matrix("gradient_profile_cosine_similarity", cosine_from_gram(gram))
-        labels = spectral_partition(gram, self.clusters, self._seed(round))
+        labels = spectral_partition(gram, clusters, self._seed(round))
         known = self.labelled[ids].cpu().numpy()
         if known.any():
-            labels = match_labels(labels, self.assignment[ids].cpu().numpy(), known, self.clusters)
-        if len(self.models) < self.clusters:
-            self.models = self.models[:1].repeat(self.clusters, 1)
+            labels = match_labels(labels, self.assignment[ids].cpu().numpy(), known, clusters)
+        if len(self.models) < clusters:
+            self.models = self.models[:1].repeat(clusters, 1)
         self.assignment[ids] = torch.as_tensor(labels, dtype=self.assignment.dtype, device=self.assignment.device)
         self.labelled[ids] = True
         self.clustered_round = round
@@ -266,9 +271,9 @@ class CFLGP(Algorithm):
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each cluster model moves by the unweighted mean of its members' updates (the code's `model_averaging`)."""
-        updates = updates.all()
-        ones = torch.ones_like(updates.num_samples, dtype=self.models.dtype)
-        active, mean_update = self.cluster_means(updates, ones, updates.delta_rows())
+        held = updates.all()
+        ones = torch.ones_like(held.num_samples, dtype=self.models.dtype)
+        active, mean_update = self.cluster_means(held, ones, held.delta_rows())
         self.set_shared(active, self.models[active] + mean_update)
 
     def cluster_labels(self) -> np.ndarray | None:

@@ -28,10 +28,15 @@ Deviations:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, ClientModels, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class Ditto(Algorithm):
@@ -55,7 +60,7 @@ class Ditto(Algorithm):
             raise ValueError(f"personal_epochs must be >= 1 (None: the local epochs), got {personal_epochs}")
         self.lam, self.personal_epochs = lam, personal_epochs
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.personal_models = server.state.declare("personal", initial=server.model.initial_params)
 

@@ -65,10 +65,15 @@ Deviations from the authors' code (PFLlib's FedALA), and why:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, ClientModels, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 def mix(local: Tensor, received: Tensor, weights: Tensor) -> Tensor:
@@ -119,7 +124,7 @@ class FedALA(Algorithm):
         self.eta, self.rand_percent, self.layers, self.threshold = eta, rand_percent, layers, threshold
         self.num_pre_loss, self.max_start_passes = int(num_pre_loss), int(max_start_passes)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         names = server.model.layers()
         if self.layers > len(names):

@@ -52,11 +52,16 @@ Deviations, and why:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from fedlight.cluster.similarity import l2_distance_matrix
 from fedlight.plugin import Algorithm, ClientModels, Newcomers, Plan, RoundUpdates, Trained, best_fitting
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 def squared_distances(models: Tensor) -> Tensor:
@@ -112,7 +117,7 @@ class FedAMP(Algorithm):
         self.alpha_k, self.lam, self.sigma = alpha_k, lam, sigma
         self.cloud: dict[int, Tensor] = {}  # the round's cloud model of each of its clients, until it aggregates
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.personal_models = server.state.declare("personal", initial=server.model.initial_params)
 

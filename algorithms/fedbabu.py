@@ -19,9 +19,14 @@ Deviations:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, RoundUpdates, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class FedBABU(Algorithm):
@@ -40,7 +45,7 @@ class FedBABU(Algorithm):
             raise ValueError(f"head_layers must be > 0 (FedBABU freezes a head), got {head_layers}")
         self.head_layers = head_layers
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.head = server.model.head_mask(self.head_layers, "algorithm.init_args.head_layers")
         self.initial_head = server.model.initial_params[self.head]

@@ -2,9 +2,14 @@
 Normalization"): FedAvg on everything but the BatchNorm layers, which every client keeps for itself."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedlight.plugin import Algorithm
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class FedBN(Algorithm):
@@ -17,6 +22,6 @@ class FedBN(Algorithm):
     """
 
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.set_personal_mask(server.model.module_mask((_BatchNorm,)))

@@ -54,12 +54,16 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.plugin import Algorithm, ModelParts, Newcomers, Trained, features_with, head_inputs
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 POLICY = "fedcp_policy"
 GLOBAL_HEAD = "fedcp_global_head"
@@ -74,8 +78,14 @@ def mmd(x: Tensor, y: Tensor) -> Tensor:
     xx, yy, xy = x @ x.T, y @ y.T, x @ y.T
     rx, ry = xx.diagonal(), yy.diagonal()
     distances = (rx[:, None] + rx[None] - 2 * xx, ry[:, None] + ry[None] - 2 * yy, rx[:, None] + ry[None] - 2 * xy)
-    kxx, kyy, kxy = (sum(torch.exp(-0.5 * d / a) for a in KERNEL_SCALES) for d in distances)
+    kxx, kyy, kxy = (gaussian_kernels(d) for d in distances)
     return (kxx + kyy - 2 * kxy).mean()
+
+
+def gaussian_kernels(squared_distances: Tensor) -> Tensor:
+    """The sum of the Gaussian kernels of `KERNEL_SCALES` at the given squared distances."""
+    kernels = [torch.exp(-0.5 * squared_distances / a) for a in KERNEL_SCALES]
+    return sum(kernels[1:], kernels[0])
 
 
 def policy_network(features: int) -> nn.Module:
@@ -128,6 +138,7 @@ class FedCP(Algorithm):
         if size < 1:
             raise ValueError(f"FedCP's policy network splits the head's {size} input features: end the network with "
                              "an nn.Linear that reads at least one feature")
+        assert parts.head_name is not None  # `feature_size` read the head
         self.head_layer = parts.head_name
         parts.add(GLOBAL_HEAD, copy.deepcopy(parts.head))  # PFLlib: the global head starts as a copy of the head
         parts.add(POLICY, policy_network(size))
@@ -137,15 +148,15 @@ class FedCP(Algorithm):
         """The head's output replaced by personal_head(h * r) + global_head(h * s)."""
         if self._plain_head:
             return output
-        features = args[0]
+        features, linear = args[0], cast(nn.Linear, head)  # `setup` checked that the head is one linear layer
         module = self.server.model.module
         policy = module.get_submodule(POLICY)
-        context = context_of(head.weight) if self._context is None else self._context
+        context = context_of(linear.weight) if self._context is None else self._context
         personal, shared = policy_shares(policy, features, context, noisy=policy.training)
-        return F.linear(features * personal, head.weight, head.bias) + \
+        return F.linear(features * personal, linear.weight, linear.bias) + \
             module.get_submodule(GLOBAL_HEAD)(features * shared)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.personal_head = server.model.layer_mask([self.head_layer])
         self.global_head = server.model.layer_mask([GLOBAL_HEAD])

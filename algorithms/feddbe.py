@@ -43,11 +43,16 @@ Deviations:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.plugin import Algorithm, ModelParts, Trained, head_inputs
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 PRBM = "feddbe_prbm"
 RUNNING_MEAN = "feddbe_running_mean"
@@ -67,6 +72,8 @@ class RepresentationBias(nn.Module):
 
 class RunningMean(nn.Module):
     """A client's momentum average of its batches' mean features, a buffer so each client keeps its own row."""
+
+    mean: Tensor  # the buffer
 
     def __init__(self, size: int) -> None:
         super().__init__()
@@ -115,7 +122,7 @@ class FedDBE(Algorithm):
         parts.add(RUNNING_MEAN, RunningMean(size))
         parts.head.register_forward_pre_hook(bias.shift)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.prbm = server.model.layer_mask([PRBM])
         self.running_mean = server.model.layer_mask([RUNNING_MEAN])
@@ -157,7 +164,7 @@ class FedDBE(Algorithm):
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], inputs: Tensor) -> Tensor:
         x, y = batch
         features, outputs = head_inputs(module, self.server.model.head, x)  # features before the PRBM's shift
-        tracked = module.get_submodule(RUNNING_MEAN).mean
+        tracked = cast(RunningMean, module.get_submodule(RUNNING_MEAN)).mean
         running = updated_mean(tracked, features, self.momentum)
         tracked.copy_(running.detach())  # the next step's start; this step's gradient flows through its batch only
         loss = F.cross_entropy(outputs, y)

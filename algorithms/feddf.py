@@ -33,6 +33,7 @@ The digits configs take far fewer steps (the public set has a few hundred images
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,9 @@ from torch import Tensor
 from torch.func import functional_call
 
 from fedlight.plugin import SUMMED, Algorithm, RoundUpdates, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 LOGITS = "feddf_logits"
 CLIP_NORM = 5.0  # the authors' code clips the student's gradient norm at 5
@@ -73,7 +77,7 @@ class FedDF(Algorithm):
         self.steps, self.lr, self.batch_size, self.temperature = steps, lr, batch_size, temperature
         self.check_every, self.patience = check_every, patience
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         public = server.data.public_x
         if public is None or len(public) < (2 if self.patience is not None else 1):
@@ -89,8 +93,9 @@ class FedDF(Algorithm):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """FedAvg's local work; each client also sends its trained model's logits on the public data."""
         trained = super().train_group(round, clients, starts)
-        logits = torch.stack([self.server.model.predict(params, self.server.data.public_x)
-                              for params in trained.params])
+        public = self.server.data.public_x
+        assert public is not None  # `setup` refuses a run without public data
+        logits = torch.stack([self.server.model.predict(params, public) for params in trained.params])
         return Trained(trained.params, trained.loss, trained.logs, {**trained.state, LOGITS: logits})
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
@@ -131,6 +136,7 @@ class FedDF(Algorithm):
             loss = self._kl(student, batch, target)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
+            assert student.grad is not None  # set by the backward pass
             with torch.no_grad():
                 student.grad.masked_fill_(~self.parameter_entries, 0)  # buffers (BatchNorm statistics) do not train
             torch.nn.utils.clip_grad_norm_([student], CLIP_NORM)

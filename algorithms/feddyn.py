@@ -38,12 +38,15 @@ Deviations and limits:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, Plan, RoundUpdates, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 GRADIENTS = "feddyn_gradients"
 
@@ -66,7 +69,7 @@ class FedDyn(Algorithm):
         self.alpha = alpha
         self.h = torch.empty(0)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.h = self.models.new_zeros(server.model.num_params)
         self.gradients = server.state.declare(GRADIENTS, initial=self.models.new_zeros(server.model.num_params))

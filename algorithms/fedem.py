@@ -59,14 +59,18 @@ A client that arrives after training fits its mixture weights on its training da
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.plugin import MODEL, ROUTING, Algorithm, ClientModels, Newcomers, RoundUpdates, Trained
+from fedlight.plugin import (MODEL, ROUTING, Algorithm, ClientModels, GroupModels, Newcomers, RoundUpdates, Trained,
+                             Updates)
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 AVERAGES = ("all_clients", "sampled")  # FedEM(average=...): see the class
 
@@ -156,7 +160,7 @@ class FedEM(Algorithm):
             raise ValueError(f"algorithm.init_args.average must be one of {', '.join(AVERAGES)}, got {average!r}")
         self.num_components, self.average = num_components, average
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.message.sends("copies", MODEL,  # its trained copy of every component, from the components
                              trained_from=lambda clients: self.models.expand(len(clients), -1, -1))
@@ -251,7 +255,7 @@ class FedEM(Algorithm):
         clients, weights = updates.state("mixture")  # stored by the engine after the round
         self.assignment[clients] = self.component_shares(weights).argmax(dim=1)
 
-    def component_weights(self, group) -> Tensor:
+    def component_weights(self, group: Updates) -> Tensor:
         """(clients, M) each trained client's weight in each component's average: its training-set size."""
         return group.num_samples[:, None].expand(-1, self.num_components)
 
@@ -267,7 +271,7 @@ class FedEM(Algorithm):
     def mixture_predictor(self, log_weights: Tensor) -> MixturePredictor:
         return MixturePredictor(self.server.model.predict, self.models, log_weights)
 
-    def evaluation_models(self) -> tuple[Tensor | ClientModels, Tensor]:
+    def evaluation_models(self) -> tuple[GroupModels, Tensor]:
         """Every client predicts with its mixture (one component: the component itself, as FedAvg)."""
         if self.num_components == 1:
             return super().evaluation_models()

@@ -59,12 +59,17 @@ Deviations, and choices the paper leaves open:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, ClientModels, Newcomers, RoundUpdates, Trained, best_fitting
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 VALIDATION_PURPOSE = "fedfomo_validation"  # the stream that draws each client's held-out training rows
 DOWNLOAD_PURPOSE = "fedfomo_download"      # the stream of the server's epsilon-greedy picks
@@ -134,7 +139,7 @@ class FedFomo(Algorithm):
                              f"got {val_share}")
         self.M, self.epsilon, self.epsilon_decay, self.val_share = M, epsilon, epsilon_decay, val_share
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.local_models = server.state.declare("local_models", initial=server.model.initial_params)
         self.affinity = server.state.declare("affinity", initial=torch.zeros(server.num_clients, device=server.device))

@@ -62,13 +62,16 @@ here are fitted to convergence, as FedEM's newcomers' are.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
 from torch import Tensor
 
 from fedlight.algorithms.fedem import FedEM, MixturePredictor, fit_mixture_weights, posterior
-from fedlight.plugin import SUMMED, Newcomers, RoundUpdates, Trained
+from fedlight.plugin import SUMMED, Newcomers, RoundUpdates, Trained, Updates
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 #: rows a client's inputs are converted and embedded at a time
 CHUNK_ROWS = 4096
@@ -184,7 +187,7 @@ class FedGMM(FedEM):
         m1, k = self.num_gaussians, self.num_components
         return self.models.new_full((m1, k), 1.0 / (m1 * k))
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.message.sends("gaussian_statistics", SUMMED)
         server.cohort.declare_every_client_work("every client sends its inputs' moments once, before round 1, for the "
@@ -194,7 +197,9 @@ class FedGMM(FedEM):
         if self.embedding_dim > features:
             raise ValueError(f"algorithm.init_args.embedding_dim is {self.embedding_dim}, more than the {features} "
                              f"input features: give at most {features}")
-        pooled = sum(self.input_statistics(train.client(c)[0]) for c in range(server.num_clients))
+        pooled = self.input_statistics(train.client(0)[0])
+        for c in range(1, server.num_clients):  # summed a client at a time
+            pooled = pooled + self.input_statistics(train.client(c)[0])
         self.center, self.basis, variances = pca_projection(pooled, self.embedding_dim)
         draws = server.random.rng(0, "fedgmm-gaussians").standard_normal((self.num_gaussians, self.embedding_dim))
         self.means = torch.as_tensor(draws, device=variances.device) * variances.sqrt()
@@ -244,7 +249,7 @@ class FedGMM(FedEM):
         trained.state["gaussian_statistics"] = torch.stack(statistics)
         return trained
 
-    def component_weights(self, group) -> Tensor:
+    def component_weights(self, group: Updates) -> Tensor:
         """(clients, K) a client's responsibility mass of each model, n_t sum_m pi_t[m, k] (the authors' weights)."""
         return group.num_samples[:, None].to(torch.float64) * group.state["mixture"].to(torch.float64).sum(dim=1)
 

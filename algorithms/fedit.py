@@ -3,7 +3,7 @@ FedAvg on LoRA adapters, the base frozen."""
 from __future__ import annotations
 
 from fedlight.algorithms.lora_base import require_adapters
-from fedlight.plugin import Algorithm
+from fedlight.plugin import Algorithm, ModelParts
 
 
 class FedIT(Algorithm):
@@ -21,5 +21,5 @@ class FedIT(Algorithm):
         participation: share of clients selected each round.
     """
 
-    def extend_model(self, parts) -> None:
+    def extend_model(self, parts: ModelParts) -> None:
         require_adapters(parts.module, "FedIT")

@@ -30,10 +30,15 @@ Defaults and deviations:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from fedlight.plugin import SUMMED, Algorithm, RoundUpdates, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 STEPS = "fednova_steps"
 
@@ -56,7 +61,7 @@ class FedNova(Algorithm):
         participation: share of clients selected each round.
     """
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         kind, settings = server.clients.optimizer_settings()
         if kind != "SGD" or settings.get("nesterov", False):

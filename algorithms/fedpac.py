@@ -49,13 +49,16 @@ Deviations:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.plugin import PER_CLIENT, SUMMED, Algorithm, Newcomers, RoundUpdates, Trained, head_inputs
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 SMALL_WEIGHT = 1e-3  # weights at or below it are zeroed (the authors' eps)
 VARIANCE, BIAS, COUNTS, PROTOTYPES = "fedpac_variance", "fedpac_bias", "fedpac_counts", "fedpac_prototypes"
@@ -190,7 +193,7 @@ class FedPAC(Algorithm):
                              f"local_epochs), got {head_epochs} and {body_epochs}")
         self.lam, self.head_epochs, self.body_epochs = lam, head_epochs, body_epochs
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         for entry in (VARIANCE, BIAS):  # read client by client by the quadratic program that combines heads
             server.message.sends(entry, PER_CLIENT)
@@ -222,7 +225,7 @@ class FedPAC(Algorithm):
             own_means.append(class_means(features, labels, self.num_classes)[1])
         tuned = self.server.clients.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
                                                purpose="head")
-        alignment = {}
+        alignment: dict[str, Any] = {}
         if self.lam > 0 and bool(self.known.any()):  # round 1 has no global prototypes: cross-entropy alone
             targets = torch.stack([torch.where(self.known[:, None], self.prototypes, own) for own in own_means])
             alignment = {"objective": self._objective, "client_inputs": targets}
@@ -253,6 +256,7 @@ class FedPAC(Algorithm):
         biases, counts, means = (updates.state(name)[1] for name in (BIAS, COUNTS, PROTOTYPES))
         self.prototypes, self.known = average_prototypes(counts, means)
         weights = head_weights(variances[:, 0], biases)
+        assert self.personal is not None  # the heads are personal
         heads = self.personal.read(clients.tolist())
         self.personal.write(clients, weights.to(heads) @ heads)
         self.log("fedpac/own_weight", float(weights.diagonal().mean()))
@@ -261,6 +265,7 @@ class FedPAC(Algorithm):
         """Each newcomer's model: the global body with the initial head, the head trained `head_epochs` on the
         newcomer's training split with the body frozen. (count, d) models, one a newcomer."""
         models, groups, _ = super().newcomer_models(newcomers)
+        assert isinstance(models, Tensor)  # the base class's: one matrix of models
         fitted = newcomers.train_many(list(range(newcomers.count)), models[groups], self.head_epochs, purpose="head",
                                       trainable=self.head)
         return fitted, torch.arange(newcomers.count, device=fitted.device), None

@@ -1,7 +1,12 @@
 """FedPer (Arivazhagan et al., 2019): base layers are federated, the last layers stay with each client."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedlight.plugin import Algorithm
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class FedPer(Algorithm):
@@ -25,6 +30,6 @@ class FedPer(Algorithm):
             raise ValueError(f"personal_layers must be >= 0, got {personal_layers}")
         self.num_personal = personal_layers
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.set_personal_mask(server.model.head_mask(self.num_personal, "algorithm.init_args.personal_layers"))

@@ -49,7 +49,7 @@ stream the newcomers' interface does not offer.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +57,9 @@ from torch import Tensor, nn
 
 from fedlight.algorithms.local import Local
 from fedlight.plugin import SUMMED, ModelParts, RoundUpdates, Trained, head_inputs
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 def local_prototypes(features: Tensor, y: Tensor, classes: int) -> tuple[Tensor, Tensor]:
@@ -121,7 +124,7 @@ class FedProto(Local):
             return outputs
         return nearest_prototype_logits(args[0], self.prototypes, self.known).to(outputs.dtype)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         for entry in ("prototypes", "class_counts"):  # summed into the global prototypes
             server.message.sends(entry, SUMMED)

@@ -36,13 +36,16 @@ collapse onto one component.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
 from fedlight.algorithms.fedem import FedEM, posterior
 from fedlight.plugin import SUMMED, RoundUpdates
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 FLOOR = 1e-8  # the authors' floor on a component's label mass before it is normalized
 
@@ -73,7 +76,7 @@ class FedRC(FedEM):
                  average: Literal["all_clients", "sampled"] = "sampled") -> None:
         super().__init__(num_components, participation, average)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         m, c = self.num_components, server.data.num_classes
         start = torch.full((m, c), 1.0 / c, dtype=torch.float64, device=server.device)

@@ -30,10 +30,15 @@ Deviations:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, Newcomers, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class FedRep(Algorithm):
@@ -58,7 +63,7 @@ class FedRep(Algorithm):
             raise ValueError(f"head_epochs and body_epochs must be >= 1, got {head_epochs} and {body_epochs}")
         self.head_layers, self.head_epochs, self.body_epochs = head_layers, head_epochs, body_epochs
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.head = server.model.head_mask(self.head_layers, "algorithm.init_args.head_layers")
         self.set_personal_mask(self.head)
@@ -77,6 +82,7 @@ class FedRep(Algorithm):
         the head trained `head_epochs` on the newcomer's training split with the body frozen, which ends exactly
         at the global body. (count, d) models, one a newcomer."""
         models, groups, _ = super().newcomer_models(newcomers)
+        assert isinstance(models, Tensor)  # the base class's: one matrix of models
         fitted = newcomers.train_many(list(range(newcomers.count)), models[groups], self.head_epochs, purpose="head",
                                       trainable=self.head)
         return fitted, torch.arange(newcomers.count, device=fitted.device), None

@@ -31,11 +31,16 @@ i.e. the generic model's predictions (the paper's G-FL model for clients without
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.plugin import Algorithm, ModelParts, Newcomers, RoundUpdates, Trained, head_inputs
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 PERSONAL_HEAD = "fedrod_personal_head"
 
@@ -62,15 +67,16 @@ class FedRoD(Algorithm):
     def extend_model(self, parts: ModelParts) -> None:
         personal = nn.Linear(parts.feature_size("FedRoD"), parts.num_classes)
         parts.add(PERSONAL_HEAD, personal)
+        parts.head.register_forward_hook(self._add_personal_logits)  # (refuses a network without a head)
+        assert parts.head_name is not None
         self.head_layer = parts.head_name
-        parts.head.register_forward_hook(self._add_personal_logits)
 
     def _add_personal_logits(self, head: nn.Module, args: tuple[Tensor, ...], generic: Tensor) -> Tensor:
         if self._generic_only:
             return generic
         return generic + self.server.model.module.get_submodule(PERSONAL_HEAD)(args[0].detach())
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         head = server.model.layer_mask([self.head_layer])
         self.personal_head = server.model.layer_mask([PERSONAL_HEAD])
@@ -83,7 +89,7 @@ class FedRoD(Algorithm):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The round's clients on balanced softmax + personal cross-entropy, each with its own log class counts."""
         split = self.server.clients.split("train")
-        classes = self.server.model.module.get_submodule(PERSONAL_HEAD).out_features
+        classes = cast(nn.Linear, self.server.model.module.get_submodule(PERSONAL_HEAD)).out_features
         log_counts = torch.stack([torch.bincount(split.client(c)[1], minlength=classes).float().log()
                                   for c in clients])
         return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
@@ -92,7 +98,7 @@ class FedRoD(Algorithm):
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], log_counts: Tensor) -> Tensor:
         x, y = batch
         features, _ = head_inputs(module, self.server.model.head, x)
-        head = self.server.model.head
+        head = cast(nn.Linear, self.server.model.head)  # `setup` checked that the head is one linear layer
         generic = F.linear(features, head.weight, head.bias)
         personal = module.get_submodule(PERSONAL_HEAD)(features.detach())
         return balanced_softmax_loss(generic, y, log_counts) + F.cross_entropy(generic.detach() + personal, y)

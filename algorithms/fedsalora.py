@@ -2,8 +2,13 @@
 section 4): the LoRA A matrices are shared and averaged, the B matrices stay personal."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedlight.algorithms.lora_base import factor_names, require_adapters
-from fedlight.plugin import Algorithm
+from fedlight.plugin import Algorithm, ModelParts
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class FedSALoRA(Algorithm):
@@ -25,11 +30,11 @@ class FedSALoRA(Algorithm):
         super().__init__(participation)
         self.personal_head = personal_head
 
-    def extend_model(self, parts) -> None:
+    def extend_model(self, parts: ModelParts) -> None:
         require_adapters(parts.module, "FedSA-LoRA")
         self.b_names = factor_names(parts.module, "lora_B")
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         mask = server.model.tensors_mask(self.b_names)
         if self.personal_head:

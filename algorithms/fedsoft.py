@@ -39,13 +39,16 @@ round's draws.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedlight.plugin import ROUTING, Algorithm, ClientModels, Newcomers, Plan, RoundUpdates, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 #: what a client sends beside its model under selection: which centers drew it in the round it trained
 DRAWN_BY = "drawn_by"
@@ -102,7 +105,7 @@ class FedSoft(Algorithm):
         self.num_clusters, self.reg_weight, self.count_smoother = num_clusters, reg_weight, count_smoother
         self.estimation_interval, self.selection_size, self.evaluate = estimation_interval, selection_size, evaluate
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.message.sends(DRAWN_BY, ROUTING)  # the centers whose draws sent the client out
         n, s = server.num_clients, self.num_clusters

@@ -25,7 +25,7 @@ full w_i; the paper does not discuss it): a privacy cost of the method.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -35,6 +35,9 @@ from fedlight.plugin import Algorithm, Plan, RoundUpdates, half_step
 from fedlight.cluster.clusterers import DBSCAN
 from fedlight.cluster.hopkins import default_sample_size, hopkins
 from fedlight.cluster.similarity import js_divergence_matrix, l2_distance_matrix
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class FedTSDP(Algorithm):
@@ -104,7 +107,7 @@ class FedTSDP(Algorithm):
         self.public_weights = torch.empty(0, dtype=torch.float64)
 
     # -- set-up ------------------------------------------------------------------------------------
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         public = server.data.public_x
         if public is None or len(public) == 0:
@@ -137,28 +140,31 @@ class FedTSDP(Algorithm):
         whether the clustering ran, the cluster counts after stages 1 and 2 (on events; the engine logs the current
         count as cluster/count), the learning-rate scale, JS and weight-distance statistics, and the batch's share
         of the sampling weights."""
-        updates = updates.all()
+        held = updates.all()
         self.log("fedtsdp/lr_scale", self.learning_rate_scale(round))
-        m = len(updates)
+        m = len(held)
         if m < 2:
             return
         batch = self.draw_public_batch(round)
-        x = self.server.data.public_x[batch.to(self.server.data.public_x.device)]
-        probs = torch.stack([self.server.model.predict(p, x).softmax(dim=-1) for p in updates.params])  # (m, B, C)
+        public = self.server.data.public_x
+        assert public is not None  # `setup` refuses a run without public data
+        x = public[batch.to(public.device)]
+        probs = torch.stack([self.server.model.predict(p, x).softmax(dim=-1) for p in held.params])  # (m, B, C)
         sample = default_sample_size(m) if self.hopkins_sample is None else min(self.hopkins_sample, m)
         seed = int(self.server.random.rng(round, "fedtsdp-hopkins").integers(2**62))
         H = hopkins(probs.reshape(m, -1), sample, generator=seed)
         js = js_divergence_matrix(probs)
-        dist = l2_distance_matrix(updates.params[:, self.stage2_mask()])
+        dist = l2_distance_matrix(held.params[:, self.stage2_mask()])
         off = ~torch.eye(m, dtype=torch.bool, device=js.device)
-        statistics = {"hopkins": H, "clustered": 0.0, "js_min": js[off].min(), "js_mean": js[off].mean(),
-                      "js_max": js[off].max(), "weight_distance_min": dist[off].min(),
-                      "weight_distance_median": dist[off].median(), "weight_distance_max": dist[off].max()}
+        statistics: dict[str, float | Tensor] = {
+            "hopkins": H, "clustered": 0.0, "js_min": js[off].min(), "js_mean": js[off].mean(),
+            "js_max": js[off].max(), "weight_distance_min": dist[off].min(),
+            "weight_distance_median": dist[off].median(), "weight_distance_max": dist[off].max()}
         for name, value in statistics.items():
             self.log(f"fedtsdp/{name}", value)
         if H > self.hopkins_threshold:
             labels, stage1 = self.two_stage_labels(js, dist)
-            self.reassign(updates.clients, labels)
+            self.reassign(held.clients, labels)
             self.update_public_weights(batch)
             self.events += 1
             self.last_event_round = round
@@ -209,13 +215,13 @@ class FedTSDP(Algorithm):
             stage1 = DBSCAN(self.eps_inference, self.min_points, noise=self.noise).fit_predict(js)
         if self.stages == "inference":
             return stage1, stage1
-        dist = dist.detach().double().cpu().numpy()
+        distances = dist.detach().double().cpu().numpy()
         labels = np.empty(m, dtype=np.int64)
         start = 0
         for group in range(stage1.max() + 1):
             members = np.flatnonzero(stage1 == group)
             sub = DBSCAN(self.eps_weights, self.min_points, noise=self.noise).fit_predict(
-                dist[np.ix_(members, members)])
+                distances[np.ix_(members, members)])
             labels[members] = start + sub
             start += sub.max() + 1
         return labels, stage1

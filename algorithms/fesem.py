@@ -29,14 +29,17 @@ the model FedAvg would hold) on its data, and joins the center nearest to its lo
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
-from fedlight.plugin import Algorithm, Newcomers, Plan, RoundUpdates
+from fedlight.plugin import Algorithm, GroupModels, Newcomers, Plan, RoundUpdates
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class FeSEM(Algorithm):
@@ -61,7 +64,7 @@ class FeSEM(Algorithm):
         self.num_clusters, self.seed_round, self.weighted = num_clusters, seed_round, weighted
         self.seeded = False
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.cohort.needs_every_client(type(self).__name__, f"in its seeding round (seed_round {self.seed_round})")
         if self.num_clusters > server.num_clients:
@@ -103,7 +106,7 @@ class FeSEM(Algorithm):
         sizes.index_add_(0, self.assignment, self.server.clients.train_sizes.to(torch.float64))
         return (sizes @ self.models.double() / sizes.sum()).to(self.models.dtype)
 
-    def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor | None]:
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[GroupModels, Tensor, Tensor | None]:
         """Before the centers exist: the one model. After: each newcomer's local model, trained from the centers'
         mean, joins the nearest center."""
         if not self.seeded:

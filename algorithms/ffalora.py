@@ -3,7 +3,7 @@ LoRA's A frozen at its random initialization, only B trained and averaged."""
 from __future__ import annotations
 
 from fedlight.algorithms.lora_base import factor_names, require_adapters
-from fedlight.plugin import Algorithm
+from fedlight.plugin import Algorithm, ModelParts
 
 
 class FFALoRA(Algorithm):
@@ -20,7 +20,7 @@ class FFALoRA(Algorithm):
         participation: share of clients selected each round.
     """
 
-    def extend_model(self, parts) -> None:
+    def extend_model(self, parts: ModelParts) -> None:
         """Freeze every A before the federated parameters are laid out: they leave the flat vector."""
         require_adapters(parts.module, "FFA-LoRA")
         frozen = set(factor_names(parts.module, "lora_A"))

@@ -23,7 +23,7 @@ distance to the cluster's mean update, or the average / largest / smallest dista
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -32,8 +32,11 @@ from sklearn.metrics import pairwise_distances
 from torch import Tensor
 
 from fedlight.cluster.clusterers import linkage_to_clusters, relabel
-from fedlight.plugin import Algorithm, Newcomers, Plan, RoundUpdates
+from fedlight.plugin import Algorithm, GroupModels, Newcomers, Plan, RoundUpdates
 from fedlight.cluster.similarity import l2_distance_matrix
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 Linkage = Literal["ward", "average", "complete", "single"]
 Metric = Literal["euclidean", "manhattan", "cosine"]
@@ -85,7 +88,7 @@ class FLHC(Algorithm):
         self.cluster_updates = torch.empty(0)  # the clustered updates (rows of `members`)
         self.members = torch.empty(0, dtype=torch.long)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.cohort.needs_every_client(type(self).__name__,
                                          f"in its clustering round (cluster_round {self.cluster_round})")
@@ -122,7 +125,7 @@ class FLHC(Algorithm):
         self.assignment[held.clients] = labels
         self.clustered = True
 
-    def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor | None]:
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[GroupModels, Tensor, Tensor | None]:
         """Before the clustering: the global model. After: each newcomer's update from the clustering round's global
         model joins the cluster at the smallest linkage distance."""
         if not self.clustered:

@@ -16,16 +16,19 @@ one-hot prediction matrices, i.e. the agreement rate; `soft` uses softmax output
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, ClientModels, ClientState, Newcomers, Plan, RoundUpdates
+from fedlight.plugin import Algorithm, ClientModels, ClientState, GroupModels, Newcomers, Plan, RoundUpdates
 from fedlight.cluster.clusterers import Agglomerative
 from fedlight.cluster.similarity import agreement_similarity
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 def distinct_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -53,7 +56,7 @@ class InferenceSimilarity(Algorithm):
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         self.beta, self.soft = beta, soft
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         if server.data.public_x is None:
             raise ValueError(f"{type(self).__name__} needs server public data: set data.init_args.public_size "
                              "(the paper uses 2500 samples)")
@@ -62,7 +65,9 @@ class InferenceSimilarity(Algorithm):
     def inferences(self, params: Tensor) -> Tensor:
         """What m flat models infer on the public data: (m, samples) predicted classes, or (m, samples, classes)
         softmax outputs with `soft`."""
-        outputs = torch.stack([self.server.model.predict(p, self.server.data.public_x) for p in params])
+        public = self.server.data.public_x
+        assert public is not None  # `setup` refuses a run without public data
+        outputs = torch.stack([self.server.model.predict(p, public) for p in params])
         return outputs.softmax(dim=-1) if self.soft else outputs.argmax(dim=-1)
 
     def similarity(self, params: Tensor) -> Tensor:
@@ -102,7 +107,7 @@ class FlisDC(InferenceSimilarity):
         self.local_models: ClientState | None = None
         self.everyone_after = -1  # the round after whose aggregation every client picked its pool model
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         empty = np.flatnonzero(server.clients.split(self.selection_split).sizes() == 0)
         if len(empty):
@@ -139,14 +144,14 @@ class FlisDC(InferenceSimilarity):
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """The new pool: for each participant i, the size-weighted mean of the models of {j : A_ij >= beta}; the
         participants' inference similarity is logged."""
-        updates = updates.all()
-        similarity = self.similarity(updates.params)
+        held = updates.all()
+        similarity = self.similarity(held.params)
         self.log_matrix("inference_similarity", similarity)
-        member = (similarity >= self.beta).to(updates.params.dtype)
-        weights = member * updates.num_samples.to(updates.params.dtype)[None, :]
-        self.models = (weights / weights.sum(dim=1, keepdim=True)) @ updates.params
+        member = (similarity >= self.beta).to(held.params.dtype)
+        weights = member * held.num_samples.to(held.params.dtype)[None, :]
+        self.models = (weights / weights.sum(dim=1, keepdim=True)) @ held.params
         if self.local_models is not None:
-            self.local_models.write(updates.clients, updates.params)
+            self.local_models.write(held.clients, held.params)
 
     def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         """In an evaluated round, every client evaluated with a pool model picks it from the new pool (see the
@@ -205,7 +210,7 @@ class FlisHC(InferenceSimilarity):
         self.clustered = False
         self.phase_zero_inferences: Tensor | None = None  # every client's phase-0 inferences (to place newcomers)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.cohort.needs_every_client(type(self).__name__, "in its phase 0 (round 1)")
 
@@ -229,7 +234,7 @@ class FlisHC(InferenceSimilarity):
         self.models = self.server.model.initial_params.repeat(int(labels.max()) + 1, 1)
         self.clustered = True
 
-    def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor | None]:
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[GroupModels, Tensor, Tensor | None]:
         """A newcomer does its phase-0 work (training the initial model) and joins the cluster whose members' phase-0
         models agree most with its own on the public data, on average: the inference similarity the clusters were
         cut by, compared like for like (the phase-0 inferences are kept for it)."""

@@ -49,12 +49,16 @@ Deviations:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.plugin import Algorithm, ClientSplit, ModelParts, Trained, head_inputs
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 GCE = "gpfl_gce"
 COV = "gpfl_cov"
@@ -77,6 +81,8 @@ class ConditionalValve(nn.Module):
 class ConditionalInputs(nn.Module):
     """A client's two conditional inputs of the valve as one (2, width) buffer: row GENERIC is g, row PERSONALIZED
     is p_i. Buffers take no gradient, so they stay fixed while the client trains, as PFLlib's do."""
+
+    values: Tensor  # the buffer
 
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -106,7 +112,8 @@ def weight_decay(mu: float, tensors: list[Tensor]) -> Tensor:
     """mu / 2 * the tensors' squared norm, as a term whose gradient is SGD's weight decay (mu * theta) and whose
     value is 0 (the value is subtracted, detached): the loss a client reports is the authors', without the decay
     their optimizers add."""
-    decay = mu / 2 * sum(t.square().sum() for t in tensors)
+    squares = [t.square().sum() for t in tensors]
+    decay = mu / 2 * sum(squares[1:], squares[0])
     return decay - decay.detach()
 
 
@@ -143,16 +150,17 @@ class GPFL(Algorithm):
         parts.add(GCE, nn.Embedding(classes, width))
         parts.add(COV, ConditionalValve(width))
         parts.add(INPUTS, ConditionalInputs(width))
+        assert parts.head_name is not None  # `feature_size` read the head
         self.head_layer, self.classes, self.width = parts.head_name, classes, width
         parts.head.register_forward_pre_hook(self._personalized_route)
 
     def _personalized_route(self, head: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor]:
         """The head's input f replaced by CoV(f, p_i): every prediction is the personalized model's."""
         model = self.server.model.module
-        condition = model.get_submodule(INPUTS).values[PERSONALIZED]
+        condition = cast(ConditionalInputs, model.get_submodule(INPUTS)).values[PERSONALIZED]
         return (model.get_submodule(COV)(args[0], condition),)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.embeddings = server.model.layer_mask([GCE])
         self.inputs = server.model.layer_mask([INPUTS])
@@ -171,8 +179,8 @@ class GPFL(Algorithm):
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], received: Tensor) -> Tensor:
         x, y = batch
         features, personalized = head_inputs(module, self.server.model.head, x)  # the head ran on CoV(f, p_i)
-        gce, cov = module.get_submodule(GCE), module.get_submodule(COV)
-        global_route = cov(features, module.get_submodule(INPUTS).values[GENERIC])
+        gce, cov = cast(nn.Embedding, module.get_submodule(GCE)), module.get_submodule(COV)
+        global_route = cov(features, cast(ConditionalInputs, module.get_submodule(INPUTS)).values[GENERIC])
         return (F.cross_entropy(personalized, y) + angle_level_loss(global_route, gce.weight, y)
                 + self.lam * magnitude_level_loss(global_route, received.view_as(gce.weight), y)
                 + weight_decay(self.mu, [*gce.parameters(), *cov.parameters()]))

@@ -65,7 +65,7 @@ Deviations (choices of fedlight, each the same as the code when every client tra
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -74,6 +74,9 @@ from torch import Tensor
 
 from fedlight.cluster.similarity import cosine_similarity_matrix
 from fedlight.plugin import Algorithm, Plan, RoundUpdates, nearest_direction
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 POOL = 0  # the row of `models` holding S0's model; the clusters are rows 1..
 
@@ -134,7 +137,7 @@ class ICFL(Algorithm):
         self.epsilon_1, self.alpha_0, self.min_cluster_size = epsilon_1, alpha_0, min_cluster_size
         self.split_rounds: list[int] = []
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.entries = server.model.parameter_mask()  # updates are compared on the parameters, as the code's
 

@@ -2,7 +2,7 @@
 Algorithm 1): k cluster models; each client of a round trains the one with the lowest loss on its data."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -10,6 +10,9 @@ import torch
 from fedlight.plugin import Algorithm, Plan, RoundUpdates
 from fedlight.cluster.differences import Differences
 from fedlight.cluster.similarity import cosine_distance_matrix
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class IFCA(Algorithm):
@@ -49,7 +52,7 @@ class IFCA(Algorithm):
         self.seeded = False  # whether the k cluster models exist (after the warm-up)
         self.everyone_after = -1  # the round after whose aggregation every client estimated its cluster
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.cohort.declare_every_client_work("every client picks its cluster by loss in each evaluated round "
                                                 "(federation.eval_every)")

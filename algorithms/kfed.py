@@ -10,13 +10,17 @@ original paper's single step). Every client is evaluated with the same k global 
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
 from fedlight.algorithms.centroid_base import CentroidAlgorithm
+from fedlight.plugin import RoundUpdates
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class KFED(CentroidAlgorithm):
@@ -42,7 +46,7 @@ class KFED(CentroidAlgorithm):
             raise ValueError(f"start_client must be 'first' or 'random', got {start_client!r}")
         self.local_k, self.server_steps, self.start_client = local_k, server_steps, start_client
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         if self.ell != 2 or self.medoids:
             raise ValueError(f"{type(self).__name__} is a k-means method: use a CentroidModel with ell: 2 and "
@@ -50,7 +54,8 @@ class KFED(CentroidAlgorithm):
         if self.local_k is not None and self.local_k > self.k:
             raise ValueError(f"local_k={self.local_k} exceeds the model's {self.k} centers")
 
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
+    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor
+                  ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         fit = kcenters.awasthi_sheffet(x, self.local_k or self.k,
                                        self.generator(self.server.random.client_seed(round, client)),
                                        self.max_iter, self.tol)
@@ -61,9 +66,9 @@ class KFED(CentroidAlgorithm):
                  else int(self.server.random.rng(round, "start").integers(len(uploads))))
         return uploads[first]
 
-    def aggregate(self, round: int, updates) -> None:
-        updates = updates.all()
-        uploads = self.uploads(updates)
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
+        held = updates.all()
+        uploads = self.uploads(held)
         pooled = torch.cat(uploads)
         start = kcenters.farthest_first(pooled, self.start_centers(round, uploads), self.k)
         fit = kcenters.lloyd(pooled, start, max_iter=self.server_steps or self.max_iter, tol=self.tol)

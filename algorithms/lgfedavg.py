@@ -2,7 +2,12 @@
 representation); only the last layers are global and averaged."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedlight.plugin import Algorithm
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class LGFedAvg(Algorithm):
@@ -28,7 +33,7 @@ class LGFedAvg(Algorithm):
             raise ValueError(f"global_layers must be >= 0, got {global_layers}")
         self.global_layers = global_layers
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         total = len(server.model.layers())
         if self.global_layers > total:

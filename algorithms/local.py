@@ -1,9 +1,14 @@
 """Local training: every client trains its own model on its own data; nothing is ever averaged."""
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, ClientModels, Newcomers, Plan, RoundUpdates, best_fitting
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class Local(Algorithm):
@@ -13,7 +18,7 @@ class Local(Algorithm):
 
     plan = Plan(holds_updates=True)  # keeps every client's trained model
 
-    def setup(self, server) -> None:
+    def setup(self, server: "ServerContext") -> None:
         super().setup(server)
         self.local_models = server.state.declare("local_models", initial=server.model.initial_params)
 
@@ -21,8 +26,8 @@ class Local(Algorithm):
         return self.local_models[client]
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
-        updates = updates.all()
-        self.local_models.write(updates.clients, updates.params)
+        held = updates.all()
+        self.local_models.write(held.clients, held.params)
 
     def evaluation_models(self) -> tuple[ClientModels, Tensor]:
         n = self.server.num_clients

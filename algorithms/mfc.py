@@ -14,14 +14,17 @@ n each): the new C_g. Every client is evaluated with C_g. k-means only (l = 2).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
 from fedlight.algorithms.centroid_base import CentroidAlgorithm
-from fedlight.plugin import PER_CLIENT
+from fedlight.plugin import PER_CLIENT, RoundUpdates
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class MFC(CentroidAlgorithm):
@@ -42,16 +45,17 @@ class MFC(CentroidAlgorithm):
             raise ValueError(f"score must be 'repo' or 'cost_drop', got {score!r}")
         self.score = score
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         if self.ell != 2 or self.medoids:
             raise ValueError("MFC is a k-means method: use a CentroidModel with ell: 2 and medoids: false")
         self.shared = server.state.declare("shared",
-                                           initial=torch.zeros(server.model.module.dim + 1))  # last (mean, size)
+                                           initial=torch.zeros(self.centroid_module.dim + 1))  # last (mean, size)
         server.message.sends("shared", PER_CLIENT)  # kept per client, and read by the server client by client
 
     # -- clients -------------------------------------------------------------------------------------
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor) -> tuple[Tensor, ...]:
+    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor
+                  ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         if round == 1:
             fit = kcenters.awasthi_sheffet(x, self.k, self.generator(self.server.random.client_seed(round, client)),
                                          self.max_iter, self.tol)
@@ -73,15 +77,15 @@ class MFC(CentroidAlgorithm):
         return recentered.reshape(-1), score[best].detach(), {"shared": shared}
 
     # -- server --------------------------------------------------------------------------------------
-    def aggregate(self, round: int, updates) -> None:
-        updates = updates.all()
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
+        held = updates.all()
         if round == 1:
-            pooled = torch.cat(self.uploads(updates))
+            pooled = torch.cat(self.uploads(held))
             start = kcenters.farthest_first(pooled, pooled[:1], self.k)
             fit = kcenters.lloyd(pooled, start, max_iter=self.max_iter, tol=self.tol)
         else:
             current = self.centers(self.models[0])
-            shared = updates.state["shared"]  # stored by the engine after the round
+            shared = held.state["shared"]  # stored by the engine after the round
             means, sizes = shared[:, :-1], shared[:, -1]
             points = torch.cat([means, current])
             weights = torch.cat([sizes, sizes.max().expand(len(current))])

@@ -31,12 +31,16 @@ its gradient zero: MOON's first round is FedAvg's.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.plugin import Algorithm, Trained, features_with, head_inputs
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 PREVIOUS = "moon_previous"
 
@@ -66,7 +70,7 @@ class MOON(Algorithm):
             raise ValueError(f"MOON's temperature must be > 0, got {temperature}")
         self.mu, self.temperature = mu, temperature
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.head = server.model.head  # a model without a layer is refused here, in one line, not in round 1
         self.previous = server.state.declare(PREVIOUS, initial=server.model.initial_params.clone())

@@ -10,15 +10,19 @@ and from then on each cluster averages its members' deltas (unweighted) with a s
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, Newcomers, Plan, RoundUpdates, Updates, nearest_update_direction
+from fedlight.plugin import Algorithm, GroupModels, Newcomers, Plan, RoundUpdates, Updates, nearest_update_direction
 from fedlight.cluster.clusterers import HDBSCAN, Clusterer
 from fedlight.cluster.differences import Differences
 from fedlight.cluster.similarity import cosine_distance_matrix
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 def temperature(gamma: Tensor, p: float = 2.0) -> float:
@@ -62,7 +66,7 @@ class OCFL(Algorithm):
         self.clustered_round = 0
         self.unassigned = torch.empty(0, dtype=torch.bool)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.mask = None if self.include_buffers else server.model.parameter_mask()
         self.unassigned = torch.zeros(server.num_clients, dtype=torch.bool, device=server.device)
@@ -79,16 +83,16 @@ class OCFL(Algorithm):
         """Until the shot: the update cosine distances (logged), their temperature, and the shot when it fires;
         after it: clients seen for the first time join a cluster. The updates are read a block at a time
         (`delta_rows`), never held besides the trained models."""
-        updates = updates.all()
-        deltas = updates.delta_rows(self.mask)
+        held = updates.all()
+        deltas = held.delta_rows(self.mask)
         if self.clustered_round:
-            self._place_newcomers(updates, deltas)
+            self._place_newcomers(held, deltas)
             return
         gamma = cosine_distance_matrix(deltas)
         self.log_matrix("update_cosine_distance", gamma)
         self.temperatures.append(temperature(gamma, self.p))
-        if self.triggered() and round >= self.min_rounds and len(updates) > 1:
-            self._split(round, updates, gamma)
+        if self.triggered() and round >= self.min_rounds and len(held) > 1:
+            self._split(round, held, gamma)
 
     def _split(self, round: int, updates: Updates, gamma: Tensor) -> None:
         labels = torch.as_tensor(self.clusterer.fit_predict(gamma.cpu().numpy(), kind="distance"),
@@ -118,12 +122,12 @@ class OCFL(Algorithm):
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each cluster moves by server_lr times its members' mean delta (unweighted by default), the deltas built
         a chunk of rows at a time."""
-        updates = updates.all()
-        weights = updates.num_samples if self.weighted else torch.ones_like(updates.num_samples)
-        active, mean_delta = self.cluster_means(updates, weights.to(self.models.dtype), updates.delta_rows())
+        held = updates.all()
+        weights = held.num_samples if self.weighted else torch.ones_like(held.num_samples)
+        active, mean_delta = self.cluster_means(held, weights.to(self.models.dtype), held.delta_rows())
         self.set_shared(active, self.models[active] + self.server_lr * mean_delta)
 
-    def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, Tensor]:
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[GroupModels, Tensor, Tensor | None]:
         """A newcomer joins the cluster its own update points to, by the cosine criterion OCFL clusters with:
         before the shot every one has the one model; after it, its update from the clients' mean model against
         each cluster's direction from there (`nearest_update_direction`, on the parameters the shot compared)."""

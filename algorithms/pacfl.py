@@ -31,7 +31,7 @@ from it: the mean (average), largest (complete) or smallest (single) principal a
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from torch import Tensor
 
 from fedlight.cluster.clusterers import Agglomerative, linkage_to_clusters
 from fedlight.plugin import Algorithm, ClientSplit, Newcomers
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 Linkage = Literal["average", "complete", "single"]
 
@@ -129,7 +132,7 @@ class PACFL(Algorithm):
         self.proximity = torch.empty(0)  # (n, n) smallest principal angles, degrees
         self.bases = torch.empty(0, 0, basis_size, dtype=torch.float64)  # (n, features, p) every client's basis
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         if self.num_clusters is not None and self.num_clusters > server.num_clients:
             raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "

@@ -43,14 +43,14 @@ Deviations from the paper, and why:
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from fedlight.plugin import Algorithm, ClientModels, Trained
+from fedlight.plugin import Algorithm, ClientModels, Newcomers, Trained
 
 #: (loss, flat gradient) of the local loss on one batch at a flat model
 LossAndGrad = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -143,7 +143,7 @@ class PerFedAvg(Algorithm):
         return self.adapted(self.client_model(client), self.server.clients.batches(ADAPT_ROUND, client, epochs=1,
                                                                                    purpose="adapt"))
 
-    def adapted(self, w: Tensor, batches) -> Tensor:
+    def adapted(self, w: Tensor, batches: Iterator[tuple[int, int, Any]]) -> Tensor:
         """w after one step of size alpha on the first of `batches` (w itself when there is none)."""
         first = next(batches, None)
         if first is None:
@@ -151,7 +151,7 @@ class PerFedAvg(Algorithm):
         _, grad = self.server.model.loss_and_grad(w, first[2])
         return w - self.alpha * grad
 
-    def newcomer_models(self, newcomers) -> tuple[ClientModels, Tensor, None]:
+    def newcomer_models(self, newcomers: Newcomers) -> tuple[ClientModels, Tensor, None]:
         """A newcomer adapts the global model as a training client does: one step on the first batch of its own
         "adapt" stream."""
         w = self.models[0]

@@ -25,13 +25,17 @@ centers) and `local/*` (every client with its own local centers), bracketing abl
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
 from fedlight.cluster import kcenters
 from fedlight.algorithms.centroid_base import CentroidAlgorithm
+from fedlight.plugin import RoundUpdates
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 def personalization_gradient(center: Tensor, x: Tensor, local: Tensor, ell: float, lam: float) -> Tensor:
@@ -114,7 +118,7 @@ class PFClus(CentroidAlgorithm):
         self.snap, self.chain_clients = snap, chain_clients
         self.global_centers = torch.empty(0)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.local_centers = server.state.declare("local_centers", initial=server.model.initial_params)
         self.global_centers = server.model.initial_params.clone()
@@ -122,17 +126,17 @@ class PFClus(CentroidAlgorithm):
     # phase 1, the clients' local (k, l)-clustering, is the inherited `local_fit`
 
     # -- phase 2: server -----------------------------------------------------------------------------
-    def aggregate(self, round: int, updates) -> None:
-        updates = updates.all()
-        self.local_centers.write(updates.clients, updates.params)
-        pooled = torch.cat(self.uploads(updates))
+    def aggregate(self, round: int, updates: RoundUpdates) -> None:
+        held = updates.all()
+        self.local_centers.write(held.clients, held.params)
+        pooled = torch.cat(self.uploads(held))
         fit = self.cluster(pooled, self.server_generator(round))
         self.global_centers = self.to_flat(fit.centers)
         self.models = self.global_centers.unsqueeze(0).clone()
         self.assignment = torch.zeros(self.server.num_clients, dtype=torch.long, device=self.server.device)
 
     # -- phase 3: clients personalize ----------------------------------------------------------------
-    def post_aggregation(self, round: int, updates) -> None:
+    def post_aggregation(self, round: int, updates: RoundUpdates) -> None:
         self.models = self.personalized(self.global_centers)
         self.assignment = torch.arange(self.server.num_clients, device=self.server.device)
 
@@ -142,7 +146,8 @@ class PFClus(CentroidAlgorithm):
         x = self.all_points(data.x)
         local = self.centers(self.local_centers.read(torch.arange(self.server.num_clients)))
         start = self.centers(global_centers)
-        kw = dict(ell=self.ell, lam=self.lam, epochs=self.epochs, eta0=self.eta0, eta_mode=self.eta_mode)
+        kw: dict[str, Any] = dict(ell=self.ell, lam=self.lam, epochs=self.epochs, eta0=self.eta0,
+                                  eta_mode=self.eta_mode)
         if self.chain_clients:
             rows = []
             for z in range(self.server.num_clients):

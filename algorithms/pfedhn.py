@@ -58,12 +58,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from fedlight.plugin import Algorithm, ClientModels, ClusterAverage, Newcomers, RoundUpdates
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class HyperNetwork(nn.Module):
@@ -171,7 +174,7 @@ class PFedHN(Algorithm):
         self.hn_momentum, self.hn_weight_decay, self.max_grad_norm = hn_momentum, hn_weight_decay, max_grad_norm
         self.newcomer_epochs = int(newcomer_epochs)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         size = int(self.embed_dim) if self.embed_dim is not None else int(1 + server.num_clients / 4)
         self.size = size
@@ -230,14 +233,14 @@ class PFedHN(Algorithm):
         average = ClusterAverage(1, int(buffers.sum()), self.models.dtype, self.models.device) if buffers.any() \
             else None
         device = self.models.device
-        clients, embedding_grads = [torch.zeros(0, dtype=torch.long, device=device)], [torch.zeros(0, self.size,
-                                                                                                 device=device)]
+        client_parts = [torch.zeros(0, dtype=torch.long, device=device)]
+        embedding_parts = [torch.zeros(0, self.size, device=device)]
         for group in updates.groups():
             deltas = (group.params[:, self.generated] - group.starts[:, self.generated]).float()
             grads, own = pseudo_gradients(self.hypernet, self.embeddings.read(group.clients), deltas)
             phi_grads = grads if not phi_grads else [total.add_(grad) for total, grad in zip(phi_grads, grads)]
-            clients.append(group.clients)
-            embedding_grads.append(own)
+            client_parts.append(group.clients)
+            embedding_parts.append(own)
             if average is not None:
                 average.add(torch.zeros_like(group.clients), group.num_samples.to(self.models.dtype),
                             group.params[:, buffers])
@@ -247,8 +250,8 @@ class PFedHN(Algorithm):
         updates.sum_over_processes_(*phi_grads)
         if average is not None:
             average.reduce(updates)
-        clients = updates.cat_over_processes(torch.cat(clients))
-        embedding_grads = updates.cat_over_processes(torch.cat(embedding_grads))
+        clients = updates.cat_over_processes(torch.cat(client_parts))
+        embedding_grads = updates.cat_over_processes(torch.cat(embedding_parts))
         if not len(clients):
             return  # every client left out: nothing to learn from
         norm, scale = clip_scale([*phi_grads, embedding_grads], self.max_grad_norm)

@@ -52,11 +52,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, ClientModels, RoundUpdates, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 #: (loss, flat gradient) of the local loss at a flat model
 LossAndGrad = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -106,7 +110,7 @@ class PFedMe(Algorithm):
         self.lam, self.K, self.personal_lr, self.beta = lam, int(K), personal_lr, beta
         self.train_every_client = bool(train_every_client)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.personal_models = server.state.declare("personal",
                                                     initial=server.model.initial_params)  # every client's theta

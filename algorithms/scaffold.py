@@ -36,12 +36,15 @@ Deviations and limits (none in the update rules themselves):
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from fedlight.plugin import SUMMED, Algorithm, Plan, RoundUpdates, Trained
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 
 class SCAFFOLD(Algorithm):
@@ -61,7 +64,7 @@ class SCAFFOLD(Algorithm):
         self.server_lr = server_lr
         self.control = torch.empty(0)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         d = server.model.num_params
         self.control = self.models.new_zeros(d)

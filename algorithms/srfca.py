@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -63,8 +63,11 @@ from torch import Tensor
 
 from fedlight.plugin import Algorithm, Plan, RoundUpdates, Trained, share_count
 
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
-def pivot_clusters(adjacency: np.ndarray, order: Sequence[int]) -> list[list[int]]:
+
+def pivot_clusters(adjacency: np.ndarray, order: Sequence[int] | np.ndarray) -> list[list[int]]:
     """Pivot correlation clustering of an undirected graph (a symmetric boolean matrix): the first node of `order`
     not yet clustered and its unclustered neighbours form a cluster, repeated until every node is in one."""
     left = np.ones(len(adjacency), dtype=bool)
@@ -151,7 +154,7 @@ class SRFCA(Algorithm):
         self.local_losses = torch.empty(0)  # L[i, j]: client i's local model's mean loss on client j's training data
         self.clustered = torch.empty(0, dtype=torch.bool)  # the clients in a kept cluster (the ones that train)
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.cohort.needs_every_client("SR-FCA", "in its one-shot round (round 1), whose local models it clusters")
         if self.size_threshold > server.num_clients:

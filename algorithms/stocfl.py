@@ -51,7 +51,7 @@ Memory: each cluster holds a model row and a representation row on the device, s
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -61,6 +61,9 @@ from torch import Tensor
 
 from fedlight.cluster.similarity import cosine_similarity_matrix
 from fedlight.plugin import MODEL, Algorithm, Newcomers, RoundUpdates, Trained, unit_rows
+
+if TYPE_CHECKING:
+    from fedlight.plugin import ServerContext
 
 GLOBAL = 0  # the row of `models` holding the global model omega; the clusters are rows 1..
 GLOBAL_COPY = "global_copy"  # what a client sends beside its cluster copy: its trained copy of omega
@@ -110,7 +113,7 @@ class StoCFL(Algorithm):
                              "a new client trains the anchor for, such as 20")
         self.tau, self.lam, self.observe_epochs = tau, lam, observe_epochs
 
-    def setup(self, server) -> None:
+    def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.message.sends(GLOBAL_COPY, MODEL,  # trained from omega, the global model
                              trained_from=lambda clients: self.models[GLOBAL].expand(len(clients), -1))
