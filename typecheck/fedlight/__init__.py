@@ -1,0 +1,1 @@
+../../fedlight/__init__.py
