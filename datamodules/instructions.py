@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -103,7 +104,8 @@ class InstructionFederated(FederatedDataModule):
             warnings.warn(f"{int((~kept).sum())} of {len(rows)} rows left out: max_length {self.max_length} cuts "
                           "their response off entirely; raise it to keep them", stacklevel=2)
         if self.group_column:
-            self.pool_owners = [str(row[self.group_column]) for row, keep in zip(rows, kept.tolist()) if keep]
+            owners = [str(row[self.group_column]) for row, keep in zip(rows, kept.tolist()) if keep]
+            self.pool_owners = np.asarray(owners)
         return ids[kept], labels[kept]
 
     def tokenize(self, rows: list[dict]) -> tuple[Tensor, Tensor, Tensor]:

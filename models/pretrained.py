@@ -93,7 +93,7 @@ def load_network(path: Path, library: str, num_classes: int, attention: str) -> 
                                 attn_implementation=attention)
 
 
-def checkpoint(network: nn.Module, library: str) -> None:
+def checkpoint(network: Any, library: str) -> None:
     """Turn on the network's own gradient checkpointing (non-reentrant: the frozen inputs need no gradient)."""
     if library == "timm":
         network.set_grad_checkpointing(True)
@@ -183,7 +183,9 @@ class PretrainedClassifier(L.LightningModule):
         # GPT-2's projections are transformers' Conv1D, whose weight is stored transposed (peft's fan_in_fan_out)
         transposed = any(type(m).__name__ == "Conv1D" for name, m in network.named_modules()
                          if name.rpartition(".")[2] in targets)
-        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+        # peft types lora_alpha as int, but scales by alpha / r in floating point: it computes with a float alpha
+        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,  # type: ignore[arg-type]
+                            target_modules=targets,
                             fan_in_fan_out=transposed)
         with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for a user to do
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
@@ -223,13 +225,14 @@ class PretrainedClassifier(L.LightningModule):
     def attention_mask(self, ids: Tensor) -> Tensor:
         """The 4-D mask (batch, 1, query, key) of token ids: keys that are not padding, and not later than the query
         for a causal model; boolean for SDPA, additive for eager attention."""
-        keep = (ids != self.pad_id)[..., None, None, :]
+        assert self.pad_id is not None  # text models have one (`_pad_id`)
+        keep = ids.ne(self.pad_id)[..., None, None, :]
         if self.causal:
             length = ids.shape[-1]
             keep = keep & torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
         if self.attention == "eager":
             dtype = torch.get_autocast_dtype(ids.device.type) if torch.is_autocast_enabled(ids.device.type) \
-                else self.head.weight.dtype
+                else next(self.head.parameters()).dtype
             return torch.zeros(keep.shape, dtype=dtype, device=ids.device).masked_fill(~keep, torch.finfo(dtype).min)
         return keep
 

@@ -15,7 +15,7 @@ outputs: they stop at their first read with a line that says so.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +62,7 @@ class PretrainedCausalLM(PretrainedClassifier):
         return AutoModelForCausalLM.from_pretrained(self.path, attn_implementation=self.attention)
 
     def _head_name(self, network: nn.Module, num_classes: int) -> str:
-        output = network.get_output_embeddings()
+        output = cast(Any, network).get_output_embeddings()  # a transformers model's method, untyped through nn.Module
         return next(name for name, module in network.named_modules() if module is output)
 
     def layer_names(self) -> list[str]:

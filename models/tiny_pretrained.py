@@ -17,6 +17,7 @@ import argparse
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -71,7 +72,7 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
         model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=image_size,
                                   patch_size=patch_size, in_chans=channels, embed_dim=hidden, depth=layers,
                                   num_heads=heads, num_classes=num_classes)
-        save_for_hf(model, out)
+        save_for_hf(model, str(out))
         return out
     from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification,
                               GPT2LMHeadModel)
@@ -79,11 +80,12 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
     from transformers.utils import logging
 
     logging.disable_progress_bar()
+    labels: dict[str, Any] = {"num_labels": num_classes}  # a config takes it through **kwargs, untyped
 
     if kind == "vit":
         config = ViTConfig(image_size=image_size, patch_size=patch_size, num_channels=channels, hidden_size=hidden,
                            num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=2 * hidden,
-                           num_labels=num_classes)
+                           **labels)
         ViTForImageClassification(config).save_pretrained(out)
         return out
     if corpus is None:
@@ -100,11 +102,11 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
     if kind == "bert":
         model = BertForSequenceClassification(BertConfig(
             vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-            intermediate_size=2 * hidden, max_position_embeddings=max_length, num_labels=num_classes, pad_token_id=0))
+            intermediate_size=2 * hidden, max_position_embeddings=max_length, pad_token_id=0, **labels))
     else:
         model = GPT2ForSequenceClassification(GPT2Config(
             vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_length,
-            num_labels=num_classes, pad_token_id=0, bos_token_id=2, eos_token_id=2))
+            pad_token_id=0, bos_token_id=2, eos_token_id=2, **labels))
     model.save_pretrained(out)
     return out
 

@@ -132,8 +132,9 @@ class ModelView:
             torch.manual_seed(seed)
             for sub in self.module.modules():
                 frozen = any(not p.requires_grad for p in sub.parameters())
-                if callable(getattr(sub, "reset_parameters", None)) and not frozen:
-                    sub.reset_parameters()
+                reset = getattr(sub, "reset_parameters", None)
+                if callable(reset) and not frozen:
+                    reset()
         fresh = self._flat.read()
         self._flat.load(saved)
         return fresh

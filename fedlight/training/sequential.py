@@ -90,12 +90,12 @@ def weighted_loss(module: torch.nn.Module, batch: Any, weights: Tensor) -> Tenso
 Objective = Callable[[torch.nn.Module, Any, Tensor], Tensor]
 
 
-def step_loss(module: torch.nn.Module, batch: Any, step: int, weights: Tensor | None = None,
+def step_loss(module: L.LightningModule, batch: Any, step: int, weights: Tensor | None = None,
               objective: Objective | None = None, inputs: Tensor | None = None) -> Tensor:
     """The loss a local step minimizes: the algorithm's `objective` when it gives one, else the weighted
     cross-entropy when samples are weighted, else the module's `training_step`."""
     if objective is not None:
-        return objective(module, batch, inputs)
+        return objective(module, batch, batch[0].new_zeros(0) if inputs is None else inputs)  # none: an empty row
     if weights is not None:
         return weighted_loss(module, batch, weights)
     return training_loss(module.training_step(batch, step))
@@ -131,10 +131,13 @@ class ClientTrainer:
         self.batch_size = batch_size
         self.local_epochs = local_epochs
         self.stand_in = stand_in
-        module.trainer = stand_in  # as Trainer.fit attaches itself, for configure_optimizers and training_step
+        # as Trainer.fit attaches itself, for configure_optimizers and training_step (a stand-in, not a Trainer)
+        module.trainer = stand_in  # type: ignore[assignment]
         raw, schedulers = parse_optimizers(module.configure_optimizers())
         self.learning_rates = LearningRates(raw, schedulers)
-        self.optimizer = fabric.setup_optimizers(raw)
+        optimizer = fabric.setup_optimizers(raw)
+        assert not isinstance(optimizer, tuple)  # one optimizer in, one out
+        self.optimizer = optimizer
         self.raw_optimizer = raw
         self.initial_groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in raw.param_groups]
         self.scaler = getattr(fabric.strategy.precision, "scaler", None)

@@ -55,7 +55,7 @@ class LogSums:
         self.sums: dict[str, Tensor] = {}
         self.weights: dict[str, Tensor] = {}
 
-    def add(self, values: dict[str, Tensor], rows: Tensor | slice, batch_size: int) -> None:
+    def add(self, values: dict[str, Tensor], rows: Tensor | slice | int, batch_size: int) -> None:
         """Add each name's value (one per row in `rows`) with weight `batch_size`."""
         for name, value in values.items():
             if name not in self.sums:
