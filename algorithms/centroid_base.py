@@ -34,11 +34,18 @@ class CentroidModule(Protocol):
     ell: float
     medoids: bool
 
-    def centers_of(self, flat: Tensor) -> Tensor: ...
+    def centers_of(self, flat: Tensor) -> Tensor:
+        """(..., k, h) the centers of flat model vectors (..., k*h)."""
+        ...
 
-    def points(self, x: Tensor) -> Tensor: ...
+    def points(self, x: Tensor) -> Tensor:
+        """Inputs as (n, h) points in the centers' dtype."""
+        ...
 
-    def client_metrics(self, outputs: Tensor, y: Tensor, client: Tensor, num_clients: int) -> dict[str, Tensor]: ...
+    def client_metrics(self, outputs: Tensor, y: Tensor, client: Tensor, num_clients: int) -> dict[str, Tensor]:
+        """Each client's `cost`, `cost_p1` and `ari` from the points' distances to the centers (`outputs`), their labels
+        `y` and owners `client`."""
+        ...
 
 
 class CentroidAlgorithm(Algorithm):
@@ -116,9 +123,12 @@ class CentroidAlgorithm(Algorithm):
         return self.centroid_module.points(self.server.data.inputs(x))
 
     def generator(self, seed: int) -> torch.Generator:
+        """The CPU generator of `seed` the clusterings draw from (`kcenters.generator_for`), so a run clusters alike on
+        a CPU and a GPU."""
         return kcenters.generator_for(seed)
 
     def server_generator(self, round: int, purpose: str = "server") -> torch.Generator:
+        """A generator for the server's clustering in round `round`, seeded from the run's (round, `purpose`) stream."""
         return self.generator(int(self.server.random.rng(round, purpose).integers(2 ** 62)))
 
     def cluster(self, x: Tensor, generator: torch.Generator, weights: Tensor | None = None,
@@ -132,6 +142,7 @@ class CentroidAlgorithm(Algorithm):
         return kcenters.pad_centers(centers, self.k).reshape(-1).to(self.models.dtype)
 
     def centers(self, flat: Tensor) -> Tensor:
+        """(..., k, h) the centers of flat models (..., k*h)."""
         return self.centroid_module.centers_of(flat)
 
     def uploads(self, updates: Updates) -> list[Tensor]:

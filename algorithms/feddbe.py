@@ -67,6 +67,7 @@ class RepresentationBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(size))
 
     def shift(self, head: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """The head's arguments with the bias added to the first, the features (the forward pre-hook)."""
         return (args[0] + self.bias, *args[1:])
 
 

@@ -269,6 +269,7 @@ class FedEM(Algorithm):
         return mixture
 
     def mixture_predictor(self, log_weights: Tensor) -> MixturePredictor:
+        """A client's evaluation model: the components mixed with weights exp(`log_weights`)."""
         return MixturePredictor(self.server.model.predict, self.models, log_weights)
 
     def evaluation_models(self) -> tuple[GroupModels, Tensor]:

@@ -224,6 +224,8 @@ class FedGMM(FedEM):
         return (self.flat_inputs(x) - self.center) @ self.basis
 
     def regularized_covariances(self) -> Tensor:
+        """(M1, d, d) the Gaussians' covariances with `covariance_regularization` added to the diagonal, which keeps
+        them invertible."""
         eye = torch.eye(self.embedding_dim, dtype=self.covariances.dtype, device=self.covariances.device)
         return self.covariances + self.covariance_regularization * eye
 
@@ -289,6 +291,8 @@ class FedGMM(FedEM):
         return torch.cat([torch.ones_like(self.means[:, :1]), self.means, outer.flatten(1)], dim=1)
 
     def mixture_predictor(self, log_weights: Tensor) -> GaussianMixturePredictor:
+        """A client's evaluation model: the conditional models weighted by p(k | x), from exp(`log_weights`) and the
+        Gaussians of the embedded inputs."""
         return GaussianMixturePredictor(self.server.model.predict, self.models, log_weights, self.embed, self.means,
                                         self.regularized_covariances())
 

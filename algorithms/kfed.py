@@ -62,6 +62,8 @@ class KFED(CentroidAlgorithm):
         return self.fitted(fit, x)
 
     def start_centers(self, round: int, uploads: list[Tensor]) -> Tensor:
+        """The uploaded centers that start the server's farthest-first: the first client's, or a random client's drawn
+        from the (round, "start") stream (`start_client`)."""
         first = (0 if self.start_client == "first"
                  else int(self.server.random.rng(round, "start").integers(len(uploads))))
         return uploads[first]

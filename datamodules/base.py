@@ -77,6 +77,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     @property
     def num_classes(self) -> int:
+        """How many classes the labels take (0..num_classes-1); each data set gives its own."""
         raise NotImplementedError
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
@@ -94,6 +95,10 @@ class FederatedDataModule(L.LightningDataModule):
             self.federated = data
 
     def build(self) -> FederatedData:
+        """The clients from the pool, seeded by `split_seed` (else the run's seed): the public samples set aside
+        (training samples only), the rest cut into `num_clients` clients by `partition` (each client then changed by
+        its `transform_client`), and each client's rows split into train, val and test (by the official splits when
+        the pool has them, else by `val_fraction` and `test_fraction`)."""
         seed = self.seed if self.split_seed is None else self.split_seed
         rng = np.random.default_rng(seed)
         x, y = self.load_pool()

@@ -12,6 +12,7 @@ class DigitsFederated(FederatedDataModule):
 
     @property
     def num_classes(self) -> int:
+        """10: the digits 0-9."""
         return 10
 
     def load_pool(self) -> tuple[Tensor, Tensor]:

@@ -85,6 +85,7 @@ class FEMNISTFederated(FederatedDataModule):
 
     @property
     def num_classes(self) -> int:
+        """62: digits, upper- and lower-case letters."""
         return 62
 
     # -- reading LEAF's files ----------------------------------------------------------------------

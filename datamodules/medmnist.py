@@ -95,18 +95,22 @@ class MedMNISTFederated(FederatedDataModule):
     # -- the file ----------------------------------------------------------------------------------
     @property
     def suffix(self) -> str:
+        """The file name's size suffix: none for 28x28, else "_<size>" ("_64", ...)."""
         return "" if self.size == 28 else f"_{self.size}"
 
     @property
     def path(self) -> Path:
+        """Where the set's file is, or goes: `<root>/<flag><suffix>.npz`."""
         return self.root / f"{self.flag}{self.suffix}.npz"
 
     @property
     def url(self) -> str:
+        """Where MedMNIST serves the file of this flag and size."""
         return self.info[f"url{self.suffix}"]
 
     @property
     def md5(self) -> str:
+        """The MD5 MedMNIST lists for the file of this flag and size."""
         return self.info[f"MD5{self.suffix}"]
 
     def _place(self) -> str:
@@ -116,6 +120,7 @@ class MedMNISTFederated(FederatedDataModule):
 
     @property
     def num_classes(self) -> int:
+        """How many classes the flag's task has (its label names)."""
         return len(self.class_names)
 
     # -- loading -----------------------------------------------------------------------------------

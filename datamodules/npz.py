@@ -34,6 +34,7 @@ class NpzFederated(FederatedDataModule):
 
     @property
     def num_classes(self) -> int:
+        """The largest label in the file plus 1 (the file is read the first time it is asked)."""
         if self._num_classes is None:
             self.load_pool()
         assert self._num_classes is not None  # set by `load_pool`

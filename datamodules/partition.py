@@ -405,6 +405,8 @@ class LabelPermutations(ClusterScheme):
             self.permutations = self.make_permutations(num_classes)
 
     def make_permutations(self, num_classes: int) -> np.ndarray:
+        """(num_clusters, num_classes) distinct permutations of the classes from `seed`, row 0 the identity; refused
+        when there are too few classes for `num_clusters` of them."""
         if num_classes < 2 and self.num_clusters > 1:
             raise ValueError("label permutations need at least 2 classes")
         if self.num_clusters > math.factorial(min(num_classes, 20)):

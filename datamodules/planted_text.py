@@ -48,6 +48,7 @@ def write_planted(out: Path, **settings) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -m fedlight.datamodules.planted_text`: write `--samples` rows of planted text to `--out`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--samples", type=int, default=2000)

@@ -80,6 +80,7 @@ class SyntheticGaussians(FederatedDataModule):
 
     @property
     def num_classes(self) -> int:
+        """The number of Gaussians: a point's label is its Gaussian's id."""
         return self.num_gaussians
 
     def generate(self, rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -107,6 +108,8 @@ class SyntheticGaussians(FederatedDataModule):
                 torch.tensor(np.concatenate([c[1] for c in clients]), dtype=torch.long))
 
     def build(self) -> FederatedData:
+        """The clients as `generate` draws them, each client's points split into train, val and test by `val_fraction`
+        and `test_fraction` (all train by default), with no true clusters."""
         rng = np.random.default_rng(self.seed if self.split_seed is None else self.split_seed)
         pieces: dict[str, list[tuple[Tensor, Tensor]]] = {"train": [], "val": [], "test": []}
         for x, y in self.generate(rng):

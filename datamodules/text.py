@@ -125,6 +125,8 @@ class TextFederated(FederatedDataModule):
 
     @property
     def num_classes(self) -> int:
+        """How many classes the label column has (`label_codes`' class names; the file is read the first time it is
+        asked)."""
         if not self.label_names:
             self.load_pool()
         return len(self.label_names)

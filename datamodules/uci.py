@@ -61,10 +61,12 @@ class UCITableFederated(FederatedDataModule, metaclass=ABCMeta):
 
     @property
     def path(self) -> Path:
+        """The table's CSV file: `<root>/<FILE>`."""
         return self.root / self.FILE
 
     @property
     def num_classes(self) -> int:
+        """`num_clusters` with the k-means labels, else the number of the table's target values."""
         return self.num_clusters if self.labels == "kmeans" else len(self.TARGETS)
 
     def _place(self) -> str:

@@ -150,6 +150,7 @@ class MNISTFederated(_IdxFiles, TorchvisionFederated):
 
     @property
     def num_classes(self) -> int:
+        """10: the digits 0-9."""
         return 10
 
     @property
@@ -173,6 +174,7 @@ class FashionMNISTFederated(_IdxFiles, TorchvisionFederated):
 
     @property
     def num_classes(self) -> int:
+        """10 kinds of clothing."""
         return 10
 
     @property
@@ -211,6 +213,7 @@ class EMNISTFederated(TorchvisionFederated):
 
     @property
     def num_classes(self) -> int:
+        """The classes of the chosen `split` (27 for "letters", whose class 0 is empty)."""
         from torchvision.datasets import EMNIST
 
         return len(EMNIST.classes_split_dict[self.split])
@@ -245,6 +248,7 @@ class CIFAR10Federated(TorchvisionFederated):
 
     @property
     def num_classes(self) -> int:
+        """10 object classes."""
         return 10
 
     @property
@@ -271,6 +275,7 @@ class CIFAR100Federated(TorchvisionFederated):
 
     @property
     def num_classes(self) -> int:
+        """100 fine-grained classes."""
         return 100
 
     @property
@@ -305,6 +310,7 @@ class SVHNFederated(TorchvisionFederated):
 
     @property
     def num_classes(self) -> int:
+        """10: the digits 0-9."""
         return 10
 
     @property

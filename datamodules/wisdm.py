@@ -161,10 +161,12 @@ class WISDMFederated(FederatedDataModule):
 
     @property
     def path(self) -> Path:
+        """The raw WISDM file: `<root>/WISDM_ar_v1.1_raw.txt`."""
         return self.root / FILE
 
     @property
     def num_classes(self) -> int:
+        """6: the activities (`ACTIVITIES`)."""
         return len(ACTIVITIES)
 
     def _place(self) -> str:
@@ -215,6 +217,8 @@ class WISDMFederated(FederatedDataModule):
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(labels)
 
     def build(self) -> FederatedData:
+        """The clients as `FederatedDataModule.build` makes them, with the parse's record and skipped counts in `info`
+        (`wisdm_records`, `wisdm_skipped`)."""
         data = super().build()
         if self.parse_report is not None:
             data.info.update(wisdm_records=self.parse_report.records, wisdm_skipped=self.parse_report.skipped)

@@ -112,6 +112,8 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -m fedlight.models.tiny_pretrained`: write a tiny random model folder of `--kind` to `--out`
+    (`make_tiny`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--out", type=Path, required=True)

@@ -106,6 +106,8 @@ class Attack(RoundExtension):
 
     # -- update attacks --------------------------------------------------------------------------------------
     def tampers(self) -> bool:
+        """Whether the attack changes the updates the attackers send (an update attack) rather than the data they train
+        on."""
         return self.config.kind in UPDATE_ATTACKS
 
     def tamper(self, round: int, clients: list[int], starts: Tensor, params: Tensor) -> Tensor:
@@ -182,6 +184,7 @@ class Attack(RoundExtension):
         return as_target[0] / len(clean), as_target[1] / len(clean)
 
     def state_dict(self) -> dict[str, Any]:
+        """The attackers (`malicious`, client indices), for `load_state_dict` to check a resumed run against."""
         return {"malicious": self.malicious.tolist()}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:

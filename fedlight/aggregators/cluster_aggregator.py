@@ -41,7 +41,10 @@ class NoisedAggregation(Protocol):
     a fresh noised aggregator per call."""
 
     def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-                   personal_mask: Tensor | None, rows_per_client: int = 1) -> Any: ...
+                   personal_mask: Tensor | None, rows_per_client: int = 1) -> Any:
+        """A fresh noised aggregator over `clusters` cluster rows of `dim` entries, with the `add`, `reduce` and `means`
+        of the others (the arguments are `ClusterAggregation.new`'s)."""
+        ...
 
 
 def member_updates(values: Tensor, starts: Tensor | None, personal_mask: Tensor | None) -> Tensor:
@@ -123,12 +126,17 @@ class CountedAggregator:
         return getattr(self.inner, "reads_starts", True)
 
     def add(self, clusters: Tensor, weights: Tensor, values: Any, starts: Tensor | None = None) -> None:
+        """The inner aggregator's `add`: rows `values` of clusters `clusters` with weights `weights`, trained from
+        `starts`."""
         self.inner.add(clusters, weights, values, starts)
 
     def reduce(self, updates: "RoundUpdates") -> None:
+        """The inner aggregator's `reduce`: its sums added over the processes."""
         self.inner.reduce(updates)
 
     def means(self) -> tuple[Tensor, Tensor]:
+        """The inner aggregator's (clusters with a member, their new models), after recording this aggregator's entries
+        in the owner's `combined`."""
         self.owner.combined = max(self.owner.combined, self.entries)
         return self.inner.means()
 
@@ -164,6 +172,7 @@ class ClusterAggregation:
         return "" if self.settings.rule == "mean" else f"aggregator {self.settings.rule}"
 
     def begin_round(self, round: int) -> None:
+        """Reset `combined`: `check_applied` reads what the round's aggregators combined."""
         self.combined = 0
 
     def new(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,

@@ -147,6 +147,7 @@ class AttackConfig:
 
     @property
     def active(self) -> bool:
+        """Whether an attack is configured (`kind` is set)."""
         return self.kind is not None
 
 
@@ -240,7 +241,9 @@ class ServerOptimizerConfig:
 
     @property
     def server_lr(self) -> float:
+        """The server learning rate the run uses: `lr`, or the kind's default (`DEFAULT_LR`) when it is None."""
         return DEFAULT_LR[self.kind] if self.lr is None else self.lr
 
     def describe(self) -> str:
+        """The start line's note: the kind and the learning rate used."""
         return f"server optimizer {self.kind} (lr {self.server_lr:g})"

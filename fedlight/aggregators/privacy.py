@@ -220,6 +220,7 @@ class PrivacyMechanism(RoundExtension):
 
     def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
                    personal_mask: Tensor | None, rows_per_client: int = 1) -> "PrivateClusterAggregate":
+        """A fresh `PrivateClusterAggregate`, numbered by the round's calls so that each draws its own noise."""
         self.calls += 1
         return PrivateClusterAggregate(self, self.calls, clusters, dim, dtype, device, personal_mask, rows_per_client)
 
@@ -310,6 +311,8 @@ class PrivacyMechanism(RoundExtension):
         return self._epsilon(sample_rate) if sampled else self._epsilon(more_releases=1)
 
     def state_dict(self) -> dict[str, Any]:
+        """The accounting to resume from: the accountant's sampled steps, the clip and noise multiplier now, each
+        client's releases and the rounds accounted per client."""
         return {"history": [list(step) for step in self.accountant.history], "clip": self.clip,
                 "noise_multiplier": self.noise_multiplier, "releases": self.releases.tolist(),
                 "unsampled_rounds": self.unsampled_rounds, "sampled_history": True}
@@ -355,10 +358,14 @@ class PrivateClusterAggregate:
                       clip_rows(updates, clip))
 
     def reduce(self, updates: "RoundUpdates") -> None:
+        """Add the sums, counts and within-clip count over the processes, and tell the mechanism which clients the sums
+        took."""
         updates.sum_over_processes_(self.base.sums, self.base.totals, self.sums.sums, self.sums.totals, self.within)
         self.mechanism.took_updates_of(updates)
 
     def means(self) -> tuple[Tensor, Tensor]:
+        """(clusters with a member, their new models): each cluster's clipped sum, noised and divided by its members,
+        added to their mean start; the release is reported to the mechanism."""
         active = (self.base.totals > 0).nonzero().flatten()
         base = self.base.sums[active] / self.base.totals[active, None]
         dim, device = self.sums.sums.shape[1], self.sums.sums.device

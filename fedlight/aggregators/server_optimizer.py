@@ -116,6 +116,7 @@ class ServerOptimizer(RoundExtension):
         return self.config.describe()
 
     def state_dict(self) -> dict[str, Any]:
+        """Each aggregated model's optimizer state (`m`, `v`) on the CPU, keyed by "<call>.<cluster>"."""
         return {key: {name: tensor.cpu() for name, tensor in state.items()} for key, state in self.states.items()}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -135,15 +136,19 @@ class SteppedAggregate:
         self.base = ClusterAverage(clusters, dim, dtype, device)  # each cluster's mean start
 
     def add(self, clusters: Tensor, weights: Tensor, values: Any, starts: Tensor | None = None) -> None:
+        """The inner aggregator's `add`, and each kept row's start counted in its cluster's mean start."""
         self.inner.add(clusters, weights, values, starts)
         keep = weights > 0  # as the aggregators leave out a client without samples
         add_starts(self.base, clusters[keep], None if starts is None else starts[keep])
 
     def reduce(self, updates: "RoundUpdates") -> None:
+        """The inner aggregator's `reduce`, and the mean starts' sums added over the processes."""
         self.inner.reduce(updates)
         updates.sum_over_processes_(self.base.sums, self.base.totals)
 
     def means(self) -> tuple[Tensor, Tensor]:
+        """(clusters with a member, their new models): the inner aggregator's means turned into the server optimizer's
+        step from the members' mean start."""
         active, means = self.inner.means()
         base = self.base.sums[active] / self.base.totals[active, None].clamp(min=1)
         return active, self.optimizer.step(self.call, active, base, means, self.personal_mask)

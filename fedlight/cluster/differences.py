@@ -40,10 +40,12 @@ class Differences:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the built rows: what `minuend - subtrahend` would have."""
         return torch.result_type(self.minuend, self.subtrahend)
 
     @property
     def device(self) -> torch.device:
+        """Where the operands, and so the built rows, are."""
         return self.minuend.device
 
     def __len__(self) -> int:

@@ -198,9 +198,12 @@ class ClientStateStore:
         self._file.load_state_dict(state["file"], list(self._slot.values()), self.name)
 
     def checkpointed(self) -> None:
+        """A checkpoint was taken: tell the spill file (`SpillFile.checkpointed`), which then keeps the rows it refers
+        to."""
         self._file.checkpointed()
 
     def relocate(self, spill_path: Callable[[], Path]) -> None:
+        """Keep the spill file where `spill_path()` names (`SpillFile.relocate`), before any row spills."""
         self._file.relocate(spill_path)
 
 
@@ -290,6 +293,7 @@ class ClientStates:
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Each store's `state_dict` under its name."""
         return {name: store.state_dict() for name, store in self.stores.items()}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:

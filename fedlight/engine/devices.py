@@ -78,6 +78,8 @@ def launched_by_fabric_cli() -> bool:
 
 
 def default_precision(accelerator: str) -> str:
+    """The precision when `federation.precision` is not set: "32-true" on a CPU, else "bf16-mixed" where the GPU
+    supports bf16 and "16-mixed" where it does not."""
     if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
         return "32-true"
     return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"

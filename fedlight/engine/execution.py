@@ -97,6 +97,7 @@ class ExecutionPlan:
         return f"{updates}; {trainer}{hook}{spread}{threads}{every}"
 
     def as_dict(self) -> dict[str, Any]:
+        """The plan's fields as a dict (for summary.json)."""
         return asdict(self)
 
 
@@ -134,6 +135,7 @@ class ClientExecution:
     # -- what the trainers hold, for tests and benchmarks ----------------------------------------------------
     @property
     def vectorized(self) -> VectorizedTrainer | None:
+        """The vectorized trainer, or None when clients train one after another."""
         return self.training.vectorized
 
     @vectorized.setter
@@ -142,12 +144,16 @@ class ClientExecution:
 
     @property
     def probe_result(self) -> ProbeResult | None:
+        """What round 1's probe measured and chose (`vectorize: -1`), or None before it (or without one)."""
         return self.training.probe_result
 
     def group_size(self, clients: int) -> int:
+        """How many of `clients` are trained or aggregated together (`GroupTraining.group_size`)."""
         return self.training.group_size(clients)
 
     def activation_bytes(self) -> int:
+        """What one client's vectorized step keeps for backward (`GroupTraining.activation_bytes`; 0 when clients cannot
+        train vectorized)."""
         return self.training.activation_bytes()
 
     # -- a round ---------------------------------------------------------------------------------------------
@@ -238,7 +244,9 @@ class ClientExecution:
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any] | None:
+        """The probe's result as a dict (None when there was none), so a resumed run keeps the trainer it chose."""
         return self.training.state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Keep the checkpoint's probe result when the trainer is still "auto" (`GroupTraining.load_state_dict`)."""
         self.training.load_state_dict(state)

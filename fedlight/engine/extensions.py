@@ -40,16 +40,19 @@ class RoundExtensions:
         return next((extension for extension in self.extensions if isinstance(extension, kind)), None)
 
     def prepare_data(self, data: "FederatedData") -> "FederatedData":
+        """The data after each extension's `prepare_data`, in order."""
         for extension in self.extensions:
             data = extension.prepare_data(data)
         return data
 
     def aggregation(self, aggregation: "ClusterAggregation") -> "ClusterAggregation":
+        """The cluster aggregation after each extension's `aggregation`, in order."""
         for extension in self.extensions:
             aggregation = extension.aggregation(aggregation)
         return aggregation
 
     def setup(self, context: ExtensionContext) -> None:
+        """Each extension's `setup` with the run's `context`."""
         for extension in self.extensions:
             extension.setup(context)
 
@@ -58,13 +61,16 @@ class RoundExtensions:
         return next((found for found in (e.sampling() for e in self.extensions) if found is not None), Sampling())
 
     def check_message(self, schema: MessageSchema, algorithm: str) -> None:
+        """Each extension's `check_message`: the first that cannot handle the message raises."""
         for extension in self.extensions:
             extension.check_message(schema, algorithm)
 
     def summary(self) -> dict[str, Any]:
+        """Every extension's summary.json entries, merged."""
         return {key: value for extension in self.extensions for key, value in extension.summary().items()}
 
     def describe(self) -> list[str]:
+        """The extensions' start line notes, the empty ones left out."""
         return [note for note in (extension.describe() for extension in self.extensions) if note]
 
     def suspects(self) -> list[str]:
@@ -72,6 +78,7 @@ class RoundExtensions:
         return [note for note in (e.describe() for e in self.extensions if e.suspect) if note]
 
     def begin_round(self, round: int) -> None:
+        """Each extension's `begin_round`."""
         for extension in self.extensions:
             extension.begin_round(round)
 
@@ -94,6 +101,7 @@ class RoundExtensions:
                      if found is not None), None)
 
     def tamper(self, round: int, clients: list[int], starts: Tensor, params: Tensor) -> Tensor:
+        """The models `clients` send: `params` through each extension's `tamper` in turn."""
         for extension in self.extensions:
             params = extension.tamper(round, clients, starts, params)
         return params
@@ -109,10 +117,12 @@ class RoundExtensions:
         return scalars, stop
 
     def cluster_scores(self, clusters: np.ndarray | None) -> dict[str, float]:
+        """Every extension's scores of the clustering, merged."""
         return {name: score for extension in self.extensions
                 for name, score in extension.cluster_scores(clusters).items()}
 
     def client_columns(self) -> dict[str, np.ndarray]:
+        """Every extension's clients.csv columns, merged."""
         return {name: column for extension in self.extensions for name, column in extension.client_columns().items()}
 
     def evaluate(self, result: "RoundResult", models: tuple, clusters: np.ndarray | None) -> None:
@@ -124,6 +134,7 @@ class RoundExtensions:
             result.newcomers.update(held_out)
 
     def state_dict(self) -> dict[str, Any]:
+        """Each extension's `state_dict` under its `name` (merged into the federation's state)."""
         return {extension.name: extension.state_dict() for extension in self.extensions}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -190,10 +190,12 @@ class Federation:
 
     @property
     def device(self) -> torch.device:
+        """This process's device (Fabric's): where the server state is kept and its clients train."""
         return self.fabric.device
 
     @property
     def num_clients(self) -> int:
+        """How many training clients the data has."""
         return self.data.num_clients
 
     def run_round(self, round: int) -> RoundResult:
@@ -316,6 +318,8 @@ class Federation:
                 "client_state": self.client_states.state_dict(), **self.extensions.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved, refusing a checkpoint trained over another frozen base than the model loaded
+        now."""
         saved = state.get("frozen_base")
         if saved is not None and saved != self.frozen_base:
             raise ValueError(f"the checkpoint was trained over another frozen base ({saved['tensors']} tensors, sha256 "

@@ -357,6 +357,7 @@ class GroupTraining:
         return str(getattr(plugin, "precision", type(plugin).__name__))
 
     def keep_probe(self, result: ProbeResult) -> None:
+        """Take the probe's choice: one client after another from now on (with its reason), or vectorized."""
         self.probe_result = result
         if result.reason is not None:  # sequential: the probe says why
             self._sequential_from_now(result.reason)
@@ -398,8 +399,10 @@ class GroupTraining:
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any] | None:
+        """The probe's result as a dict, or None when no probe ran."""
         return None if self.probe_result is None else self.probe_result.as_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Keep a checkpoint's probe result while the choice is still "auto", so the resumed run trains as it chose."""
         if state is not None and self.choice == "auto":  # the resumed run keeps its choice
             self.keep_probe(ProbeResult(**state))

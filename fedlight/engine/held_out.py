@@ -36,22 +36,28 @@ class HeldOutClients:
         self.round = 0
 
     def split(self, name: str) -> ClientSplit:
+        """`Newcomers.split`: every newcomer's samples of split `name`."""
         return self.population.split(name)
 
     def losses(self, models: Tensor, split: str = "train") -> Tensor:
+        """`Newcomers.losses`: (K, count) mean loss of each of K flat models on each newcomer's split."""
         return self.population.losses(models, split)
 
     def sample_losses(self, models: Tensor) -> tuple[Tensor, Tensor]:
+        """`Newcomers.sample_losses`: each flat model's loss on every training row, and each row's newcomer."""
         return self.population.sample_losses(models)
 
     def train(self, newcomer: int, start: Tensor, epochs: int | None = None, purpose: str = "newcomer") -> Tensor:
+        """`Newcomers.train`: one newcomer's flat model after local training from `start`, at `round`."""
         return self.population.train(self.round, newcomer, start, epochs, purpose=purpose).params
 
     def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
                    purpose: str = "newcomer", trainable: Tensor | None = None) -> Tensor:
+        """`Newcomers.train_many`: `train` of each newcomer from its row of `starts`, as one group."""
         return self.population.train_many(self.round, newcomers, starts, epochs, trainable=trainable,
                                           purpose=purpose).params
 
     def batches(self, newcomer: int, epochs: int | None = None,
                 purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
+        """`Newcomers.batches`: (epoch, step, batch) of one newcomer's training split, at `round`."""
         return self.population.batches(self.round, newcomer, epochs, purpose)

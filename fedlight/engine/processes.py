@@ -34,6 +34,7 @@ class Collective:
 
     @property
     def spread(self) -> bool:
+        """Whether the federation runs on more than one process."""
         return self.world > 1
 
     @property

@@ -47,6 +47,7 @@ class RoundResult:
 
     @property
     def evaluated(self) -> bool:
+        """Whether the round was evaluated (it has per-client values)."""
         return bool(self.per_client)
 
     @property

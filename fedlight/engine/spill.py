@@ -100,6 +100,7 @@ class SpillFile:
         return rows
 
     def flush(self) -> None:
+        """Write the mapped rows back to the file (nothing to do before the file is opened)."""
         if self._mmap is not None:
             self._mmap.flush()
 

@@ -29,16 +29,20 @@ class ClientSplit:
 
     @property
     def num_clients(self) -> int:
+        """How many clients the split has (one fewer than `bounds`)."""
         return len(self.bounds) - 1
 
     def client(self, k: int) -> tuple[Tensor, Tensor]:
+        """(x, y) of client `k`: its rows, as views."""
         lo, hi = self.bounds[k], self.bounds[k + 1]
         return self.x[lo:hi], self.y[lo:hi]
 
     def size(self, k: int) -> int:
+        """How many rows client `k` has."""
         return self.bounds[k + 1] - self.bounds[k]
 
     def sizes(self) -> np.ndarray:
+        """(clients,) every client's row count."""
         return np.diff(np.asarray(self.bounds))
 
     def client_of_row(self) -> Tensor:
@@ -47,6 +51,7 @@ class ClientSplit:
         return torch.repeat_interleave(torch.arange(self.num_clients, device=self.x.device), sizes)
 
     def to(self, device: torch.device | str) -> "ClientSplit":
+        """The split with `x` and `y` on `device` (the same bounds)."""
         return ClientSplit(self.x.to(device), self.y.to(device), self.bounds)
 
     def select(self, clients: np.ndarray) -> "ClientSplit":
@@ -72,9 +77,11 @@ class FederatedData:
 
     @property
     def num_clients(self) -> int:
+        """How many training clients there are (those of `train`; the newcomers are not counted)."""
         return self.train.num_clients
 
     def split(self, name: str) -> ClientSplit:
+        """The split `name` ("train", "val" or "test"); another name is refused."""
         if name not in SPLITS:
             raise ValueError(f"unknown split {name!r}; the splits are {SPLITS}")
         return getattr(self, name)
@@ -85,6 +92,7 @@ class FederatedData:
         return int(max(sizes, default=0))
 
     def to(self, device: torch.device | str) -> "FederatedData":
+        """The data with every split, the public data and the newcomers' data on `device`."""
         public = None if self.public_x is None else self.public_x.to(device)
         newcomers = None if self.newcomers is None else self.newcomers.to(device)
         return FederatedData(self.train.to(device), self.val.to(device), self.test.to(device),
@@ -116,11 +124,17 @@ class ClientDataModule(Protocol):
     seed: int
     federated: FederatedData | None
 
-    def prepare_data(self) -> None: ...
+    def prepare_data(self) -> None:
+        """Download or prepare what the data needs (`load_clients` calls it before `setup`, with `seed` set)."""
+        ...
 
-    def setup(self, stage: str) -> None: ...
+    def setup(self, stage: str) -> None:
+        """Build the clients for `seed` into `federated` (`load_clients` calls it with "fit")."""
+        ...
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any: ...
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """The batch converted on the device as the model takes it (e.g. uint8 images to normalized floats)."""
+        ...
 
 
 SMALL_EVALUATION = 10  # below this many evaluation samples per client, per-client accuracy is noise

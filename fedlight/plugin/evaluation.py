@@ -43,6 +43,8 @@ def per_client_classification(logits: Tensor, target: Tensor, client: Tensor, nu
 
 
 def higher_is_better(name: str) -> bool:
+    """Whether a larger value of metric `name` is better: `HIGHER_IS_BETTER`'s answer, else False for a name with "loss"
+    or "cost" in it and True otherwise."""
     return HIGHER_IS_BETTER.get(name, not ("loss" in name or "cost" in name))
 
 

@@ -147,6 +147,7 @@ class RoundExtension:
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def state_dict(self) -> Any:
+        """What the extension keeps in a checkpoint, under `name` (None: nothing)."""
         return None
 
     def load_state_dict(self, state: Any) -> None:

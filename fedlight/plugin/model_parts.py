@@ -94,6 +94,7 @@ class ModelParts:
 
     @property
     def head(self) -> nn.Module:
+        """The module's head, the layer named `head_name` (`head_of`: a one-line refusal when it has none)."""
         return head_of(self.module, self.head_name)
 
     def feature_size(self, method: str) -> int:

@@ -15,9 +15,11 @@ class RoundLog:
         self.matrices: dict[str, np.ndarray] = {}
 
     def scalar(self, name: str, value: float | Tensor) -> None:
+        """Record the scalar `value` under `name` (`Algorithm.log`)."""
         self.scalars[name] = float(value)
 
     def matrix(self, name: str, matrix: np.ndarray | Tensor) -> None:
+        """Record `matrix` under `name`, as a NumPy array on the host (`Algorithm.log_matrix`)."""
         self.matrices[name] = matrix.detach().cpu().numpy() if isinstance(matrix, Tensor) else np.asarray(matrix)
 
     def take(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:

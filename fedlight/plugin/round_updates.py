@@ -24,12 +24,15 @@ class OneProcess:
     world, rank, spread, device = 1, 0, False, torch.device("cpu")
 
     def sum_(self, tensor: Tensor) -> Tensor:
+        """`tensor` itself: the sum over one process."""
         return tensor
 
     def gather(self, tensor: Tensor) -> Tensor:
+        """`tensor` itself: one process's rows."""
         return tensor
 
     def gather_objects(self, obj: Any) -> list[Any]:
+        """`[obj]`: one process's object."""
         return [obj]
 
 

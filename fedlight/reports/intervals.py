@@ -24,6 +24,7 @@ class Interval:
 
     @property
     def half_width(self) -> float:
+        """Half the interval's width: the h of 'mean ± h' (NaN for one run)."""
         return (self.high - self.low) / 2
 
     def text(self, digits: int = 3) -> str:

@@ -75,21 +75,27 @@ class Run:
 
     @property
     def name(self) -> str:
+        """The run's name: summary.json's `run`, else the folder's name."""
         return str(self.summary.get("run", self.path.name))
 
     @property
     def algorithm(self) -> str:
+        """The algorithm's class name: summary.json's, else the last part of the config's `class_path` ('run' when
+        neither names one)."""
         algorithm = self.config.get("algorithm")
         path = algorithm.get("class_path") if isinstance(algorithm, dict) else algorithm
         return str(self.summary.get("algorithm") or (path or "run").rsplit(".", 1)[-1])
 
     @property
     def seed(self) -> int | None:
+        """The run's seed: summary.json's, else the config's; None when neither has one."""
         seed = self.summary.get("seed", self.config.get("seed"))
         return None if seed is None else int(seed)
 
     @property
     def group(self) -> str:
+        """The configuration the run belongs to (`config_group`: the algorithm and a hash of the config without the
+        run-only keys); a run without a config is a group of its own."""
         return config_group(self.config, self.algorithm) if self.config else f"{self.algorithm}-{self.path}"
 
     @cached_property
@@ -132,10 +138,12 @@ class Run:
         return float(self.column("time/round_s")[1].sum())
 
     def clients_at(self, round: int) -> list[dict[str, float]]:
+        """clients.csv's rows of round `round`."""
         return [r for r in self.clients if r["round"] == round]
 
     @property
     def last_eval_round(self) -> int | None:
+        """The last round clients.csv has rows of, or None when it has none."""
         return int(max(r["round"] for r in self.clients)) if self.clients else None
 
     def timeline(self) -> plots.Timeline | None:
@@ -466,6 +474,8 @@ def console_table(groups: Sequence[Group]) -> Any:
 
 
 def comparison_table(groups: Sequence[Group], columns: Sequence[Column]) -> str:
+    """Table 1 as HTML: a row per configuration (its label and colour, runs, rounds) and a cell of 'mean ± h' over its
+    runs per column of `columns`."""
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in columns)
     rows = []
     for g in groups:
@@ -479,6 +489,8 @@ def comparison_table(groups: Sequence[Group], columns: Sequence[Column]) -> str:
 
 
 def runs_table(groups: Sequence[Group]) -> str:
+    """The page's table of every run as HTML: its name, configuration, seed, group, data module, clients, wall time and
+    folder."""
     rows = []
     for g in groups:
         for run in g.runs:
@@ -606,6 +618,8 @@ figcaption { display: table-caption; caption-side: bottom; }
 
 
 def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Sequence[PageFigure]) -> str:
+    """The whole report as one self-contained HTML page: the lead, Table 1 with its notes, the ranking, the figures
+    `figs` and the table of runs."""
     runs, over = sum(len(g.runs) for g in groups), averaged_over(groups)
     repeats = (" Runs of one seed are repeats, counted as runs rather than seeds: the runs column says how many."
                if over == "runs" else "")

@@ -76,6 +76,8 @@ def importance_figure(importances: dict[str, float]) -> Figure:
 
 
 def trials_table(records: Sequence[TrialRecord]) -> str:
+    """The table of trials as HTML, in trial order: each one's state, objective, last round, the value of every
+    parameter searched and its run folder."""
     keys = list(dict.fromkeys(k for r in records for k in r.params))
     head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
     rows = []

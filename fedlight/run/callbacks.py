@@ -91,9 +91,11 @@ class Callback:
         """After an error stopped the run (the last checkpoint is intact)."""
 
     def state_dict(self) -> dict[str, Any]:
+        """What the callback keeps in a checkpoint (`callback_states`); nothing here."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what `state_dict` gave, on a resume (nothing to take here)."""
         pass
 
 
@@ -173,7 +175,9 @@ class EarlyStopping(Callback):
                                f"{self.best:.4f} in round {self.best_round})")
 
     def state_dict(self) -> dict[str, Any]:
+        """The best value, its round and the evaluated rounds waited since, so a resumed run keeps counting."""
         return {"best": self.best, "best_round": self.best_round, "waited": self.waited}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the best value, its round and the rounds waited from `state_dict`."""
         self.best, self.best_round, self.waited = state["best"], state["best_round"], state["waited"]

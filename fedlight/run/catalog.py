@@ -161,6 +161,7 @@ def ancestors(path: str) -> list[str]:
 
 
 def is_a(path: str, roots: set[str]) -> bool:
+    """Whether the class at `path`, or some base it reaches (`ancestors`), is one of `roots`."""
     return any(a in roots for a in ancestors(path))
 
 

@@ -47,6 +47,8 @@ UNCOMPARED = ("config", "resume", "run_name", "output_dir")
 
 
 def fit_parser() -> ArgumentParser:
+    """The parser of `fedlight fit`: the run's options and the data, model, algorithm, federation, aggregator, attack,
+    privacy, server optimizer, system, logger and callbacks sections."""
     parser = ArgumentParser(description="Run one federated training.", **STRICT)
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML run config")
     parser.add_argument("--seed", type=int, default=0, help="seed of the split, the model and every round")
@@ -96,6 +98,8 @@ class CommandParser(ArgumentParser):
 
 
 def build_parser() -> CommandParser:
+    """The command line's parser: the subcommands `fit`, `list`, `report`, `sweep` and `tune`, keeping the `fit` and
+    `tune` parsers on it."""
     parser = CommandParser(prog="fedlight", description="Clustered and personalized federated learning.", **STRICT)
     commands = parser.add_subcommands(dest="command")
     parser.fit_parser = fit_parser()
@@ -124,6 +128,7 @@ def build_parser() -> CommandParser:
 
 
 def report_parser() -> ArgumentParser:
+    """The parser of `fedlight report`: the run folders, `--output`, `--overwrite`, `--title` and `--wandb`."""
     parser = ArgumentParser(description="One self-contained HTML page comparing runs; the runs of a configuration "
                                         "(its seeds) are shown as mean ± std.", **STRICT)
     parser.add_argument("runs", nargs="+", type=str,
@@ -178,6 +183,8 @@ def with_saved_config(argv: list[str]) -> list[str]:
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaves of a nested dict by dotted key ({'a': {'b': 1}} -> {'a.b': 1}), to compare two configs setting by
+    setting."""
     if isinstance(tree, dict):
         return {k: v for key, value in tree.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
     return {prefix[:-1]: tree}

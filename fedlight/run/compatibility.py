@@ -215,6 +215,8 @@ def python_source(rows: dict[str, dict[str, Cell]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -m fedlight.run.compatibility`: print the table for `names` (every registered algorithm when none); with
+    `--write`, also write docs/compatibility.md and compatibility_table.py."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write docs/compatibility.md and compatibility_table.py")
     parser.add_argument("names", nargs="*", help="algorithms (default: every registered one)")

@@ -19,6 +19,7 @@ class LazyBase(ABCMeta):
     target: str
 
     def real(cls) -> type:
+        """The class `target` names, imported."""
         module, _, name = cls.target.partition(":")
         return getattr(importlib.import_module(module), name)
 
@@ -35,7 +36,9 @@ class LightningDataModule(metaclass=LazyBase):
     target = "lightning:LightningDataModule"
 
     @abstractmethod
-    def setup(self, stage: str) -> None: ...
+    def setup(self, stage: str) -> None:
+        """Lightning's `setup`, abstract here so that the stand-in is never instantiated."""
+        ...
 
 
 class LightningModule(metaclass=LazyBase):
@@ -44,7 +47,9 @@ class LightningModule(metaclass=LazyBase):
     target = "lightning:LightningModule"
 
     @abstractmethod
-    def training_step(self, *args: Any, **kwargs: Any) -> Any: ...
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's `training_step`, abstract here so that the stand-in is never instantiated."""
+        ...
 
 
 class FederatedAlgorithm(metaclass=LazyBase):
@@ -55,4 +60,6 @@ class FederatedAlgorithm(metaclass=LazyBase):
     target = "fedlight.plugin.algorithm:Algorithm"
 
     @abstractmethod
-    def aggregate(self, round: int, updates: Any) -> None: ...
+    def aggregate(self, round: int, updates: Any) -> None:
+        """`Algorithm.aggregate`, abstract here so that the stand-in is never instantiated."""
+        ...

@@ -36,6 +36,8 @@ class CsvTable:
                 self.rows = [r for r in csv.DictReader(f) if int(r["round"]) <= keep_until_round]
 
     def append(self, rows: list[dict[str, Any]]) -> None:
+        """Add `rows` and rewrite the file whole (through a temporary file, replaced atomically), its columns every key
+        any row has, in order of appearance."""
         self.rows.extend(rows)
         columns = list(dict.fromkeys(k for r in self.rows for k in r))
         tmp = self.path.with_name(self.path.name + ".tmp")

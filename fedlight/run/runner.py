@@ -69,10 +69,13 @@ class Totals(Callback):
         return selection.selections(self.evaluated, split, selection.primary_metric(names)) if names else {}
 
     def state_dict(self) -> dict[str, Any]:
+        """The wall time so far, the last evaluated scalars, what every evaluated round keeps for choosing a round, and
+        the last evaluated round's per-client values of the primary metric."""
         return {"elapsed": self.elapsed, "last_eval": self.last_eval, "evaluated": self.evaluated,
                 "last_clients": self.last_clients}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved (`last_clients` empty in a checkpoint written before it was kept)."""
         self.elapsed, self.last_eval, self.evaluated = state["elapsed"], state["last_eval"], state["evaluated"]
         self.last_clients = state.get("last_clients", [])
 

@@ -57,8 +57,10 @@ class TrialReporter(Callback):
         return sum(last) / len(last) if last else math.nan
 
     def state_dict(self) -> dict[str, Any]:
+        """The (round, value) of every evaluated round so far and the round the trial was pruned in (or None)."""
         return {"values": [list(pair) for pair in self.values], "pruned_round": self.pruned_round}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the values and pruned round of `state_dict`; `on_fit_start` reports the values to the trial again."""
         self.values = [(int(r), float(v)) for r, v in state["values"]]
         self.pruned_round = state["pruned_round"]

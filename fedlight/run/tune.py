@@ -131,6 +131,8 @@ class Tuner:
         return self.parser.parse_args(["--config", self.base_text, *args])
 
     def open(self) -> Any:
+        """Create or load the study (`--storage`, default an SQLite file in the study folder) with the configured
+        sampler and pruner, make the study folder, and return the study."""
         import optuna
 
         optuna.logging.set_verbosity(logging.ERROR)  # each trial gets its own line below
@@ -145,6 +147,8 @@ class Tuner:
 
     # -- one trial ------------------------------------------------------------------------------------------
     def run_args(self, values: dict[str, Any], name: str, split: str) -> list[str]:
+        """The `fit` arguments of one run: the space's fixed options and `values`, evaluated on `split`, in the study
+        folder as `name`, logged in the study's group."""
         return [*tune_space.arguments({**self.space.fixed, **values}), "--federation.eval_split", split,
                 "--output_dir", str(self.folder), "--run_name", name, "--logger.group", self.name]
 
@@ -200,6 +204,8 @@ class Tuner:
         return value
 
     def stop_at_total(self, study: Any, trial: Any) -> None:
+        """After each trial (an Optuna callback): stop the study once the trials that count reach `--trials`, every
+        process's included."""
         if len(tune_study.occupying(study.get_trials(deepcopy=False))) >= self.cfg.trials:
             study.stop()
 

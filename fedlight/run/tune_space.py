@@ -88,6 +88,7 @@ class Param:
         return list(self.choices) if self.kind == "categorical" else [self.low, self.high]
 
     def active(self, values: dict[str, Any]) -> bool:
+        """Whether the parameter is drawn in a trial with `values` so far: each key of `when` has its value there."""
         return all(values.get(k) == v for k, v in self.when.items())
 
 

@@ -31,6 +31,7 @@ class StudyError(ValueError):
 
 
 def default_storage(study_dir: Path) -> str:
+    """The URL of the study's default storage: study.db, an SQLite file in `study_dir`."""
     return f"sqlite:///{study_dir / 'study.db'}"
 
 
@@ -61,6 +62,7 @@ def storage(url: str) -> Any:
 
 
 def sampler(name: str, seed: int | None) -> Any:
+    """Optuna's sampler named `name` (tpe, random or gp), seeded with `seed`."""
     import optuna
 
     return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed), "random": lambda: optuna.samplers.RandomSampler(seed),
@@ -68,6 +70,8 @@ def sampler(name: str, seed: int | None) -> Any:
 
 
 def pruner(name: str, startup_trials: int, warmup_rounds: int) -> Any:
+    """Optuna's pruner named `name`: median (no pruning in the first `startup_trials` trials, nor before a trial has
+    reported `warmup_rounds` rounds), hyperband (its minimum resource `warmup_rounds` rounds, at least 1) or none."""
     import optuna
 
     if name == "median":

@@ -108,9 +108,11 @@ class WandbLogger(Callback):
         return sorted(f for f in newest.parent.glob("offline-run-*") if own.fullmatch(f.name)) or [newest]
 
     def state_dict(self) -> dict[str, Any]:
+        """The W&B run's id, so a resumed run continues the same W&B run."""
         return {"wandb_id": self.wandb_id}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the W&B run's id from `state_dict`."""
         self.wandb_id = state["wandb_id"]
 
     def matrix_range(self, name: str, matrix: np.ndarray) -> tuple[float, float]:

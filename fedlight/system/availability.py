@@ -38,9 +38,11 @@ class Always:
         self.count = count
 
     def online(self, round: int, time_s: float) -> np.ndarray:
+        """Every client online."""
         return np.ones(self.count, dtype=bool)
 
     def online_left_s(self, round: int, time_s: float) -> np.ndarray:
+        """(clients,) inf: no client ever goes offline."""
         return np.full(self.count, np.inf)
 
 
@@ -51,6 +53,7 @@ class FixedShare:
         self.size, self.count, self.seed = share_count(share, count), count, seed
 
     def online(self, round: int, time_s: float) -> np.ndarray:
+        """The round's `share` of the clients, drawn from the (seed, round) stream."""
         rng = np.random.default_rng(stream_seed(self.seed, round, "system.online"))
         mask = np.zeros(self.count, dtype=bool)
         mask[rng.choice(self.count, size=self.size, replace=False)] = True
@@ -70,9 +73,11 @@ class Periods:
         self.phase_s = client_uniforms(seed, "phase", count) * self.cycle_s
 
     def online(self, round: int, time_s: float) -> np.ndarray:
+        """The clients within the online part of their cycle at `time_s`."""
         return (time_s + self.phase_s) % self.cycle_s < self.online_s
 
     def online_left_s(self, round: int, time_s: float) -> np.ndarray:
+        """What is left of each online client's online part of its cycle (0 for the offline)."""
         at = (time_s + self.phase_s) % self.cycle_s
         return np.where(at < self.online_s, self.online_s - at, 0.0)
 
@@ -88,12 +93,14 @@ class Diurnal:
         self.zone = np.floor(client_uniforms(seed, "zone", count) * ZONES) - 11
 
     def online(self, round: int, time_s: float) -> np.ndarray:
+        """The clients whose local hour at `time_s` is within the window (every client when from == to)."""
         local = self.local_hours(time_s)
         if self.begin < self.end:
             return (self.begin <= local) & (local < self.end)
         return (local >= self.begin) | (local < self.end)
 
     def local_hours(self, time_s: float) -> np.ndarray:
+        """(clients,) each client's local hour of the day at virtual time `time_s`."""
         return (self.start_hour + time_s / 3600.0 + self.zone) % 24
 
     def online_left_s(self, round: int, time_s: float) -> np.ndarray:
@@ -112,6 +119,7 @@ class Trace:
         self.intervals = online_intervals(path, count)
 
     def online(self, round: int, time_s: float) -> np.ndarray:
+        """The clients with an online interval that holds `time_s` (modulo their trace's period), ends included."""
         mask = np.empty(len(self.intervals), dtype=bool)
         for client, (starts, ends, period) in enumerate(self.intervals):
             at = time_s % period

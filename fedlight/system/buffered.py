@@ -81,6 +81,7 @@ class InFlight:
         return len(self.clients)
 
     def subset(self, rows: np.ndarray) -> "InFlight":
+        """The rows `rows` alone, in that order."""
         index = torch.as_tensor(rows, dtype=torch.long, device=self.trained.device)
         return InFlight(self.clients[rows], self.versions[rows], self.arrivals_s[rows], self.trained[index],
                         self.starts[index], self.losses[index], {k: v[index] for k, v in self.logs.items()},
@@ -88,6 +89,7 @@ class InFlight:
                         {k: v[index] for k, v in self.entry_starts.items()})
 
     def cat(self, other: "InFlight") -> "InFlight":
+        """These rows followed by `other`'s (either alone when the other is empty)."""
         if not len(self):
             return other
         if not len(other):

@@ -48,10 +48,13 @@ class VirtualClock:
         self.now_s = 0.0
 
     def advance(self, seconds: float) -> None:
+        """Move the clock on by `seconds`."""
         self.now_s += seconds
 
     def state_dict(self) -> dict[str, float]:
+        """The clock's time, `now_s`."""
         return {"now_s": self.now_s}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Set the clock to the `now_s` of `state_dict`."""
         self.now_s = float(state["now_s"])

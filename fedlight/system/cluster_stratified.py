@@ -27,6 +27,8 @@ class ClusterStratified:
         self.context = context
 
     def select(self, round: int, available: np.ndarray, count: int) -> list[int]:
+        """`count` clients of `available`, sorted: each cluster's `largest_remainder` share of them, drawn uniformly
+        within the cluster."""
         labels = self.context.clusters()[available]
         clusters, sizes = np.unique(labels, return_counts=True)
         rng = self.context.rng(round, "select")

@@ -46,6 +46,7 @@ class SpeedDistribution:
                              f"{self.slow_share} and {self.slow_factor}")
 
     def describe(self, unit: str) -> str:
+        """The start line's note of this speed in `unit`: its median, and the spread or the slow share it has."""
         if self.kind == "lognormal":
             return f"lognormal median {self.median:g} {unit} (sigma {self.sigma:g})"
         if self.kind == "slow_share" and self.slow_share:

@@ -25,6 +25,8 @@ class Oort:
         self.context, self.wanted, self.alpha, self.preferred_s = context, wanted, alpha, preferred_s
 
     def select(self, round: int, available: np.ndarray, count: int) -> list[int]:
+        """The `count` candidates of highest utility (`utility`), sorted; the candidates drawn uniformly from
+        `available`."""
         drawn = candidates(self.context, round, available, count, self.wanted, by_size=False)
         _, root_mean_square = self.context.losses(drawn)
         return best(drawn, self.utility(drawn, root_mean_square), count)

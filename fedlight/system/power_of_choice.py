@@ -16,6 +16,8 @@ class PowerOfChoice:
         self.context, self.wanted = context, wanted
 
     def select(self, round: int, available: np.ndarray, count: int) -> list[int]:
+        """The `count` candidates of highest mean training loss, sorted; the candidates drawn from `available` by data
+        size."""
         drawn = candidates(self.context, round, available, count, self.wanted, by_size=True)
         mean_loss, _ = self.context.losses(drawn)
         return best(drawn, mean_loss, count)

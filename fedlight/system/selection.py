@@ -73,6 +73,7 @@ class Uniform:
         self.context = context
 
     def select(self, round: int, available: np.ndarray, count: int) -> list[int]:
+        """`count` clients of `available` drawn uniformly without replacement, sorted."""
         return sorted(self.context.rng(round, "select").choice(available, size=count, replace=False).tolist())
 
 
@@ -84,5 +85,6 @@ class DataSize:
         self.context = context
 
     def select(self, round: int, available: np.ndarray, count: int) -> list[int]:
+        """`count` clients of `available` drawn without replacement by training-set size (`size_weights`), sorted."""
         p = size_weights(self.context.sizes[available])
         return sorted(self.context.rng(round, "select").choice(available, size=count, replace=False, p=p).tolist())

@@ -34,10 +34,12 @@ class Entry:
 
     @property
     def numel(self) -> int:
+        """How many entries the tensor has."""
         return self.shape.numel()
 
     @property
     def stop(self) -> int:
+        """Where the tensor ends in the flat vector (exclusive): `start + numel`."""
         return self.start + self.numel
 
 
@@ -120,6 +122,7 @@ class FlatModel:
 
     @property
     def numel(self) -> int:
+        """The length of the flat vector: every entry of the module's floating parameters and buffers."""
         return self.vector.numel()
 
     def load(self, vector: Tensor) -> None:
@@ -131,6 +134,7 @@ class FlatModel:
         return self.vector.clone()
 
     def zero_grad(self) -> None:
+        """Zero the flat gradient (every parameter's `.grad` is a view of it, outside `fresh_gradients`)."""
         self.grad.zero_()
 
     @contextmanager

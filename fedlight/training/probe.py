@@ -73,6 +73,7 @@ class ProbeResult:
                 f"{_duration(self.vectorized_step_s)} per client step vectorized)")
 
     def as_dict(self) -> dict:
+        """The fields as a dict (for summary.json, the checkpoint and the machine's memory of choices)."""
         return asdict(self)
 
 
@@ -166,6 +167,7 @@ def machine_cache_dir() -> Path:
 
 
 def memory_file() -> Path:
+    """The file of this machine's remembered trainer choices: trainer_choices.json in `machine_cache_dir()`."""
     return machine_cache_dir() / "trainer_choices.json"
 
 

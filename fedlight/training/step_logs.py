@@ -38,6 +38,7 @@ class StepLogs:
         self.values[name] = tensor.detach().float().reshape(())
 
     def log_dict(self, dictionary: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        """Lightning's `log_dict` signature: `log` of each name and value (the options are ignored)."""
         for name, value in dictionary.items():
             self.log(name, value)
 
@@ -65,6 +66,7 @@ class LogSums:
             self.weights[name][rows] += batch_size
 
     def clear(self) -> None:
+        """Zero every name's sums and weights (at each epoch's first step: the values kept are the last epoch's)."""
         for name in self.sums:
             self.sums[name].zero_()
             self.weights[name].zero_()

@@ -110,6 +110,8 @@ class FunctionalOptimizer:
         self.h = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
 
     def init_state(self, params: Tensor) -> dict[str, Any]:
+        """The optimizer state of the rows `params`, zeroed: SGD's momentum buffers (None without momentum) and which
+        rows have started them; Adam's moments `m`, `v` and step counts `t`."""
         if self.kind == "SGD":  # without momentum, no buffer: `step` never reads it
             return {"momentum": torch.zeros_like(params) if self.h["momentum"] else None,
                     "started": [False] * len(params)}
