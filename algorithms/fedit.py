@@ -11,7 +11,7 @@ class FedIT(Algorithm):
     network; the server averages them weighted by data size, each factor on its own: the new A is the mean of the
     clients' A and the new B the mean of their B, as FedIT's code averages the adapters' state dicts. The adapted
     update B A is then not the mean of the clients' B_i A_i (the product of means is not the mean of products), the
-    inexactness FFA-LoRA and FedSA-LoRA address; tests/test_lora_methods.py shows it on a worked case.
+    inexactness FFA-LoRA and FedSA-LoRA address; tests/algorithms/test_lora_methods.py shows it on a worked case.
 
     Only the adapters and the head travel: the frozen base is outside the federated parameters
     (`fedlight.training.flat`), so `comm/sent_bytes` is the adapters' size. A model without LoRA adapters is

@@ -34,7 +34,7 @@ bench() {  # bench NAME LIMIT SCRIPT ARGS...: a benchmark writing OUTDIR/NAME.md
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
 "$python" -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)" \
   | tee -a "$out/device.txt"
-step gpu_tests 120 "$python" -m pytest -q -p no:cacheprovider "$root/tests/test_gpu.py"
+step gpu_tests 120 "$python" -m pytest -q -p no:cacheprovider "$root/tests/integration/test_gpu.py"
 # FLUTE's FEMNIST run (1,500 rounds, 10 of 3,400 writers, evaluation every 50) on made data of LEAF's size:
 # its wall time goes beside FLUTE's 8 min 22 s. Stopped at its limit, metrics.csv still says how far it got.
 step flute_femnist 330 bash -o pipefail -c "cd '$root' && TIMEFORMAT='flute_femnist: %R s wall' && time \

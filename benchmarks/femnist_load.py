@@ -4,8 +4,8 @@ LEAF's JSON and writes the cache of the parsed writers, the second reads the cac
 The files are written in LEAF's layout (train/ and test/, each writer's samples split 90/10, files of 100 writers
 as LEAF's) with random content: writer sizes drawn around the mean (a Dirichlet share of the images), pixels white
 (1.0, LEAF's background) but for a random 20 % at random k/255, written as json.dumps writes them
-(tests/_data_files.py). Each load is a fresh process (`FEMNISTFederated(root).load_pool()`), so it starts as a run
-would, with the files in the kernel's page cache; both loads' pools must be identical, byte for byte.
+(tests/helpers/data_files.py). Each load is a fresh process (`FEMNISTFederated(root).load_pool()`), so it starts as a
+run would, with the files in the kernel's page cache; both loads' pools must be identical, byte for byte.
 
     python benchmarks/femnist_load.py [--writers 3550] [--images N] [--writers_per_file 100] [--folder DIR]
         [--json out.json]
@@ -29,7 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from _data_files import write_leaf  # noqa: E402
+from helpers.data_files import write_leaf  # noqa: E402
 
 #: LEAF's FEMNIST (leaf.cmu.edu): writers and images
 LEAF_WRITERS, LEAF_IMAGES = 3550, 805_263

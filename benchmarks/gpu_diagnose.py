@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_gpu import nudge_by_one_ulp  # noqa: E402
-from test_group_training import mlp_federation  # noqa: E402
+from helpers.federations import mlp_federation, nudge_by_one_ulp  # noqa: E402
 
 from fedlight.algorithms.fedavg import FedAvg  # noqa: E402
 

@@ -21,7 +21,7 @@ CONFIG = ROOT / "configs/papers/ocfl/pathmnist/n15_no_balanced.yaml"
 SIZES = {"train": 900, "val": 90, "test": 270}
 
 sys.path.insert(0, str(ROOT / "tests"))
-from _data_files import write_medmnist  # noqa: E402  (the data-module tests' writer of MedMNIST's format)
+from helpers.data_files import write_medmnist  # noqa: E402  (the data-module tests' writer of MedMNIST's format)
 
 
 def peak_rss_gb(folder: Path) -> float:

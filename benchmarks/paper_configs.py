@@ -5,7 +5,7 @@ reason, process wall time and peak resident memory. Two kinds of rows:
 - every config whose data is made in the process (its data class takes no `root`: p-FClus's synthetic Gaussians,
   the bundled digits), at its own settings with its rounds capped at --rounds;
 - one config per data family read from files (the family's largest network x clients), on files written in the
-  family's published format at its published size with random content (tests/_data_files.py, the writers the
+  family's published format at its published size with random content (tests/helpers/data_files.py, the writers the
   data-module tests use), 1 round of 1 local epoch. A run past --timeout seconds or --max_mb of resident memory is
   stopped; its peak memory until then is reported.
 
@@ -13,7 +13,7 @@ reason, process wall time and peak resident memory. Two kinds of rows:
         [--max_mb 12000] [--vectorize -1] [--json out.json]
 
 CIFAR and SVHN files are checked against their published MD5 by torchvision; random files cannot match it, so those
-runs start through a launcher that lets the check test existence only (as tests/test_data_vision.py does).
+runs start through a launcher that lets the check test existence only (as tests/unit/test_data_vision.py does).
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ import yaml
 from shipped_configs import MODES, ROOT, configs_under, run
 
 sys.path.insert(0, str(ROOT / "tests"))
-from _data_files import (bank_text, write_adult, write_cifar, write_leaf, write_medmnist,  # noqa: E402
-                         write_mnist_like, write_svhn, write_wisdm)
+from helpers.data_files import (bank_text, write_adult, write_cifar, write_leaf, write_medmnist,  # noqa: E402
+                                write_mnist_like, write_svhn, write_wisdm)
 
 #: `python -c` this, then the command: torchvision's MD5 check of CIFAR and SVHN tests existence only
 SKIP_MD5 = ("import os, runpy, torchvision.datasets.cifar as c, torchvision.datasets.svhn as s; "

@@ -71,7 +71,7 @@ def recordings() -> list[Recording]:
     batch_norm = {"PYTHONPATH": str(ROOT / "tests")}  # the tests' Lightning module: BatchNorm and a StepLR schedule
     own = [
         Recording("fedprox", ROTATIONS, ("--algorithm", "fedprox", "--algorithm.init_args.mu", "0.1")),
-        Recording("fedbn", ROTATIONS, ("--algorithm", "fedbn", "--model", "ordinary_module.OrdinaryModule"),
+        Recording("fedbn", ROTATIONS, ("--algorithm", "fedbn", "--model", "helpers.ordinary_module.OrdinaryModule"),
                   env=batch_norm),
         *[Recording(name, CENTROIDS / f"syn_o_h2_{name}.yaml", rounds=1) for name in ("pfclus", "kfed", "centclus")],
         Recording("mfc", CENTROIDS / "syn_o_h2_mfc.yaml"),

@@ -10,7 +10,7 @@ fedlight.models.tiny_pretrained` writes small random ones to try the configs wit
 Text inputs are token ids, (N, L) integers padded with the model's pad id. The attention mask is built here as a 4-D
 mask (padding, and causality for a decoder such as GPT-2, found once by probing the base), not left to the model: a
 model's own mask builder asks the data whether any token is padded, which `torch.func.vmap` (the vectorized clients)
-cannot answer, and the 4-D mask gives the same outputs (tests/test_pretrained.py).
+cannot answer, and the 4-D mask gives the same outputs (tests/unit/test_pretrained.py).
 """
 from __future__ import annotations
 

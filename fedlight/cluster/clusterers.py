@@ -236,7 +236,7 @@ class HDBSCAN(Clusterer):
     `min_samples` counts the point itself, as sklearn's HDBSCAN (and so OCFL's code) counts it. The hdbscan package
     counts the neighbours without it, so it is given one less: both backends then cluster alike. Given as it is, a
     cluster of exactly min_cluster_size clients (4 rotations of 4 clients, min_cluster_size 20 % of 16) had no core
-    point and every client came back as noise (tests/test_clustering.py).
+    point and every client came back as noise (tests/unit/test_clustering.py).
     """
 
     input_kind = "distance"

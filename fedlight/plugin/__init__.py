@@ -25,7 +25,7 @@
 | `model_parts` | `ModelParts`: the model as a method extends it before set-up (`Algorithm.extend_model`); `head_inputs`: the features (the head's input) beside the outputs; `features_with`: another model's features |
 | `choices` | the error for a name outside a fixed set, with the nearest valid name (a typo's "did you mean") |
 
-What an algorithm may import is this package and `fedlight.cluster` (tests/test_layout.py checks `algorithms/`).
+What an algorithm may import is this package and `fedlight.cluster` (tests/docs/test_layout.py checks `algorithms/`).
 """
 import importlib
 from typing import TYPE_CHECKING, Any

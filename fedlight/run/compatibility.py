@@ -16,10 +16,11 @@ A cell "runs", with what the extension does to which entry of the client's messa
 is "refused" with the one line the run stops with, at set-up or after round 1; a run that fails another way is a
 bug, and the cell says "fails". `python -m fedlight.run.compatibility --write` makes `docs/compatibility.md` and
 `fedlight/run/compatibility_table.py` (what `fedlight list --compatibility` prints without running anything);
-`tests/test_compatibility.py` checks that they are what the code does.
+`tests/integration/test_compatibility.py` checks that they are what the code does.
 
-Not in the table: several processes (tests/test_distributed.py runs methods of each kind over them; FedBuff refuses
-them). The virtual clock runs with every algorithm and charges what its clients ran (`fedlight.system.work_cost`).
+Not in the table: several processes (tests/integration/test_distributed.py runs methods of each kind over them;
+FedBuff refuses them). The virtual clock runs with every algorithm and charges what its clients ran
+(`fedlight.system.work_cost`).
 """
 from __future__ import annotations
 
@@ -210,7 +211,7 @@ def python_source(rows: dict[str, dict[str, Cell]]) -> str:
     """`compatibility_table.py`: the rows as a literal, for `fedlight list --compatibility`."""
     literal = {name: {column: (c.status, c.note) for column, c in cells.items()} for name, cells in rows.items()}
     return ('"""The compatibility table as `python -m fedlight.run.compatibility --write` last made it (do not edit: '
-            'tests/test_compatibility.py checks it against the code)."""\n'
+            'tests/integration/test_compatibility.py checks it against the code)."""\n'
             f"COLUMNS = {COLUMNS!r}\nROWS = {literal!r}\n")
 
 
