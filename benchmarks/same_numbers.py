@@ -84,8 +84,8 @@ def recordings() -> list[Recording]:
         Recording("ifca-newcomers", DIGITS / "ifca.yaml", ("--data.init_args.holdout_clients", "0.2")),
         Recording("ocfl-backdoor", DIGITS / "ocfl.yaml", ("--attack.kind", "backdoor", "--attack.fraction", "0.2")),
         Recording("fedavg-privacy", ROTATIONS, ("--privacy.noise_multiplier", "1.0", "--privacy.clip", "1.0")),
-        *[Recording(f"{name}-adapters", PRETRAINED / f"image_{name}.yaml", ("--model.init_args.path", str(TINY_VIT)))
-          for name in ("fedit", "ffalora", "fedsalora")],  # LoRA adapters of a frozen base
+        *[Recording(f"{path.stem.removeprefix('image_')}-adapters", path, ("--model.init_args.path", str(TINY_VIT)))
+          for path in sorted(PRETRAINED.glob("image_*.yaml"))],  # LoRA adapters of a frozen base
     ]
     return shipped + own
 

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from fedlight.plugin.choices import unknown_choice
 
 
+def one_member(attackers: int) -> int:
+    """The fewest clients a cluster needs under a rule with no minimum: one, whatever the attackers."""
+    return 1
+
+
 @dataclass(frozen=True)
 class Rule:
     """An aggregation rule as the engine runs it.
@@ -27,7 +32,7 @@ class Rule:
 
     name: str
     holds: bool
-    min_members: Callable[[int], int] = lambda f: 1
+    min_members: Callable[[int], int] = one_member
     tolerated: Callable[["AggregatorConfig", int], int] | None = None
 
 

@@ -10,7 +10,8 @@ refuses a classifier, 20 clients of points from Gaussians and a centroid model),
 - `robust + attack`: the trimmed mean against 20 % sign-flipping clients;
 - `deadline`: the system model's devices, a deadline at the 75th percentile of the clients' times, partial work;
 - `newcomers`: 4 of the clients held out of training and evaluated as newcomers;
-- `server optimizer`: FedAdam's server step (`server_optimizer.kind: adam`) on every model the method aggregates.
+- `server optimizer`: FedAdam's server step (`server_optimizer.kind: adam`) on every model the method aggregates;
+- `cohort`: 5 of the 20 clients a round (`federation.clients_per_round`), as cross-device runs sample them.
 
 A cell "runs", with what the extension does to which entry of the client's message (`fedlight.plugin.message`), or
 is "refused" with the one line the run stops with, at set-up or after round 1; a run that fails another way is a
@@ -38,7 +39,8 @@ from fedlight.run.registry import ALGORITHMS
 
 CLIENTS = 20
 #: each column: the Federation keyword arguments of its extension, built when asked (the classes load torch)
-COLUMNS = ("privacy", "FedBuff", "robust + attack", "deadline", "newcomers", "server optimizer")
+COLUMNS = ("privacy", "FedBuff", "robust + attack", "deadline", "newcomers", "server optimizer", "cohort")
+COHORT = 5  # the cohort column's clients a round, of CLIENTS
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class Cell:
 
 
 def extension_settings(column: str) -> dict[str, Any]:
-    """The Federation keyword arguments (and the data module's, under "data") of one column."""
+    """The Federation keyword arguments (and the data module's, under "data", the FederationConfig's, under
+    "config") of one column."""
     from fedlight.aggregators.attacks import AttackConfig
     from fedlight.aggregators.config import AggregatorConfig
     from fedlight.aggregators.privacy import PrivacyConfig
@@ -64,7 +67,8 @@ def extension_settings(column: str) -> dict[str, Any]:
                             "attack": AttackConfig(kind="sign_flip", fraction=0.2)},
         "deadline": {"system": SystemConfig(deadline_percentile=75.0, partial_work=True)},
         "newcomers": {"data": {"holdout_clients": 4}},
-        "server optimizer": {"server_optimizer": ServerOptimizerConfig(kind="adam")}}
+        "server optimizer": {"server_optimizer": ServerOptimizerConfig(kind="adam")},
+        "cohort": {"config": {"clients_per_round": COHORT}}}
     return settings[column]
 
 
@@ -91,6 +95,7 @@ def tiny_federation(algorithm: Any, setting: str, settings: dict[str, Any]) -> A
 
     settings = dict(settings)
     data_options = settings.pop("data", {})
+    config_options = settings.pop("config", {})
     torch.manual_seed(0)
     if setting == "points":  # the classes by path, as a run config names them: the core imports no data module or model
         data = load("fedlight.datamodules.SyntheticGaussians")(num_clients=CLIENTS, points_per_client=40,
@@ -107,7 +112,7 @@ def tiny_federation(algorithm: Any, setting: str, settings: dict[str, Any]) -> A
             model = load("fedlight.models.Classifier")(network, lr=0.1)
     rounds = 1 if getattr(algorithm, "one_shot", False) else 2
     federation_config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=32, accelerator="cpu",
-                                         vectorize=0, eval_every=rounds)
+                                         vectorize=0, eval_every=rounds, **config_options)
     return Federation(data, model, algorithm, federation_config, seed=0, **settings)
 
 
@@ -156,6 +161,8 @@ def what_it_does(column: str, federation: Any) -> str:
         count = len(optimizer.states)
         part = "; the shared part only" if optimizer.shared_part_only else ""
         return f"steps each aggregated model with its own Adam state ({count} kept{part})"
+    if column == "cohort":
+        return f"trains a cohort of {COHORT} of the {CLIENTS} clients a round (federation.clients_per_round)"
     return "gives each newcomer a model (newcomer_models)"
 
 
@@ -187,15 +194,19 @@ def load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def table(names: list[str] | None = None, columns: tuple[str, ...] = COLUMNS) -> dict[str, dict[str, Cell]]:
-    """name -> column -> cell, for `names` (every registered algorithm when None)."""
+def table(names: list[str] | None = None, columns: tuple[str, ...] = COLUMNS
+          ) -> tuple[dict[str, dict[str, Cell]], dict[str, str]]:
+    """(name -> column -> cell, name -> the setting it runs on), for `names` (every registered algorithm when None).
+    The settings are the registry's derived kinds: "adapters" for a method that refuses a network without LoRA
+    adapters, "points" for one that refuses a classifier (a data-clustering method), "digits" for the rest; tests
+    and benchmarks read them from the shipped table (`SETTING`) instead of keeping lists of names."""
     found = algorithms()
-    rows = {}
+    rows, settings = {}, {}
     for name in sorted(found) if names is None else names:
         make = load(found[name])
-        setting = setting_of(make)
-        rows[name] = {column: cell(make, column, setting) for column in columns}
-    return rows
+        settings[name] = setting_of(make)
+        rows[name] = {column: cell(make, column, settings[name]) for column in columns}
+    return rows, settings
 
 
 def markdown(rows: dict[str, dict[str, Cell]]) -> str:
@@ -207,12 +218,13 @@ def markdown(rows: dict[str, dict[str, Cell]]) -> str:
     return head + body
 
 
-def python_source(rows: dict[str, dict[str, Cell]]) -> str:
-    """`compatibility_table.py`: the rows as a literal, for `fedlight list --compatibility`."""
+def python_source(rows: dict[str, dict[str, Cell]], settings: dict[str, str]) -> str:
+    """`compatibility_table.py`: the rows and each algorithm's setting as literals, for `fedlight list
+    --compatibility` and for what reads an algorithm's kind."""
     literal = {name: {column: (c.status, c.note) for column, c in cells.items()} for name, cells in rows.items()}
     return ('"""The compatibility table as `python -m fedlight.run.compatibility --write` last made it (do not edit: '
             'tests/integration/test_compatibility.py checks it against the code)."""\n'
-            f"COLUMNS = {COLUMNS!r}\nROWS = {literal!r}\n")
+            f"COLUMNS = {COLUMNS!r}\nROWS = {literal!r}\nSETTING = {settings!r}\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,14 +234,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", action="store_true", help="write docs/compatibility.md and compatibility_table.py")
     parser.add_argument("names", nargs="*", help="algorithms (default: every registered one)")
     options = parser.parse_args(argv)
-    rows = table(options.names or None)
+    rows, settings = table(options.names or None)
     page = markdown(rows)
     if options.write:
         root = Path(__file__).resolve().parents[2]
         intro = __doc__.split("\n\n")[1:3]
         (root / "docs" / "compatibility.md").write_text("# Compatibility: algorithms x extensions\n\n" +
                                                         "\n\n".join(intro) + "\n\n" + page)
-        (Path(__file__).parent / "compatibility_table.py").write_text(python_source(rows))
+        (Path(__file__).parent / "compatibility_table.py").write_text(python_source(rows, settings))
     print(page)
 
 

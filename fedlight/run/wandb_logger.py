@@ -17,9 +17,7 @@ from fedlight.reports.wandb_report import wandb_mode
 from fedlight.run.callbacks import Callback, Run
 from fedlight.run.recorder import CONSTANT_COLUMNS, client_rows, strict_json
 
-if TYPE_CHECKING:
-    from wandb.sdk.wandb_run import Run as WandbRun
-
+if TYPE_CHECKING:  # jsonargparse runs this block to read LoggerConfig's annotations: nothing heavy in it (no wandb)
     from fedlight.engine.round_result import RoundResult
 
 
@@ -53,7 +51,7 @@ class WandbLogger(Callback):
     def __init__(self, settings: LoggerConfig) -> None:
         self.settings = settings
         self.wandb_id: str | None = None
-        self.wandb_run: WandbRun | None = None
+        self.wandb_run: Any = None  # a wandb Run once started (its type would import wandb where `list` must not)
         self.matrix_ranges: dict[str, tuple[float, float]] = {}
         self.run_dir = Path(".")
 

@@ -110,8 +110,8 @@ def test_a_rounds_loss_passes_cover_its_clients_validation_rows_once_per_model_t
     fed.run_round(1), fed.run_round(2)
     rows: list[int] = []
     population = fed.server.clients
-    predict = population.predict
-    population.predict = lambda params, x: rows.append(len(x)) or predict(params, x)
+    sample_loss = population.sample_loss
+    population.sample_loss = lambda params, x, y: rows.append(len(x)) or sample_loss(params, x, y)
     cohort = fed.algorithm.select_clients(3)
     fed.execution.train(3, cohort)
     stored = set(fed.algorithm.local_models.touched().tolist())  # the clients trained in rounds 1 and 2

@@ -4,7 +4,8 @@ one config per method that accepts `federation.clients_per_round`).
 Each config parses, keeps the benchmark's setting, and runs one round through `python -m fedlight fit`'s own entry
 point on small FEMNIST files in LEAF's exact format, with overrides that make the run tiny (5 writers, 2 a round, a
 narrow network). The configs are exactly the registered methods that accept a cohort: a method without a config
-fails here by name unless it is listed in REFUSES, and each method listed there is shown to refuse a cohort."""
+fails here by name unless the compatibility table found it refusing a cohort (REFUSES, derived by running it), and
+each such method is shown to refuse a cohort of LEAF's writers too."""
 from __future__ import annotations
 
 import functools
@@ -19,6 +20,7 @@ import yaml
 
 from fedlight import Federation, FederationConfig
 from fedlight.run.cli import fit_parser, main
+from fedlight.run.compatibility_table import ROWS, SETTING
 from fedlight.run.registry import short_names
 
 from helpers.data_files import WRITERS, write_leaf
@@ -27,21 +29,13 @@ REPO = Path(__file__).resolve().parents[2]
 FOLDER = REPO / "configs" / "cross_device" / "femnist"
 CONFIGS = sorted(FOLDER.glob("*.yaml"))  # the run configs; common/ holds the pieces they include
 README_SECTION = "# Cross-device runs (FEMNIST at LEAF's size)"
-#: registered methods without a config: each trains every client in some round, so it refuses a count below the clients
-REFUSES = {
-    "flhc": "FL+HC trains every client in its clustering round",
-    "fesem": "FeSEM trains every client in its seeding round",
-    "flis_hc": "FLIS-HC trains every client in its phase 0",
-    "srfca": "SR-FCA trains every client in its one-shot round and clusters their local models",
-    "pfclus": "data clustering: every client uploads its local clustering in every round",
-    "kfed": "data clustering: every client uploads its local clustering in every round",
-    "mfc": "data clustering: every client uploads its local clustering in every round",
-    "centclus": "data clustering: every client uploads its local clustering in every round",
-    "fedsoft": "FedSoft draws its own clients (K per center, by importance) and estimates every client's importance",
-}
-#: registered methods on LoRA adapters of a pretrained network: LEAF's CNN has none, so they refuse it in one line;
-#: their configs are under configs/pretrained/
-ADAPTERS = {"fedit", "ffalora", "fedsalora"}
+#: registered methods that refuse a cohort with their default settings (the compatibility table's `cohort` column,
+#: made by running each); those with a setting that accepts one (pFedMe's, FedDBE's) have a config that sets it
+REFUSES = sorted(name for name, cells in ROWS.items() if cells["cohort"][0] == "refused")
+LEFT_OUT = sorted(set(REFUSES) - {path.stem for path in CONFIGS})
+#: registered methods on LoRA adapters of a pretrained network (the table's derived setting): LEAF's CNN has none, so
+#: they refuse it in one line; their configs are under configs/pretrained/
+ADAPTERS = sorted(name for name, setting in SETTING.items() if setting == "adapters")
 #: the tiny run: every writer of the small files, 2 a round, one round evaluated, a narrow network, no W&B
 TINY_NETWORK = {"class_path": "fedlight.models.SmallCNN",
                 "init_args": {"in_channels": 1, "num_classes": 62, "image_size": 28, "width": 4}}
@@ -70,19 +64,20 @@ def common(name: str) -> dict:
 # -- the set of configs ---------------------------------------------------------------------------------------------
 def test_every_method_that_accepts_a_cohort_has_a_config_and_no_other_does():
     registered, shipped = set(short_names()), {path.stem for path in CONFIGS}
-    missing = sorted(registered - shipped - set(REFUSES) - ADAPTERS)
-    assert not missing, (f"no config under configs/cross_device/femnist/ for {', '.join(missing)}: add one, or, if the "
-                         "method refuses federation.clients_per_round, list it in REFUSES (and in "
-                         "docs/guides/cross_device.md) with why")
-    assert not shipped & set(REFUSES), f"configs for methods that refuse a cohort: {sorted(shipped & set(REFUSES))}"
+    missing = sorted(registered - shipped - set(REFUSES) - set(ADAPTERS))
+    assert not missing, (f"no config under configs/cross_device/femnist/ for {', '.join(missing)}: add one (a method "
+                         "that refuses federation.clients_per_round is found by the compatibility table's cohort "
+                         "column: python -m fedlight.run.compatibility --write)")
+    for name in sorted(shipped & set(REFUSES)):  # the refusal names the setting that accepts a cohort: set there
+        setting = ROWS[name]["cohort"][1].rpartition("set algorithm.init_args.")[2].partition(":")[0]
+        assert setting and f"{setting}: false" in (FOLDER / f"{name}.yaml").read_text(), name
     assert not shipped - registered, f"configs named after no registered method: {sorted(shipped - registered)}"
 
 
-def test_the_guide_names_every_method_left_out():
+def test_the_guide_points_to_the_derived_list_of_methods_left_out():
     section = (REPO / "docs" / "guides" / "cross_device.md").read_text()
-    assert section.startswith(README_SECTION)
-    for name in REFUSES:
-        assert f"`{name}`" in section, name
+    assert section.startswith(README_SECTION) and "`cohort` column of the compatibility table" in section
+    assert {"flhc", "fesem", "flis_hc", "srfca", "pfclus", "fedsoft"} <= set(REFUSES)  # known cases, by their papers
 
 
 def algorithm_class(name: str) -> type:
@@ -91,7 +86,7 @@ def algorithm_class(name: str) -> type:
 
 
 @pytest.mark.filterwarnings("ignore:most clients have fewer than 10")  # the small files' writers are tiny
-@pytest.mark.parametrize("name", sorted(REFUSES))
+@pytest.mark.parametrize("name", LEFT_OUT)
 def test_a_method_left_out_refuses_a_cohort(name, leaf_root):
     from fedlight.algorithms.centroid_base import CentroidAlgorithm
     from fedlight.datamodules import FEMNISTFederated

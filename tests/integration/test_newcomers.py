@@ -33,6 +33,7 @@ from fedlight.plugin.population import ClientPopulation
 from fedlight.models import CentroidModel, Classifier, SmallCNN
 from fedlight.run.cli import main
 from fedlight.run.recorder import client_rows
+from fedlight.run.compatibility_table import SETTING
 
 from helpers.shipped import shipped
 
@@ -259,16 +260,15 @@ SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_dc": {"part
             "ocfl": {"clusterer": HDBSCAN(min_cluster_size=2)}, "fedtsdp": {"hopkins_threshold": 0.0},
             "fedsoft": {"num_clusters": 2, "selection_size": 2}, "icfl": {"epsilon_1": 20.0},
             "stocfl": {"observe_epochs": 2}, "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8}}
-CENTROIDS = ("pfclus", "kfed", "mfc", "centclus")
 
 
 @pytest.mark.parametrize("name", sorted(shipped()))
 def test_every_algorithm_gives_each_newcomer_a_model_without_changing_its_state(name):
     algorithm = shipped()[name](**copy.deepcopy(SETTINGS.get(name, {})))
-    if name in CENTROIDS:
+    if SETTING[name] == "points":  # the compatibility table's derived setting: a data-clustering method
         fed = Federation(SyntheticGaussians("NO", 2, 8, 30, holdout_clients=2), CentroidModel(10, 2), algorithm,
                          FederationConfig(rounds=1, eval_split="train", accelerator="cpu"))
-    elif name in ("fedit", "ffalora", "fedsalora"):  # methods on LoRA adapters: a tiny random ViT's
+    elif SETTING[name] == "adapters":  # a method on LoRA adapters: a tiny random ViT's
         from fedlight.models import PretrainedClassifier
         from fedlight.run.compatibility import tiny_vit_folder
 

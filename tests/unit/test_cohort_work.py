@@ -16,11 +16,11 @@ from helpers.federations import small_federation
 
 
 def counting_loss_rows(fed) -> list[int]:
-    """Record the rows of every loss pass of `fed`'s clients (each `client_losses` model runs `predict` on rows)."""
+    """Record the rows of every loss pass of `fed`'s clients (each model of `losses` runs `sample_loss` on rows)."""
     rows: list[int] = []
     population = fed.server.clients
-    predict = population.predict
-    population.predict = lambda params, x: rows.append(len(x)) or predict(params, x)
+    sample_loss = population.sample_loss
+    population.sample_loss = lambda params, x, y: rows.append(len(x)) or sample_loss(params, x, y)
     return rows
 
 
