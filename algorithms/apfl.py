@@ -38,6 +38,7 @@ Deviations and limits:
   they keep their initial values, so use a network without BatchNorm (a warning says so);
 - the reported training loss is the global model's (w's), as FedAvg's.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -79,9 +80,9 @@ class APFL(Algorithm):
         participation: share of clients selected each round.
     """
 
-
-    def __init__(self, alpha: float = 0.5, adaptive: bool = True, alpha_lr: float | None = None,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self, alpha: float = 0.5, adaptive: bool = True, alpha_lr: float | None = None, participation: float = 1.0
+    ) -> None:
         super().__init__(participation)
         if not 0 <= alpha <= 1:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
@@ -92,8 +93,11 @@ class APFL(Algorithm):
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
         if not bool(server.model.parameter_mask().all()):
-            warnings.warn("APFL's local loop does not update buffers (BatchNorm running statistics): they keep "
-                          "their initial values; use a network without BatchNorm", stacklevel=2)
+            warnings.warn(
+                "APFL's local loop does not update buffers (BatchNorm running statistics): they keep "
+                "their initial values; use a network without BatchNorm",
+                stacklevel=2,
+            )
         self.local = server.state.declare("local", initial=server.model.initial_params)
         self.alpha = server.state.declare("alpha", initial=self.models.new_tensor(self.initial_alpha))
 
@@ -113,8 +117,9 @@ class APFL(Algorithm):
             at = row_range(rows)  # a run of rows: views of w and v, updated in place; else copies, written back
             w_rows, v_rows, a_rows = w[at], v[at], alpha[rows][:, None]
             loss, grad_w = server.model.group_loss_and_grad(w_rows, group.batch, group.step)
-            _, grad_mixed = server.model.group_loss_and_grad(personalized(a_rows, v_rows, w_rows), group.batch,
-                                                             group.step)
+            _, grad_mixed = server.model.group_loss_and_grad(
+                personalized(a_rows, v_rows, w_rows), group.batch, group.step
+            )
             grad_alpha = torch.stack([torch.dot(a, b) for a, b in zip(v_rows - w_rows, grad_mixed)])
             w_rows.sub_(grad_w, alpha=rate)
             v_rows.sub_(grad_mixed.mul_(a_rows * rate))

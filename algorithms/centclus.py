@@ -7,6 +7,7 @@ For k-medoids on very large pools, `max_points` switches to CLARA (not in the pa
 random subsets of `max_points` points are clustered and the medoid set with the lowest cost on all points is
 kept.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,9 @@ class CentClus(CentroidAlgorithm):
         n_init, max_iter, tol: the solver settings.
     """
 
-    def __init__(self, max_points: int | None = None, samples: int = 5, n_init: int = 10, max_iter: int = 300,
-                 tol: float = 1e-4) -> None:
+    def __init__(
+        self, max_points: int | None = None, samples: int = 5, n_init: int = 10, max_iter: int = 300, tol: float = 1e-4
+    ) -> None:
         super().__init__(n_init, max_iter, tol)
         if max_points is not None and max_points < 1 or samples < 1:
             raise ValueError(f"max_points must be positive (or None) and samples >= 1, got {max_points}, {samples}")

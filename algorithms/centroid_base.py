@@ -10,6 +10,7 @@ SGD (`train_client` is overridden), and two extra scores are logged every round:
   cost (`cost`, power l) and unsquared cost (`cost_p1`), so summary.json has their mean, population standard
   deviation and worst client.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -73,12 +74,12 @@ class CentroidAlgorithm(Algorithm):
         module = server.model.module
         name = type(self).__name__
         if not all(hasattr(module, a) for a in ("num_centers", "dim", "ell", "medoids", "centers_of", "points")):
-            raise ValueError(f"{name} clusters data points: use model: fedlight.models.CentroidModel, "
-                             f"not {type(module).__name__}")
+            raise ValueError(
+                f"{name} clusters data points: use model: fedlight.models.CentroidModel, not {type(module).__name__}"
+            )
         centroids = self.centroid_module
         if server.model.num_params != centroids.num_centers * centroids.dim:
-            raise ValueError(f"{name} needs a model made only of its {centroids.num_centers} x {centroids.dim} "
-                             "centers")
+            raise ValueError(f"{name} needs a model made only of its {centroids.num_centers} x {centroids.dim} centers")
         server.cohort.needs_every_client(name, "in every round (each uploads its local clustering)")
         server.message.sends("counts", MODEL)  # how many of the centers in its flat model are real
         if self.one_shot and server.run.rounds != 1:
@@ -92,15 +93,17 @@ class CentroidAlgorithm(Algorithm):
         return cast(CentroidModule, self.server.model.module)
 
     # -- local work ------------------------------------------------------------------------------
-    def train_client(self, round: int, client: int, start: Tensor
-                     ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def train_client(
+        self, round: int, client: int, start: Tensor
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The client's local clustering (`local_fit`) on its training points, instead of SGD."""
         x = self.client_points(client)
         with kcenters.small_problem_threads(x.numel(), x.device):
             return self.local_fit(round, client, x, start)
 
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor
-                  ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def local_fit(
+        self, round: int, client: int, x: Tensor, start: Tensor
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         """(the client's fitted flat model, its mean cost per point[, what it sends beside them]) from its points `x`
         (n, h). The default is the model's (k, l)-clustering, seeded by (run seed, round, client)."""
         fit = self.cluster(x, self.generator(self.server.random.client_seed(round, client)))
@@ -109,8 +112,11 @@ class CentroidAlgorithm(Algorithm):
     def fitted(self, fit: kcenters.CenterFit, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """A local fit as the client sends it: (its centers as a flat model, its mean cost per point, {"counts": how
         many of the centers are its own, the rest being padding})."""
-        return self.to_flat(fit.centers), torch.tensor(fit.cost / len(x), device=x.device), \
-            {"counts": torch.tensor(len(fit.centers), device=x.device)}
+        return (
+            self.to_flat(fit.centers),
+            torch.tensor(fit.cost / len(x), device=x.device),
+            {"counts": torch.tensor(len(fit.centers), device=x.device)},
+        )
 
     # -- services ----------------------------------------------------------------------------------
     def client_points(self, client: int, split: str = "train") -> Tensor:
@@ -129,13 +135,15 @@ class CentroidAlgorithm(Algorithm):
 
     def server_generator(self, round: int, purpose: str = "server") -> torch.Generator:
         """A generator for the server's clustering in round `round`, seeded from the run's (round, `purpose`) stream."""
-        return self.generator(int(self.server.random.rng(round, purpose).integers(2 ** 62)))
+        return self.generator(int(self.server.random.rng(round, purpose).integers(2**62)))
 
-    def cluster(self, x: Tensor, generator: torch.Generator, weights: Tensor | None = None,
-                k: int | None = None) -> kcenters.CenterFit:
+    def cluster(
+        self, x: Tensor, generator: torch.Generator, weights: Tensor | None = None, k: int | None = None
+    ) -> kcenters.CenterFit:
         """The model's (k, l)-clustering of `x` with this algorithm's solver settings."""
-        return kcenters.fit(x, k or self.k, self.ell, self.medoids, weights, self.n_init, self.max_iter, self.tol,
-                          generator)
+        return kcenters.fit(
+            x, k or self.k, self.ell, self.medoids, weights, self.n_init, self.max_iter, self.tol, generator
+        )
 
     def to_flat(self, centers: Tensor) -> Tensor:
         """A flat model vector from up to k centers (fewer are padded by repetition)."""
@@ -150,8 +158,9 @@ class CentroidAlgorithm(Algorithm):
         return [c[:count] for c, count in zip(self.centers(updates.params), updates.state["counts"].tolist())]
 
     @torch.no_grad()
-    def labels_and_metrics(self, models: Tensor | Sequence[Tensor], group_of_client: Tensor,
-                           split: str | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    def labels_and_metrics(
+        self, models: Tensor | Sequence[Tensor], group_of_client: Tensor, split: str | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """Every evaluated point's nearest-center index under its client's model, and the module's per-client
         metrics, for any (models, group of each client) pair like `evaluation_models()`."""
         split = split or self.server.run.eval_split
@@ -165,7 +174,7 @@ class CentroidAlgorithm(Algorithm):
             begin = 0
             for group, count in enumerate(counts):
                 if count:
-                    rows = order[begin: begin + count]
+                    rows = order[begin : begin + count]
                     outputs[rows] = kcenters.distances(points[rows], self.centers(models[group]), self.ell)
                     begin += count
             metrics = self.centroid_module.client_metrics(outputs, data.y, client, self.server.num_clients)

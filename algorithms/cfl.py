@@ -6,6 +6,7 @@ stationary for everyone), and the cluster is large enough and warm-up is over, t
 by complete-linkage agglomerative clustering on the cosine distances of their updates. Splits can recur, so
 the clustering is hierarchical. Both children start from the parent's model; aggregation is cluster-wise.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,9 +38,17 @@ class CFL(Algorithm):
 
     plan = Plan(holds_updates=True)  # splits a cluster by the cosine similarities of its members' updates
 
-    def __init__(self, eps1: float = 0.4, eps2: float = 1.6, min_cluster_size: int = 2, warmup_rounds: int = 20,
-                 gamma_max: float | None = None, split_cooldown: int = 0, weighted: bool = True,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        eps1: float = 0.4,
+        eps2: float = 1.6,
+        min_cluster_size: int = 2,
+        warmup_rounds: int = 20,
+        gamma_max: float | None = None,
+        split_cooldown: int = 0,
+        weighted: bool = True,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if eps1 < 0 or eps2 < 0:
             raise ValueError("eps1 and eps2 must be non-negative")
@@ -60,19 +69,25 @@ class CFL(Algorithm):
             max_norm = float(deltas.norm(dim=1).max())
             self.log("cluster/mean_update_norm", mean_norm)
             self.log("cluster/max_update_norm", max_norm)
-            cooling = round - self.born.get(cluster, -10**9) < self.split_cooldown
-            if (round > self.warmup_rounds and len(rows) > self.min_cluster_size and not cooling
-                    and mean_norm < self.eps1 and max_norm > self.eps2):
+            cooling = round - self.born.get(cluster, -(10**9)) < self.split_cooldown
+            if (
+                round > self.warmup_rounds
+                and len(rows) > self.min_cluster_size
+                and not cooling
+                and mean_norm < self.eps1
+                and max_norm > self.eps2
+            ):
                 self._bipartition(round, cluster, held.clients[rows], deltas)
 
     def _bipartition(self, round: int, cluster: int, clients: torch.Tensor, deltas: torch.Tensor) -> None:
         similarity = cosine_similarity_matrix(deltas)
-        labels = Agglomerative(n_clusters=2, linkage="complete").fit_predict(1 - similarity.cpu().numpy(),
-                                                                            kind="distance")
+        labels = Agglomerative(n_clusters=2, linkage="complete").fit_predict(
+            1 - similarity.cpu().numpy(), kind="distance"
+        )
         second = torch.as_tensor(labels == 1, device=clients.device)
         if self.gamma_max is not None and similarity[~second][:, second].max() >= self.gamma_max:
             return
-        self.models = torch.cat([self.models, self.models[cluster: cluster + 1]])
+        self.models = torch.cat([self.models, self.models[cluster : cluster + 1]])
         self.assignment[clients[second]] = len(self.models) - 1
         self.split_rounds.append(round)
         self.born[cluster] = self.born[len(self.models) - 1] = round

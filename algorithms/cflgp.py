@@ -51,6 +51,7 @@ its clients); the new labels are matched on the clients labelled before. A clien
 evaluated with cluster model 0. A client that arrives after training gets the cluster model with the lowest loss on
 its training split (the base class's answer; the paper places none).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -104,8 +105,10 @@ def estimate_cluster_count(gram: Tensor, max_clusters: int, seed: int) -> int:
         return 1
     leading = int(np.clip(1 + np.argmax(singular[:-1] - singular[1:]), 3, n))
     points = reduced_profiles(gram, leading).cpu().numpy()
-    scores = [silhouette_score(points, KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(points))
-              for k in candidates]
+    scores = [
+        silhouette_score(points, KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(points))
+        for k in candidates
+    ]
     return candidates[int(np.argmax(scores))]
 
 
@@ -141,30 +144,55 @@ class CFLGP(Algorithm):
     """
 
     plan = Plan(holds_updates=True)  # the query round's profiles are read from every update
-    def __init__(self, num_clusters: int = 4, clustering_period: int = 2, clustering_rounds: int | None = 10,
-                 beta: float | None = None, unknown_k: bool = False, warmup_rounds: int = 0, compression: int = 1,
-                 participation: float = 1.0) -> None:
+
+    def __init__(
+        self,
+        num_clusters: int = 4,
+        clustering_period: int = 2,
+        clustering_rounds: int | None = 10,
+        beta: float | None = None,
+        unknown_k: bool = False,
+        warmup_rounds: int = 0,
+        compression: int = 1,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
-        checks = [(num_clusters >= (2 if unknown_k else 1), "num_clusters", num_clusters,
-                   ">= 2 with unknown_k" if unknown_k else ">= 1"),
-                  (clustering_period >= 1, "clustering_period", clustering_period, ">= 1"),
-                  (clustering_rounds is None or clustering_rounds >= 1, "clustering_rounds", clustering_rounds,
-                   ">= 1 or null"),
-                  (beta is None or 0 < beta <= 1, "beta", beta, "in (0, 1] or null (the running mean)"),
-                  (warmup_rounds >= 0, "warmup_rounds", warmup_rounds, ">= 0"),
-                  (compression >= 1, "compression", compression, ">= 1")]
+        checks = [
+            (
+                num_clusters >= (2 if unknown_k else 1),
+                "num_clusters",
+                num_clusters,
+                ">= 2 with unknown_k" if unknown_k else ">= 1",
+            ),
+            (clustering_period >= 1, "clustering_period", clustering_period, ">= 1"),
+            (
+                clustering_rounds is None or clustering_rounds >= 1,
+                "clustering_rounds",
+                clustering_rounds,
+                ">= 1 or null",
+            ),
+            (beta is None or 0 < beta <= 1, "beta", beta, "in (0, 1] or null (the running mean)"),
+            (warmup_rounds >= 0, "warmup_rounds", warmup_rounds, ">= 0"),
+            (compression >= 1, "compression", compression, ">= 1"),
+        ]
         for ok, name, value, wanted in checks:
             if not ok:
                 raise ValueError(f"algorithm.init_args.{name} must be {wanted}, got {value!r}")
-        self.num_clusters, self.clustering_period, self.clustering_rounds = num_clusters, clustering_period, \
-            clustering_rounds
+        self.num_clusters, self.clustering_period, self.clustering_rounds = (
+            num_clusters,
+            clustering_period,
+            clustering_rounds,
+        )
         self.beta, self.unknown_k, self.warmup_rounds, self.compression = beta, unknown_k, warmup_rounds, compression
         self.first_clustering = warmup_rounds + 1 + int(unknown_k)  # K is chosen in round W + 1 when unknown
-        if clustering_rounds is not None and not any(self.queries_in(r) for r in
-                                                     range(self.first_clustering, clustering_rounds + 1)):
-            raise ValueError(f"algorithm.init_args.clustering_rounds is {clustering_rounds}: no query round from round "
-                             f"{self.first_clustering} (after the warm-up) on would cluster; raise it or lower "
-                             f"warmup_rounds")
+        if clustering_rounds is not None and not any(
+            self.queries_in(r) for r in range(self.first_clustering, clustering_rounds + 1)
+        ):
+            raise ValueError(
+                f"algorithm.init_args.clustering_rounds is {clustering_rounds}: no query round from round "
+                f"{self.first_clustering} (after the warm-up) on would cluster; raise it or lower "
+                f"warmup_rounds"
+            )
         self.clusters: int | None = None if unknown_k else num_clusters  # K, once known
         self.queries = 0  # query rounds so far: the next criterion model is queries mod (models)
         self.clustered_round = 0
@@ -173,22 +201,29 @@ class CFLGP(Algorithm):
         super().setup(server)
         n, device = server.num_clients, server.device
         if self.num_clusters > n:
-            raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the {n} clients: "
-                             f"give at most {n}")
+            raise ValueError(
+                f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the {n} clients: give at most {n}"
+            )
         server.message.sends(QUERY, PER_CLIENT)  # an update at the criterion model, read into each client's profile
-        server.cohort.declare_every_client_work("each clustering partitions every client seen so far, from the "
-                                                "gradient profiles the server stored for them (no training)")
+        server.cohort.declare_every_client_work(
+            "each clustering partitions every client seen so far, from the "
+            "gradient profiles the server stored for them (no training)"
+        )
         entries = server.model.parameter_mask().nonzero().flatten()
         if self.compression > 1:
             size = max(1, len(entries) // self.compression)
             keep = server.random.rng(0, "cflgp-profile-entries").choice(len(entries), size, replace=False)
             entries = entries[torch.as_tensor(np.sort(keep), device=entries.device)]
         self.entries = entries
-        self.profile = server.state.declare("gradient_profile", initial=torch.zeros(
-            self.num_clusters, len(entries), dtype=server.model.initial_params.dtype, device=device))
+        self.profile = server.state.declare(
+            "gradient_profile",
+            initial=torch.zeros(
+                self.num_clusters, len(entries), dtype=server.model.initial_params.dtype, device=device
+            ),
+        )
         self.visits = torch.zeros(n, self.num_clusters, dtype=torch.long, device=device)
         self.gram = torch.zeros(n, n, dtype=torch.float64, device=device)  # profiles' inner products, seen clients
-        self.seen = torch.zeros(n, dtype=torch.bool, device=device)      # clients with a profile
+        self.seen = torch.zeros(n, dtype=torch.bool, device=device)  # clients with a profile
         self.labelled = torch.zeros(n, dtype=torch.bool, device=device)  # clients some clustering labelled
 
     def queries_in(self, round: int) -> bool:
@@ -211,8 +246,9 @@ class CFLGP(Algorithm):
         others = [i for i, c in enumerate(clients) if int(self.assignment[c]) != k]
         if others:
             at = self.models[k].expand(len(others), -1).contiguous()
-            elsewhere = self.server.clients.train_many(round, [clients[i] for i in others], at,
-                                                       lr_scale=self.learning_rate_scale(round))
+            elsewhere = self.server.clients.train_many(
+                round, [clients[i] for i in others], at, lr_scale=self.learning_rate_scale(round)
+            )
             query[others] = elsewhere.params[:, self.entries] - at[:, self.entries]
         trained.state = {**trained.state, QUERY: query}
         return trained
@@ -243,7 +279,7 @@ class CFLGP(Algorithm):
         seen = self.seen.nonzero().flatten()
         step = max(1, CHUNK_BYTES // (8 * fresh.shape[1]))
         for begin in range(0, len(seen), step):
-            chunk = seen[begin: begin + step]
+            chunk = seen[begin : begin + step]
             block = fresh @ self.profile.read(chunk).flatten(1).double().T
             self.gram[clients[:, None], chunk[None, :]] = block
             self.gram[chunk[:, None], clients[None, :]] = block.T
@@ -283,13 +319,24 @@ class CFLGP(Algorithm):
         return {"cluster/clustered_round": float(self.clustered_round)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "clusters": self.clusters, "queries": self.queries,
-                "clustered_round": self.clustered_round, "visits": self.visits, "gram": self.gram, "seen": self.seen,
-                "labelled": self.labelled}
+        return {
+            **super().state_dict(),
+            "clusters": self.clusters,
+            "queries": self.queries,
+            "clustered_round": self.clustered_round,
+            "visits": self.visits,
+            "gram": self.gram,
+            "seen": self.seen,
+            "labelled": self.labelled,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.clusters, self.queries = state["clusters"], state["queries"]
         self.clustered_round = state["clustered_round"]
-        self.visits, self.gram, self.seen, self.labelled = state["visits"], state["gram"], state["seen"], \
-            state["labelled"]
+        self.visits, self.gram, self.seen, self.labelled = (
+            state["visits"],
+            state["gram"],
+            state["seen"],
+            state["labelled"],
+        )

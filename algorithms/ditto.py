@@ -26,6 +26,7 @@ Deviations:
   what Local trains.
 - The global model is averaged weighted by training-set size, as everywhere in fedlight.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -51,7 +52,6 @@ class Ditto(Algorithm):
         participation: share of clients selected each round.
     """
 
-
     def __init__(self, lam: float = 1.0, personal_epochs: int | None = None, participation: float = 1.0) -> None:
         super().__init__(participation)
         if not lam >= 0:
@@ -71,8 +71,14 @@ class Ditto(Algorithm):
         hook = None
         if self.lam:
             hook = lambda rows, params, grad, begin: grad.add_(params - starts[rows], alpha=self.lam)  # noqa: E731
-        personal = self.server.clients.train_many(round, clients, self.personal_models.read(clients),
-                                                  self.personal_epochs, self.learning_rate_scale(round), hook)
+        personal = self.server.clients.train_many(
+            round,
+            clients,
+            self.personal_models.read(clients),
+            self.personal_epochs,
+            self.learning_rate_scale(round),
+            hook,
+        )
         trained.state = {"personal": personal.params}
         return trained
 

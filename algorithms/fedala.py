@@ -63,6 +63,7 @@ Deviations from the authors' code (PFLlib's FedALA), and why:
   SGD. W's steps are plain gradient steps of size eta, as PFLlib's.
 - The server's average is fedlight's FedAvg, weighted by training-set size, as PFLlib's.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -103,18 +104,28 @@ class FedALA(Algorithm):
         participation: share of clients selected each round.
     """
 
-
-    def __init__(self, eta: float = 1.0, rand_percent: float = 80.0, layers: float = 1, threshold: float = 0.1,
-                 num_pre_loss: int = 10, max_start_passes: int = 100, participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        eta: float = 1.0,
+        rand_percent: float = 80.0,
+        layers: float = 1,
+        threshold: float = 0.1,
+        num_pre_loss: int = 10,
+        max_start_passes: int = 100,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if not eta >= 0:
             raise ValueError(f"eta must be >= 0 (the aggregation weights' learning rate), got {eta}")
         if not 0 < rand_percent <= 100:
-            raise ValueError(f"rand_percent must be in (0, 100] (the percentage of a client's training data W learns "
-                             f"on), got {rand_percent}")
+            raise ValueError(
+                f"rand_percent must be in (0, 100] (the percentage of a client's training data W learns "
+                f"on), got {rand_percent}"
+            )
         if not layers > 0 or (2 * layers) % 1:
-            raise ValueError(f"layers must be a whole or half number of layers > 0 (p, the top layers ALA mixes), "
-                             f"got {layers}")
+            raise ValueError(
+                f"layers must be a whole or half number of layers > 0 (p, the top layers ALA mixes), got {layers}"
+            )
         if not threshold >= 0:
             raise ValueError(f"threshold must be >= 0, got {threshold}")
         if int(num_pre_loss) != num_pre_loss or num_pre_loss < 1:
@@ -128,8 +139,9 @@ class FedALA(Algorithm):
         super().setup(server)
         names = server.model.layers()
         if self.layers > len(names):
-            raise ValueError(f"layers must be at most the network's {len(names)} layers ({', '.join(names)}), got "
-                             f"{self.layers}")
+            raise ValueError(
+                f"layers must be at most the network's {len(names)} layers ({', '.join(names)}), got {self.layers}"
+            )
         self.mixed = server.model.layer_count_mask(self.layers, "last") & server.model.parameter_mask()
         initial = server.model.initial_params[self.mixed]
         self.local = server.state.declare("local", initial=initial)  # theta_i^0 = Theta^0
@@ -148,8 +160,8 @@ class FedALA(Algorithm):
         initialized = starts.clone()
         if active:
             weights[active], passes[active] = self.learn_weights(
-                round, [clients[r] for r in active], starts[active], local[active], weights[active],
-                learned[active] > 0)
+                round, [clients[r] for r in active], starts[active], local[active], weights[active], learned[active] > 0
+            )
             learned[active] = 1
             top = initialized[active]
             top[:, mixed] = mix(local[active], received[active], weights[active])
@@ -159,8 +171,9 @@ class FedALA(Algorithm):
         trained.state = {"local": trained.params[:, mixed], "weights": weights, "weights_learned": learned}
         return trained
 
-    def learn_weights(self, round: int, clients: list[int], starts: Tensor, local: Tensor, weights: Tensor,
-                      learned: Tensor) -> tuple[Tensor, Tensor]:
+    def learn_weights(
+        self, round: int, clients: list[int], starts: Tensor, local: Tensor, weights: Tensor, learned: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """W of each client after its ALA step: passes over its s % sample (`sample_batches`), one for a client
         whose W has been learned before (`learned`), else until its pass losses settle or `max_start_passes`.
         Returns (W, passes of each client)."""
@@ -193,8 +206,11 @@ class FedALA(Algorithm):
         pass losses (`history`: clients x passes) have a standard deviation of `threshold` or more (or that have
         no more than `num_pre_loss` passes yet), below `max_start_passes` passes."""
         n = self.num_pre_loss
-        spread = (history[:, -n:].std(dim=1, unbiased=False) if history.shape[1] > n
-                  else torch.full_like(passes, float("inf")))
+        spread = (
+            history[:, -n:].std(dim=1, unbiased=False)
+            if history.shape[1] > n
+            else torch.full_like(passes, float("inf"))
+        )
         unsettled = (~learned) & ~(spread < self.threshold) & (passes < self.max_start_passes)
         return [row for row in going if bool(unsettled[row])]
 

@@ -50,6 +50,7 @@ Deviations, and why:
   training data, as Local's newcomers do (the paper defines no placement; w^0, the base class's global row, which
   FedAMP never changes, is the untrained network).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -103,17 +104,21 @@ class FedAMP(Algorithm):
 
     plan = Plan(holds_updates=True)  # the round's trained models become the clients' personal models at once
 
-    def __init__(self, alpha_k: float = 1.0, lam: float = 1.0, sigma: float | None = None,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self, alpha_k: float = 1.0, lam: float = 1.0, sigma: float | None = None, participation: float = 1.0
+    ) -> None:
         super().__init__(participation)
         if not alpha_k > 0:
-            raise ValueError(f"alpha_k must be > 0 (the server's step size), got {alpha_k}: give a positive value "
-                             "such as 1.0")
+            raise ValueError(
+                f"alpha_k must be > 0 (the server's step size), got {alpha_k}: give a positive value such as 1.0"
+            )
         if not lam >= 0:
             raise ValueError(f"lam must be >= 0 (the attention term's weight), got {lam}: give 0 or more, such as 1.0")
         if sigma is not None and not sigma > 0:
-            raise ValueError(f"sigma must be > 0 (the scale of A(x) = 1 - exp(-x / sigma)), got {sigma}: give a "
-                             "positive value, or None for alpha_k x (clients a round - 1)")
+            raise ValueError(
+                f"sigma must be > 0 (the scale of A(x) = 1 - exp(-x / sigma)), got {sigma}: give a "
+                "positive value, or None for alpha_k x (clients a round - 1)"
+            )
         self.alpha_k, self.lam, self.sigma = alpha_k, lam, sigma
         self.cloud: dict[int, Tensor] = {}  # the round's cloud model of each of its clients, until it aggregates
 
@@ -156,8 +161,9 @@ class FedAMP(Algorithm):
         if self.lam:
             pull = self.lam / self.alpha_k
             hook = lambda rows, params, grad, cloud: grad.add_(params - cloud, alpha=pull)  # noqa: E731
-        return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                              gradient_hook=hook)
+        return self.server.clients.train_many(
+            round, clients, starts, lr_scale=self.learning_rate_scale(round), gradient_hook=hook
+        )
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """Each client's trained model becomes its personal model w_i (the clients left out keep theirs)."""

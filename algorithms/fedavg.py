@@ -1,4 +1,5 @@
 """FedAvg (McMahan et al., 2017): sample clients, train locally, average weighted by data size."""
+
 from fedlight.plugin import Algorithm
 
 

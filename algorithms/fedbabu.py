@@ -17,6 +17,7 @@ every round.
 Deviations:
 - Bodies are averaged weighted by training-set size, as everywhere in fedlight.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -52,8 +53,9 @@ class FedBABU(Algorithm):
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The module's SGD on the body alone; the head keeps its start (the initial head) exactly."""
-        return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                              trainable=~self.head)
+        return self.server.clients.train_many(
+            round, clients, starts, lr_scale=self.learning_rate_scale(round), trainable=~self.head
+        )
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """FedAvg, then the initial head written back (the weighted mean of equal heads may round differently)."""

@@ -1,5 +1,6 @@
 """FedBN (Li, Jiang, Zhang, Kamp, Dou, 2021, "FedBN: Federated Learning on Non-IID Features via Local Batch
 Normalization"): FedAvg on everything but the BatchNorm layers, which every client keeps for itself."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -20,7 +21,6 @@ class FedBN(Algorithm):
     Args:
         participation: share of clients selected each round.
     """
-
 
     def setup(self, server: ServerContext) -> None:
         super().setup(server)

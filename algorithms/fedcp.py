@@ -50,6 +50,7 @@ Deviations from PFLlib, and why:
   the global head on the global body's features (the two shares sum to one; the bias counts twice);
   `federation.finetune_epochs` then personalizes it (the module's `training_step` on the FedCP model).
 """
+
 from __future__ import annotations
 
 import copy
@@ -124,7 +125,6 @@ class FedCP(Algorithm):
         participation: share of clients selected each round.
     """
 
-
     def __init__(self, lam: float = 1.0, participation: float = 1.0) -> None:
         super().__init__(participation)
         if not lam >= 0:
@@ -136,8 +136,10 @@ class FedCP(Algorithm):
     def extend_model(self, parts: ModelParts) -> None:
         size = parts.feature_size("FedCP")
         if size < 1:
-            raise ValueError(f"FedCP's policy network splits the head's {size} input features: end the network with "
-                             "an nn.Linear that reads at least one feature")
+            raise ValueError(
+                f"FedCP's policy network splits the head's {size} input features: end the network with "
+                "an nn.Linear that reads at least one feature"
+            )
         assert parts.head_name is not None  # `feature_size` read the head
         self.head_layer = parts.head_name
         parts.add(GLOBAL_HEAD, copy.deepcopy(parts.head))  # PFLlib: the global head starts as a copy of the head
@@ -153,16 +155,19 @@ class FedCP(Algorithm):
         policy = module.get_submodule(POLICY)
         context = context_of(linear.weight) if self._context is None else self._context
         personal, shared = policy_shares(policy, features, context, noisy=policy.training)
-        return F.linear(features * personal, linear.weight, linear.bias) + \
-            module.get_submodule(GLOBAL_HEAD)(features * shared)
+        return F.linear(features * personal, linear.weight, linear.bias) + module.get_submodule(GLOBAL_HEAD)(
+            features * shared
+        )
 
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
         self.personal_head = server.model.layer_mask([self.head_layer])
         self.global_head = server.model.layer_mask([GLOBAL_HEAD])
         if int(self.personal_head.sum()) != int(self.global_head.sum()):
-            raise ValueError("FedCP's global head copies the network's last layer, which must be the linear head "
-                             "alone; end the network with one nn.Linear")
+            raise ValueError(
+                "FedCP's global head copies the network's last layer, which must be the linear head "
+                "alone; end the network with one nn.Linear"
+            )
         self.set_personal_mask(self.personal_head)
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
@@ -171,19 +176,28 @@ class FedCP(Algorithm):
         server = self.server
         contexts = context_of(server.model.named_tensors(starts)[f"{self.head_layer}.weight"])
         global_model = server.model.named_tensors(self.models[0].clone())
-        weights = {name: global_model[name] for name, _ in server.model.module.named_parameters()
-                   if name in global_model}  # a frozen base is outside the flat model: the module's own stands in
+        weights = {
+            name: global_model[name] for name, _ in server.model.module.named_parameters() if name in global_model
+        }  # a frozen base is outside the flat model: the module's own stands in
         objective = functools.partial(self._objective, weights)
-        trained = server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                            trainable=~self.global_head, objective=objective, client_inputs=contexts)
+        trained = server.clients.train_many(
+            round,
+            clients,
+            starts,
+            lr_scale=self.learning_rate_scale(round),
+            trainable=~self.global_head,
+            objective=objective,
+            client_inputs=contexts,
+        )
         if self.lam:
             server.clients.forward_passes(clients, 1)  # the frozen global body, on every batch
         params = trained.params
         params[:, self.global_head] = 0.5 * (params[:, self.personal_head] + params[:, self.global_head])
         return trained
 
-    def _objective(self, global_weights: dict[str, Tensor], module: nn.Module, batch: tuple[Tensor, Tensor],
-                   context: Tensor) -> Tensor:
+    def _objective(
+        self, global_weights: dict[str, Tensor], module: nn.Module, batch: tuple[Tensor, Tensor], context: Tensor
+    ) -> Tensor:
         """Cross-entropy of the two-head logits + lam x MMD between the client's features and those of the global
         body (`global_weights`, the parameters; the client's buffers, copied) on the same batch."""
         x, y = batch
@@ -197,8 +211,9 @@ class FedCP(Algorithm):
             return loss
         self._plain_head = True
         try:
-            global_features = features_with(module, self.server.model.head,
-                                            {**global_weights, **dict(module.named_buffers())}, x)
+            global_features = features_with(
+                module, self.server.model.head, {**global_weights, **dict(module.named_buffers())}, x
+            )
         finally:
             self._plain_head = False
         return loss + self.lam * mmd(features, global_features.detach())

@@ -41,6 +41,7 @@ Deviations:
   mean; PFLlib's would be a full batch's. Set a batch size that divides the clients' training sets, or a momentum
   below 1, where that matters.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
@@ -103,16 +104,20 @@ class FedDBE(Algorithm):
         participation: share of clients selected each round.
     """
 
-
-    def __init__(self, kappa: float = 50.0, momentum: float = 1.0, every_client_mean: bool = True,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self, kappa: float = 50.0, momentum: float = 1.0, every_client_mean: bool = True, participation: float = 1.0
+    ) -> None:
         super().__init__(participation)
         if kappa < 0:
-            raise ValueError(f"FedDBE's kappa (the mean regularization's weight) must be >= 0, got {kappa}: set "
-                             "algorithm.init_args.kappa to 0 (no MR) or more")
+            raise ValueError(
+                f"FedDBE's kappa (the mean regularization's weight) must be >= 0, got {kappa}: set "
+                "algorithm.init_args.kappa to 0 (no MR) or more"
+            )
         if not 0 <= momentum <= 1:
-            raise ValueError(f"FedDBE's momentum (of the features' running mean) must be in [0, 1], got {momentum}: "
-                             "set algorithm.init_args.momentum within it")
+            raise ValueError(
+                f"FedDBE's momentum (of the features' running mean) must be in [0, 1], got {momentum}: "
+                "set algorithm.init_args.momentum within it"
+            )
         self.kappa, self.momentum, self.every_client_mean = float(kappa), float(momentum), bool(every_client_mean)
         self.global_mean: Tensor | None = None  # fixed once computed, before round 1
 
@@ -129,9 +134,12 @@ class FedDBE(Algorithm):
         self.running_mean = server.model.layer_mask([RUNNING_MEAN])
         self.set_personal_mask(self.prbm)
         if self.every_client_mean and self.kappa > 0:
-            server.cohort.needs_every_client("FedDBE", "once before round 1 (the global mean of the features, PFLlib's "
-                                      "initialization)", instead="algorithm.init_args.every_client_mean: false",
-                                      in_a_round=False)
+            server.cohort.needs_every_client(
+                "FedDBE",
+                "once before round 1 (the global mean of the features, PFLlib's initialization)",
+                instead="algorithm.init_args.every_client_mean: false",
+                in_a_round=False,
+            )
 
     def begin_round(self, round: int) -> None:
         """Every running mean starts at zero; before the first round, the global mean (none without MR)."""
@@ -148,7 +156,7 @@ class FedDBE(Algorithm):
         weights = self.server.clients.train_sizes.to(self.models.dtype)
         total = self.models.new_zeros(int(self.running_mean.sum()))
         for begin in range(0, len(clients), chunk):
-            group = clients[begin: begin + chunk]
+            group = clients[begin : begin + chunk]
             starts = self.server.model.initial_params.expand(len(group), -1)
             trained = self.server.clients.train_many(0, group, starts, trainable=~self.prbm, objective=self._objective)
             total += weights[group].to(total.device) @ trained.params[:, self.running_mean]
@@ -157,8 +165,9 @@ class FedDBE(Algorithm):
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The module's SGD on cross-entropy of head(features + PRBM) + kappa x MR; the running means stay home."""
-        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                                 objective=self._objective)
+        trained = self.server.clients.train_many(
+            round, clients, starts, lr_scale=self.learning_rate_scale(round), objective=self._objective
+        )
         trained.params[:, self.running_mean] = 0
         return trained
 

@@ -30,6 +30,7 @@ training data, which fedlight's server does not hold; here the check is the KL d
 fifth of the public set (unlabelled, never distilled on). `patience: null` runs every step and keeps the last student.
 The digits configs take far fewer steps (the public set has a few hundred images).
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,16 @@ class FedDF(Algorithm):
         participation: share of clients selected each round.
     """
 
-    def __init__(self, steps: int = 10_000, lr: float = 1e-3, batch_size: int = 64, temperature: float = 1.0,
-                 check_every: int = 100, patience: int | None = 1_000, participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        steps: int = 10_000,
+        lr: float = 1e-3,
+        batch_size: int = 64,
+        temperature: float = 1.0,
+        check_every: int = 100,
+        patience: int | None = 1_000,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         for name, value in (("steps", steps), ("batch_size", batch_size), ("check_every", check_every)):
             if value < 1:
@@ -81,8 +90,10 @@ class FedDF(Algorithm):
         super().setup(server)
         public = server.data.public_x
         if public is None or len(public) < (2 if self.patience is not None else 1):
-            raise ValueError("FedDF distills on the server's unlabelled public data, and the data module holds "
-                             f"{0 if public is None else len(public)} samples out: set data.public_size (e.g. 300)")
+            raise ValueError(
+                "FedDF distills on the server's unlabelled public data, and the data module holds "
+                f"{0 if public is None else len(public)} samples out: set data.public_size (e.g. 300)"
+            )
         self.public = server.data.inputs(public)
         order = torch.from_numpy(server.random.rng(0, "feddf-holdout").permutation(len(public)))
         held = math.ceil(len(public) / 5) if self.patience is not None else 0
@@ -102,8 +113,7 @@ class FedDF(Algorithm):
         """The uniform aggregate of the trained models, then distilled towards the mean of the clients' logits."""
         models = self.models
         average = self.server.aggregation.new(len(models), models.shape[1], models.dtype, models.device, None)
-        teacher = torch.zeros(len(self.public), self.server.data.num_classes, dtype=torch.float64,
-                              device=models.device)
+        teacher = torch.zeros(len(self.public), self.server.data.num_classes, dtype=torch.float64, device=models.device)
         received = torch.zeros(1, dtype=torch.float64, device=models.device)
         for group in updates.groups():
             ones = torch.ones(len(group), dtype=models.dtype, device=models.device)
@@ -131,8 +141,11 @@ class FedDF(Algorithm):
         rows = self.distilled
         best, best_divergence, since_best = start.clone(), self._divergence(student, target), 0
         for step in range(1, self.steps + 1):
-            batch = rows[torch.from_numpy(rng.choice(len(rows), size=min(self.batch_size, len(rows)),
-                                                     replace=False)).to(rows.device)]
+            batch = rows[
+                torch.from_numpy(rng.choice(len(rows), size=min(self.batch_size, len(rows)), replace=False)).to(
+                    rows.device
+                )
+            ]
             loss = self._kl(student, batch, target)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
@@ -159,8 +172,9 @@ class FedDF(Algorithm):
 
     def _kl(self, student: Tensor, rows: Tensor, target: Tensor) -> Tensor:
         """KL(target || softmax(student / T)) on the public `rows`, the batch mean."""
-        logits = functional_call(self.server.model.module, self.server.model.named_tensors(student),
-                                 (self.public[rows],))
+        logits = functional_call(
+            self.server.model.module, self.server.model.named_tensors(student), (self.public[rows],)
+        )
         return F.kl_div(F.log_softmax(logits.float() / self.temperature, dim=1), target[rows], reduction="batchmean")
 
     @torch.no_grad()

@@ -36,6 +36,7 @@ Deviations and limits:
 - with momentum in the local optimizer the first-order condition behind g_k's update holds only approximately; the
   configs use plain SGD, as the paper.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -85,8 +86,9 @@ class FedDyn(Algorithm):
             at = linear if rows == everyone else linear[rows]  # the whole call in one group: no copy a step
             grad.sub_(at).add_(params, alpha=alpha).sub_(begin, alpha=alpha)
 
-        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                                 gradient_hook=regularized)
+        trained = self.server.clients.train_many(
+            round, clients, starts, lr_scale=self.learning_rate_scale(round), gradient_hook=regularized
+        )
         moved = torch.sub(trained.params, starts).masked_fill_(~self.parameter_entries, 0)
         new = linear.sub_(moved, alpha=alpha)
         del moved
@@ -99,8 +101,12 @@ class FedDyn(Algorithm):
         average = self.server.aggregation.new(len(models), models.shape[1], models.dtype, models.device, None)
         received = torch.zeros(1, dtype=torch.float64, device=models.device)
         for group in updates.groups():
-            average.add(self.assignment[group.clients], torch.ones(len(group), dtype=models.dtype,
-                                                                   device=models.device), group.params, group.starts)
+            average.add(
+                self.assignment[group.clients],
+                torch.ones(len(group), dtype=models.dtype, device=models.device),
+                group.params,
+                group.starts,
+            )
             received += len(group)
             del group
         average.reduce(updates)

@@ -57,6 +57,7 @@ round 30:
 A client that arrives after training fits its mixture weights on its training data by EM with the components fixed
 (`fit_mixture_weights`), and predicts with its mixture.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Literal
@@ -66,8 +67,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlight.plugin import (MODEL, ROUTING, Algorithm, ClientModels, GroupModels, Newcomers, RoundUpdates, Trained,
-                             Updates)
+from fedlight.plugin import (
+    MODEL,
+    ROUTING,
+    Algorithm,
+    ClientModels,
+    GroupModels,
+    Newcomers,
+    RoundUpdates,
+    Trained,
+    Updates,
+)
 
 if TYPE_CHECKING:
     from fedlight.plugin import ServerContext
@@ -81,8 +91,9 @@ def posterior(log_weights: Tensor, losses: Tensor) -> Tensor:
     return torch.softmax(log_weights - losses.T, dim=1)
 
 
-def fit_mixture_weights(losses: Tensor, owner: Tensor, count: int, iterations: int = 200,
-                        tolerance: float = 1e-8) -> Tensor:
+def fit_mixture_weights(
+    losses: Tensor, owner: Tensor, count: int, iterations: int = 200, tolerance: float = 1e-8
+) -> Tensor:
     """(count, M) mixture weights of `count` clients fitted by EM with the components fixed, from every component's
     loss on every sample (losses: (M, samples)) and the client of each sample (owner: (samples,)): from uniform
     weights, alternate the E-step and pi = the mean posterior over each client's samples."""
@@ -151,8 +162,12 @@ class FedEM(Algorithm):
             The same with every client in every round (the paper's experiments).
     """
 
-    def __init__(self, num_components: int = 3, participation: float = 1.0,
-                 average: Literal["all_clients", "sampled"] = "all_clients") -> None:
+    def __init__(
+        self,
+        num_components: int = 3,
+        participation: float = 1.0,
+        average: Literal["all_clients", "sampled"] = "all_clients",
+    ) -> None:
         super().__init__(participation)
         if num_components < 1:
             raise ValueError(f"algorithm.init_args.num_components must be >= 1, got {num_components}")
@@ -162,16 +177,22 @@ class FedEM(Algorithm):
 
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
-        server.message.sends("copies", MODEL,  # its trained copy of every component, from the components
-                             trained_from=lambda clients: self.models.expand(len(clients), -1, -1))
+        server.message.sends(
+            "copies",
+            MODEL,  # its trained copy of every component, from the components
+            trained_from=lambda clients: self.models.expand(len(clients), -1, -1),
+        )
         server.message.sends("component", ROUTING)  # the component it started from, the server's assignment
         m = self.num_components
         if m > server.num_clients:
-            raise ValueError(f"algorithm.init_args.num_components is {m}, more than the {server.num_clients} "
-                             f"clients: give at most {server.num_clients}")
+            raise ValueError(
+                f"algorithm.init_args.num_components is {m}, more than the {server.num_clients} "
+                f"clients: give at most {server.num_clients}"
+            )
         seeds = server.random.rng(0, "fedem-components").integers(2**31, size=m)
-        self.models = torch.stack([server.model.initial_params]
-                                  + [server.model.random_params(int(s)) for s in seeds[1:]])
+        self.models = torch.stack(
+            [server.model.initial_params] + [server.model.random_params(int(s)) for s in seeds[1:]]
+        )
         self.mixture = server.state.declare("mixture", initial=self.initial_mixture())
 
     def initial_mixture(self) -> Tensor:
@@ -190,8 +211,11 @@ class FedEM(Algorithm):
         which the engine stores). The loss is the sum over components of their weighted losses."""
         if self.num_components == 1:
             trained = super().train_group(round, clients, starts)
-            trained.state = {"copies": trained.params[:, None], "component": self.assignment[clients],
-                             "mixture": self.mixture.read(clients)}
+            trained.state = {
+                "copies": trained.params[:, None],
+                "component": self.assignment[clients],
+                "mixture": self.mixture.read(clients),
+            }
             return trained
         q = [self.responsibilities(c) for c in clients]
         trained = self.train_components(round, clients, starts, q)
@@ -218,8 +242,9 @@ class FedEM(Algorithm):
         copies = starts.new_empty(len(clients), *self.models.shape)  # each client's copies, written as trained
         losses = []
         for m, theta in enumerate(self.models):
-            part = self.server.clients.train_many(round, clients, theta.expand(len(clients), -1), lr_scale=scale,
-                                                  sample_weights=[qc[:, m] for qc in q])
+            part = self.server.clients.train_many(
+                round, clients, theta.expand(len(clients), -1), lr_scale=scale, sample_weights=[qc[:, m] for qc in q]
+            )
             copies[:, m] = part.params
             losses.append(part.loss)
             del part  # one component's trained models beside the block, never all of them
@@ -242,8 +267,12 @@ class FedEM(Algorithm):
             weights = self.component_weights(group)  # (clients, M), before the copies leave the state
             rows = copy_rows(group.params, group.state.pop("copies"), group.state.pop("component"))
             k = len(group)  # a client's rows: its copies of components 0..M-1, and their starts
-            average.add(components.repeat(k), weights.to(self.models.dtype).reshape(-1), rows,
-                        self.models.repeat(k, 1) if average.reads_starts else None)
+            average.add(
+                components.repeat(k),
+                weights.to(self.models.dtype).reshape(-1),
+                rows,
+                self.models.repeat(k, 1) if average.reads_starts else None,
+            )
             received += weights.to(torch.float64).sum(dim=0)
             del group, rows
         average.reduce(updates)

@@ -57,6 +57,7 @@ Deviations, and choices the paper leaves open:
   own training data, as Local's newcomers do (the paper defines no placement; the base class's answer, the untrained
   initial model, scored 0.077 on the digits newcomers). `federation.finetune_epochs` trains it on its own data.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
     from fedlight.plugin import ServerContext
 
 VALIDATION_PURPOSE = "fedfomo_validation"  # the stream that draws each client's held-out training rows
-DOWNLOAD_PURPOSE = "fedfomo_download"      # the stream of the server's epsilon-greedy picks
+DOWNLOAD_PURPOSE = "fedfomo_download"  # the stream of the server's epsilon-greedy picks
 
 
 def first_order_weights(own: Tensor, own_loss: Tensor, others: Tensor, losses: Tensor) -> tuple[Tensor, Tensor]:
@@ -94,8 +95,9 @@ def first_order_update(own: Tensor, others: Tensor, weights: Tensor) -> Tensor:
     return own + weights @ (others - own)
 
 
-def epsilon_greedy(affinity: np.ndarray, candidates: np.ndarray, count: int, epsilon: float,
-                   rng: np.random.Generator) -> list[int]:
+def epsilon_greedy(
+    affinity: np.ndarray, candidates: np.ndarray, count: int, epsilon: float, rng: np.random.Generator
+) -> list[int]:
     """`count` of `candidates` (all of them when fewer), picked one at a time: with probability `epsilon` the next
     of a random order of the candidates, else the next by `affinity` (highest first, ties in random order), skipping
     those already picked (the authors' e_greedy download)."""
@@ -123,20 +125,27 @@ class FedFomo(Algorithm):
         participation: share of clients selected each round.
     """
 
-
-    def __init__(self, M: int = 4, epsilon: float = 0.3, epsilon_decay: float = 0.05, val_share: float = 0.2,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        M: int = 4,
+        epsilon: float = 0.3,
+        epsilon_decay: float = 0.05,
+        val_share: float = 0.2,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if isinstance(M, bool) or not isinstance(M, int) or M < 1:
             raise ValueError(f"M must be an integer >= 1 (the models each selected client receives), got {M!r}")
         if not 0 <= epsilon <= 1:
-            raise ValueError(f"epsilon must be in [0, 1] (the chance a received model is drawn at random), "
-                             f"got {epsilon}")
+            raise ValueError(
+                f"epsilon must be in [0, 1] (the chance a received model is drawn at random), got {epsilon}"
+            )
         if not epsilon_decay >= 0:
             raise ValueError(f"epsilon_decay must be >= 0 (how much epsilon falls each round), got {epsilon_decay}")
         if not 0 < val_share < 1:
-            raise ValueError(f"val_share must be in (0, 1) (the share of training rows held out for validation), "
-                             f"got {val_share}")
+            raise ValueError(
+                f"val_share must be in (0, 1) (the share of training rows held out for validation), got {val_share}"
+            )
         self.M, self.epsilon, self.epsilon_decay, self.val_share = M, epsilon, epsilon_decay, val_share
 
     def setup(self, server: ServerContext) -> None:
@@ -168,8 +177,13 @@ class FedFomo(Algorithm):
                 signed, weights = first_order_weights(starts[row], losses[row][0], others, losses[row][1:])
                 combined[row] = first_order_update(starts[row], others, weights)
                 affinity[row, ids] += signed.to(affinity.dtype)
-        trained = self.server.clients.train_many(round, clients, combined, lr_scale=self.learning_rate_scale(round),
-                                                 sample_weights=self.training_weights(clients))
+        trained = self.server.clients.train_many(
+            round,
+            clients,
+            combined,
+            lr_scale=self.learning_rate_scale(round),
+            sample_weights=self.training_weights(clients),
+        )
         trained.state = {"local_models": trained.params, "affinity": affinity}
         return trained
 
@@ -179,9 +193,16 @@ class FedFomo(Algorithm):
         stored = self.local_models.touched().cpu().numpy()
         rows = self.affinity.read(clients).cpu().numpy()
         epsilon = max(0.0, self.epsilon - self.epsilon_decay * (round - 1))
-        return [epsilon_greedy(row, stored[stored != client], self.M, epsilon,
-                               np.random.default_rng(self.server.random.client_seed(round, client, DOWNLOAD_PURPOSE)))
-                for client, row in zip(clients, rows)]
+        return [
+            epsilon_greedy(
+                row,
+                stored[stored != client],
+                self.M,
+                epsilon,
+                np.random.default_rng(self.server.random.client_seed(round, client, DOWNLOAD_PURPOSE)),
+            )
+            for client, row in zip(clients, rows)
+        ]
 
     def validation_losses(self, clients: list[int], starts: Tensor, received: list[list[int]]) -> list[Tensor]:
         """For each client, (1 + its received models,) validation losses: its own model's first, then each received
@@ -196,8 +217,10 @@ class FedFomo(Algorithm):
             params = starts[position[model]] if model in position else self.local_models[model]
             for row, value in zip(rows, self.losses(params, [clients[r] for r in rows])):
                 loss[row, model] = value
-        return [torch.stack([loss[row, model] for model in (client, *ids)])
-                for row, (client, ids) in enumerate(zip(clients, received))]
+        return [
+            torch.stack([loss[row, model] for model in (client, *ids)])
+            for row, (client, ids) in enumerate(zip(clients, received))
+        ]
 
     # -- validation data ----------------------------------------------------------------------------------------
     def losses(self, params: Tensor, clients: list[int]) -> Tensor:
@@ -206,13 +229,13 @@ class FedFomo(Algorithm):
         if self.validation == "val":
             return self.server.clients.losses(params[None], "val", clients)[0]
         split = self.server.clients.split("train")
-        parts = [(x[held], y[held]) for x, y, held in
-                 ((*split.client(c), self.held_out_rows(c)) for c in clients)]
+        parts = [(x[held], y[held]) for x, y, held in ((*split.client(c), self.held_out_rows(c)) for c in clients)]
         y = torch.cat([part[1] for part in parts])
         sizes = torch.tensor([len(part[1]) for part in parts], device=y.device)
         owner = torch.repeat_interleave(torch.arange(len(clients), device=y.device), sizes)
-        entropy = F.cross_entropy(self.server.model.predict(params, torch.cat([part[0] for part in parts])), y,
-                                  reduction="none")
+        entropy = F.cross_entropy(
+            self.server.model.predict(params, torch.cat([part[0] for part in parts])), y, reduction="none"
+        )
         return torch.bincount(owner, weights=entropy, minlength=len(clients)) / sizes
 
     def held_out_rows(self, client: int) -> Tensor:

@@ -59,6 +59,7 @@ A client that arrives after training fits its weights pi (M1 x K) by EM with the
 the authors' unseen-client script runs E-steps with the global Gaussians and models (`unseen_step`), where the weights
 here are fitted to convergence, as FedEM's newcomers' are.
 """
+
 from __future__ import annotations
 
 import math
@@ -91,7 +92,7 @@ def moment_statistics(x: Tensor, weights: Tensor) -> Tensor:
 def unpack(statistics: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(count (M,), sum (M, d), sum of outer products (M, d, d)) from `moment_statistics`' rows."""
     d = int(math.isqrt(statistics.shape[1] - 1))  # 1 + d + d^2 columns: d = floor(sqrt(columns - 1))
-    return statistics[:, 0], statistics[:, 1:1 + d], statistics[:, 1 + d:].reshape(-1, d, d)
+    return statistics[:, 0], statistics[:, 1 : 1 + d], statistics[:, 1 + d :].reshape(-1, d, d)
 
 
 def gaussians_from_statistics(statistics: Tensor) -> tuple[Tensor, Tensor]:
@@ -118,7 +119,7 @@ def gaussian_log_densities(e: Tensor, means: Tensor, covariances: Tensor) -> Ten
     solved = torch.linalg.solve_triangular(factors, centred, upper=False)
     log_det = 2.0 * torch.log(torch.diagonal(factors, dim1=1, dim2=2)).sum(dim=1)  # (M,)
     d = e.shape[1]
-    return (-0.5 * (d * math.log(2 * math.pi) + log_det[:, None] + (solved ** 2).sum(dim=1))).T
+    return (-0.5 * (d * math.log(2 * math.pi) + log_det[:, None] + (solved**2).sum(dim=1))).T
 
 
 def pair_losses(losses: Tensor, log_densities: Tensor) -> Tensor:
@@ -146,8 +147,15 @@ class GaussianMixturePredictor(MixturePredictor):
     """A client's mixture as an evaluation model: raw inputs -> log sum_k p(k | x) softmax(theta_k(x)), p(k | x)
     from its weights and the Gaussians of the embedded inputs (the paper's p(y | x) = p(x, y) / p(x))."""
 
-    def __init__(self, predict: Callable[[Tensor, Tensor], Tensor], components: Tensor, log_weights: Tensor,
-                 embed: Callable[[Tensor], Tensor], means: Tensor, covariances: Tensor) -> None:
+    def __init__(
+        self,
+        predict: Callable[[Tensor, Tensor], Tensor],
+        components: Tensor,
+        log_weights: Tensor,
+        embed: Callable[[Tensor], Tensor],
+        means: Tensor,
+        covariances: Tensor,
+    ) -> None:
         super().__init__(predict, components, log_weights)
         self.embed, self.means, self.covariances = embed, means, covariances
 
@@ -169,17 +177,25 @@ class FedGMM(FedEM):
         average: "all_clients" (the authors' server) or "sampled", as FedEM's.
     """
 
-    def __init__(self, num_components: int = 3, num_gaussians: int = 3, embedding_dim: int = 32,
-                 covariance_regularization: float = 0.1, participation: float = 1.0,
-                 average: Literal["all_clients", "sampled"] = "all_clients") -> None:
+    def __init__(
+        self,
+        num_components: int = 3,
+        num_gaussians: int = 3,
+        embedding_dim: int = 32,
+        covariance_regularization: float = 0.1,
+        participation: float = 1.0,
+        average: Literal["all_clients", "sampled"] = "all_clients",
+    ) -> None:
         super().__init__(num_components, participation, average)
         if num_gaussians < 1:
             raise ValueError(f"algorithm.init_args.num_gaussians must be >= 1, got {num_gaussians}")
         if embedding_dim < 1:
             raise ValueError(f"algorithm.init_args.embedding_dim must be >= 1, got {embedding_dim}")
         if not covariance_regularization > 0:
-            raise ValueError(f"algorithm.init_args.covariance_regularization must be > 0 (it keeps every covariance "
-                             f"invertible), got {covariance_regularization}")
+            raise ValueError(
+                f"algorithm.init_args.covariance_regularization must be > 0 (it keeps every covariance "
+                f"invertible), got {covariance_regularization}"
+            )
         self.num_gaussians, self.embedding_dim = num_gaussians, embedding_dim
         self.covariance_regularization = covariance_regularization
 
@@ -190,13 +206,16 @@ class FedGMM(FedEM):
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
         server.message.sends("gaussian_statistics", SUMMED)
-        server.cohort.declare_every_client_work("every client sends its inputs' moments once, before round 1, for the "
-                                                "embedding's PCA")
+        server.cohort.declare_every_client_work(
+            "every client sends its inputs' moments once, before round 1, for the embedding's PCA"
+        )
         train = server.clients.split("train")
         features = server.data.inputs(train.x[:1]).flatten(1).shape[1]
         if self.embedding_dim > features:
-            raise ValueError(f"algorithm.init_args.embedding_dim is {self.embedding_dim}, more than the {features} "
-                             f"input features: give at most {features}")
+            raise ValueError(
+                f"algorithm.init_args.embedding_dim is {self.embedding_dim}, more than the {features} "
+                f"input features: give at most {features}"
+            )
         pooled = self.input_statistics(train.client(0)[0])
         for c in range(1, server.num_clients):  # summed a client at a time
             pooled = pooled + self.input_statistics(train.client(c)[0])
@@ -205,13 +224,16 @@ class FedGMM(FedEM):
         self.means = torch.as_tensor(draws, device=variances.device) * variances.sqrt()
         self.covariances = torch.diag(variances).expand(self.num_gaussians, -1, -1).clone()
         m1, k = self.num_gaussians, self.num_components  # every client's n_t pi_t, summed: uniform weights
-        self.mass = torch.full((m1, k), float(server.clients.train_sizes.sum()) / (m1 * k), dtype=torch.float64,
-                               device=server.device)
+        self.mass = torch.full(
+            (m1, k), float(server.clients.train_sizes.sum()) / (m1 * k), dtype=torch.float64, device=server.device
+        )
 
     def flat_inputs(self, x: Tensor) -> Tensor:
         """Raw samples as the model sees them, flattened, in float64, a chunk of rows at a time."""
-        parts = [self.server.data.inputs(x[i:i + CHUNK_ROWS]).flatten(1).to(torch.float64)
-                 for i in range(0, len(x), CHUNK_ROWS)]
+        parts = [
+            self.server.data.inputs(x[i : i + CHUNK_ROWS]).flatten(1).to(torch.float64)
+            for i in range(0, len(x), CHUNK_ROWS)
+        ]
         return torch.cat(parts) if parts else x.new_zeros(0, 0, dtype=torch.float64)
 
     def input_statistics(self, x: Tensor) -> Tensor:
@@ -242,8 +264,9 @@ class FedGMM(FedEM):
         q, statistics = [], []
         for c in clients:
             e, densities = self.log_densities(train.client(c)[0])
-            qc = joint_posterior(self.mixture[c].to(torch.float64).log(), densities,
-                                 self.sample_losses(c).to(torch.float64))
+            qc = joint_posterior(
+                self.mixture[c].to(torch.float64).log(), densities, self.sample_losses(c).to(torch.float64)
+            )
             q.append(qc)
             statistics.append(moment_statistics(e, qc.sum(dim=2)))
         trained = self.train_components(round, clients, starts, [qc.sum(dim=1).to(starts.dtype) for qc in q])
@@ -293,8 +316,9 @@ class FedGMM(FedEM):
     def mixture_predictor(self, log_weights: Tensor) -> GaussianMixturePredictor:
         """A client's evaluation model: the conditional models weighted by p(k | x), from exp(`log_weights`) and the
         Gaussians of the embedded inputs."""
-        return GaussianMixturePredictor(self.server.model.predict, self.models, log_weights, self.embed, self.means,
-                                        self.regularized_covariances())
+        return GaussianMixturePredictor(
+            self.server.model.predict, self.models, log_weights, self.embed, self.means, self.regularized_covariances()
+        )
 
     def newcomer_weights(self, newcomers: Newcomers) -> Tensor:
         """(newcomers, M1, K) each newcomer's weights fitted by EM with the Gaussians and models fixed (FedEM's

@@ -1,5 +1,6 @@
 """FedIT (Zhang et al., "Towards Building the Federated GPT: Federated Instruction Tuning", ICASSP 2024, section 3):
 FedAvg on LoRA adapters, the base frozen."""
+
 from __future__ import annotations
 
 from fedlight.algorithms.lora_base import require_adapters

@@ -28,6 +28,7 @@ Defaults and deviations:
   steps, not their rates;
 - buffers (BatchNorm statistics) are averaged as FedAvg does, not normalized: they are not moved by gradients.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -50,7 +51,7 @@ def gradient_coefficient_sum(steps: Tensor, momentum: float) -> Tensor:
     if momentum == 0:
         return tau
     rho = momentum
-    return (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
 
 
 class FedNova(Algorithm):
@@ -65,9 +66,11 @@ class FedNova(Algorithm):
         super().setup(server)
         kind, settings = server.clients.optimizer_settings()
         if kind != "SGD" or settings.get("nesterov", False):
-            raise ValueError(f"FedNova normalizes by the local steps of SGD with heavy-ball momentum; the module's "
-                             f"optimizer is {kind}{' with Nesterov momentum' if kind == 'SGD' else ''}: configure "
-                             "model.optimizer: sgd without nesterov")
+            raise ValueError(
+                f"FedNova normalizes by the local steps of SGD with heavy-ball momentum; the module's "
+                f"optimizer is {kind}{' with Nesterov momentum' if kind == 'SGD' else ''}: configure "
+                "model.optimizer: sgd without nesterov"
+            )
         self.momentum = float(settings.get("momentum", 0.0))
         self.parameter_entries = server.model.parameter_mask().to(server.device)
         server.message.sends(STEPS, SUMMED)  # ||a_i||_1: tau_eff is their p-weighted sum
@@ -90,8 +93,9 @@ class FedNova(Algorithm):
             coefficients = group.state[STEPS].to(torch.float64)
             sizes = group.num_samples.to(torch.float64)
             clusters = self.assignment[group.clients]
-            normalized = torch.addcdiv(group.starts, group.params - group.starts,
-                                       coefficients.clamp(min=1e-12).to(models.dtype)[:, None])
+            normalized = torch.addcdiv(
+                group.starts, group.params - group.starts, coefficients.clamp(min=1e-12).to(models.dtype)[:, None]
+            )
             normalized = torch.where(self.parameter_entries, normalized, group.params)  # buffers: FedAvg's mean
             average.add(clusters, sizes.to(models.dtype), normalized, group.starts)
             size_sum.index_add_(0, clusters, sizes)

@@ -46,6 +46,7 @@ Deviations:
 - A client that arrives after training gets the global body and the initial head, the head then trained for
   `head_epochs` on its training split with the body frozen (step 2 of a round: there is no cohort to combine with).
 """
+
 from __future__ import annotations
 
 import math
@@ -80,7 +81,7 @@ def combination_statistics(features: Tensor, labels: Tensor, num_classes: int) -
     counts, means = class_means(features, labels, num_classes)
     n = len(labels)
     bias = (counts / n)[:, None] * means
-    variance = ((features ** 2).sum(dim=1).mean() - (bias ** 2).sum()) / n
+    variance = ((features**2).sum(dim=1).mean() - (bias**2).sum()) / n
     return variance, bias
 
 
@@ -183,14 +184,17 @@ class FedPAC(Algorithm):
         participation: share of clients selected each round.
     """
 
-    def __init__(self, lam: float = 1.0, head_epochs: int = 1, body_epochs: int | None = None,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self, lam: float = 1.0, head_epochs: int = 1, body_epochs: int | None = None, participation: float = 1.0
+    ) -> None:
         super().__init__(participation)
         if not lam >= 0:
             raise ValueError(f"lam must be >= 0 (the weight of FedPAC's feature alignment term), got {lam}")
         if head_epochs < 1 or (body_epochs is not None and body_epochs < 1):
-            raise ValueError(f"head_epochs and body_epochs must be >= 1 (body_epochs None: the federation's "
-                             f"local_epochs), got {head_epochs} and {body_epochs}")
+            raise ValueError(
+                f"head_epochs and body_epochs must be >= 1 (body_epochs None: the federation's "
+                f"local_epochs), got {head_epochs} and {body_epochs}"
+            )
         self.lam, self.head_epochs, self.body_epochs = lam, head_epochs, body_epochs
 
     def setup(self, server: ServerContext) -> None:
@@ -202,9 +206,11 @@ class FedPAC(Algorithm):
         self.head = server.model.layer_count_mask(1, "last")
         layer = server.model.head
         if not isinstance(layer, nn.Linear) or int(self.head.sum()) != sum(p.numel() for p in layer.parameters()):
-            raise ValueError(f"FedPAC combines linear heads on the features: the network's last layer must be one "
-                             f"nn.Linear, not {type(layer).__name__}: set model.network to a network that ends with "
-                             "nn.Linear")
+            raise ValueError(
+                f"FedPAC combines linear heads on the features: the network's last layer must be one "
+                f"nn.Linear, not {type(layer).__name__}: set model.network to a network that ends with "
+                "nn.Linear"
+            )
         self.num_classes, features = layer.out_features, layer.in_features
         self.prototypes = server.model.initial_params.new_zeros(self.num_classes, features)
         self.known = torch.zeros(self.num_classes, dtype=torch.bool, device=server.device)
@@ -223,18 +229,30 @@ class FedPAC(Algorithm):
             variances.append(variance)
             biases.append(bias)
             own_means.append(class_means(features, labels, self.num_classes)[1])
-        tuned = self.server.clients.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
-                                               purpose="head")
+        tuned = self.server.clients.train_many(
+            round, clients, starts, self.head_epochs, scale, trainable=self.head, purpose="head"
+        )
         alignment: dict[str, Any] = {}
         if self.lam > 0 and bool(self.known.any()):  # round 1 has no global prototypes: cross-entropy alone
             targets = torch.stack([torch.where(self.known[:, None], self.prototypes, own) for own in own_means])
             alignment = {"objective": self._objective, "client_inputs": targets}
-        trained = self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale,
-                                                 trainable=~self.head, **alignment)
-        counts, means = zip(*(class_means(*self._features(params, *split.client(c)), self.num_classes)
-                              for c, params in zip(clients, trained.params)))
-        trained.state.update({VARIANCE: torch.stack(variances)[:, None], BIAS: torch.stack(biases),
-                              COUNTS: torch.stack(counts), PROTOTYPES: torch.stack(means)})
+        trained = self.server.clients.train_many(
+            round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head, **alignment
+        )
+        counts, means = zip(
+            *(
+                class_means(*self._features(params, *split.client(c)), self.num_classes)
+                for c, params in zip(clients, trained.params)
+            )
+        )
+        trained.state.update(
+            {
+                VARIANCE: torch.stack(variances)[:, None],
+                BIAS: torch.stack(biases),
+                COUNTS: torch.stack(counts),
+                PROTOTYPES: torch.stack(means),
+            }
+        )
         return trained
 
     def _features(self, params: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -266,8 +284,9 @@ class FedPAC(Algorithm):
         newcomer's training split with the body frozen. (count, d) models, one a newcomer."""
         models, groups, _ = super().newcomer_models(newcomers)
         assert isinstance(models, Tensor)  # the base class's: one matrix of models
-        fitted = newcomers.train_many(list(range(newcomers.count)), models[groups], self.head_epochs, purpose="head",
-                                      trainable=self.head)
+        fitted = newcomers.train_many(
+            list(range(newcomers.count)), models[groups], self.head_epochs, purpose="head", trainable=self.head
+        )
         return fitted, torch.arange(newcomers.count, device=fitted.device), None
 
     def state_dict(self) -> dict[str, Any]:

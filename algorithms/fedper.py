@@ -1,4 +1,5 @@
 """FedPer (Arivazhagan et al., 2019): base layers are federated, the last layers stay with each client."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -22,7 +23,6 @@ class FedPer(Algorithm):
             varies it.
         participation: share of clients selected each round.
     """
-
 
     def __init__(self, personal_layers: float = 2, participation: float = 1.0) -> None:
         super().__init__(participation)

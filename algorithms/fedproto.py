@@ -47,6 +47,7 @@ training split (the loss of the nearest-prototype logits), and predicts by the n
 newcomer (section 5, "Model Inference") fine-tunes a pre-trained model on the local objective, which needs a training
 stream the newcomers' interface does not offer.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -134,13 +135,19 @@ class FedProto(Local):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The group on cross-entropy + lambda x prototype distance; each client sends its local prototypes and class
         counts beside its model."""
-        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                                 objective=self._objective)
+        trained = self.server.clients.train_many(
+            round, clients, starts, lr_scale=self.learning_rate_scale(round), objective=self._objective
+        )
         split, classes = self.server.clients.split("train"), len(self.known)
-        sent = [local_prototypes(self.server.model.features(params, split.client(c)[0])[0], split.client(c)[1], classes)
-                for c, params in zip(clients, trained.params)]
-        trained.state = {**trained.state, "prototypes": torch.stack([p for p, _ in sent]),
-                         "class_counts": torch.stack([n for _, n in sent])}
+        sent = [
+            local_prototypes(self.server.model.features(params, split.client(c)[0])[0], split.client(c)[1], classes)
+            for c, params in zip(clients, trained.params)
+        ]
+        trained.state = {
+            **trained.state,
+            "prototypes": torch.stack([p for p, _ in sent]),
+            "class_counts": torch.stack([n for _, n in sent]),
+        }
         return trained
 
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], inputs: Tensor) -> Tensor:
@@ -153,8 +160,9 @@ class FedProto(Local):
         prototypes, the others keep theirs."""
         super().aggregate(round, updates)
         state = updates.all().state
-        self.prototypes, self.known = global_prototypes(state["prototypes"], state["class_counts"], self.prototypes,
-                                                        self.known)
+        self.prototypes, self.known = global_prototypes(
+            state["prototypes"], state["class_counts"], self.prototypes, self.known
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "prototypes": self.prototypes, "known": self.known}

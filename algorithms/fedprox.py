@@ -1,4 +1,5 @@
 """FedProx (Li et al., 2020): FedAvg with a proximal term mu/2 ||w - w_start||^2 in the local objective."""
+
 from torch import Tensor
 
 from fedlight.plugin import Algorithm, Plan

@@ -34,6 +34,7 @@ learning rate and 60 rounds, FedRC's components follow the concepts (ARI 0.56 ov
 FedEM's, identical but for this E-step, do not (ARI 0.21, 0.824); on the digits rotations, a feature shift, both
 collapse onto one component.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
@@ -72,8 +73,12 @@ class FedRC(FedEM):
         average: as FedEM's; "sampled" (the authors' FedRC code) averages a component over the round's clients.
     """
 
-    def __init__(self, num_components: int = 3, participation: float = 1.0,
-                 average: Literal["all_clients", "sampled"] = "sampled") -> None:
+    def __init__(
+        self,
+        num_components: int = 3,
+        participation: float = 1.0,
+        average: Literal["all_clients", "sampled"] = "sampled",
+    ) -> None:
         super().__init__(num_components, participation, average)
 
     def setup(self, server: ServerContext) -> None:
@@ -94,8 +99,14 @@ class FedRC(FedEM):
     def responsibility_state(self, clients: list[int], q: list[Tensor]) -> dict[str, Tensor]:
         """Each client's label mass under its responsibilities, the rows the server sums into M."""
         split = self.server.clients.split("train")
-        return {"label_mass": torch.stack([label_mass(qc.to(torch.float64), split.client(c)[1],
-                                                      self.server.data.num_classes) for c, qc in zip(clients, q)])}
+        return {
+            "label_mass": torch.stack(
+                [
+                    label_mass(qc.to(torch.float64), split.client(c)[1], self.server.data.num_classes)
+                    for c, qc in zip(clients, q)
+                ]
+            )
+        }
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:
         """FedEM's averaging of the components; then M changes by the round's clients' new label mass less their

@@ -28,6 +28,7 @@ Deviations:
 - `federation.local_epochs` is not used for training: the two phases have their own epoch counts.
 - Heads start from the initial model's head for every client; a client never selected keeps it.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -53,9 +54,9 @@ class FedRep(Algorithm):
         participation: share of clients selected each round.
     """
 
-
-    def __init__(self, head_layers: float = 1, head_epochs: int = 10, body_epochs: int = 1,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self, head_layers: float = 1, head_epochs: int = 10, body_epochs: int = 1, participation: float = 1.0
+    ) -> None:
         super().__init__(participation)
         if not head_layers > 0:
             raise ValueError(f"head_layers must be > 0 (FedRep needs a personal head), got {head_layers}")
@@ -72,10 +73,12 @@ class FedRep(Algorithm):
         """The head phase (batch stream "head", body frozen), then the body phase (the ordinary stream "train", head
         frozen); the frozen part of each phase equals its start exactly."""
         scale = self.learning_rate_scale(round)
-        tuned = self.server.clients.train_many(round, clients, starts, self.head_epochs, scale, trainable=self.head,
-                                               purpose="head")
-        return self.server.clients.train_many(round, clients, tuned.params, self.body_epochs, scale,
-                                              trainable=~self.head)
+        tuned = self.server.clients.train_many(
+            round, clients, starts, self.head_epochs, scale, trainable=self.head, purpose="head"
+        )
+        return self.server.clients.train_many(
+            round, clients, tuned.params, self.body_epochs, scale, trainable=~self.head
+        )
 
     def newcomer_models(self, newcomers: Newcomers) -> tuple[Tensor, Tensor, None]:
         """Each newcomer's model: the global body with the initial head (the base class's fresh personal part),
@@ -83,6 +86,7 @@ class FedRep(Algorithm):
         at the global body. (count, d) models, one a newcomer."""
         models, groups, _ = super().newcomer_models(newcomers)
         assert isinstance(models, Tensor)  # the base class's: one matrix of models
-        fitted = newcomers.train_many(list(range(newcomers.count)), models[groups], self.head_epochs, purpose="head",
-                                      trainable=self.head)
+        fitted = newcomers.train_many(
+            list(range(newcomers.count)), models[groups], self.head_epochs, purpose="head", trainable=self.head
+        )
         return fitted, torch.arange(newcomers.count, device=fitted.device), None

@@ -29,6 +29,7 @@ Deviation: a client that arrives after training gets the averaged body and gener
 i.e. the generic model's predictions (the paper's G-FL model for clients without personalization);
 `federation.finetune_epochs` then personalizes it (the whole model, with the module's `training_step`).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
@@ -59,7 +60,6 @@ class FedRoD(Algorithm):
         participation: share of clients selected each round.
     """
 
-
     def __init__(self, participation: float = 1.0) -> None:
         super().__init__(participation)
         self._generic_only = False  # evaluation of the generic model: the head's hook adds nothing
@@ -81,8 +81,10 @@ class FedRoD(Algorithm):
         head = server.model.layer_mask([self.head_layer])
         self.personal_head = server.model.layer_mask([PERSONAL_HEAD])
         if int(head.sum()) != int(self.personal_head.sum()):
-            raise ValueError("FedRoD's personal head copies the network's last layer, which must be the linear head "
-                             "alone; end the network with one nn.Linear")
+            raise ValueError(
+                "FedRoD's personal head copies the network's last layer, which must be the linear head "
+                "alone; end the network with one nn.Linear"
+            )
         self.models[:, self.personal_head] = self.models[:, head]  # PFLlib: the personal head starts as a copy
         self.set_personal_mask(self.personal_head)
 
@@ -90,10 +92,15 @@ class FedRoD(Algorithm):
         """The round's clients on balanced softmax + personal cross-entropy, each with its own log class counts."""
         split = self.server.clients.split("train")
         classes = cast(nn.Linear, self.server.model.module.get_submodule(PERSONAL_HEAD)).out_features
-        log_counts = torch.stack([torch.bincount(split.client(c)[1], minlength=classes).float().log()
-                                  for c in clients])
-        return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                              objective=self._objective, client_inputs=log_counts)
+        log_counts = torch.stack([torch.bincount(split.client(c)[1], minlength=classes).float().log() for c in clients])
+        return self.server.clients.train_many(
+            round,
+            clients,
+            starts,
+            lr_scale=self.learning_rate_scale(round),
+            objective=self._objective,
+            client_inputs=log_counts,
+        )
 
     def _objective(self, module: nn.Module, batch: tuple[Tensor, Tensor], log_counts: Tensor) -> Tensor:
         x, y = batch

@@ -1,5 +1,6 @@
 """FedSA-LoRA (Guo et al., "Selective Aggregation for Low-Rank Adaptation in Federated Learning", ICLR 2025,
 section 4): the LoRA A matrices are shared and averaged, the B matrices stay personal."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

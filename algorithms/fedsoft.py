@@ -37,6 +37,7 @@ selection it counts for the centers whose draws it was in when it was sent out (
 model, `DRAWN_BY`), so a center averages the arrived local models it drew; in a synchronous round those are the
 round's draws.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
@@ -89,16 +90,24 @@ class FedSoft(Algorithm):
 
     plan = Plan(holds_updates=True)  # every center reads every trained local model
 
-    def __init__(self, num_clusters: int = 2, reg_weight: float = 0.01, count_smoother: float = 1e-4,
-                 estimation_interval: int = 2, selection_size: int | None = 15,
-                 evaluate: Literal["local", "center"] = "local") -> None:
+    def __init__(
+        self,
+        num_clusters: int = 2,
+        reg_weight: float = 0.01,
+        count_smoother: float = 1e-4,
+        estimation_interval: int = 2,
+        selection_size: int | None = 15,
+        evaluate: Literal["local", "center"] = "local",
+    ) -> None:
         super().__init__()
-        checks = [(num_clusters >= 1, "num_clusters", num_clusters, ">= 1"),
-                  (reg_weight >= 0, "reg_weight", reg_weight, ">= 0"),
-                  (0 < count_smoother < 1, "count_smoother", count_smoother, "in (0, 1)"),
-                  (estimation_interval >= 1, "estimation_interval", estimation_interval, ">= 1"),
-                  (selection_size is None or selection_size >= 1, "selection_size", selection_size, ">= 1 or null"),
-                  (evaluate in ("local", "center"), "evaluate", evaluate, "'local' or 'center'")]
+        checks = [
+            (num_clusters >= 1, "num_clusters", num_clusters, ">= 1"),
+            (reg_weight >= 0, "reg_weight", reg_weight, ">= 0"),
+            (0 < count_smoother < 1, "count_smoother", count_smoother, "in (0, 1)"),
+            (estimation_interval >= 1, "estimation_interval", estimation_interval, ">= 1"),
+            (selection_size is None or selection_size >= 1, "selection_size", selection_size, ">= 1 or null"),
+            (evaluate in ("local", "center"), "evaluate", evaluate, "'local' or 'center'"),
+        ]
         for ok, name, value, wanted in checks:
             if not ok:
                 raise ValueError(f"algorithm.init_args.{name} must be {wanted}, got {value!r}")
@@ -110,22 +119,31 @@ class FedSoft(Algorithm):
         server.message.sends(DRAWN_BY, ROUTING)  # the centers whose draws sent the client out
         n, s = server.num_clients, self.num_clusters
         if server.cohort.clients_per_round is not None:
-            raise ValueError("FedSoft draws its own clients (selection_size for each center, by importance): leave "
-                             "federation.clients_per_round out")
+            raise ValueError(
+                "FedSoft draws its own clients (selection_size for each center, by importance): leave "
+                "federation.clients_per_round out"
+            )
         if s > n:
             raise ValueError(f"algorithm.init_args.num_clusters is {s}, more than the {n} clients: give at most {n}")
         if self.selection_size is not None and self.selection_size > n:
-            raise ValueError(f"algorithm.init_args.selection_size is {self.selection_size}, more than the {n} clients: "
-                             f"give at most {n}, or null to train every client")
+            raise ValueError(
+                f"algorithm.init_args.selection_size is {self.selection_size}, more than the {n} clients: "
+                f"give at most {n}, or null to train every client"
+            )
         empty = np.flatnonzero(server.clients.train_sizes.cpu().numpy() == 0)
         if len(empty):
-            raise ValueError(f"FedSoft estimates each client's importance weights from its training samples, but "
-                             f"client {int(empty[0])} has none: give every client training data (data.init_args)")
-        server.cohort.declare_every_client_work(f"every client estimates its importance weights every "
-                                         f"{self.estimation_interval} rounds (a pass of each center over its data)")
+            raise ValueError(
+                f"FedSoft estimates each client's importance weights from its training samples, but "
+                f"client {int(empty[0])} has none: give every client training data (data.init_args)"
+            )
+        server.cohort.declare_every_client_work(
+            f"every client estimates its importance weights every "
+            f"{self.estimation_interval} rounds (a pass of each center over its data)"
+        )
         seeds = server.random.rng(0, "fedsoft-centers").integers(2**31, size=s)
-        self.models = torch.stack([server.model.initial_params]
-                                  + [server.model.random_params(int(x)) for x in seeds[1:]])
+        self.models = torch.stack(
+            [server.model.initial_params] + [server.model.random_params(int(x)) for x in seeds[1:]]
+        )
         self.local_models = server.state.declare("local_models", initial=server.model.initial_params)
         self.fractions = torch.full((n, s), 1.0 / s, dtype=torch.float64, device=server.device)
 
@@ -162,12 +180,15 @@ class FedSoft(Algorithm):
         def pull(rows: list[int], params: Tensor, grad: Tensor, _: Tensor) -> None:
             grad += proximal_gradient(params, fractions[rows], centers, lam)  # on buffers too: no optimizer reads it
 
-        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                                 gradient_hook=pull if lam > 0 else None)
+        trained = self.server.clients.train_many(
+            round, clients, starts, lr_scale=self.learning_rate_scale(round), gradient_hook=pull if lam > 0 else None
+        )
         if self.selection_size is not None:
             draws = self.draws(round)
-            trained.state = {**trained.state, DRAWN_BY: starts.new_tensor([[c in drawn for drawn in draws]
-                                                                           for c in clients])}
+            trained.state = {
+                **trained.state,
+                DRAWN_BY: starts.new_tensor([[c in drawn for drawn in draws] for c in clients]),
+            }
         return trained
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:

@@ -23,6 +23,7 @@ Before the first clustering event everything is shared and FedTSDP is FedAvg (wi
 The server needs each client's full model, personal layers included (Algorithm 1 line 39 returns the
 full w_i; the paper does not discuss it): a privacy cost of the method.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
@@ -74,25 +75,43 @@ class FedTSDP(Algorithm):
     #: under FedBuff the shared layers arrive re-based and the personal ones as trained; it clusters the round's
     #: arrivals as it would its participants
 
-    def __init__(self, hopkins_threshold: float = 0.65, eps_inference: float = 0.15, eps_weights: float = 3.5,
-                 min_points: int = 2, psi: float = 0.98, lr_decay: float = 0.95, public_batch: int = 50,
-                 hopkins_sample: int | None = None, rounding: Literal["floor", "round"] = "floor",
-                 noise: Literal["singletons", "nearest", "nearest_mean", "own_cluster"] = "singletons",
-                 sampling: Literal["literal", "count"] = "literal", weights: Literal["all", "shared"] = "all",
-                 stages: Literal["both", "inference", "weights"] = "both", initial_shared: float | None = None,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        hopkins_threshold: float = 0.65,
+        eps_inference: float = 0.15,
+        eps_weights: float = 3.5,
+        min_points: int = 2,
+        psi: float = 0.98,
+        lr_decay: float = 0.95,
+        public_batch: int = 50,
+        hopkins_sample: int | None = None,
+        rounding: Literal["floor", "round"] = "floor",
+        noise: Literal["singletons", "nearest", "nearest_mean", "own_cluster"] = "singletons",
+        sampling: Literal["literal", "count"] = "literal",
+        weights: Literal["all", "shared"] = "all",
+        stages: Literal["both", "inference", "weights"] = "both",
+        initial_shared: float | None = None,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
-        checks = [(eps_inference > 0, "eps_inference must be > 0"), (eps_weights > 0, "eps_weights must be > 0"),
-                  (min_points >= 1, "min_points must be >= 1"), (0 < psi <= 1, "psi must be in (0, 1]"),
-                  (0 < lr_decay <= 1, "lr_decay must be in (0, 1]"), (public_batch >= 1, "public_batch must be >= 1"),
-                  (hopkins_sample is None or hopkins_sample >= 1, "hopkins_sample must be >= 1 or None"),
-                  (rounding in ("floor", "round"), "rounding must be 'floor' or 'round'"),
-                  (noise in ("singletons", "nearest", "nearest_mean", "own_cluster"),
-                   "noise must be 'singletons', 'nearest', 'nearest_mean' or 'own_cluster'"),
-                  (sampling in ("literal", "count"), "sampling must be 'literal' or 'count'"),
-                  (weights in ("all", "shared"), "weights must be 'all' or 'shared'"),
-                  (stages in ("both", "inference", "weights"), "stages must be 'both', 'inference' or 'weights'"),
-                  (initial_shared is None or initial_shared >= 0, "initial_shared must be >= 0 or None")]
+        checks = [
+            (eps_inference > 0, "eps_inference must be > 0"),
+            (eps_weights > 0, "eps_weights must be > 0"),
+            (min_points >= 1, "min_points must be >= 1"),
+            (0 < psi <= 1, "psi must be in (0, 1]"),
+            (0 < lr_decay <= 1, "lr_decay must be in (0, 1]"),
+            (public_batch >= 1, "public_batch must be >= 1"),
+            (hopkins_sample is None or hopkins_sample >= 1, "hopkins_sample must be >= 1 or None"),
+            (rounding in ("floor", "round"), "rounding must be 'floor' or 'round'"),
+            (
+                noise in ("singletons", "nearest", "nearest_mean", "own_cluster"),
+                "noise must be 'singletons', 'nearest', 'nearest_mean' or 'own_cluster'",
+            ),
+            (sampling in ("literal", "count"), "sampling must be 'literal' or 'count'"),
+            (weights in ("all", "shared"), "weights must be 'all' or 'shared'"),
+            (stages in ("both", "inference", "weights"), "stages must be 'both', 'inference' or 'weights'"),
+            (initial_shared is None or initial_shared >= 0, "initial_shared must be >= 0 or None"),
+        ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -111,14 +130,17 @@ class FedTSDP(Algorithm):
         super().setup(server)
         public = server.data.public_x
         if public is None or len(public) == 0:
-            raise ValueError("FedTSDP clusters clients by their outputs on unlabelled server data: give the data "
-                             "module a public_size > 0 (data.init_args.public_size)")
+            raise ValueError(
+                "FedTSDP clusters clients by their outputs on unlabelled server data: give the data "
+                "module a public_size > 0 (data.init_args.public_size)"
+            )
         total = len(server.model.layers())
         self.shared_layers = float(total if self.initial_shared is None else self.initial_shared)
         if self.shared_layers > total:
             raise ValueError(f"initial_shared={self.initial_shared} exceeds the model's {total} layers")
-        self.public_weights = torch.full((len(public),), 1.0 / len(public) if self.sampling == "literal" else 1.0,
-                                         dtype=torch.float64)
+        self.public_weights = torch.full(
+            (len(public),), 1.0 / len(public) if self.sampling == "literal" else 1.0, dtype=torch.float64
+        )
         self.set_personal_mask(self.personal_mask_now())
 
     @property
@@ -157,9 +179,15 @@ class FedTSDP(Algorithm):
         dist = l2_distance_matrix(held.params[:, self.stage2_mask()])
         off = ~torch.eye(m, dtype=torch.bool, device=js.device)
         statistics: dict[str, float | Tensor] = {
-            "hopkins": H, "clustered": 0.0, "js_min": js[off].min(), "js_mean": js[off].mean(),
-            "js_max": js[off].max(), "weight_distance_min": dist[off].min(),
-            "weight_distance_median": dist[off].median(), "weight_distance_max": dist[off].max()}
+            "hopkins": H,
+            "clustered": 0.0,
+            "js_min": js[off].min(),
+            "js_mean": js[off].mean(),
+            "js_max": js[off].max(),
+            "weight_distance_min": dist[off].min(),
+            "weight_distance_median": dist[off].median(),
+            "weight_distance_max": dist[off].max(),
+        }
         for name, value in statistics.items():
             self.log(f"fedtsdp/{name}", value)
         if H > self.hopkins_threshold:
@@ -221,7 +249,8 @@ class FedTSDP(Algorithm):
         for group in range(stage1.max() + 1):
             members = np.flatnonzero(stage1 == group)
             sub = DBSCAN(self.eps_weights, self.min_points, noise=self.noise).fit_predict(
-                distances[np.ix_(members, members)])
+                distances[np.ix_(members, members)]
+            )
             labels[members] = start + sub
             start += sub.max() + 1
         return labels, stage1
@@ -244,12 +273,20 @@ class FedTSDP(Algorithm):
 
     def round_metrics(self) -> dict[str, float]:
         """The clustering events so far, L^s and its effective value."""
-        return {"fedtsdp/events": float(self.events), "fedtsdp/shared_layers": self.shared_layers,
-                "fedtsdp/shared_layers_effective": self.effective_shared}
+        return {
+            "fedtsdp/events": float(self.events),
+            "fedtsdp/shared_layers": self.shared_layers,
+            "fedtsdp/shared_layers_effective": self.effective_shared,
+        }
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "shared_layers": self.shared_layers, "events": self.events,
-                "last_event_round": self.last_event_round, "public_weights": self.public_weights}
+        return {
+            **super().state_dict(),
+            "shared_layers": self.shared_layers,
+            "events": self.events,
+            "last_event_round": self.last_event_round,
+            "public_weights": self.public_weights,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -27,6 +27,7 @@ Defaults and choices:
 A client that arrives after training trains the mean of the centers (weighted by their members' training-set sizes,
 the model FedAvg would hold) on its data, and joins the center nearest to its local model: the E-step.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -54,8 +55,9 @@ class FeSEM(Algorithm):
 
     plan = Plan(holds_updates=True)  # the E-step compares every local model with the centers
 
-    def __init__(self, num_clusters: int = 4, seed_round: int = 1, weighted: bool = True,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self, num_clusters: int = 4, seed_round: int = 1, weighted: bool = True, participation: float = 1.0
+    ) -> None:
         super().__init__(participation)
         if num_clusters < 1:
             raise ValueError(f"algorithm.init_args.num_clusters must be >= 1, got {num_clusters}")
@@ -68,8 +70,10 @@ class FeSEM(Algorithm):
         super().setup(server)
         server.cohort.needs_every_client(type(self).__name__, f"in its seeding round (seed_round {self.seed_round})")
         if self.num_clusters > server.num_clients:
-            raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
-                             f"{server.num_clients} clients: give at most {server.num_clients}")
+            raise ValueError(
+                f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
+                f"{server.num_clients} clients: give at most {server.num_clients}"
+            )
         self.mask = server.model.parameter_mask()
 
     def select_clients(self, round: int) -> list[int]:

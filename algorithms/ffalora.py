@@ -1,5 +1,6 @@
 """FFA-LoRA (Sun, Qin, Li, Ding: "Improving LoRA in Privacy-preserving Federated Learning", ICLR 2024, section 4):
 LoRA's A frozen at its random initialization, only B trained and averaged."""
+
 from __future__ import annotations
 
 from fedlight.algorithms.lora_base import factor_names, require_adapters

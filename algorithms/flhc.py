@@ -21,6 +21,7 @@ A client that arrives after training trains the global model of the clustering r
 joins the cluster at the smallest linkage distance from its update: Ward's merge cost sqrt(2|C|/(|C|+1)) times the
 distance to the cluster's mean update, or the average / largest / smallest distance to the members' updates (kept).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
@@ -67,14 +68,23 @@ class FLHC(Algorithm):
 
     plan = Plan(holds_updates=True)  # the clustering round compares every update
 
-    def __init__(self, cluster_round: int = 10, distance_threshold: float | None = 3.0, num_clusters: int | None = None,
-                 linkage: Linkage = "ward", metric: Metric = "euclidean", participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        cluster_round: int = 10,
+        distance_threshold: float | None = 3.0,
+        num_clusters: int | None = None,
+        linkage: Linkage = "ward",
+        metric: Metric = "euclidean",
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if cluster_round < 1:
             raise ValueError(f"algorithm.init_args.cluster_round must be >= 1, got {cluster_round}")
         if linkage == "ward" and metric != "euclidean":
-            raise ValueError(f"algorithm.init_args.linkage ward needs metric euclidean, got {metric!r}: set "
-                             "algorithm.init_args.linkage to average, complete or single")
+            raise ValueError(
+                f"algorithm.init_args.linkage ward needs metric euclidean, got {metric!r}: set "
+                "algorithm.init_args.linkage to average, complete or single"
+            )
         if num_clusters is not None:
             distance_threshold = None  # a count replaces the default threshold
             if num_clusters < 1:
@@ -84,17 +94,20 @@ class FLHC(Algorithm):
         self.cluster_round, self.distance_threshold, self.num_clusters = cluster_round, distance_threshold, num_clusters
         self.linkage, self.metric = linkage, metric
         self.clustered = False
-        self.reference = torch.empty(0)       # the global model the clustered updates started from
+        self.reference = torch.empty(0)  # the global model the clustered updates started from
         self.cluster_updates = torch.empty(0)  # the clustered updates (rows of `members`)
         self.members = torch.empty(0, dtype=torch.long)
 
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
-        server.cohort.needs_every_client(type(self).__name__,
-                                         f"in its clustering round (cluster_round {self.cluster_round})")
+        server.cohort.needs_every_client(
+            type(self).__name__, f"in its clustering round (cluster_round {self.cluster_round})"
+        )
         if self.num_clusters is not None and self.num_clusters > server.num_clients:
-            raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
-                             f"{server.num_clients} clients: give at most {server.num_clients}")
+            raise ValueError(
+                f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
+                f"{server.num_clients} clients: give at most {server.num_clients}"
+            )
         self.mask = server.model.parameter_mask()
 
     def select_clients(self, round: int) -> list[int]:
@@ -106,8 +119,12 @@ class FLHC(Algorithm):
         """Labels 0..k-1 of the rows of `updates` by scikit-learn's agglomerative clustering."""
         if len(updates) < 2:
             return np.zeros(len(updates), dtype=np.int64)
-        model = AgglomerativeClustering(n_clusters=self.num_clusters, distance_threshold=self.distance_threshold,
-                                        metric=self.metric, linkage=self.linkage)
+        model = AgglomerativeClustering(
+            n_clusters=self.num_clusters,
+            distance_threshold=self.distance_threshold,
+            metric=self.metric,
+            linkage=self.linkage,
+        )
         return relabel(model.fit_predict(updates))
 
     def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
@@ -149,8 +166,13 @@ class FLHC(Algorithm):
         return {"cluster/clustered_round": float(self.cluster_round if self.clustered else 0)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "clustered": self.clustered, "reference": self.reference,
-                "cluster_updates": self.cluster_updates, "members": self.members}
+        return {
+            **super().state_dict(),
+            "clustered": self.clustered,
+            "reference": self.reference,
+            "cluster_updates": self.cluster_updates,
+            "members": self.members,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

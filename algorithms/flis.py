@@ -14,6 +14,7 @@ one-hot prediction matrices, i.e. the agreement rate; `soft` uses softmax output
   clustering of 1 - A with threshold tau = 1 - beta fixes disjoint clusters, whose models all restart from
   the initial model; then cluster-wise FedAvg.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
@@ -58,8 +59,10 @@ class InferenceSimilarity(Algorithm):
 
     def setup(self, server: ServerContext) -> None:
         if server.data.public_x is None:
-            raise ValueError(f"{type(self).__name__} needs server public data: set data.init_args.public_size "
-                             "(the paper uses 2500 samples)")
+            raise ValueError(
+                f"{type(self).__name__} needs server public data: set data.init_args.public_size "
+                "(the paper uses 2500 samples)"
+            )
         super().setup(server)
 
     def inferences(self, params: Tensor) -> Tensor:
@@ -100,8 +103,14 @@ class FlisDC(InferenceSimilarity):
 
     plan = Plan(holds_updates=True)  # compares every participant's model on the public data
 
-    def __init__(self, beta: float = 0.3, soft: bool = False, selection_split: Literal["train", "val", "test"] = "val",
-                 evaluate: Literal["local", "pool"] = "local", participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        beta: float = 0.3,
+        soft: bool = False,
+        selection_split: Literal["train", "val", "test"] = "val",
+        evaluate: Literal["local", "pool"] = "local",
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(beta, soft, participation)
         self.selection_split, self.evaluate = selection_split, evaluate
         self.local_models: ClientState | None = None
@@ -111,17 +120,21 @@ class FlisDC(InferenceSimilarity):
         super().setup(server)
         empty = np.flatnonzero(server.clients.split(self.selection_split).sizes() == 0)
         if len(empty):
-            raise ValueError(f"FlisDC picks each client's starting model by its loss on the client's "
-                             f"{self.selection_split!r} split, but {len(empty)} of {server.num_clients} clients "
-                             f"have no {self.selection_split!r} samples (clients {empty[:10].tolist()}): raise "
-                             f"data.init_args.{self.selection_split}_fraction, or set "
-                             "algorithm.init_args.selection_split: train")
+            raise ValueError(
+                f"FlisDC picks each client's starting model by its loss on the client's "
+                f"{self.selection_split!r} split, but {len(empty)} of {server.num_clients} clients "
+                f"have no {self.selection_split!r} samples (clients {empty[:10].tolist()}): raise "
+                f"data.init_args.{self.selection_split}_fraction, or set "
+                "algorithm.init_args.selection_split: train"
+            )
         evaluated = "every client" if self.evaluate == "pool" else "every client that has not trained yet"
-        server.cohort.declare_every_client_work(f"{evaluated} picks its pool model by loss in each evaluated round "
-                                                "(federation.eval_every)")
+        server.cohort.declare_every_client_work(
+            f"{evaluated} picks its pool model by loss in each evaluated round (federation.eval_every)"
+        )
         if self.evaluate == "local":  # a client that has not trained yet reads its pool model
-            self.local_models = server.state.declare("local_models",
-                                                     initial=lambda clients: self.models[self.assignment[clients]])
+            self.local_models = server.state.declare(
+                "local_models", initial=lambda clients: self.models[self.assignment[clients]]
+            )
 
     def begin_round(self, round: int) -> None:
         """The round's clients pick their starting pool models (unless every client just did, after the last
@@ -201,9 +214,15 @@ class FlisHC(InferenceSimilarity):
             the clients is refused: phase 0 trains every client).
     """
 
-    def __init__(self, beta: float = 0.3, tau: float | None = None,
-                 linkage: Literal["complete", "average", "single"] = "complete", soft: bool = False,
-                 phase_zero_epochs: int | None = None, participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        beta: float = 0.3,
+        tau: float | None = None,
+        linkage: Literal["complete", "average", "single"] = "complete",
+        soft: bool = False,
+        phase_zero_epochs: int | None = None,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(beta, soft, participation)
         self.tau = 1 - beta if tau is None else tau
         self.linkage, self.phase_zero_epochs = linkage, phase_zero_epochs
@@ -222,14 +241,14 @@ class FlisHC(InferenceSimilarity):
         """Every client trains the initial model once (round index 0); the similarity of the results fixes the
         clusters; every cluster model restarts from the initial model."""
         n = self.server.num_clients
-        trained = self.server.clients.train_many(0, list(range(n)), self.server.model.initial_params.expand(n, -1),
-                                                 epochs=self.phase_zero_epochs).params
+        trained = self.server.clients.train_many(
+            0, list(range(n)), self.server.model.initial_params.expand(n, -1), epochs=self.phase_zero_epochs
+        ).params
         self.phase_zero_inferences = self.inferences(trained)
         similarity = agreement_similarity(self.phase_zero_inferences, soft=self.soft).cpu().numpy()
         self.log_matrix("inference_similarity", similarity)
         distance = 1 - similarity
-        labels = Agglomerative(distance_threshold=self.tau, linkage=self.linkage).fit_predict(distance,
-                                                                                             kind="distance")
+        labels = Agglomerative(distance_threshold=self.tau, linkage=self.linkage).fit_predict(distance, kind="distance")
         self.assignment = torch.as_tensor(labels, device=self.models.device)
         self.models = self.server.model.initial_params.repeat(int(labels.max()) + 1, 1)
         self.clustered = True
@@ -251,8 +270,11 @@ class FlisHC(InferenceSimilarity):
         return self.assignment.cpu().numpy() if self.clustered else None
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "clustered": self.clustered,
-                "phase_zero_inferences": self.phase_zero_inferences}
+        return {
+            **super().state_dict(),
+            "clustered": self.clustered,
+            "phase_zero_inferences": self.phase_zero_inferences,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -46,6 +46,7 @@ Deviations:
   initial head, zero conditional inputs): PFLlib's client that never trained; `federation.finetune_epochs` then
   personalizes it.
 """
+
 from __future__ import annotations
 
 import math
@@ -133,20 +134,23 @@ class GPFL(Algorithm):
         participation: share of clients selected each round.
     """
 
-
     def __init__(self, lam: float = 0.01, mu: float = 0.1, participation: float = 1.0) -> None:
         super().__init__(participation)
         for name, value in (("lam", lam), ("mu", mu)):
             if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"GPFL's {name} must be a finite number >= 0, got {value}: set algorithm.init_args."
-                                 f"{name} to 0 or more")
+                raise ValueError(
+                    f"GPFL's {name} must be a finite number >= 0, got {value}: set algorithm.init_args."
+                    f"{name} to 0 or more"
+                )
         self.lam, self.mu = lam, mu
 
     def extend_model(self, parts: ModelParts) -> None:
         width, classes = parts.feature_size("GPFL"), parts.num_classes
         if width < 1 or classes < 1:
-            raise ValueError(f"GPFL's category embeddings are {classes} x {width} (classes x the head's input width), "
-                             "an empty layer: end the network with an nn.Linear that takes at least one feature")
+            raise ValueError(
+                f"GPFL's category embeddings are {classes} x {width} (classes x the head's input width), "
+                "an empty layer: end the network with an nn.Linear that takes at least one feature"
+            )
         parts.add(GCE, nn.Embedding(classes, width))
         parts.add(COV, ConditionalValve(width))
         parts.add(INPUTS, ConditionalInputs(width))
@@ -169,8 +173,14 @@ class GPFL(Algorithm):
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The round's clients on the objective, each with the embeddings it received; then each one's conditional
         inputs for its next round from the embeddings it trained."""
-        trained = self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                                 objective=self._objective, client_inputs=starts[:, self.embeddings])
+        trained = self.server.clients.train_many(
+            round,
+            clients,
+            starts,
+            lr_scale=self.learning_rate_scale(round),
+            objective=self._objective,
+            client_inputs=starts[:, self.embeddings],
+        )
         embeddings = trained.params[:, self.embeddings].view(len(clients), self.classes, self.width)
         shares = class_shares(self.server.clients.split("train"), clients, self.classes).to(embeddings)
         trained.params[:, self.inputs] = conditional_inputs(embeddings, shares).flatten(1)
@@ -181,6 +191,9 @@ class GPFL(Algorithm):
         features, personalized = head_inputs(module, self.server.model.head, x)  # the head ran on CoV(f, p_i)
         gce, cov = cast(nn.Embedding, module.get_submodule(GCE)), module.get_submodule(COV)
         global_route = cov(features, cast(ConditionalInputs, module.get_submodule(INPUTS)).values[GENERIC])
-        return (F.cross_entropy(personalized, y) + angle_level_loss(global_route, gce.weight, y)
-                + self.lam * magnitude_level_loss(global_route, received.view_as(gce.weight), y)
-                + weight_decay(self.mu, [*gce.parameters(), *cov.parameters()]))
+        return (
+            F.cross_entropy(personalized, y)
+            + angle_level_loss(global_route, gce.weight, y)
+            + self.lam * magnitude_level_loss(global_route, received.view_as(gce.weight), y)
+            + weight_decay(self.mu, [*gce.parameters(), *cov.parameters()])
+        )

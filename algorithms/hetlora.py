@@ -1,6 +1,7 @@
 """HetLoRA (Cho, Liu, Joshi, Ding: "Heterogeneous LoRA for Federated Fine-tuning of On-Device Foundation Models",
 EMNLP 2024, section 3): clients of different LoRA ranks, zero-padded to the server's rank and averaged with weights by
 the norm of each client's adapter product."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
@@ -45,8 +46,13 @@ class HetLoRA(Algorithm):
 
     plan = Plan(holds_updates=True)
 
-    def __init__(self, ranks: list[int] | None = None, min_rank: int = 1,
-                 weighting: Literal["norm", "size"] = "norm", participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        ranks: list[int] | None = None,
+        min_rank: int = 1,
+        weighting: Literal["norm", "size"] = "norm",
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if min_rank < 1:
             raise ValueError(f"min_rank must be at least 1, got {min_rank}")
@@ -73,8 +79,10 @@ class HetLoRA(Algorithm):
             drawn = server.random.rng(0, "hetlora ranks").integers(self.min_rank, self.full_rank + 1, size=n)
         else:
             if max(self.ranks) > self.full_rank:
-                raise ValueError(f"ranks {self.ranks}: the largest exceeds the model's LoRA rank {self.full_rank}; "
-                                 "raise model.init_args.lora.rank or lower the ranks")
+                raise ValueError(
+                    f"ranks {self.ranks}: the largest exceeds the model's LoRA rank {self.full_rank}; "
+                    "raise model.init_args.lora.rank or lower the ranks"
+                )
             drawn = np.resize(np.asarray(self.ranks), n)
         self.client_rank = torch.as_tensor(drawn, dtype=torch.long, device=server.device)
         self.levels = torch.unique(self.client_rank)  # the distinct ranks, ascending
@@ -116,4 +124,3 @@ class HetLoRA(Algorithm):
 
     def round_metrics(self) -> dict[str, float]:
         return {"hetlora/mean_rank": float(self.client_rank.float().mean())}
-

@@ -62,6 +62,7 @@ Deviations (choices of fedlight, each the same as the code when every client tra
   the first split is computed from the cluster models alone (no client's update), weighted by training-set sizes;
 - k-means is scikit-learn's with 10 restarts, seeded by (seed, round); the code's runs unseeded.
 """
+
 from __future__ import annotations
 
 import math
@@ -122,18 +123,28 @@ class ICFL(Algorithm):
 
     plan = Plan(holds_updates=True)  # the split test compares every pair of a cluster's round members' updates
 
-    def __init__(self, epsilon_1: float = 4.0, alpha_0: float = 0.85, min_cluster_size: int | None = None,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        epsilon_1: float = 4.0,
+        alpha_0: float = 0.85,
+        min_cluster_size: int | None = None,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if not epsilon_1 > math.e:
-            raise ValueError(f"algorithm.init_args.epsilon_1 must be above e (2.718...), got {epsilon_1}: give 4.0, "
-                             "the code's (e leaves the threshold at 0; below e, the threshold of e^2 / epsilon_1)")
+            raise ValueError(
+                f"algorithm.init_args.epsilon_1 must be above e (2.718...), got {epsilon_1}: give 4.0, "
+                "the code's (e leaves the threshold at 0; below e, the threshold of e^2 / epsilon_1)"
+            )
         if not 0 < alpha_0 < 1:
-            raise ValueError(f"algorithm.init_args.alpha_0 must be in (0, 1), got {alpha_0}: give 0.85, the code's "
-                             "(ln(1 - alpha_0) is the threshold's scale)")
+            raise ValueError(
+                f"algorithm.init_args.alpha_0 must be in (0, 1), got {alpha_0}: give 0.85, the code's "
+                "(ln(1 - alpha_0) is the threshold's scale)"
+            )
         if min_cluster_size is not None and min_cluster_size < 1:
-            raise ValueError(f"algorithm.init_args.min_cluster_size must be at least 1, or null for no floor, got "
-                             f"{min_cluster_size}")
+            raise ValueError(
+                f"algorithm.init_args.min_cluster_size must be at least 1, or null for no floor, got {min_cluster_size}"
+            )
         self.epsilon_1, self.alpha_0, self.min_cluster_size = epsilon_1, alpha_0, min_cluster_size
         self.split_rounds: list[int] = []
 
@@ -188,7 +199,7 @@ class ICFL(Algorithm):
         for i, half in enumerate(halves):
             row = cluster if cluster != POOL and i == 0 else len(self.models)
             if row == len(self.models):
-                self.models = torch.cat([self.models, self.models[cluster: cluster + 1]])
+                self.models = torch.cat([self.models, self.models[cluster : cluster + 1]])
             self.assignment[half] = row
         self.split_rounds.append(round)
 
@@ -199,9 +210,11 @@ class ICFL(Algorithm):
         held = updates.all()
         self.set_shared(*self.cluster_means(held, held.num_samples.to(self.models.dtype)))
         if len(self.models) > 1:
-            sizes = torch.bincount(self.assignment,
-                                   weights=self.server.clients.train_sizes.to(self.assignment.device).double(),
-                                   minlength=len(self.models))[1:].to(self.models)
+            sizes = torch.bincount(
+                self.assignment,
+                weights=self.server.clients.train_sizes.to(self.assignment.device).double(),
+                minlength=len(self.models),
+            )[1:].to(self.models)
             self.models[POOL] = sizes @ self.models[1:] / sizes.sum()
 
     # -- state -----------------------------------------------------------------------------------------------
@@ -209,9 +222,11 @@ class ICFL(Algorithm):
         return self.assignment.cpu().numpy()
 
     def round_metrics(self) -> dict[str, float]:
-        return {"cluster/count": float(len(self.models) - 1),
-                "cluster/pool": float((self.assignment == POOL).sum()),
-                "cluster/clustered_round": float(self.split_rounds[-1] if self.split_rounds else 0)}
+        return {
+            "cluster/count": float(len(self.models) - 1),
+            "cluster/pool": float((self.assignment == POOL).sum()),
+            "cluster/clustered_round": float(self.split_rounds[-1] if self.split_rounds else 0),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "split_rounds": list(self.split_rounds)}

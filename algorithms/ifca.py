@@ -1,5 +1,6 @@
 """IFCA (Ghosh, Chung, Yin, Ramchandran: "An Efficient Framework for Clustered Federated Learning", NeurIPS 2020,
 Algorithm 1): k cluster models; each client of a round trains the one with the lowest loss on its data."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -54,8 +55,9 @@ class IFCA(Algorithm):
 
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
-        server.cohort.declare_every_client_work("every client picks its cluster by loss in each evaluated round "
-                                                "(federation.eval_every)")
+        server.cohort.declare_every_client_work(
+            "every client picks its cluster by loss in each evaluated round (federation.eval_every)"
+        )
         if not self.warmup_rounds:
             seeds = server.random.rng(0, "cluster-inits").integers(2**31, size=self.num_clusters)
             inits = [server.model.initial_params] + [server.model.random_params(int(seed)) for seed in seeds[1:]]

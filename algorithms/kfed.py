@@ -8,6 +8,7 @@ convergence). Server ("cleanup"): start from the first client's centers (or a ra
 farthest-first over all uploaded centers, then Lloyd on the uploaded centers to convergence (`server_steps: 1` is the
 original paper's single step). Every client is evaluated with the same k global centers. k-means only (l = 2).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
@@ -35,8 +36,14 @@ class KFED(CentroidAlgorithm):
         max_iter, tol: Lloyd settings of the clients and the server.
     """
 
-    def __init__(self, local_k: int | None = None, server_steps: int | None = None,
-                 start_client: Literal["first", "random"] = "first", max_iter: int = 300, tol: float = 1e-4) -> None:
+    def __init__(
+        self,
+        local_k: int | None = None,
+        server_steps: int | None = None,
+        start_client: Literal["first", "random"] = "first",
+        max_iter: int = 300,
+        tol: float = 1e-4,
+    ) -> None:
         super().__init__(n_init=1, max_iter=max_iter, tol=tol)
         if local_k is not None and local_k < 1:
             raise ValueError(f"local_k must be at least 1 (or None for k), got {local_k}")
@@ -49,23 +56,30 @@ class KFED(CentroidAlgorithm):
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
         if self.ell != 2 or self.medoids:
-            raise ValueError(f"{type(self).__name__} is a k-means method: use a CentroidModel with ell: 2 and "
-                             "medoids: false")
+            raise ValueError(
+                f"{type(self).__name__} is a k-means method: use a CentroidModel with ell: 2 and medoids: false"
+            )
         if self.local_k is not None and self.local_k > self.k:
             raise ValueError(f"local_k={self.local_k} exceeds the model's {self.k} centers")
 
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor
-                  ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
-        fit = kcenters.awasthi_sheffet(x, self.local_k or self.k,
-                                       self.generator(self.server.random.client_seed(round, client)),
-                                       self.max_iter, self.tol)
+    def local_fit(
+        self, round: int, client: int, x: Tensor, start: Tensor
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
+        fit = kcenters.awasthi_sheffet(
+            x,
+            self.local_k or self.k,
+            self.generator(self.server.random.client_seed(round, client)),
+            self.max_iter,
+            self.tol,
+        )
         return self.fitted(fit, x)
 
     def start_centers(self, round: int, uploads: list[Tensor]) -> Tensor:
         """The uploaded centers that start the server's farthest-first: the first client's, or a random client's drawn
         from the (round, "start") stream (`start_client`)."""
-        first = (0 if self.start_client == "first"
-                 else int(self.server.random.rng(round, "start").integers(len(uploads))))
+        first = (
+            0 if self.start_client == "first" else int(self.server.random.rng(round, "start").integers(len(uploads)))
+        )
         return uploads[first]
 
     def aggregate(self, round: int, updates: RoundUpdates) -> None:

@@ -1,5 +1,6 @@
 """LG-FedAvg (Liang et al., 2020, "Think locally, act globally"): each client keeps its first layers (a local
 representation); only the last layers are global and averaged."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -25,7 +26,6 @@ class LGFedAvg(Algorithm):
             last 3 of its 5-layer MLP global, `--num_layers_keep 3`).
         participation: share of clients selected each round.
     """
-
 
     def __init__(self, global_layers: float = 2, participation: float = 1.0) -> None:
         super().__init__(participation)

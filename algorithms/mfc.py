@@ -12,6 +12,7 @@ size (m_j*, n_j*) of its highest-scoring cluster. The server runs weighted k-mea
 restarts) on the uploaded means (weights n) together with the current centers (weight: the largest uploaded
 n each): the new C_g. Every client is evaluated with C_g. k-means only (l = 2).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
@@ -38,8 +39,9 @@ class MFC(CentroidAlgorithm):
 
     one_shot = False
 
-    def __init__(self, score: Literal["repo", "cost_drop"] = "repo", n_init: int = 10, max_iter: int = 300,
-                 tol: float = 1e-4) -> None:
+    def __init__(
+        self, score: Literal["repo", "cost_drop"] = "repo", n_init: int = 10, max_iter: int = 300, tol: float = 1e-4
+    ) -> None:
         super().__init__(n_init, max_iter, tol)
         if score not in ("repo", "cost_drop"):
             raise ValueError(f"score must be 'repo' or 'cost_drop', got {score!r}")
@@ -49,31 +51,34 @@ class MFC(CentroidAlgorithm):
         super().setup(server)
         if self.ell != 2 or self.medoids:
             raise ValueError("MFC is a k-means method: use a CentroidModel with ell: 2 and medoids: false")
-        self.shared = server.state.declare("shared",
-                                           initial=torch.zeros(self.centroid_module.dim + 1))  # last (mean, size)
+        self.shared = server.state.declare(
+            "shared", initial=torch.zeros(self.centroid_module.dim + 1)
+        )  # last (mean, size)
         server.message.sends("shared", PER_CLIENT)  # kept per client, and read by the server client by client
 
     # -- clients -------------------------------------------------------------------------------------
-    def local_fit(self, round: int, client: int, x: Tensor, start: Tensor
-                  ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def local_fit(
+        self, round: int, client: int, x: Tensor, start: Tensor
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         if round == 1:
-            fit = kcenters.awasthi_sheffet(x, self.k, self.generator(self.server.random.client_seed(round, client)),
-                                         self.max_iter, self.tol)
+            fit = kcenters.awasthi_sheffet(
+                x, self.k, self.generator(self.server.random.client_seed(round, client)), self.max_iter, self.tol
+            )
             return self.fitted(fit, x)
         centers = self.centers(start)
         dist, labels = kcenters.nearest(x, centers)
-        member = torch.nn.functional.one_hot(labels, self.k).to(x.dtype)          # (n, k)
+        member = torch.nn.functional.one_hot(labels, self.k).to(x.dtype)  # (n, k)
         sizes = member.sum(dim=0)
         present = sizes > 0
         means = (member.T @ x) / sizes.clamp(min=1)[:, None]
         to_means = kcenters.nearest(x, means[present])[0] ** 2
         score = (member * to_means[:, None]).sum(dim=0) / sizes.clamp(min=1)
         if self.score == "cost_drop":
-            score = (member * (dist ** 2)[:, None]).sum(dim=0) / sizes.clamp(min=1) - score
+            score = (member * (dist**2)[:, None]).sum(dim=0) / sizes.clamp(min=1) - score
         score = torch.where(present, score, torch.full_like(score, -torch.inf))
         best = int(score.argmax())
-        shared = torch.cat([means[best], sizes[best: best + 1]]).to(self.shared.dtype)
-        recentered = torch.where(present[:, None], means, centers)               # one local Lloyd step
+        shared = torch.cat([means[best], sizes[best : best + 1]]).to(self.shared.dtype)
+        recentered = torch.where(present[:, None], means, centers)  # one local Lloyd step
         return recentered.reshape(-1), score[best].detach(), {"shared": shared}
 
     # -- server --------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ authors' code leaves them so): BatchNorm normalizes by the batch, the statistics
 Round 1's previous model equals the global one for every client, so its contrastive term is the constant log 2 and
 its gradient zero: MOON's first round is FedAvg's.
 """
+
 from __future__ import annotations
 
 import functools
@@ -84,13 +85,20 @@ class MOON(Algorithm):
             server = self.server
             global_weights = server.model.named_tensors(self.models[0].clone())
             objective = functools.partial(self._objective, global_weights)
-            trained = server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                                objective=objective, client_inputs=self.previous.read(clients))
+            trained = server.clients.train_many(
+                round,
+                clients,
+                starts,
+                lr_scale=self.learning_rate_scale(round),
+                objective=objective,
+                client_inputs=self.previous.read(clients),
+            )
             server.clients.forward_passes(clients, 2)  # the frozen global and previous models, on every batch
         return Trained(trained.params, trained.loss, trained.logs, {**trained.state, PREVIOUS: trained.params.clone()})
 
-    def _objective(self, global_weights: dict[str, Tensor], module: nn.Module, batch: tuple[Tensor, Tensor],
-                   previous: Tensor) -> Tensor:
+    def _objective(
+        self, global_weights: dict[str, Tensor], module: nn.Module, batch: tuple[Tensor, Tensor], previous: Tensor
+    ) -> Tensor:
         x, y = batch
         head = self.head
         z, logits = head_inputs(module, head, x)

@@ -7,6 +7,7 @@ temperature does not fall (T_t > T_{t-1}, the code's strict rule; `strict=False`
 the one shot: a clustering component splits the clients, every child cluster starts from the parent's model,
 and from then on each cluster averages its members' deltas (unweighted) with a server learning rate.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,9 +54,18 @@ class OCFL(Algorithm):
 
     plan = Plan(holds_updates=True)  # clusters on the cosine distances of every update
 
-    def __init__(self, clusterer: Clusterer | None = None, p: float = 2.0, strict: bool = True, window: int = 1,
-                 min_rounds: int = 1, include_buffers: bool = False, server_lr: float = 1.0,
-                 weighted: bool = False, participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        clusterer: Clusterer | None = None,
+        p: float = 2.0,
+        strict: bool = True,
+        window: int = 1,
+        min_rounds: int = 1,
+        include_buffers: bool = False,
+        server_lr: float = 1.0,
+        weighted: bool = False,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if window < 1 or p <= 0 or server_lr <= 0:
             raise ValueError("OCFL needs window >= 1, p > 0 and server_lr > 0")
@@ -76,7 +86,7 @@ class OCFL(Algorithm):
         (strict) or >=, with T_0 = +inf, so the first round never fires."""
         t, w = self.temperatures, self.window
         current = float(np.mean(t[-w:]))
-        previous = float(np.mean(t[-w - 1:-1])) if len(t) > 1 else math.inf
+        previous = float(np.mean(t[-w - 1 : -1])) if len(t) > 1 else math.inf
         return current > previous if self.strict else current >= previous
 
     def pre_aggregation(self, round: int, updates: RoundUpdates) -> None:
@@ -95,8 +105,9 @@ class OCFL(Algorithm):
             self._split(round, held, gamma)
 
     def _split(self, round: int, updates: Updates, gamma: Tensor) -> None:
-        labels = torch.as_tensor(self.clusterer.fit_predict(gamma.cpu().numpy(), kind="distance"),
-                                 device=self.models.device)
+        labels = torch.as_tensor(
+            self.clusterer.fit_predict(gamma.cpu().numpy(), kind="distance"), device=self.models.device
+        )
         parent = self.models[0]
         self.models = parent.repeat(int(labels.max()) + 1, 1)
         self.unassigned[:] = True
@@ -114,7 +125,7 @@ class OCFL(Algorithm):
         if not known.any():
             return
         active, centers = self.cluster_means(updates, known.to(self.models.dtype), deltas)
-        distances = cosine_distance_matrix(torch.cat([deltas[new], centers]))[: int(new.sum()), int(new.sum()):]
+        distances = cosine_distance_matrix(torch.cat([deltas[new], centers]))[: int(new.sum()), int(new.sum()) :]
         chosen = updates.clients[new]
         self.assignment[chosen] = active[distances.argmin(dim=1)]
         self.unassigned[chosen] = False
@@ -141,12 +152,18 @@ class OCFL(Algorithm):
         return self.assignment.cpu().numpy()
 
     def round_metrics(self) -> dict[str, float]:
-        return {"cluster/temperature": self.temperatures[-1] if self.temperatures else float("nan"),
-                "cluster/clustered_round": float(self.clustered_round)}
+        return {
+            "cluster/temperature": self.temperatures[-1] if self.temperatures else float("nan"),
+            "cluster/clustered_round": float(self.clustered_round),
+        }
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "temperatures": list(self.temperatures),
-                "clustered_round": self.clustered_round, "unassigned": self.unassigned}
+        return {
+            **super().state_dict(),
+            "temperatures": list(self.temperatures),
+            "clustered_round": self.clustered_round,
+            "unassigned": self.unassigned,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

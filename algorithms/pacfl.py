@@ -28,6 +28,7 @@ Deviations:
 A client that arrives after training sends its basis too, and joins the cluster at the smallest linkage distance
 from it: the mean (average), largest (complete) or smallest (single) principal angle to the cluster's members.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -68,7 +69,7 @@ def stacked_bases(bases: Iterable[Tensor], count: int, p: int) -> Tensor:
     for k, basis in enumerate(bases):
         if out is None:
             out = torch.zeros(count, basis.shape[0], p, dtype=torch.float64)
-        out[k, :, :basis.shape[1]] = basis
+        out[k, :, : basis.shape[1]] = basis
     return torch.zeros(0, 0, p, dtype=torch.float64) if out is None else out
 
 
@@ -91,7 +92,7 @@ def smallest_angles(bases: Tensor, others: Tensor | None = None, block_bytes: in
     rows = max(1, block_bytes // max(1, m * p * q * 8))
     for start in range(0, n, rows):
         stop, first = min(n, start + rows), start if symmetric else 0
-        gram = bases[start:stop].transpose(1, 2).reshape(-1, features) @ columns[:, first * q:]
+        gram = bases[start:stop].transpose(1, 2).reshape(-1, features) @ columns[:, first * q :]
         blocks = gram.reshape(stop - start, p, m - first, q).transpose(1, 2)  # (rows, columns, p, q): U_i^T U_j
         cosines = torch.linalg.svdvals(blocks)[..., 0] if p and q else blocks.new_zeros(blocks.shape[:2])
         out[start:stop, first:] = torch.rad2deg(torch.arccos(cosines.clamp(-1.0, 1.0)))
@@ -115,9 +116,15 @@ class PACFL(Algorithm):
         participation: share of clients per round.
     """
 
-    def __init__(self, basis_size: int = 3, threshold: float | None = 4.9, num_clusters: int | None = None,
-                 linkage: Linkage = "average", inputs: Literal["raw", "model"] = "raw",
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        basis_size: int = 3,
+        threshold: float | None = 4.9,
+        num_clusters: int | None = None,
+        linkage: Linkage = "average",
+        inputs: Literal["raw", "model"] = "raw",
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if basis_size < 1:
             raise ValueError(f"basis_size must be >= 1, got {basis_size}")
@@ -135,10 +142,13 @@ class PACFL(Algorithm):
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
         if self.num_clusters is not None and self.num_clusters > server.num_clients:
-            raise ValueError(f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
-                             f"{server.num_clients} clients: give at most {server.num_clients}")
-        server.cohort.declare_every_client_work("every client sends its data subspace once, before round 1, and the "
-                                                "server compares every pair")
+            raise ValueError(
+                f"algorithm.init_args.num_clusters is {self.num_clusters}, more than the "
+                f"{server.num_clients} clients: give at most {server.num_clients}"
+            )
+        server.cohort.declare_every_client_work(
+            "every client sends its data subspace once, before round 1, and the server compares every pair"
+        )
         self.bases = self.client_bases(server.clients.split("train"), server.num_clients)
         self.proximity = smallest_angles(self.bases)
         labels = self.clusterer.fit_predict(self.proximity.numpy(), kind="distance")
@@ -148,8 +158,11 @@ class PACFL(Algorithm):
     def client_bases(self, split: ClientSplit, count: int) -> Tensor:
         """(count, features, p) every client's basis from its samples of `split`, raw or converted as the model sees
         them (`inputs`)."""
-        return stacked_bases((data_subspace(self.subspace_data(split.client(k)[0]), self.basis_size)
-                              for k in range(count)), count, self.basis_size)
+        return stacked_bases(
+            (data_subspace(self.subspace_data(split.client(k)[0]), self.basis_size) for k in range(count)),
+            count,
+            self.basis_size,
+        )
 
     def subspace_data(self, x: Tensor) -> Tensor:
         """A client's samples as its subspace is taken of them: raw, or as the model sees them."""

@@ -41,6 +41,7 @@ Deviations from the paper, and why:
   or the difference would measure the masks rather than the curvature;
 - buffers (BatchNorm running statistics) are not trained by these gradient steps: they keep the values received.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -58,8 +59,15 @@ LossAndGrad = Callable[[Tensor], tuple[Tensor, Tensor]]
 ADAPT_ROUND = 0
 
 
-def meta_step(w: Tensor, inner: LossAndGrad, outer: LossAndGrad, alpha: float, beta: float,
-              hessian: LossAndGrad | None = None, delta: float = 1e-3) -> tuple[Tensor, Tensor]:
+def meta_step(
+    w: Tensor,
+    inner: LossAndGrad,
+    outer: LossAndGrad,
+    alpha: float,
+    beta: float,
+    hessian: LossAndGrad | None = None,
+    delta: float = 1e-3,
+) -> tuple[Tensor, Tensor]:
     """One Per-FedAvg local step from `w`, with the gradients of f on D1 (`inner`), D2 (`outer`) and, for HF, D3
     (`hessian`; None: FO). Returns (the new w, f(temp; D2), the meta-objective at w)."""
     _, grad = inner(w)
@@ -96,8 +104,14 @@ class PerFedAvg(Algorithm):
         participation: share of clients selected each round.
     """
 
-    def __init__(self, alpha: float = 0.005, beta: float = 0.005, variant: Literal["fo", "hf"] = "fo",
-                 delta: float = 0.001, participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        alpha: float = 0.005,
+        beta: float = 0.005,
+        variant: Literal["fo", "hf"] = "fo",
+        delta: float = 0.001,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if alpha <= 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
@@ -140,8 +154,9 @@ class PerFedAvg(Algorithm):
     def adapted_model(self, client: int) -> Tensor:
         """w - alpha grad f(w; B): the global model after one step on the first batch B of the client's "adapt"
         stream of round 0 (the global model itself for a client without training data)."""
-        return self.adapted(self.client_model(client), self.server.clients.batches(ADAPT_ROUND, client, epochs=1,
-                                                                                   purpose="adapt"))
+        return self.adapted(
+            self.client_model(client), self.server.clients.batches(ADAPT_ROUND, client, epochs=1, purpose="adapt")
+        )
 
     def adapted(self, w: Tensor, batches: Iterator[tuple[int, int, Any]]) -> Tensor:
         """w after one step of size alpha on the first of `batches` (w itself when there is none)."""
@@ -155,6 +170,7 @@ class PerFedAvg(Algorithm):
         """A newcomer adapts the global model as a training client does: one step on the first batch of its own
         "adapt" stream."""
         w = self.models[0]
-        models = ClientModels(lambda j: self.adapted(w, newcomers.batches(j, epochs=1, purpose="adapt")),
-                              newcomers.count)
+        models = ClientModels(
+            lambda j: self.adapted(w, newcomers.batches(j, epochs=1, purpose="adapt")), newcomers.count
+        )
         return models, torch.arange(newcomers.count, device=w.device), None

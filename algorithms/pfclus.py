@@ -23,6 +23,7 @@ but clients are independent, so all clients advance one point per step as one ba
 Logged besides the personalized per-client costs: `global/*` (every client with the un-personalized global
 centers) and `local/*` (every client with its own local centers), bracketing ablations (ours, not in the paper).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
@@ -57,8 +58,17 @@ def _power_distances(x: Tensor, centers: Tensor, ell: float) -> Tensor:
     return (diff * diff if ell == 2 else diff if ell == 1 else diff.pow(ell)).sum(dim=-1)
 
 
-def personalize(global_centers: Tensor, local_centers: Tensor, x: Tensor, bounds: list[int], ell: float = 2.0,
-                lam: float = 0.01, epochs: int = 10, eta0: float = 1.0, eta_mode: str = "count") -> Tensor:
+def personalize(
+    global_centers: Tensor,
+    local_centers: Tensor,
+    x: Tensor,
+    bounds: list[int],
+    ell: float = 2.0,
+    lam: float = 0.01,
+    epochs: int = 10,
+    eta0: float = 1.0,
+    eta_mode: str = "count",
+) -> Tensor:
     """Algorithm 4 for every client at once. global_centers: (k, h) or (Z, k, h) starting centers (copied per
     client); local_centers: (Z, k, h); client z owns rows bounds[z]:bounds[z+1] of `x`, visited in that order.
     Returns the personalized centers (Z, k, h), index-aligned with the starting centers."""
@@ -66,8 +76,17 @@ def personalize(global_centers: Tensor, local_centers: Tensor, x: Tensor, bounds
         return _personalize(global_centers, local_centers, x, bounds, ell, lam, epochs, eta0, eta_mode)
 
 
-def _personalize(global_centers: Tensor, local_centers: Tensor, x: Tensor, bounds: list[int], ell: float,
-                 lam: float, epochs: int, eta0: float, eta_mode: str) -> Tensor:
+def _personalize(
+    global_centers: Tensor,
+    local_centers: Tensor,
+    x: Tensor,
+    bounds: list[int],
+    ell: float,
+    lam: float,
+    epochs: int,
+    eta0: float,
+    eta_mode: str,
+) -> Tensor:
     z_count, k, h = local_centers.shape
     centers = global_centers.expand(z_count, k, h).clone().to(x.dtype)
     local = local_centers.to(x.dtype)
@@ -105,10 +124,18 @@ class PFClus(CentroidAlgorithm):
         n_init, max_iter, tol: the (k, l)-clustering solver of the clients and the server.
     """
 
-
-    def __init__(self, lam: float = 0.01, epochs: int = 10, eta0: float = 1.0,
-                 eta_mode: Literal["count", "const"] = "count", snap: bool | None = None, chain_clients: bool = False,
-                 n_init: int = 10, max_iter: int = 300, tol: float = 1e-4) -> None:
+    def __init__(
+        self,
+        lam: float = 0.01,
+        epochs: int = 10,
+        eta0: float = 1.0,
+        eta_mode: Literal["count", "const"] = "count",
+        snap: bool | None = None,
+        chain_clients: bool = False,
+        n_init: int = 10,
+        max_iter: int = 300,
+        tol: float = 1e-4,
+    ) -> None:
         super().__init__(n_init, max_iter, tol)
         if lam < 0 or epochs < 0 or eta0 <= 0:
             raise ValueError(f"need lam >= 0, epochs >= 0 and eta0 > 0, got {lam}, {epochs}, {eta0}")
@@ -146,20 +173,21 @@ class PFClus(CentroidAlgorithm):
         x = self.all_points(data.x)
         local = self.centers(self.local_centers.read(torch.arange(self.server.num_clients)))
         start = self.centers(global_centers)
-        kw: dict[str, Any] = dict(ell=self.ell, lam=self.lam, epochs=self.epochs, eta0=self.eta0,
-                                  eta_mode=self.eta_mode)
+        kw: dict[str, Any] = dict(
+            ell=self.ell, lam=self.lam, epochs=self.epochs, eta0=self.eta0, eta_mode=self.eta_mode
+        )
         if self.chain_clients:
             rows = []
             for z in range(self.server.num_clients):
                 lo, hi = data.bounds[z], data.bounds[z + 1]
-                start = personalize(start, local[z: z + 1], x[lo:hi], [0, hi - lo], **kw)[0]
+                start = personalize(start, local[z : z + 1], x[lo:hi], [0, hi - lo], **kw)[0]
                 rows.append(start)
             centers = torch.stack(rows)
         else:
             centers = personalize(start, local, x, data.bounds, **kw)
         if self.medoids if self.snap is None else self.snap:
             for z in range(self.server.num_clients):
-                points = x[data.bounds[z]: data.bounds[z + 1]]
+                points = x[data.bounds[z] : data.bounds[z + 1]]
                 centers[z] = points[kcenters.nearest(centers[z], points, self.ell)[1]]
         return centers.reshape(self.server.num_clients, -1).to(self.models.dtype)
 
@@ -172,9 +200,11 @@ class PFClus(CentroidAlgorithm):
         n = self.server.num_clients
         zeros = torch.zeros(n, dtype=torch.long, device=self.server.device)
         own = torch.arange(n, device=self.server.device)
-        return {**super().round_metrics(),
-                **self.center_metrics(self.global_centers.unsqueeze(0), zeros, "global"),
-                **self.center_metrics(self.local_centers.read(own), own, "local")}
+        return {
+            **super().round_metrics(),
+            **self.center_metrics(self.global_centers.unsqueeze(0), zeros, "global"),
+            **self.center_metrics(self.local_centers.read(own), own, "local"),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "global_centers": self.global_centers}

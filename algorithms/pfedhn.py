@@ -54,6 +54,7 @@ Deviations, and why:
   training loss at h(v), for `newcomer_epochs` epochs; the newcomer is evaluated with h(v) fitted. The paper's text
   was not at hand to check its step count and step size: 10 epochs are ours, as FedRep's head fit.
 """
+
 from __future__ import annotations
 
 import math
@@ -148,13 +149,24 @@ class PFedHN(Algorithm):
     #: the pseudo-gradients come from the re-based change (staleness-weighted, at the current phi); a client's
     #: embedding, unchanged while it trains, steps at its arrival
 
-    def __init__(self, embed_dim: int | None = None, hidden_dim: int = 100, n_hidden: int = 3, hn_lr: float = 0.01,
-                 embed_lr: float | None = None, hn_momentum: float = 0.9, hn_weight_decay: float = 1e-3,
-                 max_grad_norm: float = 50.0, newcomer_epochs: int = 10, participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        embed_dim: int | None = None,
+        hidden_dim: int = 100,
+        n_hidden: int = 3,
+        hn_lr: float = 0.01,
+        embed_lr: float | None = None,
+        hn_momentum: float = 0.9,
+        hn_weight_decay: float = 1e-3,
+        max_grad_norm: float = 50.0,
+        newcomer_epochs: int = 10,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if embed_dim is not None and not embed_dim >= 1:
-            raise ValueError(f"embed_dim must be >= 1, got {embed_dim}: give a positive size such as 8, or null for "
-                             "1 + clients / 4")
+            raise ValueError(
+                f"embed_dim must be >= 1, got {embed_dim}: give a positive size such as 8, or null for 1 + clients / 4"
+            )
         if not hidden_dim >= 1:
             raise ValueError(f"hidden_dim must be >= 1, got {hidden_dim}: give a positive width such as 100")
         if not n_hidden >= 0:
@@ -182,8 +194,9 @@ class PFedHN(Algorithm):
         with torch.device("meta"):
             hypernet = HyperNetwork(size, self.hidden_dim, self.n_hidden, int(self.generated.sum()))
         self.hypernet = hypernet.to_empty(device=server.device)
-        default_init_(self.hypernet,
-                      torch.Generator().manual_seed(server.random.client_seed(0, 0, "pfedhn_hypernetwork")))
+        default_init_(
+            self.hypernet, torch.Generator().manual_seed(server.random.client_seed(0, 0, "pfedhn_hypernetwork"))
+        )
         with torch.no_grad():
             self.hypernet.head.bias.copy_(server.model.initial_params[self.generated])
         self.momenta = [torch.zeros_like(p) for p in self.hypernet.parameters()]
@@ -230,8 +243,9 @@ class PFedHN(Algorithm):
         trained buffers are averaged into the shared ones."""
         phi_grads: list[Tensor] = []  # summed over the groups
         buffers = ~self.generated
-        average = ClusterAverage(1, int(buffers.sum()), self.models.dtype, self.models.device) if buffers.any() \
-            else None
+        average = (
+            ClusterAverage(1, int(buffers.sum()), self.models.dtype, self.models.device) if buffers.any() else None
+        )
         device = self.models.device
         client_parts = [torch.zeros(0, dtype=torch.long, device=device)]
         embedding_parts = [torch.zeros(0, self.size, device=device)]
@@ -242,8 +256,9 @@ class PFedHN(Algorithm):
             client_parts.append(group.clients)
             embedding_parts.append(own)
             if average is not None:
-                average.add(torch.zeros_like(group.clients), group.num_samples.to(self.models.dtype),
-                            group.params[:, buffers])
+                average.add(
+                    torch.zeros_like(group.clients), group.num_samples.to(self.models.dtype), group.params[:, buffers]
+                )
             del group, deltas  # or they would stay alive while the next group trains
         if not phi_grads:  # this process trained no client (or left every one out)
             phi_grads = [torch.zeros_like(p) for p in self.hypernet.parameters()]
@@ -260,8 +275,9 @@ class PFedHN(Algorithm):
             for param, grad, buffer in zip(self.hypernet.parameters(), phi_grads, self.momenta):
                 sgd_step_(param, grad.mul_(scale), buffer, self.hn_lr, self.hn_momentum, self.hn_weight_decay)
         embeddings, momenta = self.embeddings.read(clients), self.embedding_momentum.read(clients)
-        sgd_step_(embeddings, embedding_grads.mul_(scale), momenta, self.embed_lr, self.hn_momentum,
-                  self.hn_weight_decay)
+        sgd_step_(
+            embeddings, embedding_grads.mul_(scale), momenta, self.embed_lr, self.hn_momentum, self.hn_weight_decay
+        )
         self.embeddings.write(clients, embeddings)
         self.embedding_momentum.write(clients, momenta)
         if average is not None:
@@ -272,8 +288,11 @@ class PFedHN(Algorithm):
         """Each newcomer's generated model from an embedding fitted on its training split with phi frozen."""
         count = newcomers.count
         embeddings = self.fresh_embeddings(list(range(count)), "pfedhn_newcomer").to(self.models.device)
-        fitted = torch.stack([self.fit_embedding(newcomers, j, embeddings[j]) for j in range(count)]) if count \
+        fitted = (
+            torch.stack([self.fit_embedding(newcomers, j, embeddings[j]) for j in range(count)])
+            if count
             else embeddings
+        )
         return self.generate(fitted), torch.arange(count, device=self.models.device), None
 
     def fit_embedding(self, newcomers: Newcomers, newcomer: int, embedding: Tensor) -> Tensor:
@@ -294,8 +313,11 @@ class PFedHN(Algorithm):
     # -- checkpoints -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The base state, phi and its momentum (the embeddings are client states: the engine checkpoints them)."""
-        return {**super().state_dict(), "hypernetwork": {k: v.detach() for k, v in self.hypernet.state_dict().items()},
-                "hypernetwork_momentum": list(self.momenta)}
+        return {
+            **super().state_dict(),
+            "hypernetwork": {k: v.detach() for k, v in self.hypernet.state_dict().items()},
+            "hypernetwork_momentum": list(self.momenta),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

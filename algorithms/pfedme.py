@@ -48,6 +48,7 @@ Deviations from the paper, and why:
 - With `train_every_client: false`, a client not sampled in a round keeps its last theta for evaluation (the
   initial model before its first round).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -66,8 +67,9 @@ if TYPE_CHECKING:
 LossAndGrad = Callable[[Tensor], tuple[Tensor, Tensor]]
 
 
-def personalize(loss_and_grad: LossAndGrad, theta: Tensor, anchor: Tensor, lam: float, lr: float,
-                steps: int) -> tuple[Tensor, Tensor]:
+def personalize(
+    loss_and_grad: LossAndGrad, theta: Tensor, anchor: Tensor, lam: float, lr: float, steps: int
+) -> tuple[Tensor, Tensor]:
     """pFedMe's inner solver: `steps` gradient steps of size `lr` on f(theta) + lam/2 ||theta - anchor||^2 from
     `theta`, where `loss_and_grad(theta)` is (f(theta), grad f(theta)). Returns (the last iterate, f at the point of
     the last step)."""
@@ -95,9 +97,15 @@ class PFedMe(Algorithm):
         participation: share of clients sampled each round: averaged (train_every_client) or trained and averaged.
     """
 
-
-    def __init__(self, lam: float = 15.0, K: int = 5, personal_lr: float = 0.09, beta: float = 1.0,
-                 train_every_client: bool = True, participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        lam: float = 15.0,
+        K: int = 5,
+        personal_lr: float = 0.09,
+        beta: float = 1.0,
+        train_every_client: bool = True,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
@@ -112,17 +120,23 @@ class PFedMe(Algorithm):
 
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
-        self.personal_models = server.state.declare("personal",
-                                                    initial=server.model.initial_params)  # every client's theta
+        self.personal_models = server.state.declare(
+            "personal", initial=server.model.initial_params
+        )  # every client's theta
         if not self.train_every_client:
             return
         option = "algorithm.init_args.train_every_client: false"
-        server.cohort.needs_every_client("pFedMe", "every round (train_every_client, Algorithm 1: the sampled "
-                                  "clients are those averaged)", instead=option)
+        server.cohort.needs_every_client(
+            "pFedMe",
+            "every round (train_every_client, Algorithm 1: the sampled clients are those averaged)",
+            instead=option,
+        )
         if server.aggregation.private and len(self.sampled_clients(1)) < server.num_clients:
-            raise ValueError(f"pFedMe with train_every_client trains every client but averages a participation share "
-                             f"({self.participation}), which DP's accountant and adaptive clipping cannot tell "
-                             f"apart: set {option} or participation 1.0 with a privacy section")
+            raise ValueError(
+                f"pFedMe with train_every_client trains every client but averages a participation share "
+                f"({self.participation}), which DP's accountant and adaptive clipping cannot tell "
+                f"apart: set {option} or participation 1.0 with a privacy section"
+            )
 
     def select_clients(self, round: int) -> list[int]:
         """Every client (`train_every_client`), else the sampled clients (`sampled_clients`)."""
@@ -148,8 +162,14 @@ class PFedMe(Algorithm):
             if group.step == 0:
                 for row in rows:
                     losses[row] = []  # the mean loss of the last epoch, as the module's SGD reports
-            solved, loss = personalize(partial(server.model.group_loss_and_grad, batch=group.batch, step=group.step),
-                                       theta[rows], local[rows], self.lam, self.personal_lr, self.K)
+            solved, loss = personalize(
+                partial(server.model.group_loss_and_grad, batch=group.batch, step=group.step),
+                theta[rows],
+                local[rows],
+                self.lam,
+                self.personal_lr,
+                self.K,
+            )
             theta[rows] = solved
             local[rows] = local[rows] - eta * self.lam * (local[rows] - solved)
             for i, row in enumerate(rows):

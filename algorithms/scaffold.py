@@ -34,6 +34,7 @@ Deviations and limits (none in the update rules themselves):
 - control variates exist for parameters only: buffers (BatchNorm statistics) have no gradient, so their entries
   of c and c_i stay zero, and their new value is the plain mean of the clients' (eta_g does not extrapolate them).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -99,8 +100,8 @@ class SCAFFOLD(Algorithm):
         store holds every c_i until the engine writes the returned c_i+ after the round)."""
         x = self.models[0]
         total = torch.zeros(1, dtype=torch.float64, device=x.device)  # |S|: clients received
-        model_sum = torch.zeros_like(x, dtype=torch.float64)         # sum of y_i
-        control_change = torch.zeros_like(x, dtype=torch.float64)    # sum of c_i+ - c_i
+        model_sum = torch.zeros_like(x, dtype=torch.float64)  # sum of y_i
+        control_change = torch.zeros_like(x, dtype=torch.float64)  # sum of c_i+ - c_i
         for group in updates.groups():
             old = self.client_controls.read(group.clients)
             total += len(group)

@@ -51,6 +51,7 @@ Deviations and choices:
 - a newcomer takes the cluster model with the lowest loss on its training data (the base class's rule: RECLUSTER's
   first term; it has no local model of the one-shot round for the second).
 """
+
 from __future__ import annotations
 
 import math
@@ -134,18 +135,33 @@ class SRFCA(Algorithm):
 
     plan = Plan(holds_updates=True)  # the one-shot round compares every client's local model
 
-    def __init__(self, dist_fraction: float = 0.3, dist_threshold: float | None = None, size_threshold: int = 2,
-                 num_refine_steps: int = 2, refine_rounds: int = 10, init_epochs: int | None = None,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self,
+        dist_fraction: float = 0.3,
+        dist_threshold: float | None = None,
+        size_threshold: int = 2,
+        num_refine_steps: int = 2,
+        refine_rounds: int = 10,
+        init_epochs: int | None = None,
+        participation: float = 1.0,
+    ) -> None:
         super().__init__(participation)
         if not 0 < dist_fraction < 1:
-            raise ValueError(f"algorithm.init_args.dist_fraction must be in (0, 1), got {dist_fraction}: it is the "
-                             "fraction of client pairs joined in the one-shot graph")
+            raise ValueError(
+                f"algorithm.init_args.dist_fraction must be in (0, 1), got {dist_fraction}: it is the "
+                "fraction of client pairs joined in the one-shot graph"
+            )
         if dist_threshold is not None and dist_threshold < 0:
-            raise ValueError(f"algorithm.init_args.dist_threshold must be >= 0 (a cross-entropy distance), got "
-                             f"{dist_threshold}: give one, or null for dist_fraction")
-        for name, value in (("size_threshold", size_threshold), ("num_refine_steps", num_refine_steps),
-                            ("refine_rounds", refine_rounds), ("init_epochs", init_epochs or 1)):
+            raise ValueError(
+                f"algorithm.init_args.dist_threshold must be >= 0 (a cross-entropy distance), got "
+                f"{dist_threshold}: give one, or null for dist_fraction"
+            )
+        for name, value in (
+            ("size_threshold", size_threshold),
+            ("num_refine_steps", num_refine_steps),
+            ("refine_rounds", refine_rounds),
+            ("init_epochs", init_epochs or 1),
+        ):
             if value < 1:
                 raise ValueError(f"algorithm.init_args.{name} must be >= 1, got {value}")
         self.dist_fraction, self.dist_threshold, self.size_threshold = dist_fraction, dist_threshold, size_threshold
@@ -158,8 +174,10 @@ class SRFCA(Algorithm):
         super().setup(server)
         server.cohort.needs_every_client("SR-FCA", "in its one-shot round (round 1), whose local models it clusters")
         if self.size_threshold > server.num_clients:
-            raise ValueError(f"algorithm.init_args.size_threshold is {self.size_threshold}, more than the "
-                             f"{server.num_clients} clients: give at most {server.num_clients}")
+            raise ValueError(
+                f"algorithm.init_args.size_threshold is {self.size_threshold}, more than the "
+                f"{server.num_clients} clients: give at most {server.num_clients}"
+            )
         if self.init_epochs is None:
             self.init_epochs = self.refine_rounds * server.clients.trainer.local_epochs
         self.clustered = torch.zeros(server.num_clients, dtype=torch.bool, device=server.device)
@@ -189,16 +207,22 @@ class SRFCA(Algorithm):
         losses[held.clients] = self.server.clients.losses(held.params, "train").to(losses)
         distance = cross_loss_distance(losses)
         self.log_matrix("cross_loss_distance", distance)
-        self.threshold = self.dist_threshold if self.dist_threshold is not None else \
-            fraction_threshold(distance, self.dist_fraction)
+        self.threshold = (
+            self.dist_threshold if self.dist_threshold is not None else fraction_threshold(distance, self.dist_fraction)
+        )
         self.log("cluster/distance_threshold", self.threshold)
         adjacency = (distance <= self.threshold).cpu().numpy()  # NaN (a left-out client) is no edge
-        kept = [c for c in correlation_clustering(adjacency, self.server.random.rng(round, "pivots"))
-                if len(c) >= self.size_threshold]
+        kept = [
+            c
+            for c in correlation_clustering(adjacency, self.server.random.rng(round, "pivots"))
+            if len(c) >= self.size_threshold
+        ]
         if not kept:
-            raise ValueError(f"SR-FCA's one-shot clustering (lambda {self.threshold:.4g}) left no cluster of "
-                             f"size_threshold {self.size_threshold} clients: raise algorithm.init_args.dist_fraction "
-                             "(or dist_threshold) or lower size_threshold")
+            raise ValueError(
+                f"SR-FCA's one-shot clustering (lambda {self.threshold:.4g}) left no cluster of "
+                f"size_threshold {self.size_threshold} clients: raise algorithm.init_args.dist_fraction "
+                "(or dist_threshold) or lower size_threshold"
+            )
         self.local_losses = losses
         members = [torch.as_tensor(c, device=self.models.device) for c in kept]
         nearest = torch.stack([distance[:, m].nanmean(dim=1) for m in members])  # (K, n) mean distance to members
@@ -238,8 +262,9 @@ class SRFCA(Algorithm):
         members = [(nearest == k).nonzero().flatten() for k in kept.tolist()]
         pairs = cluster_pair_distances(model_losses[kept], members)
         self.log_matrix("cluster_cross_loss_distance", pairs)
-        groups = correlation_clustering((pairs <= self.threshold).cpu().numpy(),
-                                        self.server.random.rng(round, "pivots"))
+        groups = correlation_clustering(
+            (pairs <= self.threshold).cpu().numpy(), self.server.random.rng(round, "pivots")
+        )
         group_of = torch.empty(len(kept), dtype=torch.long, device=kept.device)
         sizes = torch.stack([self.server.clients.train_sizes[m].sum() for m in members]).to(self.models)
         models = []
@@ -259,12 +284,15 @@ class SRFCA(Algorithm):
     def round_metrics(self) -> dict[str, float]:
         if not len(self.local_losses):
             return {}
-        return {"cluster/clusters": float(len(self.models)),
-                "cluster/unclustered": float((~self.clustered).sum())}
+        return {"cluster/clusters": float(len(self.models)), "cluster/unclustered": float((~self.clustered).sum())}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "threshold": self.threshold, "local_losses": self.local_losses,
-                "clustered": self.clustered}
+        return {
+            **super().state_dict(),
+            "threshold": self.threshold,
+            "local_losses": self.local_losses,
+            "clustered": self.clustered,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

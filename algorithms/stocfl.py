@@ -49,6 +49,7 @@ Deviations:
 Memory: each cluster holds a model row and a representation row on the device, so a run whose clusters do not merge
 (tau too high) holds two rows for every client sampled so far; the run logs `cluster/count`.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -99,24 +100,33 @@ class StoCFL(Algorithm):
         participation: share of clients per round (or the federation's `clients_per_round`).
     """
 
-    def __init__(self, tau: float = 0.65, lam: float = 0.05, observe_epochs: int = 20,
-                 participation: float = 1.0) -> None:
+    def __init__(
+        self, tau: float = 0.65, lam: float = 0.05, observe_epochs: int = 20, participation: float = 1.0
+    ) -> None:
         super().__init__(participation)
         if not -1 <= tau <= 1:
-            raise ValueError(f"algorithm.init_args.tau must be in [-1, 1] (a cosine similarity), got {tau}: give a "
-                             "threshold such as 0.65")
+            raise ValueError(
+                f"algorithm.init_args.tau must be in [-1, 1] (a cosine similarity), got {tau}: give a "
+                "threshold such as 0.65"
+            )
         if not lam >= 0:
-            raise ValueError(f"algorithm.init_args.lam must be >= 0 (the proximal weight), got {lam}: give 0 or more, "
-                             "such as 0.05")
+            raise ValueError(
+                f"algorithm.init_args.lam must be >= 0 (the proximal weight), got {lam}: give 0 or more, such as 0.05"
+            )
         if observe_epochs < 1:
-            raise ValueError(f"algorithm.init_args.observe_epochs must be >= 1, got {observe_epochs}: give the epochs "
-                             "a new client trains the anchor for, such as 20")
+            raise ValueError(
+                f"algorithm.init_args.observe_epochs must be >= 1, got {observe_epochs}: give the epochs "
+                "a new client trains the anchor for, such as 20"
+            )
         self.tau, self.lam, self.observe_epochs = tau, lam, observe_epochs
 
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
-        server.message.sends(GLOBAL_COPY, MODEL,  # trained from omega, the global model
-                             trained_from=lambda clients: self.models[GLOBAL].expand(len(clients), -1))
+        server.message.sends(
+            GLOBAL_COPY,
+            MODEL,  # trained from omega, the global model
+            trained_from=lambda clients: self.models[GLOBAL].expand(len(clients), -1),
+        )
         self.entries = server.model.parameter_mask()  # the representation's entries: the parameters, not buffers
         self.representations = self.models.new_zeros(1, int(self.entries.sum()))  # a row per row of models
         self.members = torch.zeros(1, dtype=torch.long, device=server.device)  # clients in each row
@@ -134,8 +144,9 @@ class StoCFL(Algorithm):
     def observe(self, round: int, clients: list[int]) -> Tensor:
         """(len(clients), parameters) each client's psi = anchor - its model after `observe_epochs` from the anchor."""
         anchor = self.server.model.initial_params
-        trained = self.server.clients.train_many(round, clients, anchor.expand(len(clients), -1),
-                                                 epochs=self.observe_epochs, purpose="stocfl-observe")
+        trained = self.server.clients.train_many(
+            round, clients, anchor.expand(len(clients), -1), epochs=self.observe_epochs, purpose="stocfl-observe"
+        )
         return (anchor - trained.params)[:, self.entries]
 
     def open_clusters(self, clients: list[int], psi: Tensor) -> None:
@@ -145,7 +156,8 @@ class StoCFL(Algorithm):
         self.representations = torch.cat([self.representations, psi.to(self.representations.dtype)])
         self.members = torch.cat([self.members, torch.ones_like(self.members[:1]).expand(len(clients))])
         self.assignment[torch.as_tensor(clients, device=self.assignment.device)] = torch.arange(
-            first, first + len(clients), device=self.assignment.device)
+            first, first + len(clients), device=self.assignment.device
+        )
 
     def merge(self, rows: list[int]) -> None:
         """Unite the clusters `rows` joined by pairs of similarity >= tau; each union keeps the model of its largest
@@ -172,8 +184,11 @@ class StoCFL(Algorithm):
         kept = target == torch.arange(len(target), device=target.device)
         renumber = torch.cumsum(kept.long(), dim=0) - 1
         self.assignment = renumber[target[self.assignment]]
-        self.models, self.representations, self.members = self.models[kept], self.representations[kept], \
-            self.members[kept]
+        self.models, self.representations, self.members = (
+            self.models[kept],
+            self.representations[kept],
+            self.members[kept],
+        )
 
     # -- bi-level training -----------------------------------------------------------------------------------
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
@@ -184,10 +199,12 @@ class StoCFL(Algorithm):
         def pull(rows: list[int], params: Tensor, grad: Tensor, _: Tensor) -> None:
             grad += proximal_gradient(params, omega, lam)
 
-        trained = self.server.clients.train_many(round, clients, starts, lr_scale=scale,
-                                                 gradient_hook=pull if lam else None)
-        global_copies = self.server.clients.train_many(round, clients, omega.expand(len(clients), -1),
-                                                       lr_scale=scale).params
+        trained = self.server.clients.train_many(
+            round, clients, starts, lr_scale=scale, gradient_hook=pull if lam else None
+        )
+        global_copies = self.server.clients.train_many(
+            round, clients, omega.expand(len(clients), -1), lr_scale=scale
+        ).params
         trained.state = {**trained.state, GLOBAL_COPY: global_copies}
         return trained
 
@@ -211,8 +228,9 @@ class StoCFL(Algorithm):
         """Each newcomer's psi at the anchor; it joins the cluster of most similar representation when that is
         >= tau, else it gets the global model (label 0)."""
         anchor, count = self.server.model.initial_params, newcomers.count
-        trained = newcomers.train_many(list(range(count)), anchor.expand(count, -1), epochs=self.observe_epochs,
-                                       purpose="stocfl-observe")
+        trained = newcomers.train_many(
+            list(range(count)), anchor.expand(count, -1), epochs=self.observe_epochs, purpose="stocfl-observe"
+        )
         groups = torch.full((count,), GLOBAL, dtype=torch.long, device=self.models.device)
         if len(self.models) > 1:
             psi = (anchor - trained)[:, self.entries].to(self.representations.dtype)

@@ -3,6 +3,7 @@ algorithm on the same split, then a markdown table of clustering quality and cli
 
     python benchmarks/clustered_digits.py --output_dir /tmp/digits_rot4 [--seed 0] [--algorithms ocfl ifca]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,22 +17,41 @@ ALGORITHMS = ["fedavg", "local", "ocfl", "flis_dc", "flis_hc", "ifca", "cfl", "f
 
 def run(algorithm: str, output_dir: Path, seed: int) -> dict:
     name = f"{algorithm}-s{seed}"
-    code = fedlight_main(["fit", "--config", f"configs/digits/{algorithm}.yaml", "--seed", str(seed),
-                          "--logger.wandb", "false", "--output_dir", str(output_dir), "--run_name", name])
+    code = fedlight_main(
+        [
+            "fit",
+            "--config",
+            f"configs/digits/{algorithm}.yaml",
+            "--seed",
+            str(seed),
+            "--logger.wandb",
+            "false",
+            "--output_dir",
+            str(output_dir),
+            "--run_name",
+            name,
+        ]
+    )
     if code:
         raise SystemExit(f"{algorithm} failed with exit code {code}")
     return json.loads((output_dir / name / "summary.json").read_text())
 
 
 def table(summaries: dict[str, dict]) -> str:
-    lines = ["| algorithm | ARI | clusters | clustering round | mean acc | std acc | worst acc | wall time (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | ARI | clusters | clustering round | mean acc | std acc | worst acc | wall time (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for algorithm, s in summaries.items():
+
         def get(key: str, fmt: str = "{:.3f}") -> str:
             return fmt.format(s[key]) if key in s else "-"
-        lines.append(f"| {algorithm} | {get('cluster/ari')} | {get('cluster/count', '{:.0f}')} | "
-                     f"{get('cluster/clustered_round', '{:.0f}')} | {get('test/acc_mean')} | {get('test/acc_std')} | "
-                     f"{get('test/acc_worst')} | {s['wall_time_s']:.1f} |")
+
+        lines.append(
+            f"| {algorithm} | {get('cluster/ari')} | {get('cluster/count', '{:.0f}')} | "
+            f"{get('cluster/clustered_round', '{:.0f}')} | {get('test/acc_mean')} | {get('test/acc_std')} | "
+            f"{get('test/acc_worst')} | {s['wall_time_s']:.1f} |"
+        )
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ smaller than all clients says why.
 
 Targets (issue "Cross-device scale"): FedAvg's round at most 1.2x the plain loop's; every method under 6 GB peak.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,9 +70,18 @@ def algorithm_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, vectorize: int,
-            data_args: dict | None = None, evaluate: bool = True, shipped_args: bool = False,
-            state_memory: float | None = None) -> dict:
+def run_one(
+    method: str,
+    root: Path,
+    rounds: int,
+    per_round: int,
+    folder: Path,
+    vectorize: int,
+    data_args: dict | None = None,
+    evaluate: bool = True,
+    shipped_args: bool = False,
+    state_memory: float | None = None,
+) -> dict:
     """One method's federation in this process, with the plain loop's rounds interleaved (FedAvg's steps)."""
     from fedlight import Federation, FederationConfig
     from fedlight.datamodules import FEMNISTFederated
@@ -85,9 +95,16 @@ def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, 
     torch.manual_seed(0)
     model = Classifier(LeafCNN(num_classes=62), lr=0.1)
     # no round of these is the run's last or an evaluated one: every writer is evaluated once, separately, below
-    config = FederationConfig(rounds=10 * rounds + 100, clients_per_round=per_round, batch_size=20, local_epochs=1,
-                              accelerator="cpu", eval_every=10 * rounds + 100, vectorize=vectorize,
-                              client_state_memory=state_memory)
+    config = FederationConfig(
+        rounds=10 * rounds + 100,
+        clients_per_round=per_round,
+        batch_size=20,
+        local_epochs=1,
+        accelerator="cpu",
+        eval_every=10 * rounds + 100,
+        vectorize=vectorize,
+        client_state_memory=state_memory,
+    )
     started = time.perf_counter()
     try:
         arguments = shipped_algorithm_args(method) if shipped_args else {}
@@ -110,12 +127,21 @@ def run_one(method: str, root: Path, rounds: int, per_round: int, folder: Path, 
     summary, _ = fed.evaluate("test") if evaluate else ({}, None)
     eval_s = time.perf_counter() - began if evaluate else float("nan")
     stores = fed.client_states.stores.values()
-    row = {"method": method, "writers": fed.num_clients, "params": fed.flat.numel, "load_s": load_s,
-           "setup_s": setup_s, "round_s": ours, "plain_round_s": theirs, "eval_s": eval_s,
-           "test_acc": summary.get("test/acc_mean"), "trainer": fed.execution.plan.trainer,
-           "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-           "state_memory_gb": sum(s.memory_bytes for s in stores) / 1e9,
-           "state_file_gb": sum(s.stored_bytes - s.memory_bytes for s in stores) / 1e9}
+    row = {
+        "method": method,
+        "writers": fed.num_clients,
+        "params": fed.flat.numel,
+        "load_s": load_s,
+        "setup_s": setup_s,
+        "round_s": ours,
+        "plain_round_s": theirs,
+        "eval_s": eval_s,
+        "test_acc": summary.get("test/acc_mean"),
+        "trainer": fed.execution.plan.trainer,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+        "state_memory_gb": sum(s.memory_bytes for s in stores) / 1e9,
+        "state_file_gb": sum(s.stored_bytes - s.memory_bytes for s in stores) / 1e9,
+    }
     if method == "fedavg":  # same steps: the two global models agree to float rounding
         flat = plain.flat_global([e.name for e in fed.flat.entries]).to(fed.algorithm.models.device)
         row["max_param_diff"] = float((fed.algorithm.models[0] - flat).abs().max())
@@ -127,69 +153,122 @@ def data_overrides(args: argparse.Namespace) -> dict:
 
 
 def in_a_fresh_process(method: str, args: argparse.Namespace) -> dict:
-    line = [sys.executable, __file__, "--one", method, "--root", str(args.root), "--rounds", str(args.rounds),
-            "--per_round", str(args.per_round), "--folder", str(args.folder / method),
-            "--vectorize", str(args.vectorize), "--data_args", json.dumps(data_overrides(args)),
-            *(["--no_eval"] if args.no_eval else []), *(["--shipped_args"] if args.shipped_args else []),
-            *(["--state_memory", str(args.state_memory)] if args.state_memory is not None else [])]
+    line = [
+        sys.executable,
+        __file__,
+        "--one",
+        method,
+        "--root",
+        str(args.root),
+        "--rounds",
+        str(args.rounds),
+        "--per_round",
+        str(args.per_round),
+        "--folder",
+        str(args.folder / method),
+        "--vectorize",
+        str(args.vectorize),
+        "--data_args",
+        json.dumps(data_overrides(args)),
+        *(["--no_eval"] if args.no_eval else []),
+        *(["--shipped_args"] if args.shipped_args else []),
+        *(["--state_memory", str(args.state_memory)] if args.state_memory is not None else []),
+    ]
     done = subprocess.run(line, capture_output=True, text=True, cwd=HERE, env={**os.environ, "WANDB_MODE": "offline"})
     if done.returncode:
-        return {"method": method, "failed": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
-                f"exit status {done.returncode} (negative: killed by that signal), nothing on stderr"}
+        return {
+            "method": method,
+            "failed": done.stderr.strip().splitlines()[-1]
+            if done.stderr.strip()
+            else f"exit status {done.returncode} (negative: killed by that signal), nothing on stderr",
+        }
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| method | set-up s | round 1 s | s/round (median of later) | plain loop s/round | ratio "
-             "| eval s (all writers) | peak RSS GB "
-             "| state in memory GB | state file GB | trainer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | set-up s | round 1 s | s/round (median of later) | plain loop s/round | ratio "
+        "| eval s (all writers) | peak RSS GB "
+        "| state in memory GB | state file GB | trainer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         if "round_s" not in row:
-            lines.append(f"| {row['method']} | {row.get('refused') or 'failed: ' + row.get('failed', '?')} "
-                         "| | | | | | | | | |")
+            lines.append(
+                f"| {row['method']} | {row.get('refused') or 'failed: ' + row.get('failed', '?')} | | | | | | | | | |"
+            )
             continue
         later = slice(1, None) if len(row["round_s"]) > 1 else slice(None)  # round 1 also sets up (the probe)
         ours, theirs = statistics.median(row["round_s"][later]), statistics.median(row["plain_round_s"][later])
-        lines.append(f"| {row['method']} | {row['setup_s']:.1f} | {row['round_s'][0]:.2f} | {ours:.2f} | {theirs:.2f} "
-                     f"| {ours / theirs:.2f} | {row['eval_s']:.1f} "
-                     f"| {row['peak_rss_gb']:.2f} | {row['state_memory_gb']:.2f} | {row['state_file_gb']:.2f} "
-                     f"| {row['trainer']} |")
+        lines.append(
+            f"| {row['method']} | {row['setup_s']:.1f} | {row['round_s'][0]:.2f} | {ours:.2f} | {theirs:.2f} "
+            f"| {ours / theirs:.2f} | {row['eval_s']:.1f} "
+            f"| {row['peak_rss_gb']:.2f} | {row['state_memory_gb']:.2f} | {row['state_file_gb']:.2f} "
+            f"| {row['trainer']} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, required=True,
-                        help="LEAF FEMNIST folder (train/, test/); written if empty")
+    parser.add_argument(
+        "--root", type=Path, required=True, help="LEAF FEMNIST folder (train/, test/); written if empty"
+    )
     parser.add_argument("--methods", nargs="+", default=[DEFAULT])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per_round", type=int, default=10)
     parser.add_argument("--vectorize", type=int, default=-1, help="federation.vectorize (-1: measured)")
-    parser.add_argument("--writers", type=int, default=None,
-                        help="writers to write when --root is empty (LEAF's 3,550)")
+    parser.add_argument(
+        "--writers", type=int, default=None, help="writers to write when --root is empty (LEAF's 3,550)"
+    )
     parser.add_argument("--num_writers", type=int, default=None, help="default: the shipped configs' 3,400")
     parser.add_argument("--public_size", type=int, default=None, help="default: the shipped configs' 1,000")
     parser.add_argument("--no_eval", action="store_true", help="skip the evaluation of every writer")
-    parser.add_argument("--shipped_args", action="store_true",
-                        help="each method's init_args from its shipped config (configs/cross_device/femnist/), not "
-                             "the class defaults (FLIS-DC's default val split is empty in this setting)")
-    parser.add_argument("--state_memory", type=float, default=None,
-                        help="federation.client_state_memory in GB (default: a quarter of the available memory)")
+    parser.add_argument(
+        "--shipped_args",
+        action="store_true",
+        help="each method's init_args from its shipped config (configs/cross_device/femnist/), not "
+        "the class defaults (FLIS-DC's default val split is empty in this setting)",
+    )
+    parser.add_argument(
+        "--state_memory",
+        type=float,
+        default=None,
+        help="federation.client_state_memory in GB (default: a quarter of the available memory)",
+    )
     parser.add_argument("--data_args", type=json.loads, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/fedlight-cross-device"), help="client-state files")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a worker: one method, JSON on stdout
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.root, args.rounds, args.per_round, args.folder, args.vectorize,
-                                 args.data_args, not args.no_eval, args.shipped_args, args.state_memory)))
+        print(
+            json.dumps(
+                run_one(
+                    args.one,
+                    args.root,
+                    args.rounds,
+                    args.per_round,
+                    args.folder,
+                    args.vectorize,
+                    args.data_args,
+                    not args.no_eval,
+                    args.shipped_args,
+                    args.state_memory,
+                )
+            )
+        )
         return
     if not (args.root / "train").is_dir():
         from femnist_load import LEAF_IMAGES, LEAF_WRITERS, leaf_writers, write_leaf
 
         writers = args.writers or LEAF_WRITERS
-        write_leaf(args.root, writers=leaf_writers(writers, round(writers * LEAF_IMAGES / LEAF_WRITERS)),
-                   files=-(-writers // 100), ink=0.2)
+        write_leaf(
+            args.root,
+            writers=leaf_writers(writers, round(writers * LEAF_IMAGES / LEAF_WRITERS)),
+            files=-(-writers // 100),
+            ink=0.2,
+        )
     methods = registered() if args.methods == [DEFAULT] else args.methods
     rows = []
     for method in methods:

@@ -13,6 +13,7 @@ run would, with the files in the kernel's page cache; both loads' pools must be 
 --images defaults to LEAF's 227 images a writer; the full size writes about 4.5 GB of JSON into a temporary folder
 (or --folder, which must not hold train/ or test/ yet), removed at the end unless --folder is given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,13 @@ def load(root: Path) -> dict:
     digest = hashlib.sha1()
     for part in (x.numpy(), y.numpy(), dm.pool_owners, dm.pool_splits, np.array(dm.writers)):
         digest.update(np.ascontiguousarray(part).tobytes())
-    return {"seconds": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "images": len(y), "writers": len(dm.writers), "digest": digest.hexdigest()}
+    return {
+        "seconds": seconds,
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "images": len(y),
+        "writers": len(dm.writers),
+        "digest": digest.hexdigest(),
+    }
 
 
 def load_in_a_fresh_process(root: Path) -> dict:
@@ -73,9 +79,16 @@ def measure(root: Path, writers: int, images: int, per_file: int) -> dict:
     first, second = load_in_a_fresh_process(root), load_in_a_fresh_process(root)
     json_bytes = sum(p.stat().st_size for p in root.glob("*/*.json"))
     cache_bytes = sum(p.stat().st_size for p in (root / "fedlight-cache").glob("*"))
-    return {"writers": first["writers"], "images": first["images"], "json_mb": json_bytes / 2**20,
-            "cache_mb": cache_bytes / 2**20, "write_json_s": written, "first_load": first, "second_load": second,
-            "identical": first["digest"] == second["digest"]}
+    return {
+        "writers": first["writers"],
+        "images": first["images"],
+        "json_mb": json_bytes / 2**20,
+        "cache_mb": cache_bytes / 2**20,
+        "write_json_s": written,
+        "first_load": first,
+        "second_load": second,
+        "identical": first["digest"] == second["digest"],
+    }
 
 
 def main() -> None:
@@ -97,12 +110,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="femnist-load-") as folder:
             result = measure(Path(folder), args.writers, images, args.writers_per_file)
     first, second = result["first_load"], result["second_load"]
-    print(f"FEMNIST in LEAF's JSON: {result['writers']} writers, {result['images']} images, "
-          f"{result['json_mb']:.0f} MB of JSON (written in {result['write_json_s']:.1f} s)\n"
-          f"| load | s | peak MB |\n|---|---|---|\n"
-          f"| first (parse JSON + write cache) | {first['seconds']:.2f} | {first['peak_mb']:.0f} |\n"
-          f"| second (cached) | {second['seconds']:.2f} | {second['peak_mb']:.0f} |\n"
-          f"cache: {result['cache_mb']:.1f} MB; pools identical: {result['identical']}")
+    print(
+        f"FEMNIST in LEAF's JSON: {result['writers']} writers, {result['images']} images, "
+        f"{result['json_mb']:.0f} MB of JSON (written in {result['write_json_s']:.1f} s)\n"
+        f"| load | s | peak MB |\n|---|---|---|\n"
+        f"| first (parse JSON + write cache) | {first['seconds']:.2f} | {first['peak_mb']:.0f} |\n"
+        f"| second (cached) | {second['seconds']:.2f} | {second['peak_mb']:.0f} |\n"
+        f"cache: {result['cache_mb']:.1f} MB; pools identical: {result['identical']}"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

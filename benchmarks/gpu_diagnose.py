@@ -4,6 +4,7 @@ spread that a one-ulp nudge of the start gives on the CPU alone (what float roun
 
     python benchmarks/gpu_diagnose.py          # on a machine with a CUDA GPU
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,8 +22,9 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     for vectorize in (0, 3):  # the sequential and the vectorized trainer
-        cpu, nudged, gpu = (mlp_federation(FedAvg(), vectorize=vectorize, accelerator=a)
-                            for a in ("cpu", "cpu", "cuda"))
+        cpu, nudged, gpu = (
+            mlp_federation(FedAvg(), vectorize=vectorize, accelerator=a) for a in ("cpu", "cpu", "cuda")
+        )
         nudge_by_one_ulp(nudged.algorithm.models)
         start = cpu.server.model.initial_params
         one_cpu = cpu.server.clients.train(1, 0, start).params

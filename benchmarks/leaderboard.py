@@ -13,6 +13,7 @@ test split, as PFLlib reports it (for FedBABU the better of it and the fine-tune
 FedBABU number is the best of its evaluations, the fine-tuned one after the last round among them). A run whose
 summary.json is already in --output_dir is read, not run again.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,22 @@ def run(path: Path, data_dir: Path, seed: int, rounds: int | None, output_dir: P
     name = f"{path.parent.name}-{path.stem}{f'-r{rounds}' if rounds else ''}-s{seed}"
     summary = output_dir / name / "summary.json"
     if not summary.is_file():
-        command = [sys.executable, "-m", "fedlight", "fit", "--config", str(path), "--data.init_args.root",
-                   str(data_dir), "--seed", str(seed), "--output_dir", str(output_dir), "--run_name", name]
+        command = [
+            sys.executable,
+            "-m",
+            "fedlight",
+            "fit",
+            "--config",
+            str(path),
+            "--data.init_args.root",
+            str(data_dir),
+            "--seed",
+            str(seed),
+            "--output_dir",
+            str(output_dir),
+            "--run_name",
+            name,
+        ]
         if rounds is not None:
             command += ["--federation.rounds", str(rounds)]
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ Memory: FedSA-LoRA (every client keeps its own B, a client-state row) with 10 cl
 1,000 clients: the peak against the frozen base, the adapters' rows and the data, so that growing the clients tenfold
 adds their rows and their data, not copies of the base.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,16 @@ def make_files(folder: Path, clients: int, size: dict[str, int] = SIZE) -> tuple
     corpus = write_planted(folder / f"planted-{clients}.jsonl", samples=clients * ROWS_PER_CLIENT)
     model = folder / f"gpt2-{size['hidden']}"
     if not (model / "config.json").is_file():
-        make_tiny("gpt2", model, corpus, num_classes=4, hidden=size["hidden"], layers=size["layers"],
-                  heads=size["heads"], max_length=size["max_length"])
+        make_tiny(
+            "gpt2",
+            model,
+            corpus,
+            num_classes=4,
+            hidden=size["hidden"],
+            layers=size["layers"],
+            heads=size["heads"],
+            max_length=size["max_length"],
+        )
     return corpus, model
 
 
@@ -57,8 +66,16 @@ def peak_bytes(device: str) -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
 
 
-def federation(corpus: Path, model_path: Path, algorithm, clients: int, device: str, vectorize: int, rounds: int,
-               per_round: int | None = None):
+def federation(
+    corpus: Path,
+    model_path: Path,
+    algorithm,
+    clients: int,
+    device: str,
+    vectorize: int,
+    rounds: int,
+    per_round: int | None = None,
+):
     import torch
 
     from fedlight import Federation, FederationConfig
@@ -66,12 +83,25 @@ def federation(corpus: Path, model_path: Path, algorithm, clients: int, device: 
     from fedlight.models import PretrainedClassifier
 
     torch.manual_seed(0)
-    data = TextFederated(str(corpus), str(model_path), max_length=SIZE["max_length"], num_clients=clients,
-                         val_fraction=0.0, test_fraction=0.1)
+    data = TextFederated(
+        str(corpus),
+        str(model_path),
+        max_length=SIZE["max_length"],
+        num_clients=clients,
+        val_fraction=0.0,
+        test_fraction=0.1,
+    )
     model = PretrainedClassifier(str(model_path), num_classes=4, lr=1e-3, attention=ATTENTION)
-    config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=BATCH, accelerator=device,
-                              vectorize=vectorize, eval_every=rounds, clients_per_round=per_round,
-                              precision="bf16-mixed" if device == "cuda" else None)
+    config = FederationConfig(
+        rounds=rounds,
+        local_epochs=1,
+        batch_size=BATCH,
+        accelerator=device,
+        vectorize=vectorize,
+        eval_every=rounds,
+        clients_per_round=per_round,
+        precision="bf16-mixed" if device == "cuda" else None,
+    )
     return Federation(data, model, algorithm, config, seed=0)
 
 
@@ -98,8 +128,12 @@ def measure_fedlight(corpus: Path, model_path: Path, clients: int, device: str, 
     sync(device)
     seconds = time.perf_counter() - start
     tokens = trained_tokens(fed.data.train.x, fed.module.pad_id)
-    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "peak_bytes": peak_bytes(device),
-            "trainer": fed.execution.plan.describe()}
+    return {
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "peak_bytes": peak_bytes(device),
+        "trainer": fed.execution.plan.describe(),
+    }
 
 
 def measure_plain(corpus: Path, model_path: Path, clients: int, device: str) -> dict:
@@ -111,8 +145,14 @@ def measure_plain(corpus: Path, model_path: Path, clients: int, device: str) -> 
     from fedlight.models import PretrainedClassifier
 
     torch.manual_seed(0)
-    data = TextFederated(str(corpus), str(model_path), max_length=SIZE["max_length"], num_clients=clients,
-                         val_fraction=0.0, test_fraction=0.1)
+    data = TextFederated(
+        str(corpus),
+        str(model_path),
+        max_length=SIZE["max_length"],
+        num_clients=clients,
+        val_fraction=0.0,
+        test_fraction=0.1,
+    )
     data.setup()
     train = data.federated.train
     model = PretrainedClassifier(str(model_path), num_classes=4, lr=1e-3, attention=ATTENTION).to(device)
@@ -130,10 +170,10 @@ def measure_plain(corpus: Path, model_path: Path, clients: int, device: str) -> 
                 for p, g in zip(trainable, global_state):
                     p.copy_(g)
             optimizer = torch.optim.AdamW(trainable, lr=1e-3)
-            x, y = x_all[bounds[c]: bounds[c + 1]], y_all[bounds[c]: bounds[c + 1]]
+            x, y = x_all[bounds[c] : bounds[c + 1]], y_all[bounds[c] : bounds[c + 1]]
             order = torch.randperm(len(y), device=device)
             for i in range(0, len(y), BATCH):
-                rows = order[i: i + BATCH]
+                rows = order[i : i + BATCH]
                 with autocast:
                     loss = F.cross_entropy(model(x[rows]), y[rows])
                 optimizer.zero_grad(set_to_none=True)
@@ -168,11 +208,21 @@ def measure_memory(corpus: Path, model_path: Path, clients: int, device: str) ->
     stores = fed.client_states.stores.values()
     store_bytes = sum(store.stored_bytes for store in stores)
     rows = sum(len(store.touched()) for store in stores)
-    data_bytes = sum(t.numel() * t.element_size() for split in (fed.data.train, fed.data.val, fed.data.test)
-                     for t in (split.x, split.y))
-    return {"peak_bytes": peak_bytes(device), "setup_peak_bytes": setup_peak, "base_bytes": fed.module.base_bytes(),
-            "adapter_bytes": fed.module.trainable_bytes(), "personal_entries": int(fed.algorithm.personal_mask.sum()),
-            "store_bytes": store_bytes, "store_rows": rows, "data_bytes": data_bytes}
+    data_bytes = sum(
+        t.numel() * t.element_size()
+        for split in (fed.data.train, fed.data.val, fed.data.test)
+        for t in (split.x, split.y)
+    )
+    return {
+        "peak_bytes": peak_bytes(device),
+        "setup_peak_bytes": setup_peak,
+        "base_bytes": fed.module.base_bytes(),
+        "adapter_bytes": fed.module.trainable_bytes(),
+        "personal_entries": int(fed.algorithm.personal_mask.sum()),
+        "store_bytes": store_bytes,
+        "store_rows": rows,
+        "data_bytes": data_bytes,
+    }
 
 
 def child(args: argparse.Namespace) -> None:
@@ -187,13 +237,27 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(what: str, clients: int, corpus: Path, model: Path, device: str) -> dict:
-    command = [sys.executable, __file__, "--child", what, "--clients", str(clients), "--corpus", str(corpus),
-               "--model", str(model), "--device", device, "--attention", ATTENTION]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        what,
+        "--clients",
+        str(clients),
+        "--corpus",
+        str(corpus),
+        "--model",
+        str(model),
+        "--device",
+        device,
+        "--attention",
+        ATTENTION,
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         raise RuntimeError(f"{what} at {clients} clients failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def main() -> None:
@@ -215,16 +279,20 @@ def main() -> None:
         return child(args)
     folder = Path(tempfile.mkdtemp(prefix="fedlight-lora-bench-"))
     if args.memory:
-        print("| clients (10 a round) | peak MB after set-up | peak MB after 5 rounds | frozen base MB | "
-              "one client's adapters kB | client-state rows | data MB |\n|---|---|---|---|---|---|---|")
+        print(
+            "| clients (10 a round) | peak MB after set-up | peak MB after 5 rounds | frozen base MB | "
+            "one client's adapters kB | client-state rows | data MB |\n|---|---|---|---|---|---|---|"
+        )
         for clients in args.clients or [100, 1000]:
             corpus, model = make_files(folder, clients, MEMORY_SIZE)
             r = run_child("memory", clients, corpus, model, args.device)
-            print(f"| {clients:,} | {r['setup_peak_bytes'] / 2**20:.0f} | {r['peak_bytes'] / 2**20:.0f} | "
-                  f"{r['base_bytes'] / 2**20:.2f} | "
-                  f"{r['adapter_bytes'] / 1e3:.1f} | {r['store_rows']} rows, {r['store_bytes'] / 1e3:.0f} kB | "
-                  f"{r['data_bytes'] / 2**20:.2f} |",
-                  flush=True)
+            print(
+                f"| {clients:,} | {r['setup_peak_bytes'] / 2**20:.0f} | {r['peak_bytes'] / 2**20:.0f} | "
+                f"{r['base_bytes'] / 2**20:.2f} | "
+                f"{r['adapter_bytes'] / 1e3:.1f} | {r['store_rows']} rows, {r['store_bytes'] / 1e3:.0f} kB | "
+                f"{r['data_bytes'] / 2**20:.2f} |",
+                flush=True,
+            )
         return
     methods = {"-1": "fedlight (probe's choice)", "0": "fedlight (one client at a time)", "plain": "plain peft loop"}
     sizes = args.clients or [10, 100, 1000]
@@ -235,16 +303,19 @@ def main() -> None:
             for what in methods:
                 results.setdefault((clients, what), []).append(run_child(what, clients, *files[clients], args.device))
     if args.json:
-        Path(args.json).write_text(json.dumps([{"clients": c, "trainer": methods[w], "runs": rs}
-                                               for (c, w), rs in results.items()], indent=1))
+        Path(args.json).write_text(
+            json.dumps([{"clients": c, "trainer": methods[w], "runs": rs} for (c, w), rs in results.items()], indent=1)
+        )
     print(f"device: {args.device}; attention: {ATTENTION}; medians of {args.repeats}\n")
     print("| clients a round | trainer | tokens/s | round s | peak MB |\n|---|---|---|---|---|")
     for clients in sizes:
         for what, label in methods.items():
             rs = results[(clients, what)]
-            print(f"| {clients:,} | {label} | {statistics.median(r['tokens_per_s'] for r in rs):,.0f} | "
-                  f"{statistics.median(r['seconds'] for r in rs):.2f} | "
-                  f"{statistics.median(r['peak_bytes'] for r in rs) / 2**20:.0f} |")
+            print(
+                f"| {clients:,} | {label} | {statistics.median(r['tokens_per_s'] for r in rs):,.0f} | "
+                f"{statistics.median(r['seconds'] for r in rs):.2f} | "
+                f"{statistics.median(r['peak_bytes'] for r in rs) / 2**20:.0f} |"
+            )
 
 
 if __name__ == "__main__":

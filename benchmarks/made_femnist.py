@@ -5,6 +5,7 @@ travel (a leased GPU machine takes 64 MiB): a run's speed does not depend on wha
     PYTHONPATH=benchmarks python -m fedlight fit --config configs/cross_device/femnist/fedavg.yaml \
         --data made_femnist.MadeFemnist --federation.accelerator cuda
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,9 @@ class MadeFemnist(FEMNISTFederated):
     """`FEMNISTFederated` on made writers: every option of it (num_writers, writer_order, official_splits,
     public_size, ...) acts as on LEAF's files; `root` names nothing read."""
 
-    def __init__(self, root: str = "(made in memory)", writers: int = LEAF_WRITERS, images: int = LEAF_IMAGES,
-                 **options) -> None:
+    def __init__(
+        self, root: str = "(made in memory)", writers: int = LEAF_WRITERS, images: int = LEAF_IMAGES, **options
+    ) -> None:
         super().__init__(root=root, **options)
         self.made_writers, self.made_images = writers, images
 
@@ -36,9 +38,11 @@ class MadeFemnist(FEMNISTFederated):
         rng = np.random.default_rng(0)
         counts = [n for pair in sizes.values() for n in pair]
         total = sum(counts)
-        return LeafWriters(names=np.array(list(sizes), dtype=str),
-                           x=rng.integers(0, 256, (total, 784), dtype=np.uint8),
-                           y=rng.integers(0, 62, total, dtype=np.int64),
-                           chunk_writer=np.repeat(np.arange(len(sizes)), 2),
-                           chunk_split=np.tile(np.array([OFFICIAL_TRAIN, OFFICIAL_TEST], dtype=np.int8), len(sizes)),
-                           offsets=np.cumsum([0] + counts, dtype=np.int64))
+        return LeafWriters(
+            names=np.array(list(sizes), dtype=str),
+            x=rng.integers(0, 256, (total, 784), dtype=np.uint8),
+            y=rng.integers(0, 62, total, dtype=np.int64),
+            chunk_writer=np.repeat(np.arange(len(sizes)), 2),
+            chunk_split=np.tile(np.array([OFFICIAL_TRAIN, OFFICIAL_TEST], dtype=np.int8), len(sizes)),
+            offsets=np.cumsum([0] + counts, dtype=np.int64),
+        )

@@ -7,6 +7,7 @@ images, 9 classes), written to a temporary folder the config's data root is poin
 
     python benchmarks/ocfl_memory.py [--keep DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,31 @@ def peak_rss_gb(folder: Path) -> float:
     """Run the round under `/usr/bin/time -f %M` and return its peak resident memory in GB (10^9 bytes)."""
     data, output, report = folder / "data", folder / "runs", folder / "time.txt"
     write_medmnist(data, "pathmnist", num_classes=9, channels=3, sizes=SIZES)
-    command = ["/usr/bin/time", "-f", "%M", "-o", str(report), sys.executable, "-m", "fedlight", "fit",
-               "--config", str(CONFIG), "--data.init_args.root", str(data), "--federation.rounds", "1",
-               "--federation.local_epochs", "1", "--federation.vectorize", "0", "--logger.wandb", "false",
-               "--output_dir", str(output)]
+    command = [
+        "/usr/bin/time",
+        "-f",
+        "%M",
+        "-o",
+        str(report),
+        sys.executable,
+        "-m",
+        "fedlight",
+        "fit",
+        "--config",
+        str(CONFIG),
+        "--data.init_args.root",
+        str(data),
+        "--federation.rounds",
+        "1",
+        "--federation.local_epochs",
+        "1",
+        "--federation.vectorize",
+        "0",
+        "--logger.wandb",
+        "false",
+        "--output_dir",
+        str(output),
+    ]
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     subprocess.run(command, check=True, env=env, cwd=ROOT)
     return int(report.read_text().split()[-1]) * 1024 / 1e9

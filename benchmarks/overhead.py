@@ -9,6 +9,7 @@ round with fedlight's vectorized client training (the default), which is not the
     python benchmarks/overhead.py                      # CPU, 20 digits clients, SmallCNN
     python benchmarks/overhead.py --accelerator cuda --precision bf16-mixed
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,15 @@ from fedlight.models import Classifier, SmallCNN
 def build(args: argparse.Namespace, vectorize: int = 0) -> Federation:
     torch.manual_seed(0)
     model = Classifier(SmallCNN(1, 10, 8), optimizer="sgd", lr=0.05, momentum=0.9)
-    config = FederationConfig(rounds=10**6, local_epochs=args.local_epochs, batch_size=args.batch_size,
-                              accelerator=args.accelerator, precision=args.precision, eval_every=10**6,
-                              vectorize=vectorize)
+    config = FederationConfig(
+        rounds=10**6,
+        local_epochs=args.local_epochs,
+        batch_size=args.batch_size,
+        accelerator=args.accelerator,
+        precision=args.precision,
+        eval_every=10**6,
+        vectorize=vectorize,
+    )
     return Federation(DigitsFederated(num_clients=args.clients), model, FedAvg(), config, seed=0)
 
 
@@ -52,21 +59,34 @@ def main() -> None:
     max_diff = float((fed.algorithm.models[0] - theirs).abs().max())
     vectorized = build(args, vectorize=-1)
     vectorized.run_round(1)
-    median = interleaved_medians({"fedlight": fed.run_round, "plain": plain.round, "vectorized": vectorized.run_round},
-                                 args.rounds, fed.device)
-    result = {"device": str(fed.device), "precision": fed.precision, "clients": args.clients,
-              "local_epochs": args.local_epochs, "batch_size": args.batch_size, "rounds_timed": args.rounds,
-              "fedlight_round_s": median["fedlight"], "plain_round_s": median["plain"],
-              "ratio": median["fedlight"] / median["plain"], "max_param_diff_after_round_1": max_diff,
-              "vectorized_round_s": median["vectorized"],
-              "vectorized_speedup_vs_plain": median["plain"] / median["vectorized"],
-              "torch_threads": torch.get_num_threads()}
-    print("| device | precision | clients | fedlight s/round | plain s/round | ratio | max param diff | "
-          "vectorized s/round | vectorized speed-up |")
+    median = interleaved_medians(
+        {"fedlight": fed.run_round, "plain": plain.round, "vectorized": vectorized.run_round}, args.rounds, fed.device
+    )
+    result = {
+        "device": str(fed.device),
+        "precision": fed.precision,
+        "clients": args.clients,
+        "local_epochs": args.local_epochs,
+        "batch_size": args.batch_size,
+        "rounds_timed": args.rounds,
+        "fedlight_round_s": median["fedlight"],
+        "plain_round_s": median["plain"],
+        "ratio": median["fedlight"] / median["plain"],
+        "max_param_diff_after_round_1": max_diff,
+        "vectorized_round_s": median["vectorized"],
+        "vectorized_speedup_vs_plain": median["plain"] / median["vectorized"],
+        "torch_threads": torch.get_num_threads(),
+    }
+    print(
+        "| device | precision | clients | fedlight s/round | plain s/round | ratio | max param diff | "
+        "vectorized s/round | vectorized speed-up |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| {result['device']} | {result['precision']} | {args.clients} | {median['fedlight']:.4f} | "
-          f"{median['plain']:.4f} | {result['ratio']:.3f} | {max_diff:.2e} | {median['vectorized']:.4f} | "
-          f"{result['vectorized_speedup_vs_plain']:.2f}x |")
+    print(
+        f"| {result['device']} | {result['precision']} | {args.clients} | {median['fedlight']:.4f} | "
+        f"{median['plain']:.4f} | {result['ratio']:.3f} | {max_diff:.2e} | {median['vectorized']:.4f} | "
+        f"{result['vectorized_speedup_vs_plain']:.2f}x |"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -15,6 +15,7 @@ reason, process wall time and peak resident memory. Two kinds of rows:
 CIFAR and SVHN files are checked against their published MD5 by torchvision; random files cannot match it, so those
 runs start through a launcher that lets the check test existence only (as tests/unit/test_data_vision.py does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,23 @@ import yaml
 from shipped_configs import MODES, ROOT, configs_under, run
 
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers.data_files import (bank_text, write_adult, write_cifar, write_leaf, write_medmnist,  # noqa: E402
-                                write_mnist_like, write_svhn, write_wisdm)
+from helpers.data_files import (
+    bank_text,
+    write_adult,
+    write_cifar,
+    write_leaf,
+    write_medmnist,  # noqa: E402
+    write_mnist_like,
+    write_svhn,
+    write_wisdm,
+)
 
 #: `python -c` this, then the command: torchvision's MD5 check of CIFAR and SVHN tests existence only
-SKIP_MD5 = ("import os, runpy, torchvision.datasets.cifar as c, torchvision.datasets.svhn as s; "
-            "c.check_integrity = s.check_integrity = lambda path, md5=None: os.path.isfile(path); "
-            "runpy.run_module('fedlight', run_name='__main__', alter_sys=True)")
+SKIP_MD5 = (
+    "import os, runpy, torchvision.datasets.cifar as c, torchvision.datasets.svhn as s; "
+    "c.check_integrity = s.check_integrity = lambda path, md5=None: os.path.isfile(path); "
+    "runpy.run_module('fedlight', run_name='__main__', alter_sys=True)"
+)
 
 
 def section(config: Path, key: str) -> dict:
@@ -64,6 +75,7 @@ def configured_rounds(config: Path, cap: int) -> int:
 @dataclass(frozen=True)
 class Family:
     """A data family read from files: its representative config and how to write its files under a root."""
+
     name: str
     config: str
     size: str  # what `write` writes
@@ -98,30 +110,74 @@ def write_bank(root: Path, n: int) -> None:
 
 PAPERS = "configs/papers"
 FAMILIES = [
-    Family("PathMNIST", f"{PAPERS}/ocfl/pathmnist/n30_no_imbalanced.yaml", "89,996 + 10,004 + 7,180 images",
-           partial(write_medmnist, flag="pathmnist", num_classes=9, channels=3,
-                   sizes={"train": 89996, "val": 10004, "test": 7180})),
-    Family("BloodMNIST", f"{PAPERS}/ocfl/bloodmnist/n30_no_imbalanced.yaml", "11,959 + 1,712 + 3,421 images",
-           partial(write_medmnist, flag="bloodmnist", num_classes=8, channels=3,
-                   sizes={"train": 11959, "val": 1712, "test": 3421})),
-    Family("CIFAR-10", f"{PAPERS}/ocfl/cifar10/n30_no_imbalanced.yaml", "50,000 + 10,000 images",
-           partial(write_cifar, sizes=(50000, 10000)), ("-c", SKIP_MD5)),
-    Family("CIFAR-100", f"{PAPERS}/flis/cifar100/ls20_flis_dc.yaml", "50,000 + 10,000 images",
-           partial(write_cifar, hundred=True, sizes=(50000, 10000)), ("-c", SKIP_MD5)),
-    Family("SVHN", f"{PAPERS}/fedtsdp/svhn_resnet18_iid.yaml", "73,257 + 26,032 images",
-           partial(write_svhn, sizes=(73257, 26032)), ("-c", SKIP_MD5)),
-    Family("Fashion-MNIST", f"{PAPERS}/ocfl/fmnist/n30_no_imbalanced.yaml", "60,000 + 10,000 images",
-           partial(write_mnist_like, folder="FashionMNIST", sizes=(60000, 10000))),
-    Family("MNIST", f"{PAPERS}/ocfl/mnist/n30_no_imbalanced.yaml", "60,000 + 10,000 images",
-           partial(write_mnist_like, folder="MNIST", sizes=(60000, 10000))),
-    Family("FEMNIST", f"{PAPERS}/pfclus/table1/femnist.yaml", "500 writers x 227 images",
-           partial(write_leaf, writers=femnist_writers(), files=5)),
-    Family("WISDM", f"{PAPERS}/pfclus/table1/wisdm.yaml", "1,098,207 records",
-           write_wisdm_published),
-    Family("UCI Adult", f"{PAPERS}/pfclus/table2/adult_z500_h10.yaml", "32,561 rows",
-           partial(write_adult, n=32561)),
-    Family("UCI Bank marketing", f"{PAPERS}/pfclus/table2/bank_z500_h10.yaml", "41,188 rows",
-           partial(write_bank, n=41188)),
+    Family(
+        "PathMNIST",
+        f"{PAPERS}/ocfl/pathmnist/n30_no_imbalanced.yaml",
+        "89,996 + 10,004 + 7,180 images",
+        partial(
+            write_medmnist,
+            flag="pathmnist",
+            num_classes=9,
+            channels=3,
+            sizes={"train": 89996, "val": 10004, "test": 7180},
+        ),
+    ),
+    Family(
+        "BloodMNIST",
+        f"{PAPERS}/ocfl/bloodmnist/n30_no_imbalanced.yaml",
+        "11,959 + 1,712 + 3,421 images",
+        partial(
+            write_medmnist,
+            flag="bloodmnist",
+            num_classes=8,
+            channels=3,
+            sizes={"train": 11959, "val": 1712, "test": 3421},
+        ),
+    ),
+    Family(
+        "CIFAR-10",
+        f"{PAPERS}/ocfl/cifar10/n30_no_imbalanced.yaml",
+        "50,000 + 10,000 images",
+        partial(write_cifar, sizes=(50000, 10000)),
+        ("-c", SKIP_MD5),
+    ),
+    Family(
+        "CIFAR-100",
+        f"{PAPERS}/flis/cifar100/ls20_flis_dc.yaml",
+        "50,000 + 10,000 images",
+        partial(write_cifar, hundred=True, sizes=(50000, 10000)),
+        ("-c", SKIP_MD5),
+    ),
+    Family(
+        "SVHN",
+        f"{PAPERS}/fedtsdp/svhn_resnet18_iid.yaml",
+        "73,257 + 26,032 images",
+        partial(write_svhn, sizes=(73257, 26032)),
+        ("-c", SKIP_MD5),
+    ),
+    Family(
+        "Fashion-MNIST",
+        f"{PAPERS}/ocfl/fmnist/n30_no_imbalanced.yaml",
+        "60,000 + 10,000 images",
+        partial(write_mnist_like, folder="FashionMNIST", sizes=(60000, 10000)),
+    ),
+    Family(
+        "MNIST",
+        f"{PAPERS}/ocfl/mnist/n30_no_imbalanced.yaml",
+        "60,000 + 10,000 images",
+        partial(write_mnist_like, folder="MNIST", sizes=(60000, 10000)),
+    ),
+    Family(
+        "FEMNIST",
+        f"{PAPERS}/pfclus/table1/femnist.yaml",
+        "500 writers x 227 images",
+        partial(write_leaf, writers=femnist_writers(), files=5),
+    ),
+    Family("WISDM", f"{PAPERS}/pfclus/table1/wisdm.yaml", "1,098,207 records", write_wisdm_published),
+    Family("UCI Adult", f"{PAPERS}/pfclus/table2/adult_z500_h10.yaml", "32,561 rows", partial(write_adult, n=32561)),
+    Family(
+        "UCI Bank marketing", f"{PAPERS}/pfclus/table2/bank_z500_h10.yaml", "41,188 rows", partial(write_bank, n=41188)
+    ),
 ]
 
 
@@ -134,9 +190,17 @@ def run_family(family: Family, folder: Path, vectorize: str, timeout: float, max
     writer.join()
     if writer.exitcode:
         raise RuntimeError(f"writing the {family.name} files failed (exit {writer.exitcode})")
-    result = run(ROOT / family.config, vectorize, 1, folder, launcher=family.launcher, timeout=timeout,
-                 max_mb=max_mb, extra=("--data.init_args.root", str(root), "--federation.local_epochs", "1"),
-                 env={"HOME": str(folder / "home")})  # importing medmnist makes ~/.medmnist
+    result = run(
+        ROOT / family.config,
+        vectorize,
+        1,
+        folder,
+        launcher=family.launcher,
+        timeout=timeout,
+        max_mb=max_mb,
+        extra=("--data.init_args.root", str(root), "--federation.local_epochs", "1"),
+        env={"HOME": str(folder / "home")},
+    )  # importing medmnist makes ~/.medmnist
     for path in sorted(root.rglob("*"), reverse=True):  # the next family's files take the disk's room
         path.unlink() if path.is_file() else path.rmdir()
     return result
@@ -154,36 +218,67 @@ def table_row(row: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", nargs="*", type=Path, default=[ROOT / PAPERS],
-                        help="folders or files of made-data configs (none: only the families)")
+    parser.add_argument(
+        "--configs",
+        nargs="*",
+        type=Path,
+        default=[ROOT / PAPERS],
+        help="folders or files of made-data configs (none: only the families)",
+    )
     parser.add_argument("--rounds", type=int, default=10, help="at most this many rounds for made-data configs")
-    parser.add_argument("--families", nargs="+", default=[f.name for f in FAMILIES],
-                        help="data families read from files to run ('none': none)")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=[f.name for f in FAMILIES],
+        help="data families read from files to run ('none': none)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a family's run is stopped")
-    parser.add_argument("--vectorize", default=MODES["auto"],
-                        help="federation.vectorize of every run (-1: auto, 0: one client at a time)")
-    parser.add_argument("--max_mb", type=float, default=12000.0,
-                        help="resident memory (MB) past which a family's run is stopped (the machine is shared)")
+    parser.add_argument(
+        "--vectorize",
+        default=MODES["auto"],
+        help="federation.vectorize of every run (-1: auto, 0: one client at a time)",
+    )
+    parser.add_argument(
+        "--max_mb",
+        type=float,
+        default=12000.0,
+        help="resident memory (MB) past which a family's run is stopped (the machine is shared)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     unknown = set(args.families) - {f.name for f in FAMILIES} - {"none"}
     if unknown:
         parser.error(f"unknown families {sorted(unknown)}; known: {[f.name for f in FAMILIES]}")
     rows = []
-    print("| config | data | rounds | s/round | auto's choice (reason) | process wall s | peak RSS MB |\n"
-          "|---|---|---|---|---|---|---|", flush=True)
+    print(
+        "| config | data | rounds | s/round | auto's choice (reason) | process wall s | peak RSS MB |\n"
+        "|---|---|---|---|---|---|---|",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         configs = configs_under([c.resolve() for c in args.configs])
         with multiprocessing.get_context("spawn").Pool(1) as pool:  # importing the data classes takes 0.8 GB
             made = [c for c, reads in zip(configs, pool.map(reads_files, configs)) if not reads]
         for config in made:
             rounds = configured_rounds(config, args.rounds)
-            rows.append({"config": str(config.relative_to(ROOT)), "data": "made in the process", "rounds": rounds,
-                         "result": run(config, args.vectorize, rounds, Path(tmp))})
+            rows.append(
+                {
+                    "config": str(config.relative_to(ROOT)),
+                    "data": "made in the process",
+                    "rounds": rounds,
+                    "result": run(config, args.vectorize, rounds, Path(tmp)),
+                }
+            )
             print(table_row(rows[-1]), flush=True)
         for family in (f for f in FAMILIES if f.name in args.families):
-            rows.append({"config": family.config, "data": f"{family.name} files, {family.size}", "rounds": 1,
-                         "result": run_family(family, Path(tmp), args.vectorize, args.timeout, args.max_mb)})
+            rows.append(
+                {
+                    "config": family.config,
+                    "data": f"{family.name} files, {family.size}",
+                    "rounds": 1,
+                    "result": run_family(family, Path(tmp), args.vectorize, args.timeout, args.max_mb),
+                }
+            )
             print(table_row(rows[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))

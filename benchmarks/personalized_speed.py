@@ -8,6 +8,7 @@ checkout, and the trainer the plan printed.
 
 FedEM has no skew config: it runs configs/digits/skew/fedavg.yaml with `--algorithm fedem`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,19 @@ def main() -> None:
             runs: dict[str, list[dict]] = {side: [] for side in sides}
             for repeat in range(args.repeats):
                 for side, (checkout, python) in sides.items():  # the checkouts take turns
-                    runs[side].append(run(checkout / config.relative_to(ROOT), "-1", args.rounds, Path(tmp), extra,
-                                          repeat=repeat, name=f"{side}-{method}", checkout=checkout, python=python))
+                    runs[side].append(
+                        run(
+                            checkout / config.relative_to(ROOT),
+                            "-1",
+                            args.rounds,
+                            Path(tmp),
+                            extra,
+                            repeat=repeat,
+                            name=f"{side}-{method}",
+                            checkout=checkout,
+                            python=python,
+                        )
+                    )
             for side in sides:
                 rows[side][method] = fastest(runs[side])
     print("| method | " + " | ".join(f"{side} s/round | {side} vs FedAvg | {side} trainer" for side in sides) + " |")

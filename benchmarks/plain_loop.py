@@ -4,6 +4,7 @@ simulators train clients (state dicts, a fresh optimizer per client, one client 
 It reads the clients' data, seeds and batch order from a `Federation`, so it does exactly the training
 fedlight's sequential trainer does and both end with the same model.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable
@@ -43,7 +44,7 @@ class PlainLoop:
             for _ in range(fed.config.local_epochs):
                 order = torch.randperm(len(y), generator=generator).to(x.device)
                 for begin in range(0, len(y), fed.config.batch_size):
-                    rows = order[begin: begin + fed.config.batch_size]
+                    rows = order[begin : begin + fed.config.batch_size]
                     batch, labels = fed.transform((x[rows], y[rows]), 0)
                     with fed.fabric.autocast():
                         loss = F.cross_entropy(net(batch), labels)

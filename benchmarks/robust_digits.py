@@ -15,6 +15,7 @@ regression (650 parameters: client-level DP needs many clients per parameter), e
 Each grid is a `fedlight sweep` (its file is written into the output folder): finished runs are skipped and
 unfinished ones resumed, so rerunning the command completes an interrupted grid; each grid ends with its HTML report.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,42 +31,76 @@ from fedlight.run.cli import main as fedlight_main
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = [0, 1, 2]
 AGGREGATORS = ["mean", "median", "trimmed_mean", "krum", "multikrum", "bulyan", "geomed", "clipped_mean"]
-ATTACKS = {"clean": {}, "sign_flip": {"attack.kind": "sign_flip", "attack.fraction": 0.2},
-           "label_flip": {"attack.kind": "label_flip", "attack.fraction": 0.2}}
+ATTACKS = {
+    "clean": {},
+    "sign_flip": {"attack.kind": "sign_flip", "attack.fraction": 0.2},
+    "label_flip": {"attack.kind": "label_flip", "attack.fraction": 0.2},
+}
 ROBUST_ALGORITHMS = {"fedavg": "fedavg", "ocfl": "ocfl"}
-ROBUST_SETTINGS = {"federation.rounds": 10, "aggregator.f": 4, "aggregator.beta": 0.2,
-                   "aggregator.clip": 0.5, "logger.wandb": False}
+ROBUST_SETTINGS = {
+    "federation.rounds": 10,
+    "aggregator.f": 4,
+    "aggregator.beta": 0.2,
+    "aggregator.clip": 0.5,
+    "logger.wandb": False,
+}
 EPSILONS = [1, 4, 8, None]
 #: OCFL-KM (the OCFL paper's k-means variant, k = 4 known): with logistic regression's updates HDBSCAN at its default
 #: minimum cluster size finds one cluster even without DP, which would leave nothing for the noise to degrade
 OCFL_KM = {"class_path": "fedlight.cluster.KMeans", "init_args": {"n_clusters": 4}}
-PRIVATE_ALGORITHMS = {"fedavg": {"class_path": "fedavg"},
-                      "ocfl": {"class_path": "ocfl", "init_args": {"clusterer": OCFL_KM}},
-                      "ifca": {"class_path": "ifca", "init_args": {"num_clusters": 4}}}
-PRIVATE_SETTINGS = {"federation.rounds": 10, "data.init_args.num_clients": 40, "logger.wandb": False,
-                    "model.init_args.network": {"class_path": "fedlight.models.MLP",
-                                                "init_args": {"input_dim": 64, "hidden": [], "num_classes": 10}}}
+PRIVATE_ALGORITHMS = {
+    "fedavg": {"class_path": "fedavg"},
+    "ocfl": {"class_path": "ocfl", "init_args": {"clusterer": OCFL_KM}},
+    "ifca": {"class_path": "ifca", "init_args": {"num_clusters": 4}},
+}
+PRIVATE_SETTINGS = {
+    "federation.rounds": 10,
+    "data.init_args.num_clients": 40,
+    "logger.wandb": False,
+    "model.init_args.network": {
+        "class_path": "fedlight.models.MLP",
+        "init_args": {"input_dim": 64, "hidden": [], "num_classes": 10},
+    },
+}
 PRIVACY = {"privacy.clip": 0.3, "privacy.delta": 1e-5}
 
 
 def robust_grid() -> list[dict]:
-    return [{"class_path": algorithm, "name": f"{name}-{aggregator}-{attack}",
-             "overrides": {"aggregator.rule": aggregator, **extra}}
-            for name, algorithm in ROBUST_ALGORITHMS.items() for aggregator in AGGREGATORS
-            for attack, extra in ATTACKS.items()]
+    return [
+        {
+            "class_path": algorithm,
+            "name": f"{name}-{aggregator}-{attack}",
+            "overrides": {"aggregator.rule": aggregator, **extra},
+        }
+        for name, algorithm in ROBUST_ALGORITHMS.items()
+        for aggregator in AGGREGATORS
+        for attack, extra in ATTACKS.items()
+    ]
 
 
 def private_grid() -> list[dict]:
-    return [{**spec, "name": f"{name}-eps{epsilon or 'none'}",
-             "overrides": {} if epsilon is None else {**PRIVACY, "privacy.target_epsilon": epsilon}}
-            for name, spec in PRIVATE_ALGORITHMS.items() for epsilon in EPSILONS]
+    return [
+        {
+            **spec,
+            "name": f"{name}-eps{epsilon or 'none'}",
+            "overrides": {} if epsilon is None else {**PRIVACY, "privacy.target_epsilon": epsilon},
+        }
+        for name, spec in PRIVATE_ALGORITHMS.items()
+        for epsilon in EPSILONS
+    ]
 
 
 def run_grid(folder: Path, entries: list[dict], overrides: dict, seeds: list[int], title: str) -> None:
     """Write the grid as a sweep file in `folder` and run it (finished runs skipped, unfinished ones resumed)."""
     folder.mkdir(parents=True, exist_ok=True)
-    document = {"base": str(REPO / "configs" / "quickstart.yaml"), "output_dir": str(folder), "algorithms": entries,
-                "seeds": seeds, "overrides": overrides, "title": title}
+    document = {
+        "base": str(REPO / "configs" / "quickstart.yaml"),
+        "output_dir": str(folder),
+        "algorithms": entries,
+        "seeds": seeds,
+        "overrides": overrides,
+        "title": title,
+    }
     path = folder / "sweep.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     sweep.run(path, fedlight_main)
@@ -91,33 +126,48 @@ def cell(values: list[float]) -> str:
 
 def robust_tables(folder: Path) -> str:
     head = "| aggregator | " + " | ".join(f"{a} {k}" for a in ("FedAvg", "OCFL") for k in ATTACKS) + " |"
-    lines = ["Mean test accuracy over clients after 10 rounds (mean ± std over 3 seeds):", "", head,
-             "|---" * (1 + 2 * len(ATTACKS)) + "|"]
+    lines = [
+        "Mean test accuracy over clients after 10 rounds (mean ± std over 3 seeds):",
+        "",
+        head,
+        "|---" * (1 + 2 * len(ATTACKS)) + "|",
+    ]
     for aggregator in AGGREGATORS:
-        cells = [cell(final(folder, f"{a}-{aggregator}-{k}", "test/acc_mean")) for a in ROBUST_ALGORITHMS
-                 for k in ATTACKS]
+        cells = [
+            cell(final(folder, f"{a}-{aggregator}-{k}", "test/acc_mean")) for a in ROBUST_ALGORITHMS for k in ATTACKS
+        ]
         lines.append(f"| {aggregator} | " + " | ".join(cells) + " |")
-    lines += ["", "OCFL's clustering: ARI against the rotations, and against the rotations with the attackers as a "
-              "fifth cluster:", "",
-              "| aggregator | clean ARI | sign_flip ARI (attackers) | label_flip ARI (attackers) |",
-              "|---|---|---|---|"]
+    lines += [
+        "",
+        "OCFL's clustering: ARI against the rotations, and against the rotations with the attackers as a "
+        "fifth cluster:",
+        "",
+        "| aggregator | clean ARI | sign_flip ARI (attackers) | label_flip ARI (attackers) |",
+        "|---|---|---|---|",
+    ]
     for aggregator in AGGREGATORS:
         cells = [cell(final(folder, f"ocfl-{aggregator}-clean", "cluster/ari"))]
-        cells += [f"{cell(final(folder, f'ocfl-{aggregator}-{k}', 'cluster/ari'))} "
-                  f"({cell(final(folder, f'ocfl-{aggregator}-{k}', 'cluster/ari_attackers'))})"
-                  for k in ("sign_flip", "label_flip")]
+        cells += [
+            f"{cell(final(folder, f'ocfl-{aggregator}-{k}', 'cluster/ari'))} "
+            f"({cell(final(folder, f'ocfl-{aggregator}-{k}', 'cluster/ari_attackers'))})"
+            for k in ("sign_flip", "label_flip")
+        ]
         lines.append(f"| {aggregator} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def private_table(folder: Path) -> str:
-    lines = ["Mean test accuracy and ARI after 10 rounds against epsilon (delta 1e-5; mean ± std over 3 seeds):", "",
-             "| epsilon | noise multiplier | FedAvg acc | OCFL acc | OCFL ARI | IFCA acc | IFCA ARI |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "Mean test accuracy and ARI after 10 rounds against epsilon (delta 1e-5; mean ± std over 3 seeds):",
+        "",
+        "| epsilon | noise multiplier | FedAvg acc | OCFL acc | OCFL ARI | IFCA acc | IFCA ARI |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for epsilon in EPSILONS:
         tag = epsilon or "none"
-        noise = [z for name in PRIVATE_ALGORITHMS
-                 for z in final(folder, f"{name}-eps{tag}", "privacy/noise_multiplier")]
+        noise = [
+            z for name in PRIVATE_ALGORITHMS for z in final(folder, f"{name}-eps{tag}", "privacy/noise_multiplier")
+        ]
         cells = [f"{noise[0]:.2f}" if noise else "-", cell(final(folder, f"fedavg-eps{tag}", "test/acc_mean"))]
         for name in ("ocfl", "ifca"):
             cells += [cell(final(folder, f"{name}-eps{tag}", key)) for key in ("test/acc_mean", "cluster/ari")]
@@ -130,15 +180,29 @@ def main() -> None:
     parser.add_argument("--output_dir", type=Path, default=Path("runs/robust"))
     parser.add_argument("--tables", action="store_true", help="only print the tables of the runs already there")
     parser.add_argument("--sample", action="store_true", help="one 2-round run of each grid, to check the pipeline")
-    parser.add_argument("--grid", choices=("robust", "private", "both"), default="both",
-                        help="run one grid only (two commands can then share the machine's cores)")
+    parser.add_argument(
+        "--grid",
+        choices=("robust", "private", "both"),
+        default="both",
+        help="run one grid only (two commands can then share the machine's cores)",
+    )
     args = parser.parse_args()
     robust, private = args.output_dir / "robust", args.output_dir / "private"
     if args.sample:
-        run_grid(robust, [e for e in robust_grid() if e["name"] == "ocfl-krum-sign_flip"],
-                 {**ROBUST_SETTINGS, "federation.rounds": 2}, [0], "sample")
-        run_grid(private, [e for e in private_grid() if e["name"] == "ifca-eps4"],
-                 {**PRIVATE_SETTINGS, "federation.rounds": 2}, [0], "sample")
+        run_grid(
+            robust,
+            [e for e in robust_grid() if e["name"] == "ocfl-krum-sign_flip"],
+            {**ROBUST_SETTINGS, "federation.rounds": 2},
+            [0],
+            "sample",
+        )
+        run_grid(
+            private,
+            [e for e in private_grid() if e["name"] == "ifca-eps4"],
+            {**PRIVATE_SETTINGS, "federation.rounds": 2},
+            [0],
+            "sample",
+        )
     elif not args.tables:
         if args.grid in ("robust", "both"):
             run_grid(robust, robust_grid(), ROBUST_SETTINGS, SEEDS, "Robust aggregation on digits under attack")

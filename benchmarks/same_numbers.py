@@ -14,6 +14,7 @@ and one run each with newcomers, an attack and client-level privacy. Run it with
 `compare` reads metrics.csv, clients.csv and matrices/*.npy of every run, bit for bit (CSV cells as written, arrays
 as bytes), leaving out the timing columns (`time/round_s` and any other named after time or seconds).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,14 @@ TINY_VIT = Path(tempfile.gettempdir()) / "fedlight-same-numbers-tiny-vit"
 #: settings that bring a shipped config's clustering within the 3 rounds (its own waits 5; CFL's updates are
 #: still small in round 2, with a largest norm of about 0.8 under its eps2 of 1)
 WITHIN_ROUNDS = {
-    "digits_cfl": ("--algorithm.init_args.warmup_rounds", "1", "--algorithm.init_args.split_cooldown", "1",
-                   "--algorithm.init_args.eps2", "0.6"),
+    "digits_cfl": (
+        "--algorithm.init_args.warmup_rounds",
+        "1",
+        "--algorithm.init_args.split_cooldown",
+        "1",
+        "--algorithm.init_args.eps2",
+        "0.6",
+    ),
     "digits_flhc": ("--algorithm.init_args.cluster_round", "2"),
 }
 #: the compared files of a run folder
@@ -71,21 +78,28 @@ def recordings() -> list[Recording]:
     batch_norm = {"PYTHONPATH": str(ROOT / "tests")}  # the tests' Lightning module: BatchNorm and a StepLR schedule
     own = [
         Recording("fedprox", ROTATIONS, ("--algorithm", "fedprox", "--algorithm.init_args.mu", "0.1")),
-        Recording("fedbn", ROTATIONS, ("--algorithm", "fedbn", "--model", "helpers.ordinary_module.OrdinaryModule"),
-                  env=batch_norm),
+        Recording(
+            "fedbn",
+            ROTATIONS,
+            ("--algorithm", "fedbn", "--model", "helpers.ordinary_module.OrdinaryModule"),
+            env=batch_norm,
+        ),
         *[Recording(name, CENTROIDS / f"syn_o_h2_{name}.yaml", rounds=1) for name in ("pfclus", "kfed", "centclus")],
         Recording("mfc", CENTROIDS / "syn_o_h2_mfc.yaml"),
         Recording("fedavg-vec4", ROTATIONS, vectorize="4"),
-        Recording("ditto-vec4", DIGITS / "skew" / "ditto.yaml",
-                  vectorize="4"),  # vectorized group work (dropout: masks per group)
+        Recording(
+            "ditto-vec4", DIGITS / "skew" / "ditto.yaml", vectorize="4"
+        ),  # vectorized group work (dropout: masks per group)
         Recording("fedper-vec4", DIGITS / "skew" / "fedper.yaml", vectorize="4"),  # personal layers, vectorized
         Recording("scaffold-vec4", DIGITS / "skew" / "scaffold.yaml", vectorize="4"),  # a gradient correction
         Recording("fedrep-vec4", DIGITS / "skew" / "fedrep.yaml", vectorize="4"),  # frozen parts, vectorized
         Recording("ifca-newcomers", DIGITS / "ifca.yaml", ("--data.init_args.holdout_clients", "0.2")),
         Recording("ocfl-backdoor", DIGITS / "ocfl.yaml", ("--attack.kind", "backdoor", "--attack.fraction", "0.2")),
         Recording("fedavg-privacy", ROTATIONS, ("--privacy.noise_multiplier", "1.0", "--privacy.clip", "1.0")),
-        *[Recording(f"{path.stem.removeprefix('image_')}-adapters", path, ("--model.init_args.path", str(TINY_VIT)))
-          for path in sorted(PRETRAINED.glob("image_*.yaml"))],  # LoRA adapters of a frozen base
+        *[
+            Recording(f"{path.stem.removeprefix('image_')}-adapters", path, ("--model.init_args.path", str(TINY_VIT)))
+            for path in sorted(PRETRAINED.glob("image_*.yaml"))
+        ],  # LoRA adapters of a frozen base
     ]
     return shipped + own
 
@@ -104,8 +118,9 @@ def record(out: Path, only: list[str] | None = None) -> int:
     failed = 0
     for r in chosen:
         env = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", **r.env}
-        result = run(r.config, r.vectorize, r.rounds, out, ("--federation.threads", "1", *r.options), env=env,
-                     name=r.name)
+        result = run(
+            r.config, r.vectorize, r.rounds, out, ("--federation.threads", "1", *r.options), env=env, name=r.name
+        )
         failed += "error" in result
         print(f"{r.name}: {result.get('error', 'recorded')} ({result['wall_s']:.0f} s)", flush=True)
     return int(failed > 0)
@@ -122,8 +137,10 @@ def differing_csv(a: Path, b: Path) -> str | None:
     logged since) are not compared: every value of the first must be in the second, unchanged."""
     (columns_a, rows_a), (columns_b, rows_b) = read_csv(a), read_csv(b)
     if not set(columns_a) <= set(columns_b):  # a column gone is a difference; one added changes no number
-        return (f"columns differ: only before {sorted(set(columns_a) - set(columns_b))}, "
-                f"only after {sorted(set(columns_b) - set(columns_a))}")
+        return (
+            f"columns differ: only before {sorted(set(columns_a) - set(columns_b))}, "
+            f"only after {sorted(set(columns_b) - set(columns_a))}"
+        )
     if len(rows_a) != len(rows_b):
         return f"{len(rows_a)} rows before, {len(rows_b)} after"
     cells = [(i, c, x[c], y[c]) for i, (x, y) in enumerate(zip(rows_a, rows_b)) for c in columns_a if x[c] != y[c]]
@@ -131,8 +148,10 @@ def differing_csv(a: Path, b: Path) -> str | None:
         return None
     i, column, first, second = cells[0]
     where = ", ".join(f"{k} {rows_a[i][k]}" for k in ("round", "client") if k in rows_a[i])
-    return (f"row {i + 1} ({where}) column {column}: {first} vs {second}; "
-            f"{len(cells)} cells differ, max abs difference {largest_difference([(c[2], c[3]) for c in cells])}")
+    return (
+        f"row {i + 1} ({where}) column {column}: {first} vs {second}; "
+        f"{len(cells)} cells differ, max abs difference {largest_difference([(c[2], c[3]) for c in cells])}"
+    )
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -168,14 +187,17 @@ def differing_array(a: Path, b: Path) -> str | None:
         return "the bits differ (signed zeros or NaN payloads), the values do not"
     index = tuple(int(i) for i in np.argwhere(unequal)[0])
     pairs = [(str(p), str(q)) for p, q in zip(x[unequal].tolist(), y[unequal].tolist())]
-    return (f"entry {list(index)}: {x[index].item()!r} vs {y[index].item()!r}; {int(unequal.sum())} entries differ, "
-            f"max abs difference {largest_difference(pairs)}")
+    return (
+        f"entry {list(index)}: {x[index].item()!r} vs {y[index].item()!r}; {int(unequal.sum())} entries differ, "
+        f"max abs difference {largest_difference(pairs)}"
+    )
 
 
 def differing_run(a: Path, b: Path) -> str | None:
     """The first record file in which two run folders differ, and how; None when all are the same."""
-    files = sorted({p.relative_to(folder).as_posix() for folder in (a, b) for pattern in RECORDS
-                    for p in folder.glob(pattern)})
+    files = sorted(
+        {p.relative_to(folder).as_posix() for folder in (a, b) for pattern in RECORDS for p in folder.glob(pattern)}
+    )
     for name in files:
         missing = [side for side, folder in (("before", a), ("after", b)) if not (folder / name).is_file()]
         if missing:
@@ -213,8 +235,11 @@ def compare(before: Path, after: Path) -> int:
         else:
             difference = differing_run(before / name, after / name)
             added = added_columns(before / name, after / name)
-            line = f"DIFFERS: {difference}" if difference else \
-                "identical" + (f" (columns added: {', '.join(added)})" if added else "")
+            line = (
+                f"DIFFERS: {difference}"
+                if difference
+                else "identical" + (f" (columns added: {', '.join(added)})" if added else "")
+            )
         differ += line.startswith("DIFFERS")
         print(f"{name}: {line}")
     print(f"{differ} of {len(names_a | names_b)} runs differ")

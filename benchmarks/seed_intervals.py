@@ -9,6 +9,7 @@ The groups are the report's (`fedlight.reports.report.group_runs`: one per confi
 its runs' folder name without the seed (a sweep entry's `name`), else by the report's label; `--against` names the
 reference (default: the first).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     against = groups[labels.index(args.against)] if args.against else groups[0]
     print(table(groups, args.metrics, against, args.level))
-    print(f"\n* the paired difference's {args.level:.0%} interval excludes 0. Final-round values; intervals "
-          "mean ± t s / sqrt(n) over the seeds.")
+    print(
+        f"\n* the paired difference's {args.level:.0%} interval excludes 0. Final-round values; intervals "
+        "mean ± t s / sqrt(n) over the seeds."
+    )
     return 0
 
 

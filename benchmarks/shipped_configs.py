@@ -9,6 +9,7 @@ wall time), auto's choice and reason (summary.json's plan), and each way's peak 
 Auto's choice is remembered per machine (`FEDLIGHT_CACHE_DIR`); every run here gets an empty cache of its own, so
 auto probes every time, as on a new machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,10 +41,21 @@ def configs_under(folders: list[Path]) -> list[Path]:
     return found
 
 
-def run(config: Path, vectorize: str, rounds: int, folder: Path, extra: tuple[str, ...] = (),
-        launcher: tuple[str, ...] = ("-m", "fedlight"), env: dict[str, str] | None = None,
-        timeout: float | None = None, max_mb: float | None = None, repeat: int = 0, name: str | None = None,
-        checkout: Path = ROOT, python: str = sys.executable) -> dict:
+def run(
+    config: Path,
+    vectorize: str,
+    rounds: int,
+    folder: Path,
+    extra: tuple[str, ...] = (),
+    launcher: tuple[str, ...] = ("-m", "fedlight"),
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    max_mb: float | None = None,
+    repeat: int = 0,
+    name: str | None = None,
+    checkout: Path = ROOT,
+    python: str = sys.executable,
+) -> dict:
     """One fresh process: seconds per round (its rounds' times), its wall time, peak resident memory, summary.
     `extra` options follow the command's own; `launcher` is what follows `python` (`-m fedlight`); a run past
     `timeout` seconds or `max_mb` of resident memory is stopped, and its wall time and peak memory until then
@@ -55,9 +67,24 @@ def run(config: Path, vectorize: str, rounds: int, folder: Path, extra: tuple[st
     name = name or f"{config.relative_to(ROOT).with_suffix('').as_posix().replace('/', '_')}-{vectorize}"
     name += f"-r{repeat}" if repeat else ""
     env = {**os.environ, "WANDB_MODE": "offline", "FEDLIGHT_CACHE_DIR": str(folder / f"cache-{name}"), **(env or {})}
-    command = [python, *launcher, "fit", "--config", str(config), "--federation.rounds", str(rounds),
-               "--federation.vectorize", vectorize, "--logger.wandb", "false", "--output_dir", str(folder),
-               "--run_name", name, *extra]
+    command = [
+        python,
+        *launcher,
+        "fit",
+        "--config",
+        str(config),
+        "--federation.rounds",
+        str(rounds),
+        "--federation.vectorize",
+        vectorize,
+        "--logger.wandb",
+        "false",
+        "--output_dir",
+        str(folder),
+        "--run_name",
+        name,
+        *extra,
+    ]
     errors = folder / f"{name}.err"
     started = time.perf_counter()
     with errors.open("w") as err:
@@ -71,16 +98,19 @@ def run(config: Path, vectorize: str, rounds: int, folder: Path, extra: tuple[st
     code = os.waitstatus_to_exitcode(status)
     if code:
         lines = errors.read_text().strip().splitlines()
-        return {"error": lines[-1] if lines else f"killed by signal {-code}" if code < 0 else f"exit {code}",
-                **measured}
+        return {
+            "error": lines[-1] if lines else f"killed by signal {-code}" if code < 0 else f"exit {code}",
+            **measured,
+        }
     summary = json.loads((folder / name / "summary.json").read_text())
     with (folder / name / "metrics.csv").open() as f:
         rounds_s = [float(r["time/round_s"]) for r in csv.DictReader(f)]
     return {"s_per_round": sum(rounds_s) / rounds, "rounds_s": rounds_s, **measured, "summary": summary}
 
 
-def wait_for(process: subprocess.Popen, timeout: float | None = None,
-             max_mb: float | None = None) -> tuple[int | None, os.struct_rusage]:
+def wait_for(
+    process: subprocess.Popen, timeout: float | None = None, max_mb: float | None = None
+) -> tuple[int | None, os.struct_rusage]:
     """(wait status, or None when the process was stopped: past `timeout` seconds, or its resident memory past
     `max_mb` (read every 0.2 s, so the peak may pass it by what 0.2 s allocates); its resource usage)."""
     if timeout is None and max_mb is None:
@@ -122,30 +152,42 @@ def table_row(row: dict) -> str:
     versus = f"{row['auto']['s_per_round'] / min(times):.2f}x" if times and "s_per_round" in row["auto"] else "-"
     peaks = "/".join(f"{row[m]['peak_mb']:.0f}" if "peak_mb" in row[m] else "-" for m in MODES)
     walls = "/".join(f"{row[m]['wall_s']:.1f}" if "wall_s" in row[m] else "-" for m in MODES)
-    return (f"| {row['config']} | {seconds('auto')} | {seconds('sequential')} | {seconds('vectorized')} | "
-            f"{plan.get('trainer', '?')}{f' ({reason})' if reason else ''} | {versus} | {walls} | {peaks} |")
+    return (
+        f"| {row['config']} | {seconds('auto')} | {seconds('sequential')} | {seconds('vectorized')} | "
+        f"{plan.get('trainer', '?')}{f' ({reason})' if reason else ''} | {versus} | {walls} | {peaks} |"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", nargs="+", type=Path, default=[ROOT / "configs" / "digits"])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="run the three ways this many times in turn per config and keep each way's fastest run")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the three ways this many times in turn per config and keep each way's fastest run",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = []
-    print("| config | auto s/round | sequential s/round | vectorized s/round | auto's choice (reason) | "
-          "auto vs faster | process wall s (auto/seq/vec) | peak RSS MB (auto/seq/vec) |\n"
-          "|---|---|---|---|---|---|---|---|", flush=True)
+    print(
+        "| config | auto s/round | sequential s/round | vectorized s/round | auto's choice (reason) | "
+        "auto vs faster | process wall s (auto/seq/vec) | peak RSS MB (auto/seq/vec) |\n"
+        "|---|---|---|---|---|---|---|---|",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for config in configs_under([c.resolve() for c in args.configs]):
             runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
             for repeat in range(args.repeats):
                 for mode, vectorize in MODES.items():  # the three take turns on each config
                     runs[mode].append(run(config, vectorize, args.rounds, Path(tmp), repeat=repeat))
-            row: dict = {"config": str(config.relative_to(ROOT)), **{mode: fastest(r) for mode, r in runs.items()},
-                         "auto_choices": [r.get("summary", {}).get("plan", {}).get("trainer") for r in runs["auto"]]}
+            row: dict = {
+                "config": str(config.relative_to(ROOT)),
+                **{mode: fastest(r) for mode, r in runs.items()},
+                "auto_choices": [r.get("summary", {}).get("plan", {}).get("trainer") for r in runs["auto"]],
+            }
             rows.append(row)
             print(table_row(row), flush=True)
     if args.json:

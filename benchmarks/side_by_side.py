@@ -12,6 +12,7 @@ the last run to finish in each arm, and the ratio to one run alone under the sam
 two and 3.8x for three), and passive alone against spinning alone (target: no slower by more than 5 %). Nothing else
 may run on the machine meanwhile.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: how each policy starts fedlight's command line: through its entry point, or after torch loaded first
-LAUNCHERS = {"passive (fedlight's)": ["-m", "fedlight"],
-             "spinning (torch's)": ["-c", "import sys, runpy, torch; sys.argv[0] = 'fedlight'; "
-                                          "runpy.run_module('fedlight', run_name='__main__')"]}
+LAUNCHERS = {
+    "passive (fedlight's)": ["-m", "fedlight"],
+    "spinning (torch's)": [
+        "-c",
+        "import sys, runpy, torch; sys.argv[0] = 'fedlight'; runpy.run_module('fedlight', run_name='__main__')",
+    ],
+}
 
 
 def together(count: int, launcher: list[str], config: Path, rounds: int, folder: Path, tag: str) -> float:
@@ -34,10 +39,31 @@ def together(count: int, launcher: list[str], config: Path, rounds: int, folder:
     env = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     env.update(WANDB_MODE="offline", FEDLIGHT_CACHE_DIR=str(folder / "cache"))
     start = time.perf_counter()
-    processes = [subprocess.Popen([sys.executable, *launcher, "fit", "--config", str(config), "--federation.rounds",
-                                   str(rounds), "--logger.wandb", "false", "--output_dir", str(folder),
-                                   "--run_name", f"{tag}-{i}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True) for i in range(count)]
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                *launcher,
+                "fit",
+                "--config",
+                str(config),
+                "--federation.rounds",
+                str(rounds),
+                "--logger.wandb",
+                "false",
+                "--output_dir",
+                str(folder),
+                "--run_name",
+                f"{tag}-{i}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
     for process in processes:
         _, err = process.communicate()
         if process.returncode != 0:

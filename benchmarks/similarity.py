@@ -10,6 +10,7 @@ difference from the fp32 cosines of the same updates is reported.
     python benchmarks/similarity.py                                        # CPU sizes (n up to 1000)
     python benchmarks/similarity.py --accelerator cuda --max_gb 60 --params 62006 11173962
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,9 +75,16 @@ def measure(kind: str, n: int, size: int, dtype_name: str, device: torch.device)
         sync(device)
         times.append(time.perf_counter() - started)
     added = peak_memory(device) - baseline
-    row = {"kind": kind, "n": n, "size": size, "dtype": dtype_name, "device": str(device),
-           "seconds": sorted(times[1:])[len(times[1:]) // 2] if repeats > 1 else times[-1],
-           "input_gb": data.numel() * data.element_size() / 1e9, "peak_added_gb": added / 1e9}
+    row = {
+        "kind": kind,
+        "n": n,
+        "size": size,
+        "dtype": dtype_name,
+        "device": str(device),
+        "seconds": sorted(times[1:])[len(times[1:]) // 2] if repeats > 1 else times[-1],
+        "input_gb": data.numel() * data.element_size() / 1e9,
+        "peak_added_gb": added / 1e9,
+    }
     if kind == "cosine" and dtype_name == "bf16":
         reference = cosine_distance_matrix(structured_updates(n, size, torch.float32, device))
         row["max_diff_vs_fp32"] = float((result - reference).abs().max())
@@ -85,18 +93,28 @@ def measure(kind: str, n: int, size: int, dtype_name: str, device: torch.device)
 
 def run_isolated(kind: str, n: int, size: int, dtype: str, accelerator: str) -> dict:
     """`measure` in a fresh process (its peak memory is then this measurement's alone)."""
-    out = subprocess.run([sys.executable, __file__, "--one", kind, str(n), str(size), dtype,
-                          "--accelerator", accelerator], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", kind, str(n), str(size), dtype, "--accelerator", accelerator],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[100, 500, 1000])
-    parser.add_argument("--params", type=int, nargs="+", default=[62006, 1_000_000, 11_173_962],
-                        help="d: LeNet-5 (CIFAR), 1M, CIFAR ResNet-18")
-    parser.add_argument("--public", type=int, nargs="*", default=[100],
-                        help="m public samples for JS (10 classes); none: no JS rows")
+    parser.add_argument(
+        "--params",
+        type=int,
+        nargs="+",
+        default=[62006, 1_000_000, 11_173_962],
+        help="d: LeNet-5 (CIFAR), 1M, CIFAR ResNet-18",
+    )
+    parser.add_argument(
+        "--public", type=int, nargs="*", default=[100], help="m public samples for JS (10 classes); none: no JS rows"
+    )
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
     parser.add_argument("--max_gb", type=float, default=6.0, help="skip inputs larger than this")
     parser.add_argument("--accelerator", default="cpu")
@@ -115,16 +133,27 @@ def main() -> None:
         element = 2 if dtype == "bf16" else 4
         input_gb = n * size * (10 if kind == "js" else 1) * element / 1e9
         if input_gb > args.max_gb:
-            rows.append({"kind": kind, "n": n, "size": size, "dtype": dtype, "device": str(device),
-                         "input_gb": input_gb, "skipped": f"input needs {input_gb:.1f} GB > --max_gb {args.max_gb}"})
+            rows.append(
+                {
+                    "kind": kind,
+                    "n": n,
+                    "size": size,
+                    "dtype": dtype,
+                    "device": str(device),
+                    "input_gb": input_gb,
+                    "skipped": f"input needs {input_gb:.1f} GB > --max_gb {args.max_gb}",
+                }
+            )
         else:
             rows.append(run_isolated(kind, n, size, dtype, args.accelerator))
         print(json.dumps(rows[-1]), file=sys.stderr)
-    print("| matrix | clients n | d (params) or m (samples) | storage | input GB | seconds | peak added GB "
-          "| max |cos - fp32| |")
+    print(
+        "| matrix | clients n | d (params) or m (samples) | storage | input GB | seconds | peak added GB "
+        "| max |cos - fp32| |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        timing = (f"{r['seconds']:.3f} | {r['peak_added_gb']:.3f}" if "seconds" in r else f"not run: {r['skipped']} |")
+        timing = f"{r['seconds']:.3f} | {r['peak_added_gb']:.3f}" if "seconds" in r else f"not run: {r['skipped']} |"
         diff = f"{r['max_diff_vs_fp32']:.1e}" if "max_diff_vs_fp32" in r else ""
         print(f"| {r['kind']} | {r['n']} | {r['size']} | {r['dtype']} | {r['input_gb']:.2f} | {timing} | {diff} |")
     if args.json:

@@ -3,6 +3,7 @@ line and in a file), each a fresh `python -m fedlight` process, the commands tak
 
     python benchmarks/startup.py [--repeats 5] [--json out.json] [--commands list "fit --help"]
 """
+
 from __future__ import annotations
 
 import argparse

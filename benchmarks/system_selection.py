@@ -9,6 +9,7 @@ read from the run folders' metrics.csv and clients.csv alone (docs/system_experi
     python benchmarks/system_selection.py runs/sweep-system-selection [--targets 0.6 0.7] [--last 5] \
         [--figure selection.png]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,17 +49,21 @@ def worst_share(run: Run, share: float) -> float | None:
     """The mean test accuracy of the worst `share` of the clients (at least one) at the last evaluated round; a
     client without test samples (its accuracy NaN) counts in neither the share nor the mean."""
     at = run.last_eval_round
-    accuracies = sorted(r["acc"] for r in run.clients_at(at) if math.isfinite(r.get("acc", math.nan))) \
-        if at is not None else []
+    accuracies = (
+        sorted(r["acc"] for r in run.clients_at(at) if math.isfinite(r.get("acc", math.nan))) if at is not None else []
+    )
     if not accuracies:
         return None
-    return float(np.mean(accuracies[:max(1, int(round(share * len(accuracies))))]))
+    return float(np.mean(accuracies[: max(1, int(round(share * len(accuracies))))]))
 
 
 def clients_trained(run: Run) -> float | None:
     """How many distinct clients trained in some round (a finite per-client `train/loss` in clients.csv)."""
-    return float(len({r["client"] for r in run.clients if math.isfinite(r.get("train/loss", math.nan))})) \
-        if run.clients else None
+    return (
+        float(len({r["client"] for r in run.clients if math.isfinite(r.get("train/loss", math.nan))}))
+        if run.clients
+        else None
+    )
 
 
 def table(runs: Sequence[Run], targets: Sequence[float], last_rounds: int) -> str:
@@ -73,12 +78,27 @@ def table(runs: Sequence[Run], targets: Sequence[float], last_rounds: int) -> st
     def order(key: tuple[str, str]) -> tuple:
         kind, _, d = key[1].partition(" (d = ")
         number = d.rstrip(")")
-        return (algorithms.index(key[0]), kinds.index(kind) if kind in kinds else len(kinds),
-                int(number) if number.isdigit() else -1, key[1])
+        return (
+            algorithms.index(key[0]),
+            kinds.index(kind) if kind in kinds else len(kinds),
+            int(number) if number.isdigit() else -1,
+            key[1],
+        )
 
-    header = ["method", "selection", "seeds", "acc mean", f"acc mean, last {last_rounds} rounds", "acc worst client",
-              "acc worst 10 % of clients", "ARI", *(f"rounds to acc {t:g} (seeds reached)" for t in targets),
-              *(f"virtual s to acc {t:g}" for t in targets), "virtual s / round", "clients ever trained"]
+    header = [
+        "method",
+        "selection",
+        "seeds",
+        "acc mean",
+        f"acc mean, last {last_rounds} rounds",
+        "acc worst client",
+        "acc worst 10 % of clients",
+        "ARI",
+        *(f"rounds to acc {t:g} (seeds reached)" for t in targets),
+        *(f"virtual s to acc {t:g}" for t in targets),
+        "virtual s / round",
+        "clients ever trained",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for algorithm, selector in sorted(groups, key=order):
         members = groups[(algorithm, selector)]
@@ -87,16 +107,20 @@ def table(runs: Sequence[Run], targets: Sequence[float], last_rounds: int) -> st
             return cell(values, digits) if any(v is not None for v in values) else f"not reached (0/{len(values)})"
 
         rounds = [len(r.column("system/virtual_time_s")[1]) for r in members]
-        row = [algorithm, selector, str(len(members)),
-               cell([last(r, "test/acc_mean") for r in members]),
-               cell([mean_of_last(r, "test/acc_mean", last_rounds) for r in members]),
-               cell([last(r, "test/acc_worst") for r in members]),
-               cell([worst_share(r, 0.1) for r in members]),
-               cell([last(r, "cluster/ari") for r in members], 2),
-               *(reached([round_to_target(r, "test/acc_mean", t) for r in members], 1) for t in targets),
-               *(reached([time_to_target(r, "test/acc_mean", t) for r in members], 1) for t in targets),
-               cell([last(r, "system/virtual_time_s") / n if n else None for r, n in zip(members, rounds)], 2),
-               cell([clients_trained(r) for r in members], 1)]
+        row = [
+            algorithm,
+            selector,
+            str(len(members)),
+            cell([last(r, "test/acc_mean") for r in members]),
+            cell([mean_of_last(r, "test/acc_mean", last_rounds) for r in members]),
+            cell([last(r, "test/acc_worst") for r in members]),
+            cell([worst_share(r, 0.1) for r in members]),
+            cell([last(r, "cluster/ari") for r in members], 2),
+            *(reached([round_to_target(r, "test/acc_mean", t) for r in members], 1) for t in targets),
+            *(reached([time_to_target(r, "test/acc_mean", t) for r in members], 1) for t in targets),
+            cell([last(r, "system/virtual_time_s") / n if n else None for r, n in zip(members, rounds)], 2),
+            cell([clients_trained(r) for r in members], 1),
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -105,9 +129,10 @@ def figure(runs: Sequence[Run], path: Path) -> None:
     """The mean test accuracy against rounds and against virtual time (each configuration's mean over seeds at each
     round, as the report draws it), saved as an image at `path`."""
     groups = group_runs(runs)
-    panels = [(title, "accuracy", [s for g in groups if (s := g.curve("test/acc_mean", axis)) is not None])
-              for title, axis in (("Mean accuracy over rounds", None), ("Mean accuracy over virtual time",
-                                                                        VIRTUAL_TIME))]
+    panels = [
+        (title, "accuracy", [s for g in groups if (s := g.curve("test/acc_mean", axis)) is not None])
+        for title, axis in (("Mean accuracy over rounds", None), ("Mean accuracy over virtual time", VIRTUAL_TIME))
+    ]
     drawn = plots.line_figure(panels, xlabel="virtual time (s)")
     drawn.axes[0].set_xlabel("round")
     drawn.savefig(path, dpi=110)
@@ -116,8 +141,13 @@ def figure(runs: Sequence[Run], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", help="run folders, or folders holding them (the sweep's output_dir)")
-    parser.add_argument("--targets", type=float, nargs="+", default=[0.6, 0.7],
-                        help="the mean test accuracies to reach (default 0.6 0.7)")
+    parser.add_argument(
+        "--targets",
+        type=float,
+        nargs="+",
+        default=[0.6, 0.7],
+        help="the mean test accuracies to reach (default 0.6 0.7)",
+    )
     parser.add_argument("--last", type=int, default=5, help="the last rounds whose accuracy is averaged (default 5)")
     parser.add_argument("--figure", type=Path, help="also save accuracy against rounds and virtual time (.png)")
     args = parser.parse_args()

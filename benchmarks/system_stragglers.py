@@ -8,6 +8,7 @@ it) and the total virtual time, read from the run folders' metrics.csv alone (do
     python benchmarks/system_stragglers.py runs/sweep-system-stragglers [--targets 0.7 0.8] [--slow_cluster 3] \
         [--figure accuracy_time.png]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,28 +66,46 @@ def table(runs: Sequence[Run], targets: Sequence[float], slow_cluster: int) -> s
         groups.setdefault((run.algorithm, deadline_of(run), selection_of(run)), []).append(run)
     algorithms = list(dict.fromkeys(key[0] for key in groups))
     deadlines = list(dict.fromkeys(key[1] for key in groups))
-    order = sorted(groups, key=lambda key: (algorithms.index(key[0]), deadlines.index(key[1]), key[2] != "uniform",
-                                            key[2]))
-    header = ["method", "deadline", "selection", "seeds", "acc mean", "acc worst client",
-              f"acc slow cluster ({slow_cluster})",
-              "ARI", *(f"virtual s to acc {t:g} (seeds reached)" for t in targets), "virtual s total",
-              "dropped by deadline / round"]
+    order = sorted(
+        groups, key=lambda key: (algorithms.index(key[0]), deadlines.index(key[1]), key[2] != "uniform", key[2])
+    )
+    header = [
+        "method",
+        "deadline",
+        "selection",
+        "seeds",
+        "acc mean",
+        "acc worst client",
+        f"acc slow cluster ({slow_cluster})",
+        "ARI",
+        *(f"virtual s to acc {t:g} (seeds reached)" for t in targets),
+        "virtual s total",
+        "dropped by deadline / round",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for algorithm, deadline, selection in order:
         members = groups[(algorithm, deadline, selection)]
         rounds = [len(r.column("system/dropped_deadline")[1]) for r in members]
-        dropped = [float(r.column("system/dropped_deadline")[1].sum()) / n if n else None
-                   for r, n in zip(members, rounds)]
+        dropped = [
+            float(r.column("system/dropped_deadline")[1].sum()) / n if n else None for r, n in zip(members, rounds)
+        ]
         reached = [[time_to_target(r, "test/acc_mean", t) for r in members] for t in targets]
-        row = [algorithm, deadline, selection, str(len(members)),
-               cell([last(r, "test/acc_mean") for r in members]),
-               cell([last(r, "test/acc_worst") for r in members]),
-               cell([last(r, f"cluster_acc/true_{slow_cluster}") for r in members]),
-               cell([last(r, "cluster/ari") for r in members], 2),
-               *(cell(times, 1) if any(v is not None for v in times) else f"not reached (0/{len(members)})"
-                 for times in reached),
-               cell([last(r, "system/virtual_time_s") for r in members], 1),
-               cell(dropped, 2)]
+        row = [
+            algorithm,
+            deadline,
+            selection,
+            str(len(members)),
+            cell([last(r, "test/acc_mean") for r in members]),
+            cell([last(r, "test/acc_worst") for r in members]),
+            cell([last(r, f"cluster_acc/true_{slow_cluster}") for r in members]),
+            cell([last(r, "cluster/ari") for r in members], 2),
+            *(
+                cell(times, 1) if any(v is not None for v in times) else f"not reached (0/{len(members)})"
+                for times in reached
+            ),
+            cell([last(r, "system/virtual_time_s") for r in members], 1),
+            cell(dropped, 2),
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -95,19 +114,32 @@ def figure(runs: Sequence[Run], slow_cluster: int, path: Path) -> None:
     """The mean test accuracy and the slow cluster's against the virtual time (each configuration's mean over seeds
     at each round, as the report draws it), saved as an image at `path`."""
     groups = group_runs(runs)
-    panels = [(title, "accuracy", [s for g in groups if (s := g.curve(key, VIRTUAL_TIME)) is not None])
-              for title, key in (("Mean accuracy over clients", "test/acc_mean"),
-                                 (f"Slow cluster ({slow_cluster})", f"cluster_acc/true_{slow_cluster}"))]
+    panels = [
+        (title, "accuracy", [s for g in groups if (s := g.curve(key, VIRTUAL_TIME)) is not None])
+        for title, key in (
+            ("Mean accuracy over clients", "test/acc_mean"),
+            (f"Slow cluster ({slow_cluster})", f"cluster_acc/true_{slow_cluster}"),
+        )
+    ]
     plots.line_figure(panels, xlabel="virtual time (s)").savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", help="run folders, or folders holding them (the sweep's output_dir)")
-    parser.add_argument("--targets", type=float, nargs="+", default=[0.7, 0.8],
-                        help="the mean test accuracies to time (default 0.7 0.8)")
-    parser.add_argument("--slow_cluster", type=int, default=3,
-                        help="the true cluster of the slow clients (default 3: the 270-degree rotation)")
+    parser.add_argument(
+        "--targets",
+        type=float,
+        nargs="+",
+        default=[0.7, 0.8],
+        help="the mean test accuracies to time (default 0.7 0.8)",
+    )
+    parser.add_argument(
+        "--slow_cluster",
+        type=int,
+        default=3,
+        help="the true cluster of the slow clients (default 3: the 270-degree rotation)",
+    )
     parser.add_argument("--figure", type=Path, help="also save accuracy against virtual time to this image (.png)")
     args = parser.parse_args()
     runs = [load_run(Path(p)) for p in find_runs(args.folders)]

@@ -1,4 +1,5 @@
 """Timing and memory helpers shared by the benchmarks: interleaved medians, device sync, peak memory."""
+
 from __future__ import annotations
 
 import resource
@@ -16,8 +17,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def interleaved_medians(runs: dict[str, Callable[[int], Any]], rounds: int, device: torch.device,
-                        first_round: int = 2) -> dict[str, float]:
+def interleaved_medians(
+    runs: dict[str, Callable[[int], Any]], rounds: int, device: torch.device, first_round: int = 2
+) -> dict[str, float]:
     """Median seconds of each run over `rounds` rounds, the runs taking turns within each round so that a
     slow spell of the machine hits all of them alike."""
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -58,7 +60,8 @@ def reset_peak_rss() -> None:
 def _proc_status() -> dict[str, int]:
     try:
         with open("/proc/self/status") as f:
-            return {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)
-                    if v.strip().endswith("kB")}
+            return {
+                k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f) if v.strip().endswith("kB")
+            }
     except OSError:
         return {}

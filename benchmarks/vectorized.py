@@ -13,6 +13,7 @@ take turns; the median of each is reported.
     python benchmarks/vectorized.py --networks lenet5 --pool 12000   # a quick look
     python benchmarks/vectorized.py --clients 100 --accelerator cuda --precision bf16-mixed
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,16 +43,26 @@ LR, MOMENTUM = 0.01, 0.5
 def build(args: argparse.Namespace, network: str, batch_size: int, vectorize: int) -> Federation:
     torch.manual_seed(0)
     model = Classifier(NETWORKS[network](), lr=LR, momentum=MOMENTUM)
-    config = FederationConfig(rounds=10**6, local_epochs=1, batch_size=batch_size, accelerator=args.accelerator,
-                              precision=args.precision, eval_every=10**6, eval_split="train", vectorize=vectorize)
+    config = FederationConfig(
+        rounds=10**6,
+        local_epochs=1,
+        batch_size=batch_size,
+        accelerator=args.accelerator,
+        precision=args.precision,
+        eval_every=10**6,
+        eval_split="train",
+        vectorize=vectorize,
+    )
     return Federation(MnistLike(args.clients, args.pool), model, FedAvg(), config)
 
 
 def measure(args: argparse.Namespace, network: str, batch_size: int) -> dict:
     """One row of the table: the four trainers on one network and batch size."""
-    feds = {"sequential": build(args, network, batch_size, 0),
-            "vectorized": build(args, network, batch_size, args.clients),
-            "auto": build(args, network, batch_size, -1)}
+    feds = {
+        "sequential": build(args, network, batch_size, 0),
+        "vectorized": build(args, network, batch_size, args.clients),
+        "auto": build(args, network, batch_size, -1),
+    }
     plain = PlainLoop(feds["sequential"], NETWORKS[network], lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM))
     clients = list(range(args.clients))
     runs = {"plain": plain.round, **{name: fed.run_round for name, fed in feds.items()}}
@@ -63,25 +74,39 @@ def measure(args: argparse.Namespace, network: str, batch_size: int) -> dict:
     median = interleaved_medians(runs, args.repeats, feds["auto"].device)
     probe = feds["auto"].execution.probe_result
     sizes = feds["sequential"].data.train.sizes()
-    return {"network": network, "params": feds["sequential"].flat.numel, "batch_size": batch_size,
-            "clients": args.clients, "samples": int(sizes.sum()), "smallest_client": int(sizes.min()),
-            "largest_client": int(sizes.max()), "device": str(feds["auto"].device),
-            "precision": feds["auto"].precision, **{f"{name}_s": median[name] for name in runs},
-            "auto_choice": probe.choice if probe else "vectorized",
-            "probe": probe.as_dict() if probe else None, "max_difference_vs_plain": differences,
-            "torch_threads": torch.get_num_threads(), "round_clients": len(clients)}
+    return {
+        "network": network,
+        "params": feds["sequential"].flat.numel,
+        "batch_size": batch_size,
+        "clients": args.clients,
+        "samples": int(sizes.sum()),
+        "smallest_client": int(sizes.min()),
+        "largest_client": int(sizes.max()),
+        "device": str(feds["auto"].device),
+        "precision": feds["auto"].precision,
+        **{f"{name}_s": median[name] for name in runs},
+        "auto_choice": probe.choice if probe else "vectorized",
+        "probe": probe.as_dict() if probe else None,
+        "max_difference_vs_plain": differences,
+        "torch_threads": torch.get_num_threads(),
+        "round_clients": len(clients),
+    }
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| network | params | batch | plain loop s | sequential s | vectorized s | auto s (choice) | "
-             "auto vs plain | vectorized vs plain | max diff to plain (seq, vec, auto) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| network | params | batch | plain loop s | sequential s | vectorized s | auto s (choice) | "
+        "auto vs plain | vectorized vs plain | max diff to plain (seq, vec, auto) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         d = r["max_difference_vs_plain"]
-        lines.append(f"| {r['network']} | {r['params']:,} | {r['batch_size']} | {r['plain_s']:.2f} | "
-                     f"{r['sequential_s']:.2f} | {r['vectorized_s']:.2f} | {r['auto_s']:.2f} ({r['auto_choice']}) | "
-                     f"{r['plain_s'] / r['auto_s']:.2f}x | {r['plain_s'] / r['vectorized_s']:.2f}x | "
-                     f"{d['sequential']:.0e}, {d['vectorized']:.0e}, {d['auto']:.0e} |")
+        lines.append(
+            f"| {r['network']} | {r['params']:,} | {r['batch_size']} | {r['plain_s']:.2f} | "
+            f"{r['sequential_s']:.2f} | {r['vectorized_s']:.2f} | {r['auto_s']:.2f} ({r['auto_choice']}) | "
+            f"{r['plain_s'] / r['auto_s']:.2f}x | {r['plain_s'] / r['vectorized_s']:.2f}x | "
+            f"{d['sequential']:.0e}, {d['vectorized']:.0e}, {d['auto']:.0e} |"
+        )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ folders whose names start with the group's name, the mean ± std over its runs o
 evaluated round whose accuracy reaches each target (runs that never reach it are counted and left out of the mean),
 the final accuracy and the total virtual time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,11 @@ def main() -> None:
             cells.append(summary(reached) + (f" ({missed} of {len(times)} never)" if missed else ""))
         finals = [float(rows[-1][args.metric]) for rows in runs]
         totals = [float(rows[-1]["system/virtual_time_s"]) for rows in runs]
-        print(f"| {group} ({len(runs)}) | " + " | ".join(cells) +
-              f" | {np.mean(finals):.3f} ± {np.std(finals):.3f} | {summary(totals)} |")
+        print(
+            f"| {group} ({len(runs)}) | "
+            + " | ".join(cells)
+            + f" | {np.mean(finals):.3f} ± {np.std(finals):.3f} | {summary(totals)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ val split (when the set has a val split; otherwise `val_fraction` of its officia
 `test_fraction` is not used; the public data is drawn from official training samples only. Without
 `pool_splits` nothing changes.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -48,9 +49,16 @@ class FederatedDataModule(L.LightningDataModule):
             from a stream of the split's seed of their own. 0: none.
     """
 
-    def __init__(self, num_clients: int = 10, partition: PartitionScheme | None = None,
-                 val_fraction: float = 0.1, test_fraction: float = 0.2, public_size: int = 0,
-                 split_seed: int | None = None, holdout_clients: int | float = 0) -> None:
+    def __init__(
+        self,
+        num_clients: int = 10,
+        partition: PartitionScheme | None = None,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.2,
+        public_size: int = 0,
+        split_seed: int | None = None,
+        holdout_clients: int | float = 0,
+    ) -> None:
         super().__init__()
         if num_clients < 1:
             raise ValueError(f"num_clients must be at least 1, got {num_clients}")
@@ -113,13 +121,16 @@ class FederatedDataModule(L.LightningDataModule):
             # public data comes from training samples only (all samples when there is no official split)
             candidates = keep if official is None else np.flatnonzero(official == OFFICIAL_TRAIN)
             if self.public_size >= len(candidates):
-                raise ValueError(f"public_size={self.public_size} leaves no data for the clients "
-                                 f"(the pool has {len(candidates)} training samples)")
+                raise ValueError(
+                    f"public_size={self.public_size} leaves no data for the clients "
+                    f"(the pool has {len(candidates)} training samples)"
+                )
             perm = rng.permutation(len(candidates))
             public = np.sort(candidates[perm[: self.public_size]])
             public_x, keep = x[public], np.setdiff1d(keep, public)
-        parts = self.partition.assign(labels[keep], self.num_clients, rng,
-                                      None if owners is None else np.asarray(owners)[keep])
+        parts = self.partition.assign(
+            labels[keep], self.num_clients, rng, None if owners is None else np.asarray(owners)[keep]
+        )
         if len(parts) != self.num_clients:
             raise ValueError(f"{type(self.partition).__name__} made {len(parts)} clients, expected {self.num_clients}")
         clusters = self.partition.cluster_labels(self.num_clients)
@@ -131,20 +142,27 @@ class FederatedDataModule(L.LightningDataModule):
             if official is None:
                 order = torch.from_numpy(rng.permutation(len(idx)))
                 n_val, n_test = int(round(self.val_fraction * len(idx))), int(round(self.test_fraction * len(idx)))
-                cuts = {"val": order[:n_val], "test": order[n_val:n_val + n_test], "train": order[n_val + n_test:]}
+                cuts = {"val": order[:n_val], "test": order[n_val : n_val + n_test], "train": order[n_val + n_test :]}
             else:
                 cuts = self._official_cuts(official[keep[part]], bool((official == OFFICIAL_VAL).any()), rng)
             if len(cuts["train"]) == 0:
-                raise ValueError(f"client {k} has no training samples ({len(idx)} in all): use fewer clients "
-                                 "or a partition with a larger minimum size")
+                raise ValueError(
+                    f"client {k} has no training samples ({len(idx)} in all): use fewer clients "
+                    "or a partition with a larger minimum size"
+                )
             for split, rows in cuts.items():
                 rows = rows.sort().values
                 pieces[split].append((xk[rows], yk[rows]))
         train, val, test = (self._stack(pieces[s]) for s in SPLITS)
-        return FederatedData(train, val, test, num_classes=self.num_classes,
-                             cluster_labels=clusters, public_x=public_x,
-                             info={"pool_size": len(labels), "public_size": self.public_size,
-                                   "official_splits": official is not None})
+        return FederatedData(
+            train,
+            val,
+            test,
+            num_classes=self.num_classes,
+            cluster_labels=clusters,
+            public_x=public_x,
+            info={"pool_size": len(labels), "public_size": self.public_size, "official_splits": official is not None},
+        )
 
     def _official_cuts(self, codes: np.ndarray, has_val: bool, rng: np.random.Generator) -> dict[str, Tensor]:
         """One client's rows by official split; val is cut from training rows when the set has no val split."""
@@ -155,8 +173,11 @@ class FederatedDataModule(L.LightningDataModule):
             order = rng.permutation(len(train))
             n_val = int(round(self.val_fraction * len(train)))
             val, train = train[order[:n_val]], train[order[n_val:]]
-        return {"val": torch.from_numpy(val), "test": torch.from_numpy(np.flatnonzero(codes == OFFICIAL_TEST)),
-                "train": torch.from_numpy(train)}
+        return {
+            "val": torch.from_numpy(val),
+            "test": torch.from_numpy(np.flatnonzero(codes == OFFICIAL_TEST)),
+            "train": torch.from_numpy(train),
+        }
 
     @staticmethod
     def _stack(pieces: list[tuple[Tensor, Tensor]]) -> ClientSplit:
@@ -168,14 +189,20 @@ def holdout_count(holdout: int | float, num_clients: int) -> int:
     """How many of `num_clients` clients `data.init_args.holdout_clients` holds out (a share is rounded, and at
     least one); refused in one line when it leaves no client to train."""
     key = "data.init_args.holdout_clients"
-    if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or holdout < 0 or \
-            (isinstance(holdout, float) and holdout >= 1):
+    if (
+        isinstance(holdout, bool)
+        or not isinstance(holdout, (int, float))
+        or holdout < 0
+        or (isinstance(holdout, float) and holdout >= 1)
+    ):
         raise ValueError(f"{key}={holdout!r}: give a share in (0, 1) or a whole count of clients (0: none)")
     count = int(holdout) if isinstance(holdout, int) else max(1, round(holdout * num_clients)) if holdout else 0
     if count >= num_clients:
-        raise ValueError(f"{key}={holdout!r} holds out {count} of the {num_clients} clients and leaves none to "
-                         f"train: hold out fewer (a share below {(num_clients - 1) / num_clients:.2f} or a count "
-                         f"below {num_clients})")
+        raise ValueError(
+            f"{key}={holdout!r} holds out {count} of the {num_clients} clients and leaves none to "
+            f"train: hold out fewer (a share below {(num_clients - 1) / num_clients:.2f} or a count "
+            f"below {num_clients})"
+        )
     return count
 
 
@@ -190,7 +217,10 @@ def choose_holdout(count: int, num_clients: int, clusters: np.ndarray | None, se
     emptied = np.flatnonzero(quota >= sizes)
     if clusters is not None and len(emptied):
         cluster = np.unique(clusters)[emptied[0]]
-        raise ValueError(f"data.init_args.holdout_clients holds out all {sizes[emptied[0]]} clients of true cluster "
-                         f"{cluster}, leaving it none to train: hold out fewer clients or give that cluster more")
-    return np.sort(np.concatenate([rng.choice(np.flatnonzero(groups == g), size=q, replace=False)
-                                   for g, q in enumerate(quota)]))
+        raise ValueError(
+            f"data.init_args.holdout_clients holds out all {sizes[emptied[0]]} clients of true cluster "
+            f"{cluster}, leaving it none to train: hold out fewer clients or give that cluster more"
+        )
+    return np.sort(
+        np.concatenate([rng.choice(np.flatnonzero(groups == g), size=q, replace=False) for g, q in enumerate(quota)])
+    )

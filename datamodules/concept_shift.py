@@ -18,6 +18,7 @@ their code draws other ones (about 40/30/30 % of the clients per concept and 50/
 corrupted); the comments' shares are kept here as the split the authors describe (configs/digits/concept_shift/ sets
 them), and `concept_shares` and `feature_shift` (each concept's corrupted share) give the others.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,22 +64,34 @@ class ConceptShift(PartitionScheme):
         num_classes: the classes K; None takes max label + 1 seen in `assign`.
     """
 
-    def __init__(self, num_concepts: int = 3, concept_shares: Sequence[float] | None = None, alpha: float = 1.0,
-                 label_maps: Literal["fedrc", "random"] = "fedrc", feature_shift: float | Sequence[float] = 0.0,
-                 corruptions: Sequence[str] | None = None, seed: int = 0, num_classes: int | None = None) -> None:
+    def __init__(
+        self,
+        num_concepts: int = 3,
+        concept_shares: Sequence[float] | None = None,
+        alpha: float = 1.0,
+        label_maps: Literal["fedrc", "random"] = "fedrc",
+        feature_shift: float | Sequence[float] = 0.0,
+        corruptions: Sequence[str] | None = None,
+        seed: int = 0,
+        num_classes: int | None = None,
+    ) -> None:
         if num_concepts < 1:
             raise ValueError(f"ConceptShift(num_concepts={num_concepts}): give at least 1 concept")
         if concept_shares is not None and (len(concept_shares) != num_concepts or min(concept_shares) <= 0):
-            raise ValueError(f"ConceptShift(concept_shares={list(concept_shares)}): give {num_concepts} positive "
-                             "shares, one per concept, or None for equal shares")
+            raise ValueError(
+                f"ConceptShift(concept_shares={list(concept_shares)}): give {num_concepts} positive "
+                "shares, one per concept, or None for equal shares"
+            )
         if not alpha > 0:
             raise ValueError(f"ConceptShift(alpha={alpha}): the Dirichlet concentration must be positive")
         if label_maps not in ("fedrc", "random"):
             raise ValueError(f"ConceptShift(label_maps={label_maps!r}): choose 'fedrc' or 'random'")
         shares = [feature_shift] * num_concepts if isinstance(feature_shift, (int, float)) else list(feature_shift)
         if len(shares) != num_concepts or not all(0 <= s <= 1 for s in shares):
-            raise ValueError(f"ConceptShift(feature_shift={feature_shift}): give one share in [0, 1], or "
-                             f"{num_concepts}, one per concept")
+            raise ValueError(
+                f"ConceptShift(feature_shift={feature_shift}): give one share in [0, 1], or "
+                f"{num_concepts}, one per concept"
+            )
         unknown = sorted(set(corruptions or ()) - set(CORRUPTIONS))
         if unknown or (corruptions is not None and not corruptions):
             raise ValueError(f"ConceptShift(corruptions={corruptions}): choose one or more of {sorted(CORRUPTIONS)}")
@@ -99,8 +112,10 @@ class ConceptShift(PartitionScheme):
         if sizes.min() < 1:
             empty = int(np.argmin(sizes))
             shares = np.round(self.shares / self.shares.sum(), 3).tolist()
-            raise ValueError(f"ConceptShift: concept_shares {shares} leave concept {empty} without "
-                             f"clients among num_clients={num_clients}: use more clients or a larger share for it")
+            raise ValueError(
+                f"ConceptShift: concept_shares {shares} leave concept {empty} without "
+                f"clients among num_clients={num_clients}: use more clients or a larger share for it"
+            )
         return sizes
 
     def cluster_labels(self, num_clients: int) -> np.ndarray:
@@ -114,27 +129,36 @@ class ConceptShift(PartitionScheme):
             maps = np.stack([y, num_classes - 1 - y, (y + 1) % num_classes]).astype(np.int64)
             available = len({tuple(m) for m in maps.tolist()})  # fewer than 3 below 3 classes
             if self.num_concepts > available:
-                raise ValueError(f"ConceptShift(num_concepts={self.num_concepts}): label_maps='fedrc' has "
-                                 f"{available} distinct maps for {num_classes} classes: use label_maps='random' "
-                                 f"or at most {available} concepts")
+                raise ValueError(
+                    f"ConceptShift(num_concepts={self.num_concepts}): label_maps='fedrc' has "
+                    f"{available} distinct maps for {num_classes} classes: use label_maps='random' "
+                    f"or at most {available} concepts"
+                )
             return maps[: self.num_concepts]
         possible = math.factorial(min(num_classes, 20))
         if self.num_concepts > possible:
-            raise ValueError(f"ConceptShift(num_concepts={self.num_concepts}): {num_classes} classes have only "
-                             f"{possible} label permutations: use at most {possible} concepts")
+            raise ValueError(
+                f"ConceptShift(num_concepts={self.num_concepts}): {num_classes} classes have only "
+                f"{possible} label permutations: use at most {possible} concepts"
+            )
         return LabelPermutations(self.num_concepts, seed=self.seed).make_permutations(num_classes)
 
     # -- the split ---------------------------------------------------------------------------------
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         labels = np.asarray(labels)
         num_classes = self.num_classes if self.num_classes is not None else int(labels.max()) + 1
         if labels.min() < 0 or labels.max() >= num_classes:
-            raise ValueError(f"ConceptShift(num_classes={num_classes}): labels run from {labels.min()} to "
-                             f"{labels.max()}; give num_classes above the largest label, or None")
+            raise ValueError(
+                f"ConceptShift(num_classes={num_classes}): labels run from {labels.min()} to "
+                f"{labels.max()}; give num_classes above the largest label, or None"
+            )
         if len(labels) < num_clients:
-            raise ValueError(f"ConceptShift: {len(labels)} samples cannot give each of num_clients={num_clients} "
-                             "one: use fewer clients")
+            raise ValueError(
+                f"ConceptShift: {len(labels)} samples cannot give each of num_clients={num_clients} "
+                "one: use fewer clients"
+            )
         self.permutations = self.make_permutations(num_classes)
         concepts = self.cluster_labels(num_clients)
         parts = self.draw_label_mixes(labels, num_clients, rng)
@@ -155,7 +179,7 @@ class ConceptShift(PartitionScheme):
         for client in order:
             counts = self.class_counts(left, int(sizes[client]), rng)
             start = totals - left  # each class's pool is taken from the front
-            taken = [pools[k][start[k]: start[k] + counts[k]] for k in range(len(classes))]
+            taken = [pools[k][start[k] : start[k] + counts[k]] for k in range(len(classes))]
             left -= counts
             parts[client] = np.sort(np.concatenate(taken)).astype(np.int64)
         return parts
@@ -185,7 +209,7 @@ class ConceptShift(PartitionScheme):
             for client in rng.choice(members, size=int(round(share * len(members))), replace=False):
                 name = self.corruptions[int(rng.integers(len(self.corruptions)))]
                 severity = int(rng.integers(SEVERITIES.start, SEVERITIES.stop))
-                chosen[client] = (name, severity, int(rng.integers(2 ** 62)))
+                chosen[client] = (name, severity, int(rng.integers(2**62)))
         return chosen
 
     # -- the clients' samples -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ with its Fashion-MNIST constants; the blurs, weather, elastic and drawn-line cor
 OpenCV) are left out. Every corruption takes images in [0, 1] of shape (..., H, W) and a torch generator, so a
 client's corrupted images are a function of its seed.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -88,8 +89,9 @@ def _shifted(x: Tensor, dy: int, dx: int) -> Tensor:
     return out
 
 
-CORRUPTIONS: dict[str, Corruption] = {fn.__name__: fn for fn in (
-    gaussian_noise, shot_noise, impulse_noise, brightness, contrast, stripe, translate)}
+CORRUPTIONS: dict[str, Corruption] = {
+    fn.__name__: fn for fn in (gaussian_noise, shot_noise, impulse_noise, brightness, contrast, stripe, translate)
+}
 
 
 def corrupt(x: Tensor, name: str, severity: int, seed: int) -> Tensor:

@@ -1,4 +1,5 @@
 """scikit-learn's bundled digits (1,797 real 8x8 images, 10 classes): the embedded default, no download."""
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ Parsing LEAF's JSON (a text float per pixel; 3,550 writers, 805,263 images at fu
 writers are cached once in an array file beside the data (`fedlight.datamodules.femnist_cache`): later loads read
 that, memory-mapped, and give exactly the same pool; changing a JSON file makes the next load rebuild it.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,11 @@ from fedlight.datamodules.partition import Natural, PartitionScheme
 from fedlight.datamodules.support import ImageBatches, check_channels, corrupt, require
 
 LEAF = "https://github.com/TalwalkarLab/leaf (data/femnist)"
-PLACE = ("FEMNIST has no direct download: clone LEAF, run `./preprocess.sh -s niid --sf 1.0 -k 0 -t sample` in "
-         "leaf/data/femnist (it downloads NIST SD19 itself), then copy its data/train and data/test folders "
-         "(or data/all_data) into {root}")
+PLACE = (
+    "FEMNIST has no direct download: clone LEAF, run `./preprocess.sh -s niid --sf 1.0 -k 0 -t sample` in "
+    "leaf/data/femnist (it downloads NIST SD19 itself), then copy its data/train and data/test folders "
+    "(or data/all_data) into {root}"
+)
 
 
 class FEMNISTFederated(FederatedDataModule):
@@ -59,19 +62,34 @@ class FEMNISTFederated(FederatedDataModule):
         val_fraction, test_fraction, public_size, split_seed: as in FederatedDataModule.
     """
 
-    def __init__(self, root: str, num_writers: int | None = None, min_samples: int = 0,
-                 writer_order: str = "random", writer_seed: int = 0, num_clients: int | None = None,
-                 partition: PartitionScheme | None = None, official_splits: bool = True, download: bool = False,
-                 cache: bool = True, normalize: bool = False, mean: Sequence[float] | None = None,
-                 std: Sequence[float] | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        root: str,
+        num_writers: int | None = None,
+        min_samples: int = 0,
+        writer_order: str = "random",
+        writer_seed: int = 0,
+        num_clients: int | None = None,
+        partition: PartitionScheme | None = None,
+        official_splits: bool = True,
+        download: bool = False,
+        cache: bool = True,
+        normalize: bool = False,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        **kwargs,
+    ) -> None:
         if num_writers is not None and num_writers < 1:
             raise ValueError(f"num_writers must be at least 1 (or None for all), got {num_writers}")
         if min_samples < 0:
             raise ValueError(f"min_samples must be non-negative, got {min_samples}")
         if writer_order not in ("random", "sorted"):
             raise ValueError(f"writer_order must be 'random' or 'sorted', got {writer_order!r}")
-        super().__init__(num_clients=num_clients if num_clients is not None else 1,
-                         partition=partition if partition is not None else Natural(shuffle=False), **kwargs)
+        super().__init__(
+            num_clients=num_clients if num_clients is not None else 1,
+            partition=partition if partition is not None else Natural(shuffle=False),
+            **kwargs,
+        )
         self.clients_per_writer = num_clients is None
         self.root, self.num_writers, self.min_samples = Path(root), num_writers, min_samples
         self.writer_order, self.writer_seed = writer_order, writer_seed
@@ -129,14 +147,17 @@ class FEMNISTFederated(FederatedDataModule):
                     chunk_writer.append(names.setdefault(user, len(names)))
                     chunk_split.append(code)
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
-                raise corrupt(path, f"not LEAF's FEMNIST JSON: {type(e).__name__}: {e}", LEAF,
-                              PLACE.format(root=self.root)) from e
-        return LeafWriters(names=np.array(list(names), dtype=str),
-                           x=np.concatenate([np.zeros((0, 784), np.uint8), *xs]),
-                           y=np.concatenate([np.zeros(0, np.int64), *ys]),
-                           chunk_writer=np.array(chunk_writer, dtype=np.int64),
-                           chunk_split=np.array(chunk_split, dtype=np.int8),
-                           offsets=np.cumsum([0] + [len(y) for y in ys], dtype=np.int64))
+                raise corrupt(
+                    path, f"not LEAF's FEMNIST JSON: {type(e).__name__}: {e}", LEAF, PLACE.format(root=self.root)
+                ) from e
+        return LeafWriters(
+            names=np.array(list(names), dtype=str),
+            x=np.concatenate([np.zeros((0, 784), np.uint8), *xs]),
+            y=np.concatenate([np.zeros(0, np.int64), *ys]),
+            chunk_writer=np.array(chunk_writer, dtype=np.int64),
+            chunk_split=np.array(chunk_split, dtype=np.int8),
+            offsets=np.cumsum([0] + [len(y) for y in ys], dtype=np.int64),
+        )
 
     def read_writers(self) -> LeafWriters:
         """Every writer's samples: from the cache of the parsed JSON when it matches the files (`cache`), else parsed
@@ -152,8 +173,10 @@ class FEMNISTFederated(FederatedDataModule):
         if not eligible:
             raise ValueError(f"no writer in {self.root} has min_samples={self.min_samples} samples")
         if self.num_writers is not None and self.num_writers > len(eligible):
-            raise ValueError(f"num_writers={self.num_writers} but only {len(eligible)} writers in {self.root} have "
-                             f"min_samples={self.min_samples} samples")
+            raise ValueError(
+                f"num_writers={self.num_writers} but only {len(eligible)} writers in {self.root} have "
+                f"min_samples={self.min_samples} samples"
+            )
         if self.num_writers is None or self.num_writers == len(eligible):
             return eligible
         if self.writer_order == "sorted":
@@ -163,8 +186,9 @@ class FEMNISTFederated(FederatedDataModule):
 
     def load_pool(self) -> tuple[Tensor, Tensor]:
         if self.download and not any(folder.is_dir() for folder, _ in self._folders()):
-            raise FileNotFoundError(f"FEMNIST cannot be downloaded directly (download: true).\n  "
-                                    f"{PLACE.format(root=self.root)}")
+            raise FileNotFoundError(
+                f"FEMNIST cannot be downloaded directly (download: true).\n  {PLACE.format(root=self.root)}"
+            )
         parsed = self.read_writers()
         self.writers = self.choose_writers(parsed.sample_counts())
         x, y, owners, splits = parsed.gather(self.writers)

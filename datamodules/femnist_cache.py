@@ -15,6 +15,7 @@ a cache file keyed by the JSON files' names, sizes and modification times:
   rebuilt after one warning line naming it and why;
 - written atomically (`support.atomic_writer`): a crash mid-write leaves the old cache or none, never half of one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -96,10 +97,17 @@ def describe_change(old: dict, new: dict) -> str:
     """Which JSON files differ between two keys, e.g. "changed: train/a.json; new: test/b.json"."""
     before = {name: tuple(rest) for name, *rest in old.get("files", [])}
     after = {name: tuple(rest) for name, *rest in new["files"]}
-    groups = (("changed", [n for n in after if n in before and before[n] != after[n]]),
-              ("new", [n for n in after if n not in before]), ("gone", [n for n in before if n not in after]))
-    return "; ".join(f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-                     for label, names in groups if names) or "the files in another order"
+    groups = (
+        ("changed", [n for n in after if n in before and before[n] != after[n]]),
+        ("new", [n for n in after if n not in before]),
+        ("gone", [n for n in before if n not in after]),
+    )
+    return (
+        "; ".join(
+            f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}" for label, names in groups if names
+        )
+        or "the files in another order"
+    )
 
 
 def cache_paths(root: Path) -> list[Path]:
@@ -143,8 +151,13 @@ def _check(writers: LeafWriters) -> None:
     if writers.x.ndim != 2 or writers.x.shape[1] != PIXELS or writers.y.shape != (n,):
         raise ValueError(f"pixels of shape {writers.x.shape} and labels of shape {writers.y.shape}")
     offsets = writers.offsets
-    if len(offsets) != chunks + 1 or len(writers.chunk_split) != chunks or offsets[0] != 0 or offsets[-1] != n \
-            or (np.diff(offsets) < 0).any():
+    if (
+        len(offsets) != chunks + 1
+        or len(writers.chunk_split) != chunks
+        or offsets[0] != 0
+        or offsets[-1] != n
+        or (np.diff(offsets) < 0).any()
+    ):
         raise ValueError("chunk offsets that do not cover the samples")
     if chunks and (writers.chunk_writer.min() < 0 or writers.chunk_writer.max() >= len(writers.names)):
         raise ValueError("a chunk of a writer that is not listed")

@@ -3,6 +3,7 @@ between Diverse Data Distributions", Definition 1 and section 5.1): every client
 K "distributions" (the labels: classes, or k-means cluster ids of a table), balanced or in unequal amounts.
 The paper gives no procedure for its real data; these procedures are our choice.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -34,8 +35,14 @@ class Heterogeneity(PartitionScheme):
         alpha: Dirichlet concentration of the per-client shares in "unequal".
     """
 
-    def __init__(self, heterogeneity: int = 2, sizes: Literal["balanced", "unequal"] = "balanced",
-                 size_base: float = 50.0, size_step: float = 10.0, alpha: float = 0.5) -> None:
+    def __init__(
+        self,
+        heterogeneity: int = 2,
+        sizes: Literal["balanced", "unequal"] = "balanced",
+        size_base: float = 50.0,
+        size_step: float = 10.0,
+        alpha: float = 0.5,
+    ) -> None:
         if heterogeneity < 1:
             raise ValueError(f"heterogeneity must be at least 1, got {heterogeneity}")
         if sizes not in ("balanced", "unequal"):
@@ -46,8 +53,9 @@ class Heterogeneity(PartitionScheme):
         self.size_base, self.size_step, self.alpha = size_base, size_step, alpha
         self.held: list[np.ndarray] | None = None  # the distributions of each client, after `assign`
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         ids = np.unique(labels)
         h = self.heterogeneity
         if h > len(ids):
@@ -71,11 +79,12 @@ class Heterogeneity(PartitionScheme):
                 shares = rng.dirichlet(np.full(h, self.alpha))
                 for d, want in zip(self.held[z], np.round(shares * target[z]).astype(int)):
                     take = min(want, len(pools[d]) - left[d])
-                    parts[z].append(pools[d][left[d]: left[d] + take])
+                    parts[z].append(pools[d][left[d] : left[d] + take])
                     left[d] += take
         out = [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
         empty = [z for z, p in enumerate(out) if len(p) == 0]
         if empty:
-            raise ValueError(f"clients {empty[:5]} got no samples: use fewer clients, a smaller size_step or a "
-                             "larger alpha")
+            raise ValueError(
+                f"clients {empty[:5]} got no samples: use fewer clients, a smaller size_step or a larger alpha"
+            )
         return out

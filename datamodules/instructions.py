@@ -13,6 +13,7 @@ are refused; clients are cut IID, by quantity, by their natural owners or by a c
 `group_column`: a task, a category, Dolly's or Alpaca-style categories: true clusters). The tokenized rows are cached
 beside the data as TextFederated's are.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -41,16 +42,17 @@ def prompt_of(row: dict, instruction: str, input: str | None) -> str:
     return PROMPT.format(instruction=row[instruction])
 
 
-def sequences(prompts: list[list[int]], responses: list[list[int]], max_length: int, pad_id: int
-              ) -> tuple[Tensor, Tensor, Tensor]:
+def sequences(
+    prompts: list[list[int]], responses: list[list[int]], max_length: int, pad_id: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """(ids, labels, kept) of prompt + response token lists cut to `max_length`: ids padded with `pad_id`, labels
     -100 outside the response, `kept` the rows with at least one response token left."""
     ids = torch.full((len(prompts), max_length), pad_id, dtype=torch.long)
     labels = torch.full((len(prompts), max_length), IGNORE, dtype=torch.long)
     for i, (prompt, response) in enumerate(zip(prompts, responses)):
         tokens = (prompt + response)[:max_length]
-        ids[i, :len(tokens)] = torch.tensor(tokens)
-        labels[i, len(prompt):len(tokens)] = ids[i, len(prompt):len(tokens)]
+        ids[i, : len(tokens)] = torch.tensor(tokens)
+        labels[i, len(prompt) : len(tokens)] = ids[i, len(prompt) : len(tokens)]
     return ids, labels, (labels != IGNORE).any(dim=1)
 
 
@@ -68,13 +70,23 @@ class InstructionFederated(FederatedDataModule):
             FederatedDataModule (partition: IID, QuantitySkew, Natural or Groups).
     """
 
-    def __init__(self, path: str, tokenizer: str, instruction_column: str = "instruction",
-                 input_column: str | None = "input", response_column: str = "response",
-                 group_column: str | None = None, max_length: int = 128, **kwargs) -> None:
+    def __init__(
+        self,
+        path: str,
+        tokenizer: str,
+        instruction_column: str = "instruction",
+        input_column: str | None = "input",
+        response_column: str = "response",
+        group_column: str | None = None,
+        max_length: int = 128,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         if not isinstance(self.partition, LABEL_FREE):
-            raise ValueError(f"{type(self.partition).__name__} cuts clients by class labels, which instruction rows "
-                             "do not have: use IID, QuantitySkew, Natural or Groups (with group_column)")
+            raise ValueError(
+                f"{type(self.partition).__name__} cuts clients by class labels, which instruction rows "
+                "do not have: use IID, QuantitySkew, Natural or Groups (with group_column)"
+            )
         if max_length < 2:
             raise ValueError(f"max_length must be at least 2, got {max_length}")
         self.path, self.tokenizer_path = Path(path), Path(tokenizer)
@@ -90,19 +102,25 @@ class InstructionFederated(FederatedDataModule):
         instruction, input, response = self.columns
         required = [instruction, response] + ([self.group_column] if self.group_column else [])
         rows = read_rows(self.path, required)
-        cache = cache_file(self.path, cache_key(self.path, self.tokenizer_path,
-                                                f"{self.columns}|{self.max_length}|{PROMPT_WITH_INPUT}"))
+        cache = cache_file(
+            self.path,
+            cache_key(self.path, self.tokenizer_path, f"{self.columns}|{self.max_length}|{PROMPT_WITH_INPUT}"),
+        )
         if cache.is_file():
             ids, labels, kept = torch.load(cache).values()
         else:
             ids, labels, kept = self.tokenize(rows)
             torch.save({"ids": ids, "labels": labels, "kept": kept}, cache)
         if not kept.any():
-            raise ValueError(f"max_length {self.max_length} cuts every row's response off (its prompt alone is "
-                             "longer): raise it")
+            raise ValueError(
+                f"max_length {self.max_length} cuts every row's response off (its prompt alone is longer): raise it"
+            )
         if not kept.all():
-            warnings.warn(f"{int((~kept).sum())} of {len(rows)} rows left out: max_length {self.max_length} cuts "
-                          "their response off entirely; raise it to keep them", stacklevel=2)
+            warnings.warn(
+                f"{int((~kept).sum())} of {len(rows)} rows left out: max_length {self.max_length} cuts "
+                "their response off entirely; raise it to keep them",
+                stacklevel=2,
+            )
         if self.group_column:
             owners = [str(row[self.group_column]) for row, keep in zip(rows, kept.tolist()) if keep]
             self.pool_owners = np.asarray(owners)
@@ -111,17 +129,22 @@ class InstructionFederated(FederatedDataModule):
     def tokenize(self, rows: list[dict]) -> tuple[Tensor, Tensor, Tensor]:
         """(ids, labels, kept) of every row (`sequences`), with the model's tokenizer."""
         if not self.tokenizer_path.is_dir():
-            raise FileNotFoundError(f"tokenizer folder {self.tokenizer_path} not found: give the pretrained model's "
-                                    "folder (its tokenizer's files are saved beside the weights)")
+            raise FileNotFoundError(
+                f"tokenizer folder {self.tokenizer_path} not found: give the pretrained model's "
+                "folder (its tokenizer's files are saved beside the weights)"
+            )
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         if tokenizer.pad_token_id is None:
-            raise ValueError(f"the tokenizer in {self.tokenizer_path} has no pad token: samples are padded to "
-                             "max_length, so give it one (the model's config.json pad_token_id)")
+            raise ValueError(
+                f"the tokenizer in {self.tokenizer_path} has no pad token: samples are padded to "
+                "max_length, so give it one (the model's config.json pad_token_id)"
+            )
         instruction, input, response = self.columns
         prompts = tokenizer([prompt_of(row, instruction, input) for row in rows])["input_ids"]
         end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-        answers = [ids + end for ids in tokenizer([str(row[response]) for row in rows],
-                                                  add_special_tokens=False)["input_ids"]]
+        answers = [
+            ids + end for ids in tokenizer([str(row[response]) for row in rows], add_special_tokens=False)["input_ids"]
+        ]
         return sequences(prompts, answers, self.max_length, tokenizer.pad_token_id)

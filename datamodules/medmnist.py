@@ -5,6 +5,7 @@ The file `<root>/<flag>.npz` (size 28) or `<root>/<flag>_<size>.npz` (64, 128, 2
 channels and download addresses come from `medmnist.INFO` (imported lazily: importing medmnist creates
 `~/.medmnist`). Images stay uint8 (N, C, H, W) in the pool and are scaled on the device per batch.
 """
+
 from __future__ import annotations
 
 import zipfile
@@ -16,8 +17,15 @@ import torch
 from torch import Tensor
 
 from fedlight.datamodules.base import OFFICIAL_TEST, OFFICIAL_TRAIN, OFFICIAL_VAL, FederatedDataModule
-from fedlight.datamodules.support import (CorruptFileError, ImageBatches, check_channels, corrupt, download,
-                                          md5sum, require)
+from fedlight.datamodules.support import (
+    CorruptFileError,
+    ImageBatches,
+    check_channels,
+    corrupt,
+    download,
+    md5sum,
+    require,
+)
 
 SIZES = (28, 64, 128, 224)
 SPLIT_CODES = {"train": OFFICIAL_TRAIN, "val": OFFICIAL_VAL, "test": OFFICIAL_TEST}
@@ -64,10 +72,20 @@ class MedMNISTFederated(FederatedDataModule):
         num_clients, partition, val_fraction, test_fraction, public_size, split_seed: as in FederatedDataModule.
     """
 
-    def __init__(self, root: str, flag: str = "pathmnist", size: int = 28, download: bool = False,
-                 official_splits: bool = True, normalize: bool = True, mean: Sequence[float] | None = None,
-                 std: Sequence[float] | None = None, as_rgb: bool = False, verify_md5: bool = False,
-                 **kwargs) -> None:
+    def __init__(
+        self,
+        root: str,
+        flag: str = "pathmnist",
+        size: int = 28,
+        download: bool = False,
+        official_splits: bool = True,
+        normalize: bool = True,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        as_rgb: bool = False,
+        verify_md5: bool = False,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         info = medmnist_info()
         flag = flag.lower()
@@ -76,8 +94,10 @@ class MedMNISTFederated(FederatedDataModule):
         if flag.endswith("3d"):
             raise ValueError(f"{flag!r} is a 3-D MedMNIST set; only the 2-D flags are supported: {flags_2d()}")
         if info[flag]["task"].startswith("multi-label"):
-            raise ValueError(f"{flag!r} is multi-label ({info[flag]['task']}, {len(info[flag]['label'])} labels per "
-                             "image); fedlight's data modules give one class per sample, so it is not supported")
+            raise ValueError(
+                f"{flag!r} is multi-label ({info[flag]['task']}, {len(info[flag]['label'])} labels per "
+                "image); fedlight's data modules give one class per sample, so it is not supported"
+            )
         if size not in SIZES or (size != 28 and f"url_{size}" not in info[flag]):
             available = [28] + [s for s in SIZES[1:] if f"url_{s}" in info[flag]]
             raise ValueError(f"size must be one of {available} for {flag!r}, got {size}")
@@ -115,8 +135,10 @@ class MedMNISTFederated(FederatedDataModule):
 
     def _place(self) -> str:
         """How to place the file; follows the 'source: <url>' line, so the URL is not repeated."""
-        return (f"download it from the source above (MD5 {self.md5}) and save it as {self.path}, "
-                "or set download: true on a machine with network")
+        return (
+            f"download it from the source above (MD5 {self.md5}) and save it as {self.path}, "
+            "or set download: true on a machine with network"
+        )
 
     @property
     def num_classes(self) -> int:
@@ -151,19 +173,23 @@ class MedMNISTFederated(FederatedDataModule):
             ys, codes, start = [], [], 0
             for split, code in SPLIT_CODES.items():
                 images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
-                expected = ((len(images), self.size, self.size) if self.channels == 1
-                            else (len(images), self.size, self.size, self.channels))
+                expected = (
+                    (len(images), self.size, self.size)
+                    if self.channels == 1
+                    else (len(images), self.size, self.size, self.channels)
+                )
                 if images.shape != expected or images.dtype != np.uint8:
                     raise fail(f"{split}_images is {images.dtype} {images.shape}, expected uint8 {expected}")
                 labels = labels.reshape(len(labels), -1)
                 if labels.shape != (len(images), 1):
-                    raise fail(f"{split}_labels has shape {arrays[f'{split}_labels'].shape}, "
-                               f"expected ({len(images)}, 1)")
+                    raise fail(
+                        f"{split}_labels has shape {arrays[f'{split}_labels'].shape}, expected ({len(images)}, 1)"
+                    )
                 labels = labels[:, 0].astype(np.int64)
                 if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
                     raise fail(f"{split}_labels hold values outside 0..{self.num_classes - 1}")
                 block = torch.from_numpy(images)
-                x[start:start + len(images)] = block.unsqueeze(1) if self.channels == 1 else block.permute(0, 3, 1, 2)
+                x[start : start + len(images)] = block.unsqueeze(1) if self.channels == 1 else block.permute(0, 3, 1, 2)
                 ys.append(labels)
                 codes.append(np.full(len(labels), code, dtype=np.int8))
                 start += len(images)

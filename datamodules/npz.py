@@ -1,4 +1,5 @@
 """A user's own arrays from one `.npz` file (inputs and integer labels), cut into clients like any pool."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ Every scheme gives each sample of the pool to exactly one client (or, for scheme
 out on purpose and documents it). Cluster schemes also define a true cluster per client and a transform
 applied to that client's samples (rotation, label permutation), so clustering algorithms can be scored.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ from torch import Tensor
 class PartitionScheme:
     """Base class. `assign` returns one index array per client, disjoint, into the pool."""
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         """Split the pool. `owners` (one id per sample, e.g. the writer or user) is given by data sets with a
         natural partition; schemes that do not use it ignore it."""
         raise NotImplementedError
@@ -40,8 +42,9 @@ class PartitionScheme:
 class IID(PartitionScheme):
     """Uniformly random, equal-size (up to one sample) split."""
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
@@ -82,8 +85,9 @@ def _check_room(n: int, num_clients: int, min_size: int, scheme: str) -> None:
     if num_clients < 1:
         raise ValueError(f"num_clients must be at least 1, got {num_clients}")
     if num_clients * min_size > n:
-        raise ValueError(f"{scheme}: {num_clients} clients x min_size={min_size} needs more than the "
-                         f"{n} samples in the pool")
+        raise ValueError(
+            f"{scheme}: {num_clients} clients x min_size={min_size} needs more than the {n} samples in the pool"
+        )
 
 
 # -- label and quantity skew -------------------------------------------------------------------------
@@ -96,9 +100,11 @@ class _RedrawnScheme(PartitionScheme):
         self.alpha, self.min_size, self.max_tries = alpha, min_size, max_tries
 
     def _give_up(self, num_clients: int) -> ValueError:
-        return ValueError(f"{type(self).__name__}(alpha={self.alpha}) could not give every one of {num_clients} "
-                          f"clients min_size={self.min_size} samples in {self.max_tries} draws: raise alpha, "
-                          "lower min_size, or use fewer clients")
+        return ValueError(
+            f"{type(self).__name__}(alpha={self.alpha}) could not give every one of {num_clients} "
+            f"clients min_size={self.min_size} samples in {self.max_tries} draws: raise alpha, "
+            "lower min_size, or use fewer clients"
+        )
 
 
 class Dirichlet(_RedrawnScheme):
@@ -116,8 +122,9 @@ class Dirichlet(_RedrawnScheme):
         max_tries: draws attempted before giving up with an error.
     """
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         labels = np.asarray(labels)
         _check_room(len(labels), num_clients, self.min_size, "Dirichlet")
         fair = len(labels) / num_clients
@@ -171,8 +178,10 @@ class ClassesPerClient(PartitionScheme):
         if s > num_classes:
             raise ValueError(f"classes_per_client={s} exceeds the {num_classes} classes in the pool")
         if num_clients * s < num_classes:
-            raise ValueError(f"{num_clients} clients x {s} classes cannot cover all {num_classes} classes: "
-                             "use more clients or more classes per client")
+            raise ValueError(
+                f"{num_clients} clients x {s} classes cannot cover all {num_classes} classes: "
+                "use more clients or more classes per client"
+            )
         held = [[i % num_classes] for i in range(num_clients)]
         orphans = rng.permutation(np.arange(num_clients, num_classes))  # classes nobody got first
         for i in range(num_clients):
@@ -181,8 +190,9 @@ class ClassesPerClient(PartitionScheme):
             held[i] += rng.choice(rest, s - len(held[i]), replace=False).tolist()
         return [np.asarray(h) for h in held]
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         labels = np.asarray(labels)
         classes = np.unique(labels)
         held = self.choose_classes(len(classes), num_clients, rng)
@@ -191,8 +201,10 @@ class ClassesPerClient(PartitionScheme):
             holders = [i for i in range(num_clients) if c in held[i]]
             idx = rng.permutation(np.flatnonzero(labels == k))
             if len(idx) < len(holders):
-                raise ValueError(f"class {k} has {len(idx)} samples but {len(holders)} clients hold it: "
-                                 "use fewer clients or fewer classes per client")
+                raise ValueError(
+                    f"class {k} has {len(idx)} samples but {len(holders)} clients hold it: "
+                    "use fewer clients or fewer classes per client"
+                )
             for i, chunk in zip(holders, np.array_split(idx, len(holders))):
                 parts[i].append(chunk)
         return _sorted([np.concatenate(p) for p in parts])
@@ -212,8 +224,9 @@ class Shards(PartitionScheme):
             raise ValueError(f"shards_per_client must be at least 1, got {shards_per_client}")
         self.shards_per_client = shards_per_client
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         labels = np.asarray(labels)
         num_shards = num_clients * self.shards_per_client
         if num_shards > len(labels):
@@ -235,8 +248,9 @@ class QuantitySkew(_RedrawnScheme):
         max_tries: draws attempted before giving up with an error.
     """
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         n = len(labels)
         _check_room(n, num_clients, self.min_size, "QuantitySkew")
         for _ in range(self.max_tries):
@@ -264,8 +278,9 @@ class Natural(PartitionScheme):
         self.shuffle = shuffle
         self.owner_ids: np.ndarray | None = None
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         if owners is None:
             raise ValueError("this data set has no natural owners; use another partition")
         owners = np.asarray(owners)
@@ -297,15 +312,19 @@ class Groups(PartitionScheme):
         self.groups: np.ndarray | None = None  # each client's group, after `assign`
         self.group_ids: np.ndarray | None = None
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         if owners is None:
-            raise ValueError("this data set has no groups; give the data module a group column (`group_column`) or "
-                             "use another partition")
+            raise ValueError(
+                "this data set has no groups; give the data module a group column (`group_column`) or "
+                "use another partition"
+            )
         ids, inverse = np.unique(np.asarray(owners), return_inverse=True)
         if num_clients < len(ids):
-            raise ValueError(f"{num_clients} clients cannot fill the data's {len(ids)} groups; use at least "
-                             f"{len(ids)} clients")
+            raise ValueError(
+                f"{num_clients} clients cannot fill the data's {len(ids)} groups; use at least {len(ids)} clients"
+            )
         sizes = np.bincount(inverse, minlength=len(ids))
         counts = clients_by_size(sizes, num_clients)
         parts: list[np.ndarray] = []
@@ -342,8 +361,9 @@ class ClusterScheme(PartitionScheme):
         if num_clients < self.num_clusters:
             raise ValueError(f"{num_clients} clients cannot fill {self.num_clusters} clusters")
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         self._check_clients(num_clients)
         return self.base.assign(labels, num_clients, rng, owners)
 
@@ -364,8 +384,9 @@ class Rotations(ClusterScheme):
         base: the sample split (IID when None).
     """
 
-    def __init__(self, num_clusters: int = 4, angles: list[float] | None = None,
-                 base: PartitionScheme | None = None) -> None:
+    def __init__(
+        self, num_clusters: int = 4, angles: list[float] | None = None, base: PartitionScheme | None = None
+    ) -> None:
         super().__init__(num_clusters, base)
         if angles is None:
             angles = [360.0 * c / num_clusters for c in range(num_clusters)]
@@ -394,8 +415,9 @@ class LabelPermutations(ClusterScheme):
         num_classes: number of classes; None takes max label + 1 seen in `assign`.
     """
 
-    def __init__(self, num_clusters: int = 4, base: PartitionScheme | None = None, seed: int = 0,
-                 num_classes: int | None = None) -> None:
+    def __init__(
+        self, num_clusters: int = 4, base: PartitionScheme | None = None, seed: int = 0, num_classes: int | None = None
+    ) -> None:
         super().__init__(num_clusters, base)
         if num_classes is not None and num_classes < 2:
             raise ValueError(f"num_classes must be at least 2 to permute labels, got {num_classes}")
@@ -419,8 +441,9 @@ class LabelPermutations(ClusterScheme):
                 perms.append(p)
         return np.stack(perms).astype(np.int64)
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         labels = np.asarray(labels)
         num_classes = self.num_classes if self.num_classes is not None else int(labels.max()) + 1
         if labels.max() >= num_classes:
@@ -463,9 +486,15 @@ class MissingClasses(ClusterScheme):
         base: the split of each cluster's samples among its clients (IID when None).
     """
 
-    def __init__(self, num_clusters: int = 3, overlap: bool = False, class_sets: list[list[int]] | None = None,
-                 cluster_sizes: list[int] | None = None, num_classes: int | None = None,
-                 base: PartitionScheme | None = None) -> None:
+    def __init__(
+        self,
+        num_clusters: int = 3,
+        overlap: bool = False,
+        class_sets: list[list[int]] | None = None,
+        cluster_sizes: list[int] | None = None,
+        num_classes: int | None = None,
+        base: PartitionScheme | None = None,
+    ) -> None:
         super().__init__(num_clusters, base)
         if class_sets is not None:
             if len(class_sets) != num_clusters:
@@ -494,12 +523,14 @@ class MissingClasses(ClusterScheme):
         if self.cluster_sizes is None:
             return super().cluster_labels(num_clients)
         if sum(self.cluster_sizes) != num_clients:
-            raise ValueError(f"cluster_sizes {self.cluster_sizes} add up to {sum(self.cluster_sizes)}, "
-                             f"not num_clients={num_clients}")
+            raise ValueError(
+                f"cluster_sizes {self.cluster_sizes} add up to {sum(self.cluster_sizes)}, not num_clients={num_clients}"
+            )
         return np.repeat(np.arange(self.num_clusters, dtype=np.int64), self.cluster_sizes)
 
-    def assign(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-               owners: np.ndarray | None = None) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, owners: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         self._check_clients(num_clients)
         labels = np.asarray(labels)
         num_classes = self.num_classes if self.num_classes is not None else int(labels.max()) + 1
@@ -510,8 +541,10 @@ class MissingClasses(ClusterScheme):
         for k in np.unique(labels):
             holders = [c for c in range(self.num_clusters) if k in kept[c]]
             if not holders:
-                raise ValueError(f"class {k} is kept by no cluster, so its samples would be lost: "
-                                 "every class must appear in some class set")
+                raise ValueError(
+                    f"class {k} is kept by no cluster, so its samples would be lost: "
+                    "every class must appear in some class set"
+                )
             idx = rng.permutation(np.flatnonzero(labels == k))
             for c, chunk in zip(holders, _split_by_proportions(idx, counts[holders].astype(float))):
                 members[c].append(chunk)

@@ -11,6 +11,7 @@ Partitioned any other way, `LabelPermutations` plants the same swap per client i
 (`InstructionFederated`, with `input_column: text`) the instruction asks for the label and the response is its word,
 `label<label>`: the same two groups, told apart by which word follows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,15 @@ from pathlib import Path
 import numpy as np
 
 
-def planted_rows(samples: int = 2000, topics: int = 4, categories: int = 2, keywords: int = 4, length: int = 8,
-                 vocabulary: int = 40, seed: int = 0) -> list[dict]:
+def planted_rows(
+    samples: int = 2000,
+    topics: int = 4,
+    categories: int = 2,
+    keywords: int = 4,
+    length: int = 8,
+    vocabulary: int = 40,
+    seed: int = 0,
+) -> list[dict]:
     """`samples` rows as the module docstring describes; topic words are `t<topic>_<i>`, filler words `w<i>`."""
     if topics % 2:
         raise ValueError(f"topics must be even (labels are swapped in pairs), got {topics}")
@@ -33,8 +41,16 @@ def planted_rows(samples: int = 2000, topics: int = 4, categories: int = 2, keyw
         for word in rng.integers(vocabulary // 4, size=keywords):
             words.insert(int(rng.integers(len(words) + 1)), f"t{topic}_{word}")
         label = topic if category % 2 == 0 else topic ^ 1
-        rows.append({"text": " ".join(words), "label": label, "topic": topic, "category": f"c{category}",
-                     "instruction": "Name the label of the text.", "response": f"label{label}"})
+        rows.append(
+            {
+                "text": " ".join(words),
+                "label": label,
+                "topic": topic,
+                "category": f"c{category}",
+                "instruction": "Name the label of the text.",
+                "response": f"label{label}",
+            }
+        )
     return rows
 
 

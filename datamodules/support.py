@@ -3,6 +3,7 @@ leave a half-written file behind, and the per-batch conversion of uint8 images o
 
 Nothing here is a data module; `fedlight list` shows none of it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,9 @@ def require(path: Path, source: str, place: str) -> Path:
 
 def corrupt(path: Path, reason: str, source: str, place: str) -> CorruptFileError:
     """The error for a file that is there but unreadable; the caller raises it."""
-    return CorruptFileError(f"data file is corrupt or not in the expected format: {path}\n  ({reason})\n  "
-                            + how_to_get(source, place))
+    return CorruptFileError(
+        f"data file is corrupt or not in the expected format: {path}\n  ({reason})\n  " + how_to_get(source, place)
+    )
 
 
 def md5sum(path: Path, chunk: int = 1 << 20) -> str:
@@ -118,8 +120,11 @@ def read_member(archive: bytes, members: Sequence[str]) -> bytes:
         else:
             try:
                 with tarfile.open(fileobj=io.BytesIO(data)) as t:
-                    entries = [m for m in t.getmembers()
-                               if m.isfile() and (m.name == name or Path(m.name).name == Path(name).name)]
+                    entries = [
+                        m
+                        for m in t.getmembers()
+                        if m.isfile() and (m.name == name or Path(m.name).name == Path(name).name)
+                    ]
                     if not entries:
                         raise CorruptFileError(f"the archive has no member {name!r}")
                     extracted = t.extractfile(entries[0])
@@ -161,8 +166,9 @@ class ImageBatches:
     Runs on the device in `on_after_batch_transfer`, so the pool stays uint8 (4x less memory).
     The statistics are cached per device so a batch costs no host-to-device copy."""
 
-    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                 as_rgb: bool = False) -> None:
+    def __init__(
+        self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None, as_rgb: bool = False
+    ) -> None:
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         if mean is not None and std is not None:
@@ -182,8 +188,10 @@ class ImageBatches:
             x = x.expand(-1, 3, -1, -1)
         if self.mean is not None:
             if x.device not in self._cache:
-                self._cache[x.device] = (torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1),
-                                         torch.tensor(self.std, device=x.device).view(1, -1, 1, 1))
+                self._cache[x.device] = (
+                    torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1),
+                    torch.tensor(self.std, device=x.device).view(1, -1, 1, 1),
+                )
             mean, std = self._cache[x.device]
             x = (x - mean.to(x.dtype)) / std.to(x.dtype)
         return x

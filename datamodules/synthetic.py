@@ -14,6 +14,7 @@ Client j (0-based) gets n_j = points_per_client + j * size_step points (size_ste
 unequal): it picks H Gaussians uniformly without replacement and draws ceil(n_j / H) fresh points from each in
 turn, stopping at n_j. The points stay in that order (p-FClus's personalization visits them in stored order).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,18 +64,31 @@ class SyntheticGaussians(FederatedDataModule):
         holdout_clients: clients held out of training, as in FederatedDataModule.
     """
 
-    def __init__(self, overlap: Overlap = "NO", heterogeneity: int = 2, num_clients: int = 100,
-                 points_per_client: int = 100, size_step: int = 0, num_gaussians: int = 10,
-                 val_fraction: float = 0.0, test_fraction: float = 0.0, split_seed: int | None = None,
-                 holdout_clients: int | float = 0) -> None:
-        super().__init__(num_clients=num_clients, val_fraction=val_fraction, test_fraction=test_fraction,
-                         split_seed=split_seed, holdout_clients=holdout_clients)
+    def __init__(
+        self,
+        overlap: Overlap = "NO",
+        heterogeneity: int = 2,
+        num_clients: int = 100,
+        points_per_client: int = 100,
+        size_step: int = 0,
+        num_gaussians: int = 10,
+        val_fraction: float = 0.0,
+        test_fraction: float = 0.0,
+        split_seed: int | None = None,
+        holdout_clients: int | float = 0,
+    ) -> None:
+        super().__init__(
+            num_clients=num_clients,
+            val_fraction=val_fraction,
+            test_fraction=test_fraction,
+            split_seed=split_seed,
+            holdout_clients=holdout_clients,
+        )
         gaussian_means(overlap)  # validates the name
         if not 1 <= heterogeneity <= num_gaussians:
             raise ValueError(f"heterogeneity must be in 1..{num_gaussians}, got {heterogeneity}")
         if points_per_client < 1 or size_step < 0:
-            raise ValueError(f"points_per_client must be >= 1 and size_step >= 0, got {points_per_client}, "
-                             f"{size_step}")
+            raise ValueError(f"points_per_client must be >= 1 and size_step >= 0, got {points_per_client}, {size_step}")
         self.overlap, self.heterogeneity = overlap, heterogeneity
         self.points_per_client, self.size_step, self.num_gaussians = points_per_client, size_step, num_gaussians
 
@@ -104,8 +118,10 @@ class SyntheticGaussians(FederatedDataModule):
     def load_pool(self) -> tuple[Tensor, Tensor]:
         """All clients' points pooled (with the run's seed), e.g. for inspection."""
         clients = self.generate(np.random.default_rng(self.seed if self.split_seed is None else self.split_seed))
-        return (torch.tensor(np.concatenate([c[0] for c in clients]), dtype=torch.float32),
-                torch.tensor(np.concatenate([c[1] for c in clients]), dtype=torch.long))
+        return (
+            torch.tensor(np.concatenate([c[0] for c in clients]), dtype=torch.float32),
+            torch.tensor(np.concatenate([c[1] for c in clients]), dtype=torch.long),
+        )
 
     def build(self) -> FederatedData:
         """The clients as `generate` draws them, each client's points split into train, val and test by `val_fraction`
@@ -119,15 +135,21 @@ class SyntheticGaussians(FederatedDataModule):
                 cuts = {"train": np.arange(n), "val": np.arange(0), "test": np.arange(0)}
             else:
                 order = rng.permutation(n)
-                cuts = {"val": order[:n_val], "test": order[n_val:n_val + n_test], "train": order[n_val + n_test:]}
+                cuts = {"val": order[:n_val], "test": order[n_val : n_val + n_test], "train": order[n_val + n_test :]}
             if len(cuts["train"]) == 0:
                 raise ValueError(f"a client of {n} points has no training points: lower val/test_fraction")
             for split, rows in cuts.items():
                 rows = np.sort(rows)
-                pieces[split].append((torch.tensor(x[rows], dtype=torch.float32),
-                                      torch.tensor(y[rows], dtype=torch.long)))
+                pieces[split].append(
+                    (torch.tensor(x[rows], dtype=torch.float32), torch.tensor(y[rows], dtype=torch.long))
+                )
         total = sum(len(p[1]) for s in pieces.values() for p in s)
         train, val, test = (self._stack(pieces[s]) for s in ("train", "val", "test"))
-        return FederatedData(train, val, test, num_classes=self.num_classes, cluster_labels=None,
-                             info={"pool_size": total, "public_size": 0, "overlap": self.overlap,
-                                   "heterogeneity": self.heterogeneity})
+        return FederatedData(
+            train,
+            val,
+            test,
+            num_classes=self.num_classes,
+            cluster_labels=None,
+            info={"pool_size": total, "public_size": 0, "overlap": self.overlap, "heterogeneity": self.heterogeneity},
+        )

@@ -8,6 +8,7 @@ data file (`<file>.tokens-<key>.pt`, the key a hash of the file, the tokenizer's
 so a second run, a sweep's other runs and a resume read them instead of tokenizing again. `group_column` names the
 rows' natural groups (a task, a category, an author) for the `Groups` partition, which makes each one a true cluster.
 """
+
 from __future__ import annotations
 
 import csv
@@ -22,8 +23,16 @@ from torch import Tensor
 from fedlight.datamodules.base import FederatedDataModule
 
 #: the tokenizer's files a cache key covers (those a folder has)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-                   "merges.txt", "spiece.model", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "tokenizer.model",
+)
 
 
 def read_rows(path: Path, columns: list[str]) -> list[dict]:
@@ -32,16 +41,21 @@ def read_rows(path: Path, columns: list[str]) -> list[dict]:
     if path.is_dir():
         rows = dataset_folder_rows(path)
     elif not path.is_file():
-        raise FileNotFoundError(f"text data file {path} not found: give a .jsonl or .csv file, or a folder saved by "
-                                f"`datasets`' save_to_disk, with the columns {columns} (make a planted one with "
-                                f"`python -m fedlight.datamodules.planted_text --out {path}`)")
+        raise FileNotFoundError(
+            f"text data file {path} not found: give a .jsonl or .csv file, or a folder saved by "
+            f"`datasets`' save_to_disk, with the columns {columns} (make a planted one with "
+            f"`python -m fedlight.datamodules.planted_text --out {path}`)"
+        )
     elif path.suffix not in (".jsonl", ".csv"):
-        raise ValueError(f"text data file {path}: read .jsonl (one JSON object a line) or .csv files, or a folder "
-                         f"saved by `datasets`, not {path.suffix!r}")
+        raise ValueError(
+            f"text data file {path}: read .jsonl (one JSON object a line) or .csv files, or a folder "
+            f"saved by `datasets`, not {path.suffix!r}"
+        )
     else:
         with path.open(newline="") as f:
-            rows = [json.loads(line) for line in f if line.strip()] if path.suffix == ".jsonl" \
-                else list(csv.DictReader(f))
+            rows = (
+                [json.loads(line) for line in f if line.strip()] if path.suffix == ".jsonl" else list(csv.DictReader(f))
+            )
     if not rows:
         raise ValueError(f"text data file {path} has no rows")
     missing = [c for c in columns if c not in rows[0]]
@@ -54,16 +68,22 @@ def dataset_folder_rows(path: Path) -> list[dict]:
     """The rows of a folder `datasets` saved one data set into (a `DatasetDict`'s folder holds one per split)."""
     if (path / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in path.iterdir() if p.is_dir())
-        raise ValueError(f"{path} holds the splits {splits} of a DatasetDict: give one split's folder, e.g. "
-                         f"{path / splits[0]}" if splits else f"{path} holds an empty DatasetDict")
+        raise ValueError(
+            f"{path} holds the splits {splits} of a DatasetDict: give one split's folder, e.g. {path / splits[0]}"
+            if splits
+            else f"{path} holds an empty DatasetDict"
+        )
     if not (path / "state.json").is_file():
-        raise FileNotFoundError(f"{path} is a folder but not one `datasets` saved (no state.json): give a .jsonl or "
-                                ".csv file, or the folder `Dataset.save_to_disk` wrote")
+        raise FileNotFoundError(
+            f"{path} is a folder but not one `datasets` saved (no state.json): give a .jsonl or "
+            ".csv file, or the folder `Dataset.save_to_disk` wrote"
+        )
     try:
         from datasets import load_from_disk
     except ImportError as error:
-        raise ImportError(f"reading the `datasets` folder {path} needs the datasets package: pip install "
-                          "'fedlight[pretrained]'") from error
+        raise ImportError(
+            f"reading the `datasets` folder {path} needs the datasets package: pip install 'fedlight[pretrained]'"
+        ) from error
     return load_from_disk(str(path)).to_list()
 
 
@@ -71,8 +91,11 @@ def cache_key(path: Path, tokenizer: Path, settings: str) -> str:
     """A hash of the data (a file, or a `datasets` folder's files), the tokenizer's files and `settings`: what a
     token cache beside the data depends on."""
     key = hashlib.sha256()
-    data_files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("tokens-")) \
-        if path.is_dir() else [path]
+    data_files = (
+        sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("tokens-"))
+        if path.is_dir()
+        else [path]
+    )
     for file in data_files:
         key.update(file.name.encode() + file.read_bytes())
     for name in TOKENIZER_FILES:
@@ -113,8 +136,16 @@ class TextFederated(FederatedDataModule):
             FederatedDataModule.
     """
 
-    def __init__(self, path: str, tokenizer: str, text_column: str = "text", label_column: str = "label",
-                 group_column: str | None = None, max_length: int = 64, **kwargs) -> None:
+    def __init__(
+        self,
+        path: str,
+        tokenizer: str,
+        text_column: str = "text",
+        label_column: str = "label",
+        group_column: str | None = None,
+        max_length: int = 64,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         if max_length < 2:
             raise ValueError(f"max_length must be at least 2, got {max_length}")
@@ -146,8 +177,10 @@ class TextFederated(FederatedDataModule):
     def token_ids(self, texts: list[str]) -> Tensor:
         """(N, max_length) token ids of `texts`, from the cache when it has them."""
         if not self.tokenizer_path.is_dir():
-            raise FileNotFoundError(f"tokenizer folder {self.tokenizer_path} not found: give the pretrained model's "
-                                    "folder (its tokenizer's files are saved beside the weights)")
+            raise FileNotFoundError(
+                f"tokenizer folder {self.tokenizer_path} not found: give the pretrained model's "
+                "folder (its tokenizer's files are saved beside the weights)"
+            )
         cache = self.cache_path()
         if cache.is_file():
             return torch.load(cache)
@@ -155,9 +188,12 @@ class TextFederated(FederatedDataModule):
 
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         if tokenizer.pad_token_id is None:
-            raise ValueError(f"the tokenizer in {self.tokenizer_path} has no pad token: text rows are padded to "
-                             "max_length, so give it one (the model's config.json pad_token_id)")
-        ids = tokenizer(texts, padding="max_length", truncation=True, max_length=self.max_length,
-                        return_tensors="pt")["input_ids"]
+            raise ValueError(
+                f"the tokenizer in {self.tokenizer_path} has no pad token: text rows are padded to "
+                "max_length, so give it one (the model's config.json pad_token_id)"
+            )
+        ids = tokenizer(texts, padding="max_length", truncation=True, max_length=self.max_length, return_tensors="pt")[
+            "input_ids"
+        ]
         torch.save(ids, cache)
         return ids

@@ -9,6 +9,7 @@ seed 0, n_init = 10) computed once on the standardized pooled rows; `labels: tar
 instead (income, subscription, readmission). Rows are (N, F) float32; there is no natural owner and no official
 split, so any partition scheme cuts them.
 """
+
 from __future__ import annotations
 
 import csv
@@ -48,8 +49,16 @@ class UCITableFederated(FederatedDataModule, metaclass=ABCMeta):
     COLUMNS: tuple[str, ...] = ()
     TARGETS: tuple[str, ...] = ()
 
-    def __init__(self, root: str, labels: str = "kmeans", num_clusters: int = 10, kmeans_seed: int = 0,
-                 standardize: bool = True, download: bool = False, **kwargs) -> None:
+    def __init__(
+        self,
+        root: str,
+        labels: str = "kmeans",
+        num_clusters: int = 10,
+        kmeans_seed: int = 0,
+        standardize: bool = True,
+        download: bool = False,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         if labels not in LABELS:
             raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
@@ -71,7 +80,7 @@ class UCITableFederated(FederatedDataModule, metaclass=ABCMeta):
 
     def _place(self) -> str:
         inside = f" (in the archive: {' / '.join(self.MEMBERS)})" if self.MEMBERS else ""
-        return (f"download it{inside} and save it as {self.path}, or set download: true on a machine with network")
+        return f"download it{inside} and save it as {self.path}, or set download: true on a machine with network"
 
     # -- what a subclass provides ------------------------------------------------------------------
     @abstractmethod
@@ -111,8 +120,9 @@ def _number(value: str, line: int, column: str) -> float:
         raise ValueError(f"line {line}: column {column!r} is {value!r}, not a number") from None
 
 
-def _header_rows(text: str, delimiter: str, columns: tuple[str, ...],
-                 target: str) -> tuple[list[int], int, list[tuple[int, list[str]]]]:
+def _header_rows(
+    text: str, delimiter: str, columns: tuple[str, ...], target: str
+) -> tuple[list[int], int, list[tuple[int, list[str]]]]:
     """Column positions (of `columns` and `target`) from the header, and the data rows with line numbers."""
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
     header = [h.strip() for h in next(reader, [])]
@@ -141,9 +151,23 @@ class AdultFederated(UCITableFederated):
     FILE = "adult.data"
     URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/adult/adult.data"
     MEMBERS = ()
-    ALL_COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
-                   "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week",
-                   "native-country", "income")
+    ALL_COLUMNS = (
+        "age",
+        "workclass",
+        "fnlwgt",
+        "education",
+        "education-num",
+        "marital-status",
+        "occupation",
+        "relationship",
+        "race",
+        "sex",
+        "capital-gain",
+        "capital-loss",
+        "hours-per-week",
+        "native-country",
+        "income",
+    )
     COLUMNS = ("age", "fnlwgt", "education-num", "capital-gain", "hours-per-week")
     TARGETS = ("<=50K", ">50K")
 

@@ -5,6 +5,7 @@ The official train and test splits are kept by default: the partition cuts both,
 images form its test split, and public data comes from the training images only (see base.py). Images stay
 uint8 (N, C, H, W) in the pool and are scaled and normalized per batch on the device.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -43,8 +44,16 @@ class TorchvisionFederated(FederatedDataModule, metaclass=ABCMeta):
     STD: tuple[float, ...] = (0.5,)
     CHANNELS: int = 1
 
-    def __init__(self, root: str, download: bool = False, official_splits: bool = True, normalize: bool = True,
-                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        root: str,
+        download: bool = False,
+        official_splits: bool = True,
+        normalize: bool = True,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.root, self.download, self.official_splits = Path(root), download, official_splits
         if normalize:
@@ -81,12 +90,13 @@ class TorchvisionFederated(FederatedDataModule, metaclass=ABCMeta):
     # -- loading -----------------------------------------------------------------------------------
     def _place(self) -> str:
         expected = [str(self.root / f) for train, _ in self.splits() for f in self.files(train)]
-        return (f"get the files from there and place them so that these exist: {', '.join(expected)}; or set "
-                f"download: true on a machine with network (torchvision then fetches them)")
+        return (
+            f"get the files from there and place them so that these exist: {', '.join(expected)}; or set "
+            f"download: true on a machine with network (torchvision then fetches them)"
+        )
 
     def _missing(self) -> list[Path]:
-        return [self.root / f for train, _ in self.splits() for f in self.files(train)
-                if not (self.root / f).is_file()]
+        return [self.root / f for train, _ in self.splits() for f in self.files(train) if not (self.root / f).is_file()]
 
     def _download(self) -> None:
         """Let torchvision download into a temporary folder under root, then move the files into place."""
@@ -108,10 +118,19 @@ class TorchvisionFederated(FederatedDataModule, metaclass=ABCMeta):
             try:
                 dataset = self.make(str(self.root), train, False)
                 x, y = self.arrays(dataset)
-            except (RuntimeError, OSError, ValueError, TypeError, EOFError, KeyError, AssertionError,
-                    pickle.UnpicklingError) as e:
-                raise corrupt(first, f"torchvision could not read it: {type(e).__name__}: {e}",
-                              self.source, self._place()) from e
+            except (
+                RuntimeError,
+                OSError,
+                ValueError,
+                TypeError,
+                EOFError,
+                KeyError,
+                AssertionError,
+                pickle.UnpicklingError,
+            ) as e:
+                raise corrupt(
+                    first, f"torchvision could not read it: {type(e).__name__}: {e}", self.source, self._place()
+                ) from e
             if not self.class_names and getattr(dataset, "classes", None):
                 self.class_names = list(dataset.classes)
             if x.shape[1] != self.CHANNELS or len(x) != len(y):
@@ -121,8 +140,9 @@ class TorchvisionFederated(FederatedDataModule, metaclass=ABCMeta):
             codes.append(np.full(len(y), code, dtype=np.int8))
         y = torch.cat(ys)
         if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
-            raise corrupt(self.root / self.files(True)[0], f"labels outside 0..{self.num_classes - 1}",
-                          self.source, self._place())
+            raise corrupt(
+                self.root / self.files(True)[0], f"labels outside 0..{self.num_classes - 1}", self.source, self._place()
+            )
         self.pool_splits = np.concatenate(codes) if self.official_splits else None
         return torch.cat(xs), y
 
@@ -331,5 +351,7 @@ class SVHNFederated(TorchvisionFederated):
         return SVHN(root, split={True: "train", False: "test"}.get(train, train), download=download)
 
     def arrays(self, dataset: Any) -> tuple[Tensor, Tensor]:
-        return (torch.as_tensor(np.ascontiguousarray(dataset.data)),
-                torch.as_tensor(np.asarray(dataset.labels), dtype=torch.long))
+        return (
+            torch.as_tensor(np.ascontiguousarray(dataset.data)),
+            torch.as_tensor(np.asarray(dataset.labels), dtype=torch.long),
+        )

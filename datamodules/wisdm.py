@@ -13,6 +13,7 @@ Three views of the records, all with the activity as label and the user as natur
 - "raw": one row per record, (x, y, z) or (timestamp, x, y, z) (p-FClus's table magnitudes come from
   un-normalized raw columns including the timestamp).
 """
+
 from __future__ import annotations
 
 import logging
@@ -93,9 +94,13 @@ def parse_wisdm(text: str, max_examples: int = 5) -> WISDMRecords:
             ys.append(y)
             zs.append(z)
     report.records = len(users)
-    return WISDMRecords(np.asarray(users, dtype=np.int64), np.asarray(acts, dtype=np.int64),
-                        np.asarray(times, dtype=np.int64), np.stack([xs, ys, zs], axis=1).astype(np.float32)
-                        if users else np.zeros((0, 3), np.float32), report)
+    return WISDMRecords(
+        np.asarray(users, dtype=np.int64),
+        np.asarray(acts, dtype=np.int64),
+        np.asarray(times, dtype=np.int64),
+        np.stack([xs, ys, zs], axis=1).astype(np.float32) if users else np.zeros((0, 3), np.float32),
+        report,
+    )
 
 
 def window_starts(users: np.ndarray, activities: np.ndarray, window: int, step: int) -> np.ndarray:
@@ -113,8 +118,17 @@ def window_starts(users: np.ndarray, activities: np.ndarray, window: int, step: 
 def window_features(windows: np.ndarray) -> np.ndarray:
     """(n, 3, window) -> (n, 14): mean, std, min, max of each axis, then mean and std of the magnitude."""
     magnitude = np.linalg.norm(windows, axis=1)
-    return np.concatenate([windows.mean(2), windows.std(2), windows.min(2), windows.max(2),
-                           magnitude.mean(1, keepdims=True), magnitude.std(1, keepdims=True)], axis=1)
+    return np.concatenate(
+        [
+            windows.mean(2),
+            windows.std(2),
+            windows.min(2),
+            windows.max(2),
+            magnitude.mean(1, keepdims=True),
+            magnitude.std(1, keepdims=True),
+        ],
+        axis=1,
+    )
 
 
 def _zscore(a: np.ndarray, axis: int | tuple[int, ...] = 0) -> np.ndarray:
@@ -142,17 +156,30 @@ class WISDMFederated(FederatedDataModule):
             official split: each client's samples are split by fractions).
     """
 
-    def __init__(self, root: str, mode: str = "windows", window: int = 200, step: int = 100,
-                 standardize: bool = True, include_timestamp: bool = False, num_clients: int | None = None,
-                 partition: PartitionScheme | None = None, download: bool = False, **kwargs) -> None:
+    def __init__(
+        self,
+        root: str,
+        mode: str = "windows",
+        window: int = 200,
+        step: int = 100,
+        standardize: bool = True,
+        include_timestamp: bool = False,
+        num_clients: int | None = None,
+        partition: PartitionScheme | None = None,
+        download: bool = False,
+        **kwargs,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if window < 1 or step < 1:
             raise ValueError(f"window and step must be positive, got window={window}, step={step}")
         if include_timestamp and mode != "raw":
             raise ValueError("include_timestamp only applies to mode='raw'")
-        super().__init__(num_clients=num_clients if num_clients is not None else 1,
-                         partition=partition if partition is not None else Natural(shuffle=False), **kwargs)
+        super().__init__(
+            num_clients=num_clients if num_clients is not None else 1,
+            partition=partition if partition is not None else Natural(shuffle=False),
+            **kwargs,
+        )
         self.clients_per_user = num_clients is None
         self.root, self.mode, self.window, self.step = Path(root), mode, window, step
         self.standardize, self.include_timestamp, self.download = standardize, include_timestamp, download
@@ -170,8 +197,10 @@ class WISDMFederated(FederatedDataModule):
         return len(ACTIVITIES)
 
     def _place(self) -> str:
-        return (f"download {URL}, extract it and copy WISDM_ar_v1.1/{FILE} to {self.path}, "
-                "or set download: true on a machine with network")
+        return (
+            f"download {URL}, extract it and copy WISDM_ar_v1.1/{FILE} to {self.path}, "
+            "or set download: true on a machine with network"
+        )
 
     def read(self) -> WISDMRecords:
         """Parse the file (downloading it first when asked and missing); log what was skipped."""
@@ -202,8 +231,9 @@ class WISDMFederated(FederatedDataModule):
         else:
             starts = window_starts(rec.users, rec.activities, self.window, self.step)
             if len(starts) == 0:
-                raise ValueError(f"{self.path}: no run of one user and activity is {self.window} records long; "
-                                 "use a smaller window")
+                raise ValueError(
+                    f"{self.path}: no run of one user and activity is {self.window} records long; use a smaller window"
+                )
             readings = _zscore(rec.xyz) if (self.standardize and self.mode == "windows") else rec.xyz
             x = readings[starts[:, None] + np.arange(self.window)].transpose(0, 2, 1)  # (n, 3, window)
             if self.mode == "features":

@@ -7,6 +7,7 @@ round), `fedlight.training` (client training), `fedlight.run` (the command line,
 used, so `import fedlight` (and the command line's start, its `--help` and its Ctrl-C) does not wait for torch and
 Lightning.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,12 +24,20 @@ WAIT_POLICY_SET = "OMP_WAIT_POLICY" not in os.environ and "torch" not in sys.mod
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: public name -> the module that defines it
-API = {"Algorithm": "fedlight.plugin.algorithm", "Plan": "fedlight.plugin.algorithm", "FederationConfig": "fedlight.engine.config",
-       "Federation": "fedlight.engine.federation", "RoundResult": "fedlight.engine.round_result",
-       "RoundUpdates": "fedlight.plugin.round_updates", "RoundExtension": "fedlight.plugin.extension",
-       "ServerContext": "fedlight.plugin.server",
-       "Updates": "fedlight.plugin.updates", "Callback": "fedlight.run.callbacks", "EarlyStopping": "fedlight.run.callbacks",
-       "Run": "fedlight.run.callbacks"}
+API = {
+    "Algorithm": "fedlight.plugin.algorithm",
+    "Plan": "fedlight.plugin.algorithm",
+    "FederationConfig": "fedlight.engine.config",
+    "Federation": "fedlight.engine.federation",
+    "RoundResult": "fedlight.engine.round_result",
+    "RoundUpdates": "fedlight.plugin.round_updates",
+    "RoundExtension": "fedlight.plugin.extension",
+    "ServerContext": "fedlight.plugin.server",
+    "Updates": "fedlight.plugin.updates",
+    "Callback": "fedlight.run.callbacks",
+    "EarlyStopping": "fedlight.run.callbacks",
+    "Run": "fedlight.run.callbacks",
+}
 
 __all__ = sorted(API)
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """`python -m fedlight ...`: Ctrl-C while the heavy modules load ends with one line, not a traceback."""
+
 import os
 import signal
 import sys

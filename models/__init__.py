@@ -1,4 +1,5 @@
 """LightningModules and the papers' networks (installed as `fedlight.models`)."""
+
 from fedlight.models.classifier import Classifier
 from fedlight.models.cnn import FedAvgCNN, FedTSDPCNN, LeafCNN, OCFLCNN, SmallCNN
 from fedlight.models.conv1d import Conv1DNet

@@ -10,6 +10,7 @@ Data-clustering algorithms fit the centers themselves (k-means, k-medoids) by ov
 module still has a `training_step` (mean d^l to the nearest center) and an SGD optimizer, so gradient-based
 algorithms can train it too (online k-means by SGD).
 """
+
 from __future__ import annotations
 
 import lightning as L
@@ -28,12 +29,12 @@ def per_client_ari(labels_true: Tensor, labels_pred: Tensor, client: Tensor, num
     cells = torch.bincount((client * n_true + true) * n_pred + pred, minlength=num_clients * n_true * n_pred)
     table = cells.view(num_clients, n_true, n_pred).double()
     n = table.sum(dim=(1, 2))
-    sum_squares = (table ** 2).sum(dim=(1, 2))
-    rows, cols = table.sum(dim=2), table.sum(dim=1)                       # true class sizes, cluster sizes
+    sum_squares = (table**2).sum(dim=(1, 2))
+    rows, cols = table.sum(dim=2), table.sum(dim=1)  # true class sizes, cluster sizes
     tp = sum_squares - n
     fp = (table * cols[:, None, :]).sum(dim=(1, 2)) - sum_squares
     fn = (table * rows[:, :, None]).sum(dim=(1, 2)) - sum_squares
-    tn = n ** 2 - fp - fn - sum_squares
+    tn = n**2 - fp - fn - sum_squares
     denominator = (tp + fn) * (fn + tn) + (tp + fp) * (fp + tn)
     ari = 2.0 * (tp * tn - fn * fp) / torch.where(denominator == 0, torch.ones_like(denominator), denominator)
     return torch.where((fn == 0) & (fp == 0), torch.ones_like(ari), ari)
@@ -54,8 +55,16 @@ class CentroidModel(L.LightningModule):
         init_scale: standard deviation of the random initial centers (algorithms that fit the centers ignore it).
     """
 
-    def __init__(self, num_centers: int = 10, dim: int = 2, ell: float = 2.0, medoids: bool | None = None,
-                 score_labels: bool = True, lr: float = 0.05, init_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        num_centers: int = 10,
+        dim: int = 2,
+        ell: float = 2.0,
+        medoids: bool | None = None,
+        score_labels: bool = True,
+        lr: float = 0.05,
+        init_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         if num_centers < 1 or dim < 1:
             raise ValueError(f"num_centers and dim must be at least 1, got {num_centers} and {dim}")
@@ -76,8 +85,10 @@ class CentroidModel(L.LightningModule):
         """Inputs as (n, h) points in the centers' dtype (images flattened)."""
         points = x.reshape(len(x), -1).to(self.centers.dtype)
         if points.shape[1] != self.dim:
-            raise ValueError(f"the data has {points.shape[1]} features per point but the model was built with "
-                             f"dim={self.dim}: set model.init_args.dim: {points.shape[1]}")
+            raise ValueError(
+                f"the data has {points.shape[1]} features per point but the model was built with "
+                f"dim={self.dim}: set model.init_args.dim: {points.shape[1]}"
+            )
         return points
 
     # -- LightningModule ---------------------------------------------------------------------------------
@@ -99,8 +110,8 @@ class CentroidModel(L.LightningModule):
         dmin, labels = outputs.min(dim=1)
         size = torch.bincount(client, minlength=num_clients).clamp(min=1)
         metrics = {
-            "cost": torch.bincount(client, weights=kcenters.power(dmin.double(), self.ell),
-                                   minlength=num_clients) / size,
+            "cost": torch.bincount(client, weights=kcenters.power(dmin.double(), self.ell), minlength=num_clients)
+            / size,
             "cost_p1": torch.bincount(client, weights=dmin.double(), minlength=num_clients) / size,
         }
         if self.score_labels:

@@ -1,4 +1,5 @@
 """A classification LightningModule wrapping any network: cross-entropy, optimizer from config."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -22,8 +23,14 @@ class Classifier(L.LightningModule):
         weight_decay: L2 penalty.
     """
 
-    def __init__(self, network: nn.Module, optimizer: Literal["sgd", "adam", "adamw"] = "sgd", lr: float = 0.05,
-                 momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        network: nn.Module,
+        optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
+        lr: float = 0.05,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__()
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
@@ -42,8 +49,9 @@ class Classifier(L.LightningModule):
         return build_optimizer(self.optimizer_name, self.parameters(), self.lr, self.momentum, self.weight_decay)
 
 
-def build_optimizer(name: str, params: Iterable[Tensor], lr: float, momentum: float,
-                    weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str, params: Iterable[Tensor], lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
     """The optimizer a classifier's config names: "sgd" (with `momentum`), "adam" or "adamw"."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)

@@ -137,9 +137,7 @@ class SmallCNN(nn.Module):
     About 29 k parameters at the defaults; trains to ~98 % on the 8x8 digits in seconds on a CPU.
     """
 
-    def __init__(
-        self, in_channels: int = 1, num_classes: int = 10, image_size: int = 8, width: int = 32
-    ) -> None:
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 8, width: int = 32) -> None:
         super().__init__()
         side = image_size // 2
         self.conv1 = nn.Conv2d(in_channels, width, 3, padding=1)

@@ -16,9 +16,7 @@ class Conv1DNet(nn.Module):
     'Same' padding, so the flatten size is 64 * (window // 4).
     """
 
-    def __init__(
-        self, in_channels: int = 3, num_classes: int = 6, window: int = 200, dropout: float = 0.5
-    ) -> None:
+    def __init__(self, in_channels: int = 3, num_classes: int = 6, window: int = 200, dropout: float = 0.5) -> None:
         super().__init__()
         if window < 4:
             raise ValueError(f"Conv1DNet needs window >= 4, got {window}")

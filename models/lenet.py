@@ -19,8 +19,9 @@ from .layers import default_layer_names
 class LeNet5(nn.Module):
     """LeNet-5 for (n, in_channels, image_size, image_size) images."""
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32,
-                 batch_norm: bool = False) -> None:
+    def __init__(
+        self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32, batch_norm: bool = False
+    ) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:

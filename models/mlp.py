@@ -11,9 +11,7 @@ from .layers import default_layer_names
 class MLP(nn.Module):
     """Flatten -> [Linear -> ReLU -> Dropout] per hidden width -> Linear(num_classes)."""
 
-    def __init__(
-        self, input_dim: int, hidden: list[int], num_classes: int, dropout: float = 0.0
-    ) -> None:
+    def __init__(self, input_dim: int, hidden: list[int], num_classes: int, dropout: float = 0.0) -> None:
         super().__init__()
         widths = [input_dim, *hidden]
         self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))

@@ -12,6 +12,7 @@ mask (padding, and causality for a decoder such as GPT-2, found once by probing 
 model's own mask builder asks the data whether any token is padded, which `torch.func.vmap` (the vectorized clients)
 cannot answer, and the 4-D mask gives the same outputs (tests/unit/test_pretrained.py).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -38,8 +39,10 @@ def default_targets(network: nn.Module) -> list[str]:
     for names in DEFAULT_TARGETS:
         if set(names) <= leaves:
             return list(names)
-    raise ValueError(f"{type(network).__name__}: no attention projection named as {DEFAULT_TARGETS}; set "
-                     "lora.target_modules to the names of the linear layers to adapt")
+    raise ValueError(
+        f"{type(network).__name__}: no attention projection named as {DEFAULT_TARGETS}; set "
+        "lora.target_modules to the names of the linear layers to adapt"
+    )
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ def missing_folder(path: Path) -> FileNotFoundError:
     return FileNotFoundError(
         f"pretrained model folder {path} not found: fedlight downloads nothing at run time; save a model there with "
         f"`save_pretrained` (transformers) or `timm.models.save_for_hf` (timm), or make a tiny one with `python -m "
-        f"fedlight.models.tiny_pretrained --kind bert --out {path}`")
+        f"fedlight.models.tiny_pretrained --kind bert --out {path}`"
+    )
 
 
 def load_network(path: Path, library: str, num_classes: int, attention: str) -> nn.Module:
@@ -89,8 +93,9 @@ def load_network(path: Path, library: str, num_classes: int, attention: str) -> 
     logging.disable_progress_bar()  # a bar per load would interleave with the run's own progress
     config = AutoConfig.from_pretrained(path)
     kind = AutoModelForImageClassification if hasattr(config, "image_size") else AutoModelForSequenceClassification
-    return kind.from_pretrained(path, num_labels=num_classes, ignore_mismatched_sizes=True,
-                                attn_implementation=attention)
+    return kind.from_pretrained(
+        path, num_labels=num_classes, ignore_mismatched_sizes=True, attn_implementation=attention
+    )
 
 
 def checkpoint(network: Any, library: str) -> None:
@@ -113,8 +118,12 @@ def is_causal(network: nn.Module) -> bool:
     """Whether a text model's attention is causal (a decoder): changing the second token leaves the first one's
     output unchanged. Found by probing, since configurations do not say it alike."""
     with torch.no_grad():
-        first = [network(input_ids=torch.tensor([[1, token]], device=_device(network)), output_hidden_states=True)
-                 .hidden_states[-1][0, 0] for token in (2, 3)]
+        first = [
+            network(
+                input_ids=torch.tensor([[1, token]], device=_device(network)), output_hidden_states=True
+            ).hidden_states[-1][0, 0]
+            for token in (2, 3)
+        ]
     return bool(torch.allclose(first[0], first[1]))
 
 
@@ -141,11 +150,21 @@ class PretrainedClassifier(L.LightningModule):
         seed: the seed of the adapters' and the new head's initialization (one start for every run of a config).
     """
 
-    def __init__(self, path: str, num_classes: int, library: Literal["transformers", "timm"] = "transformers",
-                 lora: LoRA | None = LoRA(), train_head: bool = True,
-                 optimizer: Literal["sgd", "adam", "adamw"] = "adamw", lr: float = 1e-3, momentum: float = 0.0,
-                 weight_decay: float = 0.0, attention: Literal["sdpa", "eager"] = "sdpa",
-                 gradient_checkpointing: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self,
+        path: str,
+        num_classes: int,
+        library: Literal["transformers", "timm"] = "transformers",
+        lora: LoRA | None = LoRA(),
+        train_head: bool = True,
+        optimizer: Literal["sgd", "adam", "adamw"] = "adamw",
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        attention: Literal["sdpa", "eager"] = "sdpa",
+        gradient_checkpointing: bool = False,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
@@ -181,12 +200,17 @@ class PretrainedClassifier(L.LightningModule):
 
         targets = lora.target_modules or default_targets(network)
         # GPT-2's projections are transformers' Conv1D, whose weight is stored transposed (peft's fan_in_fan_out)
-        transposed = any(type(m).__name__ == "Conv1D" for name, m in network.named_modules()
-                         if name.rpartition(".")[2] in targets)
+        transposed = any(
+            type(m).__name__ == "Conv1D" for name, m in network.named_modules() if name.rpartition(".")[2] in targets
+        )
         # peft types lora_alpha as int, but scales by alpha / r in floating point: it computes with a float alpha
-        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,  # type: ignore[arg-type]
-                            target_modules=targets,
-                            fan_in_fan_out=transposed)
+        config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]
+            lora_dropout=lora.dropout,
+            target_modules=targets,
+            fan_in_fan_out=transposed,
+        )
         with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for a user to do
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             return get_peft_model(network, config)
@@ -208,8 +232,10 @@ class PretrainedClassifier(L.LightningModule):
     def _pad_id(self) -> int:
         pad = getattr(self._config(), "pad_token_id", None)
         if pad is None:
-            raise ValueError(f"the model in {self.path} has no pad_token_id in its config.json: text batches are "
-                             "padded, so set it to the tokenizer's pad id")
+            raise ValueError(
+                f"the model in {self.path} has no pad_token_id in its config.json: text batches are "
+                "padded, so set it to the tokenizer's pad id"
+            )
         return int(pad)
 
     # -- what the engine reads ----------------------------------------------------------------------------------
@@ -231,8 +257,11 @@ class PretrainedClassifier(L.LightningModule):
             length = ids.shape[-1]
             keep = keep & torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
         if self.attention == "eager":
-            dtype = torch.get_autocast_dtype(ids.device.type) if torch.is_autocast_enabled(ids.device.type) \
+            dtype = (
+                torch.get_autocast_dtype(ids.device.type)
+                if torch.is_autocast_enabled(ids.device.type)
                 else next(self.head.parameters()).dtype
+            )
             return torch.zeros(keep.shape, dtype=dtype, device=ids.device).masked_fill(~keep, torch.finfo(dtype).min)
         return keep
 

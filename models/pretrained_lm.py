@@ -13,6 +13,7 @@ right (teacher forcing), and `loss`, their mean negative log-likelihood (its exp
 Algorithms that read class probabilities (`server.model.predict`) or a linear head's features cannot run on such
 outputs: they stop at their first read with a line that says so.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal, cast
@@ -41,16 +42,37 @@ class PretrainedCausalLM(PretrainedClassifier):
         optimizer, lr, momentum, weight_decay, attention, gradient_checkpointing, seed: as in PretrainedClassifier.
     """
 
-    def __init__(self, path: str, lora: LoRA = LoRA(), optimizer: Literal["sgd", "adam", "adamw"] = "adamw",
-                 lr: float = 1e-3, momentum: float = 0.0, weight_decay: float = 0.0,
-                 attention: Literal["sdpa", "eager"] = "sdpa", gradient_checkpointing: bool = False,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        path: str,
+        lora: LoRA = LoRA(),
+        optimizer: Literal["sgd", "adam", "adamw"] = "adamw",
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        attention: Literal["sdpa", "eager"] = "sdpa",
+        gradient_checkpointing: bool = False,
+        seed: int = 0,
+    ) -> None:
         if lora is None:
-            raise ValueError("PretrainedCausalLM trains LoRA adapters; give lora settings (its output layer is the "
-                             "vocabulary's, too large to federate)")
-        super().__init__(path, num_classes=0, library="transformers", lora=lora, train_head=False,
-                         optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                         attention=attention, gradient_checkpointing=gradient_checkpointing, seed=seed)
+            raise ValueError(
+                "PretrainedCausalLM trains LoRA adapters; give lora settings (its output layer is the "
+                "vocabulary's, too large to federate)"
+            )
+        super().__init__(
+            path,
+            num_classes=0,
+            library="transformers",
+            lora=lora,
+            train_head=False,
+            optimizer=optimizer,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            attention=attention,
+            gradient_checkpointing=gradient_checkpointing,
+            seed=seed,
+        )
 
     def _load(self, num_classes: int) -> nn.Module:
         if not (self.path / "config.json").is_file():

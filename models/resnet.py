@@ -55,14 +55,10 @@ class ResNet9(nn.Module):
         super().__init__()
         self.prep = _conv_norm_relu(in_channels, 64, groups)
         self.layer1_head = _conv_norm_relu(64, 128, groups, pool=True)
-        self.layer1_residual = nn.Sequential(
-            _conv_norm_relu(128, 128, groups), _conv_norm_relu(128, 128, groups)
-        )
+        self.layer1_residual = nn.Sequential(_conv_norm_relu(128, 128, groups), _conv_norm_relu(128, 128, groups))
         self.layer2 = _conv_norm_relu(128, 256, groups, pool=True)
         self.layer3_head = _conv_norm_relu(256, 512, groups, pool=True)
-        self.layer3_residual = nn.Sequential(
-            _conv_norm_relu(512, 512, groups), _conv_norm_relu(512, 512, groups)
-        )
+        self.layer3_residual = nn.Sequential(_conv_norm_relu(512, 512, groups), _conv_norm_relu(512, 512, groups))
         self.pool = nn.AdaptiveMaxPool2d(1)
         self.linear = nn.Linear(512, num_classes)
 
@@ -151,16 +147,12 @@ class ResNet(nn.Module):
 class ResNet18(ResNet):
     """CIFAR ResNet-18 (about 11.17 M parameters for 10 classes)."""
 
-    def __init__(
-        self, in_channels: int = 3, num_classes: int = 10, norm: Norm = "batch", groups: int = 32
-    ) -> None:
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, norm: Norm = "batch", groups: int = 32) -> None:
         super().__init__([2, 2, 2, 2], in_channels, num_classes, norm, groups)
 
 
 class ResNet34(ResNet):
     """CIFAR ResNet-34 (about 21.28 M parameters for 10 classes)."""
 
-    def __init__(
-        self, in_channels: int = 3, num_classes: int = 10, norm: Norm = "batch", groups: int = 32
-    ) -> None:
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, norm: Norm = "batch", groups: int = 32) -> None:
         super().__init__([3, 4, 6, 3], in_channels, num_classes, norm, groups)

@@ -11,6 +11,7 @@ timm-vit: timm's VisionTransformer) take the images' size and channels. The weig
 layout of a real one (config.json, model.safetensors, the tokenizer's files) and exercises the same code, not its
 accuracy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,10 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]"]
 def corpus_texts(path: Path, columns: tuple[str, ...] = ("text",)) -> list[str]:
     """The values of `columns` (those the rows have) of every row of a jsonl or csv file."""
     if not path.is_file():
-        raise FileNotFoundError(f"corpus {path} not found: give a .jsonl or .csv file with a {columns[0]!r} column "
-                                f"(make one with `python -m fedlight.datamodules.planted_text --out {path}`)")
+        raise FileNotFoundError(
+            f"corpus {path} not found: give a .jsonl or .csv file with a {columns[0]!r} column "
+            f"(make one with `python -m fedlight.datamodules.planted_text --out {path}`)"
+        )
     with path.open(newline="") as f:
         rows = [json.loads(line) for line in f if line.strip()] if path.suffix == ".jsonl" else list(csv.DictReader(f))
     return [str(row[column]) for row in rows for column in columns if column in row]
@@ -52,14 +55,30 @@ def save_word_tokenizer(texts: list[str], out: Path, eos: bool = False) -> int:
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = splitter
     tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 2)])
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                            **({"eos_token": "[EOS]"} if eos else {})).save_pretrained(out)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        **({"eos_token": "[EOS]"} if eos else {}),
+    ).save_pretrained(out)
     return len(vocab)
 
 
-def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int = 2, image_size: int = 8,
-              channels: int = 1, patch_size: int = 2, hidden: int = 32, layers: int = 2, heads: int = 2,
-              max_length: int = 64, seed: int = 0) -> Path:
+def make_tiny(
+    kind: str,
+    out: Path,
+    corpus: Path | None = None,
+    num_classes: int = 2,
+    image_size: int = 8,
+    channels: int = 1,
+    patch_size: int = 2,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    max_length: int = 64,
+    seed: int = 0,
+) -> Path:
     """Write a tiny random model of `kind` into `out` (see the module docstring); returns `out`."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
@@ -69,13 +88,26 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
         import timm
         from timm.models import save_for_hf
 
-        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=image_size,
-                                  patch_size=patch_size, in_chans=channels, embed_dim=hidden, depth=layers,
-                                  num_heads=heads, num_classes=num_classes)
+        model = timm.create_model(
+            "vit_tiny_patch16_224",
+            pretrained=False,
+            img_size=image_size,
+            patch_size=patch_size,
+            in_chans=channels,
+            embed_dim=hidden,
+            depth=layers,
+            num_heads=heads,
+            num_classes=num_classes,
+        )
         save_for_hf(model, str(out))
         return out
-    from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification,
-                              GPT2LMHeadModel)
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        GPT2Config,
+        GPT2ForSequenceClassification,
+        GPT2LMHeadModel,
+    )
     from transformers import ViTConfig, ViTForImageClassification
     from transformers.utils import logging
 
@@ -83,9 +115,16 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
     labels: dict[str, Any] = {"num_labels": num_classes}  # a config takes it through **kwargs, untyped
 
     if kind == "vit":
-        config = ViTConfig(image_size=image_size, patch_size=patch_size, num_channels=channels, hidden_size=hidden,
-                           num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=2 * hidden,
-                           **labels)
+        config = ViTConfig(
+            image_size=image_size,
+            patch_size=patch_size,
+            num_channels=channels,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=2 * hidden,
+            **labels,
+        )
         ViTForImageClassification(config).save_pretrained(out)
         return out
     if corpus is None:
@@ -94,19 +133,48 @@ def make_tiny(kind: str, out: Path, corpus: Path | None = None, num_classes: int
         from fedlight.datamodules.instructions import PROMPT_WITH_INPUT
 
         vocab = save_word_tokenizer(corpus_texts(corpus, INSTRUCTION_COLUMNS) + [PROMPT_WITH_INPUT], out, eos=True)
-        GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
-                                   n_positions=max_length, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                                   initializer_range=INIT_RANGE)).save_pretrained(out)
+        GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=vocab,
+                n_embd=hidden,
+                n_layer=layers,
+                n_head=heads,
+                n_positions=max_length,
+                pad_token_id=0,
+                bos_token_id=2,
+                eos_token_id=3,
+                initializer_range=INIT_RANGE,
+            )
+        ).save_pretrained(out)
         return out
     vocab = save_word_tokenizer(corpus_texts(corpus), out)
     if kind == "bert":
-        model = BertForSequenceClassification(BertConfig(
-            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-            intermediate_size=2 * hidden, max_position_embeddings=max_length, pad_token_id=0, **labels))
+        model = BertForSequenceClassification(
+            BertConfig(
+                vocab_size=vocab,
+                hidden_size=hidden,
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                intermediate_size=2 * hidden,
+                max_position_embeddings=max_length,
+                pad_token_id=0,
+                **labels,
+            )
+        )
     else:
-        model = GPT2ForSequenceClassification(GPT2Config(
-            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_length,
-            pad_token_id=0, bos_token_id=2, eos_token_id=2, **labels))
+        model = GPT2ForSequenceClassification(
+            GPT2Config(
+                vocab_size=vocab,
+                n_embd=hidden,
+                n_layer=layers,
+                n_head=heads,
+                n_positions=max_length,
+                pad_token_id=0,
+                bos_token_id=2,
+                eos_token_id=2,
+                **labels,
+            )
+        )
     model.save_pretrained(out)
     return out
 
@@ -128,8 +196,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     a = parser.parse_args(argv)
-    out = make_tiny(a.kind, a.out, a.corpus, a.num_classes, a.image_size, a.channels, a.patch_size, a.hidden,
-                    a.layers, a.heads, a.max_length, a.seed)
+    out = make_tiny(
+        a.kind,
+        a.out,
+        a.corpus,
+        a.num_classes,
+        a.image_size,
+        a.channels,
+        a.patch_size,
+        a.hidden,
+        a.layers,
+        a.heads,
+        a.max_length,
+        a.seed,
+    )
     print(f"wrote a tiny random {a.kind} model to {out}")
 
 

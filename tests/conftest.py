@@ -1,6 +1,7 @@
 """Shared test set-up: W&B offline with its folders in a temporary directory, one torch thread, and the fixtures
 every test folder uses. Fixtures only: what tests import (small federations, crashed and resumed runs, data files)
 is in the `helpers` package (tests/helpers/, importable through pytest's `pythonpath`)."""
+
 import os
 import tempfile
 
@@ -40,8 +41,30 @@ def tiny_run_args(tmp_path):
     """CLI arguments of a 3-round digits run writing into tmp_path, W&B off. The group size is fixed (the 6
     clients train vectorized together): with `vectorize: -1` each run would time the two trainers and could pick
     either, and two separate runs are compared number for number."""
-    return ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
-            "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.SmallCNN",
-            "--model.network.init_args.width", "8", "--model.lr", "0.1",
-            "--federation.rounds", "3", "--federation.batch_size", "32", "--federation.accelerator", "cpu",
-            "--federation.vectorize", "6", "--logger.wandb", "false", "--output_dir", str(tmp_path)]
+    return [
+        "fit",
+        "--data",
+        "fedlight.datamodules.DigitsFederated",
+        "--data.num_clients",
+        "6",
+        "--model",
+        "fedlight.models.Classifier",
+        "--model.network",
+        "fedlight.models.SmallCNN",
+        "--model.network.init_args.width",
+        "8",
+        "--model.lr",
+        "0.1",
+        "--federation.rounds",
+        "3",
+        "--federation.batch_size",
+        "32",
+        "--federation.accelerator",
+        "cpu",
+        "--federation.vectorize",
+        "6",
+        "--logger.wandb",
+        "false",
+        "--output_dir",
+        str(tmp_path),
+    ]

@@ -19,6 +19,7 @@ more cluster of their own (did the clustering isolate them?).
 
 `Attack` is a round extension (`fedlight.engine.extensions`): the federation calls its hooks and never names it.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,10 @@ class Attack(RoundExtension):
         self.config, self.num_classes, self.seed_parts = config, num_classes, seed_parts
         count = round(config.fraction * num_clients)
         if not 0 < count < num_clients:
-            raise ValueError(f"attack.fraction {config.fraction} of {num_clients} clients makes {count} attackers: "
-                             f"choose a share that makes between 1 and {num_clients - 1}")
+            raise ValueError(
+                f"attack.fraction {config.fraction} of {num_clients} clients makes {count} attackers: "
+                f"choose a share that makes between 1 and {num_clients - 1}"
+            )
         if config.kind == "backdoor" and not 0 <= config.target < num_classes:
             raise ValueError(f"attack.target must be a label in 0..{num_classes - 1}, got {config.target}")
         rng = np.random.default_rng([*seed_parts, 0])
@@ -70,7 +73,7 @@ class Attack(RoundExtension):
         self.scale = config.scale if config.scale is not None else DEFAULT_SCALE.get(config.kind or "", 1.0)
         self.trigger_value = 1.0
         self.true_clusters: np.ndarray | None = None  # the clients' true clusters, once the data is prepared
-        self.evaluator: "Evaluator | None" = None     # the training clients' evaluator, once set up
+        self.evaluator: "Evaluator | None" = None  # the training clients' evaluator, once set up
         self.split = "test"
 
     def describe(self) -> str:
@@ -126,8 +129,9 @@ class Attack(RoundExtension):
                 update = s * update
             else:
                 generator = torch.Generator(device=params.device)
-                generator.manual_seed(int(np.random.SeedSequence([*self.seed_parts, 2, round, clients[i]])
-                                          .generate_state(1)[0]))
+                generator.manual_seed(
+                    int(np.random.SeedSequence([*self.seed_parts, 2, round, clients[i]]).generate_state(1)[0])
+                )
                 update = s * torch.randn(update.shape, generator=generator, device=params.device, dtype=params.dtype)
             params[i] = starts[i] + update
         return params
@@ -139,11 +143,13 @@ class Attack(RoundExtension):
 
     def cluster_scores(self, clusters: np.ndarray | None) -> dict[str, float]:
         """`cluster/ari_attackers` of a clustering (none when the algorithm does not cluster)."""
-        return {} if clusters is None else {"cluster/ari_attackers": self.ari_with_attackers(self.true_clusters,
-                                                                                             clusters)}
+        return (
+            {} if clusters is None else {"cluster/ari_attackers": self.ari_with_attackers(self.true_clusters, clusters)}
+        )
 
-    def evaluate(self, round: int, models: tuple, clusters: np.ndarray | None
-                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    def evaluate(
+        self, round: int, models: tuple, clusters: np.ndarray | None
+    ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """A backdoor's `<split>/backdoor_success` and `<split>/backdoor_baseline` of the evaluation models."""
         if self.config.kind != "backdoor":
             return {}, {}
@@ -161,8 +167,9 @@ class Attack(RoundExtension):
         return clustering_scores(truth, predicted)["ari"]
 
     @torch.no_grad()
-    def backdoor_success(self, evaluator: "Evaluator", models_and_groups: tuple[Any, Tensor],
-                         split: str) -> tuple[float, float]:
+    def backdoor_success(
+        self, evaluator: "Evaluator", models_and_groups: tuple[Any, Tensor], split: str
+    ) -> tuple[float, float]:
         """(success, baseline): the share of honest clients' `split` samples of another label than the target that
         their own evaluation model classifies as the target once the trigger is on, and without it (a model that
         predicts the target for much of anything scores high on both: the gap is the backdoor's)."""
@@ -179,8 +186,9 @@ class Attack(RoundExtension):
         for group in torch.unique(groups).tolist():
             rows = groups == group
             for i, x in enumerate((triggered, clean)):
-                as_target[i] += int((evaluator.outputs(models[group], x[rows]).argmax(dim=1)
-                                     == self.config.target).sum())
+                as_target[i] += int(
+                    (evaluator.outputs(models[group], x[rows]).argmax(dim=1) == self.config.target).sum()
+                )
         return as_target[0] / len(clean), as_target[1] / len(clean)
 
     def state_dict(self) -> dict[str, Any]:
@@ -190,5 +198,7 @@ class Attack(RoundExtension):
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """A resumed run must have the same attackers (they are a function of the seed): refuse another set."""
         if state is not None and list(state["malicious"]) != self.malicious.tolist():
-            raise ValueError(f"the checkpoint's attackers {state['malicious']} differ from this run's "
-                             f"{self.malicious.tolist()}: resume with the run's own attack settings")
+            raise ValueError(
+                f"the checkpoint's attackers {state['malicious']} differ from this run's "
+                f"{self.malicious.tolist()}: resume with the run's own attack settings"
+            )

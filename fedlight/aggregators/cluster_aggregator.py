@@ -20,6 +20,7 @@ them itself, pFedHN averages only the buffers and steps its hypernetwork from th
 1 in one line (`ClusterAggregation.check_applied`) instead of running with the setting silently ignored or applied to
 part of the model only. Nothing is declared: it is what the round did.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
@@ -40,8 +41,15 @@ class NoisedAggregation(Protocol):
     """What the cluster aggregation asks of a privacy mechanism (`fedlight.aggregators.privacy.PrivacyMechanism`):
     a fresh noised aggregator per call."""
 
-    def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-                   personal_mask: Tensor | None, rows_per_client: int = 1) -> Any:
+    def aggregator(
+        self,
+        clusters: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        personal_mask: Tensor | None,
+        rows_per_client: int = 1,
+    ) -> Any:
         """A fresh noised aggregator over `clusters` cluster rows of `dim` entries, with the `add`, `reduce` and `means`
         of the others (the arguments are `ClusterAggregation.new`'s)."""
         ...
@@ -71,12 +79,19 @@ class RobustClusterAggregate:
 
     reads_starts = True  # the rule is applied to the updates, trained minus start
 
-    def __init__(self, settings: AggregatorConfig, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-                 personal_mask: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        settings: AggregatorConfig,
+        clusters: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        personal_mask: Tensor | None = None,
+    ) -> None:
         self.settings, self.dtype, self.personal_mask = settings, dtype, personal_mask
-        self.base = ClusterAverage(clusters, dim, dtype, device)      # mean start of each cluster's members
-        self.clipped = ClusterAverage(clusters, dim, dtype, device)   # clipped_mean: its running sums
-        self.rows: list[tuple[Tensor, Tensor, Tensor]] = []           # held rules: (clusters, weights, updates)
+        self.base = ClusterAverage(clusters, dim, dtype, device)  # mean start of each cluster's members
+        self.clipped = ClusterAverage(clusters, dim, dtype, device)  # clipped_mean: its running sums
+        self.rows: list[tuple[Tensor, Tensor, Tensor]] = []  # held rules: (clusters, weights, updates)
 
     def add(self, clusters: Tensor, weights: Tensor, values: Tensor, starts: Tensor | None = None) -> None:
         """Rows `values` of clusters `clusters` with weights `weights`, trained from `starts` (None: the values are
@@ -106,8 +121,12 @@ class RobustClusterAggregate:
         weights = torch.cat([w for _, w, _ in self.rows])
         updates = torch.cat([u for _, _, u in self.rows])
         s = self.settings
-        combined = torch.stack([apply_rule(s.rule, updates[clusters == k], weights[clusters == k], s.f, s.beta,
-                                           s.clip, s.keep).double() for k in active.tolist()])
+        combined = torch.stack(
+            [
+                apply_rule(s.rule, updates[clusters == k], weights[clusters == k], s.f, s.beta, s.clip, s.keep).double()
+                for k in active.tolist()
+            ]
+        )
         return active, (base + combined).to(self.dtype)
 
 
@@ -175,8 +194,15 @@ class ClusterAggregation:
         """Reset `combined`: `check_applied` reads what the round's aggregators combined."""
         self.combined = 0
 
-    def new(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-            personal_mask: Tensor | None = None, rows_per_client: int = 1) -> CountedAggregator:
+    def new(
+        self,
+        clusters: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        personal_mask: Tensor | None = None,
+        rows_per_client: int = 1,
+    ) -> CountedAggregator:
         """A fresh aggregator over `clusters` cluster rows of `dim` entries, to which every client adds
         `rows_per_client` rows (each in another cluster: FedEM's copy of each component)."""
         if self.privacy is not None:
@@ -199,12 +225,17 @@ class ClusterAggregation:
         if self.default or self.combined >= shared:
             return
         name = type(algorithm).__name__
-        what = "its clients' updates" if not self.combined else \
-            f"{shared - self.combined:,} of the {shared:,} shared entries of its clients' models"
-        raise ValueError(f"{name} combined {what} in round 1 without the engine's cluster aggregator, so "
-                         f"{self.configured()} could not apply: run {name} with aggregator.rule: mean and no "
-                         "privacy or server_optimizer section (a plugin combines its updates through cluster_means or "
-                         "server.aggregation.new)")
+        what = (
+            "its clients' updates"
+            if not self.combined
+            else f"{shared - self.combined:,} of the {shared:,} shared entries of its clients' models"
+        )
+        raise ValueError(
+            f"{name} combined {what} in round 1 without the engine's cluster aggregator, so "
+            f"{self.configured()} could not apply: run {name} with aggregator.rule: mean and no "
+            "privacy or server_optimizer section (a plugin combines its updates through cluster_means or "
+            "server.aggregation.new)"
+        )
 
 
 def largest_f(rule: str, members: int) -> int:
@@ -220,12 +251,15 @@ def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, per_round
     round (a cluster never has more members than that)."""
     settings = aggregation.settings
     if aggregation.privacy is not None and settings.rule != "mean":
-        raise ValueError(f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs aggregator.rule "
-                         f"mean, got {settings.rule}: drop one of the two")
+        raise ValueError(
+            f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs aggregator.rule "
+            f"mean, got {settings.rule}: drop one of the two"
+        )
     need = RULES[settings.rule].min_members(settings.f)
     if need > per_round:
         most = largest_f(settings.rule, per_round)
-        fix = (f"lower aggregator.f to {most}" if most >= 0 else
-               "use more clients a round or another aggregator.rule")
-        raise ValueError(f"aggregator.f {settings.f} is too large for {settings.rule} with {per_round} "
-                         f"clients a round (it needs {need}): {fix}")
+        fix = f"lower aggregator.f to {most}" if most >= 0 else "use more clients a round or another aggregator.rule"
+        raise ValueError(
+            f"aggregator.f {settings.f} is too large for {settings.rule} with {per_round} "
+            f"clients a round (it needs {need}): {fix}"
+        )

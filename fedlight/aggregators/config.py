@@ -2,6 +2,7 @@
 `aggregator:` (`AggregatorConfig`, how the members' updates of each cluster are combined, and the rules' table; the
 rules themselves are `fedlight.aggregators.robust`'s), `attack:` (`AttackConfig`), `privacy:` (`PrivacyConfig`) and
 `server_optimizer:` (`ServerOptimizerConfig`). Each is re-exported by the module that acts on it."""
+
 from __future__ import annotations
 
 import math
@@ -41,16 +42,19 @@ def _minority(settings: "AggregatorConfig", m: int) -> int:
     return (m - 1) // 2
 
 
-RULES = {rule.name: rule for rule in (
-    Rule("mean", holds=False),  # no robustness claimed: an attack on FedAvg's mean is an experiment, not a mistake
-    Rule("median", holds=True, tolerated=_minority),
-    Rule("trimmed_mean", holds=True, tolerated=lambda settings, m: math.floor(settings.beta * m)),
-    Rule("krum", holds=True, min_members=lambda f: 2 * f + 3, tolerated=lambda settings, m: settings.f),
-    Rule("multikrum", holds=True, min_members=lambda f: 2 * f + 3, tolerated=lambda settings, m: settings.f),
-    Rule("bulyan", holds=True, min_members=lambda f: 4 * f + 3, tolerated=lambda settings, m: settings.f),
-    Rule("geomed", holds=True, tolerated=_minority),
-    Rule("clipped_mean", holds=False),
-)}
+RULES = {
+    rule.name: rule
+    for rule in (
+        Rule("mean", holds=False),  # no robustness claimed: an attack on FedAvg's mean is an experiment, not a mistake
+        Rule("median", holds=True, tolerated=_minority),
+        Rule("trimmed_mean", holds=True, tolerated=lambda settings, m: math.floor(settings.beta * m)),
+        Rule("krum", holds=True, min_members=lambda f: 2 * f + 3, tolerated=lambda settings, m: settings.f),
+        Rule("multikrum", holds=True, min_members=lambda f: 2 * f + 3, tolerated=lambda settings, m: settings.f),
+        Rule("bulyan", holds=True, min_members=lambda f: 4 * f + 3, tolerated=lambda settings, m: settings.f),
+        Rule("geomed", holds=True, tolerated=_minority),
+        Rule("clipped_mean", holds=False),
+    )
+}
 
 
 def attackers_beyond_rule(settings: "AggregatorConfig", fraction: float, cohort: int) -> str | None:
@@ -62,12 +66,17 @@ def attackers_beyond_rule(settings: "AggregatorConfig", fraction: float, cohort:
     tolerated = None if rule.tolerated is None else rule.tolerated(settings, cohort)
     if tolerated is None or attackers <= tolerated:
         return None
-    fix = {"trimmed_mean": f"aggregator.beta at least {attackers / cohort:g}",
-           "krum": f"aggregator.f {attackers}", "multikrum": f"aggregator.f {attackers}",
-           "bulyan": f"aggregator.f {attackers}"}.get(settings.rule, "a robust aggregator.rule")
-    return (f"about {attackers} of the {cohort} updates a round are an attacker's (attack.fraction {fraction:g}), "
-            f"more than aggregator.rule {settings.rule} withstands as set ({tolerated}): its "
-            f"guarantee does not hold; set {fix} to test the rule itself")
+    fix = {
+        "trimmed_mean": f"aggregator.beta at least {attackers / cohort:g}",
+        "krum": f"aggregator.f {attackers}",
+        "multikrum": f"aggregator.f {attackers}",
+        "bulyan": f"aggregator.f {attackers}",
+    }.get(settings.rule, "a robust aggregator.rule")
+    return (
+        f"about {attackers} of the {cohort} updates a round are an attacker's (attack.fraction {fraction:g}), "
+        f"more than aggregator.rule {settings.rule} withstands as set ({tolerated}): its "
+        f"guarantee does not hold; set {fix} to test the rule itself"
+    )
 
 
 @dataclass(frozen=True)
@@ -142,13 +151,16 @@ class AttackConfig:
         if self.kind is not None and self.kind not in kinds:
             raise unknown_choice("attack.kind", self.kind, kinds, " (or left out)")
         if not 0 < self.fraction < 1:
-            raise ValueError(f"attack.fraction must be in (0, 1) (a share of the clients, some honest), got "
-                             f"{self.fraction}")
+            raise ValueError(
+                f"attack.fraction must be in (0, 1) (a share of the clients, some honest), got {self.fraction}"
+            )
         if self.scale is not None and self.scale <= 0:
             raise ValueError(f"attack.scale must be above 0, got {self.scale}")
         if not 0 < self.poison_fraction <= 1 or self.trigger_size < 1:
-            raise ValueError(f"attack.poison_fraction must be in (0, 1] and attack.trigger_size at least 1, got "
-                             f"{self.poison_fraction} and {self.trigger_size}")
+            raise ValueError(
+                f"attack.poison_fraction must be in (0, 1] and attack.trigger_size at least 1, got "
+                f"{self.poison_fraction} and {self.trigger_size}"
+            )
 
     @property
     def active(self) -> bool:
@@ -189,11 +201,14 @@ class PrivacyConfig:
 
     def __post_init__(self) -> None:
         if self.clip is None or self.clip <= 0:
-            raise ValueError(f"privacy.clip must be given, above 0 (the norm each update is clipped to: DP needs a "
-                             f"bound on a client's contribution), got {self.clip}")
+            raise ValueError(
+                f"privacy.clip must be given, above 0 (the norm each update is clipped to: DP needs a "
+                f"bound on a client's contribution), got {self.clip}"
+            )
         if self.noise_multiplier is None and self.target_epsilon is None:
-            raise ValueError("privacy needs privacy.noise_multiplier or privacy.target_epsilon (or leave the privacy "
-                             "section out)")
+            raise ValueError(
+                "privacy needs privacy.noise_multiplier or privacy.target_epsilon (or leave the privacy section out)"
+            )
         if self.noise_multiplier is not None and self.noise_multiplier <= 0:
             raise ValueError(f"privacy.noise_multiplier must be above 0, got {self.noise_multiplier}")
         if self.target_epsilon is not None and self.target_epsilon <= 0:
@@ -203,8 +218,10 @@ class PrivacyConfig:
         if self.accountant not in ACCOUNTANTS:
             raise ValueError(f"privacy.accountant must be 'rdp' or 'prv', got {self.accountant!r}")
         if not 0 < self.target_quantile < 1 or self.clip_learning_rate <= 0:
-            raise ValueError(f"privacy.target_quantile must be in (0, 1) and privacy.clip_learning_rate above 0, got "
-                             f"{self.target_quantile} and {self.clip_learning_rate}")
+            raise ValueError(
+                f"privacy.target_quantile must be in (0, 1) and privacy.clip_learning_rate above 0, got "
+                f"{self.target_quantile} and {self.clip_learning_rate}"
+            )
         if self.count_noise is not None and self.count_noise <= 0:
             raise ValueError(f"privacy.count_noise must be above 0, got {self.count_noise}")
 
@@ -236,8 +253,9 @@ class ServerOptimizerConfig:
         if self.kind not in KINDS:
             raise unknown_choice("server_optimizer.kind", self.kind, KINDS)
         if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"server_optimizer.lr must be above 0 (or null: {DEFAULT_LR[self.kind]} for "
-                             f"{self.kind}), got {self.lr}")
+            raise ValueError(
+                f"server_optimizer.lr must be above 0 (or null: {DEFAULT_LR[self.kind]} for {self.kind}), got {self.lr}"
+            )
         for name in ("momentum", "beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"server_optimizer.{name} must be in [0, 1), got {getattr(self, name)}")

@@ -53,6 +53,7 @@ Opacus is imported only when a run turns privacy on, so starting the command lin
 aggregation, steps the accountant at the end of every round and stops the run at its budget; the federation calls
 its hooks and never names it.
 """
+
 from __future__ import annotations
 
 import math
@@ -107,18 +108,23 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, s
 
     with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
         quiet_accounting()
-        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
-                                          steps=steps, accountant=kind))
+        return float(
+            get_noise_multiplier(
+                target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps, accountant=kind
+            )
+        )
 
 
 def update_noise(z: float, count_noise: float) -> float:
     """z_update of adaptive clipping (Andrew et al., Theorem 1): the updates' noise multiplier that, with noise
     `count_noise` on the count, makes the pair as private as one Gaussian mechanism of noise z."""
     if z >= 2 * count_noise:
-        raise ValueError(f"privacy.noise_multiplier {z:.3g} leaves no noise for the updates with adaptive clipping at "
-                         f"count noise {count_noise:.3g} (it must be below 2 x count noise): raise privacy.count_noise "
-                         f"above {z / 2:.3g} or turn privacy.adaptive off")
-    return (z ** -2 - (2 * count_noise) ** -2) ** -0.5
+        raise ValueError(
+            f"privacy.noise_multiplier {z:.3g} leaves no noise for the updates with adaptive clipping at "
+            f"count noise {count_noise:.3g} (it must be below 2 x count noise): raise privacy.count_noise "
+            f"above {z / 2:.3g} or turn privacy.adaptive off"
+        )
+    return (z**-2 - (2 * count_noise) ** -2) ** -0.5
 
 
 class PrivacyMechanism(RoundExtension):
@@ -129,21 +135,24 @@ class PrivacyMechanism(RoundExtension):
 
     name = "privacy"
 
-    def __init__(self, config: PrivacyConfig, rounds: int, clients_per_round: int, num_clients: int,
-                 seed_parts: list[int]) -> None:
+    def __init__(
+        self, config: PrivacyConfig, rounds: int, clients_per_round: int, num_clients: int, seed_parts: list[int]
+    ) -> None:
         self.config, self.seed_parts, self.num_clients, self.rounds = config, seed_parts, num_clients, rounds
         self.sample_rate = clients_per_round / num_clients
         if config.noise_multiplier is None:
             assert config.target_epsilon is not None  # PrivacyConfig asks for one of the two
-            self.noise_multiplier = noise_for_epsilon(config.target_epsilon, config.delta, self.sample_rate, rounds,
-                                                      config.accountant)
+            self.noise_multiplier = noise_for_epsilon(
+                config.target_epsilon, config.delta, self.sample_rate, rounds, config.accountant
+            )
             self.stop_at = None
         else:
             self.noise_multiplier = config.noise_multiplier
             self.stop_at = config.target_epsilon
         self.count_noise = config.count_noise or clients_per_round / 20
-        self.update_noise = (update_noise(self.noise_multiplier, self.count_noise) if config.adaptive
-                             else self.noise_multiplier)
+        self.update_noise = (
+            update_noise(self.noise_multiplier, self.count_noise) if config.adaptive else self.noise_multiplier
+        )
         assert config.clip is not None  # PrivacyConfig requires it
         self.clip = float(config.clip)
         self.accountant = make_accountant(config.accountant)  # the rounds accounted as sampled Gaussian mechanisms
@@ -163,9 +172,11 @@ class PrivacyMechanism(RoundExtension):
         or selection); keep the run's draw of each round to check the algorithm's own selection against."""
         sampling = context.sampling
         if sampling.reads_data:
-            raise ValueError(f"privacy: {sampling.why}, so who trains depends on their data and {sampling.reads_data} "
-                             "reach the server unnoised, outside any DP guarantee: use system.selection uniform or "
-                             "data_size with privacy, or leave privacy out")
+            raise ValueError(
+                f"privacy: {sampling.why}, so who trains depends on their data and {sampling.reads_data} "
+                "reach the server unnoised, outside any DP guarantee: use system.selection uniform or "
+                "data_size with privacy, or leave privacy out"
+            )
         if not sampling.uniform:
             self.account_each_client(sampling.why)
         self._drawn = context.server.cohort.drawn
@@ -176,9 +187,11 @@ class PrivacyMechanism(RoundExtension):
         run's cluster aggregator, whose noised sums cover it, as the trained model."""
         unprotected = schema.of_kind(SUMMED, PER_CLIENT)
         if unprotected:
-            raise ValueError(f"privacy: {algorithm}'s clients send {schema.describe(unprotected[0])} beside their "
-                             "models, which DP does not clip or noise, so no guarantee would cover it: leave the "
-                             f"privacy section out for {algorithm}")
+            raise ValueError(
+                f"privacy: {algorithm}'s clients send {schema.describe(unprotected[0])} beside their "
+                "models, which DP does not clip or noise, so no guarantee would cover it: leave the "
+                f"privacy section out for {algorithm}"
+            )
 
     def account_each_client(self, why: str) -> None:
         """Account every round per client, with no amplification by sampling (`why`: how the clients are chosen);
@@ -186,10 +199,12 @@ class PrivacyMechanism(RoundExtension):
         self.each_client = why
         if self.config.noise_multiplier is None:
             assert self.config.target_epsilon is not None  # PrivacyConfig asks for one of the two
-            self.noise_multiplier = noise_for_epsilon(self.config.target_epsilon, self.config.delta, 1.0, self.rounds,
-                                                      self.config.accountant)
-            self.update_noise = (update_noise(self.noise_multiplier, self.count_noise) if self.config.adaptive
-                                 else self.noise_multiplier)
+            self.noise_multiplier = noise_for_epsilon(
+                self.config.target_epsilon, self.config.delta, 1.0, self.rounds, self.config.accountant
+            )
+            self.update_noise = (
+                update_noise(self.noise_multiplier, self.count_noise) if self.config.adaptive else self.noise_multiplier
+            )
 
     def accounting(self) -> str:
         """Which accounting ran: "each client" (every round, no amplification), "sampled" (every round a uniform
@@ -200,15 +215,27 @@ class PrivacyMechanism(RoundExtension):
 
     def describe(self) -> str:
         clip = "adaptive clip from" if self.config.adaptive else "clip"
-        how = f"each client's releases ({self.each_client})" if self.each_client is not None else \
-            "amplified by uniform sampling"
-        return (f"DP noise multiplier {self.noise_multiplier:.3g}, {clip} {self.clip:g}, {self.config.accountant} "
-                f"accounting {how}")
+        how = (
+            f"each client's releases ({self.each_client})"
+            if self.each_client is not None
+            else "amplified by uniform sampling"
+        )
+        return (
+            f"DP noise multiplier {self.noise_multiplier:.3g}, {clip} {self.clip:g}, {self.config.accountant} "
+            f"accounting {how}"
+        )
 
     def summary(self) -> dict[str, Any]:
-        return {"privacy": {"accounting": self.accounting(), "why": self.each_client or "",
-                            "epsilon": self._epsilon(), "delta": self.config.delta,
-                            "noise_multiplier": self.noise_multiplier, "most_releases": int(self.releases.max())}}
+        return {
+            "privacy": {
+                "accounting": self.accounting(),
+                "why": self.each_client or "",
+                "epsilon": self._epsilon(),
+                "delta": self.config.delta,
+                "noise_multiplier": self.noise_multiplier,
+                "most_releases": int(self.releases.max()),
+            }
+        }
 
     def aggregation(self, aggregation: ClusterAggregation) -> ClusterAggregation:
         """The run's aggregation with DP-FedAvg's noised sums in place of the mean."""
@@ -218,8 +245,15 @@ class PrivacyMechanism(RoundExtension):
         self.round, self.calls, self.released, self.within_clip = round, 0, False, None
         self.round_clients, self.round_selected = set(), None
 
-    def aggregator(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-                   personal_mask: Tensor | None, rows_per_client: int = 1) -> "PrivateClusterAggregate":
+    def aggregator(
+        self,
+        clusters: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        personal_mask: Tensor | None,
+        rows_per_client: int = 1,
+    ) -> "PrivateClusterAggregate":
         """A fresh `PrivateClusterAggregate`, numbered by the round's calls so that each draws its own noise."""
         self.calls += 1
         return PrivateClusterAggregate(self, self.calls, clusters, dim, dtype, device, personal_mask, rows_per_client)
@@ -270,16 +304,21 @@ class PrivacyMechanism(RoundExtension):
             if self.config.adaptive and self.within_clip is not None:  # per client: the share of the released
                 self._adapt_clip(clients if sampled else len(self.round_clients))
         epsilon = self._epsilon()
-        scalars = {"privacy/epsilon": epsilon, "privacy/clip": clip_used,
-                   "privacy/noise_multiplier": self.noise_multiplier}
+        scalars = {
+            "privacy/epsilon": epsilon,
+            "privacy/clip": clip_used,
+            "privacy/noise_multiplier": self.noise_multiplier,
+        }
         if self.each_client is not None or self.unsampled_rounds:
             scalars["privacy/most_releases"] = float(self.releases.max())
         if self.unsampled_rounds:
             scalars["privacy/unsampled_rounds"] = float(self.unsampled_rounds)
         stop = None
         if self.stop_at is not None and self._next_epsilon(clients / num_clients, sampled) > self.stop_at:
-            stop = (f"privacy.target_epsilon {self.stop_at:g} reached: epsilon {epsilon:.3g} now, another round would "
-                    "exceed it")
+            stop = (
+                f"privacy.target_epsilon {self.stop_at:g} reached: epsilon {epsilon:.3g} now, another round would "
+                "exceed it"
+            )
         return scalars, stop
 
     def _adapt_clip(self, clients: int) -> None:
@@ -313,9 +352,14 @@ class PrivacyMechanism(RoundExtension):
     def state_dict(self) -> dict[str, Any]:
         """The accounting to resume from: the accountant's sampled steps, the clip and noise multiplier now, each
         client's releases and the rounds accounted per client."""
-        return {"history": [list(step) for step in self.accountant.history], "clip": self.clip,
-                "noise_multiplier": self.noise_multiplier, "releases": self.releases.tolist(),
-                "unsampled_rounds": self.unsampled_rounds, "sampled_history": True}
+        return {
+            "history": [list(step) for step in self.accountant.history],
+            "clip": self.clip,
+            "noise_multiplier": self.noise_multiplier,
+            "releases": self.releases.tolist(),
+            "unsampled_rounds": self.unsampled_rounds,
+            "sampled_history": True,
+        }
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
@@ -337,8 +381,17 @@ class PrivateClusterAggregate:
 
     reads_starts = True  # the updates, trained minus start, are clipped
 
-    def __init__(self, mechanism: PrivacyMechanism, call: int, clusters: int, dim: int, dtype: torch.dtype,
-                 device: torch.device, personal_mask: Tensor | None, rows_per_client: int = 1) -> None:
+    def __init__(
+        self,
+        mechanism: PrivacyMechanism,
+        call: int,
+        clusters: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        personal_mask: Tensor | None,
+        rows_per_client: int = 1,
+    ) -> None:
         self.mechanism, self.call, self.dtype, self.personal_mask = mechanism, call, dtype, personal_mask
         self.rows_per_client = rows_per_client
         self.base = ClusterAverage(clusters, dim, dtype, device)
@@ -354,8 +407,9 @@ class PrivateClusterAggregate:
         clip = self.mechanism.clip / math.sqrt(self.rows_per_client)
         self.within += (updates.double().norm(dim=1) <= clip).sum().double() / self.rows_per_client
         add_starts(self.base, clusters, starts)
-        self.sums.add(clusters, torch.ones(len(clusters), dtype=torch.float64, device=values.device),
-                      clip_rows(updates, clip))
+        self.sums.add(
+            clusters, torch.ones(len(clusters), dtype=torch.float64, device=values.device), clip_rows(updates, clip)
+        )
 
     def reduce(self, updates: "RoundUpdates") -> None:
         """Add the sums, counts and within-clip count over the processes, and tell the mechanism which clients the sums
@@ -369,8 +423,11 @@ class PrivateClusterAggregate:
         active = (self.base.totals > 0).nonzero().flatten()
         base = self.base.sums[active] / self.base.totals[active, None]
         dim, device = self.sums.sums.shape[1], self.sums.sums.device
-        noised = torch.stack([self.sums.sums[k] + self.mechanism.noise(self.call, k, dim, device)
-                              for k in active.tolist()]) if len(active) else self.sums.sums[active]
+        noised = (
+            torch.stack([self.sums.sums[k] + self.mechanism.noise(self.call, k, dim, device) for k in active.tolist()])
+            if len(active)
+            else self.sums.sums[active]
+        )
         count = self.sums.totals[active, None]
         self.mechanism.released_sums(float(self.within), float(self.base.totals.sum()) / self.rows_per_client)
         return active, (base + noised / count).to(self.dtype)

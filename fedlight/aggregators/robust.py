@@ -8,6 +8,7 @@ rows, so applying it to updates or to models gives the same cluster model.
 Weights: the mean, `clipped_mean` and `geometric_median` use the clients' weights (as FedAvg and RFA do); the
 median, trimmed mean, Krum, Multi-Krum and Bulyan count every client once, as their papers define them.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,7 @@ def trimmed_mean(x: Tensor, beta: float) -> Tensor:
     dropped and the rest averaged (Yin et al., ICML 2018, section 3)."""
     m = len(x)
     cut = int(math.floor(beta * m))
-    return x.sort(dim=0).values[cut: m - cut].mean(dim=0)
+    return x.sort(dim=0).values[cut : m - cut].mean(dim=0)
 
 
 def squared_distances(x: Tensor) -> Tensor:
@@ -93,8 +94,9 @@ def bulyan(x: Tensor, f: int) -> Tensor:
     return selected.gather(0, closest).mean(dim=0)
 
 
-def geometric_median(x: Tensor, weights: Tensor, iterations: int = 100, smoothing: float = 1e-6,
-                     tolerance: float = 1e-8) -> Tensor:
+def geometric_median(
+    x: Tensor, weights: Tensor, iterations: int = 100, smoothing: float = 1e-6, tolerance: float = 1e-8
+) -> Tensor:
     """The weighted geometric median argmin_v sum_i w_i ||v - x_i||, by the smoothed Weiszfeld iterations of RFA
     ("Robust Aggregation for Federated Learning", Pillutla et al., IEEE TSP 2022, Algorithm 2): v <- sum_i b_i x_i /
     sum_i b_i with b_i = w_i / max(smoothing, ||v - x_i||), from the weighted mean, until the objective changes by less
@@ -128,8 +130,9 @@ def clipped_mean(x: Tensor, weights: Tensor, bound: float) -> Tensor:
     return weighted_mean(clip_rows(x, bound), weights)
 
 
-def apply_rule(name: str, x: Tensor, weights: Tensor, f: int = 0, beta: float = 0.1, clip: float = 1.0,
-               keep: int | None = None) -> Tensor:
+def apply_rule(
+    name: str, x: Tensor, weights: Tensor, f: int = 0, beta: float = 0.1, clip: float = 1.0, keep: int | None = None
+) -> Tensor:
     """Rule `name` on the rows of `x`. Krum, Multi-Krum and Bulyan lower f, in a cluster too small for it, to the
     largest the cluster admits (a cluster formed by a clustered method may be smaller than the configured bound)."""
     if name == "mean":

@@ -27,6 +27,7 @@ single best value in the paper (its grids span 10^-3 to 10^1 by task): 1.0 for s
 usual setting), 0.01 for adam and yogi and 0.1 for adagrad, in the middle of the paper's best values for its image
 tasks. Tune `lr` and `tau` on validation data (`fedlight tune`).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,7 @@ def server_step(config: ServerOptimizerConfig, delta: Tensor, state: dict[str, T
         m = state["m"] = config.momentum * state["m"] + delta if "m" in state else delta.clone()
         return lr * m
     m = state["m"] = config.beta1 * state.get("m", torch.zeros_like(delta)) + (1 - config.beta1) * delta
-    v = state.get("v", torch.full_like(delta, config.tau ** 2))
+    v = state.get("v", torch.full_like(delta, config.tau**2))
     square = delta * delta
     if kind == "adam":
         v = config.beta2 * v + (1 - config.beta2) * square
@@ -107,8 +108,15 @@ class ServerOptimizer(RoundExtension):
             stepped[row] = (base[row].to(torch.float64) + server_step(self.config, delta, state)).to(means.dtype)
         return stepped
 
-    def wrap(self, inner: Any, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-             personal_mask: Tensor | None) -> "SteppedAggregate":
+    def wrap(
+        self,
+        inner: Any,
+        clusters: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        personal_mask: Tensor | None,
+    ) -> "SteppedAggregate":
         """The run's aggregator `inner` of one call, its means stepped by this optimizer."""
         return SteppedAggregate(inner, self, self.next_call(), clusters, dim, dtype, device, personal_mask)
 
@@ -130,8 +138,17 @@ class SteppedAggregate:
 
     reads_starts = True  # the pseudo-gradient is the aggregate minus the model the members started from
 
-    def __init__(self, inner: Any, optimizer: ServerOptimizer, call: int, clusters: int, dim: int, dtype: torch.dtype,
-                 device: torch.device, personal_mask: Tensor | None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        optimizer: ServerOptimizer,
+        call: int,
+        clusters: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        personal_mask: Tensor | None,
+    ) -> None:
         self.inner, self.optimizer, self.call, self.personal_mask = inner, optimizer, call, personal_mask
         self.base = ClusterAverage(clusters, dim, dtype, device)  # each cluster's mean start
 

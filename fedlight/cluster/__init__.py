@@ -12,8 +12,27 @@
 - `hopkins`: the Hopkins statistic (is there cluster structure at all?).
 - `scores`: how well a clustering recovers a known partition (ARI, AMI, homogeneity, completeness, NMI).
 """
-from fedlight.cluster.clusterers import (AffinityPropagation, Agglomerative, Clusterer, DBSCAN, HDBSCAN, KMeans,
-                                         MeanShift, make_clusterer, register_clusterer)
 
-__all__ = ["AffinityPropagation", "Agglomerative", "Clusterer", "DBSCAN", "HDBSCAN", "KMeans", "MeanShift",
-           "make_clusterer", "register_clusterer"]
+from fedlight.cluster.clusterers import (
+    AffinityPropagation,
+    Agglomerative,
+    Clusterer,
+    DBSCAN,
+    HDBSCAN,
+    KMeans,
+    MeanShift,
+    make_clusterer,
+    register_clusterer,
+)
+
+__all__ = [
+    "AffinityPropagation",
+    "Agglomerative",
+    "Clusterer",
+    "DBSCAN",
+    "HDBSCAN",
+    "KMeans",
+    "MeanShift",
+    "make_clusterer",
+    "register_clusterer",
+]

@@ -22,6 +22,7 @@ one-shot clustered FL code does), "singletons" (one cluster per noise point), "n
 closest non-noise point by the distance matrix), "nearest_mean" (the cluster with the lowest mean distance) or
 "keep" (leave -1). With "nearest"/"nearest_mean" and no non-noise point at all, everything is one cluster.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,6 +38,7 @@ _KINDS = ("distance", "similarity")
 
 
 # ----------------------------------------------------------------------------- matrix checks and conversions
+
 
 def as_square_matrix(matrix: Any, atol: float = 1e-5) -> np.ndarray:
     """A float64 numpy copy of a square, finite, (near-)symmetric matrix, symmetrized exactly."""
@@ -62,11 +64,15 @@ def _check_kind(M: np.ndarray, kind: str, atol: float = 1e-6) -> None:
         return
     diag, off = np.diag(M), M[~np.eye(n, dtype=bool)]
     if kind == "similarity" and np.all(np.abs(diag) <= atol) and off.min() >= -atol and off.max() > atol:
-        raise ValueError("declared a similarity matrix, but it has a zero diagonal and non-negative entries: it "
-                         "looks like a distance matrix. Pass kind='distance' (or validate=False to use it as is)")
+        raise ValueError(
+            "declared a similarity matrix, but it has a zero diagonal and non-negative entries: it "
+            "looks like a distance matrix. Pass kind='distance' (or validate=False to use it as is)"
+        )
     if kind == "distance" and np.all(diag > atol) and np.allclose(diag, diag[0]) and diag[0] >= off.max() - atol:
-        raise ValueError("declared a distance matrix, but its diagonal is constant, non-zero and maximal: it "
-                         "looks like a similarity matrix. Pass kind='similarity' (or validate=False to use it as is)")
+        raise ValueError(
+            "declared a distance matrix, but its diagonal is constant, non-zero and maximal: it "
+            "looks like a similarity matrix. Pass kind='similarity' (or validate=False to use it as is)"
+        )
 
 
 def to_distance(matrix: Any, kind: Kind = "distance", validate: bool = True) -> np.ndarray:
@@ -78,8 +84,10 @@ def to_distance(matrix: Any, kind: Kind = "distance", validate: bool = True) -> 
         _check_kind(M, kind)
     if kind == "similarity":
         if M.max() > 1.0 + 1e-6:
-            raise ValueError(f"similarities must be <= 1 (cosine in [-1, 1] or agreement in [0, 1]); the maximum is "
-                             f"{M.max():.4g}. Convert other scales to a distance yourself and pass kind='distance'")
+            raise ValueError(
+                f"similarities must be <= 1 (cosine in [-1, 1] or agreement in [0, 1]); the maximum is "
+                f"{M.max():.4g}. Convert other scales to a distance yourself and pass kind='distance'"
+            )
         M = 1.0 - M
     if M.min() < -1e-6:
         raise ValueError(f"distances must be non-negative, the minimum is {M.min():.4g}")
@@ -109,7 +117,7 @@ def classical_mds(distance: np.ndarray, n_components: int | None = None) -> np.n
     D = np.asarray(distance, dtype=np.float64)
     n = D.shape[0]
     J = np.eye(n) - 1.0 / n
-    B = -0.5 * J @ (D ** 2) @ J
+    B = -0.5 * J @ (D**2) @ J
     vals, vecs = np.linalg.eigh(0.5 * (B + B.T))
     order = np.argsort(vals)[::-1]
     vals, vecs = vals[order], vecs[:, order]
@@ -122,6 +130,7 @@ def classical_mds(distance: np.ndarray, n_components: int | None = None) -> np.n
 
 
 # ----------------------------------------------------------------------------- labels: noise and renaming
+
 
 def relabel(labels: np.ndarray) -> np.ndarray:
     """Rename labels to 0..k-1 in order of first appearance; -1 (noise) stays -1."""
@@ -144,8 +153,7 @@ def linkage_to_clusters(distances: np.ndarray, labels: np.ndarray, linkage: str 
     if linkage not in reduce:
         raise ValueError(f"linkage must be one of {tuple(reduce)}, got {linkage!r}")
     distances, labels = np.asarray(distances, dtype=np.float64), np.asarray(labels)
-    return np.stack([reduce[linkage](distances[:, labels == k], axis=1) for k in range(int(labels.max()) + 1)],
-                    axis=1)
+    return np.stack([reduce[linkage](distances[:, labels == k], axis=1) for k in range(int(labels.max()) + 1)], axis=1)
 
 
 def resolve_noise(labels: np.ndarray, distance: np.ndarray, policy: str = "own_cluster") -> np.ndarray:
@@ -176,6 +184,7 @@ def resolve_noise(labels: np.ndarray, distance: np.ndarray, policy: str = "own_c
 
 
 # ----------------------------------------------------------------------------- components
+
 
 class Clusterer:
     """Base class: converts the matrix to `input_kind`, runs `_fit` and applies the noise policy.
@@ -241,9 +250,16 @@ class HDBSCAN(Clusterer):
 
     input_kind = "distance"
 
-    def __init__(self, min_cluster_size: int | float = 0.2, min_samples: int | None = None,
-                 cluster_selection_method: str = "eom", cluster_selection_epsilon: float = 0.0,
-                 allow_single_cluster: bool = False, backend: str = "hdbscan", noise: str = "own_cluster") -> None:
+    def __init__(
+        self,
+        min_cluster_size: int | float = 0.2,
+        min_samples: int | None = None,
+        cluster_selection_method: str = "eom",
+        cluster_selection_epsilon: float = 0.0,
+        allow_single_cluster: bool = False,
+        backend: str = "hdbscan",
+        noise: str = "own_cluster",
+    ) -> None:
         super().__init__(noise)
         if isinstance(min_cluster_size, bool) or not isinstance(min_cluster_size, (int, float)):
             raise TypeError(f"min_cluster_size must be an int >= 2 or a fraction in (0, 1), got {min_cluster_size!r}")
@@ -275,10 +291,14 @@ class HDBSCAN(Clusterer):
         size = self.resolved_min_cluster_size(n)
         if size > n:
             raise ValueError(f"min_cluster_size={size} exceeds the number of clients ({n})")
-        kwargs = dict(min_cluster_size=size, min_samples=self.min_samples, metric="precomputed",
-                      cluster_selection_method=self.cluster_selection_method,
-                      cluster_selection_epsilon=float(self.cluster_selection_epsilon),
-                      allow_single_cluster=self.allow_single_cluster)
+        kwargs = dict(
+            min_cluster_size=size,
+            min_samples=self.min_samples,
+            metric="precomputed",
+            cluster_selection_method=self.cluster_selection_method,
+            cluster_selection_epsilon=float(self.cluster_selection_epsilon),
+            allow_single_cluster=self.allow_single_cluster,
+        )
         if self.backend == "hdbscan":
             import hdbscan
 
@@ -317,8 +337,13 @@ class Agglomerative(Clusterer):
     input_kind = "distance"
     LINKAGES = ("average", "complete", "single")
 
-    def __init__(self, n_clusters: int | None = None, distance_threshold: float | None = None,
-                 linkage: str = "average", noise: str = "own_cluster") -> None:
+    def __init__(
+        self,
+        n_clusters: int | None = None,
+        distance_threshold: float | None = None,
+        linkage: str = "average",
+        noise: str = "own_cluster",
+    ) -> None:
         super().__init__(noise)
         if linkage not in self.LINKAGES:
             hint = " (ward needs Euclidean features, not a precomputed matrix)" if linkage == "ward" else ""
@@ -335,8 +360,12 @@ class Agglomerative(Clusterer):
 
     def _fit(self, matrix: np.ndarray) -> np.ndarray:
         n_clusters = None if self.n_clusters is None else min(self.n_clusters, matrix.shape[0])
-        model = skc.AgglomerativeClustering(n_clusters=n_clusters, distance_threshold=self.distance_threshold,
-                                            metric="precomputed", linkage=self.linkage)
+        model = skc.AgglomerativeClustering(
+            n_clusters=n_clusters,
+            distance_threshold=self.distance_threshold,
+            metric="precomputed",
+            linkage=self.linkage,
+        )
         return model.fit_predict(matrix)
 
 
@@ -351,8 +380,15 @@ class KMeans(Clusterer):
 
     input_kind = "distance"
 
-    def __init__(self, n_clusters: int, embedding: str = "rows", n_components: int | None = None,
-                 n_init: int = 10, random_state: int | None = 0, noise: str = "own_cluster") -> None:
+    def __init__(
+        self,
+        n_clusters: int,
+        embedding: str = "rows",
+        n_components: int | None = None,
+        n_init: int = 10,
+        random_state: int | None = 0,
+        noise: str = "own_cluster",
+    ) -> None:
         super().__init__(noise)
         if n_clusters is None or n_clusters < 1:
             raise ValueError(f"n_clusters must be >= 1, got {n_clusters}")
@@ -378,8 +414,15 @@ class MeanShift(Clusterer):
 
     input_kind = "distance"
 
-    def __init__(self, bandwidth: float | None = None, quantile: float = 0.3, embedding: str = "rows",
-                 n_components: int | None = None, cluster_all: bool = True, noise: str = "own_cluster") -> None:
+    def __init__(
+        self,
+        bandwidth: float | None = None,
+        quantile: float = 0.3,
+        embedding: str = "rows",
+        n_components: int | None = None,
+        cluster_all: bool = True,
+        noise: str = "own_cluster",
+    ) -> None:
         super().__init__(noise)
         if bandwidth is not None and not bandwidth > 0:
             raise ValueError(f"bandwidth must be > 0 or None, got {bandwidth}")
@@ -411,8 +454,15 @@ class AffinityPropagation(Clusterer):
 
     input_kind = "similarity"
 
-    def __init__(self, damping: float = 0.5, preference: float | None = None, max_iter: int = 200,
-                 convergence_iter: int = 15, random_state: int | None = 0, noise: str = "own_cluster") -> None:
+    def __init__(
+        self,
+        damping: float = 0.5,
+        preference: float | None = None,
+        max_iter: int = 200,
+        convergence_iter: int = 15,
+        random_state: int | None = 0,
+        noise: str = "own_cluster",
+    ) -> None:
         super().__init__(noise)
         if not 0.5 <= damping < 1.0:
             raise ValueError(f"damping must lie in [0.5, 1), got {damping}")
@@ -423,9 +473,14 @@ class AffinityPropagation(Clusterer):
         self.random_state = random_state
 
     def _fit(self, matrix: np.ndarray) -> np.ndarray:
-        model = skc.AffinityPropagation(affinity="precomputed", damping=self.damping, preference=self.preference,
-                                        max_iter=self.max_iter, convergence_iter=self.convergence_iter,
-                                        random_state=self.random_state)
+        model = skc.AffinityPropagation(
+            affinity="precomputed",
+            damping=self.damping,
+            preference=self.preference,
+            max_iter=self.max_iter,
+            convergence_iter=self.convergence_iter,
+            random_state=self.random_state,
+        )
         return model.fit_predict(matrix)
 
 
@@ -443,11 +498,13 @@ CLUSTERERS: dict[str, type[Clusterer]] = {
 
 def register_clusterer(name: str) -> Callable[[type[Clusterer]], type[Clusterer]]:
     """Class decorator adding a `Clusterer` subclass to the registry under `name`."""
+
     def add(cls: type[Clusterer]) -> type[Clusterer]:
         if not (isinstance(cls, type) and issubclass(cls, Clusterer)):
             raise TypeError(f"{cls!r} is not a Clusterer subclass")
         CLUSTERERS[name.lower()] = cls
         return cls
+
     return add
 
 

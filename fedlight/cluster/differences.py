@@ -9,6 +9,7 @@ is the same float subtraction `a - b` would do, so results match those of the de
 stride-0 expanded row (every client started from one model); the mask becomes its runs of True columns, so no index
 of every masked entry is made either.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,9 @@ from torch import Tensor
 
 def true_runs(mask: Tensor) -> list[tuple[int, int]]:
     """The [begin, end) column ranges where a 1-D boolean mask is True, in order."""
-    edges = torch.diff(mask.to(torch.int8), prepend=mask.new_zeros(1, dtype=torch.int8),
-                       append=mask.new_zeros(1, dtype=torch.int8))
+    edges = torch.diff(
+        mask.to(torch.int8), prepend=mask.new_zeros(1, dtype=torch.int8), append=mask.new_zeros(1, dtype=torch.int8)
+    )
     bounds = edges.nonzero().flatten().tolist()
     return list(zip(bounds[0::2], bounds[1::2]))
 
@@ -29,8 +31,10 @@ class Differences:
 
     def __init__(self, minuend: Tensor, subtrahend: Tensor, mask: Tensor | None = None) -> None:
         if minuend.dim() != 2 or subtrahend.shape != minuend.shape:
-            raise ValueError(f"Differences needs two (m, d) matrices of one shape, got {tuple(minuend.shape)} and "
-                             f"{tuple(subtrahend.shape)}")
+            raise ValueError(
+                f"Differences needs two (m, d) matrices of one shape, got {tuple(minuend.shape)} and "
+                f"{tuple(subtrahend.shape)}"
+            )
         if mask is not None and mask.shape != minuend.shape[1:]:
             raise ValueError(f"the mask has {mask.numel()} entries for rows of {minuend.shape[1]}")
         self.minuend, self.subtrahend = minuend, subtrahend
@@ -78,7 +82,7 @@ class Differences:
             lo, hi = max(start, offset), min(stop, offset + end - begin)
             if lo < hi:
                 columns = slice(begin + lo - offset, begin + hi - offset)
-                torch.sub(a[rows, columns], b[rows, columns], out=out[:, lo - start:hi - start])
+                torch.sub(a[rows, columns], b[rows, columns], out=out[:, lo - start : hi - start])
             offset += end - begin
             if offset >= stop:
                 break

@@ -5,6 +5,7 @@ Orientation as in Eq. 6: H ≈ 0.5 for points without structure, H → 1 for clu
 `clustertend::hopkins` and `pyclustertend.hopkins` return 1 - H). FedTSDP clusters the clients only when
 H > 0.65 on their flattened softmax outputs.
 """
+
 from __future__ import annotations
 
 import math

@@ -14,6 +14,7 @@ trials, `tol` relative to the mean per-feature variance of the data, stop on unc
 center shift, empty clusters moved to the points farthest from their centers, final labels recomputed from the
 final centers.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,8 @@ MEDOID_MATRIX_MAX = 4096
 class CenterFit:
     """A fitted center set. `cost` is the weighted objective sum_i w_i d(x_i, C)^l (the inertia for l = 2)."""
 
-    centers: Tensor            # (k, h); fewer rows than asked when there were fewer points than k
-    labels: Tensor             # (n,) index of each point's nearest center
+    centers: Tensor  # (k, h); fewer rows than asked when there were fewer points than k
+    labels: Tensor  # (n,) index of each point's nearest center
     cost: float
     n_iter: int
     medoids: Tensor | None = None  # (k,) row indices into x of the centers, for k-medoids
@@ -83,8 +84,7 @@ def nearest(x: Tensor, centers: Tensor, ell: float = 2.0) -> tuple[Tensor, Tenso
     return dmin, labels
 
 
-def cost(x: Tensor, centers: Tensor, ell: float = 2.0, p: float | None = None,
-         weights: Tensor | None = None) -> Tensor:
+def cost(x: Tensor, centers: Tensor, ell: float = 2.0, p: float | None = None, weights: Tensor | None = None) -> Tensor:
     """sum_i w_i d_l(x_i, C)^p (p defaults to l): the (k, l)-clustering cost, or with p = 1 the sum of
     unsquared distances."""
     dmin, _ = nearest(x, centers, ell)
@@ -111,8 +111,15 @@ def _draw(probs: Tensor, count: int, generator: torch.Generator | None) -> Tenso
     return torch.multinomial(probs.to(on), count, replacement=True, generator=generator).to(probs.device)
 
 
-def kmeans_plusplus(x: Tensor, k: int, ell: float = 2.0, weights: Tensor | None = None, runs: int = 1,
-                    generator: torch.Generator | None = None, n_local_trials: int | None = None) -> Tensor:
+def kmeans_plusplus(
+    x: Tensor,
+    k: int,
+    ell: float = 2.0,
+    weights: Tensor | None = None,
+    runs: int = 1,
+    generator: torch.Generator | None = None,
+    n_local_trials: int | None = None,
+) -> Tensor:
     """Greedy k-means++ seeding (scikit-learn's), `runs` independent seedings at once: (runs, k) row indices.
 
     The first center is drawn with probability proportional to the weights; each next one among
@@ -129,10 +136,10 @@ def kmeans_plusplus(x: Tensor, k: int, ell: float = 2.0, weights: Tensor | None 
     closest = power(distances(x[chosen[:, 0]].unsqueeze(1), x), ell).squeeze(1)  # (R, n)
     rows = torch.arange(runs, device=x.device)
     for c in range(1, k):
-        candidates = _draw(closest * w, trials, generator)                     # (R, t)
-        to_candidates = power(distances(x[candidates], x), ell)                 # (R, t, n)
+        candidates = _draw(closest * w, trials, generator)  # (R, t)
+        to_candidates = power(distances(x[candidates], x), ell)  # (R, t, n)
         merged = torch.minimum(closest.unsqueeze(1), to_candidates)
-        best = (merged * w).sum(dim=-1).argmin(dim=1)                           # (R,)
+        best = (merged * w).sum(dim=-1).argmin(dim=1)  # (R,)
         chosen[:, c] = candidates[rows, best]
         closest = merged[rows, best]
     return chosen
@@ -159,12 +166,12 @@ def ell_centers(x: Tensor, member: Tensor, ell: float, previous: Tensor, iters: 
     out = previous.clone()
     lo0, hi0 = x.min(dim=0).values, x.max(dim=0).values
     for j in range(member.shape[2]):
-        w = member[:, :, j]                                   # (R, n)
+        w = member[:, :, j]  # (R, n)
         lo = lo0.expand(len(w), -1).clone()
         hi = hi0.expand(len(w), -1).clone()
         for _ in range(iters):
             mid = (lo + hi) / 2
-            diff = mid[:, None, :] - x[None]                  # (R, n, h)
+            diff = mid[:, None, :] - x[None]  # (R, n, h)
             slope = (w[..., None] * torch.sign(diff) * diff.abs().pow(ell - 1)).sum(dim=1)
             up = slope > 0
             hi = torch.where(up, mid, hi)
@@ -183,8 +190,14 @@ def _relocate_empty(x: Tensor, centers: Tensor, counts: Tensor, dmin: Tensor) ->
     return centers
 
 
-def _lloyd(x: Tensor, w: Tensor, centers: Tensor, ell: float, max_iter: int, tol_abs: float,
-           ) -> tuple[Tensor, int]:
+def _lloyd(
+    x: Tensor,
+    w: Tensor,
+    centers: Tensor,
+    ell: float,
+    max_iter: int,
+    tol_abs: float,
+) -> tuple[Tensor, int]:
     """Batched Lloyd iterations from `centers` (R, k, h); returns the final centers and iterations run."""
     runs, k = centers.shape[:2]
     labels = None
@@ -209,17 +222,17 @@ def _lloyd(x: Tensor, w: Tensor, centers: Tensor, ell: float, max_iter: int, tol
 
 def _medoid_matrix(x: Tensor, w: Tensor, start: Tensor, ell: float, max_iter: int) -> tuple[Tensor, int]:
     """Alternating k-medoids with the full n x n matrix of d^l: (R, k) medoid indices."""
-    dpow = power(distances(x, x, ell), ell)                             # (n, n)
+    dpow = power(distances(x, x, ell), ell)  # (n, n)
     medoids, k, n_iter = start.clone(), start.shape[1], 0
     rows = torch.arange(len(x), device=x.device)
     for n_iter in range(1, max_iter + 1):
-        labels = dpow[:, medoids].permute(1, 0, 2).argmin(dim=-1)      # (R, n)
-        member = F.one_hot(labels, k).to(x.dtype) * w[None, :, None]   # (R, n, k)
-        within = dpow @ member                                          # (R, n, k): cost of i as medoid of j
+        labels = dpow[:, medoids].permute(1, 0, 2).argmin(dim=-1)  # (R, n)
+        member = F.one_hot(labels, k).to(x.dtype) * w[None, :, None]  # (R, n, k)
+        within = dpow @ member  # (R, n, k): cost of i as medoid of j
         within = within.masked_fill(F.one_hot(labels, k) == 0, torch.inf)
-        best_cost, best = within.min(dim=1)                             # (R, k)
+        best_cost, best = within.min(dim=1)  # (R, k)
         current_cost = within.gather(1, medoids.unsqueeze(1)).squeeze(1)
-        keep = ~(best_cost < current_cost)                              # ties and empty clusters keep theirs
+        keep = ~(best_cost < current_cost)  # ties and empty clusters keep theirs
         updated = torch.where(keep, medoids, rows[best])
         if torch.equal(updated, medoids):
             break
@@ -250,9 +263,18 @@ def _medoid_loop(x: Tensor, w: Tensor, start: Tensor, ell: float, max_iter: int)
     return medoids, n_iter
 
 
-def fit(x: Tensor, k: int, ell: float = 2.0, medoids: bool = False, weights: Tensor | None = None,
-        n_init: int = 10, max_iter: int = 300, tol: float = 1e-4, generator: torch.Generator | None = None,
-        init: Tensor | None = None) -> CenterFit:
+def fit(
+    x: Tensor,
+    k: int,
+    ell: float = 2.0,
+    medoids: bool = False,
+    weights: Tensor | None = None,
+    n_init: int = 10,
+    max_iter: int = 300,
+    tol: float = 1e-4,
+    generator: torch.Generator | None = None,
+    init: Tensor | None = None,
+) -> CenterFit:
     """(k, l)-clustering of the rows of `x` (n, h): the best of `n_init` k-means++ restarts (or one run from
     `init`), each refined by Lloyd's algorithm (free centers) or alternating k-medoids (`medoids=True`:
     centers are rows of x). With no more positively weighted points than k, the centers are those points.
@@ -273,8 +295,18 @@ def fit(x: Tensor, k: int, ell: float = 2.0, medoids: bool = False, weights: Ten
         return _fit(x, k, ell, medoids, weights, n_init, max_iter, tol, generator, init)
 
 
-def _fit(x: Tensor, k: int, ell: float, medoids: bool, weights: Tensor | None, n_init: int, max_iter: int,
-         tol: float, generator: torch.Generator | None, init: Tensor | None) -> CenterFit:
+def _fit(
+    x: Tensor,
+    k: int,
+    ell: float,
+    medoids: bool,
+    weights: Tensor | None,
+    n_init: int,
+    max_iter: int,
+    tol: float,
+    generator: torch.Generator | None,
+    init: Tensor | None,
+) -> CenterFit:
     if ell < 1 or not math.isfinite(ell):
         raise ValueError(f"ell must be a finite number >= 1, got {ell}")
     if k < 1:
@@ -286,8 +318,9 @@ def _fit(x: Tensor, k: int, ell: float, medoids: bool, weights: Tensor | None, n
     if len(support) <= k and init is None:
         centers = x[support]
         labels = nearest(x, centers, ell)[1]
-        return CenterFit(centers.clone(), labels, float(cost(x, centers, ell, weights=w)), 0,
-                          support if medoids else None)
+        return CenterFit(
+            centers.clone(), labels, float(cost(x, centers, ell, weights=w)), 0, support if medoids else None
+        )
     if init is not None:
         start_centers = torch.as_tensor(init, dtype=x.dtype, device=x.device).unsqueeze(0)
         k = start_centers.shape[1]
@@ -306,12 +339,14 @@ def _fit(x: Tensor, k: int, ell: float, medoids: bool, weights: Tensor | None, n
     dmin, labels = distances(x.expand(len(centers), *x.shape), centers, ell).min(dim=-1)
     costs = (power(dmin, ell) * w).sum(dim=1)
     best = int(costs.argmin())
-    return CenterFit(centers[best].clone(), labels[best], float(costs[best]), n_iter,
-                      None if index is None else index[best])
+    return CenterFit(
+        centers[best].clone(), labels[best], float(costs[best]), n_iter, None if index is None else index[best]
+    )
 
 
-def lloyd(x: Tensor, init: Tensor, weights: Tensor | None = None, max_iter: int = 300, tol: float = 1e-4,
-          ell: float = 2.0) -> CenterFit:
+def lloyd(
+    x: Tensor, init: Tensor, weights: Tensor | None = None, max_iter: int = 300, tol: float = 1e-4, ell: float = 2.0
+) -> CenterFit:
     """Lloyd's algorithm from the given centers (one run, no seeding); `max_iter=1` is a single step."""
     return fit(x, len(init), ell, weights=weights, max_iter=max_iter, tol=tol, init=init)
 
@@ -323,13 +358,14 @@ def farthest_first(points: Tensor, start: Tensor, k: int) -> Tensor:
     closest = nearest(points, centers)[0]
     while len(centers) < k:
         pick = int(closest.argmax())
-        centers = torch.cat([centers, points[pick: pick + 1]])
-        closest = torch.minimum(closest, distances(points, points[pick: pick + 1])[:, 0])
+        centers = torch.cat([centers, points[pick : pick + 1]])
+        closest = torch.minimum(closest, distances(points, points[pick : pick + 1])[:, 0])
     return centers
 
 
-def awasthi_sheffet(x: Tensor, k: int, generator: torch.Generator | None = None, max_iter: int = 300,
-                    tol: float = 1e-4) -> CenterFit:
+def awasthi_sheffet(
+    x: Tensor, k: int, generator: torch.Generator | None = None, max_iter: int = 300, tol: float = 1e-4
+) -> CenterFit:
     """The Awasthi-Sheffet local k-means of k-FED (Dennis et al. 2021, as in the p-FClus baselines' code):
     project on the top-k right singular vectors (no centering), seed with k-means++ in the projection, move
     each seed to the mean of the points at least 3x closer to it than to any other seed, lift back, and run
@@ -345,13 +381,13 @@ def _awasthi_sheffet(x: Tensor, k: int, generator: torch.Generator | None, max_i
     if len(x) <= k:
         return fit(x, k)
     _, _, vh = torch.linalg.svd(x, full_matrices=False)
-    v = vh[: min(k, vh.shape[0])].T                          # (h, r)
+    v = vh[: min(k, vh.shape[0])].T  # (h, r)
     projected = x @ v
-    seeds = projected[kmeans_plusplus(projected, k, generator=generator)[0]]   # (k, r)
-    d = distances(projected, seeds)                          # (n, k)
-    others = d.unsqueeze(1).expand(-1, k, -1).clone()        # (n, r, s)
+    seeds = projected[kmeans_plusplus(projected, k, generator=generator)[0]]  # (k, r)
+    d = distances(projected, seeds)  # (n, k)
+    others = d.unsqueeze(1).expand(-1, k, -1).clone()  # (n, r, s)
     others[:, torch.arange(k), torch.arange(k)] = torch.inf
-    close = others.min(dim=2).values >= 3 * d                # (n, r): point i is in S_r
+    close = others.min(dim=2).values >= 3 * d  # (n, r): point i is in S_r
     member = close.to(x.dtype)
     theta = (member.T @ projected) / member.sum(dim=0)[:, None]
     return lloyd(x, theta @ v.T, max_iter=max_iter, tol=tol)
@@ -368,4 +404,4 @@ def pad_centers(centers: Tensor, k: int) -> Tensor:
 def generator_for(seed: int) -> torch.Generator:
     """A CPU torch generator seeded with `seed` (reduced to 63 bits): k-means++ draws from it whatever device the
     points are on, so a run clusters alike on a CPU and a GPU."""
-    return torch.Generator().manual_seed(int(seed) % (2 ** 63))
+    return torch.Generator().manual_seed(int(seed) % (2**63))

@@ -3,6 +3,7 @@
 Used each round when a data split defines true cluster labels (rotations, label swaps, missing-class groups).
 All five scores equal 1 for a perfect recovery up to renaming the labels.
 """
+
 from __future__ import annotations
 
 from typing import Any

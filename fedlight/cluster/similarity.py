@@ -23,6 +23,7 @@ whatever the input dtype, so updates can be stored in bf16 (1000 clients x 11M p
 rows also works: only one (n, chunk_size) block is ever stacked. So does a `fedlight.cluster.differences.Differences`
 (clients' updates as trained minus start, on a mask's entries, never built whole): one block of it is built at a time.
 """
+
 from __future__ import annotations
 
 import math
@@ -171,25 +172,29 @@ def js_divergence_matrix(P: Tensor, block_size: int | None = None, atol: float =
         raise ValueError(f"expected (n, m, c) or (n, c) probabilities, got shape {tuple(P.shape)}")
     P = P.float()
     if (P < 0).any():
-        raise ValueError("js_divergence_matrix expects probabilities (softmax outputs), found negative entries; "
-                         "apply softmax to logits first")
+        raise ValueError(
+            "js_divergence_matrix expects probabilities (softmax outputs), found negative entries; "
+            "apply softmax to logits first"
+        )
     sums = P.sum(-1)
     if (sums - 1).abs().max() > atol:
-        raise ValueError(f"each output row must sum to 1 (got sums in [{sums.min():.4g}, {sums.max():.4g}]); "
-                         "apply softmax to logits first")
+        raise ValueError(
+            f"each output row must sum to 1 (got sums in [{sums.min():.4g}, {sums.max():.4g}]); "
+            "apply softmax to logits first"
+        )
     n, m, c = P.shape
     if block_size is None:
         block_size = max(1, (1 << 24) // max(1, n * m * c))
     logP = torch.where(P > 0, P.log(), torch.zeros_like(P))
     out = torch.empty(n, n, dtype=torch.float32, device=P.device)
     for start in range(0, n, block_size):
-        Pi, logPi = P[start:start + block_size, None], logP[start:start + block_size, None]  # (b, 1, m, c)
-        Pj, logPj = P[None], logP[None]                                                  # (1, n, m, c)
+        Pi, logPi = P[start : start + block_size, None], logP[start : start + block_size, None]  # (b, 1, m, c)
+        Pj, logPj = P[None], logP[None]  # (1, n, m, c)
         logM = (0.5 * (Pi + Pj)).clamp_min(torch.finfo(torch.float32).tiny).log()
         # p·(log p − log M) is exactly 0 where p = q, so identical outputs give exactly 0 divergence.
         kl_i = torch.where(Pi > 0, Pi * (logPi - logM), torch.zeros((), device=P.device)).sum(-1)
         kl_j = torch.where(Pj > 0, Pj * (logPj - logM), torch.zeros((), device=P.device)).sum(-1)
-        out[start:start + block_size] = (0.5 * (kl_i + kl_j)).mean(-1)
+        out[start : start + block_size] = (0.5 * (kl_i + kl_j)).mean(-1)
     out = (0.5 * (out + out.T)).clamp_(0.0, math.log(2.0))
     out.fill_diagonal_(0.0)
     return out
@@ -218,8 +223,9 @@ def agreement_similarity(preds: Tensor, soft: bool = False, chunk_size: int | No
     if preds.dim() != 2:
         raise ValueError(f"expected (n, m) labels or (n, m, c) scores, got shape {tuple(preds.shape)}")
     if preds.is_floating_point():
-        raise ValueError("hard agreement expects integer labels (n, m) or scores (n, m, c); "
-                         "got a floating (n, m) tensor")
+        raise ValueError(
+            "hard agreement expects integer labels (n, m) or scores (n, m, c); got a floating (n, m) tensor"
+        )
     n, m = preds.shape
     if m == 0:
         raise ValueError("agreement needs at least one public sample")

@@ -18,6 +18,7 @@ A slot a kept checkpoint may refer to is never overwritten: the runner reports e
 slot is reused only once two newer checkpoints exist (`fedlight.engine.spill`). A run resumed from either kept
 checkpoint, even after a crash that wrote the next round's rows, then reads exactly the rows it saved.
 """
+
 from __future__ import annotations
 
 import re
@@ -68,8 +69,15 @@ class ClientStateStore:
         spill_path: the file rows beyond the budget go to (called when the first row spills).
     """
 
-    def __init__(self, name: str, num_clients: int, initial: Initial, device: torch.device, budget: MemoryBudget,
-                 spill_path: Callable[[], Path]) -> None:
+    def __init__(
+        self,
+        name: str,
+        num_clients: int,
+        initial: Initial,
+        device: torch.device,
+        budget: MemoryBudget,
+        spill_path: Callable[[], Path],
+    ) -> None:
         self.name, self.num_clients, self.device, self._budget = name, num_clients, torch.device(device), budget
         self._initial: Tensor | None = None
         self._initial_of: Callable[[Tensor], Tensor] | None = None
@@ -81,11 +89,13 @@ class ClientStateStore:
             example = torch.as_tensor(initial(torch.zeros(1, dtype=torch.long, device=self.device)))
             self.row_shape, self.dtype = tuple(example.shape[1:]), example.dtype
         else:
-            raise TypeError(f"client state {name!r}: initial must be a tensor of the row shape or a callable "
-                            f"initial(clients) -> rows, got {type(initial).__name__}")
+            raise TypeError(
+                f"client state {name!r}: initial must be a tensor of the row shape or a callable "
+                f"initial(clients) -> rows, got {type(initial).__name__}"
+            )
         self.row_bytes = torch.Size(self.row_shape).numel() * torch.empty((), dtype=self.dtype).element_size()
         self._memory: dict[int, Tensor] = {}  # client -> its row, in memory
-        self._slot: dict[int, int] = {}       # client -> its slot in the spill file
+        self._slot: dict[int, int] = {}  # client -> its slot in the spill file
         self._file = SpillFile(spill_path, self.row_bytes)
 
     # -- reading -----------------------------------------------------------------------------------------------
@@ -127,8 +137,10 @@ class ClientStateStore:
         in the spill file. Every process must write the same rows (as the engine's gathered updates are)."""
         ids = self._ids(clients)
         if tuple(rows.shape) != (len(ids), *self.row_shape):
-            raise ValueError(f"client state {self.name!r}: write got rows of shape {tuple(rows.shape)} for {len(ids)} "
-                             f"clients; give one row of shape {self.row_shape} per client")
+            raise ValueError(
+                f"client state {self.name!r}: write got rows of shape {tuple(rows.shape)} for {len(ids)} "
+                f"clients; give one row of shape {self.row_shape} per client"
+            )
         rows = rows.detach()
         spilled: list[tuple[int, int]] = []  # (row, slot)
         for row, client in enumerate(ids):
@@ -148,8 +160,10 @@ class ClientStateStore:
         ids = clients.tolist() if isinstance(clients, Tensor) else [int(c) for c in clients]
         bad = [c for c in ids if not 0 <= c < self.num_clients]
         if bad:
-            raise IndexError(f"client state {self.name!r}: clients {bad[:5]} are not among the {self.num_clients} "
-                             "clients (0 to num_clients - 1)")
+            raise IndexError(
+                f"client state {self.name!r}: clients {bad[:5]} are not among the {self.num_clients} "
+                "clients (0 to num_clients - 1)"
+            )
         return ids
 
     # -- what is stored ----------------------------------------------------------------------------------------
@@ -177,22 +191,29 @@ class ClientStateStore:
         """The rows in memory, and the slots of the rows in the file (not the rows: the file keeps them)."""
         memory = sorted(self._memory)
         spilled = sorted(self._slot)
-        return {"row_shape": list(self.row_shape), "memory_clients": torch.tensor(memory, dtype=torch.long),
-                "memory_rows": [self._memory[c] for c in memory],
-                "file_clients": torch.tensor(spilled, dtype=torch.long),
-                "file_slots": torch.tensor([self._slot[c] for c in spilled], dtype=torch.long),
-                "file": self._file.state_dict()}
+        return {
+            "row_shape": list(self.row_shape),
+            "memory_clients": torch.tensor(memory, dtype=torch.long),
+            "memory_rows": [self._memory[c] for c in memory],
+            "file_clients": torch.tensor(spilled, dtype=torch.long),
+            "file_slots": torch.tensor([self._slot[c] for c in spilled], dtype=torch.long),
+            "file": self._file.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the rows of `state_dict`: the rows in memory are copied in (over the budget if it is smaller now),
         the rows in the file are read from it when asked for."""
         if list(state["row_shape"]) != list(self.row_shape):
-            raise ValueError(f"client state {self.name!r}: the checkpoint's rows have shape "
-                             f"{tuple(state['row_shape'])}, the algorithm declares {self.row_shape}: resume with the "
-                             "model and algorithm of the run")
+            raise ValueError(
+                f"client state {self.name!r}: the checkpoint's rows have shape "
+                f"{tuple(state['row_shape'])}, the algorithm declares {self.row_shape}: resume with the "
+                "model and algorithm of the run"
+            )
         self._budget.used -= self.memory_bytes
-        self._memory = {int(c): row.to(device=self.device, dtype=self.dtype, copy=True)
-                        for c, row in zip(state["memory_clients"].tolist(), state["memory_rows"])}
+        self._memory = {
+            int(c): row.to(device=self.device, dtype=self.dtype, copy=True)
+            for c, row in zip(state["memory_clients"].tolist(), state["memory_rows"])
+        }
         self._budget.used += self.memory_bytes
         self._slot = dict(zip(state["file_clients"].tolist(), state["file_slots"].tolist()))
         self._file.load_state_dict(state["file"], list(self._slot.values()), self.name)
@@ -211,9 +232,14 @@ def memory_rows_state(clients: Tensor, rows: Tensor) -> dict[str, Any]:
     """The checkpoint state (`ClientStateStore.state_dict`'s form) of a store holding `rows` of `clients` in memory and
     nothing in its file: for a checkpoint upgrade that moves rows an older format kept elsewhere into a store."""
     empty = torch.zeros(0, dtype=torch.long)
-    return {"row_shape": list(rows.shape[1:]), "memory_clients": clients.to(torch.long), "memory_rows": list(rows),
-            "file_clients": empty, "file_slots": empty,
-            "file": {"next_slot": 0, "free": empty, "pending": empty.reshape(0, 2), "checkpoints": 0}}
+    return {
+        "row_shape": list(rows.shape[1:]),
+        "memory_clients": clients.to(torch.long),
+        "memory_rows": list(rows),
+        "file_clients": empty,
+        "file_slots": empty,
+        "file": {"next_slot": 0, "free": empty, "pending": empty.reshape(0, 2), "checkpoints": 0},
+    }
 
 
 class ClientStates:
@@ -248,8 +274,9 @@ class ClientStates:
         its rows in memory leave the budget, it stays readable until let go, and its spill file stays (a kept
         checkpoint may still refer to it)."""
         if name not in self.stores:
-            raise KeyError(f"client state {name!r} is not declared (declared: {sorted(self.stores)}): drop a "
-                           "declared store")
+            raise KeyError(
+                f"client state {name!r} is not declared (declared: {sorted(self.stores)}): drop a declared store"
+            )
         store = self.stores.pop(name)
         self.budget.used -= store.memory_bytes
         return store
@@ -299,12 +326,16 @@ class ClientStates:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Restore every store from a checkpoint, which is then one the run keeps (`checkpointed`)."""
         if state is None and self.stores:
-            raise ValueError(f"the checkpoint holds no client state (it predates it), the algorithm declares "
-                             f"{sorted(self.stores)}: start the run again")
+            raise ValueError(
+                f"the checkpoint holds no client state (it predates it), the algorithm declares "
+                f"{sorted(self.stores)}: start the run again"
+            )
         state = state or {}
         if set(state) != set(self.stores):
-            raise ValueError(f"the checkpoint holds client state {sorted(state)}, the algorithm declares "
-                             f"{sorted(self.stores)}: resume with the algorithm of the run")
+            raise ValueError(
+                f"the checkpoint holds client state {sorted(state)}, the algorithm declares "
+                f"{sorted(self.stores)}: resume with the algorithm of the run"
+            )
         for name, store in self.stores.items():
             store.load_state_dict(state[name])
         self.checkpointed()
@@ -314,4 +345,3 @@ class ClientStates:
         still be read back (`fedlight.engine.spill`)."""
         for store in self.stores.values():
             store.checkpointed()
-

@@ -1,4 +1,5 @@
 """The federation's settings (the `federation:` section of a run config)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,8 +69,10 @@ class FederationConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"federation.{name} must be at least 1, got {getattr(self, name)}")
         if self.clients_per_round is not None and self.clients_per_round < 1:
-            raise ValueError(f"federation.clients_per_round must be at least 1 (or null: the algorithm's participation "
-                             f"share), got {self.clients_per_round}")
+            raise ValueError(
+                f"federation.clients_per_round must be at least 1 (or null: the algorithm's participation "
+                f"share), got {self.clients_per_round}"
+            )
         if self.finetune_epochs < 0:
             raise ValueError(f"federation.finetune_epochs must be 0 (off) or more, got {self.finetune_epochs}")
         if self.vectorize < -1:
@@ -79,8 +82,12 @@ class FederationConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"federation.threads must be at least 1 (or null: the usable cores), got {self.threads}")
         if self.client_state_memory is not None and not self.client_state_memory > 0:
-            raise ValueError(f"federation.client_state_memory must be above 0 GB (or null: a quarter of the available "
-                             f"memory), got {self.client_state_memory}")
+            raise ValueError(
+                f"federation.client_state_memory must be above 0 GB (or null: a quarter of the available "
+                f"memory), got {self.client_state_memory}"
+            )
         if not (self.devices == "auto" or isinstance(self.devices, int) and self.devices >= 1) or self.num_nodes < 1:
-            raise ValueError(f"federation.devices must be 'auto' or at least 1 and federation.num_nodes at least 1, "
-                             f"got {self.devices!r} and {self.num_nodes}")
+            raise ValueError(
+                f"federation.devices must be 'auto' or at least 1 and federation.num_nodes at least 1, "
+                f"got {self.devices!r} and {self.num_nodes}"
+            )

@@ -1,5 +1,6 @@
 """The devices a run uses: the Fabric that runs it (accelerator, precision, processes), the precision's default and
 input conversion, and the memory free for new tensors."""
+
 from __future__ import annotations
 
 import os
@@ -44,18 +45,26 @@ def make_fabric(config: FederationConfig, precision: str) -> L.Fabric:
     the setting when this machine cannot honour it."""
     accelerator = config.accelerator
     if accelerator in ("cuda", "gpu") and not torch.cuda.is_available():
-        raise ValueError(f"federation.accelerator={accelerator}, but this machine has no usable CUDA GPU "
-                         "(torch.cuda.is_available() is False): use --federation.accelerator cpu, or auto to take a "
-                         "GPU where there is one")
+        raise ValueError(
+            f"federation.accelerator={accelerator}, but this machine has no usable CUDA GPU "
+            "(torch.cuda.is_available() is False): use --federation.accelerator cpu, or auto to take a "
+            "GPU where there is one"
+        )
     single = config.devices == 1 and config.num_nodes == 1
     try:
         # the configured string as given: Fabric refuses one it does not know (the one-line error below)
-        fabric = L.Fabric(accelerator=accelerator, precision=precision,  # type: ignore[arg-type]
-                          devices=config.devices, num_nodes=config.num_nodes,
-                          strategy="auto" if single else config.strategy)
+        fabric = L.Fabric(
+            accelerator=accelerator,
+            precision=precision,  # type: ignore[arg-type]
+            devices=config.devices,
+            num_nodes=config.num_nodes,
+            strategy="auto" if single else config.strategy,
+        )
     except (RuntimeError, ValueError) as error:  # Lightning's MisconfigurationException is a RuntimeError
-        raise ValueError(f"federation.accelerator={accelerator}, federation.precision={precision}, "
-                         f"federation.devices={config.devices}: {str(error).splitlines()[0]}") from None
+        raise ValueError(
+            f"federation.accelerator={accelerator}, federation.precision={precision}, "
+            f"federation.devices={config.devices}: {str(error).splitlines()[0]}"
+        ) from None
     if not single and not launched_by_fabric_cli():
         launch(fabric)  # starts the other local processes (unless a launcher did), then joins the process group
     return fabric

@@ -8,6 +8,7 @@ The check reads the server state in its general form (`Algorithm.models`), so it
 cause it gives is read from the run's aggregation and round extensions' notes. The clients' personal rows
 (`Algorithm.personal`, a client state) need no check: they are written from the round's finite updates only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,31 +34,38 @@ def likely_cause(notes: list[str], plain_mean: bool) -> str:
     """What most likely made the training diverge, and the fix: with round extensions at work (`notes`, an attack's
     'attack sign_flip by 4 clients') under the plain mean, the attackers' updates; otherwise the learning rate."""
     if notes and plain_mean:
-        return (f"likely {', '.join(notes)} averaged by the plain mean: configure a robust aggregator.rule "
-                f"({ROBUST_RULES}) or lower the learning rate")
+        return (
+            f"likely {', '.join(notes)} averaged by the plain mean: configure a robust aggregator.rule "
+            f"({ROBUST_RULES}) or lower the learning rate"
+        )
     return "likely a learning rate too high for the model: lower it (or look for huge values in the data)"
 
 
 def all_left_out(selected: int, notes: list[str], plain_mean: bool) -> str:
     """What went wrong in a round whose `selected` clients were all left out, and its likely cause."""
-    return (f"all {selected} clients of the round were left out (their trained models or losses are not finite), "
-            f"{likely_cause(notes, plain_mean)}")
+    return (
+        f"all {selected} clients of the round were left out (their trained models or losses are not finite), "
+        f"{likely_cause(notes, plain_mean)}"
+    )
 
 
-def check_round(round: int, selected: int, left_out: list[int], algorithm: Any, notes: list[str],
-                plain_mean: bool) -> None:
+def check_round(
+    round: int, selected: int, left_out: list[int], algorithm: Any, notes: list[str], plain_mean: bool
+) -> None:
     """Raise `RoundDiverged` when the server model is not finite after the round's aggregation, or when all
     `selected` clients were `left_out`; `notes` and `plain_mean` describe the run for the likely cause."""
     if not server_model_finite(algorithm):
-        raise RoundDiverged(round, f"the server model is not finite after aggregation, "
-                                   f"{likely_cause(notes, plain_mean)}")
+        raise RoundDiverged(
+            round, f"the server model is not finite after aggregation, {likely_cause(notes, plain_mean)}"
+        )
     if selected and len(left_out) >= selected:
         raise RoundDiverged(round, all_left_out(selected, notes, plain_mean))
 
 
 @contextlib.contextmanager
-def watched_round(round: int, updates: RoundUpdates, algorithm: Any, notes: list[str],
-                  plain_mean: bool) -> Iterator[None]:
+def watched_round(
+    round: int, updates: RoundUpdates, algorithm: Any, notes: list[str], plain_mean: bool
+) -> Iterator[None]:
     """Around a round's aggregation hooks and `updates.finish()`: `check_round` once they are done, and
     `RoundDiverged` when a hook fails on a held round that left every client out (it had no update to work on:
     the cause, not the hook's error, is reported)."""

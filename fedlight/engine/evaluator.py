@@ -1,6 +1,7 @@
 """Evaluating every client's own model on its split, spread over the processes, with what is recorded of each
 client beside its metrics (its clusters and training-set size) and the clustering scores. One evaluator serves the
 training clients, another the clients held out of training (`unseen/*`)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -24,12 +25,19 @@ class Evaluator:
     """Runs the algorithm's evaluation models over every client's evaluation split of `data` (the training clients,
     or the newcomers); summaries are named `<split>/...`, or `<name>/...` when a `name` is given."""
 
-    def __init__(self, server: "ServerContext", module: L.LightningModule, data: FederatedData,
-                 collective: Collective, name: str | None = None) -> None:
+    def __init__(
+        self,
+        server: "ServerContext",
+        module: L.LightningModule,
+        data: FederatedData,
+        collective: Collective,
+        name: str | None = None,
+    ) -> None:
         self.server, self.module, self.data, self.collective, self.name = server, module, data, collective, name
 
-    def evaluate(self, models_and_groups: tuple, split: str | None = None, suffix: str = "",
-                 also: Sequence[str] = ()) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    def evaluate(
+        self, models_and_groups: tuple, split: str | None = None, suffix: str = "", also: Sequence[str] = ()
+    ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """(summaries across clients, per-client values) of the models in `models_and_groups` (as
         `Algorithm.evaluation_models` gives them) on every client's split; summaries under `<split><suffix>/`.
         The splits in `also` (the validation split a run selects its round on) are measured in the same pass: each
@@ -40,10 +48,15 @@ class Evaluator:
         data = [self.data.split(name) for name in splits]
         parts = [self.rows(one) for one in data]
         outputs = self.outputs_by_group(models_and_groups, parts)
-        values = [self.client_values(out, y, client_of_row, one.sizes())
-                  for one, (_, y, client_of_row), out in zip(data, parts, outputs)]
-        summary = {key: value for name, these in zip(splits, values)
-                   for key, value in summarize(these, (self.name or name) + suffix).items()}
+        values = [
+            self.client_values(out, y, client_of_row, one.sizes())
+            for one, (_, y, client_of_row), out in zip(data, parts, outputs)
+        ]
+        summary = {
+            key: value
+            for name, these in zip(splits, values)
+            for key, value in summarize(these, (self.name or name) + suffix).items()
+        }
         return summary, values[0]
 
     def rows(self, data: ClientSplit) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -56,8 +69,9 @@ class Evaluator:
             x, y, client_of_row = x[mine], y[mine], client_of_row[mine]
         return x, y, client_of_row
 
-    def outputs_by_group(self, models_and_groups: tuple,
-                         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    def outputs_by_group(
+        self, models_and_groups: tuple, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> list[torch.Tensor]:
         """The outputs on each split's rows (`parts`: (x, y, client of each row) a split, as `rows` gives them),
         a group at a time: its model is taken once (a model built on demand is built once) and runs one batched
         pass on its clients' rows of each split."""
@@ -75,18 +89,21 @@ class Evaluator:
             model = models[group]  # a lazy model may train here (fine-tuning)
             for i, ((x, _, _), order, count) in enumerate(zip(parts, orders, counts)):
                 if count[group]:
-                    rows = order[begins[i]: begins[i] + count[group]]
+                    rows = order[begins[i] : begins[i] + count[group]]
                     out = self.outputs(model, x[rows])
                     written = outputs[i]
                     if written is None:
                         written = outputs[i] = out.new_empty((len(x), *out.shape[1:]))
                     written[rows] = out
                     begins[i] += count[group]
-        return [self.outputs(models[0], x[:0]) if out is None else out  # no row to evaluate on this process
-                for out, (x, _, _) in zip(outputs, parts)]
+        return [
+            self.outputs(models[0], x[:0]) if out is None else out  # no row to evaluate on this process
+            for out, (x, _, _) in zip(outputs, parts)
+        ]
 
-    def client_values(self, outputs: torch.Tensor, y: torch.Tensor, client_of_row: torch.Tensor,
-                      sizes: np.ndarray) -> dict[str, np.ndarray]:
+    def client_values(
+        self, outputs: torch.Tensor, y: torch.Tensor, client_of_row: torch.Tensor, sizes: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """Each client's metrics from the outputs on its rows (the module's `client_metrics`, else accuracy, F1 and
         loss), gathered from the process that evaluated it; NaN for a client with no row (`sizes` 0), which is
         left out of the means."""
@@ -98,10 +115,12 @@ class Evaluator:
             per_client = per_client_classification(outputs, y, client_of_row, num_clients, self.data.num_classes)
         if collective.spread:  # each client's values from the process that evaluated it
             owner = torch.arange(num_clients, device=device) % collective.world
-            per_client = {k: collective.stack(v)[owner, torch.arange(num_clients, device=device)]
-                          for k, v in per_client.items()}
-        values = {k: v.cpu().numpy() if v.is_floating_point() else v.cpu().double().numpy()
-                  for k, v in per_client.items()}
+            per_client = {
+                k: collective.stack(v)[owner, torch.arange(num_clients, device=device)] for k, v in per_client.items()
+            }
+        values = {
+            k: v.cpu().numpy() if v.is_floating_point() else v.cpu().double().numpy() for k, v in per_client.items()
+        }
         for v in values.values():
             v[sizes == 0] = np.nan
         return values
@@ -112,9 +131,12 @@ class Evaluator:
         component models, as FedEM predicts)."""
         return model(x) if callable(model) else self.server.model.outputs(model, x)
 
-    def evaluate_and_fine_tune(self, models_and_groups: tuple,
-                               fine_tune: "Callable[[int, torch.Tensor], torch.Tensor] | None" = None,
-                               also: Sequence[str] = ()) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    def evaluate_and_fine_tune(
+        self,
+        models_and_groups: tuple,
+        fine_tune: "Callable[[int, torch.Tensor], torch.Tensor] | None" = None,
+        also: Sequence[str] = (),
+    ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """(summaries, per-client values) of the models (with the summaries of the splits in `also`, see
         `evaluate`), and with a `fine_tune(client, start)` (the run's `finetune_epochs`) of the models each client
         fine-tunes from its own, on the evaluated split alone (summaries `<name>_ft/`, values `ft_<metric>`)."""
@@ -125,14 +147,17 @@ class Evaluator:
             values = {**values, **{f"ft_{k}": v for k, v in tuned_values.items()}}
         return summary, values
 
-    def fine_tuned(self, models_and_groups: tuple, train: "Callable[[int, torch.Tensor], torch.Tensor]"
-                   ) -> tuple[ClientModels, torch.Tensor]:
+    def fine_tuned(
+        self, models_and_groups: tuple, train: "Callable[[int, torch.Tensor], torch.Tensor]"
+    ) -> tuple[ClientModels, torch.Tensor]:
         """Every client's evaluation model (as `models_and_groups` gives them) fine-tuned by `train(client, start)`
         on its own training split, built one client at a time when evaluated."""
         models, group_of_client = models_and_groups
         n = self.data.num_clients
-        return (ClientModels(lambda client: train(client, models[int(group_of_client[client])]), n),
-                torch.arange(n, device=self.server.device))
+        return (
+            ClientModels(lambda client: train(client, models[int(group_of_client[client])]), n),
+            torch.arange(n, device=self.server.device),
+        )
 
     def client_facts(self, clusters: np.ndarray | None) -> dict[str, np.ndarray]:
         """What is recorded of each client beside its metrics: the cluster it was evaluated in (when the
@@ -143,8 +168,9 @@ class Evaluator:
         facts["samples"] = np.asarray(self.data.train.sizes())
         return facts
 
-    def score_newcomers(self, training: np.ndarray | None, training_truth: np.ndarray | None,
-                        placed: np.ndarray | None) -> dict[str, float]:
+    def score_newcomers(
+        self, training: np.ndarray | None, training_truth: np.ndarray | None, placed: np.ndarray | None
+    ) -> dict[str, float]:
         """`unseen/ari`: the clustering of every client, the training clients' clusters (`training`) and the cluster
         each newcomer was placed in (`placed`, in the same labels), against the true clusters. It is 1 only when
         the training clients' clusters are the true ones and every newcomer joined its own; when the algorithm
@@ -162,6 +188,7 @@ class Evaluator:
             return {}
         scores = {"cluster/count": float(len(np.unique(predicted)))}
         if self.data.cluster_labels is not None:
-            scores.update({f"cluster/{k}": v
-                           for k, v in clustering_scores(self.data.cluster_labels, predicted).items()})
+            scores.update(
+                {f"cluster/{k}": v for k, v in clustering_scores(self.data.cluster_labels, predicted).items()}
+            )
         return scores

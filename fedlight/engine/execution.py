@@ -11,6 +11,7 @@ groups that fit in memory, through the algorithm's `train_group` (by default the
 client at a time through the algorithm's own `train_client`; `round_updates` hands the result to the algorithm as a
 `RoundUpdates`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,19 +36,26 @@ if TYPE_CHECKING:
     from fedlight.engine.config import FederationConfig
     from fedlight.plugin.server import ServerContext
 
+
 def stacked_starts(models: list[Tensor]) -> Tensor:
     """The clients' starting models as rows. When every client starts from one model (FedAvg, every round before a
     clustered method splits), that model once, expanded to every row: a held round of m clients then keeps one model
     for its starts, not m copies (1.3 GB for 15 ResNet-34 clients). A copy, so that the server's later writes into
     its models never change a round's starts."""
     first = models[0]
-    same = all(m.data_ptr() == first.data_ptr() and m.shape == first.shape and m.stride() == first.stride()
-               for m in models[1:])
+    same = all(
+        m.data_ptr() == first.data_ptr() and m.shape == first.shape and m.stride() == first.stride() for m in models[1:]
+    )
     return first.clone().expand(len(models), *first.shape) if same else torch.stack(models)
 
 
-def tampered_rows(tamper: Callable[[int, list[int], Tensor, Tensor], Tensor], round: int, clients: list[int],
-                  starts: Tensor, rows: Tensor) -> Tensor:
+def tampered_rows(
+    tamper: Callable[[int, list[int], Tensor, Tensor], Tensor],
+    round: int,
+    clients: list[int],
+    starts: Tensor,
+    rows: Tensor,
+) -> Tensor:
     """A model entry of (clients, ..., d) rows trained from `starts` (the same shape) as `tamper` leaves it: each
     client's every row tampered as its trained model would be."""
     d = rows.shape[-1]
@@ -86,10 +94,16 @@ class ExecutionPlan:
 
     def describe(self) -> str:
         """One line for the start of a run."""
-        updates = ("updates streamed in groups (running sums)" if self.updates == "stream" else
-                   f"every update held ({self.hold_reason or 'the algorithm compares them'})")
-        trainer = {"auto": "trainer chosen by timing both in round 1", "vectorized": "clients trained vectorized",
-                   "sequential": f"clients trained one after another ({self.reason})"}[self.trainer]
+        updates = (
+            "updates streamed in groups (running sums)"
+            if self.updates == "stream"
+            else f"every update held ({self.hold_reason or 'the algorithm compares them'})"
+        )
+        trainer = {
+            "auto": "trainer chosen by timing both in round 1",
+            "vectorized": "clients trained vectorized",
+            "sequential": f"clients trained one after another ({self.reason})",
+        }[self.trainer]
         hook = ", gradient hook after every backward pass" if self.gradient_hook else ""
         spread = f", {self.processes} processes" if self.processes > 1 else ""
         threads = f"; {self.threads} CPU thread{'s' if self.threads != 1 else ''} ({self.threads_from})"
@@ -104,13 +118,19 @@ class ExecutionPlan:
 class ClientExecution:
     """Trains the clients of each round as the plan says, on this process's shard of them."""
 
-    def __init__(self, algorithm: "Algorithm", server: "ServerContext", trainer: ClientTrainer,
-                 config: "FederationConfig", collective: Collective, threads: tuple[int, str] = (1, ""),
-                 hold_reason: str | None = None,
-                 tamper: Callable[[int, list[int], Tensor, Tensor], Tensor] | None = None,
-                 work: Callable[[int, list[int]], RoundWork] | None = None,
-                 arrivals: Callable[[int, list[int], Callable[[list[int]], list[Updates]]], Arrivals | None] | None
-                 = None) -> None:
+    def __init__(
+        self,
+        algorithm: "Algorithm",
+        server: "ServerContext",
+        trainer: ClientTrainer,
+        config: "FederationConfig",
+        collective: Collective,
+        threads: tuple[int, str] = (1, ""),
+        hold_reason: str | None = None,
+        tamper: Callable[[int, list[int], Tensor, Tensor], Tensor] | None = None,
+        work: Callable[[int, list[int]], RoundWork] | None = None,
+        arrivals: Callable[[int, list[int], Callable[[list[int]], list[Updates]]], Arrivals | None] | None = None,
+    ) -> None:
         self.algorithm, self.server, self.trainer = algorithm, server, trainer
         self.config, self.collective = config, collective
         self.holds = algorithm.plan.holds_updates or hold_reason is not None
@@ -120,11 +140,25 @@ class ClientExecution:
         self.device = server.device
         plan = algorithm.plan
         own = f"{type(algorithm).__name__} trains its clients itself (train_client)" if plan.own_training else None
-        self.plan = ExecutionPlan("hold" if self.holds else "stream", "sequential", own, plan.corrects_gradient,
-                                  collective.world, *threads,
-                                  hold_reason=None if plan.holds_updates else hold_reason)
-        self.training = GroupTraining(trainer, server.clients.split("train"), server.random.client_seed, config,
-                                      collective, plan.corrects_gradient, own, self._follow)
+        self.plan = ExecutionPlan(
+            "hold" if self.holds else "stream",
+            "sequential",
+            own,
+            plan.corrects_gradient,
+            collective.world,
+            *threads,
+            hold_reason=None if plan.holds_updates else hold_reason,
+        )
+        self.training = GroupTraining(
+            trainer,
+            server.clients.split("train"),
+            server.random.client_seed,
+            config,
+            collective,
+            plan.corrects_gradient,
+            own,
+            self._follow,
+        )
         self.plan.trainer, self.plan.reason = self.training.choice, self.training.reason
         server.clients.bind_group_training(self.train_many)
         server.model.bind_group_gradients(self.training.loss_and_grads)
@@ -165,27 +199,36 @@ class ClientExecution:
         dropped = set(work.dropped)
         sending = [c for c in clients if c not in dropped] if dropped else clients
         train = self._training(round, work.shares)
-        rate = None if alg.plan.own_training else \
-            self.trainer.learning_rates.round_rate(round, self.local_steps(clients)) * alg.learning_rate_scale(round)
-        arrived = None if self.arrivals is None else \
-            self.arrivals(round, sending, lambda dispatched: [train(group) for group in self._groups(dispatched)])
+        rate = (
+            None
+            if alg.plan.own_training
+            else self.trainer.learning_rates.round_rate(round, self.local_steps(clients))
+            * alg.learning_rate_scale(round)
+        )
+        arrived = (
+            None
+            if self.arrivals is None
+            else self.arrivals(round, sending, lambda dispatched: [train(group) for group in self._groups(dispatched)])
+        )
         if arrived is not None:  # an asynchronous server: the round aggregates the updates that arrived
             sending, train = arrived.clients, arrived.updates
             clients = sorted(set(sending) | dropped)
         groups = self._groups(self.collective.shard(sending))  # every client, unless spread over processes
-        return RoundUpdates(clients, self.holds, groups, train, self.collective, self.server.num_clients, rate,
-                            sorted(dropped))
+        return RoundUpdates(
+            clients, self.holds, groups, train, self.collective, self.server.num_clients, rate, sorted(dropped)
+        )
 
     def _groups(self, clients: list[int]) -> list[list[int]]:
         """`clients` cut into the groups trained together (one group when the round is held)."""
         if self.holds:
             return [clients]
         size = self.group_size(len(clients))
-        return [clients[begin: begin + size] for begin in range(0, len(clients), size)]
+        return [clients[begin : begin + size] for begin in range(0, len(clients), size)]
 
     def _training(self, round: int, shares: dict[int, float]) -> Callable[[list[int]], Updates]:
         """`train` of a group of the round's clients, those cut short taking their `shares` of the local steps
         (partial work, `fedlight.training.work_shares`)."""
+
         def train(group: list[int]) -> Updates:
             with self.trainer.work_shares.during(shares):
                 return self.train(round, group)
@@ -202,25 +245,31 @@ class ClientExecution:
         if alg.plan.own_training:
             trained = self._train_own(round, clients, starts)
         elif self.training.choice == "sequential":  # a group of one: a custom loop draws what it drew alone
-            trained = Trained.cat([alg.train_group(round, clients[i: i + 1], starts[i: i + 1])
-                                   for i in range(len(clients))])
+            trained = Trained.cat(
+                [alg.train_group(round, clients[i : i + 1], starts[i : i + 1]) for i in range(len(clients))]
+            )
         else:
             trained = alg.train_group(round, clients, starts)
         message = self.server.message
         message.check_returned(type(alg).__name__, trained.state)
-        sent = sum(rows[0].numel() * rows.element_size() for name, rows in trained.state.items()
-                   if name in message.entries and len(rows))
+        sent = sum(
+            rows[0].numel() * rows.element_size()
+            for name, rows in trained.state.items()
+            if name in message.entries and len(rows)
+        )
         if sent:  # what the message carries beside the trained model (a store's rows alone stay on the client)
             self.server.clients.work.sent(clients, [sent] * len(clients))
         if self.tamper is not None:
             trained.params = self.tamper(round, clients, starts, trained.params)
             for name, trained_from in message.trained_from.items():  # every model entry, extra copies included
                 if name in trained.state:
-                    trained.state[name] = tampered_rows(self.tamper, round, clients, trained_from(clients),
-                                                        trained.state[name])
+                    trained.state[name] = tampered_rows(
+                        self.tamper, round, clients, trained_from(clients), trained.state[name]
+                    )
         ids = torch.tensor(clients, device=self.device)
-        return Updates(ids, trained.params, starts, self.server.clients.train_sizes[ids], trained.loss, trained.logs,
-                       trained.state)
+        return Updates(
+            ids, trained.params, starts, self.server.clients.train_sizes[ids], trained.loss, trained.logs, trained.state
+        )
 
     def train_many(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:
         """`ServerContext.clients.train_many`: the group training of the plan."""

@@ -1,5 +1,6 @@
 """`RoundExtensions`: the federation's extensions (`fedlight.plugin.extension.RoundExtension`), each hook called on
 all of them in order and their answers combined (docs/architecture.md, "Round extensions")."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -94,11 +95,14 @@ class RoundExtensions:
             work = work if found is None else work.merged(found)
         return work
 
-    def arrivals(self, round: int, dispatched: list[int], train: Callable[[list[int]], list["Updates"]]
-                 ) -> Arrivals | None:
+    def arrivals(
+        self, round: int, dispatched: list[int], train: Callable[[list[int]], list["Updates"]]
+    ) -> Arrivals | None:
         """The first extension's arrivals (an asynchronous server's), or None: the dispatched clients' updates."""
-        return next((found for found in (e.arrivals(round, dispatched, train) for e in self.extensions)
-                     if found is not None), None)
+        return next(
+            (found for found in (e.arrivals(round, dispatched, train) for e in self.extensions) if found is not None),
+            None,
+        )
 
     def tamper(self, round: int, clients: list[int], starts: Tensor, params: Tensor) -> Tensor:
         """The models `clients` send: `params` through each extension's `tamper` in turn."""
@@ -118,8 +122,9 @@ class RoundExtensions:
 
     def cluster_scores(self, clusters: np.ndarray | None) -> dict[str, float]:
         """Every extension's scores of the clustering, merged."""
-        return {name: score for extension in self.extensions
-                for name, score in extension.cluster_scores(clusters).items()}
+        return {
+            name: score for extension in self.extensions for name, score in extension.cluster_scores(clusters).items()
+        }
 
     def client_columns(self) -> dict[str, np.ndarray]:
         """Every extension's clients.csv columns, merged."""

@@ -7,6 +7,7 @@ Every random choice is a pure function of (seed, round, client, purpose), so a r
 checkpoint repeats exactly what the uninterrupted run does, and the order clients are trained in does not
 matter.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -26,8 +27,13 @@ from fedlight.aggregators.cluster_aggregator import ClusterAggregation, check_ag
 from fedlight.aggregators.config import AggregatorConfig, attackers_beyond_rule
 from fedlight.engine.config import FederationConfig
 from fedlight.plugin.data import ClientDataModule, FederatedData, check_evaluation_split, load_clients
-from fedlight.engine.devices import (available_memory, batch_transform, client_state_budget, default_precision,
-                                     make_fabric)
+from fedlight.engine.devices import (
+    available_memory,
+    batch_transform,
+    client_state_budget,
+    default_precision,
+    make_fabric,
+)
 from fedlight.engine.divergence import watched_round
 from fedlight.plugin.evaluation import UNSEEN, per_cluster_means
 from fedlight.plugin.extension import ExtensionContext
@@ -62,11 +68,20 @@ class Federation:
     combines each cluster's updates (`fedlight.aggregators.cluster_aggregator`). None of them changes anything when
     left at its default."""
 
-    def __init__(self, data: ClientDataModule, model: L.LightningModule, algorithm: Algorithm | None = None,
-                 config: FederationConfig | None = None, seed: int = 0, attack: AttackConfig | None = None,
-                 privacy: PrivacyConfig | None = None, extensions: list[RoundExtension] | None = None,
-                 system: SystemConfig | None = None, aggregator: AggregatorConfig | None = None,
-                 server_optimizer: ServerOptimizerConfig | None = None) -> None:
+    def __init__(
+        self,
+        data: ClientDataModule,
+        model: L.LightningModule,
+        algorithm: Algorithm | None = None,
+        config: FederationConfig | None = None,
+        seed: int = 0,
+        attack: AttackConfig | None = None,
+        privacy: PrivacyConfig | None = None,
+        extensions: list[RoundExtension] | None = None,
+        system: SystemConfig | None = None,
+        aggregator: AggregatorConfig | None = None,
+        server_optimizer: ServerOptimizerConfig | None = None,
+    ) -> None:
         self.config = config or FederationConfig()
         self.aggregator = aggregator or AggregatorConfig()
         self.seed = seed
@@ -76,8 +91,9 @@ class Federation:
         self.collective = Collective(self.fabric)
         threads = use_threads(self.config.threads, max(1, self.fabric.world_size // self.config.num_nodes))
         self.data: FederatedData = load_clients(data, seed).to(self.device)
-        self.cohort = Cohort(self.data.num_clients, getattr(self.algorithm, "participation", 1.0),
-                             self.config.clients_per_round)
+        self.cohort = Cohort(
+            self.data.num_clients, getattr(self.algorithm, "participation", 1.0), self.config.clients_per_round
+        )
         self.extensions = self._extensions(attack, privacy, extensions or [], system, server_optimizer)
         self.data = self.extensions.prepare_data(self.data)
         self.transform = transform = batch_transform(data.on_after_batch_transfer, self.fabric)
@@ -89,8 +105,15 @@ class Federation:
         # (the module's `self.trainer` is then the stand-in the client trainer attaches)
         self.flat = flat = FlatModel(model)
         self.frozen_base = frozen_fingerprint(model)  # the pretrained base outside the flat vector: a resume checks it
-        trainer = ClientTrainer(self.fabric, model, flat, transform, self.config.batch_size, self.config.local_epochs,
-                                self._trainer_stand_in())
+        trainer = ClientTrainer(
+            self.fabric,
+            model,
+            flat,
+            transform,
+            self.config.batch_size,
+            self.config.local_epochs,
+            self._trainer_stand_in(),
+        )
         trainer.learning_rates.check(self.config.rounds, trainer.stand_in.estimated_stepping_batches)
         check_evaluation_split(self.data.split(self.config.eval_split).sizes(), self.config.eval_split)
         # what an evaluated round also measures so that the run's round can be chosen on validation data (the
@@ -100,13 +123,35 @@ class Federation:
         # every process keeps the same rows in memory, so their spill files are laid out alike: the first one's budget
         budget = self.collective.broadcast(client_state_budget(self.config.client_state_memory, self.device))
         self.client_states = ClientStates(self.device, budget, self.collective.rank)
-        self.server = ServerContext(self.data, model, flat, trainer, self.fabric, transform, seed,
-                                    self.config.rounds, self.config.eval_split, self.config.eval_batch_size,
-                                    self.client_states, self.aggregation, self.config.clients_per_round,
-                                    self.config.eval_every, head)
-        self.execution = ClientExecution(self.algorithm, self.server, trainer, self.config, self.collective,
-                                         threads, self.aggregation.hold_reason(), self.extensions.tamper,
-                                         self.extensions.work, self.extensions.arrivals)
+        self.server = ServerContext(
+            self.data,
+            model,
+            flat,
+            trainer,
+            self.fabric,
+            transform,
+            seed,
+            self.config.rounds,
+            self.config.eval_split,
+            self.config.eval_batch_size,
+            self.client_states,
+            self.aggregation,
+            self.config.clients_per_round,
+            self.config.eval_every,
+            head,
+        )
+        self.execution = ClientExecution(
+            self.algorithm,
+            self.server,
+            trainer,
+            self.config,
+            self.collective,
+            threads,
+            self.aggregation.hold_reason(),
+            self.extensions.tamper,
+            self.extensions.work,
+            self.extensions.arrivals,
+        )
         self.server.cohort.bind(self.extensions.select)
         self.evaluator = Evaluator(self.server, model, self.data, self.collective)
         self.round = 0
@@ -116,25 +161,47 @@ class Federation:
         self.extensions.check_message(self.server.message, type(self.algorithm).__name__)
         check_round_fits(self.client_states, self.cohort.size)  # the stores are declared: a round's rows fit?
         if self.execution.holds:
-            check_held_round_fits(type(self.algorithm).__name__, self.cohort.size, flat.numel,
-                                  flat.vector.element_size(), available_memory(self.device))
+            check_held_round_fits(
+                type(self.algorithm).__name__,
+                self.cohort.size,
+                flat.numel,
+                flat.vector.element_size(),
+                available_memory(self.device),
+            )
         self._disk_checked = False  # the spilled rows' disk: checked once their folder is chosen, or in round 1
         self.execution.plan.every_client = list(self.server.cohort.every_client_work)
 
     def extension_context(self) -> ExtensionContext:
         """What the round extensions may use of the run (`fedlight.plugin.extension.ExtensionContext`)."""
+
         def held_out(data: FederatedData) -> tuple[HeldOutClients, Evaluator]:
             training = self.execution
-            return (HeldOutClients(data, self.server, training.trainer, training.training),
-                    Evaluator(self.server, self.module, data, self.collective, UNSEEN))
+            return (
+                HeldOutClients(data, self.server, training.trainer, training.training),
+                Evaluator(self.server, self.module, data, self.collective, UNSEEN),
+            )
 
-        return ExtensionContext(self.server, self.algorithm, self.config, self.cohort.size, self.collective.world,
-                                self.sampling, self.flat.vector.detach(), self.evaluator, self.data.cluster_labels,
-                                held_out)
+        return ExtensionContext(
+            self.server,
+            self.algorithm,
+            self.config,
+            self.cohort.size,
+            self.collective.world,
+            self.sampling,
+            self.flat.vector.detach(),
+            self.evaluator,
+            self.data.cluster_labels,
+            held_out,
+        )
 
-    def _extensions(self, attack: AttackConfig | None, privacy: PrivacyConfig | None,
-                    own: list[RoundExtension], system: SystemConfig | None = None,
-                    server_optimizer: ServerOptimizerConfig | None = None) -> RoundExtensions:
+    def _extensions(
+        self,
+        attack: AttackConfig | None,
+        privacy: PrivacyConfig | None,
+        own: list[RoundExtension],
+        system: SystemConfig | None = None,
+        server_optimizer: ServerOptimizerConfig | None = None,
+    ) -> RoundExtensions:
         """The run's round extensions, built once from the constructor's arguments and the data, in the order their
         hooks run: client-level DP (`privacy`), the attackers (`attack`), the clients held out of training (the
         data's newcomers), the clients' devices (`system`), the server optimizer, then `own`. The only place this
@@ -142,8 +209,9 @@ class Federation:
         n, seed = self.data.num_clients, self.seed
         built: list[RoundExtension] = []
         if privacy is not None:
-            built.append(PrivacyMechanism(privacy, self.config.rounds, self.cohort.size, n,
-                                          stream_seed(seed, "privacy")))
+            built.append(
+                PrivacyMechanism(privacy, self.config.rounds, self.cohort.size, n, stream_seed(seed, "privacy"))
+            )
         if attack is not None and attack.active:
             built.append(Attack(attack, n, self.data.num_classes, stream_seed(seed, "attack")))
             beyond = attackers_beyond_rule(self.aggregator, attack.fraction, self.cohort.size)
@@ -160,8 +228,13 @@ class Federation:
     def _trainer_stand_in(self) -> TrainerStandIn:
         """What the module reads as `self.trainer` (`fedlight.training.trainer_stand_in`): the local epochs, the
         batches of an epoch of the largest client (every client trains on the same schedule) and the processes."""
-        return TrainerStandIn.of_run(self.fabric, self.config.num_nodes, self.config.local_epochs,
-                                     self.config.batch_size, self.data.largest_training_split())
+        return TrainerStandIn.of_run(
+            self.fabric,
+            self.config.num_nodes,
+            self.config.local_epochs,
+            self.config.batch_size,
+            self.data.largest_training_split(),
+        )
 
     def _aggregation(self) -> ClusterAggregation:
         """The cluster aggregator the configuration and the extensions ask for, checked against the algorithm and
@@ -181,8 +254,10 @@ class Federation:
         if not base["tensors"]:
             return ""
         size = self.flat.vector.element_size()
-        return (f"; {self.flat.numel:,} entries federated ({self.flat.numel * size / 1e3:,.1f} kB), a frozen base of "
-                f"{base['entries']:,} held once")
+        return (
+            f"; {self.flat.numel:,} entries federated ({self.flat.numel * size / 1e3:,.1f} kB), a frozen base of "
+            f"{base['entries']:,} held once"
+        )
 
     def extension(self, kind: type[Extension]) -> Extension | None:
         """The run's round extension of class `kind` (`fedlight.engine.extensions`), or None."""
@@ -215,14 +290,28 @@ class Federation:
             training = updates.finish()
         self.store_returned(updates)
         self.round, clusters = round, alg.cluster_labels()
-        stop = self.end_round(round, clients)
-        logged, matrices = self.server.log.take()
-        result = RoundResult(round, len(clients), training.left_out, training.metrics,
-                             {**logged, **alg.round_metrics()}, self.cluster_scores(clusters), matrices=matrices,
-                             stop_reason=stop, dropped=training.dropped)
+        result = self.round_result(round, len(clients), training, clusters, self.end_round(round, clients))
         if self.server.run.evaluates(round):
             self.evaluate_round(result, training, clusters)
         return result
+
+    def round_result(
+        self, round: int, cohort: int, training: TrainingReport, clusters: np.ndarray | None, stop: str | None
+    ) -> RoundResult:
+        """What round `round` produced before evaluation: its training report, what the algorithm and the server
+        logged, its clustering scores and why the run stops after it (None: it goes on)."""
+        logged, matrices = self.server.log.take()
+        return RoundResult(
+            round,
+            cohort,
+            training.left_out,
+            training.metrics,
+            {**logged, **self.algorithm.round_metrics()},
+            self.cluster_scores(clusters),
+            matrices=matrices,
+            stop_reason=stop,
+            dropped=training.dropped,
+        )
 
     def store_returned(self, updates: RoundUpdates) -> None:
         """Write what the round's clients returned under a store's name into the client states, then let the round's
@@ -241,8 +330,13 @@ class Federation:
         """Refuse in one line a run whose rows beyond the memory budget cannot fit on the disk of their folder (the
         runner's, once chosen; else the temporary folder's). The first process measures and every process gets its
         answer, so all of them stop, or none."""
-        shortfall = disk_shortfall(self.client_states, self.num_clients, self.cohort.size, self.config.rounds,
-                                   self.collective.world) if self.collective.rank == 0 else None
+        shortfall = (
+            disk_shortfall(
+                self.client_states, self.num_clients, self.cohort.size, self.config.rounds, self.collective.world
+            )
+            if self.collective.rank == 0
+            else None
+        )
         shortfall = self.collective.broadcast(shortfall)
         self._disk_checked = True
         if shortfall:
@@ -300,8 +394,11 @@ class Federation:
         fine-tuned one; the summaries of the splits in `also_evaluated` beside them), with the mean of the primary
         metric within each true and each found cluster (`cluster_acc/true_<c>`, `cluster_acc/found_<c>`)."""
         train, epochs = self.server.clients.train, self.config.finetune_epochs
-        fine_tune = (lambda client, start: train(round, client, start, epochs=epochs, purpose="finetune").params) \
-            if epochs else None
+        fine_tune = (
+            (lambda client, start: train(round, client, start, epochs=epochs, purpose="finetune").params)
+            if epochs
+            else None
+        )
         summary, values = self.evaluator.evaluate_and_fine_tune(models, fine_tune, self.also_evaluated)
         metric = "acc" if "acc" in values else next(iter(values))
         for kind, labels in (("true", self.data.cluster_labels), ("found", clusters)):
@@ -313,19 +410,26 @@ class Federation:
     def state_dict(self) -> dict[str, Any]:
         """The round, the frozen base's fingerprint (never its tensors), the algorithm's state, the probe's choice, the
         client states (their rows in memory, their spilled rows' slots) and each extension's state under its name."""
-        return {"round": self.round, "frozen_base": self.frozen_base, "algorithm": self.algorithm.state_dict(),
-                "probe": self.execution.state_dict(),
-                "client_state": self.client_states.state_dict(), **self.extensions.state_dict()}
+        return {
+            "round": self.round,
+            "frozen_base": self.frozen_base,
+            "algorithm": self.algorithm.state_dict(),
+            "probe": self.execution.state_dict(),
+            "client_state": self.client_states.state_dict(),
+            **self.extensions.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved, refusing a checkpoint trained over another frozen base than the model loaded
         now."""
         saved = state.get("frozen_base")
         if saved is not None and saved != self.frozen_base:
-            raise ValueError(f"the checkpoint was trained over another frozen base ({saved['tensors']} tensors, sha256 "
-                             f"{str(saved['sha256'])[:12]}) than the model loaded now ({self.frozen_base['tensors']} "
-                             f"tensors, sha256 {str(self.frozen_base['sha256'])[:12]}): resume with the pretrained "
-                             "model folder the run started from")
+            raise ValueError(
+                f"the checkpoint was trained over another frozen base ({saved['tensors']} tensors, sha256 "
+                f"{str(saved['sha256'])[:12]}) than the model loaded now ({self.frozen_base['tensors']} "
+                f"tensors, sha256 {str(self.frozen_base['sha256'])[:12]}): resume with the pretrained "
+                "model folder the run started from"
+            )
         self.round = state["round"]
         self.algorithm.load_state_dict(move_data_to_device(state["algorithm"], self.device))
         self.client_states.load_state_dict(state.get("client_state"))

@@ -7,6 +7,7 @@ through the vectorized trainer (`fedlight.training.vectorized`) in groups that f
 else one client after another (`fedlight.training.sequential`). Under `vectorize: -1` the first call times both
 trainers on its own clients and keeps the faster (`fedlight.training.probe`), so nothing is trained twice.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,21 @@ from torch import Tensor
 from fedlight.engine.devices import available_memory
 from fedlight.engine.processes import Collective
 from fedlight.training.local_work import LocalWork
-from fedlight.training.probe import (AGREEMENT, CHECK_CLIENTS, ProbeResult, agreement, decide, device_name, probe_key,
-                                     recall, remember, sequential_share, step_seconds, timed, without_dropout)
+from fedlight.training.probe import (
+    AGREEMENT,
+    CHECK_CLIENTS,
+    ProbeResult,
+    agreement,
+    decide,
+    device_name,
+    probe_key,
+    recall,
+    remember,
+    sequential_share,
+    step_seconds,
+    timed,
+    without_dropout,
+)
 from fedlight.training.sequential import ClientTrainer, GradientHook, Trained
 from fedlight.training.trainer_stand_in import TrainerAttributeError
 from fedlight.training.vectorized import GroupHook, VectorizedTrainer, unsupported_reason
@@ -58,10 +72,17 @@ class GroupTraining:
         on_choice: called with (choice, reason) whenever they change (the plan printed and recorded follows them).
     """
 
-    def __init__(self, trainer: ClientTrainer, train: "ClientSplit", seed_of: Callable[[int, int, str], int],
-                 config: "FederationConfig", collective: Collective, hook_flag: bool = False,
-                 forced_reason: str | None = None,
-                 on_choice: Callable[[str, str | None], None] = lambda choice, reason: None) -> None:
+    def __init__(
+        self,
+        trainer: ClientTrainer,
+        train: "ClientSplit",
+        seed_of: Callable[[int, int, str], int],
+        config: "FederationConfig",
+        collective: Collective,
+        hook_flag: bool = False,
+        forced_reason: str | None = None,
+        on_choice: Callable[[str, str | None], None] = lambda choice, reason: None,
+    ) -> None:
         self.trainer, self.train_split, self.seed_of = trainer, train, seed_of
         self.config, self.collective, self.hook_flag, self.on_choice = config, collective, hook_flag, on_choice
         self.device = trainer.fabric.device
@@ -80,9 +101,17 @@ class GroupTraining:
         if reason:
             warnings.warn(f"vectorized training is off: {reason}; clients train one after another", stacklevel=4)
             return "sequential", reason
-        self.vectorized = VectorizedTrainer(trainer.fabric, trainer.module, trainer.flat, trainer.raw_optimizer,
-                                            trainer.learning_rates, trainer.batch_transform, self.config.batch_size,
-                                            self.config.local_epochs, trainer.stand_in)
+        self.vectorized = VectorizedTrainer(
+            trainer.fabric,
+            trainer.module,
+            trainer.flat,
+            trainer.raw_optimizer,
+            trainer.learning_rates,
+            trainer.batch_transform,
+            self.config.batch_size,
+            self.config.local_epochs,
+            trainer.stand_in,
+        )
         return ("auto" if self.config.vectorize == -1 else "vectorized"), None
 
     def on(self, split: "ClientSplit", seed_of: Callable[[int, int, str], int]) -> "GroupTraining":
@@ -126,8 +155,9 @@ class GroupTraining:
             parts.append(self.fit(round, [clients[r] for r in whole], starts[whole], work.for_rows(whole)))
         mine = work.for_rows(cut)
         with self._without_gradients(mine), self._objective(mine):
-            trained = self._one_by_one(round, [clients[r] for r in cut], starts[cut], mine,
-                                       limits=[limits[r] for r in cut])
+            trained = self._one_by_one(
+                round, [clients[r] for r in cut], starts[cut], mine, limits=[limits[r] for r in cut]
+            )
         mine.restore_frozen(trained.params, starts[cut])
         joined = Trained.cat(parts + [trained])
         back = torch.tensor(whole + cut, device=joined.params.device).argsort()
@@ -200,10 +230,13 @@ class GroupTraining:
             devices = [self.device] if self.device.type == "cuda" else []
             with without_dropout(self.trainer.module), torch.random.fork_rng(devices=devices):
                 vectorized.loss_and_grads(params, x, y, step)
-                (_, together), vectorized_s = timed(self.device, lambda: vectorized.loss_and_grads(params, x, y,
-                                                                                                     step))
-                alone, sequential_s = timed(self.device, lambda: torch.stack(
-                    [self.trainer.loss_and_grad(p, (x[i], y[i]), step)[1] for i, p in enumerate(params)]))
+                (_, together), vectorized_s = timed(self.device, lambda: vectorized.loss_and_grads(params, x, y, step))
+                alone, sequential_s = timed(
+                    self.device,
+                    lambda: torch.stack(
+                        [self.trainer.loss_and_grad(p, (x[i], y[i]), step)[1] for i, p in enumerate(params)]
+                    ),
+                )
             k = len(params)
             difference = agreement(alone, together, torch.zeros_like(alone))
             result = self.collective.broadcast(decide(k, k, sequential_s / k, vectorized_s / k, difference))
@@ -214,8 +247,15 @@ class GroupTraining:
     def _seeds(self, round: int, clients: list[int], work: LocalWork) -> list[int]:
         return [self.seed_of(round, c, work.purpose) for c in clients]
 
-    def _one_by_one(self, round: int, clients: list[int], starts: Tensor, work: LocalWork,
-                    offset: int = 0, limits: list[int | None] | None = None) -> Trained:
+    def _one_by_one(
+        self,
+        round: int,
+        clients: list[int],
+        starts: Tensor,
+        work: LocalWork,
+        offset: int = 0,
+        limits: list[int | None] | None = None,
+    ) -> Trained:
         """Written in place, so the trained models are never held twice. `offset`: the position of `clients[0]` in
         the call's clients (what the gradient hook is told); `limits`: each client's most steps (None: all)."""
         params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
@@ -225,10 +265,19 @@ class GroupTraining:
             x, y = self.train_split.client(client)
             weights = None if work.sample_weights is None else work.sample_weights[offset + row]
             inputs = self._inputs(work, offset + row, offset + row + 1)
-            one = self.trainer.fit(start, x, y, seeds[row], client_hook(hook, offset + row), work.lr_scale,
-                                   work.epochs, round=max(round, 1), sample_weights=weights,
-                                   inputs=None if inputs is None else inputs[0],
-                                   max_steps=None if limits is None else limits[row])
+            one = self.trainer.fit(
+                start,
+                x,
+                y,
+                seeds[row],
+                client_hook(hook, offset + row),
+                work.lr_scale,
+                work.epochs,
+                round=max(round, 1),
+                sample_weights=weights,
+                inputs=None if inputs is None else inputs[0],
+                max_steps=None if limits is None else limits[row],
+            )
             params[row], losses[row] = one.params, one.loss
             for name, value in one.logs.items():
                 logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value
@@ -250,8 +299,7 @@ class GroupTraining:
             self._sequential_from_now(reason)
             return None
 
-    def _vectorized(self, round: int, clients: list[int], starts: Tensor, work: LocalWork,
-                    offset: int = 0) -> Trained:
+    def _vectorized(self, round: int, clients: list[int], starts: Tensor, work: LocalWork, offset: int = 0) -> Trained:
         vectorized = self.vectorized
         assert vectorized is not None  # called while clients train vectorized
         size = self.group_size(len(clients))
@@ -259,14 +307,25 @@ class GroupTraining:
         parts = []
         for begin in range(0, len(clients), size):
             end = min(begin + size, len(clients))
-            shifted = None if hook is None else \
-                (lambda at: lambda rows, p, g, s: hook([at + r for r in rows], p, g, s))(offset + begin)
-            weights = None if work.sample_weights is None else \
-                work.sample_weights[offset + begin: offset + end]
-            parts.append(vectorized.fit_many(
-                starts[begin: end], [self.train_split.client(c) for c in clients[begin: end]], seeds[begin: end],
-                shifted, lr_scale=work.lr_scale, round=max(round, 1), epochs=work.epochs, sample_weights=weights,
-                client_inputs=self._inputs(work, offset + begin, offset + end)))
+            shifted = (
+                None
+                if hook is None
+                else (lambda at: lambda rows, p, g, s: hook([at + r for r in rows], p, g, s))(offset + begin)
+            )
+            weights = None if work.sample_weights is None else work.sample_weights[offset + begin : offset + end]
+            parts.append(
+                vectorized.fit_many(
+                    starts[begin:end],
+                    [self.train_split.client(c) for c in clients[begin:end]],
+                    seeds[begin:end],
+                    shifted,
+                    lr_scale=work.lr_scale,
+                    round=max(round, 1),
+                    epochs=work.epochs,
+                    sample_weights=weights,
+                    client_inputs=self._inputs(work, offset + begin, offset + end),
+                )
+            )
         return Trained.cat(parts)
 
     def _inputs(self, work: LocalWork, begin: int, end: int) -> Tensor | None:
@@ -276,7 +335,7 @@ class GroupTraining:
             return None
         if work.client_inputs is None:
             return torch.zeros(end - begin, 0, device=self.device)
-        return work.client_inputs[begin: end]
+        return work.client_inputs[begin:end]
 
     def _fit_and_probe(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:
         """The first group's training under auto, timed (`fedlight.training.probe`): its first `sequential_share`
@@ -290,13 +349,19 @@ class GroupTraining:
         first = sequential_share(len(group))
         parts, seconds = [], []
         for row in range(first):
-            one, spent = timed(self.device, lambda: self._one_by_one(round, clients[row: row + 1],
-                                                                     starts[row: row + 1], work, row))
+            one, spent = timed(
+                self.device, lambda: self._one_by_one(round, clients[row : row + 1], starts[row : row + 1], work, row)
+            )
             parts.append(one)
             seconds.append(spent)
-        rest, rest_starts = clients[first: len(group)], starts[first: len(group)]
-        difference = remembered.difference if remembered else \
-            self.collective.broadcast(self._check_agreement(round, rest, rest_starts, work, first) if rest else 0.0)
+        rest, rest_starts = clients[first : len(group)], starts[first : len(group)]
+        difference = (
+            remembered.difference
+            if remembered
+            else self.collective.broadcast(
+                self._check_agreement(round, rest, rest_starts, work, first) if rest else 0.0
+            )
+        )
         vectorizes = bool(rest) and difference <= AGREEMENT
         if vectorizes:
             trained, vectorized_s = timed(self.device, lambda: self._vectorized(round, rest, rest_starts, work, first))
@@ -306,22 +371,32 @@ class GroupTraining:
         parts.append(trained)
         sequential_s = step_seconds(seconds, [self.local_steps(c, work.epochs) for c in clients[:first]])
         result = remembered or self.collective.broadcast(
-            decide(first, len(rest) if vectorizes else 0, sequential_s, vectorized_s, difference))
+            decide(first, len(rest) if vectorizes else 0, sequential_s, vectorized_s, difference)
+        )
         if remembered is None and self.collective.rank == 0:
             remember(key, result)
         self.keep_probe(result)
         if len(clients) > len(group):
-            later, later_starts = clients[len(group):], starts[len(group):]
-            parts.append(self._vectorized(round, later, later_starts, work, len(group)) if self.vectorized is not None
-                         else self._one_by_one(round, later, later_starts, work, len(group)))
+            later, later_starts = clients[len(group) :], starts[len(group) :]
+            parts.append(
+                self._vectorized(round, later, later_starts, work, len(group))
+                if self.vectorized is not None
+                else self._one_by_one(round, later, later_starts, work, len(group))
+            )
         return Trained.cat(parts)
 
     def _probe_key(self, clients: int, **kind: bool) -> str:
         """The key a trainer decision is remembered under: this model, batch size, precision and device, `clients`
         in the timed group, and `kind` (a `train_many` call's gradient hook, or a group loop)."""
-        return probe_key(model=type(self.trainer.module).__qualname__, params=self.trainer.flat.numel,
-                         batch_size=self.config.batch_size, clients=clients, precision=self._precision_name(),
-                         device=device_name(self.device), **kind)
+        return probe_key(
+            model=type(self.trainer.module).__qualname__,
+            params=self.trainer.flat.numel,
+            batch_size=self.config.batch_size,
+            clients=clients,
+            precision=self._precision_name(),
+            device=device_name(self.device),
+            **kind,
+        )
 
     def _recall(self, key: str) -> ProbeResult | None:
         """The decision this machine remembers under `key` (the first process's memory, for every process)."""
@@ -335,21 +410,44 @@ class GroupTraining:
         seeds = self._seeds(round, clients, work)
         batch = self.config.batch_size
         data = [(x[:batch], y[:batch]) for x, y in (self.train_split.client(c) for c in clients)]
-        weights = None if work.sample_weights is None else \
-            [w[:batch] for w in work.sample_weights[offset: offset + len(clients)]]
+        weights = (
+            None
+            if work.sample_weights is None
+            else [w[:batch] for w in work.sample_weights[offset : offset + len(clients)]]
+        )
         hook = work.hook(self._unstepped(work))
         shifted = None if hook is None else lambda rows, p, g, s: hook([offset + r for r in rows], p, g, s)
         inputs = self._inputs(work, offset, offset + len(clients))
         trainer = self.vectorized
         assert trainer is not None  # checked while clients train vectorized
         with without_dropout(self.trainer.module):
-            vectorized = trainer.fit_many(starts, data, seeds, shifted, work.lr_scale, max(round, 1), epochs=1,
-                                          sample_weights=weights, client_inputs=inputs).params[:CHECK_CLIENTS]
-            sequential = torch.stack([
-                self.trainer.fit(starts[i], *data[i], seeds[i], client_hook(hook, offset + i), work.lr_scale, epochs=1,
-                                 round=max(round, 1), sample_weights=None if weights is None else weights[i],
-                                 inputs=None if inputs is None else inputs[i]).params
-                for i in range(min(CHECK_CLIENTS, len(clients)))])
+            vectorized = trainer.fit_many(
+                starts,
+                data,
+                seeds,
+                shifted,
+                work.lr_scale,
+                max(round, 1),
+                epochs=1,
+                sample_weights=weights,
+                client_inputs=inputs,
+            ).params[:CHECK_CLIENTS]
+            sequential = torch.stack(
+                [
+                    self.trainer.fit(
+                        starts[i],
+                        *data[i],
+                        seeds[i],
+                        client_hook(hook, offset + i),
+                        work.lr_scale,
+                        epochs=1,
+                        round=max(round, 1),
+                        sample_weights=None if weights is None else weights[i],
+                        inputs=None if inputs is None else inputs[i],
+                    ).params
+                    for i in range(min(CHECK_CLIENTS, len(clients)))
+                ]
+            )
         return agreement(sequential, vectorized, starts[: len(sequential)])
 
     def _precision_name(self) -> str:
@@ -391,8 +489,9 @@ class GroupTraining:
         if self._activation_bytes is None:
             batch = self.config.batch_size
             try:
-                self._activation_bytes = self.vectorized.activation_bytes(self.train_split.x[:batch],
-                                                                          self.train_split.y[:batch])
+                self._activation_bytes = self.vectorized.activation_bytes(
+                    self.train_split.x[:batch], self.train_split.y[:batch]
+                )
             except Exception:  # a step that cannot run here cannot run vectorized either: that path says why
                 self._activation_bytes = 0
         return self._activation_bytes

@@ -1,5 +1,6 @@
 """`HeldOutClients`: the engine's `Newcomers` (`fedlight.plugin.newcomers`), a `ClientPopulation` of the held-out
 clients run through the federation's own module, trainers and seeds, at the round being evaluated."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -23,14 +24,16 @@ class HeldOutClients:
     so a newcomer is run exactly as a training client would be. The engine sets `round` before each evaluation; the
     `Newcomers` methods are the population's at that round."""
 
-    def __init__(self, data: FederatedData, server: "ServerContext", trainer: "ClientTrainer",
-                 training: "GroupTraining") -> None:
+    def __init__(
+        self, data: FederatedData, server: "ServerContext", trainer: "ClientTrainer", training: "GroupTraining"
+    ) -> None:
         def train_group(round: int, clients: list[int], starts: Tensor, work: LocalWork) -> "Trained":
             # a view taken at each call, so it follows the training clients' trainer choice (a probe's fall-back)
             return training.on(data.train, server.random.client_seed).fit(round, clients, starts, work)
 
-        self.population = ClientPopulation(data, server.model.sample_losses, trainer, server.random.client_seed,
-                                           train_group)
+        self.population = ClientPopulation(
+            data, server.model.sample_losses, trainer, server.random.client_seed, train_group
+        )
         self.trainer = trainer
         self.count, self.train_sizes = self.population.count, self.population.train_sizes
         self.round = 0
@@ -51,13 +54,21 @@ class HeldOutClients:
         """`Newcomers.train`: one newcomer's flat model after local training from `start`, at `round`."""
         return self.population.train(self.round, newcomer, start, epochs, purpose=purpose).params
 
-    def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
-                   purpose: str = "newcomer", trainable: Tensor | None = None) -> Tensor:
+    def train_many(
+        self,
+        newcomers: list[int],
+        starts: Tensor,
+        epochs: int | None = None,
+        purpose: str = "newcomer",
+        trainable: Tensor | None = None,
+    ) -> Tensor:
         """`Newcomers.train_many`: `train` of each newcomer from its row of `starts`, as one group."""
-        return self.population.train_many(self.round, newcomers, starts, epochs, trainable=trainable,
-                                          purpose=purpose).params
+        return self.population.train_many(
+            self.round, newcomers, starts, epochs, trainable=trainable, purpose=purpose
+        ).params
 
-    def batches(self, newcomer: int, epochs: int | None = None,
-                purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
+    def batches(
+        self, newcomer: int, epochs: int | None = None, purpose: str = "newcomer"
+    ) -> Iterator[tuple[int, int, Any]]:
         """`Newcomers.batches`: (epoch, step, batch) of one newcomer's training split, at `round`."""
         return self.population.batches(self.round, newcomer, epochs, purpose)

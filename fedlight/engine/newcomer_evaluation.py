@@ -2,6 +2,7 @@
 (`fedlight.engine.extensions`) that asks the algorithm for their models (`Algorithm.newcomer_models`), evaluates
 them as the training clients are evaluated (fine-tuned too, with `federation.finetune_epochs`) and scores where they
 were placed (`unseen/ari`). The federation calls its hooks and never names it."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -44,8 +45,9 @@ class NewcomerEvaluation(RoundExtension):
         self.algorithm, self.training_truth = context.algorithm, context.true_clusters
         self.finetune_epochs = context.config.finetune_epochs
 
-    def evaluate(self, round: int, models: tuple, clusters: np.ndarray | None
-                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    def evaluate(
+        self, round: int, models: tuple, clusters: np.ndarray | None
+    ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """(`unseen/*` summaries, per-newcomer columns): the held-out clients evaluated with the models the
         algorithm gives them at this round, and where they were placed scored with the training clients'
         `clusters` against the true clusters (`unseen/ari`)."""

@@ -12,6 +12,7 @@ work. Each round, every process trains its shard of the round's clients (`shard`
 Processes only ever exchange tensors of equal shape: lists that differ in length are padded to the longest.
 With one process every method is the identity, so the single-process path is the same code.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,7 +45,7 @@ class Collective:
 
     def shard(self, clients: list[int]) -> list[int]:
         """This process's share of `clients`: every `world`-th client, so shards differ by one client at most."""
-        return clients[self.rank:: self.world] if self.spread else clients
+        return clients[self.rank :: self.world] if self.spread else clients
 
     def sum_(self, tensor: Tensor) -> Tensor:
         """Sum `tensor` over the processes, in place."""
@@ -90,4 +91,3 @@ class Collective:
     def broadcast(self, obj: T) -> T:
         """Rank 0's `obj` on every process."""
         return self.fabric.broadcast(obj, src=0) if self.spread and self.fabric is not None else obj
-

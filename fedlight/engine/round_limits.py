@@ -7,6 +7,7 @@ cross-device run that is small; with every client of a large federation each rou
 6.6M-parameter CNN: 180 GB). A round that cannot fit in what the device has free is refused in one line, with the
 numbers and the settings that shrink it.
 """
+
 from __future__ import annotations
 
 from fedlight.engine.state_limits import gigabytes_at_least
@@ -20,7 +21,9 @@ def check_held_round_fits(method: str, clients: int, parameters: int, element_by
     need = HELD_MATRICES * clients * parameters * element_bytes
     if free is None or need <= free:
         return
-    raise ValueError(f"{method} holds every update of a round: {HELD_MATRICES} x {clients:,} clients x "
-                     f"{parameters:,} parameters x {element_bytes} bytes = {gigabytes_at_least(need)} GB, more than "
-                     f"the {free / 1e9:.3g} GB free on this device; train fewer clients a round "
-                     "(federation.clients_per_round, the algorithm's participation) or use a smaller model")
+    raise ValueError(
+        f"{method} holds every update of a round: {HELD_MATRICES} x {clients:,} clients x "
+        f"{parameters:,} parameters x {element_bytes} bytes = {gigabytes_at_least(need)} GB, more than "
+        f"the {free / 1e9:.3g} GB free on this device; train fewer clients a round "
+        "(federation.clients_per_round, the algorithm's participation) or use a smaller model"
+    )

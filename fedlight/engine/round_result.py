@@ -1,5 +1,6 @@
 """`RoundResult`: what one round produced, as one typed record handed to the run's callbacks (console, CSV, W&B,
 checkpoints, a user's own)."""
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,11 @@ class RoundResult:
     @property
     def scalars(self) -> dict[str, float | int]:
         """The row of metrics.csv, in its column order."""
-        row: dict[str, float | int] = {"round": self.round, "clients_trained": self.clients_trained,
-                                       "clients_left_out": len(self.left_out)}
+        row: dict[str, float | int] = {
+            "round": self.round,
+            "clients_trained": self.clients_trained,
+            "clients_left_out": len(self.left_out),
+        }
         row.update(self.training)
         row.update(self.logged)
         row.update(self.clustering)

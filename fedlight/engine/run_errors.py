@@ -1,6 +1,7 @@
 """The errors a run stops with in one line (the command line catches them), without torch, so that the command line
 imports them before anything heavy loads: a round that diverged (`fedlight.engine.divergence` raises it) and a full
 disk under the client-state spill files (`fedlight.engine.spill`)."""
+
 from __future__ import annotations
 
 import errno
@@ -25,11 +26,13 @@ class ClientStateDiskFull(OSError):
         folder = path.parent
         free = shutil.disk_usage(folder).free if folder.is_dir() else 0
         held = path.stat().st_blocks * 512 if path.is_file() else 0
-        super().__init__(f"no space left on the disk of {folder} for the client-state rows beyond "
-                         f"federation.client_state_memory: {path.name} (holding {held / 1e9:.3g} GB) needed "
-                         f"{needed:,} more bytes and {free:,} are free; free space on that disk (other files there, "
-                         "old runs' client_state/ folders), or raise federation.client_state_memory so fewer rows "
-                         "spill, then resume")
+        super().__init__(
+            f"no space left on the disk of {folder} for the client-state rows beyond "
+            f"federation.client_state_memory: {path.name} (holding {held / 1e9:.3g} GB) needed "
+            f"{needed:,} more bytes and {free:,} are free; free space on that disk (other files there, "
+            "old runs' client_state/ folders), or raise federation.client_state_memory so fewer rows "
+            "spill, then resume"
+        )
         self.errno, self.filename = errno.ENOSPC, str(path)
 
     def __str__(self) -> str:

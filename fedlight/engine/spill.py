@@ -12,6 +12,7 @@ error at that write (`ClientStateDiskFull`, one line naming the folder), not a S
 block for a page of the mapping. The run then stops in that round; its last checkpoint refers only to slots written
 before it, so it stays intact and the run resumes from it once space is freed.
 """
+
 from __future__ import annotations
 
 import errno
@@ -41,15 +42,15 @@ class SpillFile:
     def __init__(self, path: Callable[[], Path], row_bytes: int) -> None:
         self._path_of, self.row_bytes = path, row_bytes
         self.path: Path | None = None
-        self._mmap: mmap.mmap | None = None   # the file, mapped shared
+        self._mmap: mmap.mmap | None = None  # the file, mapped shared
         self._rows: np.ndarray | None = None  # (capacity, row_bytes) uint8 view of it
         self._capacity = 0
-        self._reserved = 0                      # slots whose disk blocks this process has reserved
-        self.next_slot = 0                      # slots [0, next_slot) have been written at least once
-        self.free: list[int] = []               # a heap: slots no kept checkpoint refers to
+        self._reserved = 0  # slots whose disk blocks this process has reserved
+        self.next_slot = 0  # slots [0, next_slot) have been written at least once
+        self.free: list[int] = []  # a heap: slots no kept checkpoint refers to
         self.pending: list[tuple[int, int]] = []  # (checkpoints taken when released, slot): freed KEEP later
-        self.fresh: set[int] = set()            # written since the last checkpoint: no checkpoint refers to them
-        self.checkpoints = 0                    # checkpoints taken (and restored from) so far
+        self.fresh: set[int] = set()  # written since the last checkpoint: no checkpoint refers to them
+        self.checkpoints = 0  # checkpoints taken (and restored from) so far
 
     # -- allocation --------------------------------------------------------------------------------------------
     def place(self, old: int | None) -> int:
@@ -140,8 +141,9 @@ class SpillFile:
         assert self.path is not None  # opened by `_ensure`
         with open(self.path, "r+b") as file:
             try:
-                os.posix_fallocate(file.fileno(), self._reserved * self.row_bytes,
-                                   (slots - self._reserved) * self.row_bytes)
+                os.posix_fallocate(
+                    file.fileno(), self._reserved * self.row_bytes, (slots - self._reserved) * self.row_bytes
+                )
             except OSError as error:
                 if error.errno not in NO_RESERVATION:
                     raise
@@ -150,8 +152,10 @@ class SpillFile:
     def relocate(self, path: Callable[[], Path]) -> None:
         """Keep the file where `path()` names (the run folder's, set before the first round)."""
         if self.path is not None and self.path != path():
-            raise RuntimeError(f"rows spilled to {self.path} before the run chose their folder: set the folder "
-                               "(ClientStates.use_folder) before any client state is written")
+            raise RuntimeError(
+                f"rows spilled to {self.path} before the run chose their folder: set the folder "
+                "(ClientStates.use_folder) before any client state is written"
+            )
         self._path_of = path
 
     # -- checkpoints -------------------------------------------------------------------------------------------
@@ -159,8 +163,12 @@ class SpillFile:
         """The allocation as a checkpoint keeps it; the rows it refers to are flushed to the file first."""
         self.flush()
         pending = torch.tensor(self.pending, dtype=torch.long).reshape(-1, 2)
-        return {"next_slot": self.next_slot, "free": torch.tensor(sorted(self.free), dtype=torch.long),
-                "pending": pending, "checkpoints": self.checkpoints}
+        return {
+            "next_slot": self.next_slot,
+            "free": torch.tensor(sorted(self.free), dtype=torch.long),
+            "pending": pending,
+            "checkpoints": self.checkpoints,
+        }
 
     def load_state_dict(self, state: dict[str, Any], used: list[int], name: str) -> None:
         """Restore the allocation of a checkpoint whose rows sit in slots `used`; the file must hold them."""
@@ -174,7 +182,9 @@ class SpillFile:
         path = self.path or self._path_of()
         needed = (max(used) + 1) * self.row_bytes
         if not path.is_file() or os.path.getsize(path) < needed:
-            raise ValueError(f"client state {name!r}: the checkpoint refers to rows of {path}, which "
-                             f"{'is missing' if not path.is_file() else 'is too short'}: resume from the run folder "
-                             "the checkpoint belongs to, with the same number of processes")
+            raise ValueError(
+                f"client state {name!r}: the checkpoint refers to rows of {path}, which "
+                f"{'is missing' if not path.is_file() else 'is too short'}: resume from the run folder "
+                "the checkpoint belongs to, with the same number of processes"
+            )
         self.path = path

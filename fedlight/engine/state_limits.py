@@ -16,6 +16,7 @@ files already hold (a resumed run). A run that needs more than the folder's disk
 (`disk_shortfall`); a disk that fills up later (other writers, a store written for clients beyond the round's) is
 `fedlight.engine.spill.ClientStateDiskFull` at the write that finds it.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,11 +48,13 @@ def check_round_fits(states: ClientStates, clients: int, round: int | None = Non
     if need <= limit:
         return
     whose = f"round {round}'s {clients:,} clients" if round is not None else f"{clients:,} clients a round"
-    raise ValueError(f"federation.client_state_memory is {limit / 1e9:.3g} GB ({limit:,} bytes), below the client "
-                     f"state one round holds on the device at once: {client_bytes(states):,} bytes a client "
-                     f"({stores_of(states)}) x {whose} = {need:,} bytes; raise federation.client_state_memory to "
-                     f"at least {gigabytes_at_least(need)} GB, or train fewer clients a round "
-                     "(federation.clients_per_round, the algorithm's participation)")
+    raise ValueError(
+        f"federation.client_state_memory is {limit / 1e9:.3g} GB ({limit:,} bytes), below the client "
+        f"state one round holds on the device at once: {client_bytes(states):,} bytes a client "
+        f"({stores_of(states)}) x {whose} = {need:,} bytes; raise federation.client_state_memory to "
+        f"at least {gigabytes_at_least(need)} GB, or train fewer clients a round "
+        "(federation.clients_per_round, the algorithm's participation)"
+    )
 
 
 def free_bytes(folder: Path) -> int:
@@ -62,8 +65,9 @@ def free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
-def disk_shortfall(states: ClientStates, num_clients: int, per_round: int, rounds: int,
-                   processes: int = 1) -> str | None:
+def disk_shortfall(
+    states: ClientStates, num_clients: int, per_round: int, rounds: int, processes: int = 1
+) -> str | None:
     """The one-line reason why the rows a run may spill cannot fit on the disk of the spill files' folder, or None:
     min(num_clients, per_round x rounds) clients' rows over every store, less the memory budget, for each of
     `processes` processes, less what this process's files already hold (for each), against the free space."""
@@ -77,13 +81,17 @@ def disk_shortfall(states: ClientStates, num_clients: int, per_round: int, round
     free = free_bytes(folder)
     if need <= free:
         return None
-    parts = [f"{client_bytes(states):,} bytes a client ({stores_of(states)}) x {clients:,} clients "
-             f"({per_round:,} a round x {rounds:,} rounds, of {num_clients:,}) less federation.client_state_memory's "
-             f"{states.budget.limit:,}"]
+    parts = [
+        f"{client_bytes(states):,} bytes a client ({stores_of(states)}) x {clients:,} clients "
+        f"({per_round:,} a round x {rounds:,} rounds, of {num_clients:,}) less federation.client_state_memory's "
+        f"{states.budget.limit:,}"
+    ]
     if held:
         parts.append(f"less {held:,} its files hold")
     if processes > 1:
         parts.append(f"x {processes} processes")
-    return (f"the client state may spill {need / 1e9:.3g} GB ({need:,} bytes: {', '.join(parts)}) to {folder}, "
-            f"whose disk has {free / 1e9:.3g} GB free: free {gigabytes_at_least(need - free)} GB there, keep the run "
-            "folder on a larger disk, or raise federation.client_state_memory")
+    return (
+        f"the client state may spill {need / 1e9:.3g} GB ({need:,} bytes: {', '.join(parts)}) to {folder}, "
+        f"whose disk has {free / 1e9:.3g} GB free: free {gigabytes_at_least(need - free)} GB there, keep the run "
+        "folder on a larger disk, or raise federation.client_state_memory"
+    )

@@ -7,6 +7,7 @@ them among its own processes on the machine and among the runs its launcher star
 (`FEDLIGHT_PARALLEL_RUNS`, set by `fedlight sweep` when it runs several at once), and uses that many threads, unless
 `federation.threads` or `OMP_NUM_THREADS` says otherwise.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,9 @@ def sharing_environment(runs: int) -> dict[str, str]:
     return {**os.environ, PARALLEL_RUNS_VARIABLE: str(runs)}
 
 
-def thread_count(configured: int | None, processes_here: int, cores: int | None = None,
-                 runs: int | None = None) -> tuple[int, str]:
+def thread_count(
+    configured: int | None, processes_here: int, cores: int | None = None, runs: int | None = None
+) -> tuple[int, str]:
     """(threads per process, where the number comes from): `configured` (`federation.threads`) when given, then
     `OMP_NUM_THREADS` when set, else the usable cores shared among this machine's processes of the run and the runs
     beside it (at least one thread each)."""

@@ -27,6 +27,7 @@
 
 What an algorithm may import is this package and `fedlight.cluster` (tests/docs/test_layout.py checks `algorithms/`).
 """
+
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -82,8 +83,13 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time `__get
     from fedlight.plugin.extension import ExtensionContext, RoundExtension
     from fedlight.plugin.message import MODEL, PER_CLIENT, ROUTING, SUMMED, MessageSchema
     from fedlight.plugin.model_parts import ModelParts, features_with, head_inputs
-    from fedlight.plugin.newcomers import (Newcomers, best_fitting, nearest_direction, nearest_update_direction,
-                                           unit_rows)
+    from fedlight.plugin.newcomers import (
+        Newcomers,
+        best_fitting,
+        nearest_direction,
+        nearest_update_direction,
+        unit_rows,
+    )
     from fedlight.plugin.population import ClientPopulation
     from fedlight.plugin.round_updates import RoundUpdates
     from fedlight.plugin.round_work import Arrivals, RoundWork

@@ -1,5 +1,6 @@
 """Cluster-wise weighted averages as running sums, so a round's updates can arrive a group of clients at a time
 (memory then holds one group's models, never clients x parameters), and per-client models built on demand."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -30,8 +31,9 @@ class ClusterAverage:
         self.sums = torch.zeros(clusters, dim, dtype=torch.float64, device=device)
         self.totals = torch.zeros(clusters, dtype=torch.float64, device=device)
 
-    def add(self, clusters: Tensor, weights: Tensor, values: Tensor | Differences,
-            starts: Tensor | None = None) -> None:
+    def add(
+        self, clusters: Tensor, weights: Tensor, values: Tensor | Differences, starts: Tensor | None = None
+    ) -> None:
         """Add row i of `values` with weight `weights[i]` to cluster `clusters[i]`: a weighted membership matrix
         times the rows, a chunk of rows at a time (`Differences`, e.g. the updates, are built a chunk at a time, so
         they are never held whole). `starts` (the models the rows were trained from) is not needed:
@@ -40,7 +42,7 @@ class ClusterAverage:
         member[clusters, torch.arange(len(values), device=values.device)] = weights.to(torch.float64)
         step = max(1, self.CHUNK_BYTES // (8 * max(1, values.shape[1])))
         for begin in range(0, len(values), step):
-            self.sums.addmm_(member[:, begin:begin + step], values[begin:begin + step].to(torch.float64))
+            self.sums.addmm_(member[:, begin : begin + step], values[begin : begin + step].to(torch.float64))
         self.totals += member.sum(dim=1)
 
     def reduce(self, updates: "RoundUpdates") -> None:

@@ -40,6 +40,7 @@ may record scalars and matrices as they act (`log`, `log_matrix`).
     round_metrics() ?                  scalars of the state after the round (optional: commands `log` as they act)
     state_dict() ?, load_state_dict(state)  what survives a restart
 """
+
 from __future__ import annotations
 
 import math
@@ -116,15 +117,21 @@ class Algorithm:
         super().__init_subclass__(**kwargs)
         for name in FORMER_DECLARATIONS:
             if name in vars(cls):
-                raise TypeError(f"{cls.__name__} sets `{name} = True`, which the class's plan replaced: write "
-                                f"plan = Plan({name}=True)")
+                raise TypeError(
+                    f"{cls.__name__} sets `{name} = True`, which the class's plan replaced: write "
+                    f"plan = Plan({name}=True)"
+                )
         for hook, field_name in DECLARED_BY.items():
             if hook in vars(cls) and not getattr(cls.plan, field_name):
-                raise TypeError(f"{cls.__name__} overrides {hook}, which runs only when the plan declares it: write "
-                                f"plan = Plan({field_name}=True)")
+                raise TypeError(
+                    f"{cls.__name__} overrides {hook}, which runs only when the plan declares it: write "
+                    f"plan = Plan({field_name}=True)"
+                )
         if "train_group" in vars(cls) and cls.plan.own_training:
-            raise TypeError(f"{cls.__name__} overrides train_group but its plan declares own_training, under which "
-                            "clients run train_client one at a time: remove one of the two")
+            raise TypeError(
+                f"{cls.__name__} overrides train_group but its plan declares own_training, under which "
+                "clients run train_client one at a time: remove one of the two"
+            )
 
     def __init__(self, participation: float = 1.0) -> None:
         if not 0 < participation <= 1:
@@ -171,8 +178,9 @@ class Algorithm:
         `server.model.group_loss_and_grad` for a custom loop: the engine sizes the groups by memory and trains each
         call vectorized when the plan allows. This default is the module's SGD at `learning_rate_scale`, with
         `local_gradient` when the class corrects gradients."""
-        return self.server.clients.train_many(round, clients, starts, lr_scale=self.learning_rate_scale(round),
-                                              gradient_hook=self._gradient_hook(clients))
+        return self.server.clients.train_many(
+            round, clients, starts, lr_scale=self.learning_rate_scale(round), gradient_hook=self._gradient_hook(clients)
+        )
 
     def _gradient_hook(self, clients: list[int]) -> GroupHook | None:
         """`local_gradient` as a hook of `train_many` over `clients` (None when the class does not correct)."""
@@ -185,8 +193,9 @@ class Algorithm:
 
         return hook
 
-    def train_client(self, round: int, client: int, start: Tensor
-                     ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def train_client(
+        self, round: int, client: int, start: Tensor
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
         """One client's own local work from its model `start`: (trained flat model, mean training loss), optionally
         with a third element, a dict of tensors the client sends beside its model (its personal model, its control
         variate), which reaches the aggregation hooks as `Updates.state`, gathered over the processes like the
@@ -196,8 +205,9 @@ class Algorithm:
         hook = None
         if self.plan.corrects_gradient:
             hook = lambda params, grad, begin: self.local_gradient(client, params, grad, begin)  # noqa: E731
-        trained = self.server.clients.train(round, client, start, lr_scale=self.learning_rate_scale(round),
-                                            gradient_hook=hook)
+        trained = self.server.clients.train(
+            round, client, start, lr_scale=self.learning_rate_scale(round), gradient_hook=hook
+        )
         return trained.params, trained.loss
 
     def learning_rate_scale(self, round: int) -> float:
@@ -282,10 +292,14 @@ class Algorithm:
         are the engine's (a client state, checkpointed with the federation); here are the mask, the start rows of
         the clients never written and the mask's generation, which names the store."""
         start = self._personal_start
-        return {"models": self.models, "assignment": self.assignment, "personal_mask": self.personal_mask,
-                "personal_start": None if start is None else start.rows,
-                "personal_start_group": None if start is None else start.group,
-                "personal_generation": torch.tensor(self._personal_generation)}
+        return {
+            "models": self.models,
+            "assignment": self.assignment,
+            "personal_mask": self.personal_mask,
+            "personal_start": None if start is None else start.rows,
+            "personal_start_group": None if start is None else start.group,
+            "personal_generation": torch.tensor(self._personal_generation),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the state of `state_dict`; the personal store is declared again under its saved name, for the
@@ -324,8 +338,9 @@ class Algorithm:
         model[self.personal_mask] = self.personal[client]  # one stored row, or the client's start row
         return model
 
-    def cluster_means(self, updates: Updates, weights: Tensor,
-                      values: Tensor | Differences | None = None) -> tuple[Tensor, Tensor]:
+    def cluster_means(
+        self, updates: Updates, weights: Tensor, values: Tensor | Differences | None = None
+    ) -> tuple[Tensor, Tensor]:
         """(clusters with a member in `updates`, weighted mean of their members' `values`), as one matrix product
         over a weighted membership matrix. `values` defaults to the trained models (then measured from the
         clients' starts); given values (updates) are combined as they are: `updates.delta_rows()` gives the updates
@@ -333,8 +348,9 @@ class Algorithm:
         aggregator, as in `aggregate`: a robust rule or DP's noised mean when the run configures one."""
         starts = updates.starts if values is None else None
         values = updates.params if values is None else values
-        average = self.server.aggregation.new(len(self.models), values.shape[1], values.dtype, values.device,
-                                              self.personal_mask)
+        average = self.server.aggregation.new(
+            len(self.models), values.shape[1], values.dtype, values.device, self.personal_mask
+        )
         average.add(self.assignment[updates.clients], weights, values, starts)
         return average.means()
 
@@ -364,8 +380,9 @@ class Algorithm:
         old, old_start = self.personal, self._personal_start
         if leaving.any():
             assert old is not None and old_start is not None  # set with the mask
-            active, means = leaving_means(old, old_start, self.assignment, self.server.clients.train_sizes,
-                                          leaving[old_m], len(self.models))
+            active, means = leaving_means(
+                old, old_start, self.assignment, self.server.clients.train_sizes, leaving[old_m], len(self.models)
+            )
             rows = self.models[active]
             rows[:, leaving] = means
             self.models[active] = rows
@@ -376,8 +393,11 @@ class Algorithm:
             return
         kept, from_old = old_m[new], new[old_m]
         cluster_values = self.models[:, new]  # shared until now: the cluster model's values
-        start = PersonalStart.first(cluster_values, self.assignment) if old_start is None else \
-            old_start.resliced(cluster_values, self.assignment, kept, from_old)
+        start = (
+            PersonalStart.first(cluster_values, self.assignment)
+            if old_start is None
+            else old_start.resliced(cluster_values, self.assignment, kept, from_old)
+        )
         self._personal_generation += 1
         self.personal = self.server.state.declare(store_name(self._personal_generation), start)
         self._personal_start = start

@@ -1,5 +1,6 @@
 """One error for a value outside a fixed set of names: the setting, what was given, the nearest name when one is close
 (a typo), and the names to choose from."""
+
 from __future__ import annotations
 
 import difflib
@@ -15,5 +16,6 @@ def did_you_mean(given: object, choices: Iterable[str]) -> str:
 def unknown_choice(setting: str, given: object, choices: Iterable[str], also: str = "") -> ValueError:
     """'SETTING must be one of A, B, C ALSO, got GIVEN (did you mean B?)', to raise."""
     choices = list(choices)
-    return ValueError(f"{setting} must be one of {', '.join(choices)}{also}, "
-                      f"got {given!r}{did_you_mean(given, choices)}")
+    return ValueError(
+        f"{setting} must be one of {', '.join(choices)}{also}, got {given!r}{did_you_mean(given, choices)}"
+    )

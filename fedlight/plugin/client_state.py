@@ -13,6 +13,7 @@ live in memory up to `federation.client_state_memory`, beyond it in a file of th
 What the clients' local work returns under a store's name (`train_group`'s `Trained.state`, an own
 `train_client`'s third element) is written by the engine after `post_aggregation`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence

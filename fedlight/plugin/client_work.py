@@ -15,6 +15,7 @@ Counted per client since the last `take`:
 `message_bytes` turns a round's counts into the bytes each client received and sent (`comm/*`), on the federated
 entries only: a frozen pretrained base never travels, and neither do the entries a client keeps for itself.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -38,8 +39,12 @@ class WorkDone:
     sent_bytes: np.ndarray
 
     def __add__(self, other: "WorkDone") -> "WorkDone":
-        return WorkDone(self.steps + other.steps, self.forward_samples + other.forward_samples,
-                        np.maximum(self.models_used, other.models_used), self.sent_bytes + other.sent_bytes)
+        return WorkDone(
+            self.steps + other.steps,
+            self.forward_samples + other.forward_samples,
+            np.maximum(self.models_used, other.models_used),
+            self.sent_bytes + other.sent_bytes,
+        )
 
 
 class ClientWork:
@@ -98,8 +103,12 @@ class ClientWork:
         stacked = torch.as_tensor(np.stack([c.astype(np.float64) for c in counts]), device=processes.device)
         largest = processes.gather(stacked[None]).amax(dim=0).cpu().numpy()
         self._steps, self._forward, self._models, self._calls, self._sent = (
-            largest[0].astype(np.int64), largest[1], largest[2].astype(np.int64), largest[3].astype(np.int64),
-            largest[4])
+            largest[0].astype(np.int64),
+            largest[1],
+            largest[2].astype(np.int64),
+            largest[3].astype(np.int64),
+            largest[4],
+        )
 
     def add(self, done: WorkDone) -> None:
         """Count `done` again (what `take` took out to measure a phase apart)."""
@@ -124,6 +133,10 @@ def message_bytes(done: WorkDone, clients: Sequence[int], model_bytes: float) ->
     ids = np.asarray(clients, dtype=np.int64)
     received = np.maximum(done.models_used[ids], 1) * float(model_bytes)
     sent = float(model_bytes) + done.sent_bytes[ids]
-    return {"comm/model_bytes": float(model_bytes), "comm/received_bytes": float(received.mean()),
-            "comm/received_bytes_max": float(received.max()), "comm/sent_bytes": float(sent.mean()),
-            "comm/sent_bytes_max": float(sent.max())}
+    return {
+        "comm/model_bytes": float(model_bytes),
+        "comm/received_bytes": float(received.mean()),
+        "comm/received_bytes_max": float(received.max()),
+        "comm/sent_bytes": float(sent.mean()),
+        "comm/sent_bytes_max": float(sent.max()),
+    }

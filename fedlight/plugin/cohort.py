@@ -7,6 +7,7 @@ describes the clients a round can reach, whatever method runs, so one `federatio
 algorithms, and every algorithm's `select_clients` honours it, a user's plugin included, without forwarding a new
 argument through 27 constructors. The engine checks after every selection that the count was kept.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,11 +44,15 @@ class Cohort:
         if count is None:
             return
         if count > self.num_clients:
-            raise ValueError(f"federation.clients_per_round is {count}, more than the {self.num_clients:,} clients: "
-                             f"give at most {self.num_clients}")
+            raise ValueError(
+                f"federation.clients_per_round is {count}, more than the {self.num_clients:,} clients: "
+                f"give at most {self.num_clients}"
+            )
         if self.participation != 1.0:
-            raise ValueError(f"federation.clients_per_round ({count}) and algorithm.init_args.participation "
-                             f"({self.participation}) both set the clients of a round: give one of the two")
+            raise ValueError(
+                f"federation.clients_per_round ({count}) and algorithm.init_args.participation "
+                f"({self.participation}) both set the clients of a round: give one of the two"
+            )
 
     @property
     def size(self) -> int:
@@ -67,9 +72,11 @@ class Cohort:
         clients the run's draw gave in the round (`ServerContext.drawn`), fewer when fewer were available."""
         count = self.clients_per_round
         if count is not None and selected != count and (drawn is None or selected != len(drawn)):
-            raise ValueError(f"{algorithm}.select_clients chose {selected} clients in round {round}, but "
-                             f"federation.clients_per_round is {count}: select through the base class "
-                             f"(super().select_clients) or leave clients_per_round out")
+            raise ValueError(
+                f"{algorithm}.select_clients chose {selected} clients in round {round}, but "
+                f"federation.clients_per_round is {count}: select through the base class "
+                f"(super().select_clients) or leave clients_per_round out"
+            )
 
 
 @dataclass(frozen=True)
@@ -101,8 +108,13 @@ class CohortDraw:
             (`needs_every_client`, `declare_every_client_work`), for the run's start line and summary.json's plan.
     """
 
-    def __init__(self, num_clients: int, clients_per_round: int | None,
-                 rng: Callable[[int, str], np.random.Generator], message: "MessageSchema") -> None:
+    def __init__(
+        self,
+        num_clients: int,
+        clients_per_round: int | None,
+        rng: Callable[[int, str], np.random.Generator],
+        message: "MessageSchema",
+    ) -> None:
         self.num_clients, self.clients_per_round = num_clients, clients_per_round
         self._rng, self._message = rng, message
         self.every_client_work: list[str] = []
@@ -121,8 +133,11 @@ class CohortDraw:
         drawn = self._draw(round, count)
         if drawn is None:
             n = self.num_clients
-            drawn = list(range(n)) if count == n else \
-                sorted(self._rng(round, "select").choice(n, size=count, replace=False).tolist())
+            drawn = (
+                list(range(n))
+                if count == n
+                else sorted(self._rng(round, "select").choice(n, size=count, replace=False).tolist())
+            )
         self._drawn = (round, list(drawn))
         return drawn
 
@@ -141,8 +156,10 @@ class CohortDraw:
         count = self.clients_per_round
         if count is not None and count < self.num_clients:
             other = f", or set {instead}" if instead else ""
-            raise ValueError(f"{method} trains every client {when}, but federation.clients_per_round allows "
-                             f"{count} of {self.num_clients:,}: leave clients_per_round out for {method}{other}")
+            raise ValueError(
+                f"{method} trains every client {when}, but federation.clients_per_round allows "
+                f"{count} of {self.num_clients:,}: leave clients_per_round out for {method}{other}"
+            )
         self.declare_every_client_work(f"trains every client {when}")
         if in_a_round:
             self._message.needs_every_client(when)

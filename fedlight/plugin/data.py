@@ -6,6 +6,7 @@ client's data is a slice and a batch is a gather on the device) and a per-batch 
 builds one from any pool of samples and a partition scheme; any LightningDataModule that satisfies
 `ClientDataModule` works too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -71,7 +72,7 @@ class FederatedData:
     test: ClientSplit
     num_classes: int
     cluster_labels: np.ndarray | None = None  # each client's true cluster, when the partition defines one
-    public_x: Tensor | None = None            # the server's unlabelled public data, when held out
+    public_x: Tensor | None = None  # the server's unlabelled public data, when held out
     info: dict = field(default_factory=dict)
     newcomers: "FederatedData | None" = None  # clients held out of training, to evaluate after it (their own data)
 
@@ -95,8 +96,16 @@ class FederatedData:
         """The data with every split, the public data and the newcomers' data on `device`."""
         public = None if self.public_x is None else self.public_x.to(device)
         newcomers = None if self.newcomers is None else self.newcomers.to(device)
-        return FederatedData(self.train.to(device), self.val.to(device), self.test.to(device),
-                             self.num_classes, self.cluster_labels, public, self.info, newcomers)
+        return FederatedData(
+            self.train.to(device),
+            self.val.to(device),
+            self.test.to(device),
+            self.num_classes,
+            self.cluster_labels,
+            public,
+            self.info,
+            newcomers,
+        )
 
     def select(self, clients: np.ndarray) -> "FederatedData":
         """The given clients alone, in that order (their splits, true clusters and the public data), with
@@ -104,8 +113,15 @@ class FederatedData:
         clients = np.asarray(clients, dtype=np.int64)
         train, val, test = (self.split(name).select(clients) for name in SPLITS)
         labels = None if self.cluster_labels is None else np.asarray(self.cluster_labels)[clients]
-        return FederatedData(train, val, test, num_classes=self.num_classes, cluster_labels=labels,
-                             public_x=self.public_x, info={**self.info, "partition_clients": clients.tolist()})
+        return FederatedData(
+            train,
+            val,
+            test,
+            num_classes=self.num_classes,
+            cluster_labels=labels,
+            public_x=self.public_x,
+            info={**self.info, "partition_clients": clients.tolist()},
+        )
 
     def hold_out(self, clients: np.ndarray) -> "FederatedData":
         """The other clients, for training, with the given ones as `newcomers` (docs/architecture.md, "Data
@@ -143,9 +159,11 @@ SMALL_EVALUATION = 10  # below this many evaluation samples per client, per-clie
 def load_clients(data: ClientDataModule, seed: int) -> FederatedData:
     """Prepare and set up a data module for `seed` and return its clients (checked against the contract)."""
     if not isinstance(data, ClientDataModule):
-        raise ValueError(f"{type(data).__name__} is not a federated data module: subclass "
-                        "fedlight.datamodules.FederatedDataModule (or provide seed, federated, prepare_data, setup "
-                        "and on_after_batch_transfer)")
+        raise ValueError(
+            f"{type(data).__name__} is not a federated data module: subclass "
+            "fedlight.datamodules.FederatedDataModule (or provide seed, federated, prepare_data, setup "
+            "and on_after_batch_transfer)"
+        )
     data.seed = seed
     data.prepare_data()
     data.setup("fit")
@@ -157,15 +175,26 @@ def load_clients(data: ClientDataModule, seed: int) -> FederatedData:
 def check_evaluation_split(sizes: np.ndarray, split: str) -> None:
     """Refuse a split with no sample at all; warn when some clients have none (they are left out of the means)
     or when most have so few that their accuracy is noise."""
-    fix = (f"give the clients more samples or raise the data module's {split}_fraction" if split != "train" else
-           "give the clients more samples")
+    fix = (
+        f"give the clients more samples or raise the data module's {split}_fraction"
+        if split != "train"
+        else "give the clients more samples"
+    )
     if sizes.sum() == 0:
-        raise ValueError(f"federation.eval_split={split!r}, but no client has a sample in that split: {fix}, or "
-                         "evaluate on eval_split='train'")
+        raise ValueError(
+            f"federation.eval_split={split!r}, but no client has a sample in that split: {fix}, or "
+            "evaluate on eval_split='train'"
+        )
     empty = int((sizes == 0).sum())
     if empty:
-        warnings.warn(f"{empty} of {len(sizes)} clients have no {split!r} samples: they are left out of the {split} "
-                      f"means and their per-client values are empty ({fix})", stacklevel=3)
+        warnings.warn(
+            f"{empty} of {len(sizes)} clients have no {split!r} samples: they are left out of the {split} "
+            f"means and their per-client values are empty ({fix})",
+            stacklevel=3,
+        )
     if np.median(sizes) < SMALL_EVALUATION:
-        warnings.warn(f"most clients have fewer than {SMALL_EVALUATION} {split!r} samples (median "
-                      f"{float(np.median(sizes)):g}): their accuracy is noise ({fix})", stacklevel=3)
+        warnings.warn(
+            f"most clients have fewer than {SMALL_EVALUATION} {split!r} samples (median "
+            f"{float(np.median(sizes)):g}): their accuracy is noise ({fix})",
+            stacklevel=3,
+        )

@@ -4,6 +4,7 @@ Accuracy, macro-F1 and loss of n clients come from three `bincount`s over (clien
 n calls into torchmetrics: same definitions (macro-F1 averages over the classes a client has in its labels
 or predictions, as torchmetrics does), tested against torchmetrics client by client.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -17,8 +18,9 @@ HIGHER_IS_BETTER = {"acc": True, "f1": True, "loss": False, "cost": False}
 UNSEEN = "unseen"  # the name of the held-out clients' summaries: unseen/acc_mean, unseen/ari, ...
 
 
-def per_client_classification(logits: Tensor, target: Tensor, client: Tensor, num_clients: int,
-                              num_classes: int) -> dict[str, Tensor]:
+def per_client_classification(
+    logits: Tensor, target: Tensor, client: Tensor, num_clients: int, num_classes: int
+) -> dict[str, Tensor]:
     """Accuracy, macro-F1 and mean cross-entropy of each client; rows of `logits` belong to `client`."""
     import torch  # here: the metric names below are read by the command line, which does not load torch
     import torch.nn.functional as F

@@ -6,6 +6,7 @@ An extension has a no-op hook for each fixed point of the set-up and of a round;
 needs. The federation builds its extensions once and calls each hook on all of them in order
 (`fedlight.engine.extensions.RoundExtensions`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -115,8 +116,9 @@ class RoundExtension:
         who finishes part of the local steps), once, after the selection and before any trains; None: all of it."""
         return None
 
-    def arrivals(self, round: int, dispatched: list[int], train: Callable[[list[int]], list["Updates"]]
-                 ) -> "Arrivals | None":
+    def arrivals(
+        self, round: int, dispatched: list[int], train: Callable[[list[int]], list["Updates"]]
+    ) -> "Arrivals | None":
         """The updates the round aggregates when they are not the `dispatched` clients' (an asynchronous server:
         `train(clients)` trains clients now, a group at a time, and the answer names those whose updates arrive);
         None: the dispatched clients', trained when the algorithm asks for them. Once a round, after `work`."""
@@ -139,8 +141,9 @@ class RoundExtension:
         """Columns of the training clients' rows in clients.csv, one value per client."""
         return {}
 
-    def evaluate(self, round: int, models: tuple, clusters: np.ndarray | None
-                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    def evaluate(
+        self, round: int, models: tuple, clusters: np.ndarray | None
+    ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """At an evaluated round, with the training clients' evaluation models (`Algorithm.evaluation_models`) and
         clusters: (summaries for metrics.csv, columns of held-out clients' rows in clients.csv)."""
         return {}, {}

@@ -26,6 +26,7 @@ A round may also need every client's message at once (SR-FCA's one-shot round cl
 clustering round): `needs_every_client` records it (`ServerContext.cohort.needs_every_client` does), so that an
 asynchronous server, which aggregates the first arrivals, can refuse it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
@@ -37,8 +38,12 @@ from fedlight.plugin.choices import unknown_choice
 
 MODEL, SUMMED, PER_CLIENT, ROUTING = "model", "summed", "per_client", "routing"
 #: each kind, as a refusal names it
-KINDS = {MODEL: "a model beside the trained one", SUMMED: "a statistic summed over clients",
-         PER_CLIENT: "a value the server reads client by client", ROUTING: "the server's own routing of the update"}
+KINDS = {
+    MODEL: "a model beside the trained one",
+    SUMMED: "a statistic summed over clients",
+    PER_CLIENT: "a value the server reads client by client",
+    ROUTING: "the server's own routing of the update",
+}
 
 
 class MessageSchema:
@@ -64,8 +69,9 @@ class MessageSchema:
         if kind not in KINDS:
             raise unknown_choice("the kind of a message entry", kind, tuple(KINDS))
         if trained_from is not None and kind != MODEL:
-            raise ValueError(f"message entry {name!r}: only a model entry is trained from server models, not one of "
-                             f"kind {kind!r}")
+            raise ValueError(
+                f"message entry {name!r}: only a model entry is trained from server models, not one of kind {kind!r}"
+            )
         self.entries[name] = kind
         if trained_from is not None:
             self.trained_from[name] = trained_from
@@ -83,10 +89,12 @@ class MessageSchema:
         """Stop, in one line, at an entry a client returned that is neither a client-state store nor declared."""
         for name in names:
             if name not in self.stores and name not in self.entries:
-                raise ValueError(f"{algorithm}'s clients return {name!r} beside their models, which is neither a "
-                                 "client-state store nor declared: say what it is in setup, "
-                                 f"server.message.sends({name!r}, kind) with kind one of {', '.join(KINDS)} "
-                                 "(fedlight.plugin.message), or store it with server.state.declare")
+                raise ValueError(
+                    f"{algorithm}'s clients return {name!r} beside their models, which is neither a "
+                    "client-state store nor declared: say what it is in setup, "
+                    f"server.message.sends({name!r}, kind) with kind one of {', '.join(KINDS)} "
+                    "(fedlight.plugin.message), or store it with server.state.declare"
+                )
 
     def describe(self, name: str) -> str:
         """An entry as a refusal names it: "'global_copy' (a model beside the trained one)"."""

@@ -12,6 +12,7 @@ The head is the network's last layer (its declared `layer_names()`, else the las
 its input is what these methods call the features (the representation): `head_inputs` returns it beside the
 outputs, inside a vectorized objective as well as in evaluation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,10 @@ def head_name(module: nn.Module) -> str | None:
 def head_of(module: nn.Module, name: str | None) -> nn.Module:
     """The head named `name` (`head_name`), or a one-line refusal for a model without a layer."""
     if name is None:
-        raise ValueError(f"{type(module).__name__} has no layer with parameters: there is no head to read features "
-                         "at; use a network that ends with a layer (nn.Linear)")
+        raise ValueError(
+            f"{type(module).__name__} has no layer with parameters: there is no head to read features "
+            "at; use a network that ends with a layer (nn.Linear)"
+        )
     return module.get_submodule(name)
 
 
@@ -51,12 +54,16 @@ def head_inputs(module: nn.Module, head: nn.Module, x: Tensor) -> tuple[Tensor, 
     finally:
         handle.remove()
     if len(captured) != 1:
-        raise ValueError(f"the head ({type(head).__name__}) ran {len(captured)} times in one forward pass; "
-                         "features are read at a head that runs once")
+        raise ValueError(
+            f"the head ({type(head).__name__}) ran {len(captured)} times in one forward pass; "
+            "features are read at a head that runs once"
+        )
     if captured[0].dim() != 2:  # a head applied to every position of a sequence, pooled after it (GPT-2's score)
-        raise ValueError(f"the head ({type(head).__name__}) reads inputs of shape {tuple(captured[0].shape)}, not one "
-                         "feature row a sample: a method that reads the features at the head needs a network that "
-                         "pools before its head (BERT, ViT, a CNN), not one that pools its outputs (GPT-2)")
+        raise ValueError(
+            f"the head ({type(head).__name__}) reads inputs of shape {tuple(captured[0].shape)}, not one "
+            "feature row a sample: a method that reads the features at the head needs a network that "
+            "pools before its head (BERT, ViT, a CNN), not one that pools its outputs (GPT-2)"
+        )
     return captured[0], outputs
 
 
@@ -102,9 +109,11 @@ class ModelParts:
         features refuses another head in one line."""
         size = getattr(self.head, "in_features", None)
         if not isinstance(size, int):
-            raise ValueError(f"{method} reads the features at the network's head, which must be a linear layer; "
-                             f"{self.head_name} is a {type(self.head).__name__}: end the network with nn.Linear "
-                             "(or declare layer_names() whose last is it)")
+            raise ValueError(
+                f"{method} reads the features at the network's head, which must be a linear layer; "
+                f"{self.head_name} is a {type(self.head).__name__}: end the network with nn.Linear "
+                "(or declare layer_names() whose last is it)"
+            )
         return size
 
     def add(self, name: str, part: nn.Module) -> None:

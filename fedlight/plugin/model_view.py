@@ -1,5 +1,6 @@
 """`ModelView`: the run's network as an algorithm uses it (`server.model`): flat models run, differentiated and
 re-initialized, and the network's layout as boolean masks over the flat parameter vector."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Literal
@@ -29,8 +30,16 @@ class ModelView:
         initial_params: the model's initial flat parameters (do not write into it; clone first).
     """
 
-    def __init__(self, module: L.LightningModule, flat: FlatModel, trainer: ClientTrainer, fabric: L.Fabric,
-                 inputs: Callable[[Tensor], Tensor], eval_batch_size: int, head_name: str | None = None) -> None:
+    def __init__(
+        self,
+        module: L.LightningModule,
+        flat: FlatModel,
+        trainer: ClientTrainer,
+        fabric: L.Fabric,
+        inputs: Callable[[Tensor], Tensor],
+        eval_batch_size: int,
+        head_name: str | None = None,
+    ) -> None:
         self.module = module
         self._flat, self._trainer, self._fabric, self._inputs = flat, trainer, fabric, inputs
         self._head_name = head_name if head_name is not None else model_parts.head_name(module)
@@ -58,9 +67,11 @@ class ModelView:
         model's per-token scores) is refused in one line: what reads class probabilities cannot run on it."""
         outputs = self.outputs(params, x)
         if outputs.dim() != 2:
-            raise ValueError(f"this method reads class probabilities, and {type(self.module).__name__}'s outputs are "
-                             f"{tuple(outputs.shape[1:])} per sample, not class logits: use a classifier, or a method "
-                             "that needs only the module's loss")
+            raise ValueError(
+                f"this method reads class probabilities, and {type(self.module).__name__}'s outputs are "
+                f"{tuple(outputs.shape[1:])} per sample, not class logits: use a classifier, or a method "
+                "that needs only the module's loss"
+            )
         return outputs
 
     def outputs(self, params: Tensor, x: Tensor) -> Tensor:
@@ -93,7 +104,7 @@ class ModelView:
         size = self._eval_batch_size
         inputs, outputs = [], []
         for begin in range(0, max(len(x), 1), size):  # an empty x still gives a (0, ...) output
-            batch = self._inputs(x[begin: begin + size])
+            batch = self._inputs(x[begin : begin + size])
             with self._fabric.autocast():
                 if features:
                     feature, output = model_parts.head_inputs(self.module, self.head, batch)
@@ -159,8 +170,10 @@ class ModelView:
         `option`, the algorithm's setting."""
         layers = self.layers()
         if count >= len(layers):
-            raise ValueError(f"{option} is {count:g}, the whole network ({len(layers)} layers: {', '.join(layers)}): "
-                             f"give fewer than {len(layers)}, so that the split leaves layers on both sides")
+            raise ValueError(
+                f"{option} is {count:g}, the whole network ({len(layers)} layers: {', '.join(layers)}): "
+                f"give fewer than {len(layers)}, so that the split leaves layers on both sides"
+            )
         return self.layer_count_mask(count, side)
 
     def tensors_mask(self, names: list[str]) -> Tensor:
@@ -169,8 +182,10 @@ class ModelView:
         known = {e.name for e in self._flat.entries}
         unknown = [name for name in names if name not in known]
         if unknown:
-            raise ValueError(f"{unknown[0]} is not a federated tensor of the model (a frozen one is outside the "
-                             "federated parameters)")
+            raise ValueError(
+                f"{unknown[0]} is not a federated tensor of the model (a frozen one is outside the "
+                "federated parameters)"
+            )
         return self._flat.tensors_mask(names)
 
     def module_mask(self, kinds: tuple[type[nn.Module], ...]) -> Tensor:

@@ -7,6 +7,7 @@ ground-truth clusters. The engine's implementation, `fedlight.engine.held_out.He
 round being evaluated. A newcomer's local work (training from a start, its batches) is seeded by (seed, round,
 newcomer, purpose), so an evaluation repeats exactly in a resumed run.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,22 +56,30 @@ class Newcomers(Protocol):
         draws another stream of batches (fine-tuning)."""
         ...
 
-    def train_many(self, newcomers: list[int], starts: Tensor, epochs: int | None = None,
-                   purpose: str = "newcomer", trainable: Tensor | None = None) -> Tensor:
+    def train_many(
+        self,
+        newcomers: list[int],
+        starts: Tensor,
+        epochs: int | None = None,
+        purpose: str = "newcomer",
+        trainable: Tensor | None = None,
+    ) -> Tensor:
         """(len(newcomers), d) `train` of each newcomer from its row of `starts`, as one group: vectorized when the
         run's plan trains its clients vectorized (`ServerContext.clients.train_many`). `trainable` ((d,) bool) freezes
         the other entries, which end exactly at their starts (FedRep fits a newcomer's head on the global body)."""
         ...
 
-    def batches(self, newcomer: int, epochs: int | None = None,
-                purpose: str = "newcomer") -> Iterator[tuple[int, int, Any]]:
+    def batches(
+        self, newcomer: int, epochs: int | None = None, purpose: str = "newcomer"
+    ) -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of one newcomer's training split, as `ServerContext.clients.batches` gives a training
         client's: the pieces of an algorithm's own local step (Per-FedAvg's adaptation)."""
         ...
 
 
-def nearest_update_direction(newcomers: Newcomers, models: Tensor, members: Tensor,
-                             mask: Tensor | None = None) -> Tensor:
+def nearest_update_direction(
+    newcomers: Newcomers, models: Tensor, members: Tensor, mask: Tensor | None = None
+) -> Tensor:
     """(count,) for each newcomer, the cluster model whose direction from the centre (the members-weighted mean of
     the cluster models: one global model) is nearest in cosine to the newcomer's own update from the centre. A
     newcomer trains once, from one model every cluster also left; a cluster's direction is where its members'

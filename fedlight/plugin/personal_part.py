@@ -8,6 +8,7 @@ mask was set (its cluster model's values then), kept as one row per cluster, not
 (`store_name`): `reslice` writes them a chunk of clients at a time, and `leaving_means` averages the entries that stop
 being personal per cluster, over the stored rows and, for the clients never written, their start rows once each.
 """
+
 from __future__ import annotations
 
 import torch
@@ -61,11 +62,12 @@ class PersonalStart:
 def chunks(clients: Tensor, row_bytes: int) -> list[Tensor]:
     """`clients` in chunks whose rows of `row_bytes` take about `CHUNK_BYTES` (at least one client each)."""
     step = max(1, CHUNK_BYTES // max(1, row_bytes))
-    return [clients[begin: begin + step] for begin in range(0, len(clients), step)]
+    return [clients[begin : begin + step] for begin in range(0, len(clients), step)]
 
 
-def leaving_means(store: ClientState, start: PersonalStart, assignment: Tensor, sizes: Tensor, columns: Tensor,
-                  clusters: int) -> tuple[Tensor, Tensor]:
+def leaving_means(
+    store: ClientState, start: PersonalStart, assignment: Tensor, sizes: Tensor, columns: Tensor, clusters: int
+) -> tuple[Tensor, Tensor]:
     """(clusters with weight, the training-set-size weighted mean of their members' personal values on `columns`,
     a boolean mask over the personal part): the stored rows a chunk at a time, and each (cluster, start row) pair
     of the clients never written once, with their summed weight (every such client holds that row)."""
@@ -83,8 +85,16 @@ def leaving_means(store: ClientState, start: PersonalStart, assignment: Tensor, 
     return average.means()
 
 
-def reslice(old: ClientState | None, new: ClientState, cluster_values: Tensor, assignment: Tensor, kept: Tensor,
-            from_old: Tensor, updates: Updates | None, mask: Tensor) -> None:
+def reslice(
+    old: ClientState | None,
+    new: ClientState,
+    cluster_values: Tensor,
+    assignment: Tensor,
+    kept: Tensor,
+    from_old: Tensor,
+    updates: Updates | None,
+    mask: Tensor,
+) -> None:
     """Write into `new` (the personal part under `mask`) the rows of the clients `old` stored, and of the clients in
     `updates` when entries become personal: each client's cluster values `cluster_values` (K, p_new), with the
     entries that stay personal (`kept`; `from_old` over the old part) from its row in `old`, and the newly personal
@@ -100,8 +110,12 @@ def reslice(old: ClientState | None, new: ClientState, cluster_values: Tensor, a
         trained_row = torch.full((new.num_clients,), -1, dtype=torch.long, device=device)
         trained_row[updated] = torch.arange(len(updated), device=device)
     element = torch.empty((), dtype=new.dtype).element_size()
-    for chunk in chunks(clients, new.row_bytes + (old.row_bytes if old is not None else 0)
-                        + (element * len(mask) if trained_row is not None else 0)):
+    for chunk in chunks(
+        clients,
+        new.row_bytes
+        + (old.row_bytes if old is not None else 0)
+        + (element * len(mask) if trained_row is not None else 0),
+    ):
         rows = cluster_values[assignment[chunk]]
         if old is not None and bool(kept.any()):
             rows[:, kept] = old.read(chunk)[:, from_old]

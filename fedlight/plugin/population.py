@@ -4,6 +4,7 @@ The training clients (`server.clients`) and the clients held out of training (th
 two populations of one class, so their sizes, splits, losses, per-sample losses and local training are the same
 code: a newcomer is run exactly as a training client would be.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -42,9 +43,14 @@ class ClientPopulation:
         work: what each client's work ran (`fedlight.plugin.client_work`), which the virtual clock charges.
     """
 
-    def __init__(self, data: FederatedData, sample_loss: Callable[[Tensor, Tensor, Tensor], Tensor],
-                 trainer: ClientTrainer, seed_of: Callable[[int, int, str], int],
-                 train_group: GroupTrainer | None = None) -> None:
+    def __init__(
+        self,
+        data: FederatedData,
+        sample_loss: Callable[[Tensor, Tensor, Tensor], Tensor],
+        trainer: ClientTrainer,
+        seed_of: Callable[[int, int, str], int],
+        train_group: GroupTrainer | None = None,
+    ) -> None:
         self.data, self.sample_loss, self.trainer, self.seed_of = data, sample_loss, trainer, seed_of
         self._stepping: list[int] = []  # the clients whose batch a custom loop drew last (`gradient_pass`)
         self._train_group = train_group
@@ -81,8 +87,9 @@ class ClientPopulation:
         self.work.forward(range(count) if clients is None else clients, counts.tolist(), len(models))
         losses = torch.empty(len(models), count, device=data.y.device)
         for j, params in enumerate(models):
-            losses[j] = torch.bincount(owner, weights=self.sample_loss(params, data.x, data.y),
-                                       minlength=count) / counts
+            losses[j] = (
+                torch.bincount(owner, weights=self.sample_loss(params, data.x, data.y), minlength=count) / counts
+            )
         return losses
 
     @torch.no_grad()
@@ -106,9 +113,17 @@ class ClientPopulation:
         return torch.stack([self.sample_loss(params, x, y) for params in models])
 
     # -- local training --------------------------------------------------------------------------------------
-    def train(self, round: int, client: int, start: Tensor, epochs: int | None = None, lr_scale: float = 1.0,
-              gradient_hook: GradientHook | None = None, purpose: str = "train",
-              sample_weights: Tensor | None = None) -> Trained:
+    def train(
+        self,
+        round: int,
+        client: int,
+        start: Tensor,
+        epochs: int | None = None,
+        lr_scale: float = 1.0,
+        gradient_hook: GradientHook | None = None,
+        purpose: str = "train",
+        sample_weights: Tensor | None = None,
+    ) -> Trained:
         """Train the model from `start` on one client's training split with the module's `training_step` and
         optimizer, seeded by (seed, round, client); returns its `Trained` (`params`, the trained flat model; `loss`,
         the mean loss of the last epoch). `epochs` defaults to the federation's local epochs; `gradient_hook(params,
@@ -120,14 +135,33 @@ class ClientPopulation:
         x, y = self.data.train.client(client)
         max_steps = self._max_steps(client, epochs)
         self.work.trained([client], [self.steps_this_round(client, epochs)])
-        return self.trainer.fit(start, x, y, self.seed_of(round, client, purpose), gradient_hook, lr_scale=lr_scale,
-                                epochs=epochs, round=max(round, 1), sample_weights=sample_weights,
-                                max_steps=max_steps)
+        return self.trainer.fit(
+            start,
+            x,
+            y,
+            self.seed_of(round, client, purpose),
+            gradient_hook,
+            lr_scale=lr_scale,
+            epochs=epochs,
+            round=max(round, 1),
+            sample_weights=sample_weights,
+            max_steps=max_steps,
+        )
 
-    def train_many(self, round: int, clients: list[int], starts: Tensor, epochs: int | None = None,
-                   lr_scale: float = 1.0, gradient_hook: GroupHook | None = None, trainable: Tensor | None = None,
-                   sample_weights: list[Tensor] | None = None, purpose: str = "train",
-                   objective: Objective | None = None, client_inputs: Tensor | None = None) -> Trained:
+    def train_many(
+        self,
+        round: int,
+        clients: list[int],
+        starts: Tensor,
+        epochs: int | None = None,
+        lr_scale: float = 1.0,
+        gradient_hook: GroupHook | None = None,
+        trainable: Tensor | None = None,
+        sample_weights: list[Tensor] | None = None,
+        purpose: str = "train",
+        objective: Objective | None = None,
+        client_inputs: Tensor | None = None,
+    ) -> Trained:
         """Train `clients` from the rows of `starts` with the module's `training_step` and optimizer, as `train`
         does for each alone (same batches, same seeds), but as one group: vectorized when the run's plan allows,
         in groups sized by memory. Returns a `Trained` (models (len(clients), d), each client's mean loss of the last
@@ -138,8 +172,9 @@ class ClientPopulation:
         of batches; `objective(module, (x, y), inputs)` is each step's loss instead of `training_step`, handed the
         client's row of `client_inputs` (`fedlight.training.local_work.LocalWork`)."""
         if self._train_group is None:
-            raise RuntimeError("ClientPopulation.train_many before the engine bound its group training: "
-                               "call bind_group_training first")
+            raise RuntimeError(
+                "ClientPopulation.train_many before the engine bound its group training: call bind_group_training first"
+            )
         work = LocalWork(epochs, lr_scale, gradient_hook, trainable, sample_weights, purpose, objective, client_inputs)
         clients = list(clients)
         self.work.trained(clients, [self.steps_this_round(c, epochs) for c in clients])
@@ -150,8 +185,9 @@ class ClientPopulation:
         schedulers, first parameter group)."""
         return self.trainer.learning_rates.round_rate(max(round, 1))
 
-    def batches(self, round: int, client: int, epochs: int | None = None,
-                purpose: str = "train") -> Iterator[tuple[int, int, Any]]:
+    def batches(
+        self, round: int, client: int, epochs: int | None = None, purpose: str = "train"
+    ) -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of one client's training split, converted as the model sees them: the batches
         `train` takes in this round for this purpose (its share of them when the round cuts it short)."""
         x, y = self.data.train.client(client)
@@ -164,8 +200,9 @@ class ClientPopulation:
         finally:
             self._stepping = []
 
-    def group_batches(self, round: int, clients: list[int], epochs: int | None = None,
-                      purpose: str = "train") -> Iterator[GroupStep]:
+    def group_batches(
+        self, round: int, clients: list[int], epochs: int | None = None, purpose: str = "train"
+    ) -> Iterator[GroupStep]:
         """The steps of a custom loop of a group of clients at once, each client's batches those `batches` gives it
         (for a custom local loop with `server.model.group_loss_and_grad`); the module's trainer is told each step's
         place in the round, as the trainers tell it."""
@@ -175,8 +212,15 @@ class ClientPopulation:
         limits = [self._max_steps(c, epochs) for c in clients] if self.trainer.work_shares.cuts(clients) else None
         self.work.began(clients)
         try:
-            for step in group_steps(data, seeds, self.trainer.batch_size, epochs, self.trainer.batch_transform,
-                                    self.train_sizes.device, limits):
+            for step in group_steps(
+                data,
+                seeds,
+                self.trainer.batch_size,
+                epochs,
+                self.trainer.batch_transform,
+                self.train_sizes.device,
+                limits,
+            ):
                 self.trainer.stand_in.at(max(round, 1), step.epoch, step.step)
                 self._stepping = [clients[row] for row in step.rows]
                 yield step

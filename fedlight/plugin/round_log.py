@@ -1,5 +1,6 @@
 """The logging service of algorithms: what a hook records as it acts (`Algorithm.log`, `Algorithm.log_matrix`),
 collected for the round and taken by the engine when the round ends."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ It trains lazily: a streamed round trains each group when `groups()` reaches it,
 the first `all()`. `finish()` (called by the engine after `post_aggregation`) trains whatever no hook asked for,
 and returns the round's training report, shared over the processes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -60,7 +61,7 @@ def finite_rows(values: Tensor) -> Tensor:
     if rows.is_floating_point() and bool(torch.isfinite(rows.sum(dim=1)).all()):
         return torch.ones(len(rows), dtype=torch.bool, device=rows.device)  # a sum is finite only if every entry is
     step = max(1, CHECK_ENTRIES // max(1, rows.shape[1]))
-    blocks = [torch.isfinite(rows[begin: begin + step]).all(dim=1) for begin in range(0, len(rows), step)]
+    blocks = [torch.isfinite(rows[begin : begin + step]).all(dim=1) for begin in range(0, len(rows), step)]
     return torch.cat([rows.new_zeros(0, dtype=torch.bool), *blocks])
 
 
@@ -94,9 +95,17 @@ class RoundUpdates:
             them all).
     """
 
-    def __init__(self, clients: list[int], holds: bool, groups: list[list[int]], train: Callable[[list[int]], Updates],
-                 collective: Processes, num_clients: int, learning_rate: float | None = None,
-                 dropped: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        clients: list[int],
+        holds: bool,
+        groups: list[list[int]],
+        train: Callable[[list[int]], Updates],
+        collective: Processes,
+        num_clients: int,
+        learning_rate: float | None = None,
+        dropped: list[int] | None = None,
+    ) -> None:
         self.clients, self.holds = clients, holds
         self._groups, self._train, self._collective = groups, train, collective
         self._num_clients, self._learning_rate = num_clients, learning_rate
@@ -138,9 +147,11 @@ class RoundUpdates:
             yield self.all()
             return
         if self._streamed:
-            raise RuntimeError("a streamed round's updates can be read once (its groups are trained as they are "
-                               "read): declare plan = Plan(holds_updates=True) on the algorithm to look at them "
-                               "more than once")
+            raise RuntimeError(
+                "a streamed round's updates can be read once (its groups are trained as they are "
+                "read): declare plan = Plan(holds_updates=True) on the algorithm to look at them "
+                "more than once"
+            )
         self._streamed = True
         for group in self._groups:
             updates = self._stats.add(finite(self._train(group), self._left_out))
@@ -190,9 +201,11 @@ class RoundUpdates:
     def all(self) -> Updates:
         """Every finite update of the round, in the order of `clients`, on every process."""
         if not self.holds:
-            raise RuntimeError("this algorithm streams its updates (holds_updates = False), so the round is never held "
-                               "whole: iterate groups(), or declare plan = Plan(holds_updates=True) to receive "
-                               "every update at once")
+            raise RuntimeError(
+                "this algorithm streams its updates (holds_updates = False), so the round is never held "
+                "whole: iterate groups(), or declare plan = Plan(holds_updates=True) to receive "
+                "every update at once"
+            )
         if self._released:
             raise RuntimeError("the round's updates were released after the round: read them in its hooks")
         if self._all is None:
@@ -212,12 +225,20 @@ class RoundUpdates:
         position[torch.tensor(self.clients, device=device)] = torch.arange(len(self.clients), device=device)
         ids = collective.gather(updates.clients)
         params, starts, num_samples, train_loss = [
-            collective.gather(t) for t in (updates.params, updates.starts, updates.num_samples, updates.train_loss)]
+            collective.gather(t) for t in (updates.params, updates.starts, updates.num_samples, updates.train_loss)
+        ]
         logs = gather_logs(collective, updates.logs, len(updates), device)
         state = {k: collective.gather(v) for k, v in sorted(updates.state.items())}  # every process has the same names
         order = position[ids].argsort()
-        return Updates(ids[order], params[order], starts[order], num_samples[order], train_loss[order],
-                       {k: v[order] for k, v in logs.items()}, {k: v[order] for k, v in state.items()})
+        return Updates(
+            ids[order],
+            params[order],
+            starts[order],
+            num_samples[order],
+            train_loss[order],
+            {k: v[order] for k, v in logs.items()},
+            {k: v[order] for k, v in state.items()},
+        )
 
     def release(self) -> None:
         """Drop what the round held (the held updates, the streamed groups' returned entries) once the engine has

@@ -2,6 +2,7 @@
 train (a system model: clients offline, dropped out or past a deadline, and clients a deadline cuts short), and
 `Arrivals`: the updates a round aggregates when they are not those of the clients it trained (an asynchronous
 server's buffer)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,10 +16,10 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RoundWork:
     """Attributes:
-        dropped: selected clients that send nothing this round: they are not trained and count as left out
-            (`RoundUpdates.left_out`), as clients whose update is not finite do, so the aggregation hooks see them.
-        shares: client -> the share of its local steps it finishes, below 1 (partial work,
-            `fedlight.training.work_shares`); a client not named finishes all of them.
+    dropped: selected clients that send nothing this round: they are not trained and count as left out
+        (`RoundUpdates.left_out`), as clients whose update is not finite do, so the aggregation hooks see them.
+    shares: client -> the share of its local steps it finishes, below 1 (partial work,
+        `fedlight.training.work_shares`); a client not named finishes all of them.
     """
 
     dropped: tuple[int, ...] = ()
@@ -27,8 +28,10 @@ class RoundWork:
     def __post_init__(self) -> None:
         cut = [c for c, share in self.shares.items() if not 0 < share < 1]
         if cut:
-            raise ValueError(f"RoundWork.shares must lie in (0, 1): client {cut[0]} has {self.shares[cut[0]]} (drop a "
-                             "client that finishes nothing, leave out one that finishes everything)")
+            raise ValueError(
+                f"RoundWork.shares must lie in (0, 1): client {cut[0]} has {self.shares[cut[0]]} (drop a "
+                "client that finishes nothing, leave out one that finishes everything)"
+            )
 
     def merged(self, other: "RoundWork") -> "RoundWork":
         """Both extensions' decisions: every client either drops, and the smaller share of a client both cut."""

@@ -19,6 +19,7 @@ and the device, its services come in eleven namespaces:
 
 It holds no reference to the federation loop: what an algorithm can reach is exactly what is listed here.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -131,8 +132,15 @@ class Aggregators:
     def __init__(self, aggregation: "ClusterAggregation") -> None:
         self._aggregation = aggregation
 
-    def new(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device,
-            personal_mask: Tensor | None = None, rows_per_client: int = 1) -> Any:
+    def new(
+        self,
+        clusters: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        personal_mask: Tensor | None = None,
+        rows_per_client: int = 1,
+    ) -> Any:
         """A fresh aggregator of rows into `clusters` cluster models of `dim` entries (`add(clusters, weights,
         values, starts)`, `reduce(updates)`, `means()`), as the run configures it
         (`fedlight.aggregators.cluster_aggregator`): the weighted mean by default, a robust rule or DP's noised mean.
@@ -158,11 +166,24 @@ class ServerContext:
             docstring's table.
     """
 
-    def __init__(self, data: FederatedData, model: L.LightningModule, flat: FlatModel, trainer: ClientTrainer,
-                 fabric: L.Fabric, transform: Callable, seed: int, rounds: int, eval_split: str,
-                 eval_batch_size: int, client_states: ClientStateStores,
-                 aggregation: "ClusterAggregation", clients_per_round: int | None = None, eval_every: int = 1,
-                 head_name: str | None = None) -> None:
+    def __init__(
+        self,
+        data: FederatedData,
+        model: L.LightningModule,
+        flat: FlatModel,
+        trainer: ClientTrainer,
+        fabric: L.Fabric,
+        transform: Callable,
+        seed: int,
+        rounds: int,
+        eval_split: str,
+        eval_batch_size: int,
+        client_states: ClientStateStores,
+        aggregation: "ClusterAggregation",
+        clients_per_round: int | None = None,
+        eval_every: int = 1,
+        head_name: str | None = None,
+    ) -> None:
         self.device = fabric.device
         self.run = RunFacts(seed, rounds, eval_split, eval_every)
         self.data = DataFacts(data, transform)

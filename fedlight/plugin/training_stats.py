@@ -1,5 +1,6 @@
 """What a round's local training reports: each client's training loss and the values its `training_step` logged,
 reduced across clients for metrics.csv and kept per client for clients.csv."""
+
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -45,8 +46,7 @@ def gather_logs(processes: Processes, logs: dict[str, Tensor], rows: int, device
     """Per-row logged values from every process (`rows` of them on this one); a name a process did not log, e.g.
     because it trained no client this round, is NaN for its rows."""
     names = sorted(set().union(*processes.gather_objects(set(logs))))
-    return {name: processes.gather(logs.get(name, torch.full((rows,), float("nan"), device=device)))
-            for name in names}
+    return {name: processes.gather(logs.get(name, torch.full((rows,), float("nan"), device=device))) for name in names}
 
 
 class TrainingStats:
@@ -74,10 +74,18 @@ class TrainingStats:
         losses = column([loss for _, loss, _, _ in self.parts], torch.float32)
         sizes = column([n for _, _, n, _ in self.parts], torch.long)
         names = dict.fromkeys(name for *_, logs in self.parts for name in logs)
-        logs = {name: torch.cat([logs.get(name, torch.full_like(loss, float("nan")))
-                                 for _, loss, _, logs in self.parts]) for name in names}
-        self.parts = [(collective.gather(clients), collective.gather(losses), collective.gather(sizes),
-                       gather_logs(collective, logs, len(clients), device))]
+        logs = {
+            name: torch.cat([logs.get(name, torch.full_like(loss, float("nan"))) for _, loss, _, logs in self.parts])
+            for name in names
+        }
+        self.parts = [
+            (
+                collective.gather(clients),
+                collective.gather(losses),
+                collective.gather(sizes),
+                gather_logs(collective, logs, len(clients), device),
+            )
+        ]
 
     def _columns(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
         """(clients, name -> per-row values incl. 'loss', training-set sizes) of everything added, on the host, in
@@ -88,9 +96,18 @@ class TrainingStats:
         sizes = torch.cat([n for _, _, n, _ in self.parts]).double().cpu().numpy()
         values = {"loss": torch.cat([loss for _, loss, _, _ in self.parts]).double().cpu().numpy()}
         for name in dict.fromkeys(k for *_, logs in self.parts for k in logs):
-            values[name] = torch.cat([logs[name].double() if name in logs else torch.full_like(loss, float("nan"),
-                                                                                             dtype=torch.float64)
-                                      for _, loss, _, logs in self.parts]).cpu().numpy()
+            values[name] = (
+                torch.cat(
+                    [
+                        logs[name].double()
+                        if name in logs
+                        else torch.full_like(loss, float("nan"), dtype=torch.float64)
+                        for _, loss, _, logs in self.parts
+                    ]
+                )
+                .cpu()
+                .numpy()
+            )
         order = np.argsort(clients, kind="stable")
         return clients[order], {k: v[order] for k, v in values.items()}, sizes[order]
 

@@ -13,6 +13,7 @@ set-up by the algorithm's `Plan.holds_updates`:
 A client whose trained model, training loss or any row of its returned `state` is not finite is left out of both
 and named in `left_out`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,11 +27,11 @@ from fedlight.cluster.differences import Differences
 class Updates:
     """The trained models of a round's clients (or of one group of them), stacked."""
 
-    clients: Tensor      # (m,) long, client ids
-    params: Tensor       # (m, d) trained flat models
-    starts: Tensor       # (m, d) the flat models each client started from
+    clients: Tensor  # (m,) long, client ids
+    params: Tensor  # (m, d) trained flat models
+    starts: Tensor  # (m, d) the flat models each client started from
     num_samples: Tensor  # (m,) training-set sizes
-    train_loss: Tensor   # (m,) mean training loss of the last local epoch
+    train_loss: Tensor  # (m,) mean training loss of the last local epoch
     logs: dict[str, Tensor] = field(default_factory=dict)  # name -> (m,) what training_step logged (self.log)
     state: dict[str, Tensor] = field(default_factory=dict)  # name -> (m, ...) what an algorithm's own train_client
     #                                                          returned beside the model (a personal model, a variate)
@@ -56,6 +57,12 @@ class Updates:
 
     def subset(self, rows: Tensor) -> "Updates":
         """The updates of the rows selected by a boolean mask or an index tensor."""
-        return Updates(self.clients[rows], self.params[rows], self.starts[rows], self.num_samples[rows],
-                       self.train_loss[rows], {name: value[rows] for name, value in self.logs.items()},
-                       {name: value[rows] for name, value in self.state.items()})
+        return Updates(
+            self.clients[rows],
+            self.params[rows],
+            self.starts[rows],
+            self.num_samples[rows],
+            self.train_loss[rows],
+            {name: value[rows] for name, value in self.logs.items()},
+            {name: value[rows] for name, value in self.state.items()},
+        )

@@ -3,6 +3,7 @@ methods run on the same seeds (the same clients' data and initial model for both
 what the seed alone decides and the interval is tighter than two separate ones). Over clients, within one run: the
 mean over clients with a percentile bootstrap interval (the clients resampled), which says how much the mean rests on
 which clients happened to be in the federation."""
+
 from __future__ import annotations
 
 import math
@@ -75,7 +76,13 @@ def client_bootstrap(values: Sequence[float], level: float = 0.95) -> Interval:
     mean = float(x.mean())
     if len(x) < 2 or float(x.min()) == float(x.max()):  # one client, or all alike: no spread to resample
         return Interval(mean, mean if len(x) > 1 else math.nan, mean if len(x) > 1 else math.nan, len(x))
-    result = stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=BOOTSTRAP_RESAMPLES,
-                             method="percentile", random_state=np.random.default_rng(BOOTSTRAP_SEED))
+    result = stats.bootstrap(
+        (x,),
+        np.mean,
+        confidence_level=level,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        method="percentile",
+        random_state=np.random.default_rng(BOOTSTRAP_SEED),
+    )
     low, high = result.confidence_interval
     return Interval(mean, float(low), float(high), len(x))

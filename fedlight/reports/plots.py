@@ -1,6 +1,7 @@
 """Figures of federated runs, drawn with matplotlib's object-oriented API (no pyplot, so no display and no global
 figure state): the report's plots and the heatmaps logged to W&B. Each builder takes plain arrays and returns a
 `Figure`, so the same picture goes into the HTML report (`to_svg`) and into W&B (`wandb.Image(figure)`)."""
+
 from __future__ import annotations
 
 import functools
@@ -22,10 +23,23 @@ if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
 STYLE: dict[RcKeyType, Any] = {
-    "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8,
-    "ytick.labelsize": 8, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.3, "grid.linewidth": 0.6, "figure.dpi": 100, "savefig.dpi": 150,
-    "image.interpolation": "nearest", "svg.fonttype": "none", "legend.frameon": False}
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "image.interpolation": "nearest",
+    "svg.fonttype": "none",
+    "legend.frameon": False,
+}
 MATRIX_CMAP = "viridis"
 NOISE_COLOUR = "#d9d9d9"  # a client no cluster holds (label -1)
 # Known kinds of logged matrices (Algorithm.log_matrix) by the words of their name, and the range each kind can take:
@@ -71,17 +85,19 @@ class Timeline:
     """Which cluster each client was in at each evaluated round, and the clients' true clusters (when known)."""
 
     title: str
-    rounds: np.ndarray        # (R,) evaluated rounds
-    assigned: np.ndarray      # (clients, R) cluster labels, -1 for a client no cluster holds
-    true: np.ndarray | None   # (clients,)
+    rounds: np.ndarray  # (R,) evaluated rounds
+    assigned: np.ndarray  # (clients, R) cluster labels, -1 for a client no cluster holds
+    true: np.ndarray | None  # (clients,)
 
 
 def styled(build: F) -> F:
     """Build the figure under the report's style (rcParams are read when artists are created)."""
+
     @functools.wraps(build)
     def wrapper(*args: Any, **kwargs: Any) -> Figure:
         with matplotlib.rc_context(STYLE):
             return build(*args, **kwargs)
+
     return wrapper  # type: ignore[return-value]
 
 
@@ -123,19 +139,27 @@ def to_svg(figure: Figure, salt: str) -> str:
     with matplotlib.rc_context({**STYLE, "svg.hashsalt": salt}):
         figure.savefig(buffer, format="svg", metadata={"Date": None}, bbox_inches="tight")
     text = buffer.getvalue()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 @styled
-def line_figure(panels: Sequence[tuple[str, str, Sequence[Series]]], xlabel: str = "round",
-                ylim: tuple[float, float] | None = None) -> Figure:
+def line_figure(
+    panels: Sequence[tuple[str, str, Sequence[Series]]], xlabel: str = "round", ylim: tuple[float, float] | None = None
+) -> Figure:
     """Panels side by side, each (title, y label, series); one legend for all."""
     figure = Figure(figsize=(3.7 * len(panels) + 1.6, 3.0), layout="constrained")
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     for ax, (title, ylabel, series) in zip(axes, panels):
         for s in series:
-            ax.plot(s.x, s.mean, color=s.colour, label=s.label, linewidth=1.6, marker="o" if len(s.x) <= 25 else None,
-                    markersize=3)
+            ax.plot(
+                s.x,
+                s.mean,
+                color=s.colour,
+                label=s.label,
+                linewidth=1.6,
+                marker="o" if len(s.x) <= 25 else None,
+                markersize=3,
+            )
             if s.std is not None:
                 ax.fill_between(s.x, *s.band(), color=s.colour, alpha=0.18, linewidth=0)
         ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
@@ -154,15 +178,35 @@ def spread_figure(groups: Sequence[tuple[str, str, np.ndarray]], title: str, yla
     figure = Figure(figsize=(max(3.5, 1.1 * len(groups) + 1.5), 3.2), layout="constrained")
     ax = figure.subplots()
     positions = np.arange(1, len(groups) + 1)
-    boxes = ax.boxplot([values for _, _, values in groups], positions=positions, widths=0.55, showfliers=False,
-                       patch_artist=True, medianprops={"color": "black", "linewidth": 1.2})
+    boxes = ax.boxplot(
+        [values for _, _, values in groups],
+        positions=positions,
+        widths=0.55,
+        showfliers=False,
+        patch_artist=True,
+        medianprops={"color": "black", "linewidth": 1.2},
+    )
     jitter = np.random.default_rng(0)
     for position, box, (_, colour, values) in zip(positions, boxes["boxes"], groups):
         box.set(facecolor=colour, alpha=0.25, edgecolor=colour)
-        ax.scatter(position + jitter.uniform(-0.16, 0.16, len(values)), values, s=11, color=colour,
-                   edgecolors="white", linewidths=0.3, zorder=3)
-        ax.scatter([position], [np.mean(values)], marker="D", s=22, color="black", zorder=4,
-                   label="mean" if position == 1 else None)
+        ax.scatter(
+            position + jitter.uniform(-0.16, 0.16, len(values)),
+            values,
+            s=11,
+            color=colour,
+            edgecolors="white",
+            linewidths=0.3,
+            zorder=3,
+        )
+        ax.scatter(
+            [position],
+            [np.mean(values)],
+            marker="D",
+            s=22,
+            color="black",
+            zorder=4,
+            label="mean" if position == 1 else None,
+        )
     ax.set_xticks(positions, [label for label, _, _ in groups], rotation=20 if len(groups) > 4 else 0)
     ax.set(title=title, ylabel=ylabel)
     ax.grid(axis="x", visible=False)
@@ -207,8 +251,9 @@ def timeline_figure(panels: Sequence[Timeline]) -> Figure:
     true clusters as a column beside it in the same colours."""
     clients = max(t.assigned.shape[0] for t in panels)
     coded = [cluster_codes(t.assigned, t.true) for t in panels]
-    count = max(max(int(c.max()) for c, _ in coded), max((int(t.max()) for _, t in coded if t is not None),
-                                                          default=0)) + 1
+    count = (
+        max(max(int(c.max()) for c, _ in coded), max((int(t.max()) for _, t in coded if t is not None), default=0)) + 1
+    )
     cmap = ListedColormap([NOISE_COLOUR, *cluster_colours(count)])
     norm = BoundaryNorm(np.arange(-1.5, count), cmap.N)
     width = sum(0.9 + 0.16 * max(len(t.rounds), 8) for t in panels) + 1.4
@@ -228,8 +273,10 @@ def timeline_figure(panels: Sequence[Timeline]) -> Figure:
             axes[1].tick_params(axis="y", left=False)
         for ax in axes:
             ax.grid(False)
-    used = sorted({int(c) for codes, true_codes in coded for c in np.unique(codes)}
-                  | {int(c) for _, true_codes in coded if true_codes is not None for c in np.unique(true_codes)})
+    used = sorted(
+        {int(c) for codes, true_codes in coded for c in np.unique(codes)}
+        | {int(c) for _, true_codes in coded if true_codes is not None for c in np.unique(true_codes)}
+    )
     handles = [Patch(color=cmap(norm(c)), label="no cluster" if c < 0 else f"cluster {c}") for c in used]
     figure.legend(handles=handles, loc="outside right upper")
     return figure

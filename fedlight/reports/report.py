@@ -9,6 +9,7 @@ ARI, clusters, wall time) with the ranking under it, and figures drawn by matplo
 as SVG: accuracy over rounds (mean and worst client), and over virtual time for runs with a `system:` section, the
 per-client spread at the end, ARI over rounds, each clustered run's assignment timeline beside the true clusters, and
 the last similarity matrices on a fixed colour scale."""
+
 from __future__ import annotations
 
 import csv
@@ -58,8 +59,9 @@ def read_rows(path: Path) -> list[dict[str, float]]:
     if not path.is_file():
         return []
     with path.open(newline="") as f:
-        return [{k: v for k, v in ((k, _number(t)) for k, t in row.items()) if v is not None}
-                for row in csv.DictReader(f)]
+        return [
+            {k: v for k, v in ((k, _number(t)) for k, t in row.items()) if v is not None} for row in csv.DictReader(f)
+        ]
 
 
 @dataclass
@@ -114,8 +116,11 @@ class Run:
         here over metrics.csv's evaluated rows (a run not finished, or recorded before runs chose)."""
         own = selection.selected_prefix(self.split)
         if f"{own}/round" in self.summary:
-            return {k: v for k, v in self.summary.items()
-                    if k.startswith((f"{own}/", f"{selection.VAL_SELECTED}/")) or k == selection.NO_VAL_SELECTION}
+            return {
+                k: v
+                for k, v in self.summary.items()
+                if k.startswith((f"{own}/", f"{selection.VAL_SELECTED}/")) or k == selection.NO_VAL_SELECTION
+            }
         return selection.selections(self.metrics, self.split, primary_metric(self))
 
     def column(self, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -158,8 +163,11 @@ class Run:
             if "cluster" in r:
                 assigned[int(r["client"]), column[int(r["round"])]] = int(r["cluster"])
         last = {int(r["client"]): r for r in self.clients_at(rounds[-1])}
-        true = np.array([last[c]["true_cluster"] for c in range(clients)], dtype=int) \
-            if all("true_cluster" in last.get(c, {}) for c in range(clients)) else None
+        true = (
+            np.array([last[c]["true_cluster"] for c in range(clients)], dtype=int)
+            if all("true_cluster" in last.get(c, {}) for c in range(clients))
+            else None
+        )
         return plots.Timeline(self.name, np.array(rounds), assigned, true)
 
     def matrices(self) -> dict[str, list[Path]]:
@@ -193,8 +201,10 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
             raise ReportError(f"{path}: no such folder; pass run folders written by `fedlight fit` (runs/<run>)")
         runs = runs_below(path)
         if not runs:
-            raise ReportError(f"{path} holds no run (no metrics.csv in it or in any folder below it): pass run "
-                              "folders written by `fedlight fit` (runs/<run>) or a folder that holds them")
+            raise ReportError(
+                f"{path} holds no run (no metrics.csv in it or in any folder below it): pass run "
+                "folders written by `fedlight fit` (runs/<run>) or a folder that holds them"
+            )
         found.extend(runs)
     unique: dict[Path, Path] = {}
     for run in found:  # a run given twice (or by two paths) is one run
@@ -209,8 +219,10 @@ def load_run(path: Path) -> Run:
     clients = [r for r in read_rows(path / "clients.csv") if not r.get("held_out")]  # the training clients
     run = Run(path, summary, config or {}, read_rows(path / "metrics.csv"), clients)
     if not any(k.endswith("_mean") for row in run.metrics for k in row):
-        raise ReportError(f"{path / 'metrics.csv'} has no evaluated round yet: let the run reach an evaluation "
-                          "(federation.eval_every) or leave it out")
+        raise ReportError(
+            f"{path / 'metrics.csv'} has no evaluated round yet: let the run reach an evaluation "
+            "(federation.eval_every) or leave it out"
+        )
     return run
 
 
@@ -251,16 +263,23 @@ class Group:
         pairs = [(c, x) for c, x in pairs if len(c[0]) and (x is None or len(x[0]))]
         if not pairs:
             return None
-        rounds = sorted(set.intersection(*(set(r.tolist()) for (r, _), x in pairs),
-                                         *(set(x[0].tolist()) for _, x in pairs if x is not None)))
+        rounds = sorted(
+            set.intersection(
+                *(set(r.tolist()) for (r, _), x in pairs), *(set(x[0].tolist()) for _, x in pairs if x is not None)
+            )
+        )
         values = np.stack([v[np.searchsorted(r, rounds)] for (r, v), _ in pairs])
         measured = [x for _, x in pairs if x is not None]  # each run's `against` column
-        at = np.array(rounds) if against is None else \
-            np.stack([v[np.searchsorted(r, rounds)] for r, v in measured]).astype(float).mean(axis=0)
+        at = (
+            np.array(rounds)
+            if against is None
+            else np.stack([v[np.searchsorted(r, rounds)] for r, v in measured]).astype(float).mean(axis=0)
+        )
         if len(values) == 1:
             return plots.Series(self.label, self.colour, at, values[0])
-        return plots.Series(self.label, self.colour, at, values.mean(axis=0), values.std(axis=0),
-                            values.min(axis=0), values.max(axis=0))
+        return plots.Series(
+            self.label, self.colour, at, values.mean(axis=0), values.std(axis=0), values.min(axis=0), values.max(axis=0)
+        )
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -277,8 +296,10 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
     for run in runs:
         by_key.setdefault(run.group, []).append(run)
     palette = plots.colours(len(by_key))
-    groups = [Group(key, members[0].algorithm, colour, sorted(members, key=lambda r: (r.seed is None, r.seed or 0)))
-              for (key, members), colour in zip(by_key.items(), palette)]
+    groups = [
+        Group(key, members[0].algorithm, colour, sorted(members, key=lambda r: (r.seed is None, r.seed or 0)))
+        for (key, members), colour in zip(by_key.items(), palette)
+    ]
     for algorithm in {g.label for g in groups}:
         same = [g for g in groups if g.label == algorithm]
         if len(same) < 2:
@@ -309,27 +330,42 @@ class Column:
         return "; ".join(dict.fromkeys(reasons)) or "–"
 
 
-def table_columns(split: str, metric: str, unseen: bool = False, fine_tuned: bool = False,
-                  private: bool = False) -> list[Column]:
+def table_columns(
+    split: str, metric: str, unseen: bool = False, fine_tuned: bool = False, private: bool = False
+) -> list[Column]:
     """The comparison's columns; `unseen` adds the held-out clients' mean and worst-client metric and ARI,
     `fine_tuned` the mean and worst client of the models each client fine-tuned (`federation.finetune_epochs`),
     `private` the privacy spent (epsilon, client-level DP)."""
     name = "acc" if metric == "acc" else metric
-    tuned = [Column(f"fine-tuned {name}", lambda r: r.final(f"{split}_ft/{metric}_mean")),
-             Column(f"worst fine-tuned {name}", lambda r: r.final(f"{split}_ft/{metric}_worst"))] if fine_tuned else []
-    held_out = [Column(f"unseen {name}", lambda r: r.final(f"{UNSEEN}/{metric}_mean")),
-                Column(f"worst unseen {name}", lambda r: r.final(f"{UNSEEN}/{metric}_worst")),
-                Column("unseen ARI", lambda r: r.final(f"{UNSEEN}/ari"))] if unseen else []
-    return [Column(f"mean {name}", lambda r: r.final(f"{split}/{metric}_mean")),
-            Column(f"std {name} (clients)", lambda r: r.final(f"{split}/{metric}_std")),
-            Column(f"worst-client {name}", lambda r: r.final(f"{split}/{metric}_worst")),
-            *selected_columns(split, metric),
-            *tuned,
-            Column("ARI", lambda r: r.final("cluster/ari")),
-            Column("clusters", lambda r: r.final("cluster/count"), 1),
-            *held_out,
-            *([Column("epsilon", lambda r: r.final("privacy/epsilon"), 2)] if private else []),
-            Column("wall time (s)", lambda r: r.wall_time, 1)]
+    tuned = (
+        [
+            Column(f"fine-tuned {name}", lambda r: r.final(f"{split}_ft/{metric}_mean")),
+            Column(f"worst fine-tuned {name}", lambda r: r.final(f"{split}_ft/{metric}_worst")),
+        ]
+        if fine_tuned
+        else []
+    )
+    held_out = (
+        [
+            Column(f"unseen {name}", lambda r: r.final(f"{UNSEEN}/{metric}_mean")),
+            Column(f"worst unseen {name}", lambda r: r.final(f"{UNSEEN}/{metric}_worst")),
+            Column("unseen ARI", lambda r: r.final(f"{UNSEEN}/ari")),
+        ]
+        if unseen
+        else []
+    )
+    return [
+        Column(f"mean {name}", lambda r: r.final(f"{split}/{metric}_mean")),
+        Column(f"std {name} (clients)", lambda r: r.final(f"{split}/{metric}_std")),
+        Column(f"worst-client {name}", lambda r: r.final(f"{split}/{metric}_worst")),
+        *selected_columns(split, metric),
+        *tuned,
+        Column("ARI", lambda r: r.final("cluster/ari")),
+        Column("clusters", lambda r: r.final("cluster/count"), 1),
+        *held_out,
+        *([Column("epsilon", lambda r: r.final("privacy/epsilon"), 2)] if private else []),
+        Column("wall time (s)", lambda r: r.wall_time, 1),
+    ]
 
 
 def selected_value(key: str) -> Callable[[Run], float | None]:
@@ -345,10 +381,18 @@ def selected_columns(split: str, metric: str) -> list[Column]:
     columns = []
     for prefix in dict.fromkeys((selection.VAL_SELECTED, selection.selected_prefix(split))):
         label = prefix.replace("_", "-")
-        columns += [Column(f"{label} {name}", selected_value(f"{prefix}/{split}/{metric}_mean"),
-                           absent=why if prefix == selection.VAL_SELECTED else None),
-                    Column(f"{label} worst-client {name}", selected_value(f"{prefix}/{split}/{metric}_worst"),
-                           absent=why if prefix == selection.VAL_SELECTED else None)]
+        columns += [
+            Column(
+                f"{label} {name}",
+                selected_value(f"{prefix}/{split}/{metric}_mean"),
+                absent=why if prefix == selection.VAL_SELECTED else None,
+            ),
+            Column(
+                f"{label} worst-client {name}",
+                selected_value(f"{prefix}/{split}/{metric}_worst"),
+                absent=why if prefix == selection.VAL_SELECTED else None,
+            ),
+        ]
     return columns
 
 
@@ -360,9 +404,11 @@ def headline(groups: Sequence[Group], split: str, metric: str) -> tuple[Column, 
     if not without:
         return chosen, "every run chose its round on validation data"
     names = ", ".join(run.name for run in without[:3]) + (", ..." if len(without) > 3 else "")
-    return (table_columns(split, metric)[0],
-            f"the last round: {plural(len(without), 'run')} ({names}) {'has' if len(without) == 1 else 'have'} no "
-            "validation-selected round")
+    return (
+        table_columns(split, metric)[0],
+        f"the last round: {plural(len(without), 'run')} ({names}) {'has' if len(without) == 1 else 'have'} no "
+        "validation-selected round",
+    )
 
 
 def ranking(groups: Sequence[Group], column: Column, metric: str) -> list[tuple[int, Group, float | None]]:
@@ -381,10 +427,13 @@ def ranking_text(groups: Sequence[Group], split: str, metric: str) -> str:
     (`resolution`)."""
     column, why = headline(groups, split, metric)
     ranked = ranking(groups, column, metric)
-    places = "; ".join(f"{rank}. {g.label} {value:.{column.digits}f}" if value is not None else f"{g.label} –"
-                       for rank, g, value in ranked)
-    return (f"Ranked by {column.header} ({why}): {places}."
-            f"{resolution([g for _, g, v in ranked if v is not None], column)}")
+    places = "; ".join(
+        f"{rank}. {g.label} {value:.{column.digits}f}" if value is not None else f"{g.label} –"
+        for rank, g, value in ranked
+    )
+    return (
+        f"Ranked by {column.header} ({why}): {places}.{resolution([g for _, g, v in ranked if v is not None], column)}"
+    )
 
 
 def resolution(ranked: Sequence[Group], column: Column) -> str:
@@ -401,8 +450,9 @@ def resolution(ranked: Sequence[Group], column: Column) -> str:
         (resolved if paired_difference(mine, theirs).excludes_zero() else unresolved).append(pair)
     text = ""
     if resolved:
-        text += (" Resolved by the seeds (paired 95 % interval): "
-                 + ", ".join(f"{a} over {b}" for a, b in resolved) + ".")
+        text += (
+            " Resolved by the seeds (paired 95 % interval): " + ", ".join(f"{a} over {b}" for a, b in resolved) + "."
+        )
     if unresolved:
         text += " Not resolved: " + ", ".join(f"{a} and {b}" for a, b in unresolved) + "."
     return text
@@ -426,8 +476,11 @@ def has_final(groups: Sequence[Group], key: str) -> bool:
 
 def optional_columns(groups: Sequence[Group], split: str, metric: str) -> tuple[bool, bool, bool]:
     """Whether some run has held-out clients, fine-tuned models, a privacy budget: Table 1 shows those columns."""
-    return (has_final(groups, f"{UNSEEN}/{metric}_mean"), has_final(groups, f"{split}_ft/{metric}_mean"),
-            has_final(groups, "privacy/epsilon"))
+    return (
+        has_final(groups, f"{UNSEEN}/{metric}_mean"),
+        has_final(groups, f"{split}_ft/{metric}_mean"),
+        has_final(groups, "privacy/epsilon"),
+    )
 
 
 def _values(group: Group, column: Column) -> list[float]:
@@ -449,8 +502,10 @@ def _cell(values: list[float], digits: int, missing: str = "–") -> str:
         return f"<td class='num'>{html.escape(missing)}</td>"
     interval = mean_interval(values)
     mean, std = float(np.mean(values)), float(np.std(values))
-    return (f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}' "
-            f"data-half='{interval.half_width!r}'>{interval.text(digits)}</td>")
+    return (
+        f"<td class='num' data-mean='{mean!r}' data-std='{std!r}' data-n='{len(values)}' "
+        f"data-half='{interval.half_width!r}'>{interval.text(digits)}</td>"
+    )
 
 
 def _rounds(group: Group) -> str:
@@ -468,8 +523,12 @@ def console_table(groups: Sequence[Group]) -> Any:
     for header in ("configuration", "runs", "rounds", *(c.header for c in columns)):
         table.add_column(header, justify="left" if header in ("configuration", "runs") else "right")
     for g in groups:
-        table.add_row(g.label, g.seeds, _rounds(g),
-                      *(_text(v, c.digits) if (v := _values(g, c)) else c.missing(g) for c in columns))
+        table.add_row(
+            g.label,
+            g.seeds,
+            _rounds(g),
+            *(_text(v, c.digits) if (v := _values(g, c)) else c.missing(g) for c in columns),
+        )
     return table
 
 
@@ -481,11 +540,15 @@ def comparison_table(groups: Sequence[Group], columns: Sequence[Column]) -> str:
     for g in groups:
         cells = "".join(_cell(_values(g, c), c.digits, c.missing(g)) for c in columns)
         rounds = _rounds(g)
-        rows.append(f"<tr data-group='{html.escape(g.key)}'><th scope='row'><span class='swatch' "
-                    f"style='background:{g.colour}'></span>{html.escape(g.label)}</th><td>{g.seeds}</td>"
-                    f"<td class='num'>{rounds}</td>{cells}</tr>")
-    return (f"<table class='results' id='comparison'><thead><tr><th>configuration</th><th>runs</th><th>rounds</th>"
-            f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        rows.append(
+            f"<tr data-group='{html.escape(g.key)}'><th scope='row'><span class='swatch' "
+            f"style='background:{g.colour}'></span>{html.escape(g.label)}</th><td>{g.seeds}</td>"
+            f"<td class='num'>{rounds}</td>{cells}</tr>"
+        )
+    return (
+        f"<table class='results' id='comparison'><thead><tr><th>configuration</th><th>runs</th><th>rounds</th>"
+        f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def runs_table(groups: Sequence[Group]) -> str:
@@ -496,14 +559,18 @@ def runs_table(groups: Sequence[Group]) -> str:
         for run in g.runs:
             data = (run.config.get("data") or {}).get("class_path", "")
             clients = run.final("num_clients")
-            rows.append(f"<tr><td>{html.escape(run.name)}</td><td>{html.escape(g.label)}</td><td>{run.seed}</td>"
-                        f"<td><code>{html.escape(g.key)}</code></td><td>{html.escape(data.rsplit('.', 1)[-1])}</td>"
-                        f"<td class='num'>{'' if clients is None else int(clients)}</td>"
-                        f"<td class='num'>{run.wall_time:.1f}</td>"
-                        f"<td><code>{html.escape(str(run.path))}</code></td></tr>")
-    return ("<table class='runs' id='runs'><thead><tr><th>run</th><th>configuration</th><th>seed</th><th>group</th>"
-            "<th>data</th><th>clients</th><th>wall time (s)</th><th>folder</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>")
+            rows.append(
+                f"<tr><td>{html.escape(run.name)}</td><td>{html.escape(g.label)}</td><td>{run.seed}</td>"
+                f"<td><code>{html.escape(g.key)}</code></td><td>{html.escape(data.rsplit('.', 1)[-1])}</td>"
+                f"<td class='num'>{'' if clients is None else int(clients)}</td>"
+                f"<td class='num'>{run.wall_time:.1f}</td>"
+                f"<td><code>{html.escape(str(run.path))}</code></td></tr>"
+            )
+    return (
+        "<table class='runs' id='runs'><thead><tr><th>run</th><th>configuration</th><th>seed</th><th>group</th>"
+        "<th>data</th><th>clients</th><th>wall time (s)</th><th>folder</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 # -- figures -------------------------------------------------------------------------------------------------
@@ -537,46 +604,66 @@ def figures(groups: Sequence[Group], split: str, metric: str) -> list[PageFigure
 
     mean = [s for g in groups if (s := g.curve(f"{split}/{metric}_mean")) is not None]
     worst = [s for g in groups if (s := g.curve(f"{split}/{metric}_worst")) is not None]
-    add("accuracy", f"Client {label} over rounds",
+    add(
+        "accuracy",
+        f"Client {label} over rounds",
         f"{split.capitalize()} {label} of every client's own model at each evaluated round: mean over clients (left) "
         f"and the worst client (right); {seeds}.",
-        plots.line_figure([(f"Mean {label} over clients", label, mean), (f"Worst-client {label}", label, worst)]))
+        plots.line_figure([(f"Mean {label} over clients", label, mean), (f"Worst-client {label}", label, worst)]),
+    )
 
     timed = [s for g in groups if (s := g.curve(f"{split}/{metric}_mean", VIRTUAL_TIME)) is not None]
     if timed:
-        add("accuracy-time", f"Client {label} over virtual time",
+        add(
+            "accuracy-time",
+            f"Client {label} over virtual time",
             f"{split.capitalize()} {label} of every client's own model, mean over clients, against the virtual time "
             f"the rounds took on the clients' devices (a `system:` section: {VIRTUAL_TIME}, its mean over "
             f"{over} at each evaluated round); {seeds}.",
-            plots.line_figure([(f"Mean {label} over clients", label, timed)], xlabel="virtual time (s)"))
+            plots.line_figure([(f"Mean {label} over clients", label, timed)], xlabel="virtual time (s)"),
+        )
 
     spread = []
     for g in groups:
-        values = [row[metric] for run in g.runs if run.last_eval_round is not None
-                  for row in run.clients_at(run.last_eval_round) if np.isfinite(row.get(metric, np.nan))]
+        values = [
+            row[metric]
+            for run in g.runs
+            if run.last_eval_round is not None
+            for row in run.clients_at(run.last_eval_round)
+            if np.isfinite(row.get(metric, np.nan))
+        ]
         if values:
             spread.append((g.label, g.colour, np.array(values)))
     if spread:
-        add("spread", f"Per-client {label} at the end",
+        add(
+            "spread",
+            f"Per-client {label} at the end",
             f"{split.capitalize()} {label} of each client after the last round; a point is a client (of every run), "
             "the box spans the quartiles, the line is the median, the diamond the mean.",
-            plots.spread_figure(spread, f"Per-client {label} after the last round", label))
+            plots.spread_figure(spread, f"Per-client {label} after the last round", label),
+        )
 
     ari = [s for g in groups if (s := g.curve("cluster/ari")) is not None]
     if ari:
-        add("ari", "Clustering quality over rounds",
+        add(
+            "ari",
+            "Clustering quality over rounds",
             f"Adjusted Rand index of the clients' clusters against their true clusters, every round; {seeds}.",
-            plots.line_figure([("ARI against the true clusters", "ARI", ari)], ylim=(-0.05, 1.05)))
+            plots.line_figure([("ARI against the true clusters", "ARI", ari)], ylim=(-0.05, 1.05)),
+        )
 
     timelines = [(g, t) for g in groups if (t := g.first.timeline()) is not None]
     if timelines:
         for g, t in timelines:
             t.title = f"{g.label}, seed {g.first.seed}"
-        add("timeline", "Cluster assignment over rounds",
+        add(
+            "timeline",
+            "Cluster assignment over rounds",
             "Each client's cluster (row) at each evaluated round (column), and its true cluster beside it; clusters "
             "are numbered to match the true clusters they overlap most (Hungarian matching), so a client in its true "
             "cluster's colour is clustered correctly. One seed per configuration.",
-            plots.timeline_figure([t for _, t in timelines]))
+            plots.timeline_figure([t for _, t in timelines]),
+        )
 
     names = sorted({name for g in groups for name in g.first.matrices()})
     for name in names:
@@ -589,10 +676,13 @@ def figures(groups: Sequence[Group], split: str, metric: str) -> list[PageFigure
                 panels.append((f"{g.label}, round {round}", np.load(files[-1]).astype(float)))
         assert first is not None  # `name` is a matrix of some configuration
         low, high = plots.matrix_range(name, first)
-        add(f"matrix-{name}", f"Last {name.replace('_', ' ')} matrix",
+        add(
+            f"matrix-{name}",
+            f"Last {name.replace('_', ' ')} matrix",
             f"The last {name.replace('_', ' ')} matrix each configuration computed (seed shown: the lowest), clients "
             f"on both axes, on one fixed colour scale [{low:.3g}, {high:.3g}] for every run and round.",
-            plots.heatmap_figure(panels, low, high, name.replace("_", " ")))
+            plots.heatmap_figure(panels, low, high, name.replace("_", " ")),
+        )
     return out
 
 
@@ -621,26 +711,43 @@ def page(title: str, groups: Sequence[Group], split: str, metric: str, figs: Seq
     """The whole report as one self-contained HTML page: the lead, Table 1 with its notes, the ranking, the figures
     `figs` and the table of runs."""
     runs, over = sum(len(g.runs) for g in groups), averaged_over(groups)
-    repeats = (" Runs of one seed are repeats, counted as runs rather than seeds: the runs column says how many."
-               if over == "runs" else "")
+    repeats = (
+        " Runs of one seed are repeats, counted as runs rather than seeds: the runs column says how many."
+        if over == "runs"
+        else ""
+    )
     label = "accuracy" if metric == "acc" else metric
     unseen, fine_tuned, private = optional_columns(groups, split, metric)
     columns = table_columns(split, metric, unseen, fine_tuned, private)
-    unseen_note = (f" Unseen: the clients held out of training, each given a model by the method at the end (mean and "
-                   f"worst {label}), and the ARI of every client's cluster with the held-out ones placed by the method."
-                   if unseen else "")
-    tuned_note = ((f" Fine-tuned: each client's model after `federation.finetune_epochs` local epochs on its own data "
-                   f"(mean and worst {label})." if fine_tuned else "")
-                  + (" Epsilon: the privacy spent by the end of the run (client-level DP)." if private else ""))
+    unseen_note = (
+        f" Unseen: the clients held out of training, each given a model by the method at the end (mean and "
+        f"worst {label}), and the ARI of every client's cluster with the held-out ones placed by the method."
+        if unseen
+        else ""
+    )
+    tuned_note = (
+        f" Fine-tuned: each client's model after `federation.finetune_epochs` local epochs on its own data "
+        f"(mean and worst {label})."
+        if fine_tuned
+        else ""
+    ) + (" Epsilon: the privacy spent by the end of the run (client-level DP)." if private else "")
     own = selection.selected_prefix(split).replace("_", "-")
-    selection_note = (f"val-selected: the mean and worst-client {label} at the evaluated round with the best mean "
-                      f"validation {label}, the number to compare by"
-                      + (f"; {own}: the best mean {split} {label} over the evaluated rounds, which chooses the model "
-                         f"on the {split} set itself (as PFLlib's tables do), shown only to compare with published "
-                         "tables that report it" if own != "val-selected" else ""))
+    selection_note = (
+        f"val-selected: the mean and worst-client {label} at the evaluated round with the best mean "
+        f"validation {label}, the number to compare by"
+        + (
+            f"; {own}: the best mean {split} {label} over the evaluated rounds, which chooses the model "
+            f"on the {split} set itself (as PFLlib's tables do), shown only to compare with published "
+            "tables that report it"
+            if own != "val-selected"
+            else ""
+        )
+    )
     figure_html = "".join(
         f"<figure id='fig-{html.escape(f.key)}'>{f.svg}<figcaption><strong>Figure {i}. {html.escape(f.title)}."
-        f"</strong> {html.escape(f.caption)}</figcaption></figure>" for i, f in enumerate(figs, 1))
+        f"</strong> {html.escape(f.caption)}</figcaption></figure>"
+        for i, f in enumerate(figs, 1)
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{CSS}</style></head>
 <body><main>
@@ -671,13 +778,17 @@ def build(paths: Sequence[str | Path], title: str = "fedlight report") -> tuple[
     for run in runs:
         by_split.setdefault(run.split, []).append(run)
     if len(by_split) > 1:
-        where = {split: os.path.commonpath([os.path.abspath(r.path) for r in found])
-                 for split, found in by_split.items()}
-        found = "; ".join(f"{plural(len(found), 'run')} on {split} under {where[split]}"
-                          for split, found in sorted(by_split.items()))
+        where = {
+            split: os.path.commonpath([os.path.abspath(r.path) for r in found]) for split, found in by_split.items()
+        }
+        found = "; ".join(
+            f"{plural(len(found), 'run')} on {split} under {where[split]}" for split, found in sorted(by_split.items())
+        )
         example = where[min(by_split, key=lambda split: split == "val")]  # tuning trials evaluate val
-        raise ReportError(f"the runs evaluate different splits ({found}): numbers on different splits do not "
-                          f"compare, so report one split at a time, e.g. `fedlight report {example}`")
+        raise ReportError(
+            f"the runs evaluate different splits ({found}): numbers on different splits do not "
+            f"compare, so report one split at a time, e.g. `fedlight report {example}`"
+        )
     split, metric = runs[0].split, primary_metric(runs[0])
     return page(title, groups, split, metric, figures(groups, split, metric)), groups
 
@@ -694,8 +805,12 @@ def output_path(runs: Sequence[Path], output: str | Path | None = None, overwrit
     return output
 
 
-def write(paths: Sequence[str | Path], output: str | Path | None = None, title: str = "fedlight report",
-          overwrite: bool = True) -> tuple[Path, list[Group]]:
+def write(
+    paths: Sequence[str | Path],
+    output: str | Path | None = None,
+    title: str = "fedlight report",
+    overwrite: bool = True,
+) -> tuple[Path, list[Group]]:
     """Write the report of `paths` to `output` (default: see `output_path`) and return where, with its
     configuration groups. `overwrite` is on for callers that own the file (the sweep rewrites its report); the
     CLI passes `--overwrite`, refusing an existing file before any work."""

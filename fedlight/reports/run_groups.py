@@ -1,5 +1,6 @@
 """Which runs are one configuration: runs whose configs differ only in seed, paths and logging are the seeds of one
 configuration, a row of the report and one W&B group."""
+
 from __future__ import annotations
 
 import hashlib

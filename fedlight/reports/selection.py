@@ -6,6 +6,7 @@ best-over-rounds numbers do, so it is only for comparison with published tables)
 worst-client value of its round beside the mean; a tie goes to the round with the lower mean loss on the split it
 is chosen on, then to the later round (`best_row`); without validation numbers in every evaluated round the
 validation-selected one is absent, and `no_val_selection` says why."""
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ def selected_prefix(split: str) -> str:
 
 def metric_names(row: Mapping[str, Any], prefix: str) -> list[str]:
     """The per-client metrics summarized in `row` under `prefix` (the names of its `<prefix>/<name>_mean` keys)."""
-    return [k[len(prefix) + 1: -len("_mean")] for k in row if k.startswith(f"{prefix}/") and k.endswith("_mean")]
+    return [k[len(prefix) + 1 : -len("_mean")] for k in row if k.startswith(f"{prefix}/") and k.endswith("_mean")]
 
 
 def primary_metric(names: Sequence[str]) -> str:
@@ -39,19 +40,27 @@ def primary_metric(names: Sequence[str]) -> str:
 def kept_keys(row: Mapping[str, Any], split: str) -> dict[str, Any]:
     """What a selection needs of an evaluated row: its round and the means and worst clients of the evaluated and
     the validation split."""
-    return {k: v for k, v in row.items() if k == "round" or k.split("/", 1)[0] in (split, VALIDATION)
-            and k.endswith(("_mean", "_worst"))}
+    return {
+        k: v
+        for k, v in row.items()
+        if k == "round" or k.split("/", 1)[0] in (split, VALIDATION) and k.endswith(("_mean", "_worst"))
+    }
 
 
-def best_row(rows: Sequence[Mapping[str, Any]], key: str, higher: bool,
-             tie_break: str | None = None) -> Mapping[str, Any] | None:
+def best_row(
+    rows: Sequence[Mapping[str, Any]], key: str, higher: bool, tie_break: str | None = None
+) -> Mapping[str, Any] | None:
     """The row with the best finite value of `key`; on a tie the one with the lowest finite `tie_break` (the chosen
     split's mean loss), then the latest round; None when no row has a finite value. Accuracy on small test sets ties
     often, and an early saturated round should not win a tie over a later one that fits better."""
+
     def rank(row: Mapping[str, Any]) -> tuple[float, float, float]:
         loss = row.get(tie_break) if tie_break is not None else None
-        return (-row[key] if higher else row[key], loss if loss is not None and math.isfinite(loss) else math.inf,
-                -row["round"])
+        return (
+            -row[key] if higher else row[key],
+            loss if loss is not None and math.isfinite(loss) else math.inf,
+            -row["round"],
+        )
 
     finite = [row for row in rows if row.get(key) is not None and math.isfinite(row[key])]
     return min(finite, key=rank) if finite else None
@@ -77,10 +86,15 @@ def selections(rows: Sequence[Mapping[str, Any]], split: str, metric: str) -> di
     return out
 
 
-def _selected(rows: Sequence[Mapping[str, Any]], name: str, on: str, mean: str, worst: str,
-              higher: bool) -> dict[str, Any]:
+def _selected(
+    rows: Sequence[Mapping[str, Any]], name: str, on: str, mean: str, worst: str, higher: bool
+) -> dict[str, Any]:
     row = best_row(rows, on, higher, tie_break=f"{on.split('/', 1)[0]}/loss_mean")
     if row is None:
         return {}
-    return {f"{name}/round": int(row["round"]), f"{name}/{on}": row[on], f"{name}/{mean}": row[mean],
-            f"{name}/{worst}": row.get(worst)}
+    return {
+        f"{name}/round": int(row["round"]),
+        f"{name}/{on}": row[on],
+        f"{name}/{mean}": row[mean],
+        f"{name}/{worst}": row.get(worst),
+    }

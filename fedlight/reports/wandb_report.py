@@ -2,6 +2,7 @@
 `wandb-report` extra): accuracy and ARI over rounds grouped by configuration (mean ± std over seeds, W&B's own
 grouping by the runs' `group`), the matrices' heatmaps and the last clients table. It needs W&B online; offline or
 without the extra it says so in one line and the HTML report stands alone."""
+
 from __future__ import annotations
 
 import netrc
@@ -38,18 +39,23 @@ def report_blocks(wr: Any, entity: str, project: str, groups: Sequence["Group"],
     names = ", ".join(repr(g.key) for g in groups)
     runset = wr.Runset(entity=entity, project=project, name="runs", filters=f"Group in [{names}]", groupby=["group"])
     grouped = {"groupby_aggfunc": "mean", "groupby_rangefunc": "stddev"}
-    panels = [wr.LinePlot(title="Mean client accuracy", x="Step", y=[f"{split}/acc_mean"], **grouped),
-              wr.LinePlot(title="Worst-client accuracy", x="Step", y=[f"{split}/acc_worst"], **grouped)]
+    panels = [
+        wr.LinePlot(title="Mean client accuracy", x="Step", y=[f"{split}/acc_mean"], **grouped),
+        wr.LinePlot(title="Worst-client accuracy", x="Step", y=[f"{split}/acc_worst"], **grouped),
+    ]
     if "cluster/ari" in keys:
         panels.append(wr.LinePlot(title="ARI against the true clusters", x="Step", y=["cluster/ari"], **grouped))
     matrices = sorted({name for g in groups for name in g.first.matrices()})
     if matrices:
         panels.append(wr.MediaBrowser(title="Similarity matrices", media_keys=[f"matrices/{m}" for m in matrices]))
     panels.append(wr.WeavePanelSummaryTable(table_name="clients/table"))
-    text = (f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} configurations (W&B groups), built by "
-            "`fedlight report`; curves are means over seeds with a ± std band.")
-    return wr.Report(entity=entity, project=project, title=title,
-                     blocks=[wr.P(text), wr.PanelGrid(runsets=[runset], panels=panels)])
+    text = (
+        f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} configurations (W&B groups), built by "
+        "`fedlight report`; curves are means over seeds with a ± std band."
+    )
+    return wr.Report(
+        entity=entity, project=project, title=title, blocks=[wr.P(text), wr.PanelGrid(runsets=[runset], panels=panels)]
+    )
 
 
 def build(target: str, groups: Sequence["Group"], title: str) -> str:
@@ -58,8 +64,10 @@ def build(target: str, groups: Sequence["Group"], title: str) -> str:
     if not entity or not project or "/" in project:
         raise ValueError(f"--wandb {target!r}: give ENTITY/PROJECT, e.g. --wandb my-team/fedlight")
     if wandb_mode("auto") != "online":
-        return ("W&B report skipped: W&B is offline here (set WANDB_API_KEY or run `wandb login`, sync the runs with "
-                "`wandb sync`, then rerun with --wandb)")
+        return (
+            "W&B report skipped: W&B is offline here (set WANDB_API_KEY or run `wandb login`, sync the runs with "
+            "`wandb sync`, then rerun with --wandb)"
+        )
     try:
         import wandb_workspaces.reports.v2 as wr
     except ImportError:

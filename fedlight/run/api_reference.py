@@ -7,6 +7,7 @@ A public name is a module, or a class or function a module defines (not one it i
 with an underscore, and each public method or property of such a class; a method documented where it is first
 defined (a hook of `Algorithm`) counts as documented where it is overridden.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,11 @@ def undocumented() -> list[str]:
             if not (inspect.getdoc(value) or "").strip():
                 missing.append(f"{module.__name__}.{name}")
             if inspect.isclass(value):
-                missing += [f"{module.__name__}.{name}.{member}" for member, attribute in public_members(value)
-                            if not (inspect.getdoc(attribute) or "").strip()]
+                missing += [
+                    f"{module.__name__}.{name}.{member}"
+                    for member, attribute in public_members(value)
+                    if not (inspect.getdoc(attribute) or "").strip()
+                ]
     return missing
 
 

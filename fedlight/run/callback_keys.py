@@ -7,6 +7,7 @@ an Optuna trial) by its class alone, since its identity does not outlive the pro
 second and later callbacks of one key in order ("...#2"). `v1_keys` are the names of checkpoint format 1 (the class
 name, numbered per class), from which `fedlight.run.checkpoint` upgrades an old checkpoint.
 """
+
 from __future__ import annotations
 
 import dataclasses

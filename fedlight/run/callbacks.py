@@ -9,6 +9,7 @@ across a resume returns it from `state_dict()` (plain values and tensors) and ta
 the checkpoint keeps it under the callback's class and the arguments it was built with (`callback_keys`), which
 `Callback.__new__` records, so the order of the callbacks does not matter.
 """
+
 from __future__ import annotations
 
 import math
@@ -109,8 +110,11 @@ def call(callbacks: list[Any], hook: str, *args: Any) -> None:
 
 def callback_states(callbacks: list[Any]) -> dict[str, Any]:
     """Every callback's state by its key (what a checkpoint keeps)."""
-    return {key: c.state_dict() for key, c in zip(state_keys(callbacks), callbacks)
-            if callable(getattr(c, "state_dict", None))}
+    return {
+        key: c.state_dict()
+        for key, c in zip(state_keys(callbacks), callbacks)
+        if callable(getattr(c, "state_dict", None))
+    }
 
 
 def load_callback_states(callbacks: list[Any], states: dict[str, Any]) -> None:
@@ -128,9 +132,11 @@ def load_callback_states(callbacks: list[Any], states: dict[str, Any]) -> None:
         if len(saved) == len(new) == 1:
             given[new[0]] = states[saved[0]]
         elif saved:
-            raise ValueError(f"the checkpoint holds the state of {', '.join(saved)}, and this run has "
-                             f"{', '.join(new)} instead: which is which cannot be told; resume with the callbacks' "
-                             "arguments as they were saved, or start a new run")
+            raise ValueError(
+                f"the checkpoint holds the state of {', '.join(saved)}, and this run has "
+                f"{', '.join(new)} instead: which is which cannot be told; resume with the callbacks' "
+                "arguments as they were saved, or start a new run"
+            )
     for key, callback in zip(keys, callbacks):
         if key in given and callable(getattr(callback, "load_state_dict", None)):
             callback.load_state_dict(given[key])
@@ -146,11 +152,14 @@ class EarlyStopping(Callback):
         min_delta: the smallest change that counts as an improvement.
     """
 
-    def __init__(self, monitor: str, mode: Literal["max", "min"] = "max", patience: int = 5,
-                 min_delta: float = 0.0) -> None:
+    def __init__(
+        self, monitor: str, mode: Literal["max", "min"] = "max", patience: int = 5, min_delta: float = 0.0
+    ) -> None:
         if mode not in ("max", "min") or patience < 1 or min_delta < 0:
-            raise ValueError(f"EarlyStopping needs mode 'max' or 'min', patience >= 1 and min_delta >= 0, got "
-                             f"{mode!r}, {patience}, {min_delta}")
+            raise ValueError(
+                f"EarlyStopping needs mode 'max' or 'min', patience >= 1 and min_delta >= 0, got "
+                f"{mode!r}, {patience}, {min_delta}"
+            )
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
         self.best = math.nan
         self.best_round = 0
@@ -160,8 +169,10 @@ class EarlyStopping(Callback):
         scalars = result.scalars
         if self.monitor not in scalars:
             if result.evaluated:  # every column exists in an evaluated round
-                raise ValueError(f"EarlyStopping monitors {self.monitor!r}, which the run does not log: choose one of "
-                                 f"{', '.join(k for k in scalars if '/' in k)}")
+                raise ValueError(
+                    f"EarlyStopping monitors {self.monitor!r}, which the run does not log: choose one of "
+                    f"{', '.join(k for k in scalars if '/' in k)}"
+                )
             return
         value = float(scalars[self.monitor])
         sign = 1.0 if self.mode == "max" else -1.0
@@ -171,8 +182,10 @@ class EarlyStopping(Callback):
         self.waited += 1
         if self.waited >= self.patience:
             run.should_stop = True
-            run.stop_reason = (f"{self.monitor} has not improved for {self.patience} evaluated rounds (best "
-                               f"{self.best:.4f} in round {self.best_round})")
+            run.stop_reason = (
+                f"{self.monitor} has not improved for {self.patience} evaluated rounds (best "
+                f"{self.best:.4f} in round {self.best_round})"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """The best value, its round and the evaluated rounds waited since, so a resumed run keeps counting."""

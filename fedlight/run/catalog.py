@@ -8,6 +8,7 @@ abstract (an abstract method of a base it does not define). Descriptions are the
 docstring. Plugins are found by their entry points, their files by the import system's finders, without running
 any module.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,8 +24,12 @@ from typing import Any
 
 from fedlight.run.registry import ALGORITHMS, DATAMODULES, MODELS, short_names
 
-LIGHTNING_MODULE = {"lightning.LightningModule", "lightning.pytorch.LightningModule",
-                    "lightning.pytorch.core.module.LightningModule", "pytorch_lightning.LightningModule"}
+LIGHTNING_MODULE = {
+    "lightning.LightningModule",
+    "lightning.pytorch.LightningModule",
+    "lightning.pytorch.core.module.LightningModule",
+    "pytorch_lightning.LightningModule",
+}
 TORCH_MODULE = {"torch.nn.Module", "torch.nn.modules.module.Module"}
 DATA_MODULE = {"fedlight.datamodules.base.FederatedDataModule"}
 PARTITION_SCHEME = {"fedlight.datamodules.partition.PartitionScheme"}
@@ -56,8 +61,16 @@ def module_file(module: str) -> Path | None:
         path = None if depth == 1 else (spec.submodule_search_locations if spec is not None else None)
         if depth > 1 and path is None:
             return None
-        spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
-                     for found in [_find(finder, name, path)] if found is not None), None)
+        spec = next(
+            (
+                found
+                for finder in sys.meta_path
+                if hasattr(finder, "find_spec")
+                for found in [_find(finder, name, path)]
+                if found is not None
+            ),
+            None,
+        )
         if spec is None:
             return None
     return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
@@ -83,8 +96,9 @@ def read_module(module: str) -> tuple[dict[str, str], dict[str, ClassInfo]]:
     for node in tree.body:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                imported[alias.asname or alias.name.split(".")[0]] = (alias.name if alias.asname
-                                                                      else alias.name.split(".")[0])
+                imported[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
         elif isinstance(node, ast.ImportFrom):
             source = _absolute(node.module or "", node.level, package)
             for alias in node.names:
@@ -188,13 +202,19 @@ def exported_classes(package: str) -> dict[str, str]:
 
 def kinds(package: str, roots: set[str], exclude: Collection[str] = frozenset()) -> dict[str, str]:
     """The concrete classes exported by `package` that derive from one of `roots`, not the roots themselves."""
-    return dict(sorted((name, path) for name, path in exported_classes(package).items()
-                       if path not in roots and path not in exclude and is_a(path, roots) and not is_abstract(path)))
+    return dict(
+        sorted(
+            (name, path)
+            for name, path in exported_classes(package).items()
+            if path not in roots and path not in exclude and is_a(path, roots) and not is_abstract(path)
+        )
+    )
 
 
 def components() -> dict[str, dict[str, str]]:
     """Everything `fedlight list` shows: algorithms, data modules, partition schemes, models (LightningModules),
     networks (torch modules to put in a model); plugins' entry points included."""
+
     def with_plugins(found: dict[str, str], group: str) -> dict[str, str]:
         return {**found, **{f"{name} (entry point)": path for name, path in short_names(group).items()}}
 
@@ -234,8 +254,7 @@ def shadowed(module: str) -> str:
     local = next((p for p in places if p.resolve().parent == here), None)
     if local is None:
         return ""
-    return (f"; {local} in the current directory hides any installed package named {top!r}: run from another "
-            "folder")
+    return f"; {local} in the current directory hides any installed package named {top!r}: run from another folder"
 
 
 def first_sentence(text: str, width: int = 100) -> str:
@@ -244,7 +263,7 @@ def first_sentence(text: str, width: int = 100) -> str:
     for i, char in enumerate(text):
         depth += {"(": 1, ")": -1}.get(char, 0)
         if char == "." and depth <= 0 and (i + 1 == len(text) or text[i + 1] == " "):
-            text = text[:i + 1]
+            text = text[: i + 1]
             break
     return textwrap.shorten(text, width, placeholder=" ...")
 
@@ -266,8 +285,10 @@ def module_summary(module: str, width: int = 240) -> str:
 
 def algorithm_table() -> str:
     """README's table of the registered algorithms: each one's short name and its module's first sentence."""
-    rows = [f"| `{name}` | {module_summary(path.rpartition('.')[0]).replace('|', chr(92) + '|')} |"
-            for name, path in sorted(short_names(ALGORITHMS).items())]
+    rows = [
+        f"| `{name}` | {module_summary(path.rpartition('.')[0]).replace('|', chr(92) + '|')} |"
+        for name, path in sorted(short_names(ALGORITHMS).items())
+    ]
     return "\n".join(["| algorithm | method (paper): what it does |", "|---|---|", *rows])
 
 
@@ -285,8 +306,13 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description="README's algorithm table, made from the registry")
-    parser.add_argument("--readme", type=Path, nargs="?", const=Path("README.md"),
-                        help="rewrite the table in this README (default README.md) instead of printing it")
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        nargs="?",
+        const=Path("README.md"),
+        help="rewrite the table in this README (default README.md) instead of printing it",
+    )
     options = parser.parse_args(argv)
     if options.readme is None:
         print(algorithm_table())

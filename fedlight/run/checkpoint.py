@@ -9,6 +9,7 @@ Every checkpoint carries `format_version` (`FORMAT_VERSION`; one without it is v
 version newer than this code reads, and `upgrade` brings an older one to the current format, one step a version
 (`UPGRADES`), before the run takes its state.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,14 +62,17 @@ def load(folder: Path) -> dict[str, Any]:
     if not last.is_file():
         if previous.is_file():
             return _readable(read(previous), previous)
-        raise CheckpointError(f"no checkpoint at {last}: --resume needs a run folder whose checkpoints/ holds "
-                              f"{LAST} (written after each round)")
+        raise CheckpointError(
+            f"no checkpoint at {last}: --resume needs a run folder whose checkpoints/ holds "
+            f"{LAST} (written after each round)"
+        )
     try:
         state = read(last)
     except Exception as error:  # truncated, corrupt, or holding code: all mean "do not trust this file"
         fallback = _describe(previous)
-        raise CheckpointError(f"checkpoint {last} cannot be read ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0][:120]}); {fallback}") from None
+        raise CheckpointError(
+            f"checkpoint {last} cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:120]}); {fallback}"
+        ) from None
     return _readable(state, last)
 
 
@@ -123,10 +127,15 @@ def _personal_part_kept_by_the_engine(state: dict[str, Any], callbacks: list[Any
     if personal is None:
         return {**state, "federation": {**federation, "algorithm": algorithm}}
     clients = len(personal)
-    algorithm.update(personal_start=personal.new_zeros(1, personal.shape[1]),
-                     personal_start_group=torch.zeros(clients, dtype=torch.long), personal_generation=torch.tensor(1))
-    client_state = {**(federation.get("client_state") or {}),
-                    store_name(1): memory_rows_state(torch.arange(clients), personal)}
+    algorithm.update(
+        personal_start=personal.new_zeros(1, personal.shape[1]),
+        personal_start_group=torch.zeros(clients, dtype=torch.long),
+        personal_generation=torch.tensor(1),
+    )
+    client_state = {
+        **(federation.get("client_state") or {}),
+        store_name(1): memory_rows_state(torch.arange(clients), personal),
+    }
     return {**state, "federation": {**federation, "algorithm": algorithm, "client_state": client_state}}
 
 
@@ -162,12 +171,16 @@ def _readable(state: dict[str, Any], path: Path) -> dict[str, Any]:
     version = format_version(state)
     whole = isinstance(version, int) and not isinstance(version, bool)
     if whole and version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format version {version}, newer than this fedlight reads "
-                              f"(up to {FORMAT_VERSION}): upgrade fedlight to resume the run")
+        raise CheckpointError(
+            f"checkpoint {path} has format version {version}, newer than this fedlight reads "
+            f"(up to {FORMAT_VERSION}): upgrade fedlight to resume the run"
+        )
     if not whole or (version != FORMAT_VERSION and version not in UPGRADES):
-        raise CheckpointError(f"checkpoint {path} has format version {version!r}, which this fedlight (format "
-                              f"{FORMAT_VERSION}) cannot read: resume it with the fedlight that wrote it, or start "
-                              "the run again")
+        raise CheckpointError(
+            f"checkpoint {path} has format version {version!r}, which this fedlight (format "
+            f"{FORMAT_VERSION}) cannot read: resume it with the fedlight that wrote it, or start "
+            "the run again"
+        )
     return state
 
 
@@ -178,5 +191,7 @@ def _describe(previous: Path) -> str:
         round = read(previous)["federation"]["round"]
     except Exception:
         return f"the previous checkpoint {previous} cannot be read either: start the run again"
-    return (f"the previous checkpoint {previous} (round {round}) is intact: move it to {previous.parent / LAST} "
-            "and resume again")
+    return (
+        f"the previous checkpoint {previous} (round {round}) is intact: move it to {previous.parent / LAST} "
+        "and resume again"
+    )

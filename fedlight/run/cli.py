@@ -6,6 +6,7 @@ configs that stop on an unknown key or a wrong type before any work starts.
 Every refusal is one line on stderr, cause first, and leaves no run folder behind: the folder is made only once
 the data, the model and the algorithm are set up.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,13 +36,22 @@ from fedlight.run.lazy_types import FederatedAlgorithm, LightningDataModule, Lig
 from fedlight.run.wandb_logger import LoggerConfig
 
 PARSER_MODE = "fedlight_yaml"
-set_loader(PARSER_MODE, lambda text: registry.resolve_class_paths(registry.check_dotted_keys(yaml.safe_load(text))),
-           (yaml.YAMLError,))
+set_loader(
+    PARSER_MODE,
+    lambda text: registry.resolve_class_paths(registry.check_dotted_keys(yaml.safe_load(text))),
+    (yaml.YAMLError,),
+)
 STRICT: dict[str, Any] = {"parser_mode": PARSER_MODE, "exit_on_error": False, "allow_abbrev": False}
 #: settings a resumed run may change: how long it runs, where it logs and over how many processes (the last moves
 #: numbers by float rounding at most), not what it computes
-RESUMABLE = ("federation.rounds", "checkpoint_every", "logger.", "federation.devices", "federation.num_nodes",
-             "federation.strategy")
+RESUMABLE = (
+    "federation.rounds",
+    "checkpoint_every",
+    "logger.",
+    "federation.devices",
+    "federation.num_nodes",
+    "federation.strategy",
+)
 #: settings that name the run rather than configure it
 UNCOMPARED = ("config", "resume", "run_name", "output_dir")
 
@@ -54,28 +64,52 @@ def fit_parser() -> ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the split, the model and every round")
     parser.add_argument("--output_dir", type=str, default="runs", help="folder holding the run folders")
     parser.add_argument("--run_name", type=str | None, default=None, help="run folder name (default: made up)")
-    parser.add_argument("--resume", type=str | None, default=None,
-                        help="a run folder to continue with its own config (only --federation.rounds may change)")
+    parser.add_argument(
+        "--resume",
+        type=str | None,
+        default=None,
+        help="a run folder to continue with its own config (only --federation.rounds may change)",
+    )
     parser.add_argument("--checkpoint_every", type=int, default=1, help="rounds between checkpoints")
     parser.add_subclass_arguments(LightningDataModule, "data", required=True)
     parser.add_subclass_arguments(LightningModule, "model", required=True)
     parser.add_subclass_arguments(FederatedAlgorithm, "algorithm", required=False)  # default: `with_base_algorithm`
     parser.add_class_arguments(FederationConfig, "federation")
     parser.add_class_arguments(AggregatorConfig, "aggregator")
-    parser.add_argument("--attack", type=AttackConfig | None, default=None,
-                        help="malicious clients: attack.kind, attack.fraction, ... (fedlight.aggregators.attacks)")
-    parser.add_argument("--privacy", type=PrivacyConfig | None, default=None,
-                        help="client-level DP: privacy.noise_multiplier, privacy.clip, privacy.delta, ... "
-                             "(fedlight.aggregators.privacy)")
-    parser.add_argument("--server_optimizer", type=ServerOptimizerConfig | None, default=None,
-                        help="a server optimizer for any method: server_optimizer.kind (sgd, momentum, adam, yogi, "
-                             "adagrad), server_optimizer.lr, ... (fedlight.aggregators.server_optimizer)")
-    parser.add_argument("--system", type=SystemConfig | None, default=None,
-                        help="the clients' devices: system.compute, system.availability, system.deadline_s, "
-                             "system.selection, ... (fedlight.system.config)")
+    parser.add_argument(
+        "--attack",
+        type=AttackConfig | None,
+        default=None,
+        help="malicious clients: attack.kind, attack.fraction, ... (fedlight.aggregators.attacks)",
+    )
+    parser.add_argument(
+        "--privacy",
+        type=PrivacyConfig | None,
+        default=None,
+        help="client-level DP: privacy.noise_multiplier, privacy.clip, privacy.delta, ... "
+        "(fedlight.aggregators.privacy)",
+    )
+    parser.add_argument(
+        "--server_optimizer",
+        type=ServerOptimizerConfig | None,
+        default=None,
+        help="a server optimizer for any method: server_optimizer.kind (sgd, momentum, adam, yogi, "
+        "adagrad), server_optimizer.lr, ... (fedlight.aggregators.server_optimizer)",
+    )
+    parser.add_argument(
+        "--system",
+        type=SystemConfig | None,
+        default=None,
+        help="the clients' devices: system.compute, system.availability, system.deadline_s, "
+        "system.selection, ... (fedlight.system.config)",
+    )
     parser.add_class_arguments(LoggerConfig, "logger")
-    parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
-                        help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)")
+    parser.add_argument(
+        "--callbacks",
+        type=list[Callback] | None,
+        default=None,
+        help="your own run callbacks by class path, e.g. fedlight.EarlyStopping (docs/architecture.md)",
+    )
     return parser
 
 
@@ -105,41 +139,65 @@ def build_parser() -> CommandParser:
     parser.fit_parser = fit_parser()
     commands.add_subcommand("fit", parser.fit_parser, help="run one federated training")
     list_parser = ArgumentParser(description="List algorithms, data and models.", **STRICT)
-    list_parser.add_argument("--compatibility", action="store_true",
-                             help="each algorithm against privacy, FedBuff, robust rules and attacks, deadlines and "
-                                  "newcomers: runs (and what each does) or refused (and why)")
-    commands.add_subcommand("list", list_parser,
-                            help="list algorithms, data modules and models, entry points included")
+    list_parser.add_argument(
+        "--compatibility",
+        action="store_true",
+        help="each algorithm against privacy, FedBuff, robust rules and attacks, deadlines and "
+        "newcomers: runs (and what each does) or refused (and why)",
+    )
+    commands.add_subcommand("list", list_parser, help="list algorithms, data modules and models, entry points included")
     commands.add_subcommand("report", report_parser(), help="one HTML page comparing runs (figures and a table)")
-    sweep_parser = ArgumentParser(description="Run every algorithm x grid point x seed of a sweep file, then its "
-                                              "report.", **STRICT)
+    sweep_parser = ArgumentParser(
+        description="Run every algorithm x grid point x seed of a sweep file, then its report.", **STRICT
+    )
     sweep_parser.add_argument("--config", type=str, required=True, help="a sweep YAML (see configs/sweeps/)")
-    sweep_parser.add_argument("--jobs", type=int, default=1,
-                              help="runs at once, each share of them in a process of its own, the cores shared "
-                                   "among them (default 1: one after another in this process)")
-    sweep_parser.add_argument("--part", type=str, default=None,
-                              help="I/N: only runs I, I+N, I+2N, ... and no report (what each --jobs process runs)")
-    commands.add_subcommand("sweep", sweep_parser,
-                            help="run a grid of algorithms x settings x seeds and write the report")
+    sweep_parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once, each share of them in a process of its own, the cores shared "
+        "among them (default 1: one after another in this process)",
+    )
+    sweep_parser.add_argument(
+        "--part",
+        type=str,
+        default=None,
+        help="I/N: only runs I, I+N, I+2N, ... and no report (what each --jobs process runs)",
+    )
+    commands.add_subcommand(
+        "sweep", sweep_parser, help="run a grid of algorithms x settings x seeds and write the report"
+    )
     parser.tune_parser = tune.add_arguments(fit_parser())
-    commands.add_subcommand("tune", parser.tune_parser,
-                            help="search hyperparameters on validation data with Optuna (configs/tune/)")
+    commands.add_subcommand(
+        "tune", parser.tune_parser, help="search hyperparameters on validation data with Optuna (configs/tune/)"
+    )
     return parser
 
 
 def report_parser() -> ArgumentParser:
     """The parser of `fedlight report`: the run folders, `--output`, `--overwrite`, `--title` and `--wandb`."""
-    parser = ArgumentParser(description="One self-contained HTML page comparing runs; the runs of a configuration "
-                                        "(its seeds) are shown as mean ± std.", **STRICT)
-    parser.add_argument("runs", nargs="+", type=str,
-                        help="run folders written by `fedlight fit`, or folders holding them at any depth")
-    parser.add_argument("--output", type=str | None, default=None,
-                        help="the HTML file to write (default: report.html in the folder that holds the runs)")
+    parser = ArgumentParser(
+        description="One self-contained HTML page comparing runs; the runs of a configuration "
+        "(its seeds) are shown as mean ± std.",
+        **STRICT,
+    )
+    parser.add_argument(
+        "runs", nargs="+", type=str, help="run folders written by `fedlight fit`, or folders holding them at any depth"
+    )
+    parser.add_argument(
+        "--output",
+        type=str | None,
+        default=None,
+        help="the HTML file to write (default: report.html in the folder that holds the runs)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace the output file if it exists")
     parser.add_argument("--title", type=str, default="fedlight report", help="the page's title")
-    parser.add_argument("--wandb", type=str | None, default=None,
-                        help="ENTITY/PROJECT: also build a W&B Report of these runs there (online only; needs "
-                             "the wandb-report extra)")
+    parser.add_argument(
+        "--wandb",
+        type=str | None,
+        default=None,
+        help="ENTITY/PROJECT: also build a W&B Report of these runs there (online only; needs the wandb-report extra)",
+    )
     return parser
 
 
@@ -175,8 +233,9 @@ def with_saved_config(argv: list[str]) -> list[str]:
         return argv
     saved = Path(run) / "config.yaml"
     if not saved.is_file():
-        raise FileNotFoundError(f"--resume {run}: not a run folder (no {saved}); give the folder a run wrote, "
-                                "e.g. runs/<name>")
+        raise FileNotFoundError(
+            f"--resume {run}: not a run folder (no {saved}); give the folder a run wrote, e.g. runs/<name>"
+        )
     config = yaml.safe_load(saved.read_text())
     current = upgraded(config)  # a run written before a setting moved: its config in the current format
     return ["fit", "--config", str(saved) if current is config else yaml.safe_dump(current), *argv[1:]]
@@ -197,14 +256,19 @@ def check_resume(saved: dict[str, Any], given: dict[str, Any], defaults: dict[st
     before, after = flatten(saved), flatten(given)
     known = flatten(defaults or {})
     before.update({key: known[key] for key in after if key not in before and key in known})
-    changed = [key for key in sorted(set(before) | set(after))
-               if before.get(key) != after.get(key) and not key.startswith(RESUMABLE + UNCOMPARED)]
+    changed = [
+        key
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key) and not key.startswith(RESUMABLE + UNCOMPARED)
+    ]
     replaced = tuple(key[: -len("class_path")] for key in changed if key.endswith("class_path"))
     changed = [key for key in changed if key.endswith("class_path") or not key.startswith(replaced)]
     if changed:
         details = "; ".join(f"{key} is {before.get(key)!r} in the run, {after.get(key)!r} given" for key in changed[:3])
-        raise ValueError(f"--resume continues the run with its own settings, and {details}: only federation.rounds "
-                         "may change (to run more rounds); start a new run for other settings")
+        raise ValueError(
+            f"--resume continues the run with its own settings, and {details}: only federation.rounds "
+            "may change (to run more rounds); start a new run for other settings"
+        )
 
 
 def new_run_dir(cfg: Namespace) -> Path:
@@ -213,8 +277,9 @@ def new_run_dir(cfg: Namespace) -> Path:
     if cfg.run_name:
         run_dir = output / cfg.run_name
         if run_dir.exists():
-            raise ValueError(f"{run_dir} exists already: continue that run with --resume {run_dir}, or choose "
-                             "another --run_name")
+            raise ValueError(
+                f"{run_dir} exists already: continue that run with --resume {run_dir}, or choose another --run_name"
+            )
         return run_dir
     base = f"{cfg.algorithm.class_path.rsplit('.', 1)[-1].lower()}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir, n = output / base, 1
@@ -224,8 +289,9 @@ def new_run_dir(cfg: Namespace) -> Path:
     return run_dir
 
 
-def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = None,
-            callbacks: list[Callback] | None = None) -> dict[str, Any]:
+def run_fit(
+    parser: ArgumentParser, cfg: Namespace, console: Console | None = None, callbacks: list[Callback] | None = None
+) -> dict[str, Any]:
     """Set everything up (after seeding, so the model's initial weights follow the seed), then run: the run folder
     and its config.yaml are written only once the run is accepted (`fedlight.run.runner.fit`). `callbacks` join the
     config's own (tune's trial reporter)."""
@@ -246,18 +312,39 @@ def run_fit(parser: ArgumentParser, cfg: Namespace, console: Console | None = No
         run_dir = new_run_dir(cfg)
     cfg.run_name, cfg.resume = run_dir.name, None  # the saved config names its run and starts it afresh
     config_text = parser.dump(cfg, skip_none=False)
-    showing = console.status(f"setting up {run_dir.name}: data, model, algorithm") if console.is_terminal else \
-        contextlib.nullcontext()  # a terminal sees the set-up happen; piped output stays one line per round
+    showing = (
+        console.status(f"setting up {run_dir.name}: data, model, algorithm")
+        if console.is_terminal
+        else contextlib.nullcontext()
+    )  # a terminal sees the set-up happen; piped output stays one line per round
     with showing:
         init = parser.instantiate_classes(cfg)
-        federation = Federation(init.data, init.model, init.algorithm, init.federation, seed=cfg.seed,
-                                attack=init.attack, privacy=init.privacy, system=init.system,
-                                aggregator=init.aggregator, server_optimizer=init.server_optimizer)
+        federation = Federation(
+            init.data,
+            init.model,
+            init.algorithm,
+            init.federation,
+            seed=cfg.seed,
+            attack=init.attack,
+            privacy=init.privacy,
+            system=init.system,
+            aggregator=init.aggregator,
+            server_optimizer=init.server_optimizer,
+        )
     # spread over processes, every one runs this function: the first names the run (a made-up name holds the
     # time) and alone writes its folder
     run_dir, config_text = federation.collective.broadcast((run_dir, config_text))
-    return fit(federation, run_dir, config_text, init.logger, run_dir.name, cfg.checkpoint_every, resume=resume,
-               console=console, callbacks=[*(init.callbacks or []), *(callbacks or [])])
+    return fit(
+        federation,
+        run_dir,
+        config_text,
+        init.logger,
+        run_dir.name,
+        cfg.checkpoint_every,
+        resume=resume,
+        console=console,
+        callbacks=[*(init.callbacks or []), *(callbacks or [])],
+    )
 
 
 def print_components(console: Console) -> None:
@@ -266,8 +353,7 @@ def print_components(console: Console) -> None:
     for kind, found in catalog.components().items():
         console.print(f"[bold]{kind}[/bold]")
         for name, path in sorted(found.items()):
-            console.print(f"  {name:<24} {path:<50} {catalog.describe(path)}".rstrip(), markup=False,
-                          highlight=False)
+            console.print(f"  {name:<24} {path:<50} {catalog.describe(path)}".rstrip(), markup=False, highlight=False)
 
 
 def print_compatibility(console: Console) -> None:
@@ -285,6 +371,7 @@ def print_compatibility(console: Console) -> None:
 @contextlib.contextmanager
 def one_line_warnings(errors: Console) -> Iterator[None]:
     """Warnings as 'fedlight: warning: ...' lines instead of Python's file:line form."""
+
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         errors.print(f"fedlight: warning: {message}")
 
@@ -306,8 +393,11 @@ def main(argv: list[str] | None = None, on_parsed: Callable[[], Any] | None = No
             check_fit_arguments(argv[1:], parser.fit_parser._option_string_actions)
         if argv[:1] in (["fit"], ["tune"]) and not {"-h", "--help"} & set(argv):
             with_base_algorithm(parser.fit_parser if argv[0] == "fit" else parser.tune_parser)
-        with console.status("reading the config") if console.is_terminal and argv[:1] == ["fit"] else \
-                contextlib.nullcontext():  # the config's classes load here (Lightning: seconds)
+        with (
+            console.status("reading the config")
+            if console.is_terminal and argv[:1] == ["fit"]
+            else contextlib.nullcontext()
+        ):  # the config's classes load here (Lightning: seconds)
             cfg = parser.parse_args(argv)
     except ArgumentError as error:
         options = parser.fit_parser._option_string_actions
@@ -333,10 +423,11 @@ def main(argv: list[str] | None = None, on_parsed: Callable[[], Any] | None = No
                 run_fit(parser.fit_parser, cfg.fit, console)
     except RunInterrupted as stop:
         if not stop.main_process:  # the first process reports; the others end quietly, so a launcher watching
-            return 0               # them (Fabric's) does not kill the first before it has reported
+            return 0  # them (Fabric's) does not kill the first before it has reported
         saved = f"rounds 1-{stop.saved_round} are saved" if stop.saved_round else "no round had finished"
-        errors.print(f"fedlight: {stopped(stop)}; {saved}. Continue with: python -m fedlight fit --resume "
-                     f"{stop.run_dir}")
+        errors.print(
+            f"fedlight: {stopped(stop)}; {saved}. Continue with: python -m fedlight fit --resume {stop.run_dir}"
+        )
         return termination.exit_code(stop)
     except KeyboardInterrupt as interrupt:
         errors.print(f"fedlight: {stopped(interrupt)} before the first round; nothing was saved")
@@ -365,8 +456,9 @@ def stopped(stop: BaseException) -> str:
     return "terminated (SIGTERM)" if termination.terminated(stop) else "interrupted"
 
 
-def run_tune(cfg: Namespace, fit_parser: ArgumentParser, console: Console, errors: Console,
-             argv: list[str] | None = None) -> int:
+def run_tune(
+    cfg: Namespace, fit_parser: ArgumentParser, console: Console, errors: Console, argv: list[str] | None = None
+) -> int:
     """Search on validation data with Optuna (`fedlight.run.tune`); Ctrl-C or SIGTERM leaves a study that resumes.
     `argv`: the command line, which the other `--jobs` processes repeat."""
     try:
@@ -399,7 +491,9 @@ def run_report(cfg: Namespace, console: Console) -> None:
     output, groups = report.write(cfg.runs, cfg.output, cfg.title, overwrite=cfg.overwrite)
     runs = report.plural(sum(len(g.runs) for g in groups), "run")
     console.print(report.console_table(groups))
-    console.print(f"report of {runs} in {report.plural(len(groups), 'configuration')}: {output} "
-                  f"({time.perf_counter() - started:.1f} s)")
+    console.print(
+        f"report of {runs} in {report.plural(len(groups), 'configuration')}: {output} "
+        f"({time.perf_counter() - started:.1f} s)"
+    )
     if cfg.wandb:
         console.print(wandb_report.build(cfg.wandb, groups, cfg.title), soft_wrap=True, highlight=False)

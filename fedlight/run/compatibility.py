@@ -23,6 +23,7 @@ Not in the table: several processes (tests/integration/test_distributed.py runs 
 FedBuff refuses them). The virtual clock runs with every algorithm and charges what its clients ran
 (`fedlight.system.work_cost`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,12 +64,15 @@ def extension_settings(column: str) -> dict[str, Any]:
     settings: dict[str, dict[str, Any]] = {
         "privacy": {"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)},
         "FedBuff": {"system": SystemConfig(buffer_size=3, concurrency=8)},
-        "robust + attack": {"aggregator": AggregatorConfig(rule="trimmed_mean"),
-                            "attack": AttackConfig(kind="sign_flip", fraction=0.2)},
+        "robust + attack": {
+            "aggregator": AggregatorConfig(rule="trimmed_mean"),
+            "attack": AttackConfig(kind="sign_flip", fraction=0.2),
+        },
         "deadline": {"system": SystemConfig(deadline_percentile=75.0, partial_work=True)},
         "newcomers": {"data": {"holdout_clients": 4}},
         "server optimizer": {"server_optimizer": ServerOptimizerConfig(kind="adam")},
-        "cohort": {"config": {"clients_per_round": COHORT}}}
+        "cohort": {"config": {"clients_per_round": COHORT}},
+    }
     return settings[column]
 
 
@@ -80,8 +84,9 @@ SETTINGS = ("digits", "adapters", "points")
 def tiny_vit_folder() -> str:
     """A tiny random ViT for 8 x 8 digits, saved once per process (the adapters' setting)."""
     folder = Path(tempfile.mkdtemp(prefix="fedlight-tiny-vit-")) / "vit"
-    load("fedlight.models.tiny_pretrained.make_tiny")("vit", folder, num_classes=10, image_size=8, channels=1,
-                                                      patch_size=2, hidden=16)
+    load("fedlight.models.tiny_pretrained.make_tiny")(
+        "vit", folder, num_classes=10, image_size=8, channels=1, patch_size=2, hidden=16
+    )
     return str(folder)
 
 
@@ -98,21 +103,30 @@ def tiny_federation(algorithm: Any, setting: str, settings: dict[str, Any]) -> A
     config_options = settings.pop("config", {})
     torch.manual_seed(0)
     if setting == "points":  # the classes by path, as a run config names them: the core imports no data module or model
-        data = load("fedlight.datamodules.SyntheticGaussians")(num_clients=CLIENTS, points_per_client=40,
-                                                               test_fraction=0.2, **data_options)
+        data = load("fedlight.datamodules.SyntheticGaussians")(
+            num_clients=CLIENTS, points_per_client=40, test_fraction=0.2, **data_options
+        )
         model: Any = load("fedlight.models.CentroidModel")()
     else:
         rotations = load("fedlight.datamodules.Rotations")(2)
-        data = load("fedlight.datamodules.DigitsFederated")(num_clients=CLIENTS, partition=rotations,
-                                                            public_size=60, **data_options)
+        data = load("fedlight.datamodules.DigitsFederated")(
+            num_clients=CLIENTS, partition=rotations, public_size=60, **data_options
+        )
         if setting == "adapters":
             model = load("fedlight.models.PretrainedClassifier")(tiny_vit_folder(), num_classes=10, lr=0.01)
         else:
             network = load("fedlight.models.SmallCNN")(1, 10, 8, width=8)
             model = load("fedlight.models.Classifier")(network, lr=0.1)
     rounds = 1 if getattr(algorithm, "one_shot", False) else 2
-    federation_config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=32, accelerator="cpu",
-                                         vectorize=0, eval_every=rounds, **config_options)
+    federation_config = FederationConfig(
+        rounds=rounds,
+        local_epochs=1,
+        batch_size=32,
+        accelerator="cpu",
+        vectorize=0,
+        eval_every=rounds,
+        **config_options,
+    )
     return Federation(data, model, algorithm, federation_config, seed=0, **settings)
 
 
@@ -194,8 +208,9 @@ def load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def table(names: list[str] | None = None, columns: tuple[str, ...] = COLUMNS
-          ) -> tuple[dict[str, dict[str, Cell]], dict[str, str]]:
+def table(
+    names: list[str] | None = None, columns: tuple[str, ...] = COLUMNS
+) -> tuple[dict[str, dict[str, Cell]], dict[str, str]]:
     """(name -> column -> cell, name -> the setting it runs on), for `names` (every registered algorithm when None).
     The settings are the registry's derived kinds: "adapters" for a method that refuses a network without LoRA
     adapters, "points" for one that refuses a classifier (a data-clustering method), "digits" for the rest; tests
@@ -213,8 +228,10 @@ def markdown(rows: dict[str, dict[str, Cell]]) -> str:
     """The table as the docs page shows it."""
     head = "| algorithm | " + " | ".join(COLUMNS) + " |\n|---|" + "---|" * len(COLUMNS) + "\n"
     mark = {"runs": "runs", "refused": "**refused**", "fails": "**FAILS**"}
-    body = "".join(f"| `{name}` | " + " | ".join(f"{mark[c.status]}: {c.note.replace('|', '/')}"
-                                                 for c in cells.values()) + " |\n" for name, cells in rows.items())
+    body = "".join(
+        f"| `{name}` | " + " | ".join(f"{mark[c.status]}: {c.note.replace('|', '/')}" for c in cells.values()) + " |\n"
+        for name, cells in rows.items()
+    )
     return head + body
 
 
@@ -222,9 +239,11 @@ def python_source(rows: dict[str, dict[str, Cell]], settings: dict[str, str]) ->
     """`compatibility_table.py`: the rows and each algorithm's setting as literals, for `fedlight list
     --compatibility` and for what reads an algorithm's kind."""
     literal = {name: {column: (c.status, c.note) for column, c in cells.items()} for name, cells in rows.items()}
-    return ('"""The compatibility table as `python -m fedlight.run.compatibility --write` last made it (do not edit: '
-            'tests/integration/test_compatibility.py checks it against the code)."""\n'
-            f"COLUMNS = {COLUMNS!r}\nROWS = {literal!r}\nSETTING = {settings!r}\n")
+    return (
+        '"""The compatibility table as `python -m fedlight.run.compatibility --write` last made it (do not edit: '
+        'tests/integration/test_compatibility.py checks it against the code)."""\n'
+        f"COLUMNS = {COLUMNS!r}\nROWS = {literal!r}\nSETTING = {settings!r}\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,8 +258,9 @@ def main(argv: list[str] | None = None) -> None:
     if options.write:
         root = Path(__file__).resolve().parents[2]
         intro = __doc__.split("\n\n")[1:3]
-        (root / "docs" / "compatibility.md").write_text("# Compatibility: algorithms x extensions\n\n" +
-                                                        "\n\n".join(intro) + "\n\n" + page)
+        (root / "docs" / "compatibility.md").write_text(
+            "# Compatibility: algorithms x extensions\n\n" + "\n\n".join(intro) + "\n\n" + page
+        )
         (Path(__file__).parent / "compatibility_table.py").write_text(python_source(rows, settings))
     print(page)
 

@@ -4,6 +4,7 @@ jsonargparse explains a bad value by nesting every alternative it tried (a subcl
 under a usage block. This module keeps what a person needs from that text: the dotted key as it would be typed,
 and the innermost reason, with the options a class does accept or the option that was probably meant.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -63,18 +64,27 @@ def explain(message: str, options: Iterable[str] = ()) -> str:
     classes = _CLASS_PATH.findall(message)
     missing = _MISSING.search(message)
     if missing and classes and keys:
-        return (f"{keys[-1]}: cannot import {classes[-1]} ({missing.group(0).strip()}); check the spelling, or "
-                "`python -m fedlight list` for what is installed")
+        return (
+            f"{keys[-1]}: cannot import {classes[-1]} ({missing.group(0).strip()}); check the spelling, or "
+            "`python -m fedlight list` for what is installed"
+        )
     expected = _EXPECTED.search(message)
     if expected and keys:
         return f"{keys[-1]}: expected {_article(expected.group(1))}, got {expected.group(2).strip()!r}"
     importable = _IMPORT.search(message)
     if importable and keys:
-        return (f"{keys[-1]}: {importable.group(1).strip()!r} is neither a known name nor an importable class path "
-                "(`python -m fedlight list` shows what is installed)")
-    lines = [line.strip(" -") for line in message.splitlines() if line.strip()
-             and not line.strip().startswith(("Given value", "Subtypes:", "Errors:", "Does not validate",
-                                              "- Expected a <class 'NoneType'>"))]
+        return (
+            f"{keys[-1]}: {importable.group(1).strip()!r} is neither a known name nor an importable class path "
+            "(`python -m fedlight list` shows what is installed)"
+        )
+    lines = [
+        line.strip(" -")
+        for line in message.splitlines()
+        if line.strip()
+        and not line.strip().startswith(
+            ("Given value", "Subtypes:", "Errors:", "Does not validate", "- Expected a <class 'NoneType'>")
+        )
+    ]
     return "; ".join(dict.fromkeys(lines[:1] + lines[-1:]))
 
 
@@ -104,8 +114,10 @@ def _no_such_file(key: str, path: str) -> str:
         shown = Path(path).relative_to(Path.cwd()) if Path(path).is_absolute() else Path(path)
     except ValueError:
         return f"--{key} {path}: no such file"
-    return (f"--{key} {shown}: no such file (check the path: relative paths are read from the current folder, "
-            f"{os.getcwd()})")
+    return (
+        f"--{key} {shown}: no such file (check the path: relative paths are read from the current folder, "
+        f"{os.getcwd()})"
+    )
 
 
 def _init_options(class_path: str) -> list[str]:
@@ -128,4 +140,5 @@ def _init_options(class_path: str) -> list[str]:
 
 def _article(type_name: str) -> str:
     return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(
-        type_name, f"a {type_name}")
+        type_name, f"a {type_name}"
+    )

@@ -3,13 +3,19 @@ resumes with the settings it ran with, and a config file that still names the ol
 
 The five `federation.aggregator*` settings became the `aggregator:` section (`fedlight.aggregators.config`).
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 #: the federation's former aggregator settings -> their fields of the `aggregator:` section
-FORMER_AGGREGATOR = {"aggregator": "rule", "aggregator_f": "f", "aggregator_beta": "beta", "aggregator_clip": "clip",
-                     "aggregator_keep": "keep"}
+FORMER_AGGREGATOR = {
+    "aggregator": "rule",
+    "aggregator_f": "f",
+    "aggregator_beta": "beta",
+    "aggregator_clip": "clip",
+    "aggregator_keep": "keep",
+}
 
 
 def upgraded(config: dict[str, Any]) -> dict[str, Any]:

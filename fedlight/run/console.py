@@ -3,6 +3,7 @@
 On a terminal a progress bar sits under the round lines; when the output goes to a file or a pipe there is no
 bar and no wrapping, just one plain line per round, so logs stay greppable.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -46,12 +47,22 @@ class ConsoleReporter(Callback):
 
         newcomers = federation.extension(NewcomerEvaluation)
         held = f" + {newcomers.count} held out" if newcomers is not None else ""
-        self.console.print(f"{type(federation.algorithm).__name__}, {federation.cohort.describe()}{held}: "
-                           f"{federation.execution.plan.describe()}{federation.describe_threats()}"
-                           f"{federation.describe_frozen_base()}", highlight=False)
+        self.console.print(
+            f"{type(federation.algorithm).__name__}, {federation.cohort.describe()}{held}: "
+            f"{federation.execution.plan.describe()}{federation.describe_threats()}"
+            f"{federation.describe_frozen_base()}",
+            highlight=False,
+        )
         if self.console.is_terminal:
-            self.progress = Progress(TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-                                     TimeRemainingColumn(), console=self.console, transient=True)
+            self.progress = Progress(
+                TextColumn("[bold]round"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.task = self.progress.add_task("rounds", total=federation.config.rounds, completed=federation.round)
             self.progress.start()
 
@@ -62,8 +73,10 @@ class ConsoleReporter(Callback):
         left_out = [c for c in result.left_out if c not in dropped]
         if left_out:
             shown = ", ".join(str(c) for c in left_out[:10]) + (", ..." if len(left_out) > 10 else "")
-            self.console.print(f"round {round}: {len(left_out)} client(s) left out of aggregation, non-finite update "
-                               f"or loss (clients {shown})")
+            self.console.print(
+                f"round {round}: {len(left_out)} client(s) left out of aggregation, non-finite update "
+                f"or loss (clients {shown})"
+            )
         clusters = metrics.get("cluster/count")
         if clusters is not None and clusters != self.clusters:
             self.console.print(f"round {round}: {cluster_text(metrics)}")
@@ -108,15 +121,20 @@ def round_text(metrics: dict[str, Any], split: str) -> str:
     """'acc 0.9120 ± 0.0510 (worst 0.8000)  f1 ...  4 clusters, ARI 1.00' for an evaluated round; the training
     loss otherwise."""
     names = selection.metric_names(metrics, split)
-    parts = [f"{name} {metrics[f'{split}/{name}_mean']:.4f} ± {metrics[f'{split}/{name}_std']:.4f} "
-             f"(worst {metrics[f'{split}/{name}_worst']:.4f})" for name in names]
+    parts = [
+        f"{name} {metrics[f'{split}/{name}_mean']:.4f} ± {metrics[f'{split}/{name}_std']:.4f} "
+        f"(worst {metrics[f'{split}/{name}_worst']:.4f})"
+        for name in names
+    ]
     if not parts:
         parts = [f"train loss {metrics['train/loss']:.4f}"]
     else:
         for prefix, label in ((f"{split}{FINE_TUNED}", "fine-tuned"), (UNSEEN, UNSEEN)):  # their primary metric
             if f"{prefix}/{names[0]}_mean" in metrics:
-                parts.append(f"{label} {names[0]} {metrics[f'{prefix}/{names[0]}_mean']:.4f} "
-                             f"(worst {metrics[f'{prefix}/{names[0]}_worst']:.4f})")
+                parts.append(
+                    f"{label} {names[0]} {metrics[f'{prefix}/{names[0]}_mean']:.4f} "
+                    f"(worst {metrics[f'{prefix}/{names[0]}_worst']:.4f})"
+                )
     if PRIVACY in metrics:
         parts.append(f"epsilon {metrics[PRIVACY]:.2f}")
     if "cluster/count" in metrics:
@@ -130,25 +148,35 @@ HELD = "held_out_clients"  # summary.json: clients held out of training, when so
 def summary_table(summary: dict[str, Any], split: str, plain: bool = False) -> Table:
     """The final numbers; `plain` draws it with ASCII characters (for logs)."""
     rounds, clients = (_number(summary[key], "count") for key in ("rounds", "num_clients"))
-    title = (f"{summary['run']}: {summary['algorithm']}, {rounds} round{'' if rounds == '1' else 's'}, "
-             f"{clients} client{'' if clients == '1' else 's'}"
-             f"{f' + {summary[HELD]} held out' if summary.get(HELD) else ''}, {summary['wall_time_s']:.1f} s")
+    title = (
+        f"{summary['run']}: {summary['algorithm']}, {rounds} round{'' if rounds == '1' else 's'}, "
+        f"{clients} client{'' if clients == '1' else 's'}"
+        f"{f' + {summary[HELD]} held out' if summary.get(HELD) else ''}, {summary['wall_time_s']:.1f} s"
+    )
     table = Table(box=box.ASCII2 if plain else box.HEAVY_HEAD, title=title)
     for column in ("metric", "mean", "std", "worst client"):
         table.add_column(column, justify="right" if column != "metric" else "left")
     metric, chosen = selected_rows(summary, split)
-    for prefix, label in ((split, split), (f"{split}{FINE_TUNED}", f"{split} fine-tuned"),
-                          (UNSEEN, f"{UNSEEN} ({split})")):  # fine-tuned, then held-out clients, after the rest
+    for prefix, label in (
+        (split, split),
+        (f"{split}{FINE_TUNED}", f"{split} fine-tuned"),
+        (UNSEEN, f"{UNSEEN} ({split})"),
+    ):  # fine-tuned, then held-out clients, after the rest
         for name in selection.metric_names(summary, prefix):
             last = prefix == split and name == metric  # beside it, the rounds chosen on validation and on split
-            table.add_row(f"{label} {name}{', last round' if last else ''}",
-                          *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")))
+            table.add_row(
+                f"{label} {name}{', last round' if last else ''}",
+                *(_number(summary[f"{prefix}/{name}_{s}"]) for s in ("mean", "std", "worst")),
+            )
             if last and f"{prefix}/{name}_mean_low" in summary:  # the clients' bootstrap, and one sample's weight
                 low, high = summary[f"{prefix}/{name}_mean_low"], summary[f"{prefix}/{name}_mean_high"]
-                table.add_row(f"{label} {name}, 95 % interval over clients", f"{_number(low)}-{_number(high)}", "",
-                              "")
-                table.add_row(f"{label} {name}, one sample of the median client",
-                              _number(summary[f"{prefix}/{name}_resolution"]), "", "")
+                table.add_row(f"{label} {name}, 95 % interval over clients", f"{_number(low)}-{_number(high)}", "", "")
+                table.add_row(
+                    f"{label} {name}, one sample of the median client",
+                    _number(summary[f"{prefix}/{name}_resolution"]),
+                    "",
+                    "",
+                )
             for row in chosen if last else ():
                 table.add_row(*row)
     for key, value in summary.items():
@@ -169,9 +197,14 @@ def selected_rows(summary: dict[str, Any], split: str) -> tuple[str | None, list
     for name in dict.fromkeys((selection.VAL_SELECTED, own)):  # one with split val
         label = f"{split} {metric}, {name.replace('_', '-')}"
         if f"{name}/round" in summary:
-            rows.append((f"{label} (round {summary[f'{name}/round']})",
-                         _number(summary[f"{name}/{split}/{metric}_mean"]), "",
-                         _number(summary.get(f"{name}/{split}/{metric}_worst"))))
+            rows.append(
+                (
+                    f"{label} (round {summary[f'{name}/round']})",
+                    _number(summary[f"{name}/{split}/{metric}_mean"]),
+                    "",
+                    _number(summary.get(f"{name}/{split}/{metric}_worst")),
+                )
+            )
         else:
             rows.append((label, str(summary.get(selection.NO_VAL_SELECTION, "n/a")), "", ""))
     return metric, rows
@@ -184,7 +217,10 @@ def _number(value: Any, name: str = "") -> str:
     if value is None:
         return "n/a"
     last = name.rsplit("/", 1)[-1]
-    if (isinstance(value, float) and value.is_integer()
-            and (any(part in last for part in ("count", "round", "size")) or last.startswith("clients_"))):
+    if (
+        isinstance(value, float)
+        and value.is_integer()
+        and (any(part in last for part in ("count", "round", "size")) or last.startswith("clients_"))
+    ):
         return str(int(value))
     return f"{value:.4f}" if isinstance(value, float) else str(value)

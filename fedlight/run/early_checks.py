@@ -3,6 +3,7 @@ the sections that name a class (data, model, algorithm, callbacks) is refused be
 module or model, so a typo is answered in about a second instead of after Lightning has loaded. What lies inside a
 class's section is checked by the parser against the class's own signature, as before.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -64,8 +65,10 @@ def check_config_keys(path: Path, known: set[str]) -> None:
         for dotted in keys:
             if f"--{dotted}" not in known:
                 if moved_key(dotted):
-                    raise ValueError(f"config key {dotted} is now {moved_key(dotted)} (the aggregator: section): "
-                                     f"move it there in {path}")
+                    raise ValueError(
+                        f"config key {dotted} is now {moved_key(dotted)} (the aggregator: section): "
+                        f"move it there in {path}"
+                    )
                 close = closest_key(dotted, known)
                 hint = f" (did you mean {close}?)" if close else " (see `fedlight fit --help` for the keys)"
                 raise ValueError(f"unknown config key {dotted}{hint}")

@@ -4,6 +4,7 @@ fixed, or a new run; a diverged round (`fedlight.engine.divergence.RoundDiverged
 would repeat it. A run that fails before its first checkpoint leaves no folder, as after Ctrl-C, and needs no line:
 the same command starts it again.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,10 +21,14 @@ def failure_note(error: Exception, run_dir: Path, saved_round: int) -> str:
     saved = f"rounds 1-{saved_round} are saved" if saved_round else "no round is saved"
     if isinstance(error, RoundDiverged):
         kept = f" with the checkpoint of round {saved_round}, the last good one" if saved_round else ""
-        return (f"{NOTE}the run stopped; {saved} in {run_dir}{kept}, and a resume would repeat round "
-                f"{error.round}: start a new run with the fix")
-    return (f"{NOTE}{saved} in {run_dir}: once the cause is fixed, continue with: python -m fedlight fit --resume "
-            f"{run_dir}; or start over with another --run_name")
+        return (
+            f"{NOTE}the run stopped; {saved} in {run_dir}{kept}, and a resume would repeat round "
+            f"{error.round}: start a new run with the fix"
+        )
+    return (
+        f"{NOTE}{saved} in {run_dir}: once the cause is fixed, continue with: python -m fedlight fit --resume "
+        f"{run_dir}; or start over with another --run_name"
+    )
 
 
 def add_note(error: BaseException, note: str) -> None:

@@ -6,6 +6,7 @@ several seconds on a laptop CPU.
 are asked and answer for it, which happens only when a config names a class (and so imports it anyway).
 The stand-ins are abstract, so jsonargparse never offers them as a class to instantiate.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,6 +1,7 @@
 """The run's files, written by the `CsvRecorder` callback: config.yaml (the resolved config), metrics.csv (one row a
 round), clients.csv (one row a client and evaluated round), matrices/*.npy and summary.json. Only the first process
 of a run writes them."""
+
 from __future__ import annotations
 
 import csv
@@ -48,8 +49,9 @@ class CsvTable:
         os.replace(tmp, self.path)
 
 
-def client_rows(round: int, per_client: dict[str, np.ndarray],
-                newcomers: dict[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
+def client_rows(
+    round: int, per_client: dict[str, np.ndarray], newcomers: dict[str, np.ndarray] | None = None
+) -> list[dict[str, Any]]:
     """One row per client: round, client, its clusters, its metrics, its training-set size, then what its local
     training reported this round (`train/...`, empty for a client that did not train); ints stay ints. With held-out
     clients (`newcomers`), their rows follow, numbered after the training clients, and every row ends with
@@ -58,8 +60,9 @@ def client_rows(round: int, per_client: dict[str, np.ndarray],
     if not newcomers:
         return rows
     first = len(rows)
-    return [{**r, "held_out": False} for r in rows] + \
-        [{**r, "client": first + r["client"], "held_out": True} for r in _rows(round, newcomers)]
+    return [{**r, "held_out": False} for r in rows] + [
+        {**r, "client": first + r["client"], "held_out": True} for r in _rows(round, newcomers)
+    ]
 
 
 def _rows(round: int, per_client: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -67,9 +70,12 @@ def _rows(round: int, per_client: dict[str, np.ndarray]) -> list[dict[str, Any]]
         return []
     edges = LEADING_COLUMNS + TRAILING_COLUMNS
     training = [k for k in per_client if k.startswith("train/")]
-    names = [k for k in LEADING_COLUMNS if k in per_client] + \
-        [k for k in per_client if k not in edges and k not in training] + \
-        [k for k in TRAILING_COLUMNS if k in per_client] + training
+    names = (
+        [k for k in LEADING_COLUMNS if k in per_client]
+        + [k for k in per_client if k not in edges and k not in training]
+        + [k for k in TRAILING_COLUMNS if k in per_client]
+        + training
+    )
     count = len(per_client[names[0]])
     return [{"round": round, "client": c, **{k: per_client[k][c].item() for k in names}} for c in range(count)]
 

@@ -1,5 +1,6 @@
 """Finding plugins: algorithms by entry point (group `fedlight.algorithms`) and by import path, data modules
 and models by their own entry-point groups (what `fedlight list` shows of them is `fedlight.run.catalog`'s)."""
+
 from __future__ import annotations
 
 import functools
@@ -28,8 +29,10 @@ def algorithm_path(value: str, names: dict[str, str] | None = None) -> str:
         return names[value]
     if "." in value or "/" in value:
         return value
-    raise ValueError(f"unknown algorithm {value!r}{did_you_mean(value, names)}: choose one of "
-                     f"{', '.join(sorted(names))}, or give an importable class path such as mypackage.MyAlgorithm")
+    raise ValueError(
+        f"unknown algorithm {value!r}{did_you_mean(value, names)}: choose one of "
+        f"{', '.join(sorted(names))}, or give an importable class path such as mypackage.MyAlgorithm"
+    )
 
 
 def resolve_class_paths(value: Any, names: dict[str, str] | None = None) -> Any:
@@ -58,9 +61,11 @@ def check_dotted_keys(document: Any) -> Any:
         for key in document:
             head = key.split(".", 1)[0] if isinstance(key, str) and "." in key else None
             if head is not None and head in document:
-                raise ValueError(f"config key {key!r} sits beside {head!r} in the same mapping, which would replace "
-                                 f"{head!r} rather than change it: nest it under {head!r}, or pass "
-                                 f"--{key} on the command line")
+                raise ValueError(
+                    f"config key {key!r} sits beside {head!r} in the same mapping, which would replace "
+                    f"{head!r} rather than change it: nest it under {head!r}, or pass "
+                    f"--{key} on the command line"
+                )
         for value in document.values():
             check_dotted_keys(value)
     return document

@@ -1,5 +1,6 @@
 """Runs a `Federation` round by round and calls the run's callbacks by hook name: the CSV recorder, the console,
 W&B, a user's own (`callbacks:` in the config) and, last, the round checkpoints. Ends with the summary."""
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,11 @@ class Totals(Callback):
         metric = selection.primary_metric(names)
         interval = client_bootstrap(self.last_clients)
         median = float(np.median(sizes[sizes > 0])) if (sizes > 0).any() else math.nan
-        return {f"{split}/{metric}_mean_low": interval.low, f"{split}/{metric}_mean_high": interval.high,
-                f"{split}/{metric}_resolution": 1.0 / median if median else math.nan}
+        return {
+            f"{split}/{metric}_mean_low": interval.low,
+            f"{split}/{metric}_mean_high": interval.high,
+            f"{split}/{metric}_resolution": 1.0 / median if median else math.nan,
+        }
 
     def selections(self, split: str) -> dict[str, Any]:
         """The validation-selected and the `split`-selected numbers of the primary metric (the summary's)."""
@@ -71,8 +75,12 @@ class Totals(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The wall time so far, the last evaluated scalars, what every evaluated round keeps for choosing a round, and
         the last evaluated round's per-client values of the primary metric."""
-        return {"elapsed": self.elapsed, "last_eval": self.last_eval, "evaluated": self.evaluated,
-                "last_clients": self.last_clients}
+        return {
+            "elapsed": self.elapsed,
+            "last_eval": self.last_eval,
+            "evaluated": self.evaluated,
+            "last_clients": self.last_clients,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved (`last_clients` empty in a checkpoint written before it was kept)."""
@@ -102,9 +110,17 @@ class Checkpointer(Callback):
         self.saved_round = result.round
 
 
-def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerConfig | None = None,
-        run_name: str = "run", checkpoint_every: int = 1, resume: bool = False, console: Console | None = None,
-        callbacks: list[Any] | None = None) -> dict[str, Any]:
+def fit(
+    federation: Federation,
+    run_dir: Path,
+    config_text: str,
+    logger: LoggerConfig | None = None,
+    run_name: str = "run",
+    checkpoint_every: int = 1,
+    resume: bool = False,
+    console: Console | None = None,
+    callbacks: list[Any] | None = None,
+) -> dict[str, Any]:
     """Run the remaining rounds of `federation` and return the summary written to summary.json.
 
     `config_text` is the resolved config (YAML) the run folder keeps. With `resume`, the state of the last round
@@ -129,15 +145,17 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
     federation.client_states.use_folder(run_dir / CLIENT_STATE)  # read back on resume, so set before it
     federation.check_client_state_disk()  # the rows beyond the memory budget fit on that folder's disk?
     run.resumed = collective.broadcast(resume and checkpoint.exists(run_dir / CHECKPOINTS))  # a run stopped before
-    if run.resumed:                                                                        # its first checkpoint
+    if run.resumed:  # its first checkpoint
         state = collective.broadcast(checkpoint.load(run_dir / CHECKPOINTS) if main_process else None)  # restarts
         assert state is not None  # the first process's checkpoint, on every process
         state = checkpoint.upgrade(state, stateful)  # an older format's, in this process's callbacks' terms
         federation.load_state_dict(state["federation"])
         load_callback_states(stateful, state["callbacks"])
         if federation.round > federation.config.rounds:
-            raise ValueError(f"{run_dir} has run {federation.round} rounds already: --federation.rounds must be at "
-                             f"least {federation.round}")
+            raise ValueError(
+                f"{run_dir} has run {federation.round} rounds already: --federation.rounds must be at "
+                f"least {federation.round}"
+            )
     if main_process:
         run_dir.mkdir(parents=True, exist_ok=resume)
     rounds_together = termination.deferred() if collective.spread else contextlib.nullcontext()
@@ -163,8 +181,9 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
             if main_process:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        raise RunInterrupted(run_dir, checkpointer.saved_round, termination.terminated(interrupt),
-                             main_process) from None
+        raise RunInterrupted(
+            run_dir, checkpointer.saved_round, termination.terminated(interrupt), main_process
+        ) from None
     except Exception as error:
         call(every, "on_exception", run, error)
         if main_process:
@@ -184,9 +203,11 @@ def fit(federation: Federation, run_dir: Path, config_text: str, logger: LoggerC
 def scalars(metrics: dict[str, Any]) -> dict[str, float | int]:
     """The round's numbers as plain Python values (a checkpoint holds nothing else)."""
     # typeshed's numbers.Real declares no __int__ (numpy's and Python's reals have one)
-    return {k: int(v) if k == "round" else float(v)  # type: ignore[call-overload]
-            for k, v in metrics.items()
-            if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    return {
+        k: int(v) if k == "round" else float(v)  # type: ignore[call-overload]
+        for k, v in metrics.items()
+        if isinstance(v, numbers.Real) and not isinstance(v, bool)
+    }
 
 
 def _summary(run: Run, totals: Totals) -> dict[str, Any]:
@@ -194,14 +215,27 @@ def _summary(run: Run, totals: Totals) -> dict[str, Any]:
     newcomers = federation.extension(NewcomerEvaluation)
     final = {k: v for k, v in totals.last_eval.items() if k != "round" and not k.startswith("time/")}
     probe = federation.execution.probe_result
-    return {"run": run.name, "algorithm": type(federation.algorithm).__name__, "rounds": federation.round,
-            "num_clients": federation.num_clients,
-            **({"held_out_clients": newcomers.count} if newcomers is not None else {}),
-            "seed": federation.seed, "precision": federation.precision,
-            "device": str(federation.device), "plan": plan.as_dict(), "vectorized": plan.trainer != "sequential",
-            "vectorized_reason": plan.reason, "vectorize_probe": None if probe is None else probe.as_dict(),
-            "federated_entries": federation.flat.numel, "frozen_base": federation.frozen_base,
-            **({"stopped": run.stop_reason} if run.stop_reason else {}), **federation.extensions.summary(),
-            "wall_time_s": round(totals.elapsed, 3), **final, **totals.selections(federation.config.eval_split),
-            **totals.client_interval(federation.config.eval_split,
-                                     federation.data.split(federation.config.eval_split).sizes())}
+    return {
+        "run": run.name,
+        "algorithm": type(federation.algorithm).__name__,
+        "rounds": federation.round,
+        "num_clients": federation.num_clients,
+        **({"held_out_clients": newcomers.count} if newcomers is not None else {}),
+        "seed": federation.seed,
+        "precision": federation.precision,
+        "device": str(federation.device),
+        "plan": plan.as_dict(),
+        "vectorized": plan.trainer != "sequential",
+        "vectorized_reason": plan.reason,
+        "vectorize_probe": None if probe is None else probe.as_dict(),
+        "federated_entries": federation.flat.numel,
+        "frozen_base": federation.frozen_base,
+        **({"stopped": run.stop_reason} if run.stop_reason else {}),
+        **federation.extensions.summary(),
+        "wall_time_s": round(totals.elapsed, 3),
+        **final,
+        **totals.selections(federation.config.eval_split),
+        **totals.client_interval(
+            federation.config.eval_split, federation.data.split(federation.config.eval_split).sizes()
+        ),
+    }

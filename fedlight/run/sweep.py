@@ -21,6 +21,7 @@ is resumed (`fit --resume`, with the run's own config), so rerunning an interrup
 Without `algorithms`, every run keeps the base config's algorithm. A grid point's run folder is named after its
 values: `fedprox-lr0.01-local_epochs2-s0`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -87,7 +88,7 @@ class SweepConfig:
 
 @dataclass
 class Combination:
-    name: str              # run folder name
+    name: str  # run folder name
     algorithm: str | None  # the --algorithm value: a class path, or a JSON object with init_args (None: the base's)
     seed: int
     overrides: dict[str, Any] = field(default_factory=dict)  # the entry's own fit options
@@ -109,18 +110,23 @@ def load(path: str | Path) -> tuple[SweepConfig, Path]:
     if unknown:
         raise SweepError(f"{path}: unknown key {unknown[0]!r}; a sweep file has {', '.join(known)}")
     if "base" not in document or not (document.get("algorithms") or document.get("grid")):
-        raise SweepError(f"{path}: give the run config to start from (base) and a list of algorithms, a grid of "
-                         "values (grid: {model.init_args.lr: [0.01, 0.1]}), or both")
+        raise SweepError(
+            f"{path}: give the run config to start from (base) and a list of algorithms, a grid of "
+            "values (grid: {model.init_args.lr: [0.01, 0.1]}), or both"
+        )
     config = SweepConfig(**document)
     if not config.seeds:
         raise SweepError(f"{path}: empty seeds; list at least one")
     if not isinstance(config.grid, dict) or not all(isinstance(v, list) and v for v in config.grid.values()):
-        raise SweepError(f"{path}: grid maps dotted fit keys to non-empty lists of values, e.g. grid: "
-                         "{model.init_args.lr: [0.01, 0.1]}")
+        raise SweepError(
+            f"{path}: grid maps dotted fit keys to non-empty lists of values, e.g. grid: "
+            "{model.init_args.lr: [0.01, 0.1]}"
+        )
     base = path.parent / config.base
     if not base.is_file():
-        raise SweepError(f"{path}: base config {config.base} not found (looked for {base}); base is relative to the "
-                         "sweep file")
+        raise SweepError(
+            f"{path}: base config {config.base} not found (looked for {base}); base is relative to the sweep file"
+        )
     return config, base
 
 
@@ -136,8 +142,10 @@ def _class_path(value: str, source: Path) -> str:
     except ImportError:
         found = None
     if not (isinstance(found, type) and issubclass(found, Algorithm)):
-        raise SweepError(f"{source}: {value!r} is not an importable Algorithm class; give a short name from "
-                         "`fedlight list` or the class path of an Algorithm subclass (mypackage.MyAlgorithm)")
+        raise SweepError(
+            f"{source}: {value!r} is not an importable Algorithm class; give a short name from "
+            "`fedlight list` or the class path of an Algorithm subclass (mypackage.MyAlgorithm)"
+        )
     return path
 
 
@@ -159,12 +167,16 @@ def combinations(config: SweepConfig, source: Path) -> list[Combination]:
     for entry in config.algorithms:
         spec: dict[str, Any] = {"class_path": entry} if isinstance(entry, str) else dict(entry)
         if "class_path" not in spec:
-            raise SweepError(f"{source}: algorithm entry {entry!r} has no class_path; write a short name, or a "
-                             "mapping with class_path and init_args")
+            raise SweepError(
+                f"{source}: algorithm entry {entry!r} has no class_path; write a short name, or a "
+                "mapping with class_path and init_args"
+            )
         extra = set(spec) - {"class_path", "init_args", "name", "overrides"}
         if extra:
-            raise SweepError(f"{source}: algorithm entry {entry!r} has unknown key {sorted(extra)[0]!r}; use "
-                             "class_path, init_args, name and overrides")
+            raise SweepError(
+                f"{source}: algorithm entry {entry!r} has unknown key {sorted(extra)[0]!r}; use "
+                "class_path, init_args, name and overrides"
+            )
         path = _class_path(spec["class_path"], source)
         name = spec.get("name") or spec["class_path"].rsplit(".", 1)[-1].lower()
         value = json.dumps({"class_path": path, "init_args": spec["init_args"]}) if spec.get("init_args") else path
@@ -174,9 +186,14 @@ def combinations(config: SweepConfig, source: Path) -> list[Combination]:
     if twice:
         raise SweepError(f"{source}: algorithm {twice[0]!r} appears twice; give each entry its own `name`")
     points = grid_points(config.grid) or [("", {})]
-    return [Combination("-".join(part for part in (name, label, f"s{seed}") if part), value, int(seed),
-                        {**point, **overrides})
-            for name, value, overrides in entries for label, point in points for seed in config.seeds]
+    return [
+        Combination(
+            "-".join(part for part in (name, label, f"s{seed}") if part), value, int(seed), {**point, **overrides}
+        )
+        for name, value, overrides in entries
+        for label, point in points
+        for seed in config.seeds
+    ]
 
 
 def fit_args(combination: Combination, base: Path, config: SweepConfig) -> list[str]:
@@ -186,15 +203,30 @@ def fit_args(combination: Combination, base: Path, config: SweepConfig) -> list[
     if (folder / "config.yaml").is_file():
         return ["fit", "--resume", str(folder)]
     chosen = ["--algorithm", combination.algorithm] if combination.algorithm else []
-    args = ["fit", "--config", str(base), *chosen, "--seed", str(combination.seed),
-            "--output_dir", config.output_dir, "--run_name", combination.name]
+    args = [
+        "fit",
+        "--config",
+        str(base),
+        *chosen,
+        "--seed",
+        str(combination.seed),
+        "--output_dir",
+        config.output_dir,
+        "--run_name",
+        combination.name,
+    ]
     for key, value in {**config.overrides, **combination.overrides}.items():
         args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
     return args
 
 
-def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | None = None, jobs: int = 1,
-        part: tuple[int, int] | None = None) -> Path | None:
+def run(
+    path: str | Path,
+    fit: Callable[[list[str]], int],
+    console: Console | None = None,
+    jobs: int = 1,
+    part: tuple[int, int] | None = None,
+) -> Path | None:
     """Run the sweep in `path` with `fit` (the CLI's `main`) and write its report; returns the report's path.
     `jobs` > 1: the runs go `jobs` at once, each share in a process of its own (`run_parts`). `part` (i, n): only the
     runs i, i + n, i + 2n, ... in this process, and no report (what each of those processes does)."""
@@ -203,7 +235,7 @@ def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | No
     grid = combinations(config, Path(path))
     numbered = list(enumerate(grid, 1))
     if part is not None:
-        _run_each(numbered[part[0]:: part[1]], len(grid), config, base, path, fit, console)
+        _run_each(numbered[part[0] :: part[1]], len(grid), config, base, path, fit, console)
         return None
     if jobs > 1 and len(grid) > 1:
         run_parts(path, min(jobs, len(grid)))
@@ -216,8 +248,15 @@ def run(path: str | Path, fit: Callable[[list[str]], int], console: Console | No
     return output
 
 
-def _run_each(numbered: list[tuple[int, Combination]], total: int, config: SweepConfig, base: Path, path: str | Path,
-              fit: Callable[[list[str]], int], console: Console) -> None:
+def _run_each(
+    numbered: list[tuple[int, Combination]],
+    total: int,
+    config: SweepConfig,
+    base: Path,
+    path: str | Path,
+    fit: Callable[[list[str]], int],
+    console: Console,
+) -> None:
     """The numbered combinations one after another in this process: finished ones skipped, the others run."""
     for i, combination in numbered:
         folder = Path(config.output_dir) / combination.name
@@ -227,11 +266,16 @@ def _run_each(numbered: list[tuple[int, Combination]], total: int, config: Sweep
         console.print(f"[bold]sweep {i}/{total}: {combination.name}[/bold]")
         code = fit(fit_args(combination, base, config))
         if code in (INTERRUPTED_EXIT, TERMINATED_EXIT):
-            raise SweepInterrupted(f"sweep interrupted in run {combination.name}; rerun `fedlight sweep --config "
-                                   f"{path}` to continue: finished runs are skipped, unfinished ones resumed", code)
+            raise SweepInterrupted(
+                f"sweep interrupted in run {combination.name}; rerun `fedlight sweep --config "
+                f"{path}` to continue: finished runs are skipped, unfinished ones resumed",
+                code,
+            )
         if code:
-            raise SweepError(f"run {combination.name} failed (exit code {code}, its error is above); fix it and rerun "
-                             "the sweep: finished runs are skipped")
+            raise SweepError(
+                f"run {combination.name} failed (exit code {code}, its error is above); fix it and rerun "
+                "the sweep: finished runs are skipped"
+            )
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -250,8 +294,12 @@ def run_parts(path: str | Path, jobs: int) -> None:
     told that `jobs` runs share the machine (`FEDLIGHT_PARALLEL_RUNS`), so each takes its share of the cores
     instead of all of them. Ctrl-C reaches them all (one process group); each keeps its runs resumable."""
     env = sharing_environment(jobs)
-    processes = [subprocess.Popen([sys.executable, "-m", "fedlight", "sweep", "--config", str(path), "--part",
-                                   f"{i}/{jobs}"], env=env) for i in range(jobs)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fedlight", "sweep", "--config", str(path), "--part", f"{i}/{jobs}"], env=env
+        )
+        for i in range(jobs)
+    ]
     try:
         codes = [process.wait() for process in processes]
     except KeyboardInterrupt:
@@ -259,9 +307,14 @@ def run_parts(path: str | Path, jobs: int) -> None:
         codes.append(INTERRUPTED_EXIT)
     stopped = next((code for code in codes if code in (INTERRUPTED_EXIT, TERMINATED_EXIT)), None)
     if stopped is not None:
-        raise SweepInterrupted(f"sweep interrupted; rerun `fedlight sweep --config {path} --jobs {jobs}` to continue: "
-                               "finished runs are skipped, unfinished ones resumed", stopped)
+        raise SweepInterrupted(
+            f"sweep interrupted; rerun `fedlight sweep --config {path} --jobs {jobs}` to continue: "
+            "finished runs are skipped, unfinished ones resumed",
+            stopped,
+        )
     failed = [i for i, code in enumerate(codes) if code]
     if failed:
-        raise SweepError(f"{len(failed)} of the sweep's {jobs} processes failed (their errors are above); fix it and "
-                         "rerun the sweep: finished runs are skipped")
+        raise SweepError(
+            f"{len(failed)} of the sweep's {jobs} processes failed (their errors are above); fix it and "
+            "rerun the sweep: finished runs are skipped"
+        )

@@ -8,6 +8,7 @@ would wait forever in a collective for another that left), so while their rounds
 noted, and after each round the processes ask each other (`requested_anywhere`): if any was signalled, all of them
 stop after that round and its checkpoint, whether the scheduler signalled every process or one.
 """
+
 from __future__ import annotations
 
 import contextlib

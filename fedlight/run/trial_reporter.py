@@ -3,6 +3,7 @@ reports the objective metric (a validation metric) to the trial, so that the stu
 trial early, and it keeps the values the objective is averaged from. The engine knows nothing of it: it is an
 ordinary `Callback`, and its state rides in the run's checkpoint, so a trial resumed after Ctrl-C reports the
 rounds it had already run again and averages over the same values as an uninterrupted trial."""
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,7 @@ class TrialReporter(Callback):
 
     def objective(self) -> float:
         """The mean of the metric over the last `last_rounds` evaluated rounds (NaN when one is not finite)."""
-        last = [value for _, value in self.values[-self.last_rounds:]]
+        last = [value for _, value in self.values[-self.last_rounds :]]
         return sum(last) / len(last) if last else math.nan
 
     def state_dict(self) -> dict[str, Any]:

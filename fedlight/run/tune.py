@@ -11,6 +11,7 @@ study's total, so the same command run again continues the study, and with a lar
 interrupted by Ctrl-C is queued again and resumes from its last round checkpoint. Optuna is imported only when
 this command runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,22 @@ from fedlight.run.config_errors import explain
 from fedlight.run.trial_reporter import TrialReporter
 
 #: the tune command's own options (the rest are `fit`'s)
-OPTIONS = ("space", "trials", "storage", "study", "metric", "last_rounds", "final_seeds", "sampler", "sampler_seed",
-           "pruner", "pruner_startup_trials", "pruner_warmup_rounds", "jobs", "search_only")
+OPTIONS = (
+    "space",
+    "trials",
+    "storage",
+    "study",
+    "metric",
+    "last_rounds",
+    "final_seeds",
+    "sampler",
+    "sampler_seed",
+    "pruner",
+    "pruner_startup_trials",
+    "pruner_warmup_rounds",
+    "jobs",
+    "search_only",
+)
 RunFit = Callable[..., dict[str, Any]]
 
 
@@ -57,30 +72,59 @@ def add_arguments(parser: ArgumentParser) -> ArgumentParser:
     """Add tune's options to a `fit` parser (every `fit` option and override stays valid)."""
     parser.description = "Search hyperparameters on validation data with Optuna, then run the best on test seeds."
     parser.add_argument("--space", type=str, required=True, help="a search-space YAML (see configs/tune/)")
-    parser.add_argument("--trials", type=int, required=True,
-                        help="the study's total of trials: run until this many have an outcome (an existing study "
-                             "continues)")
-    parser.add_argument("--storage", type=str | None, default=None,
-                        help="an Optuna storage URL (sqlite:///S.db, postgresql://..., mysql://...) shared by every "
-                             "process of the study (default: study.db in the study folder)")
+    parser.add_argument(
+        "--trials",
+        type=int,
+        required=True,
+        help="the study's total of trials: run until this many have an outcome (an existing study continues)",
+    )
+    parser.add_argument(
+        "--storage",
+        type=str | None,
+        default=None,
+        help="an Optuna storage URL (sqlite:///S.db, postgresql://..., mysql://...) shared by every "
+        "process of the study (default: study.db in the study folder)",
+    )
     parser.add_argument("--study", type=str | None, default=None, help="the study's name (default: the space file's)")
-    parser.add_argument("--metric", type=str, default="val/acc_mean",
-                        help="the objective: a metrics.csv column on the validation split")
-    parser.add_argument("--last_rounds", type=int, default=3,
-                        help="the objective is the metric's mean over this many last evaluated rounds")
-    parser.add_argument("--final_seeds", type=int, default=0,
-                        help="when the search ends, run the best and the default settings on this many seeds, on test")
+    parser.add_argument(
+        "--metric", type=str, default="val/acc_mean", help="the objective: a metrics.csv column on the validation split"
+    )
+    parser.add_argument(
+        "--last_rounds",
+        type=int,
+        default=3,
+        help="the objective is the metric's mean over this many last evaluated rounds",
+    )
+    parser.add_argument(
+        "--final_seeds",
+        type=int,
+        default=0,
+        help="when the search ends, run the best and the default settings on this many seeds, on test",
+    )
     parser.add_argument("--sampler", type=str, default="tpe", help=f"one of {', '.join(tune_study.SAMPLERS)}")
     parser.add_argument("--sampler_seed", type=int | None, default=None, help="the sampler's seed (None: random)")
     parser.add_argument("--pruner", type=str, default="median", help=f"one of {', '.join(tune_study.PRUNERS)}")
-    parser.add_argument("--pruner_startup_trials", type=int, default=5,
-                        help="the median pruner prunes nothing until this many trials have completed")
-    parser.add_argument("--pruner_warmup_rounds", type=int, default=0,
-                        help="the median pruner prunes no trial before this round")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="trials at once: this process and jobs - 1 more share the study and the cores")
-    parser.add_argument("--search_only", type=bool, default=False,
-                        help="run trials only, no final seeds or report (what each --jobs process does)")
+    parser.add_argument(
+        "--pruner_startup_trials",
+        type=int,
+        default=5,
+        help="the median pruner prunes nothing until this many trials have completed",
+    )
+    parser.add_argument(
+        "--pruner_warmup_rounds", type=int, default=0, help="the median pruner prunes no trial before this round"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="trials at once: this process and jobs - 1 more share the study and the cores",
+    )
+    parser.add_argument(
+        "--search_only",
+        type=bool,
+        default=False,
+        help="run trials only, no final seeds or report (what each --jobs process does)",
+    )
     return parser
 
 
@@ -88,9 +132,11 @@ def check_options(cfg: Namespace) -> None:
     """One line for options tune cannot use, before anything runs."""
     split = cfg.metric.split("/", 1)[0]
     if split.startswith("test"):
-        raise ValueError(f"--metric {cfg.metric}: selecting on the test split is refused (it would make the test "
-                         f"score optimistic); tune on {cfg.metric.replace(split, 'val', 1)}, the final seeds report "
-                         "test")
+        raise ValueError(
+            f"--metric {cfg.metric}: selecting on the test split is refused (it would make the test "
+            f"score optimistic); tune on {cfg.metric.replace(split, 'val', 1)}, the final seeds report "
+            "test"
+        )
     if not split.startswith("val") or "/" not in cfg.metric:
         raise ValueError(f"--metric {cfg.metric}: give a validation metric such as val/acc_mean or val/loss_mean")
     if cfg.study is not None and not re.fullmatch(r"[\w.-]+", cfg.study):
@@ -98,10 +144,18 @@ def check_options(cfg: Namespace) -> None:
     if cfg.resume or cfg.run_name:
         raise ValueError("--resume/--run_name: tune names its trials' run folders; rerun the tune command to continue")
     if cfg.federation.devices != 1 or cfg.federation.num_nodes != 1:
-        raise ValueError("--federation.devices/num_nodes: tune runs each trial in one process; scale out with several "
-                         "tune processes sharing one --storage")
-    for name, low in (("trials", 1), ("last_rounds", 1), ("final_seeds", 0), ("pruner_startup_trials", 0),
-                      ("pruner_warmup_rounds", 0), ("jobs", 1)):
+        raise ValueError(
+            "--federation.devices/num_nodes: tune runs each trial in one process; scale out with several "
+            "tune processes sharing one --storage"
+        )
+    for name, low in (
+        ("trials", 1),
+        ("last_rounds", 1),
+        ("final_seeds", 0),
+        ("pruner_startup_trials", 0),
+        ("pruner_warmup_rounds", 0),
+        ("jobs", 1),
+    ):
         if cfg[name] < low:
             raise ValueError(f"--{name} must be at least {low}, got {cfg[name]}")
     for name, known in (("sampler", tune_study.SAMPLERS), ("pruner", tune_study.PRUNERS)):
@@ -149,8 +203,17 @@ class Tuner:
     def run_args(self, values: dict[str, Any], name: str, split: str) -> list[str]:
         """The `fit` arguments of one run: the space's fixed options and `values`, evaluated on `split`, in the study
         folder as `name`, logged in the study's group."""
-        return [*tune_space.arguments({**self.space.fixed, **values}), "--federation.eval_split", split,
-                "--output_dir", str(self.folder), "--run_name", name, "--logger.group", self.name]
+        return [
+            *tune_space.arguments({**self.space.fixed, **values}),
+            "--federation.eval_split",
+            split,
+            "--output_dir",
+            str(self.folder),
+            "--run_name",
+            name,
+            "--logger.group",
+            self.name,
+        ]
 
     def objective(self, trial: Any) -> float:
         """Optuna's objective: skip a surplus trial, run the trial, and queue it again when Ctrl-C stops it."""
@@ -199,8 +262,10 @@ class Tuner:
             never = all(not math.isfinite(v) for _, v in reporter.values)
             hint = " in every evaluated round: does the data have a validation split (data.init_args.val_fraction)?"
             raise TrialFailed(f"{self.cfg.metric} is {value}{hint if never else ''}")
-        self.console.print(f"trial {trial.number}: {self.cfg.metric} {value:.4f} (mean of the last "
-                           f"{min(self.cfg.last_rounds, len(reporter.values))} evaluated rounds)")
+        self.console.print(
+            f"trial {trial.number}: {self.cfg.metric} {value:.4f} (mean of the last "
+            f"{min(self.cfg.last_rounds, len(reporter.values))} evaluated rounds)"
+        )
         return value
 
     def stop_at_total(self, study: Any, trial: Any) -> None:
@@ -221,8 +286,11 @@ class Tuner:
         try:
             self.study.optimize(self.objective, callbacks=[self.stop_at_total], catch=(Exception,))
         except KeyboardInterrupt as stop:
-            raise TuneInterrupted(f"tuning interrupted; the study {self.name} is saved, and rerunning the same command "
-                                  "continues it (the interrupted trial resumes from its last round)", stop) from None
+            raise TuneInterrupted(
+                f"tuning interrupted; the study {self.name} is saved, and rerunning the same command "
+                "continues it (the interrupted trial resumes from its last round)",
+                stop,
+            ) from None
 
     # -- after the search ---------------------------------------------------------------------------------
     def final_runs(self, params: dict[str, Any]) -> list[Path]:
@@ -243,8 +311,11 @@ class Tuner:
                 try:
                     self.run_fit(self.parser, cfg, self.console)
                 except (KeyboardInterrupt, RunInterrupted) as stop:
-                    raise TuneInterrupted(f"interrupted in the final run {folder.name}; rerun the same command to "
-                                          "finish the final runs (the search is done)", stop) from None
+                    raise TuneInterrupted(
+                        f"interrupted in the final run {folder.name}; rerun the same command to "
+                        "finish the final runs (the search is done)",
+                        stop,
+                    ) from None
         return folders
 
     def finish(self) -> Path:
@@ -255,14 +326,18 @@ class Tuner:
         done = tune_study.finished(trials)
         states = [t.state for t in done]
         running = sum(t.state == TrialState.RUNNING for t in tune_study.occupying(trials))
-        counts = ", ".join(f"{states.count(s)} {s.name.lower()}" for s in (TrialState.COMPLETE, TrialState.PRUNED,
-                                                                         TrialState.FAIL))
+        counts = ", ".join(
+            f"{states.count(s)} {s.name.lower()}" for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        )
         elsewhere = f"; {running} still running in other processes" if running else ""
-        self.console.print(f"study {self.name}: {len(done)} of {self.cfg.trials} trials have an outcome ({counts})"
-                           f"{elsewhere}")
+        self.console.print(
+            f"study {self.name}: {len(done)} of {self.cfg.trials} trials have an outcome ({counts}){elsewhere}"
+        )
         if TrialState.COMPLETE not in states:
-            raise tune_study.StudyError(f"no trial of study {self.name} completed, so there is no best configuration; "
-                                        "the trials' errors are above")
+            raise tune_study.StudyError(
+                f"no trial of study {self.name} completed, so there is no best configuration; "
+                "the trials' errors are above"
+            )
         best = self.study.best_trial
         self.console.print(f"best trial {best.number}: {self.cfg.metric} {best.value:.4f}, parameters:")
         for key, value in best.params.items():
@@ -275,9 +350,15 @@ class Tuner:
             self.print_final(folders)
         from fedlight.reports import tune_report
 
-        output = tune_report.write(self.folder / "report.html", f"fedlight tune: study {self.name}",
-                                   study_records(trials), parameter_importances(self.study), self.cfg.metric,
-                                   self.direction, folders)
+        output = tune_report.write(
+            self.folder / "report.html",
+            f"fedlight tune: study {self.name}",
+            study_records(trials),
+            parameter_importances(self.study),
+            self.cfg.metric,
+            self.direction,
+            folders,
+        )
         self.console.print(f"report: {output}")
         return output
 
@@ -289,8 +370,11 @@ class Tuner:
 
         metric = "test/" + self.cfg.metric.split("/", 1)[1]
         for label in ("best", "default"):
-            values = [json.loads((f / "summary.json").read_text()).get(metric, math.nan) for f in folders
-                      if f.name.startswith(f"{label}-")]
+            values = [
+                json.loads((f / "summary.json").read_text()).get(metric, math.nan)
+                for f in folders
+                if f.name.startswith(f"{label}-")
+            ]
             mean = sum(values) / len(values)
             std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
             shown = "tuned" if label == "best" else "default"
@@ -305,8 +389,16 @@ def study_records(trials: list[Any]) -> list[Any]:
     for t in tune_study.finished(trials):
         steps = sorted(t.intermediate_values)
         value = t.value if t.value is not None else (t.intermediate_values[steps[-1]] if steps else None)
-        records.append(TrialRecord(t.number, t.state.name.lower(), value, dict(t.params), t.user_attrs.get("run_dir"),
-                                   steps[-1] if steps else None))
+        records.append(
+            TrialRecord(
+                t.number,
+                t.state.name.lower(),
+                value,
+                dict(t.params),
+                t.user_attrs.get("run_dir"),
+                steps[-1] if steps else None,
+            )
+        )
     return records
 
 
@@ -317,14 +409,16 @@ def parameter_importances(study: Any) -> dict[str, float]:
 
     try:
         found = optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)
+        )
         return {name: float(value) for name, value in found.items()}
     except (RuntimeError, ValueError):
         return {}
 
 
-def run(cfg: Namespace, parser: ArgumentParser, run_fit: RunFit, console: Console,
-        argv: list[str] | None = None) -> Path | None:
+def run(
+    cfg: Namespace, parser: ArgumentParser, run_fit: RunFit, console: Console, argv: list[str] | None = None
+) -> Path | None:
     """`fedlight tune`: check everything, search (with `--jobs` - 1 more processes started from `argv`, the command
     line), then the final seeds and the report; returns the report's path (None with --search_only)."""
     tuner = Tuner(cfg, parser, run_fit, console)
@@ -336,8 +430,10 @@ def run(cfg: Namespace, parser: ArgumentParser, run_fit: RunFit, console: Consol
     finally:
         codes = [process.wait() for process in others]
     if any(codes):
-        raise tune_study.StudyError(f"{sum(1 for c in codes if c)} of the {len(others)} other search processes "
-                                    "failed (their errors are above); rerun the command to continue the study")
+        raise tune_study.StudyError(
+            f"{sum(1 for c in codes if c)} of the {len(others)} other search processes "
+            "failed (their errors are above); rerun the command to continue the study"
+        )
     return None if cfg.search_only else tuner.finish()
 
 
@@ -347,8 +443,12 @@ def start_searchers(argv: list[str], jobs: int) -> list[subprocess.Popen]:
     if jobs <= 1:
         return []
     env = sharing_environment(jobs)
-    return [subprocess.Popen([sys.executable, "-m", "fedlight", *searcher_arguments(argv, k), "--search_only", "true"],
-                             env=env) for k in range(1, jobs)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "fedlight", *searcher_arguments(argv, k), "--search_only", "true"], env=env
+        )
+        for k in range(1, jobs)
+    ]
 
 
 def searcher_arguments(argv: list[str], k: int) -> list[str]:

@@ -17,6 +17,7 @@ Keys are checked by the run parser itself (`check_keys`), every categorical comb
 parameter at both ends of its range, so an unknown key, an option the chosen class does not have, or a value of
 the wrong type stops the command before the first trial.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -71,8 +72,9 @@ class Param:
         low, high = self.bounds()
         if self.kind == "int":
             return IntDistribution(int(low), int(high), log=self.log, step=int(self.step or 1))
-        return FloatDistribution(float(low), float(high), log=self.log,
-                                 step=None if self.step is None else float(self.step))
+        return FloatDistribution(
+            float(low), float(high), log=self.log, step=None if self.step is None else float(self.step)
+        )
 
     def suggest(self, trial: Any) -> Any:
         """This parameter's value in `trial` (Optuna's define-by-run API)."""
@@ -131,31 +133,46 @@ def _param(path: Path, key: Any, spec: Any, earlier: dict[str, Param]) -> Param:
     if not isinstance(key, str) or not key or key.startswith("-"):
         raise _fail(path, f"parameter {key!r}: a key is a dotted config key such as model.init_args.lr")
     if key.startswith(RESERVED) or key.endswith(".class_path") and key[: -len(".class_path")] in RESERVED:
-        raise _fail(path, f"{key} cannot be searched: trials evaluate on validation data in one process each, in "
-                          "folders tune names; remove it from the space")
+        raise _fail(
+            path,
+            f"{key} cannot be searched: trials evaluate on validation data in one process each, in "
+            "folders tune names; remove it from the space",
+        )
     if not isinstance(spec, dict) or spec.get("type") not in KINDS:
-        raise _fail(path, f"{key}: give a mapping with type float, int or categorical, e.g. {{type: float, low: "
-                          "0.001, high: 0.1, log: true}")
+        raise _fail(
+            path,
+            f"{key}: give a mapping with type float, int or categorical, e.g. {{type: float, low: "
+            "0.001, high: 0.1, log: true}",
+        )
     kind = spec["type"]
     unknown = sorted(set(spec) - FIELDS[kind])
     if unknown:
-        raise _fail(path, f"{key}: a {kind} parameter has no field {unknown[0]!r}; its fields are "
-                          f"{', '.join(sorted(FIELDS[kind]))}")
+        raise _fail(
+            path,
+            f"{key}: a {kind} parameter has no field {unknown[0]!r}; its fields are {', '.join(sorted(FIELDS[kind]))}",
+        )
     when = spec.get("when") or {}
     if not isinstance(when, dict):
-        raise _fail(path, f"{key}: when is a mapping of earlier categorical parameters to values, e.g. "
-                          "{algorithm: fedprox}")
+        raise _fail(
+            path, f"{key}: when is a mapping of earlier categorical parameters to values, e.g. {{algorithm: fedprox}}"
+        )
     for other, value in when.items():
         if other not in earlier or earlier[other].kind != "categorical" or value not in earlier[other].choices:
-            raise _fail(path, f"{key}: when {other}: {value!r} needs an earlier categorical parameter {other} with "
-                              f"{value!r} among its choices")
+            raise _fail(
+                path,
+                f"{key}: when {other}: {value!r} needs an earlier categorical parameter {other} with "
+                f"{value!r} among its choices",
+            )
     if kind == "categorical":
         choices = spec.get("choices")
         if not isinstance(choices, list) or not choices:
             raise _fail(path, f"{key}: a categorical parameter needs a non-empty list of choices")
         if not all(c is None or isinstance(c, (bool, int, float, str)) for c in choices):
-            raise _fail(path, f"{key}: choices are numbers, strings, booleans or null (a class with options: choose "
-                              "its class_path and search its options as parameters with `when`)")
+            raise _fail(
+                path,
+                f"{key}: choices are numbers, strings, booleans or null (a class with options: choose "
+                "its class_path and search its options as parameters with `when`)",
+            )
         param = Param(key, kind, choices=list(choices), when=dict(when))
     else:
         missing = [name for name in ("low", "high") if name not in spec]
@@ -167,8 +184,9 @@ def _param(path: Path, key: Any, spec: Any, earlier: dict[str, Param]) -> Param:
             raise _fail(path, f"{key}: low, high and step must be numbers, got {given}")
         if kind == "int" and not all(isinstance(v, int) for v in numbers):
             raise _fail(path, f"{key}: an int parameter has whole-number low, high and step; use type: float")
-        param = Param(key, kind, spec["low"], spec["high"], bool(spec.get("log", False)), spec.get("step"),
-                      when=dict(when))
+        param = Param(
+            key, kind, spec["low"], spec["high"], bool(spec.get("log", False)), spec.get("step"), when=dict(when)
+        )
     try:
         param.distribution()
     except ValueError as error:
@@ -192,15 +210,19 @@ def load(path: str | Path) -> Space:
         raise _fail(path, f"unknown key {unknown[0]!r}; a space file has base, fixed and params")
     params = document.get("params")
     if not isinstance(params, dict) or not params:
-        raise _fail(path, "no params: map dotted config keys to distributions, e.g. model.init_args.lr: {type: "
-                          "float, low: 0.001, high: 0.1, log: true}")
+        raise _fail(
+            path,
+            "no params: map dotted config keys to distributions, e.g. model.init_args.lr: {type: "
+            "float, low: 0.001, high: 0.1, log: true}",
+        )
     fixed = document.get("fixed") or {}
     if not isinstance(fixed, dict):
         raise _fail(path, "fixed is a mapping of dotted config keys to values")
     for key in fixed:
         if str(key).startswith(RESERVED):
-            raise _fail(path, f"fixed {key}: tune sets it itself (trials on validation data, one process each); "
-                              "remove it")
+            raise _fail(
+                path, f"fixed {key}: tune sets it itself (trials on validation data, one process each); remove it"
+            )
     earlier: dict[str, Param] = {}
     for key, spec in params.items():
         if key in fixed:
@@ -210,8 +232,11 @@ def load(path: str | Path) -> Space:
     space = Space(path, list(earlier.values()), dict(fixed), base)
     count = sum(1 for _ in space.combinations()) // 2
     if count > MAX_COMBINATIONS:
-        raise _fail(path, f"{count} combinations of categorical choices; at most {MAX_COMBINATIONS} (search fewer "
-                          "categorical keys, or numeric ranges instead)")
+        raise _fail(
+            path,
+            f"{count} combinations of categorical choices; at most {MAX_COMBINATIONS} (search fewer "
+            "categorical keys, or numeric ranges instead)",
+        )
     return space
 
 
@@ -238,5 +263,6 @@ def check_keys(space: Space, parse: Callable[[list[str]], Any], explain: Callabl
             parse(arguments({**space.fixed, **values}))
         except Exception as error:
             context = ", ".join(f"{k}={v}" for k, v in values.items())
-            raise _fail(space.path, f"{explain(error)} (with {context}; a key that only some choices have needs "
-                                    "`when`)") from None
+            raise _fail(
+                space.path, f"{explain(error)} (with {context}; a key that only some choices have needs `when`)"
+            ) from None

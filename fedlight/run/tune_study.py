@@ -9,6 +9,7 @@ interrupted by Ctrl-C or found dead by Optuna's heartbeat, because a retry of it
 another process's trials had already made one too many when it started (`surplus`), which ends at once.
 Trial numbers come from the storage, in creation order, so which trial is surplus is the same in every process.
 """
+
 from __future__ import annotations
 
 import time
@@ -47,16 +48,24 @@ def storage(url: str) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             try:
-                return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+                return RDBStorage(
+                    url,
+                    engine_kwargs=engine,
+                    heartbeat_interval=HEARTBEAT_S,
+                    grace_period=GRACE_S,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                )
             except (ImportError, ModuleNotFoundError) as error:
-                raise StudyError(f"--storage {url}: its database driver is not installed ({error}); install it into "
-                                 "the virtualenv (e.g. psycopg2-binary for postgresql, PyMySQL for "
-                                 "mysql+pymysql)") from None
+                raise StudyError(
+                    f"--storage {url}: its database driver is not installed ({error}); install it into "
+                    "the virtualenv (e.g. psycopg2-binary for postgresql, PyMySQL for "
+                    "mysql+pymysql)"
+                ) from None
             except Exception as error:  # a bad URL, an unreachable server, or another process creating the tables
                 if attempt + 1 == OPEN_ATTEMPTS or not isinstance(error, (IntegrityError, OperationalError)):
-                    raise StudyError(f"--storage {url}: cannot open it ({' '.join(str(error).split())[:200]})") \
-                        from None
+                    raise StudyError(
+                        f"--storage {url}: cannot open it ({' '.join(str(error).split())[:200]})"
+                    ) from None
         time.sleep(0.5 * (attempt + 1))  # processes started together race to create a new database's tables
     raise AssertionError("unreachable")
 
@@ -65,8 +74,11 @@ def sampler(name: str, seed: int | None) -> Any:
     """Optuna's sampler named `name` (tpe, random or gp), seeded with `seed`."""
     import optuna
 
-    return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed), "random": lambda: optuna.samplers.RandomSampler(seed),
-            "gp": lambda: optuna.samplers.GPSampler(seed=seed)}[name]()
+    return {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+        "random": lambda: optuna.samplers.RandomSampler(seed),
+        "gp": lambda: optuna.samplers.GPSampler(seed=seed),
+    }[name]()
 
 
 def pruner(name: str, startup_trials: int, warmup_rounds: int) -> Any:
@@ -86,17 +98,26 @@ def open_study(name: str, url: str, metric: str, direction: Direction, sampler_o
     direction is refused rather than mixed."""
     import optuna
 
-    study = optuna.create_study(study_name=name, storage=storage(url), sampler=sampler_obj, pruner=pruner_obj,
-                                direction=direction, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage(url),
+        sampler=sampler_obj,
+        pruner=pruner_obj,
+        direction=direction,
+        load_if_exists=True,
+    )
     if study.direction.name.lower() != direction:
-        raise StudyError(f"study {name!r} in {url} maximizes/minimizes the other way ({study.direction.name.lower()}); "
-                         "give another --study for this objective")
+        raise StudyError(
+            f"study {name!r} in {url} maximizes/minimizes the other way ({study.direction.name.lower()}); "
+            "give another --study for this objective"
+        )
     saved = study.user_attrs.get("metric")
     if saved is None:
         study.set_user_attr("metric", metric)
     elif saved != metric:
-        raise StudyError(f"study {name!r} in {url} selects on {saved}, not {metric}: give --metric {saved}, or another "
-                         "--study")
+        raise StudyError(
+            f"study {name!r} in {url} selects on {saved}, not {metric}: give --metric {saved}, or another --study"
+        )
     return study
 
 
@@ -126,8 +147,14 @@ def occupying(trials: Sequence[Any], before: int | None = None) -> list[Any]:
 
     again = retried(trials)
     counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
-    return [t for t in trials if t.state in counted and t.number not in again and not t.user_attrs.get("surplus")
-            and (before is None or t.number < before)]
+    return [
+        t
+        for t in trials
+        if t.state in counted
+        and t.number not in again
+        and not t.user_attrs.get("surplus")
+        and (before is None or t.number < before)
+    ]
 
 
 def finished(trials: Sequence[Any]) -> list[Any]:

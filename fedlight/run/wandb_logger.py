@@ -2,6 +2,7 @@
 on a fixed colour scale, logged to Weights & Biases (offline when no API key is set); runs are grouped by
 configuration and tagged with their algorithm. A resumed run continues the same W&B run (its id is kept in the
 checkpoint)."""
+
 from __future__ import annotations
 
 import re
@@ -61,25 +62,33 @@ class WandbLogger(Callback):
         self.run_dir = run.run_dir
         algorithm = type(run.federation.algorithm).__name__
         self.wandb_id = self.wandb_id or secrets.token_hex(4)
-        self.wandb_run = wandb.init(project=self.settings.project, entity=self.settings.entity, name=run.name,
-                                    id=self.wandb_id, resume="allow", dir=str(run.run_dir),
-                                    # WANDB_MODE may hold any mode wandb takes, not only those its hints name
-                                    mode=wandb_mode(self.settings.mode),  # type: ignore[arg-type]
-                                    config=run.config,
-                                    group=self.settings.group or config_group(run.config, algorithm),
-                                    tags=list(dict.fromkeys([*self.settings.tags, algorithm])),
-                                    settings=wandb.Settings(console="off", silent=True))
+        self.wandb_run = wandb.init(
+            project=self.settings.project,
+            entity=self.settings.entity,
+            name=run.name,
+            id=self.wandb_id,
+            resume="allow",
+            dir=str(run.run_dir),
+            # WANDB_MODE may hold any mode wandb takes, not only those its hints name
+            mode=wandb_mode(self.settings.mode),  # type: ignore[arg-type]
+            config=run.config,
+            group=self.settings.group or config_group(run.config, algorithm),
+            tags=list(dict.fromkeys([*self.settings.tags, algorithm])),
+            settings=wandb.Settings(console="off", silent=True),
+        )
 
     def on_round_end(self, run: Run, result: "RoundResult") -> None:
         assert self.wandb_run is not None, "on_fit_start starts the W&B run"
         rows = client_rows(result.round, result.per_client, result.newcomers)
-        self.wandb_run.log(self._payload(result.round, result.scalars, result.per_client, rows, result.matrices),
-                           step=result.round)
+        self.wandb_run.log(
+            self._payload(result.round, result.scalars, result.per_client, rows, result.matrices), step=result.round
+        )
 
     def on_fit_end(self, run: Run, summary: dict[str, Any]) -> None:
         assert self.wandb_run is not None, "on_fit_start starts the W&B run"
-        self.wandb_run.summary.update({k: v for k, v in strict_json(summary).items()
-                                       if isinstance(v, (int, float, str))})
+        self.wandb_run.summary.update(
+            {k: v for k, v in strict_json(summary).items() if isinstance(v, (int, float, str))}
+        )
         offline = self.offline_dir
         self.wandb_run.finish()
         if offline is not None:
@@ -123,8 +132,14 @@ class WandbLogger(Callback):
             self.matrix_ranges[name] = plots.matrix_range(name, np.load(saved[0]) if saved else matrix)
         return self.matrix_ranges[name]
 
-    def _payload(self, round: int, scalars: dict[str, Any], per_client: dict[str, np.ndarray],
-                 rows: list[dict[str, Any]], matrices: dict[str, np.ndarray]) -> dict[str, Any]:
+    def _payload(
+        self,
+        round: int,
+        scalars: dict[str, Any],
+        per_client: dict[str, np.ndarray],
+        rows: list[dict[str, Any]],
+        matrices: dict[str, np.ndarray],
+    ) -> dict[str, Any]:
         import wandb
 
         from fedlight.reports import plots
@@ -132,13 +147,16 @@ class WandbLogger(Callback):
         payload: dict[str, Any] = {k: v for k, v in scalars.items() if k != "round" and isinstance(v, (int, float))}
         for name, matrix in matrices.items():
             matrix = np.asarray(matrix, dtype=float)
-            figure = plots.heatmap_figure([(f"{name}, round {round}", matrix)], *self.matrix_range(name, matrix),
-                                          label=name)
+            figure = plots.heatmap_figure(
+                [(f"{name}, round {round}", matrix)], *self.matrix_range(name, matrix), label=name
+            )
             payload[f"matrices/{name}"] = wandb.Image(figure, caption=f"{name}, round {round}")
         if rows:
             columns = list(dict.fromkeys(k for r in rows for k in r))  # held-out clients' rows have no train/*
-            payload["clients/table"] = wandb.Table(columns=columns,  # type: ignore[arg-type]  # hinted list[str | int]
-                                                   data=[[r.get(k) for k in columns] for r in rows])
+            payload["clients/table"] = wandb.Table(
+                columns=columns,  # type: ignore[arg-type]  # hinted list[str | int]
+                data=[[r.get(k) for k in columns] for r in rows],
+            )
         for name, values in per_client.items():
             if name in CONSTANT_COLUMNS:
                 continue

@@ -4,6 +4,7 @@ state at the start of a round, from the round's number or the virtual clock (`fe
 finishes its work and transfers goes offline mid-round: `fedlight.system.stragglers`). Only online clients can be
 selected. Every draw is reproducible: per (seed, round) for "share", per (seed, client) for the
 phases and time zones."""
+
 from __future__ import annotations
 
 from typing import Protocol

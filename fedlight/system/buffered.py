@@ -23,6 +23,7 @@ its personal entries as trained and its shared ones re-based, with nothing to sa
 a client from a model others change while it is in flight (FedAMP's and FedFomo's combinations of other clients'
 models, FLIS-DC's pool model) gets its change re-based on that model as it is now.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -65,17 +66,32 @@ class InFlight:
 
     @classmethod
     def empty(cls, like: Tensor) -> "InFlight":
-        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), like.new_zeros(0, len(like)),
-                   like.new_zeros(0, len(like)), like.new_zeros(0))
+        return cls(
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0),
+            like.new_zeros(0, len(like)),
+            like.new_zeros(0, len(like)),
+            like.new_zeros(0),
+        )
 
     @classmethod
-    def of(cls, updates: Updates, version: int, arrivals_s: np.ndarray,
-           entry_starts: dict[str, Tensor] | None = None) -> "InFlight":
+    def of(
+        cls, updates: Updates, version: int, arrivals_s: np.ndarray, entry_starts: dict[str, Tensor] | None = None
+    ) -> "InFlight":
         """Freshly trained `updates`, dispatched at `version`, arriving at `arrivals_s`; `entry_starts`: the models
         each of their model entries was trained from."""
-        return cls(updates.clients.cpu().numpy().astype(np.int64), np.full(len(updates), version, dtype=np.int64),
-                   np.asarray(arrivals_s, dtype=float), updates.params, updates.starts, updates.train_loss,
-                   dict(updates.logs), dict(updates.state), dict(entry_starts or {}))
+        return cls(
+            updates.clients.cpu().numpy().astype(np.int64),
+            np.full(len(updates), version, dtype=np.int64),
+            np.asarray(arrivals_s, dtype=float),
+            updates.params,
+            updates.starts,
+            updates.train_loss,
+            dict(updates.logs),
+            dict(updates.state),
+            dict(entry_starts or {}),
+        )
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -83,10 +99,17 @@ class InFlight:
     def subset(self, rows: np.ndarray) -> "InFlight":
         """The rows `rows` alone, in that order."""
         index = torch.as_tensor(rows, dtype=torch.long, device=self.trained.device)
-        return InFlight(self.clients[rows], self.versions[rows], self.arrivals_s[rows], self.trained[index],
-                        self.starts[index], self.losses[index], {k: v[index] for k, v in self.logs.items()},
-                        {k: v[index] for k, v in self.state.items()},
-                        {k: v[index] for k, v in self.entry_starts.items()})
+        return InFlight(
+            self.clients[rows],
+            self.versions[rows],
+            self.arrivals_s[rows],
+            self.trained[index],
+            self.starts[index],
+            self.losses[index],
+            {k: v[index] for k, v in self.logs.items()},
+            {k: v[index] for k, v in self.state.items()},
+            {k: v[index] for k, v in self.entry_starts.items()},
+        )
 
     def cat(self, other: "InFlight") -> "InFlight":
         """These rows followed by `other`'s (either alone when the other is empty)."""
@@ -94,32 +117,50 @@ class InFlight:
             return other
         if not len(other):
             return self
-        return InFlight(np.concatenate([self.clients, other.clients]), np.concatenate([self.versions, other.versions]),
-                        np.concatenate([self.arrivals_s, other.arrivals_s]), torch.cat([self.trained, other.trained]),
-                        torch.cat([self.starts, other.starts]), torch.cat([self.losses, other.losses]),
-                        {k: torch.cat([v, other.logs[k]]) for k, v in self.logs.items()},
-                        {k: torch.cat([v, other.state[k]]) for k, v in self.state.items()},
-                        {k: torch.cat([v, other.entry_starts[k]]) for k, v in self.entry_starts.items()})
+        return InFlight(
+            np.concatenate([self.clients, other.clients]),
+            np.concatenate([self.versions, other.versions]),
+            np.concatenate([self.arrivals_s, other.arrivals_s]),
+            torch.cat([self.trained, other.trained]),
+            torch.cat([self.starts, other.starts]),
+            torch.cat([self.losses, other.losses]),
+            {k: torch.cat([v, other.logs[k]]) for k, v in self.logs.items()},
+            {k: torch.cat([v, other.state[k]]) for k, v in self.state.items()},
+            {k: torch.cat([v, other.entry_starts[k]]) for k, v in self.entry_starts.items()},
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors only, on the CPU (a checkpoint is read with `torch.load(weights_only=True)`)."""
-        return {"clients": torch.from_numpy(self.clients), "versions": torch.from_numpy(self.versions),
-                "arrivals_s": torch.from_numpy(self.arrivals_s), "trained": self.trained.cpu(),
-                "starts": self.starts.cpu(), "losses": self.losses.cpu(),
-                "logs": {k: v.cpu() for k, v in self.logs.items()},
-                "state": {k: v.cpu() for k, v in self.state.items()},
-                "entry_starts": {k: v.cpu() for k, v in self.entry_starts.items()}}
+        return {
+            "clients": torch.from_numpy(self.clients),
+            "versions": torch.from_numpy(self.versions),
+            "arrivals_s": torch.from_numpy(self.arrivals_s),
+            "trained": self.trained.cpu(),
+            "starts": self.starts.cpu(),
+            "losses": self.losses.cpu(),
+            "logs": {k: v.cpu() for k, v in self.logs.items()},
+            "state": {k: v.cpu() for k, v in self.state.items()},
+            "entry_starts": {k: v.cpu() for k, v in self.entry_starts.items()},
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device) -> "InFlight":
         if "trained" not in state:
-            raise ValueError("the checkpoint's FedBuff buffer holds only its clients' changes (it predates the "
-                             "trained models kept in flight): start the run again")
-        return cls(state["clients"].numpy(), state["versions"].numpy(), state["arrivals_s"].numpy(),
-                   state["trained"].to(device), state["starts"].to(device), state["losses"].to(device),
-                   {k: v.to(device) for k, v in state["logs"].items()},
-                   {k: v.to(device) for k, v in state["state"].items()},
-                   {k: v.to(device) for k, v in state.get("entry_starts", {}).items()})
+            raise ValueError(
+                "the checkpoint's FedBuff buffer holds only its clients' changes (it predates the "
+                "trained models kept in flight): start the run again"
+            )
+        return cls(
+            state["clients"].numpy(),
+            state["versions"].numpy(),
+            state["arrivals_s"].numpy(),
+            state["trained"].to(device),
+            state["starts"].to(device),
+            state["losses"].to(device),
+            {k: v.to(device) for k, v in state["logs"].items()},
+            {k: v.to(device) for k, v in state["state"].items()},
+            {k: v.to(device) for k, v in state.get("entry_starts", {}).items()},
+        )
 
 
 def arrival_order(arrivals_s: np.ndarray, versions: np.ndarray, clients: np.ndarray) -> np.ndarray:
@@ -139,13 +180,22 @@ class Arrived:
     def group(self, clients: list[int]) -> Updates:
         """The updates of `clients` (some of the arrived ones), rows in their order."""
         position = {int(c): i for i, c in enumerate(self.updates.clients.tolist())}
-        return self.updates.subset(torch.tensor([position[c] for c in clients], dtype=torch.long,
-                                                device=self.updates.params.device))
+        return self.updates.subset(
+            torch.tensor([position[c] for c in clients], dtype=torch.long, device=self.updates.params.device)
+        )
 
 
-def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np.ndarray, version: int, count: int,
-                  staleness: str, client_model: Callable[[int], Tensor], sizes: Tensor,
-                  trained_from: dict[str, Callable[[list[int]], Tensor]] | None = None) -> tuple[Arrived, InFlight]:
+def take_arrivals(
+    waiting: InFlight,
+    fresh: Updates | None,
+    fresh_arrivals_s: np.ndarray,
+    version: int,
+    count: int,
+    staleness: str,
+    client_model: Callable[[int], Tensor],
+    sizes: Tensor,
+    trained_from: dict[str, Callable[[list[int]], Tensor]] | None = None,
+) -> tuple[Arrived, InFlight]:
     """The `count` earliest arrivals among the clients `waiting` and the `fresh` ones just trained from `version`
     (arriving at `fresh_arrivals_s`), and the clients still in flight after them. A fresh arrival (staleness 0) sends
     its trained model as trained; a waiting one its change re-based on `client_model(c)` with weight s(tau) on the
@@ -171,8 +221,15 @@ def take_arrivals(waiting: InFlight, fresh: Updates | None, fresh_arrivals_s: np
     by_client = np.argsort(taken.clients, kind="stable")
     index = torch.as_tensor(by_client, dtype=torch.long, device=params.device)
     ids = torch.as_tensor(taken.clients[by_client], dtype=torch.long, device=params.device)
-    updates = Updates(ids, params[index], starts[index], sizes[ids], taken.losses[index],
-                      {k: v[index] for k, v in taken.logs.items()}, {k: v[index] for k, v in taken.state.items()})
+    updates = Updates(
+        ids,
+        params[index],
+        starts[index],
+        sizes[ids],
+        taken.losses[index],
+        {k: v[index] for k, v in taken.logs.items()},
+        {k: v[index] for k, v in taken.state.items()},
+    )
     last_s = float(taken.arrivals_s.max()) if len(taken) else float("nan")
     return Arrived(updates, tau[by_client], last_s), every.subset(stay)
 
@@ -189,8 +246,9 @@ def rebased_entry(trained: Tensor, then: Tensor, now: Tensor, fresh: np.ndarray,
     return out
 
 
-def rebased_updates(taken: InFlight, fresh: np.ndarray, weights: np.ndarray, client_model: Callable[[int], Tensor]
-                    ) -> tuple[Tensor, Tensor]:
+def rebased_updates(
+    taken: InFlight, fresh: np.ndarray, weights: np.ndarray, client_model: Callable[[int], Tensor]
+) -> tuple[Tensor, Tensor]:
     """(starts, params) of the arrivals `taken` as FedBuff hands them: each from the model it would receive now,
     `client_model(c)`; a `fresh` one (trained this round, from that model) exactly as trained, a stale one moved by
     its weight times its change on the entries of that model that moved since it was sent out, and exactly as

@@ -6,6 +6,7 @@ counts it), transfer = model bits sent down and the same sent up / link bits per
 slowest kept client's time to the clock (`fedlight.system.stragglers`); the asynchronous server
 (`fedlight.system.buffered`) reads each client's arrival off the same `DeviceProfiles` and `VirtualClock`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

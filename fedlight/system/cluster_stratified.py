@@ -2,6 +2,7 @@
 proportional to its available clients and rounded by largest remainder (Hamilton's method), drawn uniformly within
 the cluster, so a small cluster is not starved by chance. An algorithm that does not cluster (one cluster) gets the
 uniform draw's distribution."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,6 +33,9 @@ class ClusterStratified:
         labels = self.context.clusters()[available]
         clusters, sizes = np.unique(labels, return_counts=True)
         rng = self.context.rng(round, "select")
-        chosen = [rng.choice(available[labels == k], size=q, replace=False)
-                  for k, q in zip(clusters, largest_remainder(count, sizes)) if q]
+        chosen = [
+            rng.choice(available[labels == k], size=q, replace=False)
+            for k, q in zip(clusters, largest_remainder(count, sizes))
+            if q
+        ]
         return sorted(int(c) for c in np.concatenate(chosen))

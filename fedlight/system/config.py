@@ -1,6 +1,7 @@
 """The `system:` section of a run config: the clients' devices (how fast they compute and send), when they are
 online, the round's deadline and dropouts, and how the server picks its clients (docs/architecture.md, "System
 model"). Leave the section out for none: every client always online, finishing its work, picked uniformly."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,8 +43,10 @@ class SpeedDistribution:
         if self.sigma < 0:
             raise ValueError(f"{setting}.sigma must be 0 or more, got {self.sigma}")
         if not 0 <= self.slow_share <= 1 or self.slow_factor < 1:
-            raise ValueError(f"{setting}.slow_share must be in [0, 1] and {setting}.slow_factor at least 1, got "
-                             f"{self.slow_share} and {self.slow_factor}")
+            raise ValueError(
+                f"{setting}.slow_share must be in [0, 1] and {setting}.slow_factor at least 1, got "
+                f"{self.slow_share} and {self.slow_factor}"
+            )
 
     def describe(self, unit: str) -> str:
         """The start line's note of this speed in `unit`: its median, and the spread or the slow share it has."""
@@ -127,15 +130,20 @@ class SystemConfig:
         if self.selection not in SELECTIONS:
             raise unknown_choice("system.selection", self.selection, SELECTIONS)
         if self.availability == "share" and not 0 < self.online_share <= 1:
-            raise ValueError(f"system.online_share is {self.online_share}: no client would ever be online; give a "
-                             "share in (0, 1]")
+            raise ValueError(
+                f"system.online_share is {self.online_share}: no client would ever be online; give a share in (0, 1]"
+            )
         if self.availability == "periods" and not (self.online_s > 0 and self.offline_s >= 0):
-            raise ValueError(f"system.online_s is {self.online_s} and system.offline_s {self.offline_s}: give an "
-                             "online period above 0 s and an offline one of 0 s or more")
+            raise ValueError(
+                f"system.online_s is {self.online_s} and system.offline_s {self.offline_s}: give an "
+                "online period above 0 s and an offline one of 0 s or more"
+            )
         start, end = self.online_hours
         if self.availability == "diurnal" and (start % 24 == end % 24 or not (0 <= start <= 24 and 0 <= end <= 24)):
-            raise ValueError(f"system.online_hours is [{start}, {end}], an empty window: give two different hours in "
-                             "[0, 24] ([22, 6] wraps midnight)")
+            raise ValueError(
+                f"system.online_hours is [{start}, {end}], an empty window: give two different hours in "
+                "[0, 24] ([22, 6] wraps midnight)"
+            )
         if self.availability == "trace" and not self.availability_trace:
             raise ValueError("system.availability is 'trace' without a file: give system.availability_trace")
         if self.deadline_s is not None and self.deadline_percentile is not None:
@@ -149,8 +157,10 @@ class SystemConfig:
         if self.candidates is not None and self.candidates < 1:
             raise ValueError(f"system.candidates must be at least 1 (or null: twice the cohort), got {self.candidates}")
         if self.oort_alpha < 0 or (self.preferred_round_s is not None and not self.preferred_round_s > 0):
-            raise ValueError(f"system.oort_alpha must be 0 or more and system.preferred_round_s above 0, got "
-                             f"{self.oort_alpha} and {self.preferred_round_s}")
+            raise ValueError(
+                f"system.oort_alpha must be 0 or more and system.preferred_round_s above 0, got "
+                f"{self.oort_alpha} and {self.preferred_round_s}"
+            )
         if not self.wait_s > 0:
             raise ValueError(f"system.wait_s must be above 0 virtual seconds, got {self.wait_s}")
         self.check_buffer()
@@ -162,22 +172,37 @@ class SystemConfig:
             raise unknown_choice("system.staleness", self.staleness, STALENESS)
         if self.buffer_size is None:
             if self.concurrency is not None:
-                raise ValueError("system.concurrency is for asynchronous rounds: give system.buffer_size too (or "
-                                 "leave concurrency out)")
+                raise ValueError(
+                    "system.concurrency is for asynchronous rounds: give system.buffer_size too (or "
+                    "leave concurrency out)"
+                )
             return
         if self.buffer_size < 1 or (self.concurrency is not None and self.concurrency < 1):
-            raise ValueError(f"system.buffer_size and system.concurrency must be at least 1, got {self.buffer_size} "
-                             f"and {self.concurrency}")
+            raise ValueError(
+                f"system.buffer_size and system.concurrency must be at least 1, got {self.buffer_size} "
+                f"and {self.concurrency}"
+            )
         if self.concurrency is not None and self.buffer_size > self.concurrency:
-            raise ValueError(f"system.buffer_size ({self.buffer_size}) is above system.concurrency "
-                             f"({self.concurrency}): the server would wait for more arrivals than clients train; give "
-                             "a buffer of at most the concurrency")
-        synchronous = [name for name, on in (("deadline_s", self.deadline_s is not None),
-                                             ("deadline_percentile", self.deadline_percentile is not None),
-                                             ("partial_work", self.partial_work), ("dropout", self.dropout > 0)) if on]
+            raise ValueError(
+                f"system.buffer_size ({self.buffer_size}) is above system.concurrency "
+                f"({self.concurrency}): the server would wait for more arrivals than clients train; give "
+                "a buffer of at most the concurrency"
+            )
+        synchronous = [
+            name
+            for name, on in (
+                ("deadline_s", self.deadline_s is not None),
+                ("deadline_percentile", self.deadline_percentile is not None),
+                ("partial_work", self.partial_work),
+                ("dropout", self.dropout > 0),
+            )
+            if on
+        ]
         if synchronous:
-            raise ValueError(f"system.{synchronous[0]} shapes a synchronous round, which system.buffer_size "
-                             "(asynchronous rounds) has none of: leave one of the two out")
+            raise ValueError(
+                f"system.{synchronous[0]} shapes a synchronous round, which system.buffer_size "
+                "(asynchronous rounds) has none of: leave one of the two out"
+            )
 
     @property
     def deadline(self) -> str | None:

@@ -1,6 +1,7 @@
 """The clients' training losses the scoring selectors compare (power-of-choice, Oort), measured on the candidates
 alone: each under its cluster's current model (`Algorithm.models[assignment[c]]`, the server state's general form;
 personal entries are not written in), one pass over their training rows per cluster model."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -9,6 +9,7 @@ an exploration share and staleness bonus, which this leaves out, so a device sev
 utility cut by that factor squared at alpha 2, is rarely picked at all); |B_i| is the training-set size; T is
 `system.preferred_round_s`, else the deadline, else the candidates' median time.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,9 @@ class Oort:
     """The `count` candidates of highest Oort utility (`wanted`: d, None: twice the cohort; `alpha`: the penalty's
     exponent; `preferred_s`: T, None: the candidates' median time)."""
 
-    def __init__(self, context: SelectionContext, wanted: int | None = None, alpha: float = 2.0,
-                 preferred_s: float | None = None) -> None:
+    def __init__(
+        self, context: SelectionContext, wanted: int | None = None, alpha: float = 2.0, preferred_s: float | None = None
+    ) -> None:
         self.context, self.wanted, self.alpha, self.preferred_s = context, wanted, alpha, preferred_s
 
     def select(self, round: int, available: np.ndarray, count: int) -> list[int]:

@@ -1,6 +1,7 @@
 """Power-of-choice selection (Cho, Wang and Joshi, "Towards Understanding Biased Client Selection in Federated
 Learning", AISTATS 2022, Algorithm 1): sample d candidates without replacement with probability proportional to
 their data sizes, and pick the `count` with the highest local loss under the current model."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -7,6 +7,7 @@ A selector is asked only when more clients are available than the round takes; i
 of `available`. An algorithm that overrides `select_clients` decides itself: its override's call of the base class
 (`super().select_clients`) is the selector's answer.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -49,8 +50,9 @@ def size_weights(sizes: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
-def candidates(context: SelectionContext, round: int, available: np.ndarray, count: int, wanted: int | None,
-               by_size: bool) -> np.ndarray:
+def candidates(
+    context: SelectionContext, round: int, available: np.ndarray, count: int, wanted: int | None, by_size: bool
+) -> np.ndarray:
     """The d candidates a scoring selector compares: `wanted` of `available` (None: twice `count`; never fewer than
     `count` nor more than are available), drawn without replacement, proportionally to training-set size when
     `by_size`, else uniformly."""

@@ -1,4 +1,5 @@
 """`system.selection`'s names and the selector each builds (`fedlight.system.selection`)."""
+
 from __future__ import annotations
 
 from fedlight.system.cluster_stratified import ClusterStratified

@@ -1,6 +1,7 @@
 """Per-client draws of the system model, each client's from a stream of (seed, purpose, client) of its own, as the
 engine's other streams (`fedlight.plugin.server.stream_seed`): a client's speed, zone or phase does not depend on
 how many clients the federation has, and a resumed run draws the same."""
+
 from __future__ import annotations
 
 import numpy as np

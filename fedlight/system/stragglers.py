@@ -11,6 +11,7 @@ client's update arrives, and at least until the deadline when the deadline cut a
 know). A round never ends empty: when the deadline would leave no client that did not drop out, the server waits for
 the first of them to finish all of its work instead.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,13 @@ def round_deadline(times_s: np.ndarray, deadline_s: float | None, percentile: fl
     return None
 
 
-def finished_steps(steps: np.ndarray, compute_s: np.ndarray, transfer_s: np.ndarray,
-                   deadline_s: float | np.ndarray | None, partial: bool) -> np.ndarray:
+def finished_steps(
+    steps: np.ndarray,
+    compute_s: np.ndarray,
+    transfer_s: np.ndarray,
+    deadline_s: float | np.ndarray | None,
+    partial: bool,
+) -> np.ndarray:
     """(clients,) the local steps each client finishes by `deadline_s` (one for all, or one each): all of them when
     its work and transfers fit; otherwise, with `partial`, the whole steps that fit beside its transfers, else
     none."""
@@ -74,15 +80,25 @@ class RoundTimes:
     deadline_bound: bool = False
 
 
-def run_round(steps: np.ndarray, compute_s: np.ndarray, transfer_s: np.ndarray, dropped_out: np.ndarray,
-              deadline_s: float | None, partial: bool, online_left_s: np.ndarray | None = None) -> RoundTimes:
+def run_round(
+    steps: np.ndarray,
+    compute_s: np.ndarray,
+    transfer_s: np.ndarray,
+    dropped_out: np.ndarray,
+    deadline_s: float | None,
+    partial: bool,
+    online_left_s: np.ndarray | None = None,
+) -> RoundTimes:
     """The round of clients with `steps` local steps taking `compute_s` and `transfer_s` (numpy arrays, one entry
     each), `dropped_out` (bool) of them dropping out, under `deadline_s` (already a number: `round_deadline`), each
     online for `online_left_s` more seconds (None: all of the round)."""
     steps = np.asarray(steps, dtype=np.int64)
     by_deadline = finished_steps(steps, compute_s, transfer_s, deadline_s, partial)
-    by_leaving = steps.copy() if online_left_s is None else \
-        finished_steps(steps, compute_s, transfer_s, np.asarray(online_left_s, dtype=float), partial)
+    by_leaving = (
+        steps.copy()
+        if online_left_s is None
+        else finished_steps(steps, compute_s, transfer_s, np.asarray(online_left_s, dtype=float), partial)
+    )
     leaving = by_leaving < steps
     went_offline = ~dropped_out & leaving & (by_leaving == 0)
     gone = dropped_out | went_offline  # sends nothing, and the server knows it

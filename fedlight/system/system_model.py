@@ -3,6 +3,7 @@ the virtual clock, answers the base class's draw of a round's clients from those
 selected clients get done (`work`: offline, dropped out, past the deadline, cut short), with `system.buffer_size`
 runs asynchronous rounds (`arrivals`: FedBuff's buffer, `fedlight.system.buffered`) and logs the round's `system/*`
 scalars when it ends; the federation never names it (docs/architecture.md, "System model")."""
+
 from __future__ import annotations
 
 import warnings
@@ -87,9 +88,11 @@ class SystemModel(RoundExtension):
         against the fastest client; the selector."""
         server, algorithm, config = context.server, context.algorithm, self.config
         if config.partial_work and algorithm.plan.own_training:
-            raise ValueError(f"system.partial_work: {type(algorithm).__name__} trains its clients its own way "
-                             "(train_client), which has no local steps to cut short: leave partial_work out (clients "
-                             "past the deadline are then dropped)")
+            raise ValueError(
+                f"system.partial_work: {type(algorithm).__name__} trains its clients its own way "
+                "(train_client), which has no local steps to cut short: leave partial_work out (clients "
+                "past the deadline are then dropped)"
+            )
         self.steps = np.array([server.clients.local_steps(c) for c in range(self.num_clients)], dtype=np.int64)
         # each client's time for its work and transfers as last measured: its nominal local steps and one model
         # each way until its work was counted (`fedlight.system.work_cost`), which the deadline and Oort read
@@ -99,10 +102,13 @@ class SystemModel(RoundExtension):
         self.cost = WorkCost(self.devices, context.config.batch_size, model_bits, self.compute_s.copy())
         self.work_log = server.clients.work
         self.check_deadline()
-        selection = SelectionContext(server.random.rng, server.clients.train_sizes.cpu().numpy(),
-                                     self.compute_s + self.transfer_s,
-                                     lambda clients: loss_statistics(server, algorithm, clients),
-                                     lambda: algorithm.assignment.cpu().numpy())
+        selection = SelectionContext(
+            server.random.rng,
+            server.clients.train_sizes.cpu().numpy(),
+            self.compute_s + self.transfer_s,
+            lambda clients: loss_statistics(server, algorithm, clients),
+            lambda: algorithm.assignment.cpu().numpy(),
+        )
         self.selector = make_selector(config, selection)
         if config.buffer_size is not None:
             self.setup_buffer(context)
@@ -114,15 +120,22 @@ class SystemModel(RoundExtension):
         assert config.buffer_size is not None  # set up only for asynchronous rounds
         self.concurrency = config.concurrency if config.concurrency is not None else context.cohort_size
         if self.concurrency > n or config.buffer_size > self.concurrency:
-            raise ValueError(f"system.concurrency is {self.concurrency} and system.buffer_size {config.buffer_size}, "
-                             f"but the run has {n} clients: give buffer_size <= concurrency <= {n}")
+            raise ValueError(
+                f"system.concurrency is {self.concurrency} and system.buffer_size {config.buffer_size}, "
+                f"but the run has {n} clients: give buffer_size <= concurrency <= {n}"
+            )
         if context.processes > 1:
-            raise ValueError("system.buffer_size: asynchronous rounds keep their clients in flight on one process; "
-                             "run on one device (or leave buffer_size out)")
+            raise ValueError(
+                "system.buffer_size: asynchronous rounds keep their clients in flight on one process; "
+                "run on one device (or leave buffer_size out)"
+            )
         self.algorithm = context.algorithm
         self.sizes, self.like = context.server.clients.train_sizes, context.model
-        self.in_flight = InFlight.empty(self.like) if self._in_flight_state is None else \
-            InFlight.from_state(self._in_flight_state, self.like.device)
+        self.in_flight = (
+            InFlight.empty(self.like)
+            if self._in_flight_state is None
+            else InFlight.from_state(self._in_flight_state, self.like.device)
+        )
 
     def sampling(self) -> Sampling | None:
         """How the clients whose updates a round aggregates are chosen, when it is not a uniform draw independent of
@@ -131,17 +144,23 @@ class SystemModel(RoundExtension):
         leave out some of a uniform draw's clients."""
         c = self.config
         if c.selection in ("power_of_choice", "oort"):
-            return Sampling(False, f"system.selection {c.selection} picks clients by their training losses",
-                            reads_data="the candidates' training losses")
+            return Sampling(
+                False,
+                f"system.selection {c.selection} picks clients by their training losses",
+                reads_data="the candidates' training losses",
+            )
         if c.buffer_size is not None:
             return Sampling(False, "FedBuff: who arrives follows the devices' speeds and the clients in flight")
         if c.selection != "uniform":
-            how = {"data_size": "in proportion to their training-set sizes",
-                   "cluster_stratified": "from each of the algorithm's clusters, which follow the clients' data"}
+            how = {
+                "data_size": "in proportion to their training-set sizes",
+                "cluster_stratified": "from each of the algorithm's clusters, which follow the clients' data",
+            }
             return Sampling(False, f"system.selection {c.selection} draws clients {how.get(c.selection, 'unevenly')}")
         if c.availability not in ("always", "share"):
-            return Sampling(False, f"system.availability {c.availability}: who is online follows a pattern, not a "
-                                   "uniform draw")
+            return Sampling(
+                False, f"system.availability {c.availability}: who is online follows a pattern, not a uniform draw"
+            )
         return None
 
     def check_message(self, schema: MessageSchema, algorithm: str) -> None:
@@ -155,13 +174,17 @@ class SystemModel(RoundExtension):
         self.trained_from = schema.trained_from  # model entries re-based as the trained model is
         stale = [name for name in schema.of_kind(MODEL, PER_CLIENT) if name not in schema.trained_from]
         if stale:
-            raise ValueError(f"system.buffer_size: {algorithm}'s clients send {schema.describe(stale[0])} beside the "
-                             "model they trained, which FedBuff cannot re-base on the models the server holds when it "
-                             f"arrives: leave buffer_size out for {algorithm}")
+            raise ValueError(
+                f"system.buffer_size: {algorithm}'s clients send {schema.describe(stale[0])} beside the "
+                "model they trained, which FedBuff cannot re-base on the models the server holds when it "
+                f"arrives: leave buffer_size out for {algorithm}"
+            )
         if schema.every_client and self.config.buffer_size < self.num_clients:
-            raise ValueError(f"system.buffer_size: {algorithm} needs every client's update {schema.every_client[0]}, "
-                             f"but FedBuff aggregates the first {self.config.buffer_size} arrivals of "
-                             f"{self.num_clients} clients: leave buffer_size out for {algorithm}")
+            raise ValueError(
+                f"system.buffer_size: {algorithm} needs every client's update {schema.every_client[0]}, "
+                f"but FedBuff aggregates the first {self.config.buffer_size} arrivals of "
+                f"{self.num_clients} clients: leave buffer_size out for {algorithm}"
+            )
 
     def check_deadline(self) -> None:
         """Refuse in one line a fixed deadline no client can meet (its whole work, or with partial work one step,
@@ -169,23 +192,38 @@ class SystemModel(RoundExtension):
         deadline, partial = self.config.deadline_s, self.config.partial_work
         if deadline is None:
             return
-        work_s = np.divide(self.compute_s, self.steps, out=np.zeros_like(self.compute_s), where=self.steps > 0) \
-            if partial else self.compute_s
+        work_s = (
+            np.divide(self.compute_s, self.steps, out=np.zeros_like(self.compute_s), where=self.steps > 0)
+            if partial
+            else self.compute_s
+        )
         need = float(np.round(work_s + self.transfer_s, DECIMALS).min())
         if need > deadline:
             what = "one local step" if partial else "its local work"
             other = "" if partial else ", or let stragglers send the steps they finished (system.partial_work: true)"
-            raise ValueError(f"system.deadline_s is {deadline:g} s, but the fastest client needs {need:.4g} s for "
-                             f"{what} and its transfers: raise it above {need:.4g} s{other}")
+            raise ValueError(
+                f"system.deadline_s is {deadline:g} s, but the fastest client needs {need:.4g} s for "
+                f"{what} and its transfers: raise it above {need:.4g} s{other}"
+            )
 
     def describe(self) -> str:
         c = self.config
-        devices = f"devices from {c.device_trace}" if c.device_trace else \
-            f"compute {c.compute.describe('samples/s')}, link {c.link.describe('Mbit/s')}"
-        parts = [devices, f"availability {c.availability}", c.deadline,
-                 f"dropout {c.dropout:.0%}" if c.dropout else None, f"selection {c.selection}",
-                 f"FedBuff: {c.buffer_size} arrivals an update, {c.concurrency or 'the cohort'} in flight, "
-                 f"{c.staleness} staleness weight" if c.buffer_size is not None else None]
+        devices = (
+            f"devices from {c.device_trace}"
+            if c.device_trace
+            else f"compute {c.compute.describe('samples/s')}, link {c.link.describe('Mbit/s')}"
+        )
+        parts = [
+            devices,
+            f"availability {c.availability}",
+            c.deadline,
+            f"dropout {c.dropout:.0%}" if c.dropout else None,
+            f"selection {c.selection}",
+            f"FedBuff: {c.buffer_size} arrivals an update, {c.concurrency or 'the cohort'} in flight, "
+            f"{c.staleness} staleness weight"
+            if c.buffer_size is not None
+            else None,
+        ]
         return "system: " + ", ".join(p for p in parts if p)
 
     # -- a round ---------------------------------------------------------------------------------------------
@@ -202,9 +240,11 @@ class SystemModel(RoundExtension):
             time_s += self.config.wait_s
             online = self.availability.online(round, time_s)
         if not online.any():
-            raise ValueError(f"system.availability {self.config.availability!r}: no client came online in the "
-                             f"{WAIT_DAYS} virtual days after {self.clock.now_s:.0f} s: give a pattern (or a trace) "
-                             "under which clients are online")
+            raise ValueError(
+                f"system.availability {self.config.availability!r}: no client came online in the "
+                f"{WAIT_DAYS} virtual days after {self.clock.now_s:.0f} s: give a pattern (or a trace) "
+                "under which clients are online"
+            )
         self._start = (round, time_s, online)
         return time_s, online
 
@@ -226,8 +266,11 @@ class SystemModel(RoundExtension):
             chosen = available.tolist()
             if len(available) < count and not self._short_said:
                 self._short_said = True
-                warnings.warn(f"round {round}: {len(available)} clients online, fewer than the {count} a round takes: "
-                              "all of them train (system/online logs every round's count)", stacklevel=2)
+                warnings.warn(
+                    f"round {round}: {len(available)} clients online, fewer than the {count} a round takes: "
+                    "all of them train (system/online logs every round's count)",
+                    stacklevel=2,
+                )
         self._drawn = (round, count, chosen)
         return list(chosen)
 
@@ -261,19 +304,40 @@ class SystemModel(RoundExtension):
             out[rng.choice(len(present), size=leaving, replace=False)] = True
         compute_s, transfer_s, steps = self.compute_s[present], self.transfer_s[present], self.steps[present]
         deadline = round_deadline(compute_s + transfer_s, self.config.deadline_s, self.config.deadline_percentile)
-        times = run_round(steps, compute_s, transfer_s, out, deadline, self.config.partial_work,
-                          self.availability.online_left_s(round, start_s)[present])
+        times = run_round(
+            steps,
+            compute_s,
+            transfer_s,
+            out,
+            deadline,
+            self.config.partial_work,
+            self.availability.online_left_s(round, start_s)[present],
+        )
         partial = times.kept & times.cut
-        self._record = RoundRecord(start_s, int(online.sum()), len(offline), int(out.sum()),
-                                   int((times.cut & ~times.kept).sum()), int(partial.sum()), times.duration_s,
-                                   deadline, times.waited, int(times.went_offline.sum()), present[times.kept],
-                                   present[times.kept & ~times.cut], times.deadline_bound)
+        self._record = RoundRecord(
+            start_s,
+            int(online.sum()),
+            len(offline),
+            int(out.sum()),
+            int((times.cut & ~times.kept).sum()),
+            int(partial.sum()),
+            times.duration_s,
+            deadline,
+            times.waited,
+            int(times.went_offline.sum()),
+            present[times.kept],
+            present[times.kept & ~times.cut],
+            times.deadline_bound,
+        )
         dropped = offline.tolist() + present[~times.kept].tolist()
-        return RoundWork(tuple(sorted(dropped)), {int(c): float(d / s) for c, d, s in
-                                                  zip(present[partial], times.done[partial], steps[partial])})
+        return RoundWork(
+            tuple(sorted(dropped)),
+            {int(c): float(d / s) for c, d, s in zip(present[partial], times.done[partial], steps[partial])},
+        )
 
-    def arrivals(self, round: int, dispatched: list[int], train: Callable[[list[int]], list[Updates]]
-                 ) -> Arrivals | None:
+    def arrivals(
+        self, round: int, dispatched: list[int], train: Callable[[list[int]], list[Updates]]
+    ) -> Arrivals | None:
         """Asynchronous rounds: the dispatched clients (less any still in flight, which an algorithm's own
         selection may pick) train now and join those in flight; the round aggregates the `buffer_size` earliest
         arrivals (`fedlight.system.buffered`). Synchronous: None."""
@@ -289,15 +353,29 @@ class SystemModel(RoundExtension):
             def joined(name: str) -> torch.Tensor:
                 return torch.cat([getattr(p, name) for p in parts])
 
-            fresh = Updates(joined("clients"), joined("params"), joined("starts"), joined("num_samples"),
-                            joined("train_loss"), {k: torch.cat([p.logs[k] for p in parts]) for k in parts[0].logs},
-                            {k: torch.cat([p.state[k] for p in parts]) for k in parts[0].state})
+            fresh = Updates(
+                joined("clients"),
+                joined("params"),
+                joined("starts"),
+                joined("num_samples"),
+                joined("train_loss"),
+                {k: torch.cat([p.logs[k] for p in parts]) for k in parts[0].logs},
+                {k: torch.cat([p.state[k] for p in parts]) for k in parts[0].state},
+            )
         fresh_clients = np.asarray([] if fresh is None else fresh.clients.tolist(), dtype=np.int64)
         arrivals_s = start_s + self._selection_s + self.charged_s(self.work_log.take(), fresh_clients, fresh_clients)
         assert self.config.buffer_size is not None  # clients in flight: asynchronous rounds
-        arrived, self.in_flight = take_arrivals(self.in_flight, fresh, arrivals_s, round - 1, self.config.buffer_size,
-                                                self.config.staleness, self.algorithm.client_model, self.sizes,
-                                                self.trained_from)
+        arrived, self.in_flight = take_arrivals(
+            self.in_flight,
+            fresh,
+            arrivals_s,
+            round - 1,
+            self.config.buffer_size,
+            self.config.staleness,
+            self.algorithm.client_model,
+            self.sizes,
+            self.trained_from,
+        )
         self._arrived = (start_s, arrived)
         return Arrivals(arrived.updates.clients.tolist(), arrived.group)
 
@@ -312,12 +390,17 @@ class SystemModel(RoundExtension):
         self.clock.advance(duration_s)
         staleness = arrived.staleness if arrived is not None else np.zeros(0)
         record, self._record = self._record, None  # the dispatched clients' work: who went offline before finishing
-        return {"system/round_virtual_s": duration_s, "system/virtual_time_s": self.clock.now_s,
-                "system/waited_s": waited_s, "system/online": int(self.online(round)[1].sum()),
-                "system/arrived": len(staleness), "system/in_flight": len(self.in_flight),
-                "system/staleness_mean": float(staleness.mean()) if len(staleness) else 0.0,
-                "system/staleness_max": float(staleness.max()) if len(staleness) else 0.0,
-                "system/went_offline": record.went_offline if record is not None else 0}
+        return {
+            "system/round_virtual_s": duration_s,
+            "system/virtual_time_s": self.clock.now_s,
+            "system/waited_s": waited_s,
+            "system/online": int(self.online(round)[1].sum()),
+            "system/arrived": len(staleness),
+            "system/in_flight": len(self.in_flight),
+            "system/staleness_mean": float(staleness.mean()) if len(staleness) else 0.0,
+            "system/staleness_max": float(staleness.max()) if len(staleness) else 0.0,
+            "system/went_offline": record.went_offline if record is not None else 0,
+        }
 
     def end_round(self, round: int, selected: int) -> tuple[dict[str, float], str | None]:
         """The clock moves to the round's end; the round's `system/*` scalars."""
@@ -330,12 +413,18 @@ class SystemModel(RoundExtension):
         waited_s = record.start_s - self.clock.now_s
         duration_s, late = self.measured_duration(record)
         self.clock.advance(waited_s + duration_s)
-        scalars = {"system/round_virtual_s": waited_s + duration_s, "system/virtual_time_s": self.clock.now_s,
-                   "system/waited_s": waited_s,
-                   "system/online": record.online, "system/dropped_offline": record.offline,
-                   "system/dropped_out": record.dropped_out, "system/dropped_deadline": record.deadline_dropped,
-                   "system/partial": record.partial, "system/waited_for_first": float(record.waited_for_first),
-                   "system/went_offline": record.went_offline}
+        scalars = {
+            "system/round_virtual_s": waited_s + duration_s,
+            "system/virtual_time_s": self.clock.now_s,
+            "system/waited_s": waited_s,
+            "system/online": record.online,
+            "system/dropped_offline": record.offline,
+            "system/dropped_out": record.dropped_out,
+            "system/dropped_deadline": record.deadline_dropped,
+            "system/partial": record.partial,
+            "system/waited_for_first": float(record.waited_for_first),
+            "system/went_offline": record.went_offline,
+        }
         if record.deadline_s is not None:
             scalars["system/deadline_s"] = record.deadline_s
             scalars["system/late"] = late
@@ -351,10 +440,11 @@ class SystemModel(RoundExtension):
         self.transfer_s[clients[ran_all]] = transfer_s[ran_all]
         if ran_all.any():  # what a client's whole work was charged, for the compatibility table and the summary
             measured = clients[ran_all]
-            self.charges = {"work_x_local_steps": float(np.median(compute_s[ran_all] /
-                                                                   self.cost.nominal_compute_s[measured])),
-                            "models_received": int(max(done.models_used[measured].max(), 1)),
-                            "bytes_sent_beside_model": float(done.sent_bytes[measured].max())}
+            self.charges = {
+                "work_x_local_steps": float(np.median(compute_s[ran_all] / self.cost.nominal_compute_s[measured])),
+                "models_received": int(max(done.models_used[measured].max(), 1)),
+                "bytes_sent_beside_model": float(done.sent_bytes[measured].max()),
+            }
         return compute_s + transfer_s
 
     def measured_duration(self, record: RoundRecord) -> tuple[float, int]:
@@ -370,8 +460,11 @@ class SystemModel(RoundExtension):
         duration = float(seconds.max())
         if record.deadline_bound and record.deadline_s is not None:
             duration = max(duration, record.deadline_s)
-        late = 0 if record.deadline_s is None or record.waited_for_first else \
-            int((np.round(seconds, DECIMALS) > record.deadline_s).sum())
+        late = (
+            0
+            if record.deadline_s is None or record.waited_for_first
+            else int((np.round(seconds, DECIMALS) > record.deadline_s).sum())
+        )
         return self._selection_s + duration, late
 
     # -- checkpoints -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ mapping from integer keys (numbers or strings of digits) to records, where clien
 keys 0..n-1 as fedlight numbers clients, or FedScale's 1..n. Extra records are ignored; a missing client or field is
 refused in one line.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -26,8 +27,9 @@ def read_records(path: str, setting: str, count: int) -> list[dict[str, Any]]:
     """The first `count` clients' records of the trace file `path` (the config's `setting`), in client order."""
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"{setting}: no file {path}: give the path of a trace file (docs/architecture.md, "
-                         "\"System model\")")
+        raise ValueError(
+            f'{setting}: no file {path}: give the path of a trace file (docs/architecture.md, "System model")'
+        )
     if file.suffix in (".pkl", ".pickle"):
         with file.open("rb") as f:
             loaded = pickle.load(f)
@@ -39,17 +41,23 @@ def read_records(path: str, setting: str, count: int) -> list[dict[str, Any]]:
         try:
             records = {int(key): value for key, value in loaded.items()}
         except (TypeError, ValueError):
-            raise ValueError(f"{setting}: {path} is keyed by {next(iter(loaded))!r}: key each client's record by its "
-                             "number (0..n-1, or FedScale's 1..n)") from None
+            raise ValueError(
+                f"{setting}: {path} is keyed by {next(iter(loaded))!r}: key each client's record by its "
+                "number (0..n-1, or FedScale's 1..n)"
+            ) from None
     else:
-        raise ValueError(f"{setting}: {path} holds a {type(loaded).__name__}: give a list of records in client order "
-                         "or a mapping from client numbers to records")
+        raise ValueError(
+            f"{setting}: {path} holds a {type(loaded).__name__}: give a list of records in client order "
+            "or a mapping from client numbers to records"
+        )
     first = min(records, default=0)
     missing = [c for c in range(count) if first + c not in records]
     if missing:
-        raise ValueError(f"{setting}: {path} has {len(records)} records, none for client {missing[0]} (key "
-                         f"{first + missing[0]}) of the {count} clients: give one record per client, keyed "
-                         f"{first}..{first + count - 1}")
+        raise ValueError(
+            f"{setting}: {path} has {len(records)} records, none for client {missing[0]} (key "
+            f"{first + missing[0]}) of the {count} clients: give one record per client, keyed "
+            f"{first}..{first + count - 1}"
+        )
     return [records[first + c] for c in range(count)]
 
 
@@ -74,8 +82,9 @@ def positive(value: Any, client: int, setting: str, name: str) -> float:
     return number
 
 
-def speed(record: Any, client: int, setting: str, own: str, fedscale: str,
-          from_fedscale: Callable[[float], float]) -> float:
+def speed(
+    record: Any, client: int, setting: str, own: str, fedscale: str, from_fedscale: Callable[[float], float]
+) -> float:
     """One speed of a client's record: fedlight's field `own`, else FedScale's field `fedscale` converted."""
     value = positive(record_field(record, client, setting, (own, fedscale)), client, setting, f"{own} / {fedscale}")
     return value if own in record else from_fedscale(value)
@@ -87,10 +96,13 @@ def device_speeds(path: str, count: int) -> tuple[np.ndarray, np.ndarray]:
     costing `FEDSCALE_TRAINING_FACTOR` of them) and `communication` (kbit/s)."""
     setting = "system.device_trace"
     records = read_records(path, setting, count)
-    compute = [speed(r, c, setting, "samples_per_s", "computation", lambda ms: 1000.0 / (FEDSCALE_TRAINING_FACTOR * ms))
-               for c, r in enumerate(records)]
-    link = [speed(r, c, setting, "link_mbps", "communication", lambda kbps: kbps / 1000.0)
-            for c, r in enumerate(records)]
+    compute = [
+        speed(r, c, setting, "samples_per_s", "computation", lambda ms: 1000.0 / (FEDSCALE_TRAINING_FACTOR * ms))
+        for c, r in enumerate(records)
+    ]
+    link = [
+        speed(r, c, setting, "link_mbps", "communication", lambda kbps: kbps / 1000.0) for c, r in enumerate(records)
+    ]
     return np.array(compute), np.array(link)
 
 
@@ -105,7 +117,9 @@ def online_intervals(path: str, count: int) -> list[tuple[np.ndarray, np.ndarray
         ends = np.asarray(record_field(record, client, setting, ("inactive",)), dtype=float).reshape(-1)
         period = positive(record_field(record, client, setting, ("finish_time",)), client, setting, "finish_time")
         if len(starts) != len(ends) or bool((ends < starts).any()):
-            raise ValueError(f"{setting}: client {client} has {len(starts)} 'active' and {len(ends)} 'inactive' "
-                             "times: give one end at or after each start")
+            raise ValueError(
+                f"{setting}: client {client} has {len(starts)} 'active' and {len(ends)} 'inactive' "
+                "times: give one end at or after each start"
+            )
         intervals.append((starts, ends, period))
     return intervals

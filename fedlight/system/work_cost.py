@@ -8,6 +8,7 @@ carried beside it) / link speed, where the models received are the most models o
 a model a client keeps on its device is counted as received). A client whose work nothing counted (an algorithm's
 own `train_client`, local k-means on its points) is charged its nominal local steps.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -10,6 +10,7 @@ LoRA adapters) is left out: it is held once by the module, shared by every clien
 sent, aggregated or checkpointed (`frozen_fingerprint` identifies it so a resume can check it is the same). Buffers
 stay in the vector even under a frozen base: BatchNorm's statistics change in training, so they are each client's.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -95,8 +96,9 @@ class FlatModel:
     def __init__(self, module: nn.Module) -> None:
         tensors = _floating_tensors(module)
         if not tensors:
-            raise ValueError(f"{type(module).__name__} has no trainable floating-point parameters or buffers to "
-                             "federate")
+            raise ValueError(
+                f"{type(module).__name__} has no trainable floating-point parameters or buffers to federate"
+            )
         network_layers = declared_layers(module)
         ref = tensors[0][3]
         total = sum(t.numel() for *_, t, _ in tensors)
@@ -105,13 +107,15 @@ class FlatModel:
         entries, offset = [], 0
         for name, owner, attr, tensor, is_param in tensors:
             if tensor.dtype != ref.dtype or tensor.device != ref.device:
-                raise ValueError(f"{name} is {tensor.dtype} on {tensor.device}; every floating tensor must share "
-                                 f"{ref.dtype} on {ref.device}")
-            view = self.vector[offset: offset + tensor.numel()].view_as(tensor)
+                raise ValueError(
+                    f"{name} is {tensor.dtype} on {tensor.device}; every floating tensor must share "
+                    f"{ref.dtype} on {ref.device}"
+                )
+            view = self.vector[offset : offset + tensor.numel()].view_as(tensor)
             view.copy_(tensor.detach())
             if is_param:
                 tensor.data = view
-                tensor.grad = self.grad[offset: offset + tensor.numel()].view_as(tensor)
+                tensor.grad = self.grad[offset : offset + tensor.numel()].view_as(tensor)
             else:
                 owner._buffers[attr] = view
             entries.append(Entry(name, offset, tensor.shape, is_param, _layer_of(name, network_layers)))
@@ -164,7 +168,7 @@ class FlatModel:
         parameter tensor keeps one (else none: something must train)."""
         if trainable is None:
             return []
-        frozen = [e.name for e in self.entries if e.is_parameter and not bool(trainable[e.start: e.stop].any())]
+        frozen = [e.name for e in self.entries if e.is_parameter and not bool(trainable[e.start : e.stop].any())]
         return frozen if len(frozen) < len(self._parameters) else []
 
     @contextmanager
@@ -188,7 +192,7 @@ class FlatModel:
     def views(self, vector: Tensor) -> dict[str, Tensor]:
         """Each named tensor's entries of `vector` ((..., d): one flat model of this layout, or rows of them) as a
         view shaped like the module's tensor (with the leading dimensions in front)."""
-        return {e.name: vector[..., e.start: e.stop].unflatten(-1, e.shape) for e in self.entries}
+        return {e.name: vector[..., e.start : e.stop].unflatten(-1, e.shape) for e in self.entries}
 
     def tensors_mask(self, names: list[str]) -> Tensor:
         """True on the entries of the named tensors."""
@@ -204,7 +208,7 @@ class FlatModel:
         mask = torch.zeros(self.numel, dtype=torch.bool, device=self.vector.device)
         for e in self.entries:
             if select(e):
-                mask[e.start: e.stop] = True
+                mask[e.start : e.stop] = True
         return mask
 
     def parameter_mask(self) -> Tensor:

@@ -5,6 +5,7 @@ A custom local loop (APFL, pFedMe, Per-FedAvg) takes, per client, the batches th
 gathers the batch of each client still training, stacked as (clients, batch, ...); clients whose batch is shorter
 (their last one) come in a step of their own, so every stacked batch has one size.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,9 +32,15 @@ class GroupStep:
     batch: tuple[Tensor, Tensor]
 
 
-def group_steps(data: list[tuple[Tensor, Tensor]], seeds: list[int], batch_size: int, epochs: int,
-                transform: Callable[[Any, int], Any], device: torch.device,
-                limits: list[int | None] | None = None) -> Iterator[GroupStep]:
+def group_steps(
+    data: list[tuple[Tensor, Tensor]],
+    seeds: list[int],
+    batch_size: int,
+    epochs: int,
+    transform: Callable[[Any, int], Any],
+    device: torch.device,
+    limits: list[int | None] | None = None,
+) -> Iterator[GroupStep]:
     """The `GroupStep`s of `epochs` local epochs of clients with training data `data` and seeds `seeds`: client r
     takes exactly the batches `ClientTrainer.batch_rows(len(data[r][1]), seeds[r], epochs)` gives it alone, its first
     `limits[r]` of them when that is not None (partial work, `fedlight.training.work_shares`). Random layers
@@ -54,9 +61,13 @@ def group_steps(data: list[tuple[Tensor, Tensor]], seeds: list[int], batch_size:
                     by_count.setdefault(min(batch_size, n - step * batch_size), []).append(row)
             for count in sorted(by_count, reverse=True):
                 rows = by_count[count]
-                picks = [orders[r][step * batch_size: step * batch_size + count] for r in rows]
+                picks = [orders[r][step * batch_size : step * batch_size + count] for r in rows]
                 x = torch.stack([data[r][0][p] for r, p in zip(rows, picks)])
                 y = torch.stack([data[r][1][p] for r, p in zip(rows, picks)])
                 flat_x, flat_y = transform((x.reshape(-1, *x.shape[2:]), y.reshape(-1)), 0)
-                yield GroupStep(epoch, step, rows, (flat_x.reshape(len(rows), count, *flat_x.shape[1:]),
-                                                    flat_y.reshape(len(rows), count)))
+                yield GroupStep(
+                    epoch,
+                    step,
+                    rows,
+                    (flat_x.reshape(len(rows), count, *flat_x.shape[1:]), flat_y.reshape(len(rows), count)),
+                )

@@ -10,6 +10,7 @@ BatchNorm statistics go with their module's weight).
 The functions here return boolean masks over the flat vector; `Algorithm.set_personal_mask` installs one.
 Nothing here knows any algorithm.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ def first_layers(layers: list[str], count: int) -> list[str]:
 
 def last_layers(layers: list[str], count: int) -> list[str]:
     """The last `count` layer names (output side); `count=0` gives none."""
-    return layers[len(layers) - _whole(count, len(layers)):]
+    return layers[len(layers) - _whole(count, len(layers)) :]
 
 
 def half_step(value: float, rounding: Literal["floor", "round"] = "floor") -> float:
@@ -62,8 +63,10 @@ def layer_count_mask(flat: FlatModel, count: float, side: Side = "first", halves
         raise ValueError(f"side must be 'first' or 'last', got {side!r}")
     doubled = 2 * count
     if not (0 <= count <= len(layers)) or abs(doubled - round(doubled)) > _TOLERANCE:
-        raise ValueError(f"count must be a whole or half number in [0, {len(layers)}] (the model's layers are "
-                         f"{layers}), got {count}; put a real count on the grid with half_step()")
+        raise ValueError(
+            f"count must be a whole or half number in [0, {len(layers)}] (the model's layers are "
+            f"{layers}), got {count}; put a real count on the grid with half_step()"
+        )
     whole, half = divmod(int(round(doubled)), 2)
     chosen = set(first_layers(layers, whole) if side == "first" else last_layers(layers, whole))
     in_half: set[str] = set()
@@ -79,7 +82,7 @@ def layer_count_mask(flat: FlatModel, count: float, side: Side = "first", halves
 
 def tensor_names(flat: FlatModel, mask: Tensor) -> list[str]:
     """Names of the flat model's tensors that lie entirely inside `mask` (for logs and tests)."""
-    return [e.name for e in flat.entries if bool(mask[e.start: e.stop].all())]
+    return [e.name for e in flat.entries if bool(mask[e.start : e.stop].all())]
 
 
 def _whole(count: int, total: int) -> int:

@@ -5,6 +5,7 @@ says, in one value, how many epochs, at which learning-rate factor, with which g
 train, how the samples are weighted, and which stream of batches it draws. The engine carries it out vectorized
 or one client after another, as the run's plan says, so the algorithm never loops over clients itself.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -49,8 +50,10 @@ class LocalWork:
 
     def __post_init__(self) -> None:
         if self.objective is not None and self.sample_weights is not None:
-            raise ValueError("LocalWork takes sample_weights or an objective, not both: weigh the samples inside the "
-                             "objective (pass the weights through client_inputs)")
+            raise ValueError(
+                "LocalWork takes sample_weights or an objective, not both: weigh the samples inside the "
+                "objective (pass the weights through client_inputs)"
+            )
         if self.client_inputs is not None and self.objective is None:
             raise ValueError("LocalWork.client_inputs are handed to an objective: give one, or leave them out")
 
@@ -79,8 +82,11 @@ class LocalWork:
         """This work for the clients at positions `rows` of its call, as a call of their own: the gradient hook is
         told their positions in the whole call, the sample weights and the objective's inputs are theirs."""
         inner = self.gradient_hook
-        hook = None if inner is None else \
-            (lambda at, params, grad, starts: inner([rows[r] for r in at], params, grad, starts))
+        hook = (
+            None
+            if inner is None
+            else (lambda at, params, grad, starts: inner([rows[r] for r in at], params, grad, starts))
+        )
         weights = None if self.sample_weights is None else [self.sample_weights[r] for r in rows]
         inputs = None if self.client_inputs is None else self.client_inputs[rows]
         return replace(self, gradient_hook=hook, sample_weights=weights, client_inputs=inputs)

@@ -23,6 +23,7 @@ decision, and round 1 still trains the same clients each way, so it gives the sa
 file in `$FEDLIGHT_CACHE_DIR` (default `~/.cache/fedlight`); delete it to measure again. The decision is part of
 the checkpoint, so a resumed run keeps it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,7 +42,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.dropout import _DropoutNd
 
-AGREEMENT = 0.05   # mean |vectorized - sequential| at most this share of the mean |update|
+AGREEMENT = 0.05  # mean |vectorized - sequential| at most this share of the mean |update|
 CHECK_CLIENTS = 2  # clients the agreement check also trains sequentially (one local step each)
 
 T = TypeVar("T")
@@ -55,8 +56,8 @@ class ProbeResult:
     vectorized_clients: int
     sequential_step_s: float  # seconds per client step, one client after another (the first client left out)
     vectorized_step_s: float  # seconds per client step in the vectorized group (nan when it did not run)
-    difference: float         # the check: mean |vectorized - sequential| over mean |update|
-    choice: str               # "vectorized" or "sequential"
+    difference: float  # the check: mean |vectorized - sequential| over mean |update|
+    choice: str  # "vectorized" or "sequential"
     remembered: bool = False  # taken from an earlier run's probe on this machine (`recall`)
 
     @property
@@ -65,12 +66,16 @@ class ProbeResult:
         if self.choice == "vectorized":
             return None
         if not self.difference <= AGREEMENT:
-            return (f"auto: vectorized training gave other models than sequential training in the check (mean "
-                    f"difference {self.difference:.1%} of an update)")
+            return (
+                f"auto: vectorized training gave other models than sequential training in the check (mean "
+                f"difference {self.difference:.1%} of an update)"
+            )
         if self.vectorized_clients == 0:
             return "auto: round 1 had one client per group, nothing to train vectorized"
-        return (f"auto: one client at a time was faster in round 1 ({_duration(self.sequential_step_s)} against "
-                f"{_duration(self.vectorized_step_s)} per client step vectorized)")
+        return (
+            f"auto: one client at a time was faster in round 1 ({_duration(self.sequential_step_s)} against "
+            f"{_duration(self.vectorized_step_s)} per client step vectorized)"
+        )
 
     def as_dict(self) -> dict:
         """The fields as a dict (for summary.json, the checkpoint and the machine's memory of choices)."""
@@ -103,13 +108,17 @@ def agreement(sequential: Tensor, vectorized: Tensor, starts: Tensor) -> float:
     return float((vectorized - sequential).abs().mean() / update.clamp(min=1e-12))
 
 
-def decide(sequential_clients: int, vectorized_clients: int, sequential_step_s: float, vectorized_step_s: float,
-           difference: float) -> ProbeResult:
+def decide(
+    sequential_clients: int,
+    vectorized_clients: int,
+    sequential_step_s: float,
+    vectorized_step_s: float,
+    difference: float,
+) -> ProbeResult:
     """Vectorized when the check agreed and its step was at most the sequential one."""
     faster = vectorized_clients > 0 and vectorized_step_s <= sequential_step_s
     choice = "vectorized" if faster and difference <= AGREEMENT else "sequential"
-    return ProbeResult(sequential_clients, vectorized_clients, sequential_step_s, vectorized_step_s, difference,
-                       choice)
+    return ProbeResult(sequential_clients, vectorized_clients, sequential_step_s, vectorized_step_s, difference, choice)
 
 
 @contextmanager
@@ -161,8 +170,10 @@ def machine_cache_dir() -> Path:
     """fedlight's folder of things remembered on this machine: `$FEDLIGHT_CACHE_DIR`, else `~/.cache/fedlight`
     (under `$XDG_CACHE_HOME` when set). The trainer choices live here, and data caches that cannot sit beside
     their data (`fedlight.datamodules.femnist_cache`)."""
-    root = (os.environ.get("FEDLIGHT_CACHE_DIR")
-            or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedlight")
+    root = (
+        os.environ.get("FEDLIGHT_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedlight"
+    )
     return Path(root)
 
 

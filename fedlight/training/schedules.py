@@ -17,6 +17,7 @@ round: `total_steps=self.trainer.estimated_stepping_batches` is exactly that (`f
 Asked for more, the error names the scheduler, the round and the steps needed; `LearningRates.check` asks for a whole
 run's at set-up, so a schedule too short for the run's rounds or a round's steps stops it before any training.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -43,15 +44,21 @@ def parse_optimizers(configured: Any) -> tuple[torch.optim.Optimizer, list[Sched
         optimizer = configured["optimizer"]
         entry = configured.get("lr_scheduler")
         return optimizer, [] if entry is None else [_scheduler(entry)]
-    if isinstance(configured, (list, tuple)) and len(configured) == 2 and isinstance(configured[0], (list, tuple)) \
-            and isinstance(configured[1], (list, tuple)):
+    if (
+        isinstance(configured, (list, tuple))
+        and len(configured) == 2
+        and isinstance(configured[0], (list, tuple))
+        and isinstance(configured[1], (list, tuple))
+    ):
         optimizer = parse_optimizers(configured[0][0])[0]
         schedulers = [_scheduler(entry) for entry in configured[1]]
         return optimizer, [s for s in schedulers if s.scheduler.optimizer is optimizer]
     if isinstance(configured, (list, tuple)) and configured:
         return parse_optimizers(configured[0])
-    raise TypeError("configure_optimizers() must return an optimizer, a list of them, ([optimizers], [schedulers]) "
-                    f"or a dict with 'optimizer' (and 'lr_scheduler'); got {type(configured).__name__}")
+    raise TypeError(
+        "configure_optimizers() must return an optimizer, a list of them, ([optimizers], [schedulers]) "
+        f"or a dict with 'optimizer' (and 'lr_scheduler'); got {type(configured).__name__}"
+    )
 
 
 def _scheduler(entry: Any) -> Scheduler:
@@ -62,8 +69,10 @@ def _scheduler(entry: Any) -> Scheduler:
     if scheduler.interval not in ("epoch", "step"):
         raise ValueError(f"lr_scheduler interval must be 'epoch' or 'step', got {scheduler.interval!r}")
     if isinstance(scheduler.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        raise ValueError("ReduceLROnPlateau steps on a monitored metric, which a federated round does not have: use "
-                         "a scheduler that steps by epoch (= round) or by step")
+        raise ValueError(
+            "ReduceLROnPlateau steps on a monitored metric, which a federated round does not have: use "
+            "a scheduler that steps by epoch (= round) or by step"
+        )
     return scheduler
 
 
@@ -136,7 +145,9 @@ def _step(s: Scheduler, round: int, steps: int) -> None:
         if s.interval == "step":
             fix = f"build it for {steps} local steps of a round, {example} (step schedulers start afresh each round)"
         else:  # Lightning's own OneCycleLR example leaves the interval at 'epoch', which is a round here
-            fix = (f"build it for {steps} rounds, {example}, or give it 'interval': 'step' to step after every "
-                   "local step")
-        raise ValueError(f"{type(s.scheduler).__name__} (interval {s.interval!r}) cannot step again in round "
-                         f"{round}: {error}; {fix}") from None
+            fix = (
+                f"build it for {steps} rounds, {example}, or give it 'interval': 'step' to step after every local step"
+            )
+        raise ValueError(
+            f"{type(s.scheduler).__name__} (interval {s.interval!r}) cannot step again in round {round}: {error}; {fix}"
+        ) from None

@@ -5,6 +5,7 @@ unchanged. Its optimizer is built once; between clients its state is cleared and
 restored, which is the same as building a fresh one. Batches are gathered from the client's slice of the
 split tensor on the device; no DataLoader is involved.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +45,7 @@ class Trained:
     def cat(parts: "list[Trained]") -> "Trained":
         """The parts' clients in order, as one; a log that a part lacks is NaN for its clients (every part sends the
         same state)."""
+
         def column(part: Trained, name: str) -> Tensor:
             value = part.logs.get(name)
             return value if value is not None else torch.full_like(part.loss, float("nan"))
@@ -51,9 +53,12 @@ class Trained:
         if len(parts) == 1:  # one group: itself, not a copy of its (clients, d) models
             return parts[0]
         names = dict.fromkeys(name for part in parts for name in part.logs)
-        return Trained(torch.cat([p.params for p in parts]), torch.cat([p.loss for p in parts]),
-                       {name: torch.cat([column(p, name) for p in parts]) for name in names},
-                       {name: torch.cat([p.state[name] for p in parts]) for name in parts[0].state})
+        return Trained(
+            torch.cat([p.params for p in parts]),
+            torch.cat([p.loss for p in parts]),
+            {name: torch.cat([column(p, name) for p in parts]) for name in names},
+            {name: torch.cat([p.state[name] for p in parts]) for name in parts[0].state},
+        )
 
 
 warnings.filterwarnings("ignore", message=r".*self\.log\(\)` but the `self\.trainer` reference is not registered.*")
@@ -90,8 +95,14 @@ def weighted_loss(module: torch.nn.Module, batch: Any, weights: Tensor) -> Tenso
 Objective = Callable[[torch.nn.Module, Any, Tensor], Tensor]
 
 
-def step_loss(module: L.LightningModule, batch: Any, step: int, weights: Tensor | None = None,
-              objective: Objective | None = None, inputs: Tensor | None = None) -> Tensor:
+def step_loss(
+    module: L.LightningModule,
+    batch: Any,
+    step: int,
+    weights: Tensor | None = None,
+    objective: Objective | None = None,
+    inputs: Tensor | None = None,
+) -> Tensor:
     """The loss a local step minimizes: the algorithm's `objective` when it gives one, else the weighted
     cross-entropy when samples are weighted, else the module's `training_step`."""
     if objective is not None:
@@ -122,8 +133,16 @@ class ClientTrainer:
     `configure_optimizers` runs, and told where local training is at every step. `work_shares` holds the share of
     its steps each client of the current round finishes (`fedlight.training.work_shares`: partial work)."""
 
-    def __init__(self, fabric: L.Fabric, module: L.LightningModule, flat: FlatModel,
-                 batch_transform: Callable, batch_size: int, local_epochs: int, stand_in: TrainerStandIn) -> None:
+    def __init__(
+        self,
+        fabric: L.Fabric,
+        module: L.LightningModule,
+        flat: FlatModel,
+        batch_transform: Callable,
+        batch_size: int,
+        local_epochs: int,
+        stand_in: TrainerStandIn,
+    ) -> None:
         self.fabric = fabric
         self.module = module
         self.flat = flat
@@ -159,10 +178,20 @@ class ClientTrainer:
         for group, initial in zip(self.raw_optimizer.param_groups, self.initial_groups):
             group.update(initial)
 
-    def fit(self, start: Tensor, x: Tensor, y: Tensor, seed: int, gradient_hook: GradientHook | None = None,
-            lr_scale: float = 1.0, epochs: int | None = None, round: int = 1,
-            sample_weights: Tensor | None = None, inputs: Tensor | None = None,
-            max_steps: int | None = None) -> Trained:
+    def fit(
+        self,
+        start: Tensor,
+        x: Tensor,
+        y: Tensor,
+        seed: int,
+        gradient_hook: GradientHook | None = None,
+        lr_scale: float = 1.0,
+        epochs: int | None = None,
+        round: int = 1,
+        sample_weights: Tensor | None = None,
+        inputs: Tensor | None = None,
+        max_steps: int | None = None,
+    ) -> Trained:
         """Train from `start` on (x, y) for `epochs` (default: the configured local epochs) at the learning rates
         of round `round` times `lr_scale`: the trained flat model, the mean loss of the last epoch and the values
         `training_step` logged. All randomness (batch order, dropout) derives from `seed`. With `sample_weights`
@@ -192,8 +221,14 @@ class ClientTrainer:
                     logs.clear()
                 self.stand_in.at(round, epoch, step)
                 with self.fabric.autocast():
-                    loss = step_loss(module, batch, step, None if sample_weights is None else sample_weights[rows],
-                                     self.objective, inputs)
+                    loss = step_loss(
+                        module,
+                        batch,
+                        step,
+                        None if sample_weights is None else sample_weights[rows],
+                        self.objective,
+                        inputs,
+                    )
                 logs.add(step_logs.take(), 0, min(b, n - step * b))
                 self.backward(loss)
                 if gradient_hook is not None:
@@ -209,8 +244,9 @@ class ClientTrainer:
         counted = steps if max_steps is None else last_epoch_steps
         return Trained(flat.read(), loss_sum / counted, {name: value[0] for name, value in logs.means().items()})
 
-    def batch_rows(self, n: int, seed: int, epochs: int | None,
-                   device: torch.device) -> Iterator[tuple[int, int, Tensor]]:
+    def batch_rows(
+        self, n: int, seed: int, epochs: int | None, device: torch.device
+    ) -> Iterator[tuple[int, int, Tensor]]:
         """(epoch, step, rows) of local epochs over n samples: a permutation per epoch from a generator seeded by
         `seed`, which also seeds the random layers (dropout)."""
         seed_random_layers(seed, device)
@@ -219,10 +255,11 @@ class ClientTrainer:
         for epoch in range(self.local_epochs if epochs is None else epochs):
             order = sample_order(n, generator, device)
             for step, begin in enumerate(range(0, n, b)):
-                yield epoch, step, order[begin: begin + b]
+                yield epoch, step, order[begin : begin + b]
 
-    def batches(self, x: Tensor, y: Tensor, seed: int, epochs: int | None = None,
-                round: int = 1) -> Iterator[tuple[int, int, Any]]:
+    def batches(
+        self, x: Tensor, y: Tensor, seed: int, epochs: int | None = None, round: int = 1
+    ) -> Iterator[tuple[int, int, Any]]:
         """(epoch, step, batch) of a client's local epochs on (x, y), converted as the module sees them, in the order
         `fit` takes them (`batch_rows`), so a custom local loop (`ServerContext.clients.batches`) draws what `fit`
         would; the module's trainer is told each step's place in round `round`, as `fit` tells it."""

@@ -6,6 +6,7 @@ add it, weighted by the step's batch size, to per-client sums on the device. A c
 batch-size weighted mean over the steps of its last local epoch, as Lightning's `on_epoch` logging reduces it;
 the engine then averages clients weighted by their training-set sizes into `train/<name>`.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

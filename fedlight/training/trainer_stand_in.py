@@ -27,6 +27,7 @@ Any other attribute has no meaning here: reading it raises `TrainerAttributeErro
 why. It is a ValueError, so the command line prints it as its one-line error, and an AttributeError, so
 `getattr(self.trainer, name, default)` still gives the default.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -55,8 +56,16 @@ class TrainerAttributeError(AttributeError, ValueError):
 class TrainerStandIn:
     """The Trainer a client module sees (see the module doc for each attribute's meaning)."""
 
-    def __init__(self, local_epochs: int, num_training_batches: int, num_nodes: int = 1, world_size: int = 1,
-                 global_rank: int = 0, local_rank: int = 0, node_rank: int = 0) -> None:
+    def __init__(
+        self,
+        local_epochs: int,
+        num_training_batches: int,
+        num_nodes: int = 1,
+        world_size: int = 1,
+        global_rank: int = 0,
+        local_rank: int = 0,
+        node_rank: int = 0,
+    ) -> None:
         self.max_epochs = local_epochs
         self.num_training_batches = num_training_batches
         self.estimated_stepping_batches = num_training_batches * local_epochs
@@ -71,18 +80,25 @@ class TrainerStandIn:
         self.global_step = 0
 
     @classmethod
-    def of_run(cls, fabric: L.Fabric, num_nodes: int, local_epochs: int, batch_size: int,
-               largest_client: int) -> "TrainerStandIn":
+    def of_run(
+        cls, fabric: L.Fabric, num_nodes: int, local_epochs: int, batch_size: int, largest_client: int
+    ) -> "TrainerStandIn":
         """The stand-in of a run: its local epochs, the batches of an epoch of its largest client (`largest_client`
         training rows in batches of `batch_size`) and Fabric's processes."""
-        return cls(local_epochs, -(-largest_client // batch_size), num_nodes, fabric.world_size, fabric.global_rank,
-                   fabric.local_rank, fabric.node_rank)
+        return cls(
+            local_epochs,
+            -(-largest_client // batch_size),
+            num_nodes,
+            fabric.world_size,
+            fabric.global_rank,
+            fabric.local_rank,
+            fabric.node_rank,
+        )
 
     def at(self, round: int, epoch: int, batch_idx: int) -> None:
         """Where local training is: step `batch_idx` of local epoch `epoch` in round `round` (1-based)."""
         self.current_epoch = epoch
-        self.global_step = ((round - 1) * self.estimated_stepping_batches + epoch * self.num_training_batches
-                            + batch_idx)
+        self.global_step = (round - 1) * self.estimated_stepping_batches + epoch * self.num_training_batches + batch_idx
 
     def __getattr__(self, name: str) -> Any:
         """Called only for what the stand-in does not have: one line naming the attribute, why, and what there is."""
@@ -91,4 +107,5 @@ class TrainerStandIn:
         readable = ", ".join(sorted(vars(self)))
         raise TrainerAttributeError(
             f"self.trainer.{name} has no meaning in a federated run: {_WHY_NOT.get(name, _GENERAL)}; a client module "
-            f"can read self.trainer's {readable} (docs/architecture.md, \"Clients are LightningModules\")")
+            f'can read self.trainer\'s {readable} (docs/architecture.md, "Clients are LightningModules")'
+        )

@@ -15,6 +15,7 @@ vmapped step as each client's own would be. What `training_step` logs comes back
 (`fedlight.training.step_logs`). Modules that cannot be vectorized (other optimizers, several parameter groups, a
 gradient scaler, cumulative BatchNorm averages) are reported by `unsupported_reason` and trained sequentially.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,6 +48,7 @@ def batch_norm_in_its_own_dtype(module: nn.Module) -> Iterator[None]:
     """Under mixed precision, hand BatchNorm its input in the dtype of its statistics. Outside vmap the kernel
     takes a bf16 input with float32 statistics; vmap's batching rule for batch_norm does not, so the vectorized
     step casts the input up (the normalization then runs in float32, as the mixed kernel computes it)."""
+
     def cast(bn: nn.Module, args: tuple) -> tuple | None:
         reference = bn.running_mean if bn.running_mean is not None else bn.weight
         if reference is None or args[0].dtype == reference.dtype:
@@ -72,8 +74,9 @@ class _TrainingStep(nn.Module):
         self.logs: StepLogs | None = None
         self.objective: Objective | None = None  # set for a call by the group training (`LocalWork.objective`)
 
-    def forward(self, batch, batch_idx: int, weights: Tensor | None = None,
-                inputs: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(
+        self, batch, batch_idx: int, weights: Tensor | None = None, inputs: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         loss = step_loss(self.inner, batch, batch_idx, weights, self.objective, inputs)
         return loss, self.logs.take() if self.logs is not None else {}
 
@@ -113,13 +116,22 @@ class FunctionalOptimizer:
         """The optimizer state of the rows `params`, zeroed: SGD's momentum buffers (None without momentum) and which
         rows have started them; Adam's moments `m`, `v` and step counts `t`."""
         if self.kind == "SGD":  # without momentum, no buffer: `step` never reads it
-            return {"momentum": torch.zeros_like(params) if self.h["momentum"] else None,
-                    "started": [False] * len(params)}
+            return {
+                "momentum": torch.zeros_like(params) if self.h["momentum"] else None,
+                "started": [False] * len(params),
+            }
         zeros = torch.zeros_like(params)
         return {"m": zeros, "v": zeros.clone(), "t": torch.zeros(len(params), dtype=params.dtype, device=params.device)}
 
-    def step(self, params: list[Tensor], grads: list[Tensor], state: dict[str, Any], views: Callable,
-             rows: range, lr: float | Tensor) -> None:
+    def step(
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        state: dict[str, Any],
+        views: Callable,
+        rows: range,
+        lr: float | Tensor,
+    ) -> None:
         """Update `params` (views of rows `rows`, one per parameter tensor) in place from `grads` (consumed) at
         learning rate `lr` (one for all rows, or one per row); `views(matrix)` gives the same views of a state
         matrix."""
@@ -141,7 +153,7 @@ class FunctionalOptimizer:
                     p.mul_(_per_row(1 - lr * h["weight_decay"], p))
         elif h["weight_decay"]:
             torch._foreach_add_(grads, params, alpha=h["weight_decay"])
-        m, v, t = views(state["m"]), views(state["v"]), state["t"][rows.start: rows.stop]
+        m, v, t = views(state["m"]), views(state["v"]), state["t"][rows.start : rows.stop]
         torch._foreach_mul_(m, beta1)
         torch._foreach_add_(m, grads, alpha=1 - beta1)
         torch._foreach_mul_(v, beta2)
@@ -192,9 +204,18 @@ class VectorizedTrainer:
     trainer (`stand_in`, attached by the sequential trainer) is told where local training is at every step, in plain
     ints, so `training_step` reads under vmap what it reads alone."""
 
-    def __init__(self, fabric: L.Fabric, module: L.LightningModule, flat: FlatModel, optimizer: torch.optim.Optimizer,
-                 learning_rates: LearningRates, batch_transform: Callable, batch_size: int, local_epochs: int,
-                 stand_in: TrainerStandIn) -> None:
+    def __init__(
+        self,
+        fabric: L.Fabric,
+        module: L.LightningModule,
+        flat: FlatModel,
+        optimizer: torch.optim.Optimizer,
+        learning_rates: LearningRates,
+        batch_transform: Callable,
+        batch_size: int,
+        local_epochs: int,
+        stand_in: TrainerStandIn,
+    ) -> None:
         self.fabric, self.flat, self.module, self.stand_in = fabric, flat, module, stand_in
         self.batch_transform, self.batch_size, self.local_epochs = batch_transform, batch_size, local_epochs
         self.optimizer = FunctionalOptimizer(optimizer)
@@ -209,12 +230,15 @@ class VectorizedTrainer:
         self._differentiated = self._names
         flat_buffers = {e.name for e in self.buffer_entries}
         self._other_buffers = {f"inner.{name}": b for name, b in module.named_buffers() if name not in flat_buffers}
-        self._grad_and_loss = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None),
-                                   randomness="different")
-        self._weighted_grad_and_loss = vmap(grad_and_value(self._weighted_loss, has_aux=True),
-                                            in_dims=(0, 0, 0, 0, None, 0), randomness="different")
-        self._objective_grad_and_loss = vmap(grad_and_value(self._objective_loss, has_aux=True),
-                                             in_dims=(0, 0, 0, 0, None, 0), randomness="different")
+        self._grad_and_loss = vmap(
+            grad_and_value(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None), randomness="different"
+        )
+        self._weighted_grad_and_loss = vmap(
+            grad_and_value(self._weighted_loss, has_aux=True), in_dims=(0, 0, 0, 0, None, 0), randomness="different"
+        )
+        self._objective_grad_and_loss = vmap(
+            grad_and_value(self._objective_loss, has_aux=True), in_dims=(0, 0, 0, 0, None, 0), randomness="different"
+        )
 
     def activation_bytes(self, x: Tensor, y: Tensor) -> int:
         """Bytes one client's training step on the batch (x, y) keeps for its backward pass (its activations):
@@ -233,8 +257,12 @@ class VectorizedTrainer:
 
         buffers = {name: b.clone() for name, b in self.step_module.named_buffers()}
         self.step_module.train()
-        with StepLogs(self.module) as step_logs, torch.random.fork_rng(devices=[]), self.fabric.autocast(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with (
+            StepLogs(self.module) as step_logs,
+            torch.random.fork_rng(devices=[]),
+            self.fabric.autocast(),
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        ):
             self.step_module.logs = step_logs
             functional_call(self.step_module, buffers, (self.batch_transform((x, y), 0), 0))
             self.step_module.logs = None
@@ -248,35 +276,56 @@ class VectorizedTrainer:
             offset += e.numel
         return offsets
 
-    def _loss(self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
-              batch_idx: int) -> tuple[Tensor, dict[str, Tensor]]:
-        return functional_call(self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers},
-                               ((x, y), batch_idx))
+    def _loss(
+        self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor, batch_idx: int
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        return functional_call(
+            self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers}, ((x, y), batch_idx)
+        )
 
-    def _weighted_loss(self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
-                       batch_idx: int, weights: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        return functional_call(self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers},
-                               ((x, y), batch_idx, weights))
+    def _weighted_loss(
+        self,
+        tensors: tuple[Tensor, ...],
+        buffers: dict[str, Tensor],
+        x: Tensor,
+        y: Tensor,
+        batch_idx: int,
+        weights: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        return functional_call(
+            self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers}, ((x, y), batch_idx, weights)
+        )
 
-    def _objective_loss(self, tensors: tuple[Tensor, ...], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
-                        batch_idx: int, inputs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        return functional_call(self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers},
-                               ((x, y), batch_idx, None, inputs))
+    def _objective_loss(
+        self,
+        tensors: tuple[Tensor, ...],
+        buffers: dict[str, Tensor],
+        x: Tensor,
+        y: Tensor,
+        batch_idx: int,
+        inputs: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        return functional_call(
+            self.step_module, {**dict(zip(self._differentiated, tensors)), **buffers}, ((x, y), batch_idx, None, inputs)
+        )
 
     def _buffers(self, starts: Tensor) -> dict[str, Tensor]:
         """Every client's buffers as one (clients, ...) tensor each: the federated ones from the flat rows, the
         others (BatchNorm's batch counter) as per-client copies of the module's. Each must be a tensor of its
         own, not a view: under vmap, BatchNorm's in-place update of a view does not reach the viewed tensor."""
-        flat = {f"inner.{e.name}": starts[:, e.start: e.stop].reshape(len(starts), *e.shape).clone()
-                for e in self.buffer_entries}
+        flat = {
+            f"inner.{e.name}": starts[:, e.start : e.stop].reshape(len(starts), *e.shape).clone()
+            for e in self.buffer_entries
+        }
         others = {name: b.expand(len(starts), *b.shape).clone() for name, b in self._other_buffers.items()}
         return {**flat, **others}
 
     def _tensor_views(self, matrix: Tensor, rows: range) -> list[Tensor]:
         """One (rows, *shape) view per parameter tensor of the rows `rows` of a (clients, parameters) matrix."""
-        block = matrix[rows.start: rows.stop]
-        return [block[:, o: o + e.numel].view(len(rows), *e.shape)
-                for e, o in zip(self.param_entries, self.param_offsets)]
+        block = matrix[rows.start : rows.stop]
+        return [
+            block[:, o : o + e.numel].view(len(rows), *e.shape) for e, o in zip(self.param_entries, self.param_offsets)
+        ]
 
     @contextmanager
     def without_gradients(self, names: list[str]) -> Iterator[None]:
@@ -297,9 +346,16 @@ class VectorizedTrainer:
             return tensors
         return [t for i, t in enumerate(tensors) if i not in self._frozen]
 
-    def _grads(self, params: list[Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor, step: int,
-               weights: Tensor | None = None,
-               inputs: Tensor | None = None) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
+    def _grads(
+        self,
+        params: list[Tensor],
+        buffers: dict[str, Tensor],
+        x: Tensor,
+        y: Tensor,
+        step: int,
+        weights: Tensor | None = None,
+        inputs: Tensor | None = None,
+    ) -> tuple[list[Tensor], Tensor, dict[str, Tensor]]:
         """(gradient of each parameter tensor, losses, logged values) of a range of rows, from the views of their
         parameters; `buffers` (one row per client) are updated in place. Differentiating with respect to one
         view per tensor is O(d); differentiating slices of one flat row would build a full-length zero gradient
@@ -344,10 +400,18 @@ class VectorizedTrainer:
         flat[:, self.param_mask] = gradient
         return losses.detach().float(), flat
 
-    def fit_many(self, starts: Tensor, data: list[tuple[Tensor, Tensor]], seeds: list[int],
-                 hook: GroupHook | None = None, lr_scale: float = 1.0, round: int = 1,
-                 epochs: int | None = None, sample_weights: list[Tensor] | None = None,
-                 client_inputs: Tensor | None = None) -> Trained:
+    def fit_many(
+        self,
+        starts: Tensor,
+        data: list[tuple[Tensor, Tensor]],
+        seeds: list[int],
+        hook: GroupHook | None = None,
+        lr_scale: float = 1.0,
+        round: int = 1,
+        epochs: int | None = None,
+        sample_weights: list[Tensor] | None = None,
+        client_inputs: Tensor | None = None,
+    ) -> Trained:
         """Train each row of `starts` on its (x, y) with its seed for `epochs` (default: the configured local
         epochs) at the learning rates of round `round` times `lr_scale`: the trained flat models, the mean loss of
         each client's last epoch and each client's logged values, as `ClientTrainer.fit` gives for each client
@@ -370,8 +434,11 @@ class VectorizedTrainer:
         w_all = None if sample_weights is None else torch.cat([sample_weights[r] for r in order])
         inputs_sorted = None if client_inputs is None else client_inputs[order]
         every_entry = not self.buffer_entries
-        params = sorted_starts.clone(memory_format=torch.contiguous_format) if every_entry else \
-            sorted_starts[:, self.param_mask]  # (boolean indexing copies)
+        params = (
+            sorted_starts.clone(memory_format=torch.contiguous_format)
+            if every_entry
+            else sorted_starts[:, self.param_mask]
+        )  # (boolean indexing copies)
         buffers = self._buffers(sorted_starts)
         state = self.optimizer.init_state(params)
         b = self.batch_size
@@ -394,28 +461,34 @@ class VectorizedTrainer:
                 for step in range(max(steps)):
                     self.stand_in.at(round, epoch, step)
                     for rows, count in self._ranges(step, sizes, steps):
-                        index = torch.stack([orders[r][step * b: step * b + count] for r in rows])
-                        index = index + offsets[rows.start: rows.stop, None]
+                        index = torch.stack([orders[r][step * b : step * b + count] for r in rows])
+                        index = index + offsets[rows.start : rows.stop, None]
                         x, y = self._transform(x_all[index], y_all[index])
                         whole = len(rows) == clients  # BatchNorm's in-place update reaches whole tensors only
-                        group_buffers = buffers if whole else {k: v[rows.start: rows.stop].clone()
-                                                               for k, v in buffers.items()}
+                        group_buffers = (
+                            buffers if whole else {k: v[rows.start : rows.stop].clone() for k, v in buffers.items()}
+                        )
                         param_views = self._tensor_views(params, rows)
                         weights = None if w_all is None else w_all[index]
-                        inputs = None if inputs_sorted is None else inputs_sorted[rows.start: rows.stop]
+                        inputs = None if inputs_sorted is None else inputs_sorted[rows.start : rows.stop]
                         with self.fabric.autocast():
-                            grads, losses, logged = self._grads(param_views, group_buffers, x, y, step, weights,
-                                                                inputs)
+                            grads, losses, logged = self._grads(param_views, group_buffers, x, y, step, weights, inputs)
                         if not whole:
                             for name, value in group_buffers.items():
-                                buffers[name][rows.start: rows.stop] = value
+                                buffers[name][rows.start : rows.stop] = value
                         grads = [g.to(params.dtype) for g in grads]
                         if hook is not None:
                             grads = self._apply_hook(hook, order, rows, params, grads, sorted_starts)
                         lr = self._rate(rates, rows, steps, epoch, step, device)
-                        self.optimizer.step(self._stepped(param_views), self._stepped(grads), state,
-                                            lambda m: self._stepped(self._tensor_views(m, rows)), rows, lr)
-                        loss_sum[rows.start: rows.stop] += losses.detach().float()
+                        self.optimizer.step(
+                            self._stepped(param_views),
+                            self._stepped(grads),
+                            state,
+                            lambda m: self._stepped(self._tensor_views(m, rows)),
+                            rows,
+                            lr,
+                        )
+                        loss_sum[rows.start : rows.stop] += losses.detach().float()
                         logs.add(logged, slice(rows.start, rows.stop), count)
             self.step_module.logs = None
         del state  # the optimizer's rows go before the trained models are put together
@@ -425,15 +498,19 @@ class VectorizedTrainer:
             trained = sorted_starts.clone()
             trained[:, self.param_mask] = params
             for e in self.buffer_entries:
-                trained[:, e.start: e.stop] = buffers[f"inner.{e.name}"].reshape(clients, -1)
+                trained[:, e.start : e.stop] = buffers[f"inner.{e.name}"].reshape(clients, -1)
         del params, buffers
         back = torch.tensor(order, device=device).argsort()  # the clients' order as given
         in_order = order == list(range(clients))
-        return Trained(trained if in_order else trained[back], (loss_sum / torch.tensor(steps, device=device))[back],
-                       {name: values[back] for name, values in logs.means().items()})
+        return Trained(
+            trained if in_order else trained[back],
+            (loss_sum / torch.tensor(steps, device=device))[back],
+            {name: values[back] for name, values in logs.means().items()},
+        )
 
-    def _rate(self, rates: list[float], rows: range, steps: list[int], epoch: int, step: int,
-              device: torch.device) -> float | Tensor:
+    def _rate(
+        self, rates: list[float], rows: range, steps: list[int], epoch: int, step: int, device: torch.device
+    ) -> float | Tensor:
         """The learning rate of this step: one number, or one per row when a scheduler steps by local step (a
         client's step count then depends on its own number of steps per epoch)."""
         if not self.learning_rates.by_step:  # epoch schedulers move between rounds only
@@ -460,8 +537,9 @@ class VectorizedTrainer:
         flat_x, flat_y = self.batch_transform((x.reshape(c * n, *x.shape[2:]), y.reshape(c * n, *y.shape[2:])), 0)
         return flat_x.reshape(c, n, *flat_x.shape[1:]), flat_y.reshape(c, n, *flat_y.shape[1:])
 
-    def _apply_hook(self, hook: GroupHook, order: list[int], rows: range, params: Tensor, grads: list[Tensor],
-                    starts: Tensor) -> list[Tensor]:
+    def _apply_hook(
+        self, hook: GroupHook, order: list[int], rows: range, params: Tensor, grads: list[Tensor], starts: Tensor
+    ) -> list[Tensor]:
         """Run the gradient correction on the full-length flat rows (buffers included) of a range of rows at once;
         the hook is told the clients' positions as given to `fit_many` (`order` maps sorted rows back). When the
         flat rows hold parameters only (no buffers), the rows are `params` themselves: the hook sees views of them
@@ -472,11 +550,11 @@ class VectorizedTrainer:
         positions = [order[row] for row in rows]
         if not self.buffer_entries:
             flat_grad = torch.cat([g.reshape(k, -1) for g in grads], dim=1)
-            hook(positions, params[rows.start: rows.stop], flat_grad, starts[rows.start: rows.stop])
+            hook(positions, params[rows.start : rows.stop], flat_grad, starts[rows.start : rows.stop])
             return self._tensor_views(flat_grad, range(0, k))
-        full = starts[rows.start: rows.stop].clone()
-        full[:, mask] = params[rows.start: rows.stop]
+        full = starts[rows.start : rows.stop].clone()
+        full[:, mask] = params[rows.start : rows.stop]
         scratch = torch.zeros_like(full)
         scratch[:, mask] = torch.cat([g.reshape(k, -1) for g in grads], dim=1).to(scratch.dtype)
-        hook(positions, full, scratch, starts[rows.start: rows.stop])
+        hook(positions, full, scratch, starts[rows.start : rows.stop])
         return self._tensor_views(scratch[:, mask].contiguous(), range(0, k))

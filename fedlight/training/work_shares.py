@@ -7,6 +7,7 @@ steps a client takes of a call: the module's SGD, one client after another (`Cli
 the batches of custom loops (`group_batches`). Outside that window (fine-tuning, newcomers, set-up phases) every
 client finishes all of its steps.
 """
+
 from __future__ import annotations
 
 import contextlib

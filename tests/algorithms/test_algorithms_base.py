@@ -1,4 +1,5 @@
 """FedAvg, FedProx and Local against computations done by hand or by retraining clients alone."""
+
 import torch
 
 from fedlight import RoundUpdates

@@ -1,12 +1,19 @@
 """CFL-GP: the accumulation, the spectral partition, the choice of K and the label matching worked by hand; the
 queries at the criterion model and the Gram matrix against direct computations; rotations recovered; exact resume;
 bad options refused in one line."""
+
 import numpy as np
 import pytest
 import torch
 
-from fedlight.algorithms.cflgp import (CFLGP, accumulate, estimate_cluster_count, match_labels, reduced_profiles,
-                                       spectral_partition)
+from fedlight.algorithms.cflgp import (
+    CFLGP,
+    accumulate,
+    estimate_cluster_count,
+    match_labels,
+    reduced_profiles,
+    spectral_partition,
+)
 
 from helpers.federations import small_federation
 from helpers.resume import resumed_and_whole
@@ -101,8 +108,12 @@ def test_on_rotations_the_first_clustering_finds_the_rotations_and_keeps_them():
 
 
 def test_with_k_unknown_the_round_after_the_warm_up_chooses_it():
-    fed = small_federation(CFLGP(num_clusters=3, unknown_k=True, warmup_rounds=1, clustering_period=1),
-                           num_clients=6, rounds=3, vectorize=6)
+    fed = small_federation(
+        CFLGP(num_clusters=3, unknown_k=True, warmup_rounds=1, clustering_period=1),
+        num_clients=6,
+        rounds=3,
+        vectorize=6,
+    )
     alg = fed.algorithm
     fed.run_round(1)
     fed.run_round(2)
@@ -112,20 +123,32 @@ def test_with_k_unknown_the_round_after_the_warm_up_chooses_it():
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch):
-    args = tiny_run_args + ["--algorithm", "cflgp", "--algorithm.init_args.num_clusters", "2",
-                            "--algorithm.init_args.clustering_period", "1",
-                            "--algorithm.init_args.participation", "0.5", "--federation.rounds", "3"]
+    args = tiny_run_args + [
+        "--algorithm",
+        "cflgp",
+        "--algorithm.init_args.num_clusters",
+        "2",
+        "--algorithm.init_args.clustering_period",
+        "1",
+        "--algorithm.init_args.participation",
+        "0.5",
+        "--federation.rounds",
+        "3",
+    ]
     crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch, crash_round=2)
     assert crashed == whole
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"num_clusters": 7}, "num_clusters is 7, more than the 6 clients"),
-    ({"beta": 0.0}, "beta must be in \\(0, 1\\] or null"),
-    ({"beta": -0.5}, "beta must be in \\(0, 1\\] or null"),
-    ({"clustering_period": 0}, "clustering_period must be >= 1"),
-    ({"warmup_rounds": 3, "clustering_rounds": 2}, "clustering_rounds is 2: no query round from round 4"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_clusters": 7}, "num_clusters is 7, more than the 6 clients"),
+        ({"beta": 0.0}, "beta must be in \\(0, 1\\] or null"),
+        ({"beta": -0.5}, "beta must be in \\(0, 1\\] or null"),
+        ({"clustering_period": 0}, "clustering_period must be >= 1"),
+        ({"warmup_rounds": 3, "clustering_rounds": 2}, "clustering_rounds is 2: no query round from round 4"),
+    ],
+)
 def test_bad_options_are_refused_in_one_line(options, message):
     with pytest.raises(ValueError, match=message):
         small_federation(CFLGP(**options), num_clients=6)
@@ -134,6 +157,9 @@ def test_bad_options_are_refused_in_one_line(options, message):
 def test_a_privacy_section_is_refused():
     from fedlight.aggregators.privacy import PrivacyConfig
 
-    with pytest.raises(ValueError, match=r"CFLGP's clients send 'criterion_update' \(a value the server reads client "
-                                         r"by client\).*DP does not clip or noise.*leave the privacy section out"):
+    with pytest.raises(
+        ValueError,
+        match=r"CFLGP's clients send 'criterion_update' \(a value the server reads client "
+        r"by client\).*DP does not clip or noise.*leave the privacy section out",
+    ):
         small_federation(CFLGP(num_clusters=2), num_clients=6, privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))

@@ -1,4 +1,5 @@
 """OCFL, FLIS, IFCA and CFL against hand computations and constructed cases."""
+
 import math
 
 import numpy as np
@@ -47,9 +48,9 @@ def first_firing_round(temps, **kwargs):
 def test_trigger_fires_at_the_first_round_whose_temperature_does_not_fall():
     temps = [0.9, 0.8, 0.7, 0.75, 0.6]
     assert first_firing_round(temps) == 4
-    assert first_firing_round([0.9, 0.8, 0.8, 0.9]) == 4            # strict: a tie does not fire
+    assert first_firing_round([0.9, 0.8, 0.8, 0.9]) == 4  # strict: a tie does not fire
     assert first_firing_round([0.9, 0.8, 0.8, 0.9], strict=False) == 3
-    assert first_firing_round([0.5, 0.6]) == 2                      # the earliest possible round
+    assert first_firing_round([0.5, 0.6]) == 2  # the earliest possible round
     # window 2: averages 0.9, 0.85, 0.75, 0.725, 0.675 (0.65+0.7)/2... computed by hand below
     temps = [0.9, 0.8, 0.7, 0.75, 0.6, 0.9]
     # moving averages of 2: r2 .85 (prev .9), r3 .75, r4 .725, r5 .675, r6 .75 -> first rise at round 6
@@ -62,8 +63,9 @@ def test_ocfl_splits_on_a_block_structure_and_starts_children_from_the_parent():
     d = fed.flat.numel
     g = torch.Generator().manual_seed(0)
     direction = torch.randn(2, d, generator=g)
-    deltas = torch.cat([direction[0] + 0.01 * torch.randn(3, d, generator=g),
-                        direction[1] + 0.01 * torch.randn(3, d, generator=g)])
+    deltas = torch.cat(
+        [direction[0] + 0.01 * torch.randn(3, d, generator=g), direction[1] + 0.01 * torch.randn(3, d, generator=g)]
+    )
     parent = alg.models[0].clone()
     alg.temperatures = [0.0]  # any temperature now is a rise: the shot fires
     alg.pre_aggregation(2, RoundUpdates.of(updates_from_deltas(deltas, parent)))
@@ -86,8 +88,10 @@ def test_ocfl_aggregates_unweighted_mean_deltas_with_the_server_lr():
 @pytest.fixture
 def no_delta_matrix(monkeypatch):
     """Building the full (clients x parameters) delta matrix raises: a hook must read the updates lazily."""
+
     def refuse(*args):
         raise AssertionError("built the full delta matrix")
+
     monkeypatch.setattr(Updates, "deltas", property(refuse))
     monkeypatch.setattr(Updates, "masked_deltas", refuse)
 
@@ -111,8 +115,9 @@ def test_ocfl_aggregates_without_a_delta_matrix_to_the_dense_reference_bit_for_b
     updates = two_cluster_round(alg, d, shared_start)
     before = alg.models.clone()
     deltas = updates.params - updates.starts  # float32, as the dense path held them, then float64 sums
-    expected = torch.stack([before[k] + 0.5 * (deltas[alg.assignment == k].double().sum(0) / 3).float()
-                            for k in (0, 1)])
+    expected = torch.stack(
+        [before[k] + 0.5 * (deltas[alg.assignment == k].double().sum(0) / 3).float() for k in (0, 1)]
+    )
     alg.aggregate(1, RoundUpdates.of(updates))
     assert torch.equal(alg.models, expected)
 
@@ -147,8 +152,12 @@ def test_ocfl_places_a_client_absent_at_the_shot_by_its_masked_update_without_a_
     follower = torch.where(alg.mask, down, 10 * up)
     directions = torch.stack([up, up, down, down, follower, up]) + 0.1 * torch.randn(6, d, generator=g)
     starts = alg.models[alg.assignment]
-    alg.pre_aggregation(2, RoundUpdates.of(Updates(torch.arange(6), starts + directions, starts,
-                                                   torch.ones(6, dtype=torch.long), torch.zeros(6))))
+    alg.pre_aggregation(
+        2,
+        RoundUpdates.of(
+            Updates(torch.arange(6), starts + directions, starts, torch.ones(6, dtype=torch.long), torch.zeros(6))
+        ),
+    )
     assert alg.assignment.tolist() == [0, 0, 1, 1, 1, 0] and not alg.unassigned.any()
 
 
@@ -171,11 +180,14 @@ def test_cfl_splits_when_the_mean_update_is_small_and_some_update_is_large():
     assert alg.split_rounds == [1]
 
 
-@pytest.mark.parametrize("settings, why", [
-    ({"eps1": 0.1, "eps2": 5.0, "warmup_rounds": 0}, "no update exceeds eps2"),
-    ({"eps1": 0.1, "eps2": 0.5, "warmup_rounds": 3}, "still warming up"),
-    ({"eps1": 0.1, "eps2": 0.5, "warmup_rounds": 0, "min_cluster_size": 4}, "cluster too small"),
-])
+@pytest.mark.parametrize(
+    "settings, why",
+    [
+        ({"eps1": 0.1, "eps2": 5.0, "warmup_rounds": 0}, "no update exceeds eps2"),
+        ({"eps1": 0.1, "eps2": 0.5, "warmup_rounds": 3}, "still warming up"),
+        ({"eps1": 0.1, "eps2": 0.5, "warmup_rounds": 0, "min_cluster_size": 4}, "cluster too small"),
+    ],
+)
 def test_cfl_does_not_split(settings, why):
     fed = small_federation(CFL(**settings), num_clients=4)
     alg = fed.algorithm
@@ -199,8 +211,9 @@ def test_cfl_cooldown_keeps_fresh_children_from_splitting_again():
     fed = small_federation(CFL(eps1=0.1, eps2=0.5, warmup_rounds=0, split_cooldown=3), num_clients=8)
     alg = fed.algorithm
     d = fed.flat.numel
-    alg.pre_aggregation(1, RoundUpdates.of(updates_from_deltas(opposed_within_clusters(alg.assignment, d),
-                                                               alg.models[0])))
+    alg.pre_aggregation(
+        1, RoundUpdates.of(updates_from_deltas(opposed_within_clusters(alg.assignment, d), alg.models[0]))
+    )
     assert len(alg.models) == 2
     for round, expected in ((2, 2), (3, 2), (4, 4)):  # children born in round 1 may split from round 4 on
         deltas = opposed_within_clusters(alg.assignment, d)
@@ -221,7 +234,7 @@ def constant_logit_model(fed, bias: torch.Tensor) -> torch.Tensor:
     """A flat model whose output is `bias` for every input: every weight zero, the last bias = `bias`."""
     params = torch.zeros(fed.flat.numel)
     last = [e for e in fed.flat.entries if e.name.endswith("bias")][-1]
-    params[last.start:last.stop] = bias
+    params[last.start : last.stop] = bias
     return params
 
 
@@ -276,8 +289,14 @@ def test_flis_similarity_is_the_prediction_agreement_of_the_models():
 
 
 def test_flis_hc_recovers_rotation_clusters_after_phase_zero():
-    fed = small_federation(FlisHC(beta=0.3, phase_zero_epochs=10), num_clients=8, public_size=150,
-                           partition=Rotations(2), lr=0.05, momentum=0.9)
+    fed = small_federation(
+        FlisHC(beta=0.3, phase_zero_epochs=10),
+        num_clients=8,
+        public_size=150,
+        partition=Rotations(2),
+        lr=0.05,
+        momentum=0.9,
+    )
     fed.run_round(1)
     labels = fed.algorithm.cluster_labels()
     truth = fed.data.cluster_labels
@@ -321,9 +340,12 @@ def digits_without_val(algorithm):
     from fedlight.models import Classifier, SmallCNN
 
     torch.manual_seed(0)
-    return Federation(DigitsFederated(num_clients=3, val_fraction=0.0, public_size=30),
-                      Classifier(SmallCNN(1, 10, 8, width=8)), algorithm,
-                      FederationConfig(rounds=1, accelerator="cpu", vectorize=0))
+    return Federation(
+        DigitsFederated(num_clients=3, val_fraction=0.0, public_size=30),
+        Classifier(SmallCNN(1, 10, 8, width=8)),
+        algorithm,
+        FederationConfig(rounds=1, accelerator="cpu", vectorize=0),
+    )
 
 
 def test_flis_dc_refuses_clients_without_a_selection_split_and_names_the_fix():

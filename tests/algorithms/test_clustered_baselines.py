@@ -1,6 +1,7 @@
 """FeSEM, FL+HC, FedEM and PACFL against independent computations: known reductions to FedAvg, scikit-learn's and
 SciPy's clustering, principal angles and EM posteriors worked by hand, and each one's hook for clients that arrive
 after training (a `Newcomers` stand-in built from another federation over the same partition)."""
+
 from __future__ import annotations
 
 import copy
@@ -46,8 +47,9 @@ def newcomer_ari(alg, rounds: int = 1) -> float:
 
 
 # -- one cluster is FedAvg -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("one_cluster", [lambda: FeSEM(num_clusters=1), lambda: FedEM(num_components=1)],
-                         ids=["fesem", "fedem"])
+@pytest.mark.parametrize(
+    "one_cluster", [lambda: FeSEM(num_clusters=1), lambda: FedEM(num_components=1)], ids=["fesem", "fedem"]
+)
 def test_one_cluster_or_component_is_fedavg_number_for_number(one_cluster):
     ours, theirs = small_federation(one_cluster(), rounds=3), small_federation(FedAvg(), rounds=3)
     for a, b in zip(run(ours, 3), run(theirs, 3)):
@@ -64,8 +66,9 @@ def test_fesem_e_step_joins_the_nearest_center_and_m_step_takes_the_members_mean
     alg.models = torch.stack([torch.zeros(d), torch.full((d,), 10.0)])
     alg.seeded = True
     local = torch.stack([torch.full((d,), v) for v in (1.0, 9.0, 4.0, 6.0)])  # nearest: 0, 1, 0, 1
-    updates = RoundUpdates.of(Updates(torch.arange(4), local, torch.zeros(4, d), torch.tensor([1, 1, 1, 3]),
-                                      torch.zeros(4)))
+    updates = RoundUpdates.of(
+        Updates(torch.arange(4), local, torch.zeros(4, d), torch.tensor([1, 1, 1, 3]), torch.zeros(4))
+    )
     alg.pre_aggregation(2, updates)
     alg.aggregate(2, updates)
     assert alg.assignment.tolist() == [0, 1, 0, 1]
@@ -90,28 +93,40 @@ def blocks(d: int = 30, seed: int = 0) -> torch.Tensor:
     return points[torch.randperm(9, generator=g)]
 
 
-@pytest.mark.parametrize("settings", [dict(linkage="ward", distance_threshold=100.0),
-                                      dict(linkage="average", metric="cosine", distance_threshold=0.5),
-                                      dict(linkage="complete", metric="manhattan", num_clusters=3)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(linkage="ward", distance_threshold=100.0),
+        dict(linkage="average", metric="cosine", distance_threshold=0.5),
+        dict(linkage="complete", metric="manhattan", num_clusters=3),
+    ],
+)
 def test_flhc_clusters_its_updates_as_scikit_learn_and_scipy_do(settings):
     fed = small_federation(FLHC(cluster_round=2, **settings), num_clients=9)
     alg = fed.algorithm
     deltas = blocks(fed.flat.numel)
     start = alg.models[0].clone()
-    updates = RoundUpdates.of(Updates(torch.arange(9), start + deltas, start.repeat(9, 1), torch.ones(9),
-                                      torch.zeros(9)))
+    updates = RoundUpdates.of(
+        Updates(torch.arange(9), start + deltas, start.repeat(9, 1), torch.ones(9), torch.zeros(9))
+    )
     alg.pre_aggregation(1, updates)
     assert alg.cluster_labels() is None  # FedAvg before the clustering round
     alg.pre_aggregation(2, updates)
     ours = alg.cluster_labels()
     x = deltas.double().numpy()
     metric = settings.get("metric", "euclidean")
-    sklearn = AgglomerativeClustering(n_clusters=settings.get("num_clusters"), metric=metric,
-                                      distance_threshold=settings.get("distance_threshold"),
-                                      linkage=settings["linkage"]).fit_predict(x)
+    sklearn = AgglomerativeClustering(
+        n_clusters=settings.get("num_clusters"),
+        metric=metric,
+        distance_threshold=settings.get("distance_threshold"),
+        linkage=settings["linkage"],
+    ).fit_predict(x)
     tree = linkage(x, method=settings["linkage"], metric={"manhattan": "cityblock"}.get(metric, metric))
-    scipy_labels = (fcluster(tree, 3, criterion="maxclust") if "num_clusters" in settings
-                    else fcluster(tree, settings["distance_threshold"], criterion="distance"))
+    scipy_labels = (
+        fcluster(tree, 3, criterion="maxclust")
+        if "num_clusters" in settings
+        else fcluster(tree, settings["distance_threshold"], criterion="distance")
+    )
     assert adjusted_rand_score(sklearn, ours) == 1.0 and adjusted_rand_score(scipy_labels, ours) == 1.0
     assert len(set(ours)) == 3 and len(alg.models) == 3
 
@@ -204,8 +219,13 @@ def test_batched_smallest_angles_agree_with_each_pairs_principal_angles():
     bases.append(bases[0][:, :1])  # a client with one sample: one column, padded with zeros
     stacked = stacked_bases(iter(bases), len(bases), 3)
     assert stacked.shape == (8, 20, 3) and torch.all(stacked[7, :, 1:] == 0)
-    pairwise = torch.tensor([[float(principal_angles(u, v)[0]) if i != j else 0.0 for j, v in enumerate(bases)]
-                             for i, u in enumerate(bases)], dtype=torch.float64)
+    pairwise = torch.tensor(
+        [
+            [float(principal_angles(u, v)[0]) if i != j else 0.0 for j, v in enumerate(bases)]
+            for i, u in enumerate(bases)
+        ],
+        dtype=torch.float64,
+    )
     assert torch.allclose(smallest_angles(stacked, block_bytes=500), pairwise, atol=1e-9, rtol=0)
     assert float(smallest_angles(stacked)[0, 7]) == pytest.approx(0.0, abs=1e-6)  # its one column is in basis 0
 
@@ -234,8 +254,9 @@ class TwoClients:
         return self.samples[k], torch.zeros(len(self.samples[k]), dtype=torch.long)
 
 
-@pytest.mark.parametrize("inputs, angle", [("raw", 45.0),
-                                           ("model", math.degrees(math.acos((PHI - 1) / math.sqrt(2 * (1 + PHI**2)))))])
+@pytest.mark.parametrize(
+    "inputs, angle", [("raw", 45.0), ("model", math.degrees(math.acos((PHI - 1) / math.sqrt(2 * (1 + PHI**2)))))]
+)
 def test_pacfl_takes_its_subspaces_of_the_raw_data_or_of_what_the_model_sees(inputs, angle):
     """Two clients of 2-pixel samples, p = 1, and a model conversion that subtracts a mean of 1 from every pixel.
     Raw, client 0's samples (1, 1), (3, 3) span (1, 1) and client 1's (1, 0), (2, 0) span (1, 0): 45 degrees. As the
@@ -276,10 +297,13 @@ def test_fedem_mixture_weights_reach_the_maximum_likelihood_worked_by_hand():
 
 def test_fedem_predicts_with_the_log_of_its_weighted_mixture():
     logits = {0: torch.tensor([[2.0, 0.0, -1.0]]), 1: torch.tensor([[0.0, 1.0, 0.0]])}
-    predictor = MixturePredictor(lambda theta, x: logits[int(theta[0])], torch.tensor([[0.0], [1.0]]),
-                                 torch.tensor([0.2, 0.8]).log())
-    p = 0.2 * np.exp([2.0, 0.0, -1.0]) / np.exp([2.0, 0.0, -1.0]).sum() + 0.8 * np.exp([0.0, 1.0, 0.0]) / \
-        np.exp([0.0, 1.0, 0.0]).sum()
+    predictor = MixturePredictor(
+        lambda theta, x: logits[int(theta[0])], torch.tensor([[0.0], [1.0]]), torch.tensor([0.2, 0.8]).log()
+    )
+    p = (
+        0.2 * np.exp([2.0, 0.0, -1.0]) / np.exp([2.0, 0.0, -1.0]).sum()
+        + 0.8 * np.exp([0.0, 1.0, 0.0]) / np.exp([0.0, 1.0, 0.0]).sum()
+    )
     assert predictor(torch.zeros(1, 1)).exp()[0].tolist() == pytest.approx(p.tolist())
 
 
@@ -308,8 +332,9 @@ def test_fedem_attacker_flips_the_update_of_every_components_copy():
     gives it); every honest client's copies are the honest run's, and the mean averages those."""
     s, clients = 3.0, [0, 1, 2, 3]
     clean = small_federation(FedEM(num_components=3), num_clients=4, rounds=1)
-    attacked = small_federation(FedEM(num_components=3), num_clients=4, rounds=1,
-                                attack=AttackConfig("sign_flip", 0.25, scale=s))
+    attacked = small_federation(
+        FedEM(num_components=3), num_clients=4, rounds=1, attack=AttackConfig("sign_flip", 0.25, scale=s)
+    )
     attacker = int(attacked.extension(Attack).malicious[0])
     for fed in (clean, attacked):
         fed.algorithm.assignment[attacker] = 1
@@ -338,8 +363,14 @@ def test_fedem_with_one_client_of_three_mixes_the_previous_components_in_as_the_
     alg.models = torch.stack([torch.full((d,), 1.0), torch.full((d,), -2.0)])
     copies = torch.stack([torch.full((d,), 4.0), torch.full((d,), 7.0)])[None]  # client 1's trained copies
     n0, n1, n2 = fed.server.clients.train_sizes.tolist()
-    updates = Updates(torch.tensor([1]), copies[:, 0], alg.models[:1].clone(), torch.tensor([n1]), torch.zeros(1),
-                      state={"copies": copies, "component": torch.tensor([0]), "mixture": torch.tensor([[0.4, 0.6]])})
+    updates = Updates(
+        torch.tensor([1]),
+        copies[:, 0],
+        alg.models[:1].clone(),
+        torch.tensor([n1]),
+        torch.zeros(1),
+        state={"copies": copies, "component": torch.tensor([0]), "mixture": torch.tensor([[0.4, 0.6]])},
+    )
     alg.aggregate(1, RoundUpdates.of(updates))
     if average == "all_clients":
         expected = [(n1 * 4.0 + (n0 + n2) * 1.0) / (n0 + n1 + n2), (n1 * 7.0 + (n0 + n2) * -2.0) / (n0 + n1 + n2)]
@@ -350,8 +381,11 @@ def test_fedem_with_one_client_of_three_mixes_the_previous_components_in_as_the_
 
 
 def test_fedem_refuses_an_unknown_average_in_one_line():
-    with pytest.raises(ValueError, match=r"^algorithm.init_args.average must be one of all_clients, sampled, "
-                                         r"got 'some'$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^algorithm.init_args.average must be one of all_clients, sampled, "
+        r"got 'some'$",
+    ):
         FedEM(average="some")
 
 
@@ -362,8 +396,9 @@ def test_weighted_training_with_unit_weights_is_the_mean_cross_entropy_step():
     plain = server.clients.train(1, 0, start).params
     weighted = server.clients.train(1, 0, start, sample_weights=torch.ones(int(server.clients.train_sizes[0]))).params
     assert torch.allclose(plain, weighted, atol=1e-6)
-    unmoved = server.clients.train(1, 0, start, epochs=1,
-                                   sample_weights=torch.zeros(int(server.clients.train_sizes[0]))).params
+    unmoved = server.clients.train(
+        1, 0, start, epochs=1, sample_weights=torch.zeros(int(server.clients.train_sizes[0]))
+    ).params
     assert torch.equal(unmoved, start)  # zero weights: zero gradient, no step
 
 
@@ -379,9 +414,12 @@ def test_fedem_newcomers_fit_their_mixture_with_the_components_fixed():
 
 
 # -- every algorithm -------------------------------------------------------------------------------------------------
-ALGORITHMS = {"fesem": lambda: FeSEM(num_clusters=2, seed_round=1),
-              "flhc": lambda: FLHC(cluster_round=2, num_clusters=2),
-              "fedem": lambda: FedEM(num_components=2), "pacfl": lambda: PACFL(threshold=8.0)}
+ALGORITHMS = {
+    "fesem": lambda: FeSEM(num_clusters=2, seed_round=1),
+    "flhc": lambda: FLHC(cluster_round=2, num_clusters=2),
+    "fedem": lambda: FedEM(num_components=2),
+    "pacfl": lambda: PACFL(threshold=8.0),
+}
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -398,10 +436,13 @@ def test_a_run_resumed_from_its_state_ends_as_an_uninterrupted_one(name):
     assert torch.equal(resumed.algorithm.models, whole.algorithm.models)
 
 
-@pytest.mark.parametrize("name, option", [("fesem", "num_clusters"), ("flhc", "num_clusters"),
-                                          ("pacfl", "num_clusters"), ("fedem", "num_components")])
-def test_more_clusters_than_clients_is_one_line_naming_the_option_and_no_run_folder(name, option, tmp_path,
-                                                                                     tiny_run_args, capsys):
+@pytest.mark.parametrize(
+    "name, option",
+    [("fesem", "num_clusters"), ("flhc", "num_clusters"), ("pacfl", "num_clusters"), ("fedem", "num_components")],
+)
+def test_more_clusters_than_clients_is_one_line_naming_the_option_and_no_run_folder(
+    name, option, tmp_path, tiny_run_args, capsys
+):
     from fedlight.run.cli import main
 
     args = tiny_run_args + ["--algorithm", name, f"--algorithm.init_args.{option}", "7", "--run_name", "too_many"]

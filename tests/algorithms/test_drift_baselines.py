@@ -2,6 +2,7 @@
 average worked from FedAvg's trained clients, the dynamic regularizer's two local steps and server state on softmax
 regression's gradient written out by hand, MOON's contrastive step re-written in plain torch, FedDF's distillation
 re-run with torch's Adam on hand-written logits; then their refusals and a crashed run resumed through the CLI."""
+
 from __future__ import annotations
 
 import math
@@ -27,6 +28,7 @@ from helpers.softmax_regression import LR, client_data, linear_federation, linea
 
 
 # ----------------------------------------------------------------------------- FedNova
+
 
 def test_gradient_coefficients_of_heavy_ball_sgd_are_its_displacement_on_a_unit_gradient():
     """||a||_1 is how far tau steps of torch's SGD move a parameter whose gradient is always 1 (at lr 1)."""
@@ -87,6 +89,7 @@ def test_fednova_refuses_an_optimizer_it_cannot_normalize():
 
 # ----------------------------------------------------------------------------- FedDyn
 
+
 def two_regularized_steps(x, g_k, alpha, X, y):
     """Two full-batch steps of FedDyn's local objective from x, by hand: grad L - g_k + alpha (theta - x)."""
     theta = x.clone()
@@ -97,8 +100,13 @@ def two_regularized_steps(x, g_k, alpha, X, y):
 
 def test_feddyn_local_steps_client_state_and_server_state_by_hand():
     alpha = 0.1
-    fed = linear_federation(FedDyn(alpha=alpha, participation=0.5), num_clients=4, batch_size=4096, local_epochs=2,
-                            partition=QuantitySkew(min_size=30))
+    fed = linear_federation(
+        FedDyn(alpha=alpha, participation=0.5),
+        num_clients=4,
+        batch_size=4096,
+        local_epochs=2,
+        partition=QuantitySkew(min_size=30),
+    )
     alg = fed.algorithm
     x = alg.models[0].double()
     clients = alg.select_clients(1)
@@ -124,11 +132,13 @@ def test_feddyn_local_steps_client_state_and_server_state_by_hand():
 
 
 def test_feddyn_resumes_exactly():
-    resumed_equals_uninterrupted(lambda: small_federation(FedDyn(participation=0.5), num_clients=4, rounds=3),
-                                 ("h", "gradients"))
+    resumed_equals_uninterrupted(
+        lambda: small_federation(FedDyn(participation=0.5), num_clients=4, rounds=3), ("h", "gradients")
+    )
 
 
 # ----------------------------------------------------------------------------- MOON
+
 
 def mlp() -> nn.Module:
     torch.manual_seed(0)  # built before the federation seeds: the same start in every run
@@ -152,8 +162,7 @@ def test_moons_first_round_is_fedavgs():
 
 def test_moons_local_steps_match_a_plain_torch_rewrite_of_its_loss():
     mu, tau = 2.0, 0.5
-    fed = linear_federation(MOON(mu=mu, temperature=tau), num_clients=3, network=mlp(), batch_size=4096,
-                            local_epochs=2)
+    fed = linear_federation(MOON(mu=mu, temperature=tau), num_clients=3, network=mlp(), batch_size=4096, local_epochs=2)
     fed.run_round(1)
     alg = fed.algorithm
     x, previous = alg.models[0].clone(), every_row(alg.previous)
@@ -187,11 +196,13 @@ def test_the_clock_counts_moons_two_frozen_forward_passes_but_one_model_received
 
 
 def test_moon_resumes_exactly():
-    resumed_equals_uninterrupted(lambda: small_federation(MOON(participation=0.5), num_clients=4, rounds=3),
-                                 ("previous",))
+    resumed_equals_uninterrupted(
+        lambda: small_federation(MOON(participation=0.5), num_clients=4, rounds=3), ("previous",)
+    )
 
 
 # ----------------------------------------------------------------------------- FedDF
+
 
 def test_feddf_distills_the_mean_logits_into_the_uniform_average_as_torchs_adam_does():
     """On a network with a hidden layer (a linear model's mean logits are the mean model's: nothing to distill)."""
@@ -212,8 +223,9 @@ def test_feddf_distills_the_mean_logits_into_the_uniform_average_as_torchs_adam_
         student.grad *= min(1.0, 5.0 / student.grad.norm().item())  # the norm clipped at 5
         adam.step()
         schedule.step()
-    feddf = linear_federation(FedDF(steps=steps, patience=None, batch_size=4096), num_clients=3, public_size=60,
-                              network=mlp())
+    feddf = linear_federation(
+        FedDF(steps=steps, patience=None, batch_size=4096), num_clients=3, public_size=60, network=mlp()
+    )
     feddf.run_round(1)
     # Adam divides by the root of the second moment, so an entry whose gradient is near zero amplifies float error
     assert torch.allclose(feddf.algorithm.models[0], student.detach(), atol=2e-5)  # 2 % of one step
@@ -221,8 +233,9 @@ def test_feddf_distills_the_mean_logits_into_the_uniform_average_as_torchs_adam_
 
 
 def test_feddf_keeps_the_student_best_on_the_held_out_public_rows():
-    fed = linear_federation(FedDF(steps=400, lr=0.05, check_every=5, patience=10, batch_size=16), num_clients=3,
-                            public_size=60)
+    fed = linear_federation(
+        FedDF(steps=400, lr=0.05, check_every=5, patience=10, batch_size=16), num_clients=3, public_size=60
+    )
     alg = fed.algorithm
     assert len(alg.held_out) == 12 and not set(alg.held_out.tolist()) & set(alg.distilled.tolist())
     assert sorted(alg.held_out.tolist() + alg.distilled.tolist()) == list(range(60))  # every row once
@@ -243,8 +256,12 @@ def test_feddf_refuses_a_run_without_public_data_and_under_privacy():
     with pytest.raises(ValueError, match="FedDF distills on the server's unlabelled public data.*data.public_size"):
         small_federation(FedDF(), num_clients=3)
     with pytest.raises(ValueError, match="feddf_logits"):
-        small_federation(FedDF(steps=2, patience=None), num_clients=4, public_size=40,
-                         privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0)).run_round(1)
+        small_federation(
+            FedDF(steps=2, patience=None),
+            num_clients=4,
+            public_size=40,
+            privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0),
+        ).run_round(1)
 
 
 @pytest.mark.parametrize("bad", [dict(steps=0), dict(lr=0.0), dict(patience=50, check_every=100)])
@@ -255,16 +272,34 @@ def test_feddf_refuses_bad_settings(bad):
 
 # ----------------------------------------------------------------------------- crashed and resumed
 
-@pytest.mark.parametrize("extra", [["--algorithm", "fednova"], ["--algorithm", "feddyn"], ["--algorithm", "moon"],
-                                   ["--algorithm", "feddf", "--algorithm.init_args.steps", "20",
-                                    "--algorithm.init_args.check_every", "5", "--algorithm.init_args.patience", "10",
-                                    "--data.public_size", "60"]])
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--algorithm", "fednova"],
+        ["--algorithm", "feddyn"],
+        ["--algorithm", "moon"],
+        [
+            "--algorithm",
+            "feddf",
+            "--algorithm.init_args.steps",
+            "20",
+            "--algorithm.init_args.check_every",
+            "5",
+            "--algorithm.init_args.patience",
+            "10",
+            "--data.public_size",
+            "60",
+        ],
+    ],
+)
 def test_a_crashed_run_resumes_with_the_uninterrupted_numbers(tmp_path, tiny_run_args, monkeypatch, extra):
     crashed, whole = resumed_and_whole(tiny_run_args + extra, tmp_path, monkeypatch)
     assert crashed == whole and len(whole) == 3
 
 
 # ----------------------------------------------------------------------------- the measured sweeps
+
 
 @pytest.mark.parametrize("name", ["baselines_skew", "fednova_partial_work", "ifca_fedadam"])
 def test_each_measured_sweeps_runs_are_valid_fit_configs(name, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """FedAMP against independent computations: the message-passing weights and cloud models of three 2-entry models
 worked by hand, the client's proximal step as two plain gradient steps, and a 2-round run whose cloud models are
 recomputed from the stored personal models in float64."""
+
 import math
 
 import pytest
@@ -16,9 +17,9 @@ def test_weights_and_cloud_models_of_three_two_entry_models_by_hand():
     xi_ij = 0.5 exp(-d / 2) / 2 = 0.25 exp(-d / 2): xi_12 = 0.25 e^-0.5, xi_13 = 0.25 e^-2, xi_23 = 0.25 e^-2.5."""
     w = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
     x12, x13, x23 = 0.1516326649, 0.0338338208, 0.0205212497
-    expected_xi = torch.tensor([[1 - x12 - x13, x12, x13],
-                                [x12, 1 - x12 - x23, x23],
-                                [x13, x23, 1 - x13 - x23]], dtype=torch.float64)
+    expected_xi = torch.tensor(
+        [[1 - x12 - x13, x12, x13], [x12, 1 - x12 - x23, x23], [x13, x23, 1 - x13 - x23]], dtype=torch.float64
+    )
     sq = squared_distances(w)
     assert torch.allclose(sq, torch.tensor([[0.0, 1, 4], [1, 0, 5], [4, 5, 0]], dtype=torch.float64), atol=1e-6)
     xi = attention_weights(sq, alpha_k=0.5, sigma=2.0)
@@ -34,8 +35,9 @@ def test_the_client_step_adds_lambda_over_alpha_k_times_w_minus_u_to_every_gradi
     alpha_k, lam = 0.5, 0.8
     fed = small_federation(FedAMP(alpha_k=alpha_k, lam=lam), num_clients=3, local_epochs=2, batch_size=10_000)
     alg, server = fed.algorithm, fed.server
-    u = server.model.initial_params + 0.05 * torch.randn(server.model.num_params,
-                                                         generator=torch.Generator().manual_seed(1))
+    u = server.model.initial_params + 0.05 * torch.randn(
+        server.model.num_params, generator=torch.Generator().manual_seed(1)
+    )
     trained = alg.train_group(1, [1], u[None]).params[0]
     (_, _, first), (_, _, second) = list(server.clients.batches(1, 1, 2))  # one batch an epoch: two SGD steps
     lr = server.clients.learning_rate(1)
@@ -81,9 +83,16 @@ def test_two_rounds_mix_the_round_clients_stored_models_and_evaluate_each_client
     assert 0 <= result.scalars["fedamp/self_weight_min"] <= result.scalars["fedamp/self_weight_mean"] <= 1
 
 
-@pytest.mark.parametrize("options, name", [({"alpha_k": 0.0}, "alpha_k"), ({"alpha_k": -1.0}, "alpha_k"),
-                                           ({"lam": -0.1}, "lam"), ({"sigma": 0.0}, "sigma"),
-                                           ({"sigma": -2.0}, "sigma")])
+@pytest.mark.parametrize(
+    "options, name",
+    [
+        ({"alpha_k": 0.0}, "alpha_k"),
+        ({"alpha_k": -1.0}, "alpha_k"),
+        ({"lam": -0.1}, "lam"),
+        ({"sigma": 0.0}, "sigma"),
+        ({"sigma": -2.0}, "sigma"),
+    ],
+)
 def test_fedamp_refuses_bad_options_in_one_line(options, name):
     with pytest.raises(ValueError, match=f"^{name} must") as error:
         FedAMP(**options)

@@ -1,6 +1,7 @@
 """FedCP: the MMD and the conditional policy worked by hand, one local epoch against the authors' step written out
 here with plain torch (Gumbel draws included), vectorized against one by one, prediction by the two heads, the
 server's average of the uploaded global heads, an exact resume, newcomers, and the refusal of bad input."""
+
 import copy
 import math
 
@@ -85,8 +86,11 @@ def test_local_training_is_the_authors_step():
         step.step()
     upload = [0.5 * p + 0.5 * g for p, g in zip(network.out.parameters(), head_g.parameters())]
     fed.flat.load(trained)
-    mine = [*fed.module.network.parameters(), *fed.module.get_submodule(GLOBAL_HEAD).parameters(),
-            *fed.module.get_submodule(POLICY).parameters()]
+    mine = [
+        *fed.module.network.parameters(),
+        *fed.module.get_submodule(GLOBAL_HEAD).parameters(),
+        *fed.module.get_submodule(POLICY).parameters(),
+    ]
     for got, expected in zip(mine, [*network.parameters(), *upload, *policy.parameters()], strict=True):
         assert torch.allclose(got, expected, atol=1e-5)
 
@@ -110,8 +114,11 @@ def test_a_round_averages_body_policy_and_uploaded_global_heads_clients_predict_
     alg, server = fed.algorithm, fed.server
     personal, shared = server.model.layer_mask(["network.out"]), server.model.layer_mask([GLOBAL_HEAD])
     assert torch.equal(alg.personal_mask, personal) and torch.equal(alg.models[0, shared], alg.models[0, personal])
-    assert int(server.model.layer_mask([f"{POLICY}.0", f"{POLICY}.1"]).sum()) == (32 * 64 + 64  # Linear,
-                                                                                  + 2 * 64)  # LayerNorm
+    assert int(server.model.layer_mask([f"{POLICY}.0", f"{POLICY}.1"]).sum()) == (
+        32 * 64
+        + 64  # Linear,
+        + 2 * 64
+    )  # LayerNorm
     received, clients = alg.models[0, shared].clone(), alg.select_clients(1)
     assert len(clients) == 3
     fed.run_round(1)

@@ -1,6 +1,7 @@
 """FedDBE: the running mean and the mean regularization worked by hand, one local epoch against PFLlib's client loop
 written out here with plain torch (both trainers, three clients in one vectorized call), the global mean against
 PFLlib's initialization pass by hand, the PRBM's exact shift of the features, an exact resume, and the refusals."""
+
 import copy
 import math
 
@@ -65,8 +66,9 @@ def test_one_local_epoch_is_pfllibs_client_loop(vectorize):
             step.step()
             running = current.detach()
         fed.flat.load(trained[row])
-        for mine, theirs in zip([*fed.module.network.parameters(), fed.module.get_submodule(PRBM).bias],
-                                [*network.parameters(), bias]):
+        for mine, theirs in zip(
+            [*fed.module.network.parameters(), fed.module.get_submodule(PRBM).bias], [*network.parameters(), bias]
+        ):
             assert torch.allclose(mine, theirs, atol=1e-5)
         assert torch.allclose(fed.module.get_submodule(RUNNING_MEAN).mean, running, atol=1e-5)
 
@@ -141,8 +143,11 @@ def test_bad_settings_are_refused_in_one_line():
         mlp_federation(FedDBE(), network=ConvHead())
     cohort = FederationConfig(rounds=1, clients_per_round=2, accelerator="cpu", vectorize=0)
     data = DigitsFederated(num_clients=4, partition=QuantitySkew(alpha=0.5, min_size=20))
-    with pytest.raises(ValueError, match=r"FedDBE trains every client once before round 1 .* or set "
-                                         r"algorithm.init_args.every_client_mean: false"):
+    with pytest.raises(
+        ValueError,
+        match=r"FedDBE trains every client once before round 1 .* or set "
+        r"algorithm.init_args.every_client_mean: false",
+    ):
         Federation(data, Classifier(MLP(64, [32], 10)), FedDBE(), cohort)
     without_mr = Federation(data, Classifier(MLP(64, [32], 10)), FedDBE(kappa=0.0), cohort)  # no global mean to compute
     without_mr.algorithm.begin_round(1)

@@ -1,6 +1,7 @@
 """FedFomo: the first-order weights and the combined model against hand computations on 2-parameter models, the
 epsilon-greedy download, a 2-round run checked client by client against the paper's update worked out here, the
 training rows held out for validation when the data has no val split, and bad options."""
+
 import math
 
 import numpy as np
@@ -62,12 +63,19 @@ def test_two_rounds_combine_each_client_by_its_validation_losses_then_train():
     positive = 0
     for client, ids in enumerate(received):
         x, y = fed.server.clients.split("val").client(client)
-        loss = torch.stack([torch.nn.functional.cross_entropy(fed.server.model.predict(before[m].float(), x), y)
-                            for m in (client, *ids)]).double()
+        loss = torch.stack(
+            [
+                torch.nn.functional.cross_entropy(fed.server.model.predict(before[m].float(), x), y)
+                for m in (client, *ids)
+            ]
+        ).double()
         signed = [(loss[0] - loss[k + 1]) / (before[n] - before[client]).norm() for k, n in enumerate(ids)]
         kept = [max(0.0, float(w)) for w in signed]
-        start = before[client] + sum(w / sum(kept) * (before[n] - before[client]) for w, n in zip(kept, ids)) \
-            if sum(kept) > 0 else before[client]
+        start = (
+            before[client] + sum(w / sum(kept) * (before[n] - before[client]) for w, n in zip(kept, ids))
+            if sum(kept) > 0
+            else before[client]
+        )
         positive += sum(w > 0 for w in kept) > 1 and min(kept) == 0  # two models weighed and one left out
         expected_row = torch.zeros(4, dtype=torch.float64)
         expected_row[ids] = torch.stack(signed)
@@ -119,11 +127,17 @@ def test_a_rounds_loss_passes_cover_its_clients_validation_rows_once_per_model_t
     assert len(stored) >= 3 and sum(rows) == expected
 
 
-@pytest.mark.parametrize("options, named", [
-    ({"M": 0}, "M must be an integer >= 1"), ({"M": 2.5}, "M must be an integer >= 1"),
-    ({"epsilon": 1.5}, r"epsilon must be in \[0, 1\]"), ({"epsilon": -0.1}, r"epsilon must be in \[0, 1\]"),
-    ({"epsilon_decay": -0.05}, "epsilon_decay must be >= 0"), ({"val_share": 1.0}, r"val_share must be in \(0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"M": 0}, "M must be an integer >= 1"),
+        ({"M": 2.5}, "M must be an integer >= 1"),
+        ({"epsilon": 1.5}, r"epsilon must be in \[0, 1\]"),
+        ({"epsilon": -0.1}, r"epsilon must be in \[0, 1\]"),
+        ({"epsilon_decay": -0.05}, "epsilon_decay must be >= 0"),
+        ({"val_share": 1.0}, r"val_share must be in \(0, 1\)"),
+    ],
+)
 def test_bad_options_are_refused_in_one_line(options, named):
     with pytest.raises(ValueError, match=named) as error:
         FedFomo(**options)

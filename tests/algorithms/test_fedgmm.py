@@ -1,21 +1,29 @@
 """FedGMM: the E-step over (Gaussian, model) pairs, the Gaussians' M-step and the federated PCA against numpy (the
 server's sum of client statistics equals the pooled computation), the paper's prediction rule worked by hand; a
 digits run above chance that logs clusters; the weights' running total; exact resume; bad options in one line."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from fedlight.algorithms.fedgmm import (FedGMM, GaussianMixturePredictor, gaussian_log_densities,
-                                       gaussians_from_statistics, joint_posterior, moment_statistics, pca_projection)
+from fedlight.algorithms.fedgmm import (
+    FedGMM,
+    GaussianMixturePredictor,
+    gaussian_log_densities,
+    gaussians_from_statistics,
+    joint_posterior,
+    moment_statistics,
+    pca_projection,
+)
 
 from helpers.federations import small_federation
 from helpers.resume import resumed_and_whole
 
 
 def normal_density(x: float, mean: float, variance: float) -> float:
-    return math.exp(-(x - mean) ** 2 / (2 * variance)) / math.sqrt(2 * math.pi * variance)
+    return math.exp(-((x - mean) ** 2) / (2 * variance)) / math.sqrt(2 * math.pi * variance)
 
 
 def test_the_e_step_weighs_each_pair_by_its_weight_density_and_likelihood():
@@ -27,12 +35,15 @@ def test_the_e_step_weighs_each_pair_by_its_weight_density_and_likelihood():
     mass = [[pi[m][k] * density[m] * math.exp(-loss[k]) for k in range(2)] for m in range(2)]
     total = sum(sum(row) for row in mass)
     expected = torch.tensor([[v / total for v in row] for row in mass], dtype=torch.float64)
-    log_densities = gaussian_log_densities(torch.tensor([[0.5]], dtype=torch.float64),
-                                           torch.tensor([[0.0], [2.0]], dtype=torch.float64),
-                                           torch.tensor([[[1.0]], [[0.5]]], dtype=torch.float64))
+    log_densities = gaussian_log_densities(
+        torch.tensor([[0.5]], dtype=torch.float64),
+        torch.tensor([[0.0], [2.0]], dtype=torch.float64),
+        torch.tensor([[[1.0]], [[0.5]]], dtype=torch.float64),
+    )
     assert torch.allclose(log_densities, torch.tensor([density], dtype=torch.float64).log())
-    q = joint_posterior(torch.tensor(pi, dtype=torch.float64).log(), log_densities,
-                        torch.tensor([[0.2], [1.0]], dtype=torch.float64))
+    q = joint_posterior(
+        torch.tensor(pi, dtype=torch.float64).log(), log_densities, torch.tensor([[0.2], [1.0]], dtype=torch.float64)
+    )
     assert q.shape == (1, 2, 2) and torch.allclose(q[0], expected)
 
 
@@ -49,8 +60,9 @@ def test_the_gaussians_m_step_from_two_clients_statistics_is_numpys_pooled_weigh
 def test_the_federated_pca_is_numpys_pca_of_the_pooled_inputs():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(30, 4)) * np.array([3.0, 0.3, 2.0, 1.0])
-    summed = moment_statistics(torch.tensor(x[:10]), torch.ones(10, 1)) + \
-        moment_statistics(torch.tensor(x[10:]), torch.ones(20, 1))
+    summed = moment_statistics(torch.tensor(x[:10]), torch.ones(10, 1)) + moment_statistics(
+        torch.tensor(x[10:]), torch.ones(20, 1)
+    )
     mean, basis, variances = pca_projection(summed, 2)
     values, vectors = np.linalg.eigh(np.cov(x.T, bias=True))
     top = np.argsort(values)[::-1][:2]
@@ -68,8 +80,7 @@ def test_a_round_with_every_client_sets_the_gaussians_to_the_pooled_fit_of_their
     embedded, weights = [], []
     for c in range(4):
         e, densities = alg.log_densities(train.client(c)[0])
-        q = joint_posterior(alg.mixture[c].to(torch.float64).log(), densities,
-                            alg.sample_losses(c).to(torch.float64))
+        q = joint_posterior(alg.mixture[c].to(torch.float64).log(), densities, alg.sample_losses(c).to(torch.float64))
         embedded.append(e.numpy())
         weights.append(q.sum(dim=2).numpy())
     e, w = np.concatenate(embedded), np.concatenate(weights)
@@ -87,42 +98,63 @@ def test_a_client_predicts_with_each_models_share_of_its_joint_density_given_x()
     density = [normal_density(1.0, 0.0, 1.0), normal_density(1.0, 3.0, 1.0)]
     share = [sum(pi[m][k] * density[m] for m in range(2)) for k in range(2)]
     expected = [sum(share[k] * float(probs[k, y]) for k in range(2)) / sum(share) for y in range(2)]
-    predictor = GaussianMixturePredictor(lambda theta, x: probs[int(theta[0])].log().expand(len(x), -1),
-                                         torch.tensor([[0.0], [1.0]]), torch.tensor(pi).log(),
-                                         lambda x: x.to(torch.float64),
-                                         torch.tensor([[0.0], [3.0]], dtype=torch.float64),
-                                         torch.eye(1, dtype=torch.float64).expand(2, 1, 1))
+    predictor = GaussianMixturePredictor(
+        lambda theta, x: probs[int(theta[0])].log().expand(len(x), -1),
+        torch.tensor([[0.0], [1.0]]),
+        torch.tensor(pi).log(),
+        lambda x: x.to(torch.float64),
+        torch.tensor([[0.0], [3.0]], dtype=torch.float64),
+        torch.eye(1, dtype=torch.float64).expand(2, 1, 1),
+    )
     assert torch.allclose(predictor(torch.tensor([[1.0]])).exp(), torch.tensor([expected]))
 
 
 def test_on_rotations_a_run_beats_chance_logs_clusters_and_keeps_every_clients_weights_summed():
-    fed = small_federation(FedGMM(num_components=2, num_gaussians=2, embedding_dim=8, participation=0.5),
-                           num_clients=6, rounds=6, lr=0.3, vectorize=6)
+    fed = small_federation(
+        FedGMM(num_components=2, num_gaussians=2, embedding_dim=8, participation=0.5),
+        num_clients=6,
+        rounds=6,
+        lr=0.3,
+        vectorize=6,
+    )
     alg = fed.algorithm
     results = [fed.run_round(r) for r in range(1, 7)]
     assert all("cluster/ari" in result.scalars for result in results)
     assert results[-1].scalars["test/acc_mean"] > 0.3  # chance is 0.1
     assert alg.cluster_labels().shape == (6,)
-    stored = (alg.mixture.read(range(6)).to(torch.float64)
-              * fed.server.clients.train_sizes.to(torch.float64)[:, None, None])
+    stored = (
+        alg.mixture.read(range(6)).to(torch.float64) * fed.server.clients.train_sizes.to(torch.float64)[:, None, None]
+    )
     assert torch.allclose(alg.mass, stored.sum(dim=0))  # the running total, kept from the rounds' clients alone
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch):
     """Half the clients a round: the Gaussians, the weights' total and the stored weights all carry over."""
-    args = tiny_run_args + ["--algorithm", "fedgmm", "--algorithm.init_args.num_components", "2",
-                            "--algorithm.init_args.num_gaussians", "2", "--algorithm.init_args.embedding_dim", "4",
-                            "--algorithm.init_args.participation", "0.5"]
+    args = tiny_run_args + [
+        "--algorithm",
+        "fedgmm",
+        "--algorithm.init_args.num_components",
+        "2",
+        "--algorithm.init_args.num_gaussians",
+        "2",
+        "--algorithm.init_args.embedding_dim",
+        "4",
+        "--algorithm.init_args.participation",
+        "0.5",
+    ]
     crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch)
     assert crashed == whole
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"num_gaussians": 0}, "num_gaussians must be >= 1, got 0"),
-    ({"embedding_dim": 0}, "embedding_dim must be >= 1, got 0"),
-    ({"covariance_regularization": 0.0}, "covariance_regularization must be > 0"),
-    ({"num_components": 0}, "num_components must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_gaussians": 0}, "num_gaussians must be >= 1, got 0"),
+        ({"embedding_dim": 0}, "embedding_dim must be >= 1, got 0"),
+        ({"covariance_regularization": 0.0}, "covariance_regularization must be > 0"),
+        ({"num_components": 0}, "num_components must be >= 1, got 0"),
+    ],
+)
 def test_bad_options_are_refused_in_one_line(options, message):
     with pytest.raises(ValueError, match=message):
         FedGMM(**options)
@@ -136,8 +168,15 @@ def test_an_embedding_wider_than_the_inputs_is_refused_in_one_line():
 def test_a_run_under_privacy_is_refused_in_one_line_as_its_statistics_go_in_the_clear():
     from fedlight.aggregators.privacy import PrivacyConfig
 
-    with pytest.raises(ValueError, match=r"^privacy: FedGMM's clients send 'gaussian_statistics' \(a statistic summed "
-                                         r"over clients\).*leave the privacy section out for FedGMM$") as error:
-        small_federation(FedGMM(num_components=2, num_gaussians=2, embedding_dim=4), num_clients=3, rounds=1,
-                         privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))
+    with pytest.raises(
+        ValueError,
+        match=r"^privacy: FedGMM's clients send 'gaussian_statistics' \(a statistic summed "
+        r"over clients\).*leave the privacy section out for FedGMM$",
+    ) as error:
+        small_federation(
+            FedGMM(num_components=2, num_gaussians=2, embedding_dim=4),
+            num_clients=3,
+            rounds=1,
+            privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0),
+        )
     assert "\n" not in str(error.value)

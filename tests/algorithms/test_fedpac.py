@@ -2,6 +2,7 @@
 combination's quadratic program on hand-solved 2- and 3-client cases (and its optimality conditions on random ones),
 one client's local work against a plain PyTorch loop, the server's round on given updates, exact resume, newcomers,
 and the refusals."""
+
 import copy
 import math
 
@@ -11,8 +12,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlight import Federation, FederationConfig, RoundUpdates
-from fedlight.algorithms.fedpac import (BIAS, COUNTS, PROTOTYPES, VARIANCE, FedPAC, alignment_loss, average_prototypes,
-                                       combination_statistics, head_weights, simplex_qp)
+from fedlight.algorithms.fedpac import (
+    BIAS,
+    COUNTS,
+    PROTOTYPES,
+    VARIANCE,
+    FedPAC,
+    alignment_loss,
+    average_prototypes,
+    combination_statistics,
+    head_weights,
+    simplex_qp,
+)
 from fedlight.datamodules import ClassesPerClient, DigitsFederated
 from fedlight.engine.newcomer_evaluation import NewcomerEvaluation
 from fedlight.models import Classifier, SmallCNN
@@ -36,8 +47,9 @@ def test_the_statistics_of_section_4_2_by_hand():
 def test_the_alignment_term_is_the_mean_squared_distance_to_the_class_prototype():
     """Features (1, 2) of class 0 and (3, 4) of class 1, prototypes (0, 0) and (1, 1): squared differences 1, 4, 4, 9,
     their mean over batch and dimension 18 / 4."""
-    loss = alignment_loss(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([0, 1]),
-                          torch.tensor([[0.0, 0.0], [1.0, 1.0], [9.0, 9.0]]))
+    loss = alignment_loss(
+        torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([0, 1]), torch.tensor([[0.0, 0.0], [1.0, 1.0], [9.0, 9.0]])
+    )
     assert math.isclose(float(loss), 4.5)
 
 
@@ -59,7 +71,7 @@ def test_a_clients_local_work_is_head_then_aligned_body(vectorize):
     trained = alg.train_group(2, [client], start[None])
 
     entries = fed.flat.entries
-    t = {e.name: start[e.start: e.stop].view(e.shape).clone().requires_grad_() for e in entries}
+    t = {e.name: start[e.start : e.stop].view(e.shape).clone().requires_grad_() for e in entries}
 
     def forward(x):
         rep = torch.relu(torch.flatten(x, 1) @ t["network.hidden.0.weight"].T + t["network.hidden.0.bias"])
@@ -139,8 +151,11 @@ def test_the_solver_meets_the_optimality_conditions(seed):
     nu = gradient[support].mean()
     assert torch.allclose(gradient[support], nu.expand(int(support.sum())), atol=1e-9)
     assert bool((gradient[~support] >= nu - 1e-9).all())
-    assert float(a @ P @ a) <= float(torch.full((m,), 1 / m, dtype=torch.float64) @ P @ torch.full(
-        (m,), 1 / m, dtype=torch.float64)) + 1e-12
+    assert (
+        float(a @ P @ a)
+        <= float(torch.full((m,), 1 / m, dtype=torch.float64) @ P @ torch.full((m,), 1 / m, dtype=torch.float64))
+        + 1e-12
+    )
 
 
 def test_the_server_averages_bodies_and_prototypes_and_combines_the_heads():
@@ -159,8 +174,14 @@ def test_the_server_averages_bodies_and_prototypes_and_combines_the_heads():
     means[0, 3], means[1, 3], means[1, 4] = 4.0, 8.0, -1.0
     state = {VARIANCE: torch.ones(2, 1), BIAS: bias, COUNTS: counts, PROTOTYPES: means}
     sizes = torch.tensor([30.0, 10.0])
-    updates = Updates(torch.tensor([0, 2]), params, torch.stack([alg.client_model(0), alg.client_model(2)]), sizes,
-                      torch.zeros(2), state=state)
+    updates = Updates(
+        torch.tensor([0, 2]),
+        params,
+        torch.stack([alg.client_model(0), alg.client_model(2)]),
+        sizes,
+        torch.zeros(2),
+        state=state,
+    )
     alg.aggregate(1, RoundUpdates.of(updates))
     assert torch.allclose(alg.models[0][~head], (0.75 * params[0] + 0.25 * params[1])[~head], atol=1e-6)
     assert torch.allclose(alg.client_model(0)[head], (2 / 3 * params[0] + 1 / 3 * params[1])[head], atol=1e-6)
@@ -190,8 +211,13 @@ def test_resume_after_round_one_repeats_round_two_exactly():
 def test_a_newcomer_gets_the_global_body_and_a_head_fitted_on_it():
     torch.manual_seed(0)
     data = DigitsFederated(num_clients=5, partition=ClassesPerClient(2), holdout_clients=1)
-    fed = Federation(data, Classifier(SmallCNN(1, 10, 8, width=4), lr=0.1), FedPAC(),
-                     FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0), seed=0)
+    fed = Federation(
+        data,
+        Classifier(SmallCNN(1, 10, 8, width=4), lr=0.1),
+        FedPAC(),
+        FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0),
+        seed=0,
+    )
     alg, newcomers = fed.algorithm, fed.extension(NewcomerEvaluation).clients
     alg.models[0] += 0.01  # a global model other than the initial one
     models, groups, placed = alg.newcomer_models(newcomers)

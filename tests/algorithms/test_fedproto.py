@@ -1,6 +1,7 @@
 """FedProto: the local objective, the prototypes a client sends, their average on the server and nearest-prototype
 prediction, each against a small case worked by hand; one local epoch against plain torch SGD on the same loss; a
 resumed run against an uninterrupted one; bad input refused in one line."""
+
 import math
 from types import SimpleNamespace
 
@@ -9,8 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlight.algorithms.fedproto import (FedProto, global_prototypes, local_prototypes,
-                                          nearest_prototype_logits, prototype_distance)
+from fedlight.algorithms.fedproto import (
+    FedProto,
+    global_prototypes,
+    local_prototypes,
+    nearest_prototype_logits,
+    prototype_distance,
+)
 from fedlight.models import MLP
 
 from helpers.federations import ConvHead, every_row, mlp_federation, small_federation
@@ -27,8 +33,11 @@ def test_the_objective_is_cross_entropy_plus_lambda_times_the_mean_squared_dista
     assert math.isclose(float(prototype_distance(features, y, prototypes, first)), 5 / 6, rel_tol=1e-6)
     algorithm, head = FedProto(lam=0.5), nn.Linear(2, 2)
     nn.init.zeros_(head.weight), nn.init.zeros_(head.bias)
-    algorithm.server, algorithm.prototypes, algorithm.known = (SimpleNamespace(model=SimpleNamespace(head=head)),
-                                                               prototypes, both)
+    algorithm.server, algorithm.prototypes, algorithm.known = (
+        SimpleNamespace(model=SimpleNamespace(head=head)),
+        prototypes,
+        both,
+    )
     with torch.no_grad():
         loss = algorithm._objective(nn.Sequential(head), (features, y), torch.empty(0))
     assert math.isclose(float(loss), math.log(2) + 0.5 * 11 / 6, rel_tol=1e-6)
@@ -45,8 +54,9 @@ def test_the_global_prototype_is_the_unweighted_mean_over_the_clients_holding_th
     """Client A: class 0 (1, 1) from 3 samples, class 1 (2, 0) from 1; client B: class 0 (3, 5) from 4, no class 1.
     Class 0: ((1, 1) + (3, 5)) / 2 = (2, 3), not the size-weighted (15, 23) / 7; class 1: A's alone; class 2, held by
     neither, keeps its previous prototype (9, 9), and class 3 stays without one."""
-    prototypes = torch.tensor([[[1.0, 1.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]],
-                               [[3.0, 5.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]])
+    prototypes = torch.tensor(
+        [[[1.0, 1.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]], [[3.0, 5.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]]
+    )
     counts = torch.tensor([[3, 1, 0, 0], [4, 0, 0, 0]])
     previous = torch.tensor([[7.0, 7.0], [8.0, 8.0], [9.0, 9.0], [0.0, 0.0]])
     merged, known = global_prototypes(prototypes, counts, previous, torch.tensor([True, True, True, False]))
@@ -58,10 +68,14 @@ def test_prediction_is_the_nearest_known_prototype():
     """Prototypes (0, 0), (4, 0), (0, 3), the last not known. (1, 0): distances 1 and 3, class 0. (3, 1): sqrt 10
     and sqrt 2, class 1. (0, 2.9): 2.9 and sqrt(16 + 8.41); the unknown class 2 at 0.1 is never predicted: class 0."""
     features = torch.tensor([[1.0, 0.0], [3.0, 1.0], [0.0, 2.9]])
-    logits = nearest_prototype_logits(features, torch.tensor([[0.0, 0.0], [4.0, 0.0], [0.0, 3.0]]),
-                                      torch.tensor([True, True, False]))
-    assert torch.allclose(logits[:, :2], -torch.tensor([[1.0, 3.0], [math.sqrt(10), math.sqrt(2)],
-                                                        [2.9, math.sqrt(16 + 2.9 ** 2)]]), atol=1e-5)
+    logits = nearest_prototype_logits(
+        features, torch.tensor([[0.0, 0.0], [4.0, 0.0], [0.0, 3.0]]), torch.tensor([True, True, False])
+    )
+    assert torch.allclose(
+        logits[:, :2],
+        -torch.tensor([[1.0, 3.0], [math.sqrt(10), math.sqrt(2)], [2.9, math.sqrt(16 + 2.9**2)]]),
+        atol=1e-5,
+    )
     assert bool((logits[:, 2] == float("-inf")).all()) and logits.argmax(dim=1).tolist() == [0, 1, 0]
 
 
@@ -120,6 +134,7 @@ def test_a_round_averages_the_clients_prototypes_and_evaluates_by_the_nearest_on
 def test_a_resumed_run_ends_as_an_uninterrupted_one():
     """Round 2 after restoring round 1's state (half the clients a round) equals round 2 of an uninterrupted run: the
     clients' models, the prototypes and the evaluation."""
+
     def make():
         return small_federation(FedProto(participation=0.5), num_clients=4, rounds=2)
 

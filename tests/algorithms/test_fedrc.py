@@ -1,6 +1,7 @@
 """FedRC: the E-step divides each likelihood by the component's label marginal (a label shift alone moves no sample,
 worked by hand), the label mass and its floor by hand, the server's running total equal to the sum of every client's
 rows under partial participation, exact resume."""
+
 import math
 
 import numpy as np
@@ -75,7 +76,15 @@ def test_the_servers_label_total_is_every_clients_latest_row_summed_under_partia
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch):
-    args = tiny_run_args + ["--algorithm", "fedrc", "--algorithm.init_args.num_components", "2",
-                            "--algorithm.init_args.participation", "0.5", "--federation.rounds", "3"]
+    args = tiny_run_args + [
+        "--algorithm",
+        "fedrc",
+        "--algorithm.init_args.num_components",
+        "2",
+        "--algorithm.init_args.participation",
+        "0.5",
+        "--federation.rounds",
+        "3",
+    ]
     crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch, crash_round=2)
     assert crashed == whole

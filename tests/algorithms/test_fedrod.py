@@ -1,6 +1,7 @@
 """FedRoD: the balanced softmax worked by hand, one local epoch against the authors' two-optimizer step written out
 here with plain torch, the personal head's start, mask and prediction by the sum of both heads, the generic model for
 newcomers, and the refusal of a head that is not linear."""
+
 import math
 
 import pytest
@@ -21,8 +22,9 @@ def test_balanced_softmax_shifts_the_logits_by_the_log_class_counts():
     logits = torch.zeros(2, 2)
     loss = balanced_softmax_loss(logits, torch.tensor([0, 1]), torch.tensor([3.0, 1.0]).log())
     assert math.isclose(float(loss), (math.log(4 / 3) + math.log(4)) / 2, rel_tol=1e-6)
-    three = balanced_softmax_loss(torch.tensor([[1.0, 2.0, 5.0]]), torch.tensor([0]),
-                                  torch.tensor([1.0, 1.0, 0.0]).log())
+    three = balanced_softmax_loss(
+        torch.tensor([[1.0, 2.0, 5.0]]), torch.tensor([0]), torch.tensor([1.0, 1.0, 0.0]).log()
+    )
     assert math.isclose(float(three), math.log(1 + math.e), rel_tol=1e-6)  # -log(e / (e + e^2))
 
 
@@ -33,10 +35,14 @@ def test_one_local_epoch_is_the_authors_two_optimizer_step(vectorize):
     Written here with two torch optimizers (momentum 0.9, as the module's), batch by batch in the engine's order."""
     fed = mlp_federation(FedRoD(), vectorize=vectorize)
     client, start = 1, fed.algorithm.client_model(1)
-    trained = fed.server.clients.train_many(1, [client], start[None], epochs=1,
-                                            objective=fed.algorithm._objective,
-                                            client_inputs=torch.bincount(fed.data.train.client(client)[1], minlength=10)
-                                            .float().log()[None]).params[0]
+    trained = fed.server.clients.train_many(
+        1,
+        [client],
+        start[None],
+        epochs=1,
+        objective=fed.algorithm._objective,
+        client_inputs=torch.bincount(fed.data.train.client(client)[1], minlength=10).float().log()[None],
+    ).params[0]
     network = MLP(64, [32], 10)
     personal = nn.Linear(32, 10)
     fed.flat.load(start)

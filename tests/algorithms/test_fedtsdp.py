@@ -1,5 +1,6 @@
 """FedTSDP: the Hopkins gate, the two-stage clustering, the public-sample weights, shared-layer averaging within
 clusters, the half-layer schedule and the learning-rate decay, against hand computations and FedAvg."""
+
 import math
 
 import pytest
@@ -17,11 +18,12 @@ from fedlight.training.layer_masks import tensor_names
 from helpers.federations import every_row, small_federation
 
 NEVER = math.inf  # a Hopkins threshold no statistic passes
-ALWAYS = -1.0     # one every statistic passes
+ALWAYS = -1.0  # one every statistic passes
 
 
-def federation(algorithm, num_clients: int = 6, network=None, public_size: int = 60, lr: float = 0.1,
-               seed: int = 0) -> Federation:
+def federation(
+    algorithm, num_clients: int = 6, network=None, public_size: int = 60, lr: float = 0.1, seed: int = 0
+) -> Federation:
     """Digits, two classes per client, with server public data; a narrow CNN, one local epoch."""
     torch.manual_seed(seed)
     model = Classifier(network if network is not None else SmallCNN(1, 10, 8, width=8), lr=lr)
@@ -73,7 +75,7 @@ def test_one_event_makes_the_last_bias_personal_with_each_clients_own_values():
     assert alg.shared_layers == pytest.approx(4 * 0.98) and alg.effective_shared == 3.5
     assert tensor_names(fed.flat, alg.personal_mask) == ["network.fc2.bias"]
     assert alg.personal.row_shape == (10,)
-    for i, k in enumerate(updates.clients.tolist()):   # newly personal: the client's own trained bias
+    for i, k in enumerate(updates.clients.tolist()):  # newly personal: the client's own trained bias
         assert torch.equal(alg.personal[k], updates.params[i][alg.personal_mask])
     # everything else: the size-weighted mean over the client's cluster, computed here in float64
     n = updates.num_samples.double()
@@ -81,14 +83,15 @@ def test_one_event_makes_the_last_bias_personal_with_each_clients_own_values():
         members = (alg.assignment[updates.clients] == c).nonzero().flatten()
         mean = (n[members, None] * updates.params[members].double()).sum(0) / n[members].sum()
         assert torch.allclose(alg.models[c][~alg.personal_mask].double(), mean[~alg.personal_mask], atol=1e-6)
-    assert alg.stage2_mask().all()                    # stage 2 compares all parameters (no buffers here) ...
+    assert alg.stage2_mask().all()  # stage 2 compares all parameters (no buffers here) ...
     alg.weights = "shared"
     assert torch.equal(alg.stage2_mask(), ~alg.personal_mask)  # ... or only the shared ones
 
 
 def test_seven_events_make_the_whole_last_layer_personal():
-    fed = federation(FedTSDP(hopkins_threshold=ALWAYS, eps_inference=10.0, eps_weights=1e6),
-                     network=FedTSDPCNN(1, 10, 8))
+    fed = federation(
+        FedTSDP(hopkins_threshold=ALWAYS, eps_inference=10.0, eps_weights=1e6), network=FedTSDPCNN(1, 10, 8)
+    )
     for r in range(1, 8):
         one_round(fed, r)
     alg = fed.algorithm
@@ -139,7 +142,7 @@ def test_public_weights_literal_and_count_updates():
     N, B = 10000, 50
     alg.public_weights = torch.full((N,), 1.0 / N, dtype=torch.float64)
     batch = torch.arange(B)
-    alg.update_public_weights(batch)                       # Eq. 7-8: W[batch] += N / B; W /= sum(W)
+    alg.update_public_weights(batch)  # Eq. 7-8: W[batch] += N / B; W /= sum(W)
     mass = float(alg.public_weights[batch].sum())
     assert mass == pytest.approx((B / N + N) / (1 + N), rel=1e-12) and mass > 0.999
     assert float(alg.public_weights.sum()) == pytest.approx(1.0)
@@ -158,7 +161,7 @@ def test_public_batch_is_distinct_per_round_stream_and_weights_only_change_on_ev
     assert torch.equal(batch, alg.draw_public_batch(5)) and not torch.equal(batch, alg.draw_public_batch(6))
     initial = alg.public_weights.clone()
     one_round(fed, 1)
-    assert torch.equal(alg.public_weights, initial)         # H <= h_th: W unchanged
+    assert torch.equal(alg.public_weights, initial)  # H <= h_th: W unchanged
     clustered = federation(FedTSDP(hopkins_threshold=ALWAYS, public_batch=20), public_size=60)
     drawn = clustered.algorithm.draw_public_batch(1)  # what round 1 draws from the uniform weights
     one_round(clustered, 1)
@@ -243,11 +246,16 @@ def test_digits_configs_differ_only_in_the_algorithm_and_all_configs_parse():
             assert doc["algorithm"]["class_path"] == "fedtsdp" and args["lr_decay"] == 0.95
             fed = doc["federation"]
             assert (fed["rounds"], fed["local_epochs"], fed["batch_size"]) == (200, 2, 50)
-            assert (args["hopkins_threshold"], args["eps_inference"], args["eps_weights"], args["psi"]) == \
-                (0.65, 0.15, 3.5, 0.98)
+            assert (args["hopkins_threshold"], args["eps_inference"], args["eps_weights"], args["psi"]) == (
+                0.65,
+                0.15,
+                3.5,
+                0.98,
+            )
     for split, names_ in splits:  # a fair comparison: same data, model, optimizer and rounds in a split
-        rest = [{k: v for k, v in docs[root / "digits" / split / f"{n}.yaml"].items() if k != "algorithm"}
-                for n in names_]
+        rest = [
+            {k: v for k, v in docs[root / "digits" / split / f"{n}.yaml"].items() if k != "algorithm"} for n in names_
+        ]
         assert all(r == rest[0] for r in rest), f"digits/{split} configs differ in more than the algorithm"
     parser = build_parser()  # one full, type-checked parse of each kind
     for path in (root / "digits" / "skew" / "fedtsdp.yaml", papers[0]):

@@ -1,6 +1,7 @@
 """GPFL: each loss term, the valve and the conditional inputs worked by hand; one local epoch against the authors'
 three-optimizer step written out here with plain torch; vectorized against one by one; what is averaged and what
 stays personal, the prediction through the personalized route; a resumed run; bad input refused in one line."""
+
 import copy
 import math
 
@@ -10,8 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlight.algorithms.gpfl import (COV, GCE, GPFL, INPUTS, ConditionalValve, angle_level_loss, class_shares,
-                                      conditional_inputs, magnitude_level_loss, weight_decay)
+from fedlight.algorithms.gpfl import (
+    COV,
+    GCE,
+    GPFL,
+    INPUTS,
+    ConditionalValve,
+    angle_level_loss,
+    class_shares,
+    conditional_inputs,
+    magnitude_level_loss,
+    weight_decay,
+)
 from fedlight.plugin import ClientSplit
 
 from helpers.federations import ConvHead, every_row, mlp_federation
@@ -64,6 +75,7 @@ def test_the_weight_decay_term_has_the_gradient_mu_theta_and_no_value():
 
 def valve(x: torch.Tensor, condition: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     """The authors' CoV written out: ReLU(x * (gamma + 1) + beta), each of gamma and beta Linear-ReLU-LayerNorm."""
+
     def route(name: str) -> torch.Tensor:
         hidden = F.relu(F.linear(condition, p[f"{name}.0.weight"], p[f"{name}.0.bias"]))
         return F.layer_norm(hidden, hidden.shape, p[f"{name}.2.weight"], p[f"{name}.2.bias"])
@@ -82,8 +94,9 @@ def test_one_local_epoch_is_the_authors_three_optimizer_step(vectorize):
     alg, client = fed.algorithm, 1
     start = alg.client_model(client)
     start[alg.inputs] = torch.randn(int(alg.inputs.sum()), generator=torch.Generator().manual_seed(1))
-    trained = fed.server.clients.train_many(1, [client], start[None], epochs=1, objective=alg._objective,
-                                            client_inputs=start[alg.embeddings][None]).params[0]
+    trained = fed.server.clients.train_many(
+        1, [client], start[None], epochs=1, objective=alg._objective, client_inputs=start[alg.embeddings][None]
+    ).params[0]
     fed.flat.load(start)
     state = {name: t.detach().clone() for name, t in fed.module.state_dict().items()}
     network = {k.removeprefix("network."): v.requires_grad_() for k, v in state.items() if k.startswith("network.")}
@@ -91,9 +104,11 @@ def test_one_local_epoch_is_the_authors_three_optimizer_step(vectorize):
     gce = state[f"{GCE}.weight"].requires_grad_()
     frozen = gce.detach().clone()
     generic, personalized = state[f"{INPUTS}.values"]
-    steps = [torch.optim.SGD(list(network.values()), lr=0.05, momentum=0.9),
-             torch.optim.SGD([gce], lr=0.05, momentum=0.9, weight_decay=mu),
-             torch.optim.SGD(list(cov.values()), lr=0.05, momentum=0.9, weight_decay=mu)]
+    steps = [
+        torch.optim.SGD(list(network.values()), lr=0.05, momentum=0.9),
+        torch.optim.SGD([gce], lr=0.05, momentum=0.9, weight_decay=mu),
+        torch.optim.SGD(list(cov.values()), lr=0.05, momentum=0.9, weight_decay=mu),
+    ]
     for _, _, (x, y) in fed.server.clients.batches(1, client, epochs=1):
         feat = torch.relu(F.linear(torch.flatten(x, 1), network["hidden.0.weight"], network["hidden.0.bias"]))
         output = F.linear(valve(feat, personalized, cov), network["out.weight"], network["out.bias"])
@@ -108,8 +123,11 @@ def test_one_local_epoch_is_the_authors_three_optimizer_step(vectorize):
             step.step()
     fed.flat.load(trained)
     mine = dict(fed.module.named_parameters())
-    theirs = {**{f"network.{k}": v for k, v in network.items()}, **{f"{COV}.{k}": v for k, v in cov.items()},
-              f"{GCE}.weight": gce}
+    theirs = {
+        **{f"network.{k}": v for k, v in network.items()},
+        **{f"{COV}.{k}": v for k, v in cov.items()},
+        f"{GCE}.weight": gce,
+    }
     assert mine.keys() == theirs.keys()
     for name in mine:
         assert torch.allclose(mine[name], theirs[name], atol=1e-5), name

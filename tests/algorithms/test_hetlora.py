@@ -1,5 +1,6 @@
 """HetLoRA: each client trains the global adapters truncated to its own rank, sends them zero-padded, and the server
 averages them weighted by the norm of each client's adapter product (checked against products computed here)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,8 +39,14 @@ class Recording(HetLoRA):
 
 def federation(root, algorithm: HetLoRA) -> Federation:
     torch.manual_seed(0)
-    data = TextFederated(str(root / "planted.jsonl"), str(root / "gpt2"), group_column="category", max_length=16,
-                         num_clients=8, partition=Groups())
+    data = TextFederated(
+        str(root / "planted.jsonl"),
+        str(root / "gpt2"),
+        group_column="category",
+        max_length=16,
+        num_clients=8,
+        partition=Groups(),
+    )
     model = PretrainedClassifier(str(root / "gpt2"), num_classes=4, lr=0.01, lora=LoRA(rank=8))
     config = FederationConfig(rounds=2, local_epochs=1, batch_size=16, accelerator="cpu", vectorize=0)
     return Federation(data, model, algorithm, config, seed=0)
@@ -48,8 +55,10 @@ def federation(root, algorithm: HetLoRA) -> Federation:
 def factors(run, rows: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
     """(A, B) of every adapted layer, for each row: arrays (k, r, in) and (k, out, r)."""
     views = run.flat.views(rows)
-    return [(views[a].double().numpy(), views[a.replace(".lora_A.", ".lora_B.")].double().numpy())
-            for a in run.algorithm.a_names]
+    return [
+        (views[a].double().numpy(), views[a.replace(".lora_A.", ".lora_B.")].double().numpy())
+        for a in run.algorithm.a_names
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +74,14 @@ def test_a_client_starts_from_and_trains_only_its_ranks_components(trained):
     global_before = algorithm.starts  # rows: each client's start, truncated from the round's global adapters
     for i, client in enumerate(algorithm.clients.tolist()):
         rank = RANKS[client % len(RANKS)]
-        for (a_start, b_start), (a, b) in zip(factors(trained, global_before[i:i + 1]),
-                                              factors(trained, algorithm.rows[i:i + 1])):
+        for (a_start, b_start), (a, b) in zip(
+            factors(trained, global_before[i : i + 1]), factors(trained, algorithm.rows[i : i + 1])
+        ):
             assert not a_start[0, rank:].any() and not b_start[0, :, rank:].any()
             assert not a[0, rank:].any() and not b[0, :, rank:].any()  # never trained beyond its rank
             assert not np.array_equal(a[0, :rank], a_start[0, :rank])  # but trained within it
     full = [i for i, c in enumerate(algorithm.clients.tolist()) if RANKS[c % len(RANKS)] == 8]
-    assert full and all(a[0, 4:].any() for a, _ in factors(trained, algorithm.starts[full[0]:full[0] + 1]))
+    assert full and all(a[0, 4:].any() for a, _ in factors(trained, algorithm.starts[full[0] : full[0] + 1]))
 
 
 def test_the_server_averages_the_padded_adapters_weighted_by_their_products_norm(trained):
@@ -100,10 +110,10 @@ def test_size_weighting_is_plain_zero_padding(root):
 def test_each_client_is_evaluated_with_the_global_adapters_cut_to_its_rank(trained):
     algorithm = trained.algorithm
     models, group = algorithm.evaluation_models()
-    (global_a, _), = factors(trained, algorithm.models[:1])[:1]
+    ((global_a, _),) = factors(trained, algorithm.models[:1])[:1]
     for client in range(8):
         rank = RANKS[client % len(RANKS)]
-        (a, _), = factors(trained, models[group[client]][None])[:1]
+        ((a, _),) = factors(trained, models[group[client]][None])[:1]
         assert np.array_equal(a[0, :rank], global_a[0, :rank]) and not a[0, rank:].any()
 
 

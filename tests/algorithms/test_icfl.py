@@ -1,6 +1,7 @@
 """ICFL: the threshold schedule by hand, the split rule on hand-built updates, the incremental join, the rotations
 recovered with the cluster and pool models checked against the clients' own training, DP through the engine's
 aggregator, exact resume, bad options refused in one line."""
+
 import math
 
 import pytest
@@ -50,7 +51,7 @@ def test_epsilon_2_and_the_threshold_by_hand():
     assert epsilon_2(4.0, 0.85) == pytest.approx(4.91107, abs=1e-5)
     assert split_threshold(0, 4.0, 0.85) == 0.0
     assert split_threshold(5, 4.0, 0.85) == pytest.approx(0.325167, abs=1e-6)
-    square, corner = math.e ** 2, 1 - 1 / math.e
+    square, corner = math.e**2, 1 - 1 / math.e
     assert epsilon_2(square, corner) == pytest.approx(1.0)
     assert split_threshold(1, square, corner) == pytest.approx(0.632121, abs=1e-6)
     assert split_threshold(3, square, corner) == pytest.approx(0.950213, abs=1e-6)
@@ -65,7 +66,7 @@ def test_the_threshold_reaches_alpha_0_after_epsilon_2_squared_rounds():
 def test_epsilon_1_below_e_gives_the_schedule_of_its_twin_above_e():
     """The exponent is t (1 - ln epsilon_1)^2 / ln(1 - alpha_0), and 1 - ln(e^2 / 2) = -(1 - ln 2): 2 and e^2 / 2 give
     one schedule (why the class asks for more than e), with epsilon_2 of opposite signs."""
-    twin = math.e ** 2 / 2
+    twin = math.e**2 / 2
     assert epsilon_2(2.0, 0.85) == pytest.approx(-epsilon_2(twin, 0.85))
     for t in (1, 4, 9):
         assert split_threshold(t, 2.0, 0.85) == pytest.approx(split_threshold(t, twin, 0.85))
@@ -181,14 +182,17 @@ def test_differential_privacy_applies_to_the_cluster_means():
     assert fed.run_round(1).scalars["privacy/epsilon"] > 0
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"epsilon_1": math.e}, r"epsilon_1 must be above e \(2.718...\), got 2.718"),
-    ({"epsilon_1": 2.0}, "epsilon_1 must be above e"),
-    ({"alpha_0": 0.0}, r"alpha_0 must be in \(0, 1\), got 0.0"),
-    ({"alpha_0": 1.0}, r"alpha_0 must be in \(0, 1\)"),
-    ({"alpha_0": -0.5}, r"alpha_0 must be in \(0, 1\)"),
-    ({"min_cluster_size": 0}, "min_cluster_size must be at least 1, or null for no floor, got 0"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"epsilon_1": math.e}, r"epsilon_1 must be above e \(2.718...\), got 2.718"),
+        ({"epsilon_1": 2.0}, "epsilon_1 must be above e"),
+        ({"alpha_0": 0.0}, r"alpha_0 must be in \(0, 1\), got 0.0"),
+        ({"alpha_0": 1.0}, r"alpha_0 must be in \(0, 1\)"),
+        ({"alpha_0": -0.5}, r"alpha_0 must be in \(0, 1\)"),
+        ({"min_cluster_size": 0}, "min_cluster_size must be at least 1, or null for no floor, got 0"),
+    ],
+)
 def test_bad_options_are_refused_in_one_line(options, message):
     with pytest.raises(ValueError, match=message) as error:
         ICFL(**options)

@@ -1,6 +1,7 @@
 """Methods on LoRA adapters: FedIT, FFA-LoRA, FedSA-LoRA (one defining property each, computed by hand from the
 clients' trained rows), the personalized methods acting on the adapter space with their masks unchanged, the
 clustered methods with a cluster's adapter as its model, and the shipped configs under configs/pretrained/."""
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ def root(tmp_path_factory):
 
 def recording(cls):
     """`cls` holding every update of a round and keeping the last round's trained rows and training-set sizes."""
+
     class Recording(cls):
         plan = Plan(holds_updates=True)
 
@@ -38,6 +40,7 @@ def recording(cls):
             trained = updates.all()
             self.rows, self.sizes = trained.params.clone(), trained.num_samples.clone().float()
             super().aggregate(round, updates)
+
     return Recording
 
 
@@ -50,8 +53,11 @@ def adapted_product(federation, params: torch.Tensor, layer: str) -> torch.Tenso
     """B A of one adapted layer for each row of `params`, A taken from the module when it is frozen (FFA-LoRA)."""
     module = dict(federation.module.named_parameters())
     a_name, b_name = f"{layer}.lora_A.default.weight", f"{layer}.lora_B.default.weight"
-    a = factor(federation, params, a_name) if a_name in federation.flat.views(params) else \
-        module[a_name].detach().expand(len(params), *module[a_name].shape)
+    a = (
+        factor(federation, params, a_name)
+        if a_name in federation.flat.views(params)
+        else module[a_name].detach().expand(len(params), *module[a_name].shape)
+    )
     return factor(federation, params, b_name) @ a
 
 
@@ -105,8 +111,13 @@ def test_a_network_without_adapters_is_refused_in_one_line():
 
     for cls in (FedIT, FFALoRA, FedSALoRA):
         with pytest.raises(ValueError, match=r"trains LoRA adapters, and Classifier has none"):
-            Federation(DigitsFederated(num_clients=2), Classifier(SmallCNN(1, 10, 8, width=4)), cls(),
-                       FederationConfig(rounds=1, accelerator="cpu"), seed=0)
+            Federation(
+                DigitsFederated(num_clients=2),
+                Classifier(SmallCNN(1, 10, 8, width=4)),
+                cls(),
+                FederationConfig(rounds=1, accelerator="cpu"),
+                seed=0,
+            )
 
 
 def algorithm_class_of(name: str) -> type:
@@ -128,22 +139,34 @@ def algorithm(name: str, **options):
 def test_existing_methods_act_on_the_adapter_space_only(root, name):
     """Each method runs on the adapters with its masks unchanged: every tensor that moves is an adapter or the head,
     the base is bit for bit the same, and FedPer's one personal layer is the head."""
-    federation = text_federation(root, algorithm(name, **{**PERSONALIZED, **CLUSTERED}[name]), rounds=2,
-                                 num_clients=4, public_size=40 if name == "flis_dc" else 0, local_epochs=1)
+    federation = text_federation(
+        root,
+        algorithm(name, **{**PERSONALIZED, **CLUSTERED}[name]),
+        rounds=2,
+        num_clients=4,
+        public_size=40 if name == "flis_dc" else 0,
+        local_epochs=1,
+    )
     base = frozen_state(federation.module)
     start = federation.algorithm.models.clone()
     for r in (1, 2):
         federation.run_round(r)
     assert all(torch.equal(p, base[n]) for n, p in frozen_state(federation.module).items())
-    moved = {e.name for e in federation.flat.entries
-             if not torch.equal(federation.algorithm.models[:, e.start:e.stop], start[:1, e.start:e.stop]
-                                .expand(len(federation.algorithm.models), -1))}
+    moved = {
+        e.name
+        for e in federation.flat.entries
+        if not torch.equal(
+            federation.algorithm.models[:, e.start : e.stop],
+            start[:1, e.start : e.stop].expand(len(federation.algorithm.models), -1),
+        )
+    }
     head = federation.module.head_name
     assert moved and all(".lora_" in n or head in n for n in moved)
     if name == "fedper":
         mask = federation.algorithm.personal_mask
-        assert {e.name for e in federation.flat.entries if mask[e.start]} == \
-            {e.name for e in federation.flat.entries if head in e.name}
+        assert {e.name for e in federation.flat.entries if mask[e.start]} == {
+            e.name for e in federation.flat.entries if head in e.name
+        }
 
 
 # -- the shipped configs ----------------------------------------------------------------------------------------------
@@ -165,8 +188,20 @@ def run_config(path: Path, folder: Path, *overrides: str) -> dict:
     cwd = os.getcwd()
     os.chdir(folder)
     try:
-        code = main(["fit", "--config", str(path), "--logger.wandb", "false", "--output_dir", str(folder / "runs"),
-                     "--run_name", path.stem, *overrides])
+        code = main(
+            [
+                "fit",
+                "--config",
+                str(path),
+                "--logger.wandb",
+                "false",
+                "--output_dir",
+                str(folder / "runs"),
+                "--run_name",
+                path.stem,
+                *overrides,
+            ]
+        )
     finally:
         os.chdir(cwd)
     assert code == 0
@@ -213,8 +248,11 @@ def test_methods_reading_the_features_run_on_a_vits_adapters(name):
     federation, error = compatibility.run_cell(algorithm_class_of(name), "adapters", {})
     assert error is None, error
     head = federation.module.head_name  # the network's entries are adapters or the head; a method's own modules
-    assert all(".lora_" in e.name or f".{head}." in e.name  # (a personal head, a policy) sit outside `network`
-               for e in federation.flat.entries if e.name.startswith("network."))
+    assert all(
+        ".lora_" in e.name or f".{head}." in e.name  # (a personal head, a policy) sit outside `network`
+        for e in federation.flat.entries
+        if e.name.startswith("network.")
+    )
 
 
 @pytest.mark.parametrize("name", ["text_fedsalora", "text_ifca"])
@@ -224,9 +262,21 @@ def test_a_crashed_adapter_run_resumes_to_the_same_numbers(name, workdir, monkey
     from helpers.resume import crash_and_resume
 
     out = workdir / f"resume-{name}"
-    args = ["fit", "--config", str(REPO / "configs" / "pretrained" / f"{name}.yaml"), "--logger.wandb", "false",
-            "--output_dir", str(out), "--federation.rounds", "4", "--federation.local_epochs", "1",
-            "--federation.vectorize", "5"]
+    args = [
+        "fit",
+        "--config",
+        str(REPO / "configs" / "pretrained" / f"{name}.yaml"),
+        "--logger.wandb",
+        "false",
+        "--output_dir",
+        str(out),
+        "--federation.rounds",
+        "4",
+        "--federation.local_epochs",
+        "1",
+        "--federation.vectorize",
+        "5",
+    ]
     monkeypatch.chdir(workdir)
     assert main(args + ["--run_name", "whole"]) == 0
     crash_and_resume(args, out / "crashed", monkeypatch)

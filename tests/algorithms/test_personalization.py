@@ -1,5 +1,6 @@
 """Layer personalization: layer-count masks (whole and half layers), the engine's re-slicing of personal
 storage, FedPer and LG-FedAvg, all checked against hand-listed tensors and hand-computed averages."""
+
 import pytest
 import torch
 
@@ -18,8 +19,16 @@ from fedlight.training.layer_masks import first_layers, half_step, last_layers, 
 
 from helpers.federations import every_row, small_federation
 
-CNN_TENSORS = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias",
-               "fc2.weight", "fc2.bias"]
+CNN_TENSORS = [
+    "conv1.weight",
+    "conv1.bias",
+    "conv2.weight",
+    "conv2.bias",
+    "fc1.weight",
+    "fc1.bias",
+    "fc2.weight",
+    "fc2.bias",
+]
 
 
 def covered(flat: FlatModel, mask: torch.Tensor) -> list[str]:
@@ -31,6 +40,7 @@ def covered(flat: FlatModel, mask: torch.Tensor) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- layer counts
+
 
 def test_first_and_last_layers():
     layers = ["a", "b", "c", "d"]
@@ -46,7 +56,7 @@ def test_half_step_reproduces_the_half_layer_schedule():
     # to 3.5"; the half-layer rounding is our choice): from 4 layers with psi = 0.98, floor reaches
     # 3.5 / 3.0 / 2.5 / 2.0 after 1 / 7 / 15 / 24 events, round reaches 3.5 / 3.0 / 2.5 after 4 / 11 / 19.
     def first_event(target, rounding):
-        return next(k for k in range(100) if half_step(4 * 0.98 ** k, rounding) <= target)
+        return next(k for k in range(100) if half_step(4 * 0.98**k, rounding) <= target)
 
     assert [first_event(t, "floor") for t in (3.5, 3.0, 2.5, 2.0)] == [1, 7, 15, 24]
     assert [first_event(t, "round") for t in (3.5, 3.0, 2.5)] == [4, 11, 19]
@@ -58,10 +68,10 @@ def test_half_step_reproduces_the_half_layer_schedule():
 
 def test_fedtsdp_cnn_half_layer_split_shares_the_weight_and_keeps_the_bias():
     flat = FlatModel(FedTSDPCNN(1, 10, 8))
-    shared = layer_count_mask(flat, half_step(4 * 0.98), "first")       # 3.92 -> 3.5
+    shared = layer_count_mask(flat, half_step(4 * 0.98), "first")  # 3.92 -> 3.5
     assert covered(flat, shared) == CNN_TENSORS[:7]
     assert covered(flat, ~shared) == ["fc2.bias"]
-    shared = layer_count_mask(flat, half_step(4 * 0.98 ** 7), "first")  # 3.47 -> 3.0: fc2 wholly personal
+    shared = layer_count_mask(flat, half_step(4 * 0.98**7), "first")  # 3.47 -> 3.0: fc2 wholly personal
     assert covered(flat, shared) == CNN_TENSORS[:6]
     assert covered(flat, layer_count_mask(flat, 1, "last")) == ["fc2.weight", "fc2.bias"]
     assert covered(flat, layer_count_mask(flat, 1.5, "first")) == ["conv1.weight", "conv1.bias", "conv2.weight"]
@@ -82,8 +92,13 @@ def test_first_and_last_counts_are_complements_on_the_whole_grid():
 def test_half_layers_of_a_resnet_block_carry_their_batchnorm_statistics():
     flat = FlatModel(ResNet18(3, 10))
     stem = ["stem.0.weight", "stem.1.weight", "stem.1.bias", "stem.1.running_mean", "stem.1.running_var"]
-    half = ["layer1.0.conv1.weight", "layer1.0.bn1.weight", "layer1.0.bn1.bias", "layer1.0.bn1.running_mean",
-            "layer1.0.bn1.running_var"]
+    half = [
+        "layer1.0.conv1.weight",
+        "layer1.0.bn1.weight",
+        "layer1.0.bn1.bias",
+        "layer1.0.bn1.running_mean",
+        "layer1.0.bn1.running_var",
+    ]
     assert covered(flat, layer_count_mask(flat, 1.5, "first")) == stem + half
     assert covered(flat, layer_count_mask(flat, 0.5, "last")) == ["fc.bias"]
 
@@ -95,6 +110,7 @@ def test_layer_names_of_a_wrapped_network_are_prefixed_and_still_split():
 
 
 # ----------------------------------------------------------------------------- the engine's personal storage
+
 
 def two_clusters_of_three_clients():
     """(federation, d, training-set sizes, mask A = entries 0-3, mask B = entries 4-5): cluster models of 1.0 and
@@ -113,30 +129,32 @@ def two_clusters_of_three_clients():
 def test_set_personal_mask_reslices_storage_by_hand():
     fed, d, sizes, A, B = two_clusters_of_three_clients()
     alg = fed.algorithm
-    alg.set_personal_mask(A)                                      # from the cluster models
+    alg.set_personal_mask(A)  # from the cluster models
     assert alg.personal.row_shape == (4,) and alg.personal.touched().tolist() == []  # nothing stored yet
     assert torch.equal(every_row(alg.personal), torch.tensor([[1.0] * 4, [2.0] * 4, [2.0] * 4]))
     alg.personal.write([0, 1, 2], torch.tensor([[10.0] * 4, [20.0] * 4, [30.0] * 4]))
     trained = torch.full((1, d), 7.0)
     update = Updates(torch.tensor([1]), trained, trained.clone(), torch.tensor([5]), torch.zeros(1))
-    alg.set_personal_mask(A | B, update)                          # grow: client 1's new entries from its upload
+    alg.set_personal_mask(A | B, update)  # grow: client 1's new entries from its upload
     assert alg.personal.row_shape == (6,)
-    assert torch.equal(every_row(alg.personal), torch.tensor([[10.0] * 4 + [1.0] * 2, [20.0] * 4 + [7.0] * 2,
-                                                              [30.0] * 4 + [2.0] * 2]))
+    assert torch.equal(
+        every_row(alg.personal), torch.tensor([[10.0] * 4 + [1.0] * 2, [20.0] * 4 + [7.0] * 2, [30.0] * 4 + [2.0] * 2])
+    )
     assert torch.equal(alg.client_model(1)[:6], torch.tensor([20.0] * 4 + [7.0] * 2))
-    alg.set_personal_mask(B)                                      # shrink: A goes back, averaged per cluster
+    alg.set_personal_mask(B)  # shrink: A goes back, averaged per cluster
     expected_1 = (sizes[1] * 20 + sizes[2] * 30) / (sizes[1] + sizes[2])
     assert torch.allclose(alg.models[0, :4], torch.full((4,), 10.0))
     assert torch.allclose(alg.models[1, :4], torch.full((4,), float(expected_1)))
     assert torch.equal(every_row(alg.personal), torch.tensor([[1.0] * 2, [7.0] * 2, [2.0] * 2]))
-    alg.set_personal_mask(torch.zeros(d, dtype=torch.bool))       # nothing personal: plain cluster models
+    alg.set_personal_mask(torch.zeros(d, dtype=torch.bool))  # nothing personal: plain cluster models
     assert alg.personal_mask is None and alg.personal is None
     assert torch.equal(alg.client_model(2), alg.models[1])
 
 
 @pytest.mark.parametrize("chunk_bytes", [personal_part.CHUNK_BYTES, 1], ids=["one chunk", "a client a chunk"])
 def test_clients_never_written_keep_their_values_from_when_the_mask_was_set_through_grow_and_shrink(
-        monkeypatch, chunk_bytes):
+    monkeypatch, chunk_bytes
+):
     """The example above with client 2 never written and moved to cluster 0 after the mask is set: it keeps its
     values from cluster 1 (2.0) and takes its newly personal ones from cluster 0 (1.0), as a (clients x p) tensor
     would hold them, while only the written clients' rows are stored; re-sliced in one chunk or a client at a
@@ -146,21 +164,22 @@ def test_clients_never_written_keep_their_values_from_when_the_mask_was_set_thro
     alg = fed.algorithm
     alg.set_personal_mask(A)
     alg.personal.write([0, 1], torch.tensor([[10.0] * 4, [20.0] * 4]))
-    alg.assignment[2] = 0                                         # reassigned: its personal values stay
+    alg.assignment[2] = 0  # reassigned: its personal values stay
     assert torch.equal(alg.client_model(2)[:6], torch.tensor([2.0] * 4 + [1.0] * 2))
     trained = torch.full((1, d), 7.0)
     update = Updates(torch.tensor([1]), trained, trained.clone(), torch.tensor([5]), torch.zeros(1))
     alg.set_personal_mask(A | B, update)
-    assert torch.equal(every_row(alg.personal), torch.tensor([[10.0] * 4 + [1.0] * 2, [20.0] * 4 + [7.0] * 2,
-                                                              [2.0] * 4 + [1.0] * 2]))
+    assert torch.equal(
+        every_row(alg.personal), torch.tensor([[10.0] * 4 + [1.0] * 2, [20.0] * 4 + [7.0] * 2, [2.0] * 4 + [1.0] * 2])
+    )
     assert alg.personal.touched().tolist() == [0, 1] and alg.personal.memory_bytes == 2 * 6 * 4
-    alg.set_personal_mask(B)                                      # cluster 0 is now clients 0 and 2
+    alg.set_personal_mask(B)  # cluster 0 is now clients 0 and 2
     expected_0 = (sizes[0] * 10 + sizes[2] * 2) / (sizes[0] + sizes[2])
     assert torch.allclose(alg.models[0, :4], torch.full((4,), float(expected_0)))
     assert torch.equal(alg.models[1, :4], torch.full((4,), 20.0))
     assert torch.equal(every_row(alg.personal), torch.tensor([[1.0] * 2, [7.0] * 2, [1.0] * 2]))
     assert alg.personal.touched().tolist() == [0, 1] and alg.personal.memory_bytes == 2 * 2 * 4
-    assert fed.client_states.budget.used == 2 * 2 * 4              # the earlier stores' rows left the budget
+    assert fed.client_states.budget.used == 2 * 2 * 4  # the earlier stores' rows left the budget
 
 
 def test_a_dropped_store_leaves_the_budget_and_the_checkpoints_and_stays_readable():
@@ -178,6 +197,7 @@ def test_a_dropped_store_leaves_the_budget_and_the_checkpoints_and_stays_readabl
 
 # ----------------------------------------------------------------------------- FedPer and LG-FedAvg
 
+
 def test_fedper_with_no_personal_layers_equals_fedavg():
     a = small_federation(FedAvg(), rounds=2)
     b = small_federation(FedPer(personal_layers=0), rounds=2)
@@ -188,12 +208,17 @@ def test_fedper_with_no_personal_layers_equals_fedavg():
     assert ma.scalars["test/acc_mean"] == mb.scalars["test/acc_mean"]
 
 
-@pytest.mark.parametrize("algorithm, personal", [
-    (FedPer(personal_layers=1), ["network.fc.weight", "network.fc.bias"]),
-    (LGFedAvg(global_layers=1), ["network.conv1.weight", "network.conv1.bias", "network.conv2.weight",
-                                 "network.conv2.bias"]),
-    (FedPer(personal_layers=0.5), ["network.fc.bias"]),
-])
+@pytest.mark.parametrize(
+    "algorithm, personal",
+    [
+        (FedPer(personal_layers=1), ["network.fc.weight", "network.fc.bias"]),
+        (
+            LGFedAvg(global_layers=1),
+            ["network.conv1.weight", "network.conv1.bias", "network.conv2.weight", "network.conv2.bias"],
+        ),
+        (FedPer(personal_layers=0.5), ["network.fc.bias"]),
+    ],
+)
 def test_personal_layers_are_untouched_by_aggregation(algorithm, personal):
     fed = small_federation(algorithm, num_clients=3)
     alg = fed.algorithm
@@ -241,10 +266,16 @@ def test_fedper_over_2000_clients_stores_the_personal_rows_of_the_clients_it_tra
     not 2,000), each client trained starts from its last trained personal part, and every other client's model is
     the shared model with the initial model's personal entries (what it held when FedPer set its mask)."""
     torch.manual_seed(0)
-    settings = FederationConfig(rounds=3, local_epochs=1, batch_size=32, accelerator="cpu", vectorize=0,
-                                clients_per_round=3)
-    fed = Federation(ManyWriters(num_clients=2000), Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1),
-                     FedPer(personal_layers=1), settings, seed=0)
+    settings = FederationConfig(
+        rounds=3, local_epochs=1, batch_size=32, accelerator="cpu", vectorize=0, clients_per_round=3
+    )
+    fed = Federation(
+        ManyWriters(num_clients=2000),
+        Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1),
+        FedPer(personal_layers=1),
+        settings,
+        seed=0,
+    )
     alg, n = fed.algorithm, 2000
     mask, store = alg.personal_mask, alg.personal
     trained = {}
@@ -273,8 +304,12 @@ def test_a_format_4_checkpoint_with_a_dense_personal_part_resumes_with_every_row
         a.run_round(r)
     dense = every_row(a.algorithm.personal)
     written = dict(a.state_dict())
-    written["algorithm"] = {"models": a.algorithm.models.clone(), "assignment": a.algorithm.assignment.clone(),
-                            "personal": dense.clone(), "personal_mask": a.algorithm.personal_mask}
+    written["algorithm"] = {
+        "models": a.algorithm.models.clone(),
+        "assignment": a.algorithm.assignment.clone(),
+        "personal": dense.clone(),
+        "personal_mask": a.algorithm.personal_mask,
+    }
     written["client_state"] = {}
     state = checkpoint.upgrade({"federation": written, "callbacks": {}, "format_version": 4}, [])
     b = small_federation(FedPer(personal_layers=1, participation=0.5), num_clients=4, rounds=3)
@@ -284,8 +319,9 @@ def test_a_format_4_checkpoint_with_a_dense_personal_part_resumes_with_every_row
     a.run_round(3), b.run_round(3)
     assert torch.equal(every_row(a.algorithm.personal), every_row(b.algorithm.personal))
     assert torch.equal(a.algorithm.models, b.algorithm.models)
-    nothing = checkpoint.upgrade({"federation": {"round": 1, "algorithm": {"personal": None, "personal_mask": None}},
-                                  "format_version": 4}, [])
+    nothing = checkpoint.upgrade(
+        {"federation": {"round": 1, "algorithm": {"personal": None, "personal_mask": None}}, "format_version": 4}, []
+    )
     assert nothing["federation"]["algorithm"]["personal_start"] is None and "client_state" not in nothing["federation"]
 
 

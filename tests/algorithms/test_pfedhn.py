@@ -2,6 +2,7 @@
 (W + lr delta v^T, v + lr W^T delta), its SGD and clipping against torch's own, the head's bias moving by lr times the
 round's summed changes, personalized generated models, a newcomer's embedding fit against a plain PyTorch loop, exact
 resumption and the refusal of bad options."""
+
 import copy
 
 import pytest
@@ -29,9 +30,9 @@ def test_one_step_of_a_linear_hypernetwork_is_lr_delta_v_transposed_and_lr_w_tra
     lr = 0.5
     (w_grad,), v_grad = pseudo_gradients(hypernet, v, delta)
     # by hand: W + lr (delta_1 v_1^T + delta_2 v_2^T)
-    expected_w = W + lr * torch.tensor([[0.1 * 1.0 + 0.0, 0.1 * -2.0 + 0.0],
-                                        [0.0 + 0.3 * 0.5, 0.0 + 0.0],
-                                        [-0.2 * 1.0 + 0.1 * 0.5, -0.2 * -2.0 + 0.0]])
+    expected_w = W + lr * torch.tensor(
+        [[0.1 * 1.0 + 0.0, 0.1 * -2.0 + 0.0], [0.0 + 0.3 * 0.5, 0.0 + 0.0], [-0.2 * 1.0 + 0.1 * 0.5, -0.2 * -2.0 + 0.0]]
+    )
     # by hand: v_i + lr W^T delta_i: W^T delta_1 = (0.1 - 0.6, 0.2 - 0.1), W^T delta_2 = (0.3, -0.3 + 0.05)
     expected_v = v + lr * torch.tensor([[-0.5, 0.1], [0.3, -0.25]])
     with torch.no_grad():
@@ -93,8 +94,13 @@ def test_a_newcomers_embedding_is_fitted_by_a_plain_sgd_loop_through_the_frozen_
     torch.manual_seed(0)
     data = DigitsFederated(num_clients=5, partition=ClassesPerClient(2), holdout_clients=1)
     alg = PFedHN(newcomer_epochs=2, embed_lr=0.5)
-    fed = Federation(data, Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1), alg,
-                     FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0), seed=0)
+    fed = Federation(
+        data,
+        Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1),
+        alg,
+        FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0),
+        seed=0,
+    )
     fed.run_round(1)
     newcomers = fed.extension(NewcomerEvaluation).clients
     phi = {k: v.clone() for k, v in alg.hypernet.state_dict().items()}
@@ -107,7 +113,7 @@ def test_a_newcomers_embedding_is_fitted_by_a_plain_sgd_loop_through_the_frozen_
     entries = fed.flat.entries
     for _, _, (x, y) in newcomers.batches(0, 2, "pfedhn_embedding"):
         theta = alg.hypernet(v[None])[0]  # every entry: SmallCNN has no buffers
-        tensors = {e.name: theta[e.start: e.stop].view(e.shape) for e in entries}
+        tensors = {e.name: theta[e.start : e.stop].view(e.shape) for e in entries}
         optimizer.zero_grad()
         F.cross_entropy(torch.func.functional_call(fed.module, tensors, (x,)), y).backward()
         optimizer.step()
@@ -133,13 +139,21 @@ def test_a_run_resumed_from_its_state_ends_as_an_uninterrupted_one():
     assert ra.scalars["test/acc_mean"] == rb.scalars["test/acc_mean"]
 
 
-@pytest.mark.parametrize("options, name", [({"embed_dim": 0}, "embed_dim"), ({"embed_dim": -3}, "embed_dim"),
-                                           ({"hidden_dim": 0}, "hidden_dim"), ({"n_hidden": -1}, "n_hidden"),
-                                           ({"hn_lr": 0.0}, "hn_lr"), ({"embed_lr": -1.0}, "embed_lr"),
-                                           ({"hn_momentum": 1.0}, "hn_momentum"),
-                                           ({"hn_weight_decay": -0.1}, "hn_weight_decay"),
-                                           ({"max_grad_norm": 0.0}, "max_grad_norm"),
-                                           ({"newcomer_epochs": 0}, "newcomer_epochs")])
+@pytest.mark.parametrize(
+    "options, name",
+    [
+        ({"embed_dim": 0}, "embed_dim"),
+        ({"embed_dim": -3}, "embed_dim"),
+        ({"hidden_dim": 0}, "hidden_dim"),
+        ({"n_hidden": -1}, "n_hidden"),
+        ({"hn_lr": 0.0}, "hn_lr"),
+        ({"embed_lr": -1.0}, "embed_lr"),
+        ({"hn_momentum": 1.0}, "hn_momentum"),
+        ({"hn_weight_decay": -0.1}, "hn_weight_decay"),
+        ({"max_grad_norm": 0.0}, "max_grad_norm"),
+        ({"newcomer_epochs": 0}, "newcomer_epochs"),
+    ],
+)
 def test_pfedhn_refuses_bad_options_in_one_line(options, name):
     with pytest.raises(ValueError, match=f"^{name} must") as error:
         PFedHN(**options)

@@ -2,6 +2,7 @@
 regression (its gradient written out in helpers.softmax_regression), the start of local training mixed by hand on the
 top layer with the global model below it, the evaluated models at W = 1 and W = 0, the stopping rule of a client's
 first W learning on scripted losses, and its sample's size."""
+
 import pytest
 import torch
 
@@ -44,7 +45,9 @@ def two_rounds():
     local, received = alg.local.read(clients).clone(), alg.models[0].clone()
     starts, train_many = [], server.clients.train_many
     server.clients.train_many = lambda round, group, begin, *args, **kwargs: (
-        starts.append(begin.clone()), train_many(round, group, begin, *args, **kwargs))[1]
+        starts.append(begin.clone()),
+        train_many(round, group, begin, *args, **kwargs),
+    )[1]
     fed.run_round(2)
     del server.clients.train_many
     return fed, clients, local, received, torch.cat(starts)
@@ -81,11 +84,16 @@ def test_clients_are_evaluated_with_the_global_model_at_w_one_and_their_local_to
     alg.weights.write([client], weights[None])
 
 
-@pytest.mark.parametrize("learned, limit, expected", [(False, 100, [6.0, 4.0]), (False, 5, [5.0, 4.0]),
-                                                      (True, 100, [1.0, 1.0])])
+@pytest.mark.parametrize(
+    "learned, limit, expected", [(False, 100, [6.0, 4.0]), (False, 5, [5.0, 4.0]), (True, 100, [1.0, 1.0])]
+)
 def test_a_clients_first_w_learning_stops_when_its_last_pass_losses_settle(monkeypatch, learned, limit, expected):
-    fed = linear_federation(FedALA(num_pre_loss=3, threshold=0.1, max_start_passes=limit), num_clients=3,
-                            batch_size=4096, partition=QuantitySkew(min_size=30))
+    fed = linear_federation(
+        FedALA(num_pre_loss=3, threshold=0.1, max_start_passes=limit),
+        num_clients=3,
+        batch_size=4096,
+        partition=QuantitySkew(min_size=30),
+    )
     alg, server = fed.algorithm, fed.server
     clients = [0, 1]
     sizes = [int(0.8 * int(server.clients.train_sizes[c])) for c in clients]
@@ -102,8 +110,9 @@ def test_a_clients_first_w_learning_stops_when_its_last_pass_losses_settle(monke
 
     monkeypatch.setattr(server.model, "group_loss_and_grad", scripted)
     starts = server.model.initial_params.expand(2, -1)
-    _, passes = alg.learn_weights(1, clients, starts, starts + 1, torch.ones(2, server.model.num_params),
-                                  torch.tensor([learned, learned]))
+    _, passes = alg.learn_weights(
+        1, clients, starts, starts + 1, torch.ones(2, server.model.num_params), torch.tensor([learned, learned])
+    )
     assert passes.tolist() == expected and [calls[s] for s in sizes] == expected
 
 
@@ -121,10 +130,17 @@ def test_the_sample_is_s_percent_of_each_clients_own_training_rows():
         assert bool((pairs.sum(dim=1) >= 1).all()) and len(torch.unique(pairs.float().argmax(dim=1))) == len(taken)
 
 
-@pytest.mark.parametrize("arguments, option", [({"layers": 0}, "layers"), ({"layers": 0.3}, "layers"),
-                                               ({"rand_percent": 0}, "rand_percent"),
-                                               ({"rand_percent": 100.5}, "rand_percent"),
-                                               ({"eta": -1.0}, "eta"), ({"num_pre_loss": 0}, "num_pre_loss")])
+@pytest.mark.parametrize(
+    "arguments, option",
+    [
+        ({"layers": 0}, "layers"),
+        ({"layers": 0.3}, "layers"),
+        ({"rand_percent": 0}, "rand_percent"),
+        ({"rand_percent": 100.5}, "rand_percent"),
+        ({"eta": -1.0}, "eta"),
+        ({"num_pre_loss": 0}, "num_pre_loss"),
+    ],
+)
 def test_fedala_refuses_bad_input_in_one_line(arguments, option):
     with pytest.raises(ValueError, match=option) as error:
         FedALA(**arguments)

@@ -1,6 +1,7 @@
 """SCAFFOLD (control variates against client drift) and APFL (a mixture of a local and a global model), each checked
 against FedAvg where the paper's algorithm reduces to it, and against hand computations on a linear model (softmax
 regression, whose cross-entropy gradient is written out below)."""
+
 import json
 import math
 
@@ -19,6 +20,7 @@ from helpers.softmax_regression import LR, client_data, linear_federation, linea
 
 # ----------------------------------------------------------------------------- SCAFFOLD
 
+
 def test_scaffold_first_round_is_the_unweighted_mean_of_fedavg_clients():
     clients = [0, 1, 2, 3]
     fedavg = small_federation(FedAvg(), num_clients=4, partition=QuantitySkew(min_size=30))
@@ -36,8 +38,9 @@ def test_scaffold_first_round_is_the_unweighted_mean_of_fedavg_clients():
 
 
 def test_scaffold_control_variates_follow_option_two_by_hand():
-    fed = linear_federation(SCAFFOLD(server_lr=0.7, participation=0.5), num_clients=4,
-                            partition=QuantitySkew(min_size=30))
+    fed = linear_federation(
+        SCAFFOLD(server_lr=0.7, participation=0.5), num_clients=4, partition=QuantitySkew(min_size=30)
+    )
     fed.run_round(1)
     alg = fed.algorithm
     x, c, c_i = alg.models[0].double(), alg.control.double(), every_row(alg.client_controls).double()
@@ -79,8 +82,9 @@ def test_scaffold_corrected_step_is_g_plus_c_minus_ci(vectorize):
 
 
 def test_scaffold_resumes_exactly():
-    resumed_equals_uninterrupted(lambda: small_federation(SCAFFOLD(participation=0.5), num_clients=4, rounds=3),
-                                 ("control", "client_controls"))
+    resumed_equals_uninterrupted(
+        lambda: small_federation(SCAFFOLD(participation=0.5), num_clients=4, rounds=3), ("control", "client_controls")
+    )
 
 
 @pytest.mark.parametrize("server_lr", [0.0, -1.0])
@@ -90,6 +94,7 @@ def test_scaffold_refuses_a_non_positive_server_lr(server_lr):
 
 
 # ----------------------------------------------------------------------------- APFL
+
 
 def test_apfl_with_alpha_fixed_at_zero_is_fedavg():
     # its w-step is plain SGD at the module's rate, so FedAvg's module has momentum 0 (small_federation's default)
@@ -143,18 +148,21 @@ def test_apfl_evaluates_each_client_with_its_mixture():
 
 
 def test_apfl_resumes_exactly():
-    resumed_equals_uninterrupted(lambda: small_federation(APFL(participation=0.5), num_clients=4, rounds=3),
-                                 ("local", "alpha"))
+    resumed_equals_uninterrupted(
+        lambda: small_federation(APFL(participation=0.5), num_clients=4, rounds=3), ("local", "alpha")
+    )
 
 
-@pytest.mark.parametrize("options, name", [({"alpha": -0.1}, "alpha"), ({"alpha": 1.5}, "alpha"),
-                                           ({"alpha_lr": 0.0}, "alpha_lr")])
+@pytest.mark.parametrize(
+    "options, name", [({"alpha": -0.1}, "alpha"), ({"alpha": 1.5}, "alpha"), ({"alpha_lr": 0.0}, "alpha_lr")]
+)
 def test_apfl_refuses_bad_options(options, name):
     with pytest.raises(ValueError, match=f"^{name} must"):
         APFL(**options)
 
 
 # ----------------------------------------------------------------------------- the command line
+
 
 @pytest.mark.parametrize("class_path", ["fedlight.algorithms.scaffold.SCAFFOLD", "fedlight.algorithms.apfl.APFL"])
 def test_a_short_run_through_the_command_line(tmp_path, tiny_run_args, class_path):

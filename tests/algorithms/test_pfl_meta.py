@@ -1,6 +1,7 @@
 """pFedMe and Per-FedAvg: their local steps against hand-worked formulas on quadratics, their clients' rounds against
 plain loops written out here, the server updates against hand-computed averages, Per-FedAvg's one-step evaluation,
 exact resumption and the refusal of bad options."""
+
 from functools import partial
 
 import pytest
@@ -48,6 +49,7 @@ def resumes_exactly(make, names: tuple[str, ...]) -> None:
 
 # ----------------------------------------------------------------------------- pFedMe
 
+
 def test_pfedme_inner_solver_is_k_gradient_steps_on_the_moreau_problem():
     A, b = problem(0)
     theta0, w = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64), torch.tensor([1.0, 0.5, -0.5], dtype=torch.float64)
@@ -56,8 +58,9 @@ def test_pfedme_inner_solver_is_k_gradient_steps_on_the_moreau_problem():
     M = torch.eye(3, dtype=torch.float64) - lr * (A.T @ A + lam * torch.eye(3, dtype=torch.float64))
     c = lr * (A.T @ b + lam * w)
     expected = torch.linalg.matrix_power(M, K) @ theta0 + sum(torch.linalg.matrix_power(M, j) @ c for j in range(K))
-    before_last = torch.linalg.matrix_power(M, K - 1) @ theta0 + sum(torch.linalg.matrix_power(M, j) @ c
-                                                                     for j in range(K - 1))
+    before_last = torch.linalg.matrix_power(M, K - 1) @ theta0 + sum(
+        torch.linalg.matrix_power(M, j) @ c for j in range(K - 1)
+    )
     theta, loss = personalize(quadratic(A, b), theta0, w, lam, lr, K)
     assert torch.allclose(theta, expected, atol=1e-12)
     assert float(loss) == pytest.approx(float(0.5 * (A @ before_last - b).square().sum()), abs=1e-12)
@@ -100,8 +103,9 @@ def test_pfedme_server_mixes_the_clients_mean_into_the_global_model_with_beta(be
     alg.models[0] = w
     params, thetas = torch.randn(2, d, generator=g), torch.randn(2, d, generator=g)
     untouched = alg.personal_models[1].clone()
-    updates = Updates(torch.tensor([0, 2]), params, w.repeat(2, 1), torch.tensor([3, 5]), torch.zeros(2),
-                      state={"personal": thetas})
+    updates = Updates(
+        torch.tensor([0, 2]), params, w.repeat(2, 1), torch.tensor([3, 5]), torch.zeros(2), state={"personal": thetas}
+    )
     round_updates = RoundUpdates.of(updates)
     alg.aggregate(1, round_updates)
     fed.client_states.write_returned(round_updates)  # what the engine does after the round's hooks
@@ -134,8 +138,12 @@ def test_pfedme_trains_only_the_cohort_when_asked_and_refuses_a_cohort_by_defaul
     with pytest.raises(ValueError, match=r"clients_per_round allows 2 of 4.*train_every_client: false$"):
         small_federation(PFedMe(K=1), num_clients=4, rounds=1, clients_per_round=2)
     with pytest.raises(ValueError, match=r"^pFedMe with train_every_client .*privacy section$"):
-        small_federation(PFedMe(K=1, participation=0.5), num_clients=4, rounds=1,
-                         privacy=PrivacyConfig(noise_multiplier=0.5, clip=0.5))
+        small_federation(
+            PFedMe(K=1, participation=0.5),
+            num_clients=4,
+            rounds=1,
+            privacy=PrivacyConfig(noise_multiplier=0.5, clip=0.5),
+        )
     fed = small_federation(PFedMe(K=1, train_every_client=False), num_clients=4, rounds=1, clients_per_round=2)
     cohort = fed.algorithm.select_clients(1)
     assert fed.run_round(1).clients_trained == 2
@@ -144,13 +152,22 @@ def test_pfedme_trains_only_the_cohort_when_asked_and_refuses_a_cohort_by_defaul
 
 
 def test_pfedme_resumes_exactly():
-    resumes_exactly(lambda: small_federation(PFedMe(K=2, participation=0.5), num_clients=3, rounds=3),
-                    ("models", "personal_models"))  # every client trains, the round's sampled two are averaged
+    resumes_exactly(
+        lambda: small_federation(PFedMe(K=2, participation=0.5), num_clients=3, rounds=3), ("models", "personal_models")
+    )  # every client trains, the round's sampled two are averaged
 
 
-@pytest.mark.parametrize("options, name", [({"lam": -1.0}, "lam"), ({"K": 0}, "K"), ({"K": 1.5}, "K"),
-                                           ({"beta": 0.0}, "beta"), ({"beta": -1.0}, "beta"),
-                                           ({"personal_lr": 0.0}, "personal_lr")])
+@pytest.mark.parametrize(
+    "options, name",
+    [
+        ({"lam": -1.0}, "lam"),
+        ({"K": 0}, "K"),
+        ({"K": 1.5}, "K"),
+        ({"beta": 0.0}, "beta"),
+        ({"beta": -1.0}, "beta"),
+        ({"personal_lr": 0.0}, "personal_lr"),
+    ],
+)
 def test_pfedme_refuses_bad_options(options, name):
     with pytest.raises(ValueError, match=f"^{name} must be"):
         PFedMe(**options)
@@ -158,11 +175,12 @@ def test_pfedme_refuses_bad_options(options, name):
 
 # ----------------------------------------------------------------------------- Per-FedAvg
 
+
 def test_perfedavg_first_order_step_by_hand_on_quadratics():
     (A1, b1), (A2, b2) = problem(1), problem(2)
     w = torch.tensor([0.5, -0.2, 1.0], dtype=torch.float64)
     alpha, beta = 0.1, 0.3
-    temp = w - alpha * A1.T @ (A1 @ w - b1)   # the adaptation step on D1
+    temp = w - alpha * A1.T @ (A1 @ w - b1)  # the adaptation step on D1
     expected = w - beta * A2.T @ (A2 @ temp - b2)  # the meta step: the gradient on D2 at the adapted point
     new, loss = meta_step(w, quadratic(A1, b1), quadratic(A2, b2), alpha, beta)
     assert torch.allclose(new, expected, atol=1e-12)
@@ -189,8 +207,9 @@ def test_perfedavg_first_order_client_round_matches_a_plain_loop():
     trained = []
     for client in (0, 1):
         v = w.clone()
-        for (_, step, d1), (_, _, d2) in zip(server.clients.batches(1, client),
-                                             server.clients.batches(1, client, purpose="meta")):
+        for (_, step, d1), (_, _, d2) in zip(
+            server.clients.batches(1, client), server.clients.batches(1, client, purpose="meta")
+        ):
             temp = v - alpha * server.model.loss_and_grad(v, d1, step)[1]
             v = v - beta * server.model.loss_and_grad(temp, d2, step)[1]
         trained.append(v)
@@ -208,8 +227,9 @@ def test_perfedavg_evaluates_each_client_after_one_adaptation_step_from_the_glob
     models, groups = fed.algorithm.evaluation_models()
     assert torch.equal(groups, torch.arange(3))
     for client in range(3):
-        _, _, batch = next(server.clients.batches(0, client, epochs=1,
-                                                  purpose="adapt"))  # one batch of its training data
+        _, _, batch = next(
+            server.clients.batches(0, client, epochs=1, purpose="adapt")
+        )  # one batch of its training data
         assert len(batch[1]) == min(32, int(server.clients.train_sizes[client]))
         by_hand = w - alpha * server.model.loss_and_grad(w, batch)[1]
         assert torch.equal(models[client], by_hand)
@@ -224,8 +244,9 @@ def test_hessian_free_differences_see_the_same_dropout_masks():
     torch.manual_seed(0)
     model = Classifier(FedTSDPCNN(1, 10, 8), lr=0.1)  # dropout .25 and .5
     data = DigitsFederated(num_clients=2, partition=Rotations(2))
-    fed = Federation(data, model, PerFedAvg(), FederationConfig(rounds=1, batch_size=32, accelerator="cpu",
-                                                                 vectorize=0))
+    fed = Federation(
+        data, model, PerFedAvg(), FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0)
+    )
     server, w = fed.server, fed.algorithm.models[0]
     _, _, batch = next(server.clients.batches(1, 0, purpose="hessian"))
     plain = partial(server.model.loss_and_grad, batch=batch)
@@ -238,9 +259,16 @@ def test_perfedavg_resumes_exactly():
     resumes_exactly(lambda: small_federation(PerFedAvg(alpha=0.05, beta=0.1), num_clients=3, rounds=3), ("models",))
 
 
-@pytest.mark.parametrize("options, name", [({"alpha": 0.0}, "alpha"), ({"alpha": -0.1}, "alpha"),
-                                           ({"beta": 0.0}, "beta"), ({"variant": "so"}, "variant"),
-                                           ({"delta": 0.0}, "delta")])
+@pytest.mark.parametrize(
+    "options, name",
+    [
+        ({"alpha": 0.0}, "alpha"),
+        ({"alpha": -0.1}, "alpha"),
+        ({"beta": 0.0}, "beta"),
+        ({"variant": "so"}, "variant"),
+        ({"delta": 0.0}, "delta"),
+    ],
+)
 def test_perfedavg_refuses_bad_options(options, name):
     with pytest.raises(ValueError, match=f"^{name} must be"):
         PerFedAvg(**options)

@@ -1,5 +1,6 @@
 """Ditto, FedRep and FedBABU against independent computations: Local and FedAvg runs, a gradient step worked by
 hand, plain PyTorch loops whose optimizer holds only the trained tensors, hand-weighted means, and exact resumes."""
+
 import copy
 
 import pytest
@@ -21,8 +22,9 @@ from fedlight.models import Classifier, SmallCNN
 from helpers.federations import every_row
 
 
-def federation(algorithm, num_clients: int = 5, momentum: float = 0.0, weight_decay: float = 0.0,
-               rounds: int = 3, **config) -> Federation:
+def federation(
+    algorithm, num_clients: int = 5, momentum: float = 0.0, weight_decay: float = 0.0, rounds: int = 3, **config
+) -> Federation:
     """A small label-skewed digits federation (two classes per client) whose optimizer may carry momentum and
     weight decay; clients train one after another unless `vectorize` is given."""
     torch.manual_seed(0)
@@ -32,14 +34,13 @@ def federation(algorithm, num_clients: int = 5, momentum: float = 0.0, weight_de
     return Federation(data, model, algorithm, FederationConfig(**settings), seed=0)
 
 
-def plain_phases(fed: Federation, round: int, client: int, start: torch.Tensor, phases, momentum: float,
-                 batches=None):
+def plain_phases(fed: Federation, round: int, client: int, start: torch.Tensor, phases, momentum: float, batches=None):
     """A plain PyTorch loop: for each (mask of trained entries, epochs, batch stream) a fresh torch.optim.SGD over
     the trained tensors only (the others are simply not in the optimizer), on the batches `server.clients.batches` gives
     (or `batches(client, epochs, purpose)`: a newcomer's)."""
     batches = batches or (lambda c, epochs, purpose: fed.server.clients.batches(round, c, epochs, purpose))
     entries = fed.flat.entries
-    tensors = {e.name: start[e.start: e.stop].view(e.shape).clone().requires_grad_() for e in entries}
+    tensors = {e.name: start[e.start : e.stop].view(e.shape).clone().requires_grad_() for e in entries}
     for part, epochs, purpose in phases:
         trained = [tensors[e.name] for e in entries if e.is_parameter and bool(part[e.start])]
         optimizer = torch.optim.SGD(trained, lr=fed.server.clients.learning_rate(round), momentum=momentum)
@@ -60,6 +61,7 @@ def assert_states_equal(a: dict, b: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- Ditto
+
 
 def test_ditto_with_lam_zero_personal_models_are_local_training_and_the_global_model_is_fedavg():
     ditto, local, fedavg = (federation(alg) for alg in (Ditto(lam=0.0), Local(), FedAvg()))
@@ -116,6 +118,7 @@ def test_ditto_refuses_bad_input():
 
 # ----------------------------------------------------------------------------- FedRep
 
+
 def test_fedrep_phases_leave_the_frozen_part_bit_for_bit_under_momentum_and_weight_decay():
     fed = federation(FedRep(head_epochs=2), momentum=0.9, weight_decay=0.01)
     alg = fed.algorithm
@@ -155,8 +158,13 @@ def test_fedrep_averages_bodies_and_never_heads():
 def test_fedrep_fits_a_newcomers_head_on_the_global_body_and_evaluates_it_with_that_head():
     torch.manual_seed(0)
     data = DigitsFederated(num_clients=5, partition=ClassesPerClient(2), holdout_clients=2)
-    fed = Federation(data, Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1), FedRep(head_epochs=2),
-                     FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0), seed=0)
+    fed = Federation(
+        data,
+        Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1),
+        FedRep(head_epochs=2),
+        FederationConfig(rounds=1, batch_size=32, accelerator="cpu", vectorize=0),
+        seed=0,
+    )
     result = fed.run_round(1)
     alg, newcomers, initial = fed.algorithm, fed.extension(NewcomerEvaluation).clients, fed.server.model.initial_params
     head, body = alg.head, alg.models[0][~alg.head]
@@ -166,8 +174,15 @@ def test_fedrep_fits_a_newcomers_head_on_the_global_body_and_evaluates_it_with_t
         model = models[int(groups[j])]
         assert torch.equal(model[~head], body)  # the global body, exactly
         assert not torch.equal(model[head], initial[head])  # the initial head, fitted
-        expected = plain_phases(fed, 1, j, torch.where(head, initial, alg.models[0]), [(head, 2, "head")],
-                                momentum=0.0, batches=newcomers.batches)  # 2 epochs on its training split
+        expected = plain_phases(
+            fed,
+            1,
+            j,
+            torch.where(head, initial, alg.models[0]),
+            [(head, 2, "head")],
+            momentum=0.0,
+            batches=newcomers.batches,
+        )  # 2 epochs on its training split
         assert torch.allclose(model, expected, atol=1e-5)
         x, y = fed.data.newcomers.test.client(j)
         accuracy = float((fed.server.model.predict(model, x).argmax(dim=1) == y).float().mean())
@@ -182,6 +197,7 @@ def test_fedrep_refuses_bad_input():
 
 
 # ----------------------------------------------------------------------------- FedBABU
+
 
 @pytest.mark.parametrize("vectorize", [0, 5])
 def test_fedbabu_server_head_is_the_initial_head_under_momentum_and_weight_decay(vectorize):
@@ -222,9 +238,16 @@ def test_fedbabu_refuses_bad_input():
 
 # ----------------------------------------------------------------------------- resume
 
-@pytest.mark.parametrize("make", [lambda: Ditto(lam=0.5, participation=0.5),
-                                  lambda: FedRep(head_epochs=2, participation=0.5),
-                                  lambda: FedBABU(participation=0.5)], ids=["ditto", "fedrep", "fedbabu"])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Ditto(lam=0.5, participation=0.5),
+        lambda: FedRep(head_epochs=2, participation=0.5),
+        lambda: FedBABU(participation=0.5),
+    ],
+    ids=["ditto", "fedrep", "fedbabu"],
+)
 def test_resume_repeats_round_three_exactly(make):
     a = federation(make(), momentum=0.5)
     for r in (1, 2):
@@ -233,18 +256,27 @@ def test_resume_repeats_round_three_exactly(make):
     b.load_state_dict(copy.deepcopy(a.state_dict()))
     ra, rb = a.run_round(3), b.run_round(3)
     assert_states_equal(a.algorithm.state_dict(), b.algorithm.state_dict())
-    assert_states_equal(*({name: every_row(store) for name, store in fed.client_states.stores.items()}
-                          for fed in (a, b)))
+    assert_states_equal(
+        *({name: every_row(store) for name, store in fed.client_states.stores.items()} for fed in (a, b))
+    )
     assert ra.scalars["test/acc_mean"] == rb.scalars["test/acc_mean"]
 
 
-@pytest.mark.parametrize("algorithm, option", [
-    (lambda: FedRep(head_layers=3), "head_layers"), (lambda: FedBABU(head_layers=4), "head_layers"),
-    (lambda: FedPer(personal_layers=3), "personal_layers"), (lambda: LGFedAvg(global_layers=3), "global_layers"),
-])
+@pytest.mark.parametrize(
+    "algorithm, option",
+    [
+        (lambda: FedRep(head_layers=3), "head_layers"),
+        (lambda: FedBABU(head_layers=4), "head_layers"),
+        (lambda: FedPer(personal_layers=3), "personal_layers"),
+        (lambda: LGFedAvg(global_layers=3), "global_layers"),
+    ],
+)
 def test_a_head_that_is_the_whole_network_is_refused_in_one_line(algorithm, option):
     """This SmallCNN has 3 layers (conv1, conv2, fc): a head (or a personal or global part) of 3 or more leaves no
     body."""
-    with pytest.raises(ValueError, match=f"algorithm.init_args.{option} is .*, the whole network \\(3 layers: "
-                                         "network.conv1, network.conv2, network.fc\\): give fewer than 3"):
+    with pytest.raises(
+        ValueError,
+        match=f"algorithm.init_args.{option} is .*, the whole network \\(3 layers: "
+        "network.conv1, network.conv2, network.fc\\): give fewer than 3",
+    ):
         federation(algorithm())

@@ -1,13 +1,20 @@
 """SR-FCA: the pivot correlation clustering, the threshold from a fraction and the cross-loss distances worked by hand;
 the one-shot losses against a direct computation; rotations recovered after the refine steps; exact resume; bad
 options refused in one line."""
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlight.algorithms.srfca import (SRFCA, client_cluster_distances, cluster_pair_distances, cross_loss_distance,
-                                       fraction_threshold, pivot_clusters)
+from fedlight.algorithms.srfca import (
+    SRFCA,
+    client_cluster_distances,
+    cluster_pair_distances,
+    cross_loss_distance,
+    fraction_threshold,
+    pivot_clusters,
+)
 from fedlight.cluster.scores import clustering_scores
 
 from helpers.federations import small_federation
@@ -79,8 +86,9 @@ def test_on_rotations_the_refine_steps_end_with_the_rotations():
 def test_a_split_cluster_is_merged_back():
     """After round 1, the rotation {0, 1, 2} is cut in two clusters with the same model: at the step's end the
     clients go back to one of them (or the two merge), and two clusters are left, the rotations."""
-    fed = small_federation(SRFCA(refine_rounds=1, init_epochs=3, size_threshold=1), num_clients=6, rounds=2,
-                           vectorize=6)
+    fed = small_federation(
+        SRFCA(refine_rounds=1, init_epochs=3, size_threshold=1), num_clients=6, rounds=2, vectorize=6
+    )
     alg = fed.algorithm
     fed.run_round(1)
     first = int(alg.assignment[0])
@@ -92,20 +100,29 @@ def test_a_split_cluster_is_merged_back():
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch):
-    args = tiny_run_args + ["--algorithm", "srfca", "--algorithm.init_args.refine_rounds", "1",
-                            "--algorithm.init_args.init_epochs", "2"]
+    args = tiny_run_args + [
+        "--algorithm",
+        "srfca",
+        "--algorithm.init_args.refine_rounds",
+        "1",
+        "--algorithm.init_args.init_epochs",
+        "2",
+    ]
     crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch, crash_round=3)
     assert crashed == whole
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"size_threshold": 7}, "size_threshold is 7, more than the 6 clients: give at most 6"),
-    ({"dist_fraction": 1.0}, "dist_fraction must be in \\(0, 1\\)"),
-    ({"dist_fraction": 0.0}, "dist_fraction must be in \\(0, 1\\)"),
-    ({"num_refine_steps": 0}, "num_refine_steps must be >= 1"),
-    ({"refine_rounds": 0}, "refine_rounds must be >= 1"),
-    ({"dist_threshold": -1.0}, "dist_threshold must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"size_threshold": 7}, "size_threshold is 7, more than the 6 clients: give at most 6"),
+        ({"dist_fraction": 1.0}, "dist_fraction must be in \\(0, 1\\)"),
+        ({"dist_fraction": 0.0}, "dist_fraction must be in \\(0, 1\\)"),
+        ({"num_refine_steps": 0}, "num_refine_steps must be >= 1"),
+        ({"refine_rounds": 0}, "refine_rounds must be >= 1"),
+        ({"dist_threshold": -1.0}, "dist_threshold must be >= 0"),
+    ],
+)
 def test_bad_options_are_refused_in_one_line(options, message):
     with pytest.raises(ValueError, match=message):
         small_federation(SRFCA(**options), num_clients=6)

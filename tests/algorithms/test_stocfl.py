@@ -1,6 +1,7 @@
 """StoCFL: the merge rule on hand-built representations, the proximal term's gradient against autograd, the two
 rows each client adds to the aggregation, the rotations recovered under partial participation, newcomers placed
 by their representation, exact resume, bad options refused in one line."""
+
 import numpy as np
 import pytest
 import torch
@@ -88,8 +89,14 @@ def test_each_client_trains_its_cluster_model_with_the_pull_and_the_global_model
     sizes = fed.server.clients.train_sizes.double()
     own = torch.stack([fed.server.clients.train(2, c, omega).params for c in range(6)]).double()
     assert torch.allclose(alg.models[0].double(), sizes @ own / sizes.sum(), atol=1e-5)
-    pulled = torch.stack([fed.server.clients.train(2, c, models[assignment[c]], gradient_hook=lambda p, g, s:
-                                                   g.add_(p - omega, alpha=0.5)).params for c in range(6)]).double()
+    pulled = torch.stack(
+        [
+            fed.server.clients.train(
+                2, c, models[assignment[c]], gradient_hook=lambda p, g, s: g.add_(p - omega, alpha=0.5)
+            ).params
+            for c in range(6)
+        ]
+    ).double()
     for row in assignment.unique().tolist():
         members = (assignment == row).nonzero().flatten()
         expected = sizes[members] @ pulled[members] / sizes[members].sum()
@@ -106,8 +113,9 @@ def test_the_runs_robust_rule_combines_the_global_copies():
     fed.run_round(1)
     own = torch.stack([fed.server.clients.train(1, c, initial).params for c in range(3)])
     assert torch.allclose(fed.algorithm.models[0], own.median(dim=0).values, atol=1e-6)
-    private = small_federation(StoCFL(observe_epochs=1), num_clients=3, rounds=1,
-                               privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))
+    private = small_federation(
+        StoCFL(observe_epochs=1), num_clients=3, rounds=1, privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0)
+    )
     assert private.run_round(1).scalars["privacy/epsilon"] > 0
 
 
@@ -138,12 +146,15 @@ def test_a_newcomer_joins_the_cluster_of_most_similar_representation_or_gets_the
     assert fed.algorithm.newcomer_models(FederationNewcomers(other))[2].tolist() == [0] * 8
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"tau": 1.5}, r"tau must be in \[-1, 1\] \(a cosine similarity\), got 1.5"),
-    ({"tau": -1.01}, r"tau must be in \[-1, 1\]"),
-    ({"lam": -0.1}, "lam must be >= 0"),
-    ({"observe_epochs": 0}, "observe_epochs must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"tau": 1.5}, r"tau must be in \[-1, 1\] \(a cosine similarity\), got 1.5"),
+        ({"tau": -1.01}, r"tau must be in \[-1, 1\]"),
+        ({"lam": -0.1}, "lam must be >= 0"),
+        ({"observe_epochs": 0}, "observe_epochs must be >= 1"),
+    ],
+)
 def test_bad_options_are_refused_in_one_line(options, message):
     with pytest.raises(ValueError, match=message) as error:
         StoCFL(**options)
@@ -151,7 +162,15 @@ def test_bad_options_are_refused_in_one_line(options, message):
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch):
-    args = tiny_run_args + ["--algorithm", "stocfl", "--algorithm.init_args.participation", "0.5",
-                            "--algorithm.init_args.observe_epochs", "2", "--federation.rounds", "3"]
+    args = tiny_run_args + [
+        "--algorithm",
+        "stocfl",
+        "--algorithm.init_args.participation",
+        "0.5",
+        "--algorithm.init_args.observe_epochs",
+        "2",
+        "--federation.rounds",
+        "3",
+    ]
     crashed, whole = resumed_and_whole(args, tmp_path, monkeypatch, crash_round=2)
     assert crashed == whole

@@ -1,5 +1,6 @@
 """The API reference (`fedlight.run.api_reference`): pdoc builds it offline from the docstrings, with a page for every
 public module, and every public name has a docstring to build it from."""
+
 from __future__ import annotations
 
 from fedlight.run import api_reference

@@ -1,5 +1,6 @@
 """CONTRIBUTING.md's checklist for every registered algorithm: its file with a docstring naming its paper, a shipped
 config, a test that names it, a row in the README's table and in the compatibility table."""
+
 from __future__ import annotations
 
 import ast
@@ -38,16 +39,20 @@ def test_each_algorithm_meets_the_checklist(name, config_texts, test_texts):
     source = module_file(path)
     assert source.is_file(), f"{name}: its entry point {path} names no file under algorithms/"
     docstring = ast.get_docstring(ast.parse(source.read_text())) or ""
-    assert name in NO_PAPER or re.search(r'"[A-Z][^"]{10,}"', docstring) or "(" in docstring.split("\n")[0], \
+    assert name in NO_PAPER or re.search(r'"[A-Z][^"]{10,}"', docstring) or "(" in docstring.split("\n")[0], (
         f"{source.name}: the module docstring should name the paper by title (and section)"
-    assert re.search(rf"(class_path|algorithm):\s*{re.escape(name)}\b", config_texts), \
+    )
+    assert re.search(rf"(class_path|algorithm):\s*{re.escape(name)}\b", config_texts), (
         f"{name}: no shipped config under configs/ runs it (step 3 of CONTRIBUTING.md)"
+    )
     class_name = path.rsplit(".", 1)[1]
-    assert re.search(rf"\b({re.escape(class_name)}|{re.escape(name)})\b", test_texts), \
+    assert re.search(rf"\b({re.escape(class_name)}|{re.escape(name)})\b", test_texts), (
         f"{name}: no test names it (step 4)"
+    )
     assert f"`{name}`" in (REPO / "README.md").read_text(), f"{name}: not in the README's algorithm table (step 6)"
-    assert name in ROWS, (f"{name}: not in the compatibility table: python -m fedlight.run.compatibility --write "
-                          "(step 7)")
+    assert name in ROWS, (
+        f"{name}: not in the compatibility table: python -m fedlight.run.compatibility --write (step 7)"
+    )
 
 
 def test_the_repository_has_its_license_and_guides_for_contributors():

@@ -1,5 +1,6 @@
 """docs/guides/clustering_toolkit.md's table names every public class and function of each `fedlight.cluster`
 module, and nothing that is not there."""
+
 from __future__ import annotations
 
 import importlib
@@ -27,8 +28,13 @@ def test_the_table_names_every_public_class_and_function_of_each_module():
     assert set(table) == set(MODULES)
     for module in MODULES:
         mod = importlib.import_module(f"fedlight.cluster.{module}")
-        public = {name for name, obj in vars(mod).items() if not name.startswith("_")
-                  and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == mod.__name__}
+        public = {
+            name
+            for name, obj in vars(mod).items()
+            if not name.startswith("_")
+            and (inspect.isfunction(obj) or inspect.isclass(obj))
+            and obj.__module__ == mod.__name__
+        }
         assert public <= table[module], (module, public - table[module])
         assert all(hasattr(mod, name) for name in table[module]), (module, table[module])
 
@@ -36,5 +42,14 @@ def test_the_table_names_every_public_class_and_function_of_each_module():
 def test_the_names_the_package_reexports_are_those_the_doc_says():
     import fedlight.cluster
 
-    assert set(fedlight.cluster.__all__) == {"Clusterer", "HDBSCAN", "DBSCAN", "Agglomerative", "KMeans", "MeanShift",
-                                              "AffinityPropagation", "make_clusterer", "register_clusterer"}
+    assert set(fedlight.cluster.__all__) == {
+        "Clusterer",
+        "HDBSCAN",
+        "DBSCAN",
+        "Agglomerative",
+        "KMeans",
+        "MeanShift",
+        "AffinityPropagation",
+        "make_clusterer",
+        "register_clusterer",
+    }

@@ -1,6 +1,7 @@
 """The docs stay navigable: docs/architecture.md is a page a newcomer reads in one sitting (at most 400 lines, the
 rest in docs/guides/), and every relative link in docs/ points to a file that exists (and, for a link to a heading
 of a Markdown page, to a heading that exists)."""
+
 from __future__ import annotations
 
 import re

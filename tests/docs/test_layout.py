@@ -1,5 +1,6 @@
 """The package's shape as docs/architecture.md describes it: subpackages by role with an index each, imports that
 point one way with no circle, every path the docs name exists, and a round that reads as the algorithm's story."""
+
 from __future__ import annotations
 
 import ast
@@ -16,10 +17,16 @@ PACKAGE = REPO / "fedlight"
 SUBPACKAGES = ("plugin", "aggregators", "engine", "training", "run", "reports", "cluster", "system")
 #: what each subpackage may import of fedlight (besides itself) when it runs: training and cluster are leaves, the
 #: plugin namespace builds on them, the aggregators on the plugin's values, the engine proper on all of these
-ALLOWED = {"training": set(), "cluster": set(), "plugin": {"training", "cluster"},
-           "aggregators": {"plugin", "training", "cluster"}, "system": {"plugin", "training", "cluster"},
-           "engine": {"plugin", "aggregators", "system", "training", "cluster"}, "reports": {"engine", "plugin"},
-           "run": {"engine", "plugin", "aggregators", "system", "training", "reports", "cluster"}}
+ALLOWED = {
+    "training": set(),
+    "cluster": set(),
+    "plugin": {"training", "cluster"},
+    "aggregators": {"plugin", "training", "cluster"},
+    "system": {"plugin", "training", "cluster"},
+    "engine": {"plugin", "aggregators", "system", "training", "cluster"},
+    "reports": {"engine", "plugin"},
+    "run": {"engine", "plugin", "aggregators", "system", "training", "reports", "cluster"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -30,9 +37,17 @@ def module_name(path: Path) -> str:
 def runtime_imports(path: Path, type_only: bool = False) -> set[str]:
     """The fedlight modules `path` imports when it runs (with `type_only`, also those under `if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
-    skipped = set() if type_only else {
-        id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for child in node.body for n in ast.walk(child)}
+    skipped = (
+        set()
+        if type_only
+        else {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for child in node.body
+            for n in ast.walk(child)
+        }
+    )
     found = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -70,22 +85,28 @@ def test_imports_point_one_way(subpackage):
             if target in ("algorithms", "datamodules", "models"):
                 assert path.name == "registry.py", f"{path.relative_to(REPO)} imports the plugin {name}"
                 continue
-            assert target == subpackage or target in ALLOWED[subpackage], \
+            assert target == subpackage or target in ALLOWED[subpackage], (
                 f"{path.relative_to(REPO)} ({subpackage}) imports {name}"
+            )
 
 
 def test_no_import_circle_inside_fedlight_type_only_imports_included():
-    graph = {name: {m for m in runtime_imports(path, type_only=True) if m in MODULES and m != name}
-             for name, path in MODULES.items()}
+    graph = {
+        name: {m for m in runtime_imports(path, type_only=True) if m in MODULES and m != name}
+        for name, path in MODULES.items()
+    }
     graph = {name: {m for m in edges if not name.startswith(m + ".")} for name, edges in graph.items()}  # a parent
-    state: dict[str, int] = {}                                                               # package is no circle
+    state: dict[str, int] = {}  # package is no circle
 
     def visit(node: str, trail: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                raise AssertionError("import circle: " + " -> ".join(trail[trail.index(nxt):] + [node, nxt])
-                                     if nxt in trail else f"import circle through {node} -> {nxt}")
+                raise AssertionError(
+                    "import circle: " + " -> ".join(trail[trail.index(nxt) :] + [node, nxt])
+                    if nxt in trail
+                    else f"import circle through {node} -> {nxt}"
+                )
             if nxt not in state:
                 visit(nxt, trail + [node])
         state[node] = 2
@@ -103,12 +124,14 @@ def test_algorithms_import_only_the_plugin_namespace_and_the_clustering_toolkit(
         for name in runtime_imports(path, type_only=True):
             parts = name.split(".")
             if parts[1] == "plugin":
-                assert len(parts) == 2 or parts[2] not in plugin_modules, \
+                assert len(parts) == 2 or parts[2] not in plugin_modules, (
                     f"{path.relative_to(REPO)} imports {name}: import its names from fedlight.plugin itself"
+                )
             else:
-                assert parts[1] in ("cluster", "algorithms"), \
-                    (f"{path.relative_to(REPO)} imports {name}: an algorithm imports fedlight.plugin and "
-                     "fedlight.cluster")
+                assert parts[1] in ("cluster", "algorithms"), (
+                    f"{path.relative_to(REPO)} imports {name}: an algorithm imports fedlight.plugin and "
+                    "fedlight.cluster"
+                )
 
 
 def test_the_execution_path_is_declared_not_inferred_from_overrides():
@@ -120,8 +143,16 @@ def test_run_round_reads_as_the_algorithms_story_and_calls_no_collective():
     source = inspect.getsource(Federation.run_round)
     body = [line for line in source.splitlines()[1:] if line.strip() and not line.strip().startswith(('"""', "#"))]
     assert len(source.splitlines()) <= 25
-    steps = ["begin_round", "select_clients", "round_updates", "pre_aggregation", "aggregate(", "post_aggregation",
-             "finish", "evaluate"]
+    steps = [
+        "begin_round",
+        "select_clients",
+        "round_updates",
+        "pre_aggregation",
+        "aggregate(",
+        "post_aggregation",
+        "finish",
+        "evaluate",
+    ]
     positions = [next(i for i, line in enumerate(body) if step in line) for step in steps]
     assert positions == sorted(positions)
     assert not re.search(r"collective|all_reduce|all_gather|broadcast|gather\(", source)
@@ -129,10 +160,16 @@ def test_run_round_reads_as_the_algorithms_story_and_calls_no_collective():
 
 def documented_paths() -> list[str]:
     paths = []
-    for doc in (REPO / "docs" / "architecture.md", REPO / "README.md",
-                *sorted((REPO / "docs" / "guides").glob("*.md"))):
-        for match in re.findall(r"`((?:fedlight|tests|benchmarks|configs|docs|algorithms|models|datamodules)/"
-                                r"[\w./-]*)`", doc.read_text()):
+    for doc in (
+        REPO / "docs" / "architecture.md",
+        REPO / "README.md",
+        *sorted((REPO / "docs" / "guides").glob("*.md")),
+    ):
+        for match in re.findall(
+            r"`((?:fedlight|tests|benchmarks|configs|docs|algorithms|models|datamodules)/"
+            r"[\w./-]*)`",
+            doc.read_text(),
+        ):
             paths.append(match)
     return paths
 
@@ -147,8 +184,14 @@ def test_every_file_path_the_docs_name_exists():
 def test_every_module_the_docs_name_exists():
     doc = (REPO / "docs" / "architecture.md").read_text()
     named = set(re.findall(r"`(fedlight(?:\.\w+)+)`", doc))
-    missing = [n for n in named if n not in MODULES and n.rsplit(".", 1)[0] not in MODULES
-               and n != "fedlight.EarlyStopping" and not hasattr(__import__("fedlight"), n.split(".")[1])]
+    missing = [
+        n
+        for n in named
+        if n not in MODULES
+        and n.rsplit(".", 1)[0] not in MODULES
+        and n != "fedlight.EarlyStopping"
+        and not hasattr(__import__("fedlight"), n.split(".")[1])
+    ]
     assert not missing, missing
 
 
@@ -171,8 +214,11 @@ def test_federation_names_no_extension_outside_the_place_it_builds_them():
             spans.extend(n for n in ast.walk(node) if isinstance(n, ast.Assign) and "_extensions(" in ast.unparse(n))
         for span in spans:
             allowed.update(range(span.lineno, span.end_lineno + 1))
-    named = [f"{number}: {line.strip()}" for number, line in enumerate(text.splitlines(), 1)
-             if number not in allowed and re.search(r"attack|privacy|newcomer|system", line, re.I)]
+    named = [
+        f"{number}: {line.strip()}"
+        for number, line in enumerate(text.splitlines(), 1)
+        if number not in allowed and re.search(r"attack|privacy|newcomer|system", line, re.I)
+    ]
     assert not named, named
     assert len(allowed) > 10  # the builder was found
 

@@ -1,6 +1,7 @@
 """The plugin boundary as docs/architecture.md describes it: the tutorial algorithm runs as printed, the hooks table
 names every public hook, every hook is used by a shipped algorithm, queries change nothing, and the engine imports no
 plugin."""
+
 from __future__ import annotations
 
 import ast
@@ -64,9 +65,18 @@ def test_the_tutorial_algorithm_runs_from_the_command_line_by_class_path(tmp_pat
     package.mkdir()
     (package / "__init__.py").write_text(tutorial_source())
     monkeypatch.syspath_prepend(str(tmp_path))
-    args = tiny_run_args + ["--algorithm", "tutorial_plugin.LastLayerKMeans", "--algorithm.init_args.k", "2",
-                            "--data.partition", "fedlight.datamodules.LabelPermutations",
-                            "--data.partition.init_args.num_clusters", "2", "--run_name", "tutorial"]
+    args = tiny_run_args + [
+        "--algorithm",
+        "tutorial_plugin.LastLayerKMeans",
+        "--algorithm.init_args.k",
+        "2",
+        "--data.partition",
+        "fedlight.datamodules.LabelPermutations",
+        "--data.partition.init_args.num_clusters",
+        "2",
+        "--run_name",
+        "tutorial",
+    ]
     assert main(args) == 0
     header = (tmp_path / "tutorial" / "metrics.csv").read_text().splitlines()[0]
     assert "cluster/count" in header and "cluster/ari" in header
@@ -81,7 +91,7 @@ def test_the_guides_example_keeps_the_last_layer_personal():
     alg, last = fed.algorithm, fed.server.model.layer_mask(fed.server.model.layers()[-1:])
     assert torch.equal(alg.personal_mask, last)
     assert not torch.equal(alg.client_model(0)[last], alg.client_model(1)[last])  # each client's own head
-    assert torch.equal(alg.client_model(0)[~last], alg.client_model(1)[~last])    # one shared body
+    assert torch.equal(alg.client_model(0)[~last], alg.client_model(1)[~last])  # one shared body
 
 
 # -- the hooks ---------------------------------------------------------------------------------------------
@@ -136,9 +146,15 @@ def same(a, b) -> bool:
 def queries(algorithm: Algorithm) -> list:
     models, groups = algorithm.evaluation_models()
     models = [m.clone() if isinstance(m, torch.Tensor) else m for m in models]  # or a predictor (FedEM's mixture)
-    return [algorithm.select_clients(3), models, groups.clone(), algorithm.cluster_labels(),
-            algorithm.round_metrics(), algorithm.learning_rate_scale(3),
-            [algorithm.client_model(c).clone() for c in range(algorithm.server.num_clients)]]
+    return [
+        algorithm.select_clients(3),
+        models,
+        groups.clone(),
+        algorithm.cluster_labels(),
+        algorithm.round_metrics(),
+        algorithm.learning_rate_scale(3),
+        [algorithm.client_model(c).clone() for c in range(algorithm.server.num_clients)],
+    ]
 
 
 def digits_federation(algorithm: Algorithm) -> Federation:
@@ -157,20 +173,30 @@ def adapter_federation(algorithm: Algorithm) -> Federation:
 
 
 def centroid_federation(algorithm: Algorithm) -> Federation:
-    config = FederationConfig(rounds=1 if getattr(algorithm, "one_shot", False) else 3, eval_split="train",
-                              accelerator="cpu")
+    config = FederationConfig(
+        rounds=1 if getattr(algorithm, "one_shot", False) else 3, eval_split="train", accelerator="cpu"
+    )
     return Federation(SyntheticGaussians("NO", 2, 6, 30), CentroidModel(10, 2), algorithm, config)
 
 
-ALGORITHM_SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_dc": {"participation": 0.5},
-                      "flis_hc": {"phase_zero_epochs": 1}, "cfl": {"warmup_rounds": 0}, "ocfl": {"participation": 0.7},
-                      "fedtsdp": {"hopkins_threshold": 0.0}, "fesem": {"num_clusters": 2},
-                      "flhc": {"cluster_round": 1, "num_clusters": 2}, "pacfl": {"num_clusters": 2},
-                      "fedem": {"num_components": 2}, "fedrc": {"num_components": 2},
-                      "fedsoft": {"num_clusters": 2, "selection_size": 2},
-                      "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8},
-                      "srfca": {"refine_rounds": 1, "init_epochs": 1},
-                      "stocfl": {"observe_epochs": 1, "participation": 0.5}, "icfl": {"epsilon_1": 20.0}}
+ALGORITHM_SETTINGS = {
+    "ifca": {"num_clusters": 2, "participation": 0.5},
+    "flis_dc": {"participation": 0.5},
+    "flis_hc": {"phase_zero_epochs": 1},
+    "cfl": {"warmup_rounds": 0},
+    "ocfl": {"participation": 0.7},
+    "fedtsdp": {"hopkins_threshold": 0.0},
+    "fesem": {"num_clusters": 2},
+    "flhc": {"cluster_round": 1, "num_clusters": 2},
+    "pacfl": {"num_clusters": 2},
+    "fedem": {"num_components": 2},
+    "fedrc": {"num_components": 2},
+    "fedsoft": {"num_clusters": 2, "selection_size": 2},
+    "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8},
+    "srfca": {"refine_rounds": 1, "init_epochs": 1},
+    "stocfl": {"observe_epochs": 1, "participation": 0.5},
+    "icfl": {"epsilon_1": 20.0},
+}
 
 
 def run_commands(fed: Federation, round: int) -> None:
@@ -189,8 +215,13 @@ def test_queries_change_no_state_and_give_the_same_answer_twice(name):
     cls = shipped()[name]
     algorithm = cls(**ALGORITHM_SETTINGS.get(name, {}))
     centroid, adapters = SETTING[name] == "points", SETTING[name] == "adapters"  # derived: the compatibility table
-    fed = centroid_federation(algorithm) if centroid else \
-        adapter_federation(algorithm) if adapters else digits_federation(algorithm)
+    fed = (
+        centroid_federation(algorithm)
+        if centroid
+        else adapter_federation(algorithm)
+        if adapters
+        else digits_federation(algorithm)
+    )
     for round in range(1, min(fed.config.rounds, 2) + 1):
         run_commands(fed, round)
         before = snapshot(algorithm)
@@ -211,8 +242,20 @@ def test_the_server_context_is_a_few_namespaces():
     the services the module docstring's table lists, with no binding of the engine's among them but the marked."""
     server = small_federation(FedAvg(), num_clients=2).algorithm.server
     public = sorted(name for name in {*vars(server), *dir(type(server))} if not name.startswith("_"))
-    assert public == ["aggregation", "clients", "cohort", "data", "device", "log", "message", "model",
-                      "num_clients", "random", "run", "state"]
+    assert public == [
+        "aggregation",
+        "clients",
+        "cohort",
+        "data",
+        "device",
+        "log",
+        "message",
+        "model",
+        "num_clients",
+        "random",
+        "run",
+        "state",
+    ]
     table = inspect.getmodule(ServerContext).__doc__
     for name in public:
         if name not in ("device", "num_clients"):
@@ -226,8 +269,13 @@ def test_the_engine_imports_no_algorithm_data_module_or_network():
         if path.name == "registry.py":  # lists what is installed, by design
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 assert not name.startswith(plugins), f"{path.relative_to(REPO)} imports {name}"
 

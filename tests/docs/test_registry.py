@@ -1,5 +1,6 @@
 """One registry: the pyproject entry points list the algorithms, and README's algorithm table is made from them
 (`python -m fedlight.run.catalog --readme`), so adding an algorithm touches no hand-kept list."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """The tests' own layout (CONTRIBUTING.md, "Tests"): every test module in one folder by kind, what modules share in the
 `helpers` package, conftest.py with fixtures only, and no test module importing another or conftest."""
+
 from __future__ import annotations
 
 import ast
@@ -33,8 +34,11 @@ def test_no_test_module_sits_at_the_top_of_tests():
 
 
 def test_every_test_module_sits_in_one_of_the_folders():
-    misplaced = [p.relative_to(TESTS).as_posix() for p in module_files() if p.parent.parent != TESTS
-                 or p.parent.name not in FOLDERS]
+    misplaced = [
+        p.relative_to(TESTS).as_posix()
+        for p in module_files()
+        if p.parent.parent != TESTS or p.parent.name not in FOLDERS
+    ]
     assert not misplaced, f"test modules outside tests/{{{','.join(FOLDERS)}}}/: {misplaced}"
     assert all(any((TESTS / folder).glob("test_*.py")) for folder in FOLDERS)
 
@@ -57,8 +61,12 @@ def test_nothing_imports_a_test_module_or_conftest():
     share from `helpers`, never a test module or conftest: a test module imported by another is collected twice over
     and ties the two together."""
     names = {p.stem for p in module_files()}
-    sources = [*module_files(), *(TESTS / "helpers").rglob("*.py"), TESTS / "conftest.py",
-               *(REPO / "benchmarks").glob("*.py")]
+    sources = [
+        *module_files(),
+        *(TESTS / "helpers").rglob("*.py"),
+        TESTS / "conftest.py",
+        *(REPO / "benchmarks").glob("*.py"),
+    ]
     offending = []
     for path in sources:
         for module in imported_modules(path):
@@ -73,6 +81,9 @@ def test_conftest_holds_fixtures_only():
     tree = ast.parse((TESTS / "conftest.py").read_text())
     functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
     assert functions
-    plain = [f.name for f in functions if not f.name.startswith("pytest_")
-             and not any("fixture" in ast.unparse(d) for d in f.decorator_list)]
+    plain = [
+        f.name
+        for f in functions
+        if not f.name.startswith("pytest_") and not any("fixture" in ast.unparse(d) for d in f.decorator_list)
+    ]
     assert not plain, f"conftest.py functions that are no fixtures (move them to tests/helpers/): {plain}"

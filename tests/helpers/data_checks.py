@@ -1,5 +1,6 @@
 """Checks shared by the data-module tests (tests/unit/test_data_*.py): shapes, label ranges, client counts, and that
 no sample is in two clients (or in a client and the public data)."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,16 @@ def all_rows(data: FederatedData, public: bool = True) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def check_federated(data: FederatedData, *, num_clients: int, num_classes: int, sample_shape: tuple[int, ...],
-                    dtype: torch.dtype, total: int | None = None, pool_x: torch.Tensor | None = None) -> None:
+def check_federated(
+    data: FederatedData,
+    *,
+    num_clients: int,
+    num_classes: int,
+    sample_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    total: int | None = None,
+    pool_x: torch.Tensor | None = None,
+) -> None:
     """Shapes, dtypes, label ranges, client count, non-empty training splits, and disjoint clients.
 
     The pool's samples must be distinct rows (the tests make them so); then "no duplicate row among all

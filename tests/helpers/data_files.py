@@ -1,6 +1,7 @@
 """Files in each data family's published on-disk format, with random content: the data-module tests write small
 ones (tests/unit/test_data_*.py), benchmarks/paper_configs.py writes them at the published sizes to measure a paper
 config's memory. Sample i carries its number in its first two pixels (mod 256 each), so the tests can trace it."""
+
 from __future__ import annotations
 
 import functools
@@ -19,8 +20,15 @@ N_ROWS = 60
 #: the FEMNIST tests' writers -> (train samples, test samples)
 WRITERS = {"f0003_12": (8, 2), "f0001_40": (6, 2), "f0002_07": (12, 3), "f0000_01": (3, 1), "f0004_33": (9, 2)}
 #: the WISDM tests' (user, activity, records) runs in file order
-RUNS = [(1, "Walking", 25), (1, "Jogging", 12), (2, "Walking", 30), (2, "Sitting", 5), (3, "Upstairs", 22),
-        (5, "Standing", 15), (5, "Walking", 20)]
+RUNS = [
+    (1, "Walking", 25),
+    (1, "Jogging", 12),
+    (2, "Walking", 30),
+    (2, "Sitting", 5),
+    (3, "Upstairs", 22),
+    (5, "Standing", 15),
+    (5, "Walking", 20),
+]
 #: malformed WISDM records of the kinds found in the real file (each is skipped)
 MALFORMED = [
     "1,Walking,49106062271000,,;",  # missing values
@@ -47,8 +55,14 @@ def write_idx(path, array: np.ndarray) -> None:
     path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
 
 
-def write_mnist_like(root, folder: str, num_classes: int = 10, transpose: bool = False, prefix=None,
-                     sizes: tuple[int, int] = (N_TRAIN, N_TEST)) -> dict:
+def write_mnist_like(
+    root,
+    folder: str,
+    num_classes: int = 10,
+    transpose: bool = False,
+    prefix=None,
+    sizes: tuple[int, int] = (N_TRAIN, N_TEST),
+) -> dict:
     """`<root>/<folder>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte` (MNIST, Fashion-MNIST, EMNIST)."""
     out = {}
     for split, n, start in (("train", sizes[0], 0), ("t10k", sizes[1], sizes[0])):
@@ -79,8 +93,11 @@ def write_cifar(root, hundred: bool = False, sizes: tuple[int, int] = (N_TRAIN, 
             pickle.dump(entry, f)
         out[name] = (x, y)
         start += n
-    meta = {"fine_label_names": [f"c{i}" for i in range(100)]} if hundred else \
-        {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]}
+    meta = (
+        {"fine_label_names": [f"c{i}" for i in range(100)]}
+        if hundred
+        else {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]}
+    )
     with open(folder / ("meta" if hundred else "batches.meta"), "wb") as f:
         pickle.dump(meta, f)
     return out
@@ -94,14 +111,18 @@ def write_svhn(root, sizes: tuple[int, int] = (N_TRAIN, N_TEST)) -> dict:
     for split, n, start in (("train", sizes[0], 0), ("test", sizes[1], sizes[0])):
         x = images(n, 3, 32, start)
         digits = np.arange(start, start + n) % 10
-        savemat(root / f"{split}_32x32.mat", {"X": x.transpose(2, 3, 1, 0),  # SVHN stores (H, W, C, N)
-                                               "y": np.where(digits == 0, 10, digits).reshape(n, 1).astype(np.uint8)})
+        savemat(
+            root / f"{split}_32x32.mat",
+            {
+                "X": x.transpose(2, 3, 1, 0),  # SVHN stores (H, W, C, N)
+                "y": np.where(digits == 0, 10, digits).reshape(n, 1).astype(np.uint8),
+            },
+        )
         out[split] = (x, digits)
     return out
 
 
-def write_medmnist(root, flag: str, num_classes: int, channels: int, size: int = 28,
-                   sizes=MEDMNIST_SIZES) -> dict:
+def write_medmnist(root, flag: str, num_classes: int, channels: int, size: int = 28, sizes=MEDMNIST_SIZES) -> dict:
     """A `<flag>[_size].npz` in MedMNIST's layout (train/val/test images and (N, 1) labels)."""
     rng = np.random.default_rng(0)
     arrays, start = {}, 0
@@ -125,12 +146,19 @@ def write_adult(root, n: int = N_ROWS) -> np.ndarray:
     rng = np.random.default_rng(0)
     rows, values = [], []
     for i in range(n):
-        v = [int(rng.integers(17, 90)), 10000 + 37 * i, int(rng.integers(1, 17)), int(rng.integers(0, 3) * 5000),
-             int(rng.integers(10, 80))]
+        v = [
+            int(rng.integers(17, 90)),
+            10000 + 37 * i,
+            int(rng.integers(1, 17)),
+            int(rng.integers(0, 3) * 5000),
+            int(rng.integers(10, 80)),
+        ]
         income = ">50K" if i % 3 == 0 else "<=50K"
         work = "?" if i % 7 == 0 else "Private"
-        rows.append(f"{v[0]}, {work}, {v[1]}, Bachelors, {v[2]}, Never-married, Adm-clerical, Not-in-family, "
-                    f"White, Male, {v[3]}, 0, {v[4]}, United-States, {income}")
+        rows.append(
+            f"{v[0]}, {work}, {v[1]}, Bachelors, {v[2]}, Never-married, Adm-clerical, Not-in-family, "
+            f"White, Male, {v[3]}, 0, {v[4]}, United-States, {income}"
+        )
         values.append(v)
     root.mkdir(parents=True, exist_ok=True)
     (root / "adult.data").write_text("\n".join(rows) + "\n\n")
@@ -140,15 +168,19 @@ def write_adult(root, n: int = N_ROWS) -> np.ndarray:
 def bank_text(n: int = N_ROWS) -> str:
     """`bank-additional-full.csv`: ';'-separated, quoted header and strings."""
     rng = np.random.default_rng(1)
-    header = ('"age";"job";"marital";"education";"default";"housing";"loan";"contact";"month";"day_of_week";'
-              '"duration";"campaign";"pdays";"previous";"poutcome";"emp.var.rate";"cons.price.idx";"cons.conf.idx";'
-              '"euribor3m";"nr.employed";"y"')
+    header = (
+        '"age";"job";"marital";"education";"default";"housing";"loan";"contact";"month";"day_of_week";'
+        '"duration";"campaign";"pdays";"previous";"poutcome";"emp.var.rate";"cons.price.idx";"cons.conf.idx";'
+        '"euribor3m";"nr.employed";"y"'
+    )
     rows = [header]
     for i in range(n):
-        rows.append(f'{int(rng.integers(18, 90))};"housemaid";"married";"basic.4y";"no";"no";"no";"telephone";'
-                    f'"may";"mon";{100 + 7 * i};{int(rng.integers(1, 10))};999;0;"nonexistent";1.1;'
-                    f'{rng.uniform(92, 95):.3f};-36.4;{rng.uniform(0.6, 5):.3f};{rng.choice([5191, 5228.1, 4963.6])};'
-                    f'"{"yes" if i % 4 == 0 else "no"}"')
+        rows.append(
+            f'{int(rng.integers(18, 90))};"housemaid";"married";"basic.4y";"no";"no";"no";"telephone";'
+            f'"may";"mon";{100 + 7 * i};{int(rng.integers(1, 10))};999;0;"nonexistent";1.1;'
+            f"{rng.uniform(92, 95):.3f};-36.4;{rng.uniform(0.6, 5):.3f};{rng.choice([5191, 5228.1, 4963.6])};"
+            f'"{"yes" if i % 4 == 0 else "no"}"'
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -159,7 +191,7 @@ def _pixel_tokens(separator: str) -> tuple[np.ndarray, np.ndarray]:
     texts = [(json.dumps(k / 255) + separator).encode() for k in range(256)]
     table = np.zeros((256, max(map(len, texts))), dtype=np.uint8)
     for k, text in enumerate(texts):
-        table[k, :len(text)] = np.frombuffer(text, np.uint8)
+        table[k, : len(text)] = np.frombuffer(text, np.uint8)
     return table, np.array([len(t) for t in texts])
 
 
@@ -172,15 +204,16 @@ def leaf_pixels_json(pixels: np.ndarray) -> bytes:
     inner, inner_length = _pixel_tokens(", ")
     last, last_length = _pixel_tokens("], [")  # a row's last value closes it and opens the next
     text = np.zeros((n, d, last.shape[1]), dtype=np.uint8)
-    text[:, :-1, :inner.shape[1]] = inner[pixels[:, :-1]]
+    text[:, :-1, : inner.shape[1]] = inner[pixels[:, :-1]]
     text[:, -1] = last[pixels[:, -1]]
     length = np.concatenate([inner_length[pixels[:, :-1]], last_length[pixels[:, -1:]]], axis=1)
     body = text[np.arange(text.shape[2]) < length[..., None]].tobytes()
-    return b"[[" + body[:-len(b", [")] + b"]"
+    return b"[[" + body[: -len(b", [")] + b"]"
 
 
-def write_leaf(root, folders=("train", "test"), writers=WRITERS, files: int = 2,
-               ink: float | None = None) -> dict[str, list[int]]:
+def write_leaf(
+    root, folders=("train", "test"), writers=WRITERS, files: int = 2, ink: float | None = None
+) -> dict[str, list[int]]:
     """LEAF's FEMNIST layout: per folder `files` JSON files, each with some writers (LEAF's hold about 100).
     Pixels are k/255, uniform over k, or with `ink` that share of them random and the rest white (1.0, as LEAF's
     background); sample number s (global) is written into the first two pixels; returns each writer's sample
@@ -194,8 +227,9 @@ def write_leaf(root, folders=("train", "test"), writers=WRITERS, files: int = 2,
         for part, chunk in enumerate(names[i::files] for i in range(files)):
             sizes = [writers[w][f] if len(folders) == 2 else sum(writers[w]) for w in chunk]
             with open(root / folder / f"all_data_{part}_niid_0_keep_0_{folder}_9.json", "wb") as out:
-                out.write(f'{{"users": {json.dumps(chunk)}, "num_samples": {json.dumps(sizes)}, "user_data": {{'
-                          .encode())
+                out.write(
+                    f'{{"users": {json.dumps(chunk)}, "num_samples": {json.dumps(sizes)}, "user_data": {{'.encode()
+                )
                 for j, (w, n) in enumerate(zip(chunk, sizes)):
                     if ink is None:
                         pixels = rng.integers(0, 256, (n, 784))
@@ -206,8 +240,11 @@ def write_leaf(root, folders=("train", "test"), writers=WRITERS, files: int = 2,
                     counter += n
                     numbers.setdefault(f"{folder}:{w}", []).extend(ids.tolist())
                     labels = json.dumps(rng.integers(0, 62, n).tolist())
-                    out.write(f'{", " if j else ""}{json.dumps(w)}: {{"x": '.encode()
-                              + leaf_pixels_json(pixels.astype(np.uint8)) + f', "y": {labels}}}'.encode())
+                    out.write(
+                        f'{", " if j else ""}{json.dumps(w)}: {{"x": '.encode()
+                        + leaf_pixels_json(pixels.astype(np.uint8))
+                        + f', "y": {labels}}}'.encode()
+                    )
                 out.write(b"}}")
     return numbers
 
@@ -226,8 +263,12 @@ def write_wisdm(root, runs=RUNS) -> str:
         k = 0
         while k < n:
             if k == 3 and n - k >= 2:  # several records on one line
-                lines.append(wisdm_record(run, index, user, activity, rng.normal()) + ";"
-                             + wisdm_record(run, index + 1, user, activity, rng.normal()) + ";")
+                lines.append(
+                    wisdm_record(run, index, user, activity, rng.normal())
+                    + ";"
+                    + wisdm_record(run, index + 1, user, activity, rng.normal())
+                    + ";"
+                )
                 index, k = index + 2, k + 2
                 continue
             text = wisdm_record(run, index, user, activity, rng.normal())

@@ -1,6 +1,7 @@
 """Small federations the tests build in-process: a narrow SmallCNN on digits (`small_federation`), an MLP on digits
 of unequal clients (`mlp_federation`), and what tests do with them (every client's row of a state, noisy starts, a
 one-ulp nudge, a network whose head is not linear)."""
+
 from __future__ import annotations
 
 import torch
@@ -12,9 +13,21 @@ from fedlight.models import MLP, Classifier, SmallCNN
 from fedlight.plugin.algorithm import Algorithm
 
 
-def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed: int = 0, partition=None,
-                     lr: float = 0.1, momentum: float = 0.0, public_size: int = 0, privacy=None, system=None,
-                     attack=None, server_optimizer=None, **config) -> Federation:
+def small_federation(
+    algorithm=None,
+    num_clients: int = 6,
+    rounds: int = 2,
+    seed: int = 0,
+    partition=None,
+    lr: float = 0.1,
+    momentum: float = 0.0,
+    public_size: int = 0,
+    privacy=None,
+    system=None,
+    attack=None,
+    server_optimizer=None,
+    **config,
+) -> Federation:
     """A fast federation on digits: a narrow SmallCNN, few clients, one local epoch; clients train one after
     another unless `vectorize` is given (tests of the sequential trainer compare exact values). `privacy`: a
     `PrivacyConfig` (the run's `privacy:` section); `system`: a `SystemConfig` (its `system:` section); `attack`: an
@@ -24,8 +37,18 @@ def small_federation(algorithm=None, num_clients: int = 6, rounds: int = 2, seed
     data = DigitsFederated(num_clients=num_clients, partition=partition or Rotations(2), public_size=public_size)
     aggregator = aggregator_section(config)
     settings = {"rounds": rounds, "local_epochs": 1, "batch_size": 32, "accelerator": "cpu", "vectorize": 0, **config}
-    return Federation(data, model, algorithm, FederationConfig(**settings), seed=seed, privacy=privacy, system=system,
-                      attack=attack, aggregator=aggregator, server_optimizer=server_optimizer)
+    return Federation(
+        data,
+        model,
+        algorithm,
+        FederationConfig(**settings),
+        seed=seed,
+        privacy=privacy,
+        system=system,
+        attack=attack,
+        aggregator=aggregator,
+        server_optimizer=server_optimizer,
+    )
 
 
 def aggregator_section(config: dict):
@@ -33,8 +56,13 @@ def aggregator_section(config: dict):
     `config` (None when it gives none: the mean)."""
     from fedlight.aggregators.config import AggregatorConfig
 
-    names = {"aggregator": "rule", "aggregator_f": "f", "aggregator_beta": "beta", "aggregator_clip": "clip",
-             "aggregator_keep": "keep"}
+    names = {
+        "aggregator": "rule",
+        "aggregator_f": "f",
+        "aggregator_beta": "beta",
+        "aggregator_clip": "clip",
+        "aggregator_keep": "keep",
+    }
     given = {field: config.pop(key) for key, field in names.items() if key in config}
     return AggregatorConfig(**given) if given else None
 
@@ -47,14 +75,27 @@ def every_row(value):
     return value.read(range(value.num_clients)) if isinstance(value, ClientState) else value
 
 
-def mlp_federation(algorithm=None, vectorize=8, num_clients=5, batch_size=16, weight_decay=0.0,
-                   network: torch.nn.Module | None = None, accelerator: str = "cpu") -> Federation:
+def mlp_federation(
+    algorithm=None,
+    vectorize=8,
+    num_clients=5,
+    batch_size=16,
+    weight_decay=0.0,
+    network: torch.nn.Module | None = None,
+    accelerator: str = "cpu",
+) -> Federation:
     """An MLP (or `network`) on digits of unequal clients (short last batches, other step counts), in float32: no
     max-pool ties, so the two trainers (and the CPU and a GPU) agree to float rounding."""
     torch.manual_seed(0)
     model = Classifier(network or MLP(64, [32], 10), lr=0.05, momentum=0.9, weight_decay=weight_decay)
-    config = FederationConfig(rounds=2, local_epochs=2, batch_size=batch_size, accelerator=accelerator,
-                              vectorize=vectorize, precision="32-true")
+    config = FederationConfig(
+        rounds=2,
+        local_epochs=2,
+        batch_size=batch_size,
+        accelerator=accelerator,
+        vectorize=vectorize,
+        precision="32-true",
+    )
     data = DigitsFederated(num_clients=num_clients, partition=QuantitySkew(alpha=0.5, min_size=20))
     return Federation(data, model, algorithm or Algorithm(), config)
 

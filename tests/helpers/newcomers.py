@@ -1,4 +1,5 @@
 """Stand-ins for the clients that arrive after training (`fedlight.plugin.newcomers.Newcomers`)."""
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,9 @@ class FederationNewcomers:
 
     def sample_losses(self, models):
         data = self.server.clients.split("train")
-        losses = torch.stack([F.cross_entropy(self.server.model.predict(m, data.x), data.y, reduction="none")
-                              for m in models])
+        losses = torch.stack(
+            [F.cross_entropy(self.server.model.predict(m, data.x), data.y, reduction="none") for m in models]
+        )
         return losses, self.server.clients.client_of_row("train")
 
     def train(self, newcomer, start, epochs=None, purpose="newcomer"):

@@ -1,5 +1,6 @@
 """A LightningModule written for `Trainer.fit`, used unchanged as a federated client in the tests: BatchNorm,
 `self.log` in `training_step`, SGD with momentum and a StepLR schedule from `configure_optimizers`."""
+
 import lightning as L
 import torch
 import torch.nn.functional as F

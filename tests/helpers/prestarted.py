@@ -10,6 +10,7 @@ start-up benchmark, installs, launchers that start interpreters) still start rea
 fedlight's own launcher starts (`--federation.devices 2`) are real interpreters too: the launcher runs
 `python -m fedlight.__main__ ARGS`, as it would from the command line.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -26,8 +27,14 @@ _CONTEXT = None
 #: what the server imports once: the command line, and what a run imports after it (it imports them lazily, so a
 #: server holding the command line alone left each process about 4 s of importing Lightning, torchmetrics and
 #: torchvision on 2 cores)
-PRELOADED = ["fedlight.run.cli", "lightning", "fedlight.engine.federation", "fedlight.algorithms",
-             "fedlight.datamodules", "fedlight.models"]
+PRELOADED = [
+    "fedlight.run.cli",
+    "lightning",
+    "fedlight.engine.federation",
+    "fedlight.algorithms",
+    "fedlight.datamodules",
+    "fedlight.models",
+]
 
 
 def _context():
@@ -75,8 +82,9 @@ class Prestarted:
         self._folder = tempfile.mkdtemp(prefix="fedlight-prestarted-")
         self._out, self._err = os.path.join(self._folder, "out"), os.path.join(self._folder, "err")
         self.args = args
-        self._process = _context().Process(target=_child, args=(args, str(cwd), dict(env), self._out, self._err,
-                                                                        own_group))
+        self._process = _context().Process(
+            target=_child, args=(args, str(cwd), dict(env), self._out, self._err, own_group)
+        )
         self._process.start()
         self.pid = self._process.pid
 
@@ -105,8 +113,9 @@ class Prestarted:
         self.send_signal(signal.SIGKILL)
 
 
-def fedlight_result(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600
-                    ) -> subprocess.CompletedProcess:
+def fedlight_result(
+    args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600
+) -> subprocess.CompletedProcess:
     """A finished `python -m fedlight ARGS` (as `subprocess.run(..., capture_output=True, text=True)` gives it)."""
     process = Prestarted(args, cwd, env)
     out, err = process.communicate(timeout)
@@ -124,6 +133,17 @@ def free_port() -> int:
 def ranks_env(env: dict[str, str], world: int = 2) -> list[dict[str, str]]:
     """Each of `world` processes' environment as a launcher (torchrun) gives it on one machine."""
     port = str(free_port())
-    return [{**env, "RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0", "WORLD_SIZE": str(world),
-             "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-             "TORCHELASTIC_RUN_ID": "fedlight-test"} for r in range(world)]
+    return [
+        {
+            **env,
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "GROUP_RANK": "0",
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "TORCHELASTIC_RUN_ID": "fedlight-test",
+        }
+        for r in range(world)
+    ]

@@ -1,4 +1,5 @@
 """Crashed and resumed runs through the command line, and the metrics.csv rows to compare them by."""
+
 from __future__ import annotations
 
 import csv
@@ -9,8 +10,9 @@ def rows(path, drop=("time/round_s",)):
         return [{k: v for k, v in r.items() if k not in drop} for r in csv.DictReader(f)]
 
 
-def crash_and_resume(args: list[str], run_dir, monkeypatch, crash_round: int = 3, after_the_work: bool = False,
-                     before_resuming=None) -> None:
+def crash_and_resume(
+    args: list[str], run_dir, monkeypatch, crash_round: int = 3, after_the_work: bool = False, before_resuming=None
+) -> None:
     """Run `args` as run folder `run_dir` (its --output_dir) with a crash (Ctrl-C) in `crash_round`, then resume it
     to the end; the rounds before the crash must be saved. The crash comes as the round starts, or with
     `after_the_work` once the round's work is done (its client state written) but before anything records it;

@@ -1,4 +1,5 @@
 """Learning rates a scheduler gives on its own, to compare a federation's with."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """The algorithms fedlight installs."""
+
 from __future__ import annotations
 
 import importlib

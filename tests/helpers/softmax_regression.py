@@ -1,5 +1,6 @@
 """Softmax regression on the digits' 64 pixels, whose cross-entropy gradient is written out here: the linear model
 that the tests of SCAFFOLD, APFL, FedALA and the drift baselines check hand computations on."""
+
 from __future__ import annotations
 
 import torch
@@ -15,16 +16,24 @@ from helpers.federations import every_row
 LR = 0.1
 
 
-def linear_federation(algorithm, num_clients: int = 3, batch_size: int = 32, vectorize: int = 0,
-                      partition=None, local_epochs: int = 1, network: nn.Module | None = None,
-                      **data) -> Federation:
+def linear_federation(
+    algorithm,
+    num_clients: int = 3,
+    batch_size: int = 32,
+    vectorize: int = 0,
+    partition=None,
+    local_epochs: int = 1,
+    network: nn.Module | None = None,
+    **data,
+) -> Federation:
     """Softmax regression on the 64 pixels of the digits (or `network`), plain SGD (momentum 0), one local epoch;
     `data`: more settings of the data module (its public_size)."""
     torch.manual_seed(0)
     model = Classifier(network or nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), lr=LR, momentum=0.0)
     data = DigitsFederated(num_clients=num_clients, partition=partition or Rotations(2), **data)
-    config = FederationConfig(rounds=3, local_epochs=local_epochs, batch_size=batch_size, accelerator="cpu",
-                              vectorize=vectorize)
+    config = FederationConfig(
+        rounds=3, local_epochs=local_epochs, batch_size=batch_size, accelerator="cpu", vectorize=vectorize
+    )
     return Federation(data, model, algorithm, config, seed=0)
 
 

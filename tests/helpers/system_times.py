@@ -1,4 +1,5 @@
 """Devices set by hand for the system model's virtual clock (`fedlight.system`)."""
+
 from __future__ import annotations
 
 

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end at tiny sizes and their equivalence checks hold (timings are not
 checked here: speed is measured by running the benchmarks, see benchmarks/RESULTS.md)."""
+
 import argparse
 import json
 import subprocess
@@ -42,8 +43,22 @@ def test_overhead_benchmark_trains_exactly_like_the_plain_loop(monkeypatch, tmp_
 
 
 def test_vectorized_benchmark_trains_every_way_like_the_plain_loop(monkeypatch, tmp_path):
-    rows = run_main(vectorized, monkeypatch, tmp_path, "--clients", "3", "--pool", "300", "--repeats", "1",
-                    "--networks", "lenet5_bn", "mlp", "--batch_sizes", "10")
+    rows = run_main(
+        vectorized,
+        monkeypatch,
+        tmp_path,
+        "--clients",
+        "3",
+        "--pool",
+        "300",
+        "--repeats",
+        "1",
+        "--networks",
+        "lenet5_bn",
+        "mlp",
+        "--batch_sizes",
+        "10",
+    )
     assert [r["network"] for r in rows] == ["lenet5_bn", "mlp"]
     for row in rows:  # the same training four ways; the averages round differently
         assert all(d < 1e-5 for d in row["max_difference_vs_plain"].values()), row
@@ -61,8 +76,21 @@ def test_structured_updates_have_four_cosine_clusters():
 
 
 def test_similarity_benchmark_measures_bf16_error_and_skips_what_does_not_fit(monkeypatch, tmp_path):
-    rows = run_main(similarity, monkeypatch, tmp_path, "--clients", "12", "--params", "5000", "400000",
-                    "--dtypes", "bf16", "--public", "--max_gb", "0.005")
+    rows = run_main(
+        similarity,
+        monkeypatch,
+        tmp_path,
+        "--clients",
+        "12",
+        "--params",
+        "5000",
+        "400000",
+        "--dtypes",
+        "bf16",
+        "--public",
+        "--max_gb",
+        "0.005",
+    )
     by_size = {r["size"]: r for r in rows}
     assert by_size[5000]["max_diff_vs_fp32"] < 1e-3 and by_size[5000]["seconds"] > 0
     assert "skipped" in by_size[400000]  # 12 x 400,000 bf16 is 9.6 MB > 5 MB
@@ -81,8 +109,22 @@ def test_round_benchmark_reports_personal_parts(tmp_path):
 @pytest.mark.slow
 def test_processes_benchmark_times_two_processes_against_the_plain_loop(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    rows = run_main(processes, monkeypatch, tmp_path, "--clients", "4", "--pool", "400", "--rounds", "2",
-                    "--repeats", "1", "--plain", "--devices", "2")
+    rows = run_main(
+        processes,
+        monkeypatch,
+        tmp_path,
+        "--clients",
+        "4",
+        "--pool",
+        "400",
+        "--rounds",
+        "2",
+        "--repeats",
+        "1",
+        "--plain",
+        "--devices",
+        "2",
+    )
     assert [r["devices"] for r in rows] == ["plain", 2] and rows[0]["speedup"] == 1.0
     assert all(r["round_s"] > 0 and r["rounds_timed"] == 1 for r in rows)
 
@@ -98,8 +140,19 @@ def test_femnist_load_benchmark_writes_leaf_files_and_loads_them_twice_alike(mon
     writers = femnist_load.leaf_writers(7, 70)
     assert sum(a + b for a, b in writers.values()) == 70 and all(a >= 1 and b >= 1 for a, b in writers.values())
     monkeypatch.setattr(femnist_load, "load_in_a_fresh_process", femnist_load.load)  # the same load, in this process
-    result = run_main(femnist_load, monkeypatch, tmp_path, "--writers", "7", "--images", "70",
-                      "--writers_per_file", "3", "--folder", str(tmp_path / "leaf"))
+    result = run_main(
+        femnist_load,
+        monkeypatch,
+        tmp_path,
+        "--writers",
+        "7",
+        "--images",
+        "70",
+        "--writers_per_file",
+        "3",
+        "--folder",
+        str(tmp_path / "leaf"),
+    )
     assert len(list((tmp_path / "leaf" / "train").glob("*.json"))) == 3  # 7 writers, 3 a file
     assert result["images"] == 70 and result["writers"] == 7 and result["identical"]
     assert result["cache_mb"] > 70 * 784 / 2**20  # the pixels as bytes, and the rest
@@ -107,14 +160,41 @@ def test_femnist_load_benchmark_writes_leaf_files_and_loads_them_twice_alike(mon
 
 def test_cross_device_benchmark_runs_fedavg_like_the_plain_loop_and_names_a_refusal(monkeypatch, tmp_path):
     def in_this_process(method, args):
-        return cross_device.run_one(method, args.root, args.rounds, args.per_round, args.folder, args.vectorize,
-                                    cross_device.data_overrides(args))
+        return cross_device.run_one(
+            method,
+            args.root,
+            args.rounds,
+            args.per_round,
+            args.folder,
+            args.vectorize,
+            cross_device.data_overrides(args),
+        )
 
     monkeypatch.setattr(cross_device, "in_a_fresh_process", in_this_process)
-    rows = run_main(cross_device, monkeypatch, tmp_path, "--root", str(tmp_path / "leaf"), "--writers", "6",
-                    "--num_writers", "6", "--public_size", "50", "--rounds", "1", "--per_round", "2",
-                    "--methods", "fedavg", "flhc", "--vectorize", "0",
-                    "--folder", str(tmp_path / "state"))
+    rows = run_main(
+        cross_device,
+        monkeypatch,
+        tmp_path,
+        "--root",
+        str(tmp_path / "leaf"),
+        "--writers",
+        "6",
+        "--num_writers",
+        "6",
+        "--public_size",
+        "50",
+        "--rounds",
+        "1",
+        "--per_round",
+        "2",
+        "--methods",
+        "fedavg",
+        "flhc",
+        "--vectorize",
+        "0",
+        "--folder",
+        str(tmp_path / "state"),
+    )
     fedavg, flhc = rows
     assert fedavg["writers"] == 6 and len(fedavg["round_s"]) == len(fedavg["plain_round_s"]) == 1
     assert fedavg["max_param_diff"] < 1e-5  # the same two clients' steps; the averages round differently
@@ -156,16 +236,24 @@ def test_shipped_configs_benchmark_finds_run_configs_and_compares_auto_with_the_
     names = {p.relative_to(BENCHMARKS.parent).as_posix() for p in found}
     assert "configs/digits/fedavg.yaml" in names and "configs/digits/skew/ditto.yaml" in names
     assert not any("/common/" in n for n in names)  # the shared pieces a config includes are not runs
-    row = {"config": "configs/digits/x.yaml",
-           "auto": {"s_per_round": 1.1, "wall_s": 9.0, "peak_mb": 900.0,
-                    "summary": {"plan": {"trainer": "sequential", "reason": "probe"}}},
-           "sequential": {"s_per_round": 1.0, "wall_s": 8.0, "peak_mb": 800.0},
-           "vectorized": {"error": "out of memory"}}
-    assert shipped_configs.table_row(row) == ("| configs/digits/x.yaml | 1.10 | 1.00 | out of memory "
-                                              "| sequential (probe) | 1.10x | 9.0/8.0/- | 900/800/- |")
+    row = {
+        "config": "configs/digits/x.yaml",
+        "auto": {
+            "s_per_round": 1.1,
+            "wall_s": 9.0,
+            "peak_mb": 900.0,
+            "summary": {"plan": {"trainer": "sequential", "reason": "probe"}},
+        },
+        "sequential": {"s_per_round": 1.0, "wall_s": 8.0, "peak_mb": 800.0},
+        "vectorized": {"error": "out of memory"},
+    }
+    assert shipped_configs.table_row(row) == (
+        "| configs/digits/x.yaml | 1.10 | 1.00 | out of memory | sequential (probe) | 1.10x | 9.0/8.0/- | 900/800/- |"
+    )
     assert shipped_configs.fastest([{"s_per_round": 2.0}, {"error": "x"}, {"s_per_round": 1.5}]) == {"s_per_round": 1.5}
-    assert "other repetitions chose vectorized" in shipped_configs.table_row({**row, "auto_choices": ["sequential",
-                                                                                                    "vectorized"]})
+    assert "other repetitions chose vectorized" in shipped_configs.table_row(
+        {**row, "auto_choices": ["sequential", "vectorized"]}
+    )
 
 
 def test_paper_configs_benchmark_picks_the_configs_that_make_their_data_and_caps_their_rounds():
@@ -175,8 +263,9 @@ def test_paper_configs_benchmark_picks_the_configs_that_make_their_data_and_caps
     assert paper_configs.reads_files(flis)  # its data section is a file naming CIFAR10Federated (a root)
     assert paper_configs.configured_rounds(synthetic, 10) == 1  # its own
     assert paper_configs.configured_rounds(flis, 10) == 10  # 200 in common/federation.yaml, capped
-    assert {f.config for f in paper_configs.FAMILIES} <= {p.relative_to(BENCHMARKS.parent).as_posix()
-                                                           for p in shipped_configs.configs_under([papers])}
+    assert {f.config for f in paper_configs.FAMILIES} <= {
+        p.relative_to(BENCHMARKS.parent).as_posix() for p in shipped_configs.configs_under([papers])
+    }
 
 
 def test_a_run_past_its_time_or_memory_is_stopped_with_its_peak_memory():
@@ -187,8 +276,12 @@ def test_a_run_past_its_time_or_memory_is_stopped_with_its_peak_memory():
     assert status is None and usage.ru_maxrss / 1024 > 40
     status, _ = shipped_configs.wait_for(subprocess.Popen([sys.executable, "-c", "pass"]), timeout=30, max_mb=1000)
     assert status == 0  # a run within both limits ends by itself
-    row = {"config": "c.yaml", "data": "d", "rounds": 1,
-           "result": {"error": "stopped past 300 s", "wall_s": 300.4, "peak_mb": 2048.0}}
+    row = {
+        "config": "c.yaml",
+        "data": "d",
+        "rounds": 1,
+        "result": {"error": "stopped past 300 s", "wall_s": 300.4, "peak_mb": 2048.0},
+    }
     assert paper_configs.table_row(row) == "| c.yaml | d | 1 | stopped past 300 s | - | 300.4 | 2048 |"
 
 
@@ -203,8 +296,9 @@ def test_paper_configs_benchmark_runs_a_made_data_config_end_to_end(monkeypatch,
 def test_made_femnist_gives_each_chosen_writer_its_drawn_train_and_test_sizes():
     """The in-memory FEMNIST for GPU runs: one client per chosen writer, whose train and test splits have the sizes
     `leaf_writers` drew for it (LEAF's 90/10 split), every made sample used once."""
-    data_module = made_femnist.MadeFemnist(writers=40, images=2000, num_writers=25, writer_order="random",
-                                           val_fraction=0.0)
+    data_module = made_femnist.MadeFemnist(
+        writers=40, images=2000, num_writers=25, writer_order="random", val_fraction=0.0
+    )
     data = data_module.build()
     drawn = femnist_load.leaf_writers(40, 2000)
     assert data.train.num_clients == 25 and len(data_module.writers) == 25
@@ -216,10 +310,12 @@ def test_made_femnist_gives_each_chosen_writer_its_drawn_train_and_test_sizes():
 def test_virtual_time_to_accuracy_takes_the_first_round_that_reaches_the_target():
     from virtual_time_to_accuracy import first_time_at
 
-    rows = [{"system/virtual_time_s": "3.0", "test/acc_mean": "0.5"},
-            {"system/virtual_time_s": "7.5", "test/acc_mean": ""},  # a round not evaluated
-            {"system/virtual_time_s": "9.0", "test/acc_mean": "0.82"},
-            {"system/virtual_time_s": "12.0", "test/acc_mean": "0.79"}]
+    rows = [
+        {"system/virtual_time_s": "3.0", "test/acc_mean": "0.5"},
+        {"system/virtual_time_s": "7.5", "test/acc_mean": ""},  # a round not evaluated
+        {"system/virtual_time_s": "9.0", "test/acc_mean": "0.82"},
+        {"system/virtual_time_s": "12.0", "test/acc_mean": "0.79"},
+    ]
     assert first_time_at(rows, "test/acc_mean", 0.8) == 9.0
     assert first_time_at(rows, "test/acc_mean", 0.5) == 3.0
     assert first_time_at(rows, "test/acc_mean", 0.9) is None
@@ -257,6 +353,7 @@ def test_leaderboard_reads_every_pfllib_configs_published_number():
 
 def test_leaderboard_skips_every_config_whose_data_is_missing(monkeypatch, tmp_path, capsys):
     """Without the data files nothing runs: every config is a "skipped" row, with its published number."""
+
     def no_run(*args, **kwargs):
         raise AssertionError(f"ran {args} without data")
 

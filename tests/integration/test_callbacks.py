@@ -1,6 +1,7 @@
 """Run callbacks: a user's own by class path sees every round as metrics.csv records it, EarlyStopping stops where a
 hand computation over an uninterrupted run says it must, and its state survives a resume; a checkpoint keeps each
 callback's state under its class and arguments, so reordering the callbacks of a resumed run swaps nothing."""
+
 from __future__ import annotations
 
 import csv
@@ -18,7 +19,7 @@ from fedlight.run.wandb_logger import LoggerConfig
 
 from helpers.federations import small_federation
 
-CALLBACK = '''
+CALLBACK = """
 from fedlight import Callback
 
 CALLS = []
@@ -36,7 +37,7 @@ class Recording(Callback):
 
     def on_fit_end(self, run, summary):
         CALLS.append(("end", summary["rounds"]))
-'''
+"""
 
 
 def rows(path):
@@ -45,15 +46,18 @@ def rows(path):
 
 
 def early_stopping(monitor: str, mode: str, patience: int) -> list[str]:
-    return ["--callbacks+=fedlight.EarlyStopping", f"--callbacks.monitor={monitor}", f"--callbacks.mode={mode}",
-            f"--callbacks.patience={patience}"]
+    return [
+        "--callbacks+=fedlight.EarlyStopping",
+        f"--callbacks.monitor={monitor}",
+        f"--callbacks.mode={mode}",
+        f"--callbacks.patience={patience}",
+    ]
 
 
 def test_a_callback_by_class_path_sees_every_round_as_metrics_csv_records_it(tmp_path, tiny_run_args, monkeypatch):
     (tmp_path / "my_callbacks.py").write_text(CALLBACK)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(tiny_run_args + ["--run_name", "run", "--callbacks+=my_callbacks.Recording",
-                                 "--callbacks.tag=y"]) == 0
+    assert main(tiny_run_args + ["--run_name", "run", "--callbacks+=my_callbacks.Recording", "--callbacks.tag=y"]) == 0
     import my_callbacks
 
     calls = my_callbacks.CALLS
@@ -62,8 +66,9 @@ def test_a_callback_by_class_path_sees_every_round_as_metrics_csv_records_it(tmp
     seen = [c[2] for c in calls if c[0] == "round"]
     assert [s["round"] for s in seen] == [1, 2, 3]
     for scalars, row in zip(seen, recorded):
-        assert {k: float(v) for k, v in scalars.items() if k != "time/round_s"} == \
-            {k: float(v) for k, v in row.items() if k != "time/round_s"}
+        assert {k: float(v) for k, v in scalars.items() if k != "time/round_s"} == {
+            k: float(v) for k, v in row.items() if k != "time/round_s"
+        }
 
 
 def first_stop(values: list[float], mode: str, patience: int) -> int | None:
@@ -84,12 +89,17 @@ def test_early_stopping_stops_where_the_uninterrupted_run_says(tmp_path, tiny_ru
     losses = [float(r["train/loss"]) for r in rows(tmp_path / "whole" / "metrics.csv")]
     expected = first_stop(losses, "max", 1)  # training loss falls, so "max" stops early
     assert expected is not None and expected < 5
-    assert main(tiny_run_args + ["--run_name", "early", "--federation.rounds", "5",
-                                 *early_stopping("train/loss", "max", 1)]) == 0
+    assert (
+        main(
+            tiny_run_args + ["--run_name", "early", "--federation.rounds", "5", *early_stopping("train/loss", "max", 1)]
+        )
+        == 0
+    )
     early = rows(tmp_path / "early" / "metrics.csv")
     assert len(early) == expected
-    assert [r["train/loss"] for r in early] == [r["train/loss"]
-                                                for r in rows(tmp_path / "whole" / "metrics.csv")][:expected]
+    assert [r["train/loss"] for r in early] == [r["train/loss"] for r in rows(tmp_path / "whole" / "metrics.csv")][
+        :expected
+    ]
     summary = json.loads((tmp_path / "early" / "summary.json").read_text())
     assert summary["rounds"] == expected and "train/loss has not improved" in summary["stopped"]
 
@@ -132,8 +142,14 @@ def early(patience: int = 50) -> EarlyStopping:
 
 
 def run_rounds(run_dir, rounds: int, callbacks: list, resume: bool = False) -> None:
-    fit(small_federation(rounds=rounds), run_dir, "seed: 0\n", LoggerConfig(wandb=False), resume=resume,
-        callbacks=callbacks)
+    fit(
+        small_federation(rounds=rounds),
+        run_dir,
+        "seed: 0\n",
+        LoggerConfig(wandb=False),
+        resume=resume,
+        callbacks=callbacks,
+    )
 
 
 def test_reordered_callbacks_of_one_class_with_different_arguments_each_get_their_own_state_back(tmp_path):
@@ -155,9 +171,19 @@ def test_a_checkpoint_of_format_1_resumes_with_the_states_by_class_name_and_posi
     state = checkpoint.read(last)
     by_class = {key.split("(")[0].rsplit(".", 1)[-1]: value for key, value in state["callbacks"].items()}
     # as fedlight wrote it before checkpoints had a format version: states by class name, "#2" for the second
-    torch.save({"federation": state["federation"],
-                "callbacks": {"CsvRecorder": by_class["CsvRecorder"], "Totals": by_class["Totals"],
-                              "ConsoleReporter": {}, "Counter": {"count": 2}, "Counter#2": {"count": 20}}}, last)
+    torch.save(
+        {
+            "federation": state["federation"],
+            "callbacks": {
+                "CsvRecorder": by_class["CsvRecorder"],
+                "Totals": by_class["Totals"],
+                "ConsoleReporter": {},
+                "Counter": {"count": 2},
+                "Counter#2": {"count": 20},
+            },
+        },
+        last,
+    )
     ones, tens = Counter(1), Counter(10)
     run_rounds(run_dir, 3, [ones, tens], resume=True)
     assert (ones.count, tens.count) == (3, 30)

@@ -1,4 +1,5 @@
 """The command line: runs, artefacts, config errors, listing and entry-point plugins."""
+
 import json
 import textwrap
 
@@ -52,10 +53,12 @@ def test_unknown_key_stops_before_any_work_naming_the_key(tmp_path, tiny_run_arg
 
 def test_unknown_key_in_a_config_file_is_named(tmp_path, capsys):
     config = tmp_path / "bad.yaml"
-    config.write_text(textwrap.dedent("""\
+    config.write_text(
+        textwrap.dedent("""\
         data: {class_path: fedlight.datamodules.DigitsFederated, init_args: {num_clients: 4, num_clientz: 3}}
         model: {class_path: fedlight.models.Classifier, init_args: {network: fedlight.models.SmallCNN}}
-        """))
+        """)
+    )
     assert main(["fit", "--config", str(config), "--output_dir", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     assert "data.init_args.num_clientz" in err and "num_clients" in err and len(err.strip().splitlines()) == 1
@@ -69,11 +72,29 @@ def test_wrong_type_is_named(tiny_run_args, capsys):
 
 def test_missing_data_file_names_the_path_and_the_fix(tmp_path, capsys):
     missing = tmp_path / "nowhere" / "data.npz"
-    code = main(["fit", "--data", "fedlight.datamodules.NpzFederated", "--data.path", str(missing),
-                 "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.MLP",
-                 "--model.network.init_args.input_dim", "4", "--model.network.init_args.hidden", "[8]",
-                 "--model.network.init_args.num_classes", "2", "--logger.wandb", "false",
-                 "--output_dir", str(tmp_path / "runs")])
+    code = main(
+        [
+            "fit",
+            "--data",
+            "fedlight.datamodules.NpzFederated",
+            "--data.path",
+            str(missing),
+            "--model",
+            "fedlight.models.Classifier",
+            "--model.network",
+            "fedlight.models.MLP",
+            "--model.network.init_args.input_dim",
+            "4",
+            "--model.network.init_args.hidden",
+            "[8]",
+            "--model.network.init_args.num_classes",
+            "2",
+            "--logger.wandb",
+            "false",
+            "--output_dir",
+            str(tmp_path / "runs"),
+        ]
+    )
     err = capsys.readouterr().err.replace("\n", "")
     assert code == 2 and str(missing) in err and "numpy.savez" in err
 
@@ -81,11 +102,36 @@ def test_missing_data_file_names_the_path_and_the_fix(tmp_path, capsys):
 def test_npz_data_runs(tmp_path):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", x=rng.normal(size=(120, 4)).astype("float32"), y=rng.integers(0, 2, 120))
-    assert main(["fit", "--data", "fedlight.datamodules.NpzFederated", "--data.path", str(tmp_path / "d.npz"),
-                 "--data.num_clients", "3", "--model", "fedlight.models.Classifier",
-                 "--model.network", "fedlight.models.MLP", "--model.network.init_args.input_dim", "4",
-                 "--model.network.init_args.hidden", "[8]", "--model.network.init_args.num_classes", "2",
-                 "--federation.rounds", "1", "--logger.wandb", "false", "--output_dir", str(tmp_path / "r")]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--data",
+                "fedlight.datamodules.NpzFederated",
+                "--data.path",
+                str(tmp_path / "d.npz"),
+                "--data.num_clients",
+                "3",
+                "--model",
+                "fedlight.models.Classifier",
+                "--model.network",
+                "fedlight.models.MLP",
+                "--model.network.init_args.input_dim",
+                "4",
+                "--model.network.init_args.hidden",
+                "[8]",
+                "--model.network.init_args.num_classes",
+                "2",
+                "--federation.rounds",
+                "1",
+                "--logger.wandb",
+                "false",
+                "--output_dir",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 0
+    )
 
 
 def test_print_config_shows_resolved_defaults(tiny_run_args, capsys):
@@ -163,13 +209,16 @@ def test_a_clustered_run_records_assignments_scores_and_matrices(tmp_path, tiny_
 
 
 def test_a_dotted_key_beside_its_section_is_refused_instead_of_replacing_it(tmp_path, capsys):
-    (tmp_path / "data.yaml").write_text("class_path: fedlight.datamodules.DigitsFederated\n"
-                                        "init_args: {num_clients: 7, public_size: 50}\n")
-    (tmp_path / "run.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "data.yaml").write_text(
+        "class_path: fedlight.datamodules.DigitsFederated\ninit_args: {num_clients: 7, public_size: 50}\n"
+    )
+    (tmp_path / "run.yaml").write_text(
+        textwrap.dedent("""\
         data: data.yaml
         data.init_args.num_clients: 30
         model: {class_path: fedlight.models.Classifier, init_args: {network: fedlight.models.SmallCNN}}
-        """))
+        """)
+    )
     assert main(["fit", "--config", str(tmp_path / "run.yaml"), "--output_dir", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err.replace("\n", "")
     assert "data.init_args.num_clients" in err and "--data.init_args.num_clients" in err
@@ -177,17 +226,61 @@ def test_a_dotted_key_beside_its_section_is_refused_instead_of_replacing_it(tmp_
 
 
 # -- a new user's first commands: help by short name, typos, a missing config, the listing -----------------
-SHIPPED = ("apfl", "centclus", "cfl", "cflgp", "ditto", "fedala", "fedamp", "fedavg", "fedbabu", "fedbn", "fedcp",
-           "feddbe", "fedem", "fedfomo", "fedgmm", "fedpac", "fedper", "fedproto", "fedprox", "fedrc", "fedrep",
-           "fedrod", "fedsoft", "fedtsdp", "fesem", "flhc", "flis_dc", "flis_hc", "gpfl", "icfl", "ifca", "kfed",
-           "lgfedavg", "local", "mfc", "ocfl", "pacfl", "perfedavg", "pfclus", "pfedhn", "pfedme", "scaffold", "srfca",
-           "stocfl")
+SHIPPED = (
+    "apfl",
+    "centclus",
+    "cfl",
+    "cflgp",
+    "ditto",
+    "fedala",
+    "fedamp",
+    "fedavg",
+    "fedbabu",
+    "fedbn",
+    "fedcp",
+    "feddbe",
+    "fedem",
+    "fedfomo",
+    "fedgmm",
+    "fedpac",
+    "fedper",
+    "fedproto",
+    "fedprox",
+    "fedrc",
+    "fedrep",
+    "fedrod",
+    "fedsoft",
+    "fedtsdp",
+    "fesem",
+    "flhc",
+    "flis_dc",
+    "flis_hc",
+    "gpfl",
+    "icfl",
+    "ifca",
+    "kfed",
+    "lgfedavg",
+    "local",
+    "mfc",
+    "ocfl",
+    "pacfl",
+    "perfedavg",
+    "pfclus",
+    "pfedhn",
+    "pfedme",
+    "scaffold",
+    "srfca",
+    "stocfl",
+)
 
 
-@pytest.mark.parametrize("arguments, shown", [
-    (["--algorithm.help", "ocfl"], ("fedlight.algorithms.ocfl.OCFL", "--algorithm.clusterer")),
-    (["--algorithm.help=fedprox"], ("fedlight.algorithms.fedprox.FedProx", "--algorithm.mu")),
-])
+@pytest.mark.parametrize(
+    "arguments, shown",
+    [
+        (["--algorithm.help", "ocfl"], ("fedlight.algorithms.ocfl.OCFL", "--algorithm.clusterer")),
+        (["--algorithm.help=fedprox"], ("fedlight.algorithms.fedprox.FedProx", "--algorithm.mu")),
+    ],
+)
 def test_algorithm_help_takes_a_short_name_as_algorithm_does(capsys, arguments, shown):
     with pytest.raises(SystemExit) as stop:
         main(["fit", *arguments])
@@ -200,20 +293,28 @@ def test_algorithm_help_takes_a_short_name_as_algorithm_does(capsys, arguments, 
 def test_algorithm_help_with_an_unknown_short_name_lists_the_installed_ones(capsys):
     assert main(["fit", "--algorithm.help", "ocfll"]) == 2
     err = capsys.readouterr().err
-    assert (err.startswith("fedlight: error: unknown algorithm 'ocfll' (did you mean 'ocfl'?): choose one of ")
-            and "ocfl," in err)
+    assert (
+        err.startswith("fedlight: error: unknown algorithm 'ocfll' (did you mean 'ocfl'?): choose one of ")
+        and "ocfl," in err
+    )
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("config, expected", [
-    ("federaton:\n  rounds: 3\n", "unknown config key federaton.rounds (did you mean federation.rounds?)"),
-    ("sed: 3\n", "unknown config key sed (did you mean seed?)"),
-    ("federation:\n  roundz: 3\n", "unknown config key federation.roundz (did you mean federation.rounds?)"),
-    ("modle:\n  class_path: fedlight.models.Classifier\n",
-     "unknown config key modle.class_path (did you mean model.class_path?)"),
-])
-def test_a_misspelt_key_in_a_config_file_gets_a_suggestion_top_level_or_nested(tmp_path, tiny_run_args, capsys,
-                                                                             config, expected):
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ("federaton:\n  rounds: 3\n", "unknown config key federaton.rounds (did you mean federation.rounds?)"),
+        ("sed: 3\n", "unknown config key sed (did you mean seed?)"),
+        ("federation:\n  roundz: 3\n", "unknown config key federation.roundz (did you mean federation.rounds?)"),
+        (
+            "modle:\n  class_path: fedlight.models.Classifier\n",
+            "unknown config key modle.class_path (did you mean model.class_path?)",
+        ),
+    ],
+)
+def test_a_misspelt_key_in_a_config_file_gets_a_suggestion_top_level_or_nested(
+    tmp_path, tiny_run_args, capsys, config, expected
+):
     (tmp_path / "typo.yaml").write_text(config)
     assert main(tiny_run_args + ["--config", str(tmp_path / "typo.yaml")]) == 2
     err = capsys.readouterr().err
@@ -221,12 +322,15 @@ def test_a_misspelt_key_in_a_config_file_gets_a_suggestion_top_level_or_nested(t
     assert not [p for p in tmp_path.iterdir() if p.name != "typo.yaml"]  # no run folder
 
 
-@pytest.mark.parametrize("option, expected", [
-    ("--federaton.rounds", "unknown option --federaton.rounds (did you mean --federation.rounds?)"),
-    ("--federaton.rounds=3", "unknown option --federaton.rounds (did you mean --federation.rounds?)"),
-    ("--modle.init_args.lr", "unknown option --modle.init_args.lr (did you mean --model.init_args.lr?)"),
-    ("--sed", "unknown option --sed (did you mean --seed?)"),
-])
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        ("--federaton.rounds", "unknown option --federaton.rounds (did you mean --federation.rounds?)"),
+        ("--federaton.rounds=3", "unknown option --federaton.rounds (did you mean --federation.rounds?)"),
+        ("--modle.init_args.lr", "unknown option --modle.init_args.lr (did you mean --model.init_args.lr?)"),
+        ("--sed", "unknown option --sed (did you mean --seed?)"),
+    ],
+)
 def test_a_misspelt_top_level_option_gets_a_suggestion(tiny_run_args, capsys, option, expected):
     assert main(tiny_run_args + ([option] if "=" in option else [option, "3"])) == 2
     err = capsys.readouterr().err
@@ -236,8 +340,16 @@ def test_a_misspelt_top_level_option_gets_a_suggestion(tiny_run_args, capsys, op
 def test_closest_key_corrects_the_top_level_part_of_a_key():
     from fedlight.run.config_errors import closest_key
 
-    options = ["--seed", "--model", "--model.help", "--federation", "--federation.rounds", "--federation.batch_size",
-               "--data", "--logger.wandb"]
+    options = [
+        "--seed",
+        "--model",
+        "--model.help",
+        "--federation",
+        "--federation.rounds",
+        "--federation.batch_size",
+        "--data",
+        "--logger.wandb",
+    ]
     assert closest_key("federaton.rounds", options) == "federation.rounds"
     assert closest_key("federaton.roundz", options) == "federation.rounds"
     assert closest_key("federaton", options) == "federation"
@@ -260,8 +372,15 @@ def test_a_missing_config_file_is_one_line_naming_the_path(tmp_path, monkeypatch
 def test_list_shows_only_config_classes_each_with_its_description(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for hidden in ("_RedrawnScheme", "BasicBlock", "ClusterScheme", "PartitionScheme", "FederatedDataModule",
-                   "TorchvisionFederated", "UCITableFederated"):
+    for hidden in (
+        "_RedrawnScheme",
+        "BasicBlock",
+        "ClusterScheme",
+        "PartitionScheme",
+        "FederatedDataModule",
+        "TorchvisionFederated",
+        "UCITableFederated",
+    ):
         assert hidden not in out, hidden
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     expected = {  # the first sentence of each docstring, as written in the source
@@ -276,15 +395,25 @@ def test_list_shows_only_config_classes_each_with_its_description(capsys):
     }
     for name, description in expected.items():
         assert description in rows[name], rows[name]
-    for name in (*SHIPPED, "Dirichlet", "Rotations", "Heterogeneity", "MedMNISTFederated", "CentroidModel",
-                 "SmallCNN", "LeNet5", "ResNet9"):
+    for name in (
+        *SHIPPED,
+        "Dirichlet",
+        "Rotations",
+        "Heterogeneity",
+        "MedMNISTFederated",
+        "CentroidModel",
+        "SmallCNN",
+        "LeNet5",
+        "ResNet9",
+    ):
         assert name in rows, name
     described = [line for line in rows.values() if len(line.split()) >= 3]
     assert len(described) == len(rows)  # name, class path and a description on every line
 
 
-def test_an_unknown_algorithm_lists_every_shipped_one_also_beside_an_installed_plugin(tmp_path, tiny_run_args,
-                                                                                     monkeypatch, capsys):
+def test_an_unknown_algorithm_lists_every_shipped_one_also_beside_an_installed_plugin(
+    tmp_path, tiny_run_args, monkeypatch, capsys
+):
     from fedlight.run import registry
 
     site = install_plugin(tmp_path / "site", "aardvark")
@@ -294,8 +423,9 @@ def test_an_unknown_algorithm_lists_every_shipped_one_also_beside_an_installed_p
                 monkeypatch.syspath_prepend(str(site))
             assert main(tiny_run_args + ["--algorithm", "fedavgg"]) == 2
             err = capsys.readouterr().err
-            assert err.startswith("fedlight: error: unknown algorithm 'fedavgg' (did you mean 'fedavg'?): "
-                                  "choose one of ")
+            assert err.startswith(
+                "fedlight: error: unknown algorithm 'fedavgg' (did you mean 'fedavg'?): choose one of "
+            )
             listed = err.split("choose one of ", 1)[1].split(", or give", 1)[0].split(", ")
             assert set(SHIPPED) | set(installed) <= set(listed), listed
     finally:

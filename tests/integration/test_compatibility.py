@@ -2,6 +2,7 @@
 shipped in docs/compatibility.md and printed by `fedlight list --compatibility` from the shipped rows. The shipped
 table covers every registered algorithm and has no cell that fails other than by a one-line refusal; every row made
 again here equals the shipped one; a DP cell that runs releases models carrying noise of the stated scale."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -52,8 +53,11 @@ def test_a_dp_cell_that_runs_releases_models_noised_at_the_stated_scale(monkeypa
     settings = compatibility.extension_settings("privacy")
     noisy = compatibility.tiny_federation(FedAvg(), "digits", settings)
     noisy.run_round(1)
-    monkeypatch.setattr(PrivacyMechanism, "noise", lambda self, call, cluster, dim, device:
-                        torch.zeros(dim, dtype=torch.float64, device=device))
+    monkeypatch.setattr(
+        PrivacyMechanism,
+        "noise",
+        lambda self, call, cluster, dim, device: torch.zeros(dim, dtype=torch.float64, device=device),
+    )
     clean = compatibility.tiny_federation(FedAvg(), "digits", settings)
     clean.run_round(1)
     z, clip, m = 1.0, 1.0, compatibility.CLIENTS
@@ -63,8 +67,10 @@ def test_a_dp_cell_that_runs_releases_models_noised_at_the_stated_scale(monkeypa
 
 
 def test_the_command_line_prints_the_shipped_table_without_running_anything():
-    code = ("import sys; from fedlight.run.cli import main; code = main(['list', '--compatibility']); "
-            "print('ran' if 'fedlight.engine.federation' in sys.modules else 'ran nothing'); sys.exit(code)")
+    code = (
+        "import sys; from fedlight.run.cli import main; code = main(['list', '--compatibility']); "
+        "print('ran' if 'fedlight.engine.federation' in sys.modules else 'ran nothing'); sys.exit(code)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

@@ -6,6 +6,7 @@ point on small FEMNIST files in LEAF's exact format, with overrides that make th
 narrow network). The configs are exactly the registered methods that accept a cohort: a method without a config
 fails here by name unless the compatibility table found it refusing a cohort (REFUSES, derived by running it), and
 each such method is shown to refuse a cohort of LEAF's writers too."""
+
 from __future__ import annotations
 
 import functools
@@ -37,8 +38,10 @@ LEFT_OUT = sorted(set(REFUSES) - {path.stem for path in CONFIGS})
 #: they refuse it in one line; their configs are under configs/pretrained/
 ADAPTERS = sorted(name for name, setting in SETTING.items() if setting == "adapters")
 #: the tiny run: every writer of the small files, 2 a round, one round evaluated, a narrow network, no W&B
-TINY_NETWORK = {"class_path": "fedlight.models.SmallCNN",
-                "init_args": {"in_channels": 1, "num_classes": 62, "image_size": 28, "width": 4}}
+TINY_NETWORK = {
+    "class_path": "fedlight.models.SmallCNN",
+    "init_args": {"in_channels": 1, "num_classes": 62, "image_size": 28, "width": 4},
+}
 PUBLIC = 4  # public images held out of the small files' 38 training images
 
 
@@ -65,9 +68,11 @@ def common(name: str) -> dict:
 def test_every_method_that_accepts_a_cohort_has_a_config_and_no_other_does():
     registered, shipped = set(short_names()), {path.stem for path in CONFIGS}
     missing = sorted(registered - shipped - set(REFUSES) - set(ADAPTERS))
-    assert not missing, (f"no config under configs/cross_device/femnist/ for {', '.join(missing)}: add one (a method "
-                         "that refuses federation.clients_per_round is found by the compatibility table's cohort "
-                         "column: python -m fedlight.run.compatibility --write)")
+    assert not missing, (
+        f"no config under configs/cross_device/femnist/ for {', '.join(missing)}: add one (a method "
+        "that refuses federation.clients_per_round is found by the compatibility table's cohort "
+        "column: python -m fedlight.run.compatibility --write)"
+    )
     for name in sorted(shipped & set(REFUSES)):  # the refusal names the setting that accepts a cohort: set there
         setting = ROWS[name]["cohort"][1].rpartition("set algorithm.init_args.")[2].partition(":")[0]
         assert setting and f"{setting}: false" in (FOLDER / f"{name}.yaml").read_text(), name
@@ -93,12 +98,18 @@ def test_a_method_left_out_refuses_a_cohort(name, leaf_root):
     from fedlight.models import CentroidModel, Classifier, SmallCNN
 
     cls = algorithm_class(name)
-    model = (CentroidModel(num_centers=2, dim=784) if issubclass(cls, CentroidAlgorithm)
-             else Classifier(SmallCNN(1, 62, 28, width=4)))
+    model = (
+        CentroidModel(num_centers=2, dim=784)
+        if issubclass(cls, CentroidAlgorithm)
+        else Classifier(SmallCNN(1, 62, 28, width=4))
+    )
     data = FEMNISTFederated(str(leaf_root), val_fraction=0.0, public_size=PUBLIC)
     settings = FederationConfig(rounds=1, clients_per_round=2, accelerator="cpu", vectorize=0)
-    with pytest.raises(ValueError, match=r"trains every client .*federation\.clients_per_round allows 2 of 5|"
-                                         r"draws its own clients .*leave federation\.clients_per_round out"):
+    with pytest.raises(
+        ValueError,
+        match=r"trains every client .*federation\.clients_per_round allows 2 of 5|"
+        r"draws its own clients .*leave federation\.clients_per_round out",
+    ):
         Federation(data, model, cls(), settings, seed=0)
 
 
@@ -128,8 +139,15 @@ def test_the_config_keeps_the_benchmark_setting(path):
     federation = {k: v for k, v in cfg.federation.as_dict().items() if not k.startswith("__")}
     finetune = federation.pop("finetune_epochs", 0)
     assert federation == common("federation")  # FedBABU writes the section out: it must not drift
-    assert federation == {"rounds": 1500, "clients_per_round": 10, "local_epochs": 1, "batch_size": 20,
-                          "eval_every": 50, "eval_split": "test", "client_state_memory": 0.5}
+    assert federation == {
+        "rounds": 1500,
+        "clients_per_round": 10,
+        "local_epochs": 1,
+        "batch_size": 20,
+        "eval_every": 50,
+        "eval_split": "test",
+        "client_state_memory": 0.5,
+    }
     assert finetune == (5 if path.stem == "fedbabu" else 0)
     model = cfg.model.init_args
     assert cfg.model.class_path == "fedlight.models.Classifier"
@@ -155,13 +173,33 @@ def test_leafs_cnn_takes_femnist_images():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=ids)
 def test_the_config_runs_a_round_with_a_cohort(path, leaf_root, tmp_path, capsys):
-    args = ["fit", "--config", str(path),
-            "--data.init_args.root", str(leaf_root), "--data.init_args.num_writers", str(len(WRITERS)),
-            "--data.init_args.public_size", str(PUBLIC),
-            "--model.init_args.network", json.dumps(TINY_NETWORK),
-            "--federation.clients_per_round", "2", "--federation.rounds", "1", "--federation.eval_every", "1",
-            "--federation.accelerator", "cpu", "--federation.vectorize", "0",
-            "--logger.wandb", "false", "--output_dir", str(tmp_path)]
+    args = [
+        "fit",
+        "--config",
+        str(path),
+        "--data.init_args.root",
+        str(leaf_root),
+        "--data.init_args.num_writers",
+        str(len(WRITERS)),
+        "--data.init_args.public_size",
+        str(PUBLIC),
+        "--model.init_args.network",
+        json.dumps(TINY_NETWORK),
+        "--federation.clients_per_round",
+        "2",
+        "--federation.rounds",
+        "1",
+        "--federation.eval_every",
+        "1",
+        "--federation.accelerator",
+        "cpu",
+        "--federation.vectorize",
+        "0",
+        "--logger.wandb",
+        "false",
+        "--output_dir",
+        str(tmp_path),
+    ]
     assert main(args) == 0, capsys.readouterr().err
     assert re.search(r"\b2 of 5 clients a round\b", capsys.readouterr().out)
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]

@@ -4,6 +4,7 @@ resumes; the collectives reduce to the identity for one process.
 Bit for bit needs each process to compute a client's update as one process does: the same trainer (here one client
 at a time) and the same number of threads (CPU kernels split a batch's gradient sum by thread), so those tests pin
 OMP_NUM_THREADS=1; with the default threads the numbers agree to float rounding."""
+
 from __future__ import annotations
 
 import csv
@@ -24,11 +25,33 @@ from helpers.prestarted import Prestarted, ranks_env
 
 pytestmark = pytest.mark.slow  # real processes: skipped by `pytest -m "not slow"`
 
-RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
-       "--data.partition", "fedlight.datamodules.Rotations", "--data.partition.init_args.num_clusters", "2",
-       "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.SmallCNN",
-       "--model.network.init_args.width", "8", "--model.lr", "0.1", "--federation.batch_size", "32",
-       "--federation.accelerator", "cpu", "--logger.wandb", "false", "--output_dir", "runs"]
+RUN = [
+    "fit",
+    "--data",
+    "fedlight.datamodules.DigitsFederated",
+    "--data.num_clients",
+    "6",
+    "--data.partition",
+    "fedlight.datamodules.Rotations",
+    "--data.partition.init_args.num_clusters",
+    "2",
+    "--model",
+    "fedlight.models.Classifier",
+    "--model.network",
+    "fedlight.models.SmallCNN",
+    "--model.network.init_args.width",
+    "8",
+    "--model.lr",
+    "0.1",
+    "--federation.batch_size",
+    "32",
+    "--federation.accelerator",
+    "cpu",
+    "--logger.wandb",
+    "false",
+    "--output_dir",
+    "runs",
+]
 EXACT = ["--federation.vectorize", "0"]  # with OMP_NUM_THREADS=1, see the module docstring
 
 
@@ -79,30 +102,92 @@ def assert_same_numbers(a: Path, b: Path, rel_tol: float = 0.0) -> None:
         for x, y in zip(ra, rb):
             for key in x:
                 if x[key] != y[key]:
-                    assert rel_tol and math.isclose(float(x[key]), float(y[key]), rel_tol=rel_tol, abs_tol=rel_tol), \
-                        (table, key, x[key], y[key])
+                    assert rel_tol and math.isclose(float(x[key]), float(y[key]), rel_tol=rel_tol, abs_tol=rel_tol), (
+                        table,
+                        key,
+                        x[key],
+                        y[key],
+                    )
 
 
-@pytest.mark.parametrize("algorithm", [
-    ["--algorithm", "fedavg", "--aggregator.rule", "clipped_mean", "--aggregator.clip", "0.3",
-     "--attack.kind", "gaussian", "--attack.fraction", "0.34", "--attack.scale", "0.01"],
-    ["--algorithm", "ocfl", "--aggregator.rule", "median", "--attack.kind", "sign_flip"],
-    ["--algorithm", "fedper", "--algorithm.init_args.personal_layers", "1"],
-    ["--algorithm", "ditto", "--privacy.noise_multiplier", "0.5", "--privacy.clip", "0.5", "--privacy.adaptive",
-     "true", "--privacy.count_noise", "1"],
-    ["--algorithm", "fedem", "--algorithm.init_args.num_components", "2", "--privacy.noise_multiplier", "0.5",
-     "--privacy.clip", "0.5", "--privacy.adaptive", "true", "--privacy.count_noise", "1"],
-    ["--algorithm", "scaffold"],
-    ["--algorithm", "pfedme", "--algorithm.init_args.participation", "0.5",
-     "--algorithm.init_args.train_every_client", "false", "--federation.client_state_memory", "5e-5"],
-    ["--algorithm", "ifca", "--algorithm.init_args.num_clusters", "2", "--data.holdout_clients", "2",
-     "--federation.finetune_epochs", "1"]],
-    ids=["fedavg, clipped mean (streamed) against random updates", "ocfl, median (held) against sign flips",
-         "fedper (personal parts)", "ditto (personal state in the updates) with DP-FedAvg and adaptive clipping",
-         "fedem (a row per component from every client) with DP-FedAvg and adaptive clipping",
-         "scaffold (control variates)",
-         "pfedme (cohort only), personal models beyond three spilled to each process's file",
-         "ifca with held-out clients"])
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        [
+            "--algorithm",
+            "fedavg",
+            "--aggregator.rule",
+            "clipped_mean",
+            "--aggregator.clip",
+            "0.3",
+            "--attack.kind",
+            "gaussian",
+            "--attack.fraction",
+            "0.34",
+            "--attack.scale",
+            "0.01",
+        ],
+        ["--algorithm", "ocfl", "--aggregator.rule", "median", "--attack.kind", "sign_flip"],
+        ["--algorithm", "fedper", "--algorithm.init_args.personal_layers", "1"],
+        [
+            "--algorithm",
+            "ditto",
+            "--privacy.noise_multiplier",
+            "0.5",
+            "--privacy.clip",
+            "0.5",
+            "--privacy.adaptive",
+            "true",
+            "--privacy.count_noise",
+            "1",
+        ],
+        [
+            "--algorithm",
+            "fedem",
+            "--algorithm.init_args.num_components",
+            "2",
+            "--privacy.noise_multiplier",
+            "0.5",
+            "--privacy.clip",
+            "0.5",
+            "--privacy.adaptive",
+            "true",
+            "--privacy.count_noise",
+            "1",
+        ],
+        ["--algorithm", "scaffold"],
+        [
+            "--algorithm",
+            "pfedme",
+            "--algorithm.init_args.participation",
+            "0.5",
+            "--algorithm.init_args.train_every_client",
+            "false",
+            "--federation.client_state_memory",
+            "5e-5",
+        ],
+        [
+            "--algorithm",
+            "ifca",
+            "--algorithm.init_args.num_clusters",
+            "2",
+            "--data.holdout_clients",
+            "2",
+            "--federation.finetune_epochs",
+            "1",
+        ],
+    ],
+    ids=[
+        "fedavg, clipped mean (streamed) against random updates",
+        "ocfl, median (held) against sign flips",
+        "fedper (personal parts)",
+        "ditto (personal state in the updates) with DP-FedAvg and adaptive clipping",
+        "fedem (a row per component from every client) with DP-FedAvg and adaptive clipping",
+        "scaffold (control variates)",
+        "pfedme (cohort only), personal models beyond three spilled to each process's file",
+        "ifca with held-out clients",
+    ],
+)
 def test_two_processes_give_the_metrics_of_one_bit_for_bit_and_one_run_folder(tmp_path, algorithm):
     args = RUN + EXACT + algorithm + ["--federation.rounds", "3"]
     in_this_process(args + ["--run_name", "one", "--federation.devices", "1"], tmp_path)
@@ -111,11 +196,29 @@ def test_two_processes_give_the_metrics_of_one_bit_for_bit_and_one_run_folder(tm
     assert_same_numbers(tmp_path / "runs" / "one", tmp_path / "runs" / "two")
 
 
-LAUNCHERS = {"torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "fedlight"],
-             "fabric run": [str(Path(sys.executable).with_name("fabric")), "run", "--devices", "2", "--accelerator",
-                            "cpu", "--main-port", str(29400 + os.getpid() % 500), str(Path(fedlight_package.__file__).
-                                                                                       with_name("__main__.py"))]}
+LAUNCHERS = {
+    "torchrun": [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "fedlight",
+    ],
+    "fabric run": [
+        str(Path(sys.executable).with_name("fabric")),
+        "run",
+        "--devices",
+        "2",
+        "--accelerator",
+        "cpu",
+        "--main-port",
+        str(29400 + os.getpid() % 500),
+        str(Path(fedlight_package.__file__).with_name("__main__.py")),
+    ],
+}
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
@@ -131,11 +234,25 @@ def test_processes_started_by_slurm_read_their_ranks_from_its_environment(tmp_pa
     """What `srun` gives each task (SLURM_NTASKS, SLURM_PROCID, ...), set by hand for two local tasks."""
     args = RUN + EXACT + ["--algorithm", "fedavg", "--federation.rounds", "2"]
     in_this_process(args + ["--run_name", "one"], tmp_path)
-    slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "fedlight",
-             "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4321", "MASTER_PORT": str(20000 + os.getpid() % 5000),
-             "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    tasks = [Prestarted([*args, "--run_name", "srun", "--federation.devices", "2"], tmp_path,
-                        {**os.environ, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}) for r in range(2)]
+    slurm = {
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NAME": "fedlight",
+        "SLURM_NODELIST": "127.0.0.1",
+        "SLURM_JOB_ID": "4321",
+        "MASTER_PORT": str(20000 + os.getpid() % 5000),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+    }
+    tasks = [
+        Prestarted(
+            [*args, "--run_name", "srun", "--federation.devices", "2"],
+            tmp_path,
+            {**os.environ, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+        )
+        for r in range(2)
+    ]
     for task in tasks:
         _, err = task.communicate(timeout=600)
         assert task.returncode == 0, err[-3000:]

@@ -1,6 +1,7 @@
 """Real processes: a run killed with SIGKILL at random points and resumed ends with the numbers of an uninterrupted
 run; Ctrl-C and SIGTERM (one process or two) print one line; output to a pipe is plain lines with the clustering
 events."""
+
 from __future__ import annotations
 
 import csv
@@ -21,12 +22,37 @@ from helpers.prestarted import Prestarted
 pytestmark = pytest.mark.slow  # real processes: skipped by `pytest -m "not slow"`
 
 ROUNDS = 8
-RUN = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "6",
-       "--data.partition", "fedlight.datamodules.Rotations", "--data.partition.init_args.num_clusters", "2",
-       "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.SmallCNN",
-       "--model.network.init_args.width", "8", "--model.lr", "0.1", "--federation.batch_size", "32",
-       "--federation.accelerator", "cpu", "--federation.rounds", str(ROUNDS), "--algorithm", "ocfl",
-       "--federation.vectorize", "6", "--logger.wandb", "false"]  # a fixed path: runs are compared exactly
+RUN = [
+    "fit",
+    "--data",
+    "fedlight.datamodules.DigitsFederated",
+    "--data.num_clients",
+    "6",
+    "--data.partition",
+    "fedlight.datamodules.Rotations",
+    "--data.partition.init_args.num_clusters",
+    "2",
+    "--model",
+    "fedlight.models.Classifier",
+    "--model.network",
+    "fedlight.models.SmallCNN",
+    "--model.network.init_args.width",
+    "8",
+    "--model.lr",
+    "0.1",
+    "--federation.batch_size",
+    "32",
+    "--federation.accelerator",
+    "cpu",
+    "--federation.rounds",
+    str(ROUNDS),
+    "--algorithm",
+    "ocfl",
+    "--federation.vectorize",
+    "6",
+    "--logger.wandb",
+    "false",
+]  # a fixed path: runs are compared exactly
 
 
 def fedlight(args: list[str], cwd: Path, own_group: bool = False) -> Prestarted:
@@ -70,15 +96,21 @@ def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_metrics(tm
     with (tmp_path / "runs" / "whole" / "metrics.csv").open() as f:
         round_time = sorted(float(r["time/round_s"]) for r in csv.DictReader(f))[ROUNDS // 2]
     rng = random.Random(7)  # killed during start-up, early and late; each time at a random moment of a round
-    points = [(0, rng.uniform(0.0, 1.0)), (2, rng.uniform(0.0, 0.8) * round_time),
-              (5, rng.uniform(0.0, 0.8) * round_time)]
+    points = [
+        (0, rng.uniform(0.0, 1.0)),
+        (2, rng.uniform(0.0, 0.8) * round_time),
+        (5, rng.uniform(0.0, 0.8) * round_time),
+    ]
     for rounds, delay in points:
         name = f"killed{rounds}"
         run = tmp_path / "runs" / name
         kill_after(fedlight(RUN + ["--output_dir", "runs", "--run_name", name], tmp_path), run, rounds, delay)
         assert rounds_done(run) < ROUNDS, "the run finished before it was killed"
-        args = ["fit", "--resume", f"runs/{name}"] if (run / "config.yaml").exists() else \
-            RUN + ["--output_dir", "runs", "--run_name", name]  # killed before the folder was made
+        args = (
+            ["fit", "--resume", f"runs/{name}"]
+            if (run / "config.yaml").exists()
+            else RUN + ["--output_dir", "runs", "--run_name", name]
+        )  # killed before the folder was made
         resumed = finished(args, tmp_path)
         assert resumed.returncode == 0, resumed.stderr
         for table in ("metrics.csv", "clients.csv"):
@@ -95,8 +127,11 @@ def saved_round(run: Path) -> int:
     return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["federation"]["round"]
 
 
-@pytest.mark.parametrize("stop, code, said", [(signal.SIGINT, 130, "interrupted"),
-                                              (signal.SIGTERM, 143, "terminated (SIGTERM)")], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize(
+    "stop, code, said",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
 def test_ctrl_c_or_sigterm_in_a_real_process_prints_one_line_and_the_run_resumes(tmp_path, stop, code, said):
     run = tmp_path / "runs" / "stopped"
     process = fedlight(RUN + ["--output_dir", "runs", "--run_name", "stopped"], tmp_path)
@@ -106,8 +141,10 @@ def test_ctrl_c_or_sigterm_in_a_real_process_prints_one_line_and_the_run_resumes
     out, err = process.communicate(timeout=120)
     assert process.returncode == code, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert err.startswith(f"fedlight: {said}; rounds 1-{saved_round(run)} are saved. Continue with: python -m "
-                          "fedlight fit --resume runs/stopped")
+    assert err.startswith(
+        f"fedlight: {said}; rounds 1-{saved_round(run)} are saved. Continue with: python -m "
+        "fedlight fit --resume runs/stopped"
+    )
     assert finished(["fit", "--resume", "runs/stopped"], tmp_path).returncode == 0
     assert rounds_done(run) == ROUNDS
 
@@ -117,8 +154,9 @@ def test_sigterm_to_two_processes_stops_both_after_one_round(tmp_path, signalled
     """As a scheduler ends a job (every process gets SIGTERM, wherever in the round each one is), or as `kill PID`
     does (the first alone: the processes tell each other)."""
     run = tmp_path / "runs" / "two"
-    process = fedlight(RUN + ["--output_dir", "runs", "--run_name", "two", "--federation.devices", "2"], tmp_path,
-                       own_group=True)
+    process = fedlight(
+        RUN + ["--output_dir", "runs", "--run_name", "two", "--federation.devices", "2"], tmp_path, own_group=True
+    )
     while rounds_done(run) < 1 and process.poll() is None:
         time.sleep(0.02)
     if signalled == "every process":
@@ -130,8 +168,10 @@ def test_sigterm_to_two_processes_stops_both_after_one_round(tmp_path, signalled
     lines = [line for line in err.splitlines() if line.startswith("fedlight:")]
     assert "Traceback" not in err and len(lines) == 1, err[-3000:]  # the first process reports, the other is quiet
     saved = saved_round(run)
-    assert lines[0] == (f"fedlight: terminated (SIGTERM); rounds 1-{saved} are saved. Continue with: python -m "
-                        "fedlight fit --resume runs/two")
+    assert lines[0] == (
+        f"fedlight: terminated (SIGTERM); rounds 1-{saved} are saved. Continue with: python -m "
+        "fedlight fit --resume runs/two"
+    )
     assert rounds_done(run) == saved < ROUNDS  # the round in progress was finished and saved, no later one begun
     for _ in range(600):  # the other process is gone too
         try:
@@ -162,8 +202,9 @@ def test_ctrl_c_while_the_modules_load_prints_one_line(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     quickstart = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
     command = [sys.executable, "-m", "fedlight", "fit", "--config", quickstart, "--print_config"]  # loads its classes
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     time.sleep(0.8)  # `list` answers in under a second now; a config's classes take seconds (torch, Lightning): the
     # signal lands while they load
     process.send_signal(signal.SIGINT)
@@ -175,9 +216,11 @@ def test_ctrl_c_while_the_modules_load_prints_one_line(tmp_path):
 def test_ctrl_c_while_starting_stops_even_inside_a_bare_except():
     """An import guard that catches everything (a bare `except:`) cannot swallow the interrupt: the handler exits
     itself, where raising KeyboardInterrupt let such a guard go on. No torch: `fedlight.__main__` alone."""
-    guard = ("import signal, sys, time; from fedlight.__main__ import stop_before_running; "
-             "signal.signal(signal.SIGINT, stop_before_running); print('ready', flush=True)\n"
-             "try:\n    time.sleep(30)\nexcept:\n    pass\nsys.exit(0)")
+    guard = (
+        "import signal, sys, time; from fedlight.__main__ import stop_before_running; "
+        "signal.signal(signal.SIGINT, stop_before_running); print('ready', flush=True)\n"
+        "try:\n    time.sleep(30)\nexcept:\n    pass\nsys.exit(0)"
+    )
     process = subprocess.Popen([sys.executable, "-c", guard], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.readline() == "ready\n"
     process.send_signal(signal.SIGINT)

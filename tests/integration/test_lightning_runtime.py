@@ -1,6 +1,7 @@
 """An ordinary LightningModule (BatchNorm, self.log, SGD with momentum and StepLR) trains as a client unchanged and
 vectorized: its logged values and learning rate reach metrics.csv, its schedule is followed round by round or step
 by step, BatchNorm statistics are per client, FedBN keeps them personal, and all four precisions run."""
+
 from __future__ import annotations
 
 import copy
@@ -22,11 +23,19 @@ from fedlight.datamodules import DigitsFederated, QuantitySkew
 from helpers.ordinary_module import OrdinaryModule
 
 
-def federation(algorithm=None, vectorize: int = 4, num_clients: int = 4, rounds: int = 3, partition=None,
-               precision: str | None = None, **module) -> Federation:
+def federation(
+    algorithm=None,
+    vectorize: int = 4,
+    num_clients: int = 4,
+    rounds: int = 3,
+    partition=None,
+    precision: str | None = None,
+    **module,
+) -> Federation:
     torch.manual_seed(0)
-    config = FederationConfig(rounds=rounds, local_epochs=2, batch_size=32, accelerator="cpu", vectorize=vectorize,
-                              precision=precision)
+    config = FederationConfig(
+        rounds=rounds, local_epochs=2, batch_size=32, accelerator="cpu", vectorize=vectorize, precision=precision
+    )
     data = DigitsFederated(num_clients=num_clients, partition=partition)
     return Federation(data, OrdinaryModule(**module), algorithm or FedAvg(), config)
 
@@ -38,12 +47,12 @@ def train_alone(fed: Federation, client: int, round: int, start: torch.Tensor, r
     flat_params = start[fed.flat.parameter_mask()]
     offset = 0
     for p in net.parameters():
-        p.data.copy_(flat_params[offset: offset + p.numel()].view_as(p))
+        p.data.copy_(flat_params[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
     buffers = start[~fed.flat.parameter_mask()]
     offset = 0
     for b in (b for b in net.buffers() if b.is_floating_point()):
-        b.copy_(buffers[offset: offset + b.numel()].view_as(b))
+        b.copy_(buffers[offset : offset + b.numel()].view_as(b))
         offset += b.numel()
     net.train()
     optimizer = torch.optim.SGD(net.parameters(), lr=rates[0], momentum=0.9)
@@ -55,7 +64,7 @@ def train_alone(fed: Federation, client: int, round: int, start: torch.Tensor, r
     for _ in range(fed.config.local_epochs):
         order = torch.randperm(len(y), generator=generator)
         for begin in range(0, len(y), 32):
-            rows = order[begin: begin + 32]
+            rows = order[begin : begin + 32]
             batch_x, batch_y = fed.transform((x[rows], y[rows]), 0)
             loss = nn.functional.cross_entropy(net(batch_x), batch_y)
             optimizer.zero_grad()
@@ -75,20 +84,25 @@ def test_an_epoch_scheduler_steps_once_per_round_as_steplr_does(vectorize):
     start = fed.algorithm.models[0]
     steps = fed.config.local_epochs * math.ceil(fed.data.train.size(2) / 32)
     trained = fed.execution.train(5, [2]).params[0][fed.flat.parameter_mask()]
-    torch.testing.assert_close(trained, train_alone(fed, 2, 5, start, [0.1 * 0.5 ** 4] * steps), atol=1e-5,
-                               rtol=1e-4)
+    torch.testing.assert_close(trained, train_alone(fed, 2, 5, start, [0.1 * 0.5**4] * steps), atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("vectorize", [0, 4], ids=["sequential", "vectorized"])
 def test_a_step_scheduler_steps_after_every_local_step_and_starts_afresh_each_round(vectorize):
-    fed = federation(vectorize=vectorize, rounds=2, batch_norm=False, gamma=0.9, interval="step",
-                     partition=QuantitySkew(alpha=0.5, min_size=40))
+    fed = federation(
+        vectorize=vectorize,
+        rounds=2,
+        batch_norm=False,
+        gamma=0.9,
+        interval="step",
+        partition=QuantitySkew(alpha=0.5, min_size=40),
+    )
     fed.run_round(1)
     start = fed.algorithm.models[0]
     trained = fed.execution.train(2, [0, 1, 2, 3]).params[:, fed.flat.parameter_mask()]
     for client in range(4):  # clients of different sizes: each steps through the schedule at its own pace
         steps = fed.config.local_epochs * math.ceil(fed.data.train.size(client) / 32)
-        expected = train_alone(fed, client, 2, start, [0.1 * 0.9 ** k for k in range(steps)])
+        expected = train_alone(fed, client, 2, start, [0.1 * 0.9**k for k in range(steps)])
         torch.testing.assert_close(trained[client], expected, atol=1e-5, rtol=1e-4)
 
 
@@ -159,11 +173,33 @@ def test_fedbn_clients_keep_their_trained_batchnorm_and_share_the_rest(vectorize
 # -- precisions and the run's records ------------------------------------------------------------------------
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed", "bf16-mixed", "bf16-true"])
 def test_every_precision_runs_the_ordinary_module_vectorized(tmp_path, precision, capsys):
-    args = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "4",
-            "--model", "helpers.ordinary_module.OrdinaryModule", "--algorithm", "fedavg", "--federation.rounds", "2",
-            "--federation.batch_size", "32", "--federation.accelerator", "cpu", "--federation.precision", precision,
-            "--federation.vectorize", "4", "--logger.wandb", "false", "--output_dir", str(tmp_path),
-            "--run_name", "run"]
+    args = [
+        "fit",
+        "--data",
+        "fedlight.datamodules.DigitsFederated",
+        "--data.num_clients",
+        "4",
+        "--model",
+        "helpers.ordinary_module.OrdinaryModule",
+        "--algorithm",
+        "fedavg",
+        "--federation.rounds",
+        "2",
+        "--federation.batch_size",
+        "32",
+        "--federation.accelerator",
+        "cpu",
+        "--federation.precision",
+        precision,
+        "--federation.vectorize",
+        "4",
+        "--logger.wandb",
+        "false",
+        "--output_dir",
+        str(tmp_path),
+        "--run_name",
+        "run",
+    ]
     assert main(args) == 0, capsys.readouterr().err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["vectorized"] is True and summary["vectorized_reason"] is None
@@ -178,10 +214,29 @@ def test_every_precision_runs_the_ordinary_module_vectorized(tmp_path, precision
 
 
 def test_summary_records_why_clients_were_not_vectorized(tmp_path):
-    args = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "3",
-            "--model", "helpers.ordinary_module.OrdinaryModule", "--algorithm", "fedavg", "--federation.rounds", "1",
-            "--federation.accelerator", "cpu", "--federation.vectorize", "0", "--logger.wandb", "false",
-            "--output_dir", str(tmp_path), "--run_name", "run"]
+    args = [
+        "fit",
+        "--data",
+        "fedlight.datamodules.DigitsFederated",
+        "--data.num_clients",
+        "3",
+        "--model",
+        "helpers.ordinary_module.OrdinaryModule",
+        "--algorithm",
+        "fedavg",
+        "--federation.rounds",
+        "1",
+        "--federation.accelerator",
+        "cpu",
+        "--federation.vectorize",
+        "0",
+        "--logger.wandb",
+        "false",
+        "--output_dir",
+        str(tmp_path),
+        "--run_name",
+        "run",
+    ]
     assert main(args) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["vectorized"] is False and summary["vectorized_reason"] == "federation.vectorize is 0"

@@ -1,6 +1,7 @@
 """Clients held out of training (`data.init_args.holdout_clients`): how they are cut, that they never train, how each
 algorithm gives them a model, and `unseen/*`, per-cluster means and their rows in clients.csv, against hand
 computations and known cases."""
+
 from __future__ import annotations
 
 import copy
@@ -44,16 +45,33 @@ def held_out(fed: Federation) -> HeldOutClients | None:
     return None if evaluation is None else evaluation.clients
 
 
-def federation(algorithm, num_clients: int = 8, holdout: int | float = 2, clusters: int = 2, rounds: int = 2,
-               seed: int = 0, data_class=DigitsFederated, width: int = 8, lr: float = 0.1, momentum: float = 0.0,
-               public_size: int = 0, **config) -> Federation:
+def federation(
+    algorithm,
+    num_clients: int = 8,
+    holdout: int | float = 2,
+    clusters: int = 2,
+    rounds: int = 2,
+    seed: int = 0,
+    data_class=DigitsFederated,
+    width: int = 8,
+    lr: float = 0.1,
+    momentum: float = 0.0,
+    public_size: int = 0,
+    **config,
+) -> Federation:
     """A small digits federation with held-out clients; clients train one at a time."""
     torch.manual_seed(seed)
-    data = data_class(num_clients=num_clients, partition=Rotations(clusters), holdout_clients=holdout,
-                      public_size=public_size)
+    data = data_class(
+        num_clients=num_clients, partition=Rotations(clusters), holdout_clients=holdout, public_size=public_size
+    )
     settings = {"rounds": rounds, "local_epochs": 1, "batch_size": 32, "accelerator": "cpu", "vectorize": 0, **config}
-    return Federation(data, Classifier(SmallCNN(1, 10, 8, width=width), lr=lr, momentum=momentum), algorithm,
-                      FederationConfig(**settings), seed=seed)
+    return Federation(
+        data,
+        Classifier(SmallCNN(1, 10, 8, width=width), lr=lr, momentum=momentum),
+        algorithm,
+        FederationConfig(**settings),
+        seed=seed,
+    )
 
 
 def built(holdout: int | float, num_clients: int = 12, clusters: int = 3, seed: int = 0):
@@ -93,8 +111,7 @@ def test_each_true_cluster_gives_its_share_of_the_held_out_clients_by_largest_re
     assert len(set(held.tolist())) == 4 and held.max() < 10
 
 
-@pytest.mark.parametrize("holdout, clients, count", [(0.2, 20, 4), (0.01, 20, 1), (3, 20, 3), (0, 20, 0),
-                                                     (0.5, 3, 2)])
+@pytest.mark.parametrize("holdout, clients, count", [(0.2, 20, 4), (0.01, 20, 1), (3, 20, 3), (0, 20, 0), (0.5, 3, 2)])
 def test_a_share_is_rounded_and_at_least_one_and_a_count_is_taken_as_is(holdout, clients, count):
     assert holdout_count(holdout, clients) == count
 
@@ -129,8 +146,10 @@ class ScrambledNewcomers(DigitsFederated):
 def test_the_held_out_clients_data_changes_nothing_for_the_training_clients():
     """Their samples replaced by noise, the training clients get the same models and the same numbers, bit for bit
     (round 2 trains after the newcomers were evaluated and fine-tuned in round 1); only `unseen/*` change."""
-    runs = [federation(IFCA(num_clusters=2), data_class=cls, finetune_epochs=1)
-            for cls in (DigitsFederated, ScrambledNewcomers)]
+    runs = [
+        federation(IFCA(num_clusters=2), data_class=cls, finetune_epochs=1)
+        for cls in (DigitsFederated, ScrambledNewcomers)
+    ]
     results = [[fed.run_round(r) for r in (1, 2)] for fed in runs]
     assert torch.equal(runs[0].algorithm.models, runs[1].algorithm.models)
     for a, b in zip(*results):
@@ -152,8 +171,9 @@ def test_unseen_metrics_are_the_lowest_loss_cluster_models_scores_on_each_newcom
         losses = [float(F.cross_entropy(fed.server.model.predict(m, x), y)) for m in alg.models]
         placed.append(int(np.argmin(losses)))
         x, y = held.test.client(j)
-        accuracies.append(float((fed.server.model.predict(alg.models[placed[-1]], x).argmax(dim=1)
-                                 == y).float().mean()))
+        accuracies.append(
+            float((fed.server.model.predict(alg.models[placed[-1]], x).argmax(dim=1) == y).float().mean())
+        )
     assert result.newcomers["cluster"].tolist() == placed
     assert result.newcomers["acc"].tolist() == pytest.approx(accuracies)
     assert result.scalars["unseen/acc_mean"] == pytest.approx(np.mean(accuracies))
@@ -245,8 +265,12 @@ def test_a_personal_part_starts_fresh_for_a_newcomer():
 
 def test_pfclus_gives_newcomers_the_global_centers_and_each_point_its_nearest():
     alg = PFClus()
-    fed = Federation(SyntheticGaussians("NO", 2, 8, 30, holdout_clients=2), CentroidModel(10, 2), alg,
-                     FederationConfig(rounds=1, eval_split="train", accelerator="cpu"))
+    fed = Federation(
+        SyntheticGaussians("NO", 2, 8, 30, holdout_clients=2),
+        CentroidModel(10, 2),
+        alg,
+        FederationConfig(rounds=1, eval_split="train", accelerator="cpu"),
+    )
     result = fed.run_round(1)
     centers = alg.global_centers.view(10, 2)
     for j in range(2):
@@ -255,27 +279,42 @@ def test_pfclus_gives_newcomers_the_global_centers_and_each_point_its_nearest():
         assert result.newcomers["cost"][j] == pytest.approx(float(cost), rel=1e-5)
 
 
-SETTINGS = {"ifca": {"num_clusters": 2, "participation": 0.5}, "flis_dc": {"participation": 0.5},
-            "flis_hc": {"phase_zero_epochs": 1}, "cfl": {"warmup_rounds": 0, "eps1": 10.0, "eps2": 0.0},
-            "ocfl": {"clusterer": HDBSCAN(min_cluster_size=2)}, "fedtsdp": {"hopkins_threshold": 0.0},
-            "fedsoft": {"num_clusters": 2, "selection_size": 2}, "icfl": {"epsilon_1": 20.0},
-            "stocfl": {"observe_epochs": 2}, "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8}}
+SETTINGS = {
+    "ifca": {"num_clusters": 2, "participation": 0.5},
+    "flis_dc": {"participation": 0.5},
+    "flis_hc": {"phase_zero_epochs": 1},
+    "cfl": {"warmup_rounds": 0, "eps1": 10.0, "eps2": 0.0},
+    "ocfl": {"clusterer": HDBSCAN(min_cluster_size=2)},
+    "fedtsdp": {"hopkins_threshold": 0.0},
+    "fedsoft": {"num_clusters": 2, "selection_size": 2},
+    "icfl": {"epsilon_1": 20.0},
+    "stocfl": {"observe_epochs": 2},
+    "fedgmm": {"num_components": 2, "num_gaussians": 2, "embedding_dim": 8},
+}
 
 
 @pytest.mark.parametrize("name", sorted(shipped()))
 def test_every_algorithm_gives_each_newcomer_a_model_without_changing_its_state(name):
     algorithm = shipped()[name](**copy.deepcopy(SETTINGS.get(name, {})))
     if SETTING[name] == "points":  # the compatibility table's derived setting: a data-clustering method
-        fed = Federation(SyntheticGaussians("NO", 2, 8, 30, holdout_clients=2), CentroidModel(10, 2), algorithm,
-                         FederationConfig(rounds=1, eval_split="train", accelerator="cpu"))
+        fed = Federation(
+            SyntheticGaussians("NO", 2, 8, 30, holdout_clients=2),
+            CentroidModel(10, 2),
+            algorithm,
+            FederationConfig(rounds=1, eval_split="train", accelerator="cpu"),
+        )
     elif SETTING[name] == "adapters":  # a method on LoRA adapters: a tiny random ViT's
         from fedlight.models import PretrainedClassifier
         from fedlight.run.compatibility import tiny_vit_folder
 
         torch.manual_seed(0)
         data = DigitsFederated(num_clients=8, partition=Rotations(2), holdout_clients=2)
-        fed = Federation(data, PretrainedClassifier(tiny_vit_folder(), num_classes=10), algorithm,
-                         FederationConfig(rounds=2, local_epochs=1, batch_size=32, accelerator="cpu", vectorize=0))
+        fed = Federation(
+            data,
+            PretrainedClassifier(tiny_vit_folder(), num_classes=10),
+            algorithm,
+            FederationConfig(rounds=2, local_epochs=1, batch_size=32, accelerator="cpu", vectorize=0),
+        )
     else:
         fed = federation(algorithm, public_size=60, rounds=2)
     for round in range(1, fed.config.rounds + 1):
@@ -313,18 +352,34 @@ def placed_with_their_peers(result) -> bool:
     return True
 
 
-@pytest.mark.parametrize("algorithm, rounds", [
-    (lambda: IFCA(num_clusters=4), 6),
-    (lambda: OCFL(clusterer=HDBSCAN(min_cluster_size=3)), 8),  # 16 training clients: HDBSCAN's default 20% is 4
-    (lambda: FlisHC(beta=0.3, phase_zero_epochs=10), 2),
-    (lambda: FeSEM(num_clusters=4, seed_round=3), 5),  # configs/digits/fesem.yaml
-    (lambda: PACFL(basis_size=3, threshold=7.5, linkage="average"), 2),  # configs/digits/pacfl.yaml
-], ids=["ifca", "ocfl", "flis_hc", "fesem", "pacfl"])
+@pytest.mark.parametrize(
+    "algorithm, rounds",
+    [
+        (lambda: IFCA(num_clusters=4), 6),
+        (lambda: OCFL(clusterer=HDBSCAN(min_cluster_size=3)), 8),  # 16 training clients: HDBSCAN's default 20% is 4
+        (lambda: FlisHC(beta=0.3, phase_zero_epochs=10), 2),
+        (lambda: FeSEM(num_clusters=4, seed_round=3), 5),  # configs/digits/fesem.yaml
+        (lambda: PACFL(basis_size=3, threshold=7.5, linkage="average"), 2),  # configs/digits/pacfl.yaml
+    ],
+    ids=["ifca", "ocfl", "flis_hc", "fesem", "pacfl"],
+)
 def test_newcomers_to_digits_rotations_join_their_true_cluster(algorithm, rounds):
     """configs/digits' settings (20 clients in 4 rotation clusters, 200 public samples), 20% held out."""
-    fed = federation(algorithm(), num_clients=20, holdout=0.2, clusters=4, rounds=rounds, width=32, lr=0.05,
-                     momentum=0.9, public_size=200, local_epochs=2, batch_size=16, eval_every=rounds,
-                     vectorize=16)  # the training clients as one vectorized group: faster here
+    fed = federation(
+        algorithm(),
+        num_clients=20,
+        holdout=0.2,
+        clusters=4,
+        rounds=rounds,
+        width=32,
+        lr=0.05,
+        momentum=0.9,
+        public_size=200,
+        local_epochs=2,
+        batch_size=16,
+        eval_every=rounds,
+        vectorize=16,
+    )  # the training clients as one vectorized group: faster here
     for round in range(1, rounds + 1):
         result = fed.run_round(round)
     assert held_out(fed).count == 4 and sorted(result.newcomers["true_cluster"].tolist()) == [0, 1, 2, 3]
@@ -334,12 +389,27 @@ def test_newcomers_to_digits_rotations_join_their_true_cluster(algorithm, rounds
 
 
 # -- the run's files -------------------------------------------------------------------------------------------
-def test_clients_csv_marks_the_held_out_clients_and_metrics_csv_has_unseen_and_per_cluster_columns(tmp_path,
-                                                                                                 tiny_run_args):
-    args = tiny_run_args + ["--data.holdout_clients", "2", "--data.partition", "fedlight.datamodules.Rotations",
-                            "--data.partition.init_args.num_clusters", "2", "--algorithm", "ifca",
-                            "--algorithm.init_args.num_clusters", "2", "--federation.rounds", "2",
-                            "--federation.vectorize", "4", "--run_name", "held"]
+def test_clients_csv_marks_the_held_out_clients_and_metrics_csv_has_unseen_and_per_cluster_columns(
+    tmp_path, tiny_run_args
+):
+    args = tiny_run_args + [
+        "--data.holdout_clients",
+        "2",
+        "--data.partition",
+        "fedlight.datamodules.Rotations",
+        "--data.partition.init_args.num_clusters",
+        "2",
+        "--algorithm",
+        "ifca",
+        "--algorithm.init_args.num_clusters",
+        "2",
+        "--federation.rounds",
+        "2",
+        "--federation.vectorize",
+        "4",
+        "--run_name",
+        "held",
+    ]
     assert main(args) == 0
     run = tmp_path / "held"
     with (run / "clients.csv").open() as f:
@@ -382,8 +452,15 @@ def test_the_report_shows_unseen_accuracy_when_a_run_has_held_out_clients(tmp_pa
         folder.mkdir()
         extra = {} if unseen is None else {"unseen/acc_mean": unseen, "unseen/acc_worst": unseen / 2, "unseen/ari": 1.0}
         (folder / "metrics.csv").write_text(f"round,test/acc_mean,test/acc_std,test/acc_worst\n1,{acc},0.1,{acc}\n")
-        summary = {"run": name, "algorithm": name.upper(), "seed": 0, "rounds": 1, "test/acc_mean": acc,
-                   "wall_time_s": 1.0, **extra}
+        summary = {
+            "run": name,
+            "algorithm": name.upper(),
+            "seed": 0,
+            "rounds": 1,
+            "test/acc_mean": acc,
+            "wall_time_s": 1.0,
+            **extra,
+        }
         (folder / "summary.json").write_text(json.dumps(summary))
     page, _ = build([tmp_path])
     assert "<th>unseen acc</th>" in page and "<th>unseen ARI</th>" in page and "data-mean='0.6'" in page
@@ -398,29 +475,32 @@ def test_a_newcomers_local_work_is_seeded_by_the_round_and_its_purpose():
     assert isinstance(newcomers, HeldOutClients) and isinstance(newcomers, Newcomers)
     newcomers.round = 1
     first = newcomers.train(0, start)
-    assert torch.equal(first, newcomers.train(0, start))                      # repeats exactly
+    assert torch.equal(first, newcomers.train(0, start))  # repeats exactly
     assert not torch.equal(first, newcomers.train(0, start, purpose="other"))  # another stream
     newcomers.round = 2
-    assert not torch.equal(first, newcomers.train(0, start))                  # another round, other batches
+    assert not torch.equal(first, newcomers.train(0, start))  # another round, other batches
     losses, rows = newcomers.sample_losses(fed.algorithm.models)
     x, y = fed.data.newcomers.train.x, fed.data.newcomers.train.y
     assert torch.allclose(losses[0], F.cross_entropy(fed.server.model.predict(start, x), y, reduction="none"))
-    assert torch.allclose(newcomers.losses(fed.algorithm.models)[0],
-                          torch.stack([losses[0][rows == j].mean() for j in range(2)]))
+    assert torch.allclose(
+        newcomers.losses(fed.algorithm.models)[0], torch.stack([losses[0][rows == j].mean() for j in range(2)])
+    )
 
 
 def test_training_clients_and_newcomers_are_one_population_class():
     fed = federation(FedAvg(), rounds=1)
     server, models = fed.server, fed.server.model.initial_params[None]
     assert type(server.clients) is type(held_out(fed).population) is ClientPopulation
-    assert server.clients.count == server.num_clients and torch.equal(server.clients.train_sizes,
-                                                                      server.clients.train_sizes)
+    assert server.clients.count == server.num_clients and torch.equal(
+        server.clients.train_sizes, server.clients.train_sizes
+    )
     losses, owner = server.clients.sample_losses(models, [2, 0])  # two clients' rows, client 2's first
     x2, y2 = server.clients.split("train").client(2)
     x0, y0 = server.clients.split("train").client(0)
     assert owner.tolist() == [2] * len(y2) + [0] * len(y0)
-    by_hand = [F.cross_entropy(server.model.predict(models[0], x), y, reduction="none")
-               for x, y in ((x2, y2), (x0, y0))]
+    by_hand = [
+        F.cross_entropy(server.model.predict(models[0], x), y, reduction="none") for x, y in ((x2, y2), (x0, y0))
+    ]
     assert torch.allclose(losses[0], torch.cat(by_hand))
     assert torch.allclose(server.clients.losses(models)[0, 2], by_hand[0].mean())
     params = server.clients.train(1, 2, models[0]).params

@@ -9,6 +9,7 @@ and the documented swaps go through the full command line (`build_parser`, defau
 them. Parsing only: no data file is read (data modules, partitions and algorithms are constructed, which
 reads nothing; each distinct network is built on the meta device and shape-checked on the data set's image size).
 """
+
 from __future__ import annotations
 
 import copy
@@ -129,8 +130,9 @@ def test_run_config_parses_and_builds(path):
     assert algorithm is not None
 
 
-SAMPLE = [f"configs/papers/ocfl/{ds}/n15_no_balanced.yaml" for ds in ("mnist", "fmnist", "cifar10", "pathmnist",
-                                                                        "bloodmnist")]
+SAMPLE = [
+    f"configs/papers/ocfl/{ds}/n15_no_balanced.yaml" for ds in ("mnist", "fmnist", "cifar10", "pathmnist", "bloodmnist")
+]
 SAMPLE += [f"configs/papers/flis/{ds}/ls20_flis_dc.yaml" for ds in ("fmnist", "cifar10", "cifar100", "svhn")]
 
 
@@ -160,8 +162,13 @@ def flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-NETWORK_INPUT = {"MNISTFederated": (1, 28), "FashionMNISTFederated": (1, 28), "CIFAR10Federated": (3, 32),
-                 "CIFAR100Federated": (3, 32), "SVHNFederated": (3, 32)}
+NETWORK_INPUT = {
+    "MNISTFederated": (1, 28),
+    "FashionMNISTFederated": (1, 28),
+    "CIFAR10Federated": (3, 32),
+    "CIFAR100Federated": (3, 32),
+    "SVHNFederated": (3, 32),
+}
 
 
 def test_every_network_fits_its_data_set():
@@ -171,8 +178,11 @@ def test_every_network_fits_its_data_set():
     for path in OCFL_RUNS + FLIS_RUNS:
         cfg = parsed(str(path))
         data = build(cfg.data)
-        shape = ((data.channels, data.size) if short(cfg.data.class_path) == "MedMNISTFederated"
-                 else NETWORK_INPUT[short(cfg.data.class_path)])
+        shape = (
+            (data.channels, data.size)
+            if short(cfg.data.class_path) == "MedMNISTFederated"
+            else NETWORK_INPUT[short(cfg.data.class_path)]
+        )
         network = cfg.model.init_args.network
         key = (shape, data.num_classes, network.class_path, repr(sorted(vars(network.init_args).items())))
         pairs.setdefault(key, network)
@@ -185,8 +195,12 @@ def test_every_network_fits_its_data_set():
 
 # -- OCFL (sections 4.1-4.2, Appendix A) ----------------------------------------------------------------------------
 OCFL_DATA = {  # rounds, batch, optimizer, lr, classes (Table 3 / section 4.1)
-    "mnist": (50, 32, "sgd", 1e-2, 10), "fmnist": (50, 32, "sgd", 1e-2, 10), "cifar10": (80, 64, "sgd", 1e-2, 10),
-    "pathmnist": (75, 128, "adam", 1e-7, 9), "bloodmnist": (75, 128, "adam", 1e-6, 8)}
+    "mnist": (50, 32, "sgd", 1e-2, 10),
+    "fmnist": (50, 32, "sgd", 1e-2, 10),
+    "cifar10": (80, 64, "sgd", 1e-2, 10),
+    "pathmnist": (75, 128, "adam", 1e-7, 9),
+    "bloodmnist": (75, 128, "adam", 1e-6, 8),
+}
 SIZES = {(15, "balanced"): None, (30, "balanced"): None, (15, "imbalanced"): [3, 7, 5], (30, "imbalanced"): [7, 14, 9]}
 
 
@@ -225,12 +239,20 @@ def test_ocfl_baselines_follow_the_paper():
     for ds in OCFL_DATA:
         km, aff, ms = alg(ds, "km"), alg(ds, "aff"), alg(ds, "ms")
         assert [short(a.init_args.clusterer.class_path) for a in (km, aff, ms)] == [
-            "KMeans", "AffinityPropagation", "MeanShift"]
+            "KMeans",
+            "AffinityPropagation",
+            "MeanShift",
+        ]
         assert all(short(a.class_path) == "OCFL" for a in (km, aff, ms))
         assert km.init_args.clusterer.init_args.n_clusters == 3
         assert short(alg(ds, "bnc").class_path) == "FedAvg"
-    table4 = {"mnist": (0.35, 1.0, 30), "fmnist": (0.35, 1.0, 40), "cifar10": (185, 925, 20),
-              "pathmnist": (12, 60, 40), "bloodmnist": (38, 188, 40)}
+    table4 = {
+        "mnist": (0.35, 1.0, 30),
+        "fmnist": (0.35, 1.0, 40),
+        "cifar10": (185, 925, 20),
+        "pathmnist": (12, 60, 40),
+        "bloodmnist": (38, 188, 40),
+    }
     for ds, (eps1, eps2, cooldown) in table4.items():
         scl = alg(ds, "scl")
         assert short(scl.class_path) == "CFL"
@@ -265,8 +287,16 @@ def test_flis_runs_follow_the_paper():
         else:
             assert (fed.rounds, fed.local_epochs, algorithm.init_args.participation) == (200, 10, 0.1), path
         args = algorithm.init_args
-        expected = {"flis_dc": "FlisDC", "flis_hc": "FlisHC", "fedavg": "FedAvg", "fedprox": "FedProx",
-                    "local": "Local", "ifca": "IFCA", "cfl": "CFL", "lgfedavg": "LGFedAvg"}[alg]
+        expected = {
+            "flis_dc": "FlisDC",
+            "flis_hc": "FlisHC",
+            "fedavg": "FedAvg",
+            "fedprox": "FedProx",
+            "local": "Local",
+            "ifca": "IFCA",
+            "cfl": "CFL",
+            "lgfedavg": "LGFedAvg",
+        }[alg]
         assert short(algorithm.class_path) == expected
         if alg.startswith("flis"):
             assert args.beta == FLIS_BETA[ds], path
@@ -297,14 +327,32 @@ def documented_swaps(path: Path) -> list[tuple[str, list[str]]]:
     return swaps
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("configs/papers/ocfl/cifar10/n30_o_imbalanced.yaml",
-     {"OCFL-KM": ("OCFL", "KMeans"), "OCFL-AFF": ("OCFL", "AffinityPropagation"), "OCFL-MS": ("OCFL", "MeanShift"),
-      "BNC": ("FedAvg", None), "SCL": ("CFL", None)}),
-    ("configs/papers/flis/cifar100/dir0.1_flis_dc.yaml",
-     {"FedAvg": ("FedAvg", 0.9), "FedProx": ("FedProx", 0.9), "SOLO": ("Local", 0.5), "IFCA": ("IFCA", 0.5),
-      "CFL": ("CFL", 0.5), "LG": ("LGFedAvg", 0.5)}),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        (
+            "configs/papers/ocfl/cifar10/n30_o_imbalanced.yaml",
+            {
+                "OCFL-KM": ("OCFL", "KMeans"),
+                "OCFL-AFF": ("OCFL", "AffinityPropagation"),
+                "OCFL-MS": ("OCFL", "MeanShift"),
+                "BNC": ("FedAvg", None),
+                "SCL": ("CFL", None),
+            },
+        ),
+        (
+            "configs/papers/flis/cifar100/dir0.1_flis_dc.yaml",
+            {
+                "FedAvg": ("FedAvg", 0.9),
+                "FedProx": ("FedProx", 0.9),
+                "SOLO": ("Local", 0.5),
+                "IFCA": ("IFCA", 0.5),
+                "CFL": ("CFL", 0.5),
+                "LG": ("LGFedAvg", 0.5),
+            },
+        ),
+    ],
+)
 def test_documented_algorithm_swaps_parse_through_the_cli(path, expected, monkeypatch):
     monkeypatch.chdir(REPO)  # the header commands are relative to the repository root
     swaps = dict((label.split(" ")[0].rstrip(","), args) for label, args in documented_swaps(REPO / path))

@@ -10,6 +10,7 @@ algorithm and federation settings are built from it, and `python -m fedlight fit
 checked against the leaderboard's Cifar100 and FMNIST columns. No data file is read: the data modules are constructed,
 the partitions run on made labels, the network on the meta device; tests/unit/test_data_vision.py reads made CIFAR-100
 files."""
+
 from __future__ import annotations
 
 import functools
@@ -129,9 +130,16 @@ def test_the_config_keeps_pfllibs_setting(path):
     assert cfg["data"] == common(f"data_{path.parent.name}")
 
 
-@pytest.mark.parametrize("path", [FOLDER / "cifar100_pat" / "fedbabu.yaml", FOLDER / "cifar100_dir0.1" / "fedamp.yaml",
-                                  FOLDER / "fmnist_pat" / "fedala.yaml", FOLDER / "fmnist_dir0.1" / "feddbe.yaml"],
-                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize(
+    "path",
+    [
+        FOLDER / "cifar100_pat" / "fedbabu.yaml",
+        FOLDER / "cifar100_dir0.1" / "fedamp.yaml",
+        FOLDER / "fmnist_pat" / "fedala.yaml",
+        FOLDER / "fmnist_dir0.1" / "feddbe.yaml",
+    ],
+    ids=lambda p: f"{p.parent.name}/{p.stem}",
+)
 def test_fits_parser_reads_what_the_config_says(path):
     """`python -m fedlight fit`'s parser (keys, types, referenced files, class paths) reads the same settings; one
     config a split, the others having the same form."""
@@ -143,13 +151,23 @@ def test_fits_parser_reads_what_the_config_says(path):
 
 #: each data set's model file, network settings, data module, data folder, channels and its two partitions
 DATASETS = {
-    "cifar100": ("model", {"in_channels": 3, "num_classes": 100, "image_size": 32}, CIFAR100Federated, "data/cifar100",
-                 3, {"dir0.1": (Dirichlet, {"alpha": 0.1, "min_size": 40}),
-                     "pat": (ClassesPerClient, {"classes_per_client": 10})}),
+    "cifar100": (
+        "model",
+        {"in_channels": 3, "num_classes": 100, "image_size": 32},
+        CIFAR100Federated,
+        "data/cifar100",
+        3,
+        {"dir0.1": (Dirichlet, {"alpha": 0.1, "min_size": 40}), "pat": (ClassesPerClient, {"classes_per_client": 10})},
+    ),
     # PFLlib's generate_FashionMNIST.py: class_per_client=2 for its pathological split
-    "fmnist": ("model_fmnist", {"in_channels": 1, "num_classes": 10, "image_size": 28}, FashionMNISTFederated,
-               "data/fmnist", 1, {"dir0.1": (Dirichlet, {"alpha": 0.1, "min_size": 40}),
-                                  "pat": (ClassesPerClient, {"classes_per_client": 2})}),
+    "fmnist": (
+        "model_fmnist",
+        {"in_channels": 1, "num_classes": 10, "image_size": 28},
+        FashionMNISTFederated,
+        "data/fmnist",
+        1,
+        {"dir0.1": (Dirichlet, {"alpha": 0.1, "min_size": 40}), "pat": (ClassesPerClient, {"classes_per_client": 2})},
+    ),
 }
 
 
@@ -158,8 +176,10 @@ def test_the_model_and_data_are_pfllibs(dataset):
     """Plain SGD at 0.005 on the 4-layer CNN; the data set pooled and split 75/25 over 20 clients, normalized by 0.5."""
     model_file, network, data_class, root, channels, partitions = DATASETS[dataset]
     model = common(model_file)["init_args"]
-    assert (common(model_file)["class_path"], model["network"]["class_path"]) == ("fedlight.models.Classifier",
-                                                                                  "fedlight.models.FedAvgCNN")
+    assert (common(model_file)["class_path"], model["network"]["class_path"]) == (
+        "fedlight.models.Classifier",
+        "fedlight.models.FedAvgCNN",
+    )
     assert model["network"]["init_args"] == network
     assert (model["optimizer"], model["lr"], model["momentum"], model["weight_decay"]) == ("sgd", 0.005, 0.0, 0.0)
     for split, (scheme, args) in partitions.items():
@@ -167,8 +187,16 @@ def test_the_model_and_data_are_pfllibs(dataset):
         data = dict(common(name)["init_args"])
         assert common(name)["class_path"] == f"fedlight.datamodules.{data_class.__name__}"
         assert data.pop("partition") == {"class_path": f"fedlight.datamodules.{scheme.__name__}", "init_args": args}
-        assert data == {"root": root, "official_splits": False, "num_clients": 20, "val_fraction": 0.0,
-                        "test_fraction": 0.25, "split_seed": 1, "mean": [0.5] * channels, "std": [0.5] * channels}
+        assert data == {
+            "root": root,
+            "official_splits": False,
+            "num_clients": 20,
+            "val_fraction": 0.0,
+            "test_fraction": 0.25,
+            "split_seed": 1,
+            "mean": [0.5] * channels,
+            "std": [0.5] * channels,
+        }
         data_class(partition=scheme(**args), **data)  # builds without reading a file
 
 

@@ -1,5 +1,6 @@
 """No lost runs and no tracebacks: resuming by run folder alone, refusing what would corrupt a run, checkpoints that
 cannot run code, clients with non-finite updates or no evaluation data, and one-line errors."""
+
 from __future__ import annotations
 
 import csv
@@ -51,13 +52,16 @@ def test_resume_alone_continues_from_the_saved_config_and_can_only_add_rounds(tm
     assert (short / "config.yaml").read_text() == saved.replace("rounds: 2", "rounds: 4")
 
 
-@pytest.mark.parametrize("override, key", [
-    (["--seed", "5"], "seed"),
-    (["--algorithm", "ocfl"], "algorithm.class_path"),
-    (["--data.init_args.num_clients", "5"], "data.init_args.num_clients"),
-    (["--model.init_args.lr", "0.5"], "model.init_args.lr"),
-    (["--federation.local_epochs", "3"], "federation.local_epochs"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (["--seed", "5"], "seed"),
+        (["--algorithm", "ocfl"], "algorithm.class_path"),
+        (["--data.init_args.num_clients", "5"], "data.init_args.num_clients"),
+        (["--model.init_args.lr", "0.5"], "model.init_args.lr"),
+        (["--federation.local_epochs", "3"], "federation.local_epochs"),
+    ],
+)
 def test_resume_refuses_settings_that_change_results_naming_the_key(tmp_path, tiny_run_args, capsys, override, key):
     assert main(tiny_run_args + ["--federation.rounds", "2", "--run_name", "run"]) == 0
     run = tmp_path / "run"
@@ -84,8 +88,10 @@ def test_runs_without_a_name_in_the_same_second_get_different_folders(tmp_path, 
     monkeypatch.setattr(cli.time, "strftime", lambda _: "20260101-000000")
     args = [a for a in tiny_run_args] + ["--federation.rounds", "1"]
     assert main(args) == 0 and main(args) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["algorithm-s0-20260101-000000",
-                                                          "algorithm-s0-20260101-000000-2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "algorithm-s0-20260101-000000",
+        "algorithm-s0-20260101-000000-2",
+    ]
 
 
 # -- checkpoints -------------------------------------------------------------------------------------------
@@ -139,13 +145,15 @@ def test_a_checkpoint_carries_its_format_version_and_one_without_it_is_read_as_v
     assert checkpoint.format_version(checkpoint.load(folder)) == 1
 
 
-@pytest.mark.parametrize("version, expected", [
-    (7, "has format version 7, newer than this fedlight reads (up to 6): upgrade fedlight"),
-    (0, "has format version 0, which this fedlight (format 6) cannot read"),
-    ("2", "has format version '2', which this fedlight (format 6) cannot read"),
-])
-def test_a_checkpoint_of_a_format_this_code_cannot_read_is_one_line_naming_both_versions(tmp_path, version,
-                                                                                         expected):
+@pytest.mark.parametrize(
+    "version, expected",
+    [
+        (7, "has format version 7, newer than this fedlight reads (up to 6): upgrade fedlight"),
+        (0, "has format version 0, which this fedlight (format 6) cannot read"),
+        ("2", "has format version '2', which this fedlight (format 6) cannot read"),
+    ],
+)
+def test_a_checkpoint_of_a_format_this_code_cannot_read_is_one_line_naming_both_versions(tmp_path, version, expected):
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     torch.save({"federation": {"round": 1}, "callbacks": {}, "format_version": version}, folder / "last.ckpt")
@@ -156,8 +164,9 @@ def test_a_checkpoint_of_a_format_this_code_cannot_read_is_one_line_naming_both_
 
 
 @pytest.mark.parametrize("where", ["first round", "logger start"])
-def test_a_new_run_stopped_before_its_first_checkpoint_leaves_nothing_and_its_name_free(tmp_path, tiny_run_args,
-                                                                                         monkeypatch, capsys, where):
+def test_a_new_run_stopped_before_its_first_checkpoint_leaves_nothing_and_its_name_free(
+    tmp_path, tiny_run_args, monkeypatch, capsys, where
+):
     assert main(tiny_run_args + ["--federation.rounds", "2", "--run_name", "whole"]) == 0
     stop = lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt())  # noqa: E731
     target = (Federation, "run_round") if where == "first round" else (CsvRecorder, "on_fit_start")
@@ -214,15 +223,18 @@ def test_a_non_finite_update_never_reaches_a_clustered_algorithm_and_the_run_goe
     fed = small_federation(ExplodesForClient1(), num_clients=4, rounds=2)
     seen = []
     aggregate = fed.algorithm.pre_aggregation
-    fed.algorithm.pre_aggregation = lambda round, updates: (seen.append(updates.all().clients.tolist()),
-                                                            aggregate(round, updates))
+    fed.algorithm.pre_aggregation = lambda round, updates: (
+        seen.append(updates.all().clients.tolist()),
+        aggregate(round, updates),
+    )
     for round in (1, 2):
         assert fed.run_round(round).scalars["clients_left_out"] == 1
     assert seen == [[0, 2, 3], [0, 2, 3]] and torch.isfinite(fed.algorithm.models).all()
 
 
-def test_left_out_clients_are_counted_in_metrics_csv_announced_and_summary_json_is_strict(tmp_path, tiny_run_args,
-                                                                                          monkeypatch, capsys):
+def test_left_out_clients_are_counted_in_metrics_csv_announced_and_summary_json_is_strict(
+    tmp_path, tiny_run_args, monkeypatch, capsys
+):
     real_train = ClientExecution.train
 
     def one_client_explodes(self, round, clients):
@@ -279,22 +291,30 @@ def test_warnings_for_clients_without_or_with_few_evaluation_samples():
 
 
 # -- one-line errors, and no run folder after a refused start ----------------------------------------------
-@pytest.mark.parametrize("arguments, expected", [
-    (["--federation.round", "5"], "unknown option --federation.round (did you mean --federation.rounds?)"),
-    # the names listed are the installed ones, plugins included (tests/integration/test_cli.py checks the shipped
-    # ones are)
-    (["--algorithm", "fedavgg"], "unknown algorithm 'fedavgg' (did you mean 'fedavg'?): choose one of "),
-    (["--model.init_args.network.init_args.widht", "3"],
-     "model.init_args.network.init_args.widht: fedlight.models.SmallCNN has no option 'widht' (did you mean "
-     "width?); its options are"),
-    (["--algorithm.init_args.participatio", "0.5"],
-     "algorithm.init_args.participatio: fedlight.Algorithm has no option 'participatio' (did you mean "
-     "participation?); its options are participation"),
-    (["--federation.accelerator", "cuda"], "federation.accelerator=cuda, but this machine has no usable CUDA GPU"),
-    (["--algorithm", "mypackage.Missing"], "algorithm: cannot import mypackage.Missing"),
-])
-def test_errors_are_one_line_with_the_cause_first_and_leave_no_run_folder(tmp_path, tiny_run_args, capsys, arguments,
-                                                                          expected, monkeypatch):
+@pytest.mark.parametrize(
+    "arguments, expected",
+    [
+        (["--federation.round", "5"], "unknown option --federation.round (did you mean --federation.rounds?)"),
+        # the names listed are the installed ones, plugins included (tests/integration/test_cli.py checks the shipped
+        # ones are)
+        (["--algorithm", "fedavgg"], "unknown algorithm 'fedavgg' (did you mean 'fedavg'?): choose one of "),
+        (
+            ["--model.init_args.network.init_args.widht", "3"],
+            "model.init_args.network.init_args.widht: fedlight.models.SmallCNN has no option 'widht' (did you mean "
+            "width?); its options are",
+        ),
+        (
+            ["--algorithm.init_args.participatio", "0.5"],
+            "algorithm.init_args.participatio: fedlight.Algorithm has no option 'participatio' (did you mean "
+            "participation?); its options are participation",
+        ),
+        (["--federation.accelerator", "cuda"], "federation.accelerator=cuda, but this machine has no usable CUDA GPU"),
+        (["--algorithm", "mypackage.Missing"], "algorithm: cannot import mypackage.Missing"),
+    ],
+)
+def test_errors_are_one_line_with_the_cause_first_and_leave_no_run_folder(
+    tmp_path, tiny_run_args, capsys, arguments, expected, monkeypatch
+):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a machine with a GPU
     assert main(tiny_run_args + arguments) == 2
     err = capsys.readouterr().err
@@ -304,11 +324,34 @@ def test_errors_are_one_line_with_the_cause_first_and_leave_no_run_folder(tmp_pa
 
 def test_a_start_refused_by_the_data_leaves_no_run_folder(tmp_path, capsys):
     runs = tmp_path / "runs"
-    assert main(["fit", "--data", "fedlight.datamodules.NpzFederated", "--data.path", str(tmp_path / "no.npz"),
-                 "--model", "fedlight.models.Classifier", "--model.network", "fedlight.models.MLP",
-                 "--model.network.init_args.input_dim", "4", "--model.network.init_args.hidden", "[8]",
-                 "--model.network.init_args.num_classes", "2", "--logger.wandb", "false",
-                 "--output_dir", str(runs), "--run_name", "x"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                "--data",
+                "fedlight.datamodules.NpzFederated",
+                "--data.path",
+                str(tmp_path / "no.npz"),
+                "--model",
+                "fedlight.models.Classifier",
+                "--model.network",
+                "fedlight.models.MLP",
+                "--model.network.init_args.input_dim",
+                "4",
+                "--model.network.init_args.hidden",
+                "[8]",
+                "--model.network.init_args.num_classes",
+                "2",
+                "--logger.wandb",
+                "false",
+                "--output_dir",
+                str(runs),
+                "--run_name",
+                "x",
+            ]
+        )
+        == 2
+    )
     assert not runs.exists()
 
 
@@ -323,5 +366,7 @@ def test_ctrl_c_prints_the_resume_command_without_a_traceback(tmp_path, tiny_run
     monkeypatch.setattr(Federation, "run_round", interrupt_in_round_3)
     assert main(tiny_run_args + ["--federation.rounds", "4", "--run_name", "run"]) == 130
     err = capsys.readouterr().err
-    assert err.strip() == (f"fedlight: interrupted; rounds 1-2 are saved. Continue with: python -m fedlight fit "
-                           f"--resume {tmp_path / 'run'}")
+    assert err.strip() == (
+        f"fedlight: interrupted; rounds 1-2 are saved. Continue with: python -m fedlight fit "
+        f"--resume {tmp_path / 'run'}"
+    )

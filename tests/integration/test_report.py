@@ -1,5 +1,6 @@
 """Reports and sweeps: a sweep of FedAvg and OCFL x two seeds on the quickstart (made tiny), its HTML report checked
 against the runs' own files, the W&B offline runs' client tables read back from their files, and one-line errors."""
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,20 @@ from fedlight.reports.report import read_rows
 from helpers.reports import fake_run, table
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = {"federation.rounds": 3, "federation.local_epochs": 1, "federation.accelerator": "cpu",
-        "data.init_args.num_clients": 6, "model.init_args.network.init_args.width": 8}
-FIGURES = {"fig-accuracy": "Client accuracy over rounds", "fig-spread": "Per-client accuracy at the end",
-           "fig-ari": "Clustering quality over rounds", "fig-timeline": "Cluster assignment over rounds",
-           "fig-matrix-update_cosine_distance": "Last update cosine distance matrix"}
+TINY = {
+    "federation.rounds": 3,
+    "federation.local_epochs": 1,
+    "federation.accelerator": "cpu",
+    "data.init_args.num_clients": 6,
+    "model.init_args.network.init_args.width": 8,
+}
+FIGURES = {
+    "fig-accuracy": "Client accuracy over rounds",
+    "fig-spread": "Per-client accuracy at the end",
+    "fig-ari": "Clustering quality over rounds",
+    "fig-timeline": "Cluster assignment over rounds",
+    "fig-matrix-update_cosine_distance": "Last update cosine distance matrix",
+}
 COLUMNS = ["mean acc", "std acc (clients)", "worst-client acc", "ARI", "clusters", "wall time (s)"]
 SUMMARY_KEYS = ["test/acc_mean", "test/acc_std", "test/acc_worst", "cluster/ari", "cluster/count", "wall_time_s"]
 
@@ -33,9 +43,18 @@ SUMMARY_KEYS = ["test/acc_mean", "test/acc_std", "test/acc_worst", "cluster/ari"
 def sweep(tmp_path_factory) -> Path:
     """The sweep's output folder: fedavg-s0, fedavg-s1, ocfl-s0, ocfl-s1 (W&B offline) and report.html."""
     folder = tmp_path_factory.mktemp("sweep")
-    (folder / "sweep.yaml").write_text(yaml.safe_dump({
-        "base": str(REPO / "configs" / "quickstart.yaml"), "output_dir": str(folder / "runs"),
-        "algorithms": ["fedavg", "ocfl"], "seeds": [0, 1], "overrides": TINY, "title": "Two algorithms"}))
+    (folder / "sweep.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "base": str(REPO / "configs" / "quickstart.yaml"),
+                "output_dir": str(folder / "runs"),
+                "algorithms": ["fedavg", "ocfl"],
+                "seeds": [0, 1],
+                "overrides": TINY,
+                "title": "Two algorithms",
+            }
+        )
+    )
     assert main(["sweep", "--config", str(folder / "sweep.yaml")]) == 0
     return folder / "runs"
 
@@ -117,8 +136,11 @@ def test_a_runs_three_numbers_are_its_last_round_and_the_rounds_chosen_on_val_an
             assert "no_val_selection" not in s
         for on, values in chosen.items():
             mean, std = np.mean(values), np.std(values)
-            assert page[label][f"{on}-selected acc"] == (pytest.approx(mean, abs=1e-12),
-                                                         pytest.approx(std, abs=1e-12), 2)
+            assert page[label][f"{on}-selected acc"] == (
+                pytest.approx(mean, abs=1e-12),
+                pytest.approx(std, abs=1e-12),
+                2,
+            )
 
 
 def test_two_runs_from_the_command_line_give_single_values(sweep, tmp_path, capsys):
@@ -150,8 +172,10 @@ def test_clients_csv_has_each_clients_true_cluster_and_training_size(sweep):
 
 
 def test_seeds_of_one_config_share_a_wandb_group_tagged_with_the_algorithm(sweep):
-    configs = {name: yaml.safe_load((sweep / name / "config.yaml").read_text()) for name in ("fedavg-s0", "fedavg-s1",
-                                                                                            "ocfl-s0")}
+    configs = {
+        name: yaml.safe_load((sweep / name / "config.yaml").read_text())
+        for name in ("fedavg-s0", "fedavg-s1", "ocfl-s0")
+    }
     groups = {name: config_group(c, summary(sweep / name)["algorithm"]) for name, c in configs.items()}
     assert groups["fedavg-s0"] == groups["fedavg-s1"] != groups["ocfl-s0"]
     assert groups["ocfl-s0"].startswith("OCFL-")
@@ -167,8 +191,17 @@ def test_the_wandb_client_tables_hold_the_rows_of_clients_csv(sweep):
     tables = [json.loads(p.read_text()) for p in sorted((files / "media" / "table" / "clients").glob("*.table.json"))]
     assert len(tables) == 3  # one per evaluated round
     logged = [dict(zip(t["columns"], row)) for t in tables for row in t["data"]]
-    assert tables[0]["columns"] == ["round", "client", "true_cluster", "cluster", "acc", "f1", "loss", "samples",
-                                    "train/loss"]
+    assert tables[0]["columns"] == [
+        "round",
+        "client",
+        "true_cluster",
+        "cluster",
+        "acc",
+        "f1",
+        "loss",
+        "samples",
+        "train/loss",
+    ]
     key = lambda r: (r["round"], r["client"])  # noqa: E731
     assert sorted(logged, key=key) == sorted(read_rows(run / "clients.csv"), key=key)
     heatmaps = list((files / "media" / "images" / "matrices").glob("update_cosine_distance_*.png"))
@@ -185,18 +218,21 @@ def test_rerunning_a_sweep_skips_the_finished_runs(sweep, capsys):
     page = table((sweep / "report.html").read_text())
     for algorithm in ("FedAvg", "OCFL"):
         mean, std, _ = page[algorithm]["mean acc"]
-        row = next(line for line in out.splitlines()
-                   if line.split("│")[1:2] and line.split("│")[1].strip() == algorithm)
+        row = next(
+            line for line in out.splitlines() if line.split("│")[1:2] and line.split("│")[1].strip() == algorithm
+        )
         half = 12.706204736174698 * std  # two seeds: t_{0.975, 1} x the sample sd / sqrt(2) = t x the population std
         assert f"{mean:.3f} ± {half:.3f}" in row and "seeds 0, 1" in row
 
 
 def test_an_unknown_algorithm_stops_the_sweep_before_any_run(tmp_path, capsys):
-    (tmp_path / "sweep.yaml").write_text(textwrap.dedent(f"""\
+    (tmp_path / "sweep.yaml").write_text(
+        textwrap.dedent(f"""\
         base: {REPO / "configs" / "quickstart.yaml"}
         output_dir: {tmp_path / "runs"}
         algorithms: [fedavg, fedavgg]
-        """))
+        """)
+    )
     assert main(["sweep", "--config", str(tmp_path / "sweep.yaml")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "'fedavgg'" in err and "ocfl" in err and "class path" in err
@@ -251,8 +287,11 @@ def test_runs_of_one_seed_are_counted_as_runs_not_seeds(tmp_path):
             fake_run(tmp_path / "runs" / f"lr{lr}-s{seed}-{i}", seed, acc, lr)
     assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
-    assert runs_cells(page) == {"FedAvg (lr=0.1)": "seeds 0, 1 (3 runs)", "FedAvg (lr=0.2)": "seed 0 (2 runs)",
-                                "FedAvg (lr=0.3)": "seeds 0, 1"}
+    assert runs_cells(page) == {
+        "FedAvg (lr=0.1)": "seeds 0, 1 (3 runs)",
+        "FedAvg (lr=0.2)": "seed 0 (2 runs)",
+        "FedAvg (lr=0.3)": "seeds 0, 1",
+    }
     for lr, values in ((0.1, [0.5, 0.7, 0.9]), (0.2, [0.2, 0.4]), (0.3, [0.3, 0.6])):  # mean and std over runs
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
@@ -274,8 +313,16 @@ def test_fine_tuned_accuracy_and_epsilon_get_columns_only_where_a_run_has_them(t
     for seed, (tuned, epsilon) in enumerate([(0.8, 2.0), (0.6, 4.0)]):
         run = fake_run(tmp_path / "private" / f"s{seed}", seed, 0.5)
         summary_file = run / "summary.json"
-        summary_file.write_text(json.dumps({**json.loads(summary_file.read_text()), "test_ft/acc_mean": tuned,
-                                            "test_ft/acc_worst": tuned / 2, "privacy/epsilon": epsilon}))
+        summary_file.write_text(
+            json.dumps(
+                {
+                    **json.loads(summary_file.read_text()),
+                    "test_ft/acc_mean": tuned,
+                    "test_ft/acc_worst": tuned / 2,
+                    "privacy/epsilon": epsilon,
+                }
+            )
+        )
     fake_run(tmp_path / "plain" / "s0", 0, 0.5)
     assert main(["report", str(tmp_path / "private"), "--output", str(tmp_path / "p.html")]) == 0
     row = table((tmp_path / "p.html").read_text())["FedAvg"]
@@ -295,8 +342,9 @@ def test_runs_on_different_splits_are_refused_naming_where_each_split_lies(tmp_p
     assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "r.html")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0
-    assert (f"1 run on test under {tmp_path / 'runs' / 'final' / 's0'}; "
-            f"2 runs on val under {tmp_path / 'runs' / 'tune'}") in error
+    assert (
+        f"1 run on test under {tmp_path / 'runs' / 'final' / 's0'}; 2 runs on val under {tmp_path / 'runs' / 'tune'}"
+    ) in error
     assert error.endswith(f"report one split at a time, e.g. `fedlight report {tmp_path / 'runs' / 'final' / 's0'}`")
     assert main(["report", str(tmp_path / "runs" / "final"), "--output", str(tmp_path / "r.html")]) == 0
 
@@ -328,8 +376,12 @@ def test_the_default_output_is_the_folder_holding_every_run(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     fake_run(tmp_path / "runs" / "a" / "fedavg-s0", 0, 0.5)
     fake_run(tmp_path / "runs" / "b" / "deeper" / "ocfl-s0", 0, 0.5, algorithm="OCFL")
-    assert main(["report", str(tmp_path / "runs" / "a" / "fedavg-s0"),
-                 str(tmp_path / "runs" / "b" / "deeper" / "ocfl-s0")]) == 0
+    assert (
+        main(
+            ["report", str(tmp_path / "runs" / "a" / "fedavg-s0"), str(tmp_path / "runs" / "b" / "deeper" / "ocfl-s0")]
+        )
+        == 0
+    )
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*.html")] == [Path("runs/report.html")]
 
 
@@ -337,11 +389,11 @@ def test_counts_of_runs_and_configurations_are_singular_for_one(tmp_path, capsys
     fake_run(tmp_path / "runs" / "s0", 0, 0.5)
     assert main(["report", str(tmp_path / "runs" / "s0"), "--output", str(tmp_path / "one.html")]) == 0
     assert "report of 1 run in 1 configuration: " in capsys.readouterr().out
-    assert "<p class=\"lead\">1 run in 1 configuration, " in (tmp_path / "one.html").read_text()
+    assert '<p class="lead">1 run in 1 configuration, ' in (tmp_path / "one.html").read_text()
     fake_run(tmp_path / "runs" / "s1", 1, 0.7)
     assert main(["report", str(tmp_path / "runs"), "--output", str(tmp_path / "two.html")]) == 0
     assert "report of 2 runs in 1 configuration: " in capsys.readouterr().out
-    assert "<p class=\"lead\">2 runs in 1 configuration, " in (tmp_path / "two.html").read_text()
+    assert '<p class="lead">2 runs in 1 configuration, ' in (tmp_path / "two.html").read_text()
 
 
 def test_a_wandb_report_offline_is_skipped_in_one_line(sweep, tmp_path, capsys):
@@ -360,8 +412,11 @@ def test_the_wandb_report_selects_the_groups_of_the_runs(sweep):
     built = wandb_report.report_blocks(wr, "team", "project", groups, "Two algorithms")
     runset = built.blocks[1].runsets[0]
     assert expr_to_filters(runset.filters).value == [g.key for g in groups]
-    assert [p.title for p in built.blocks[1].panels[:3]] == ["Mean client accuracy", "Worst-client accuracy",
-                                                            "ARI against the true clusters"]
+    assert [p.title for p in built.blocks[1].panels[:3]] == [
+        "Mean client accuracy",
+        "Worst-client accuracy",
+        "ARI against the true clusters",
+    ]
 
 
 def test_the_shipped_sweep_checks_out_and_passes_init_args_to_fit(tmp_path, capsys):
@@ -396,7 +451,7 @@ class StartedPart:
     def wait(self) -> int:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr("os.environ", self.env)
-            return main(self.command[self.command.index("sweep"):])
+            return main(self.command[self.command.index("sweep") :])
 
 
 def test_a_sweep_with_jobs_runs_its_shares_at_once_each_on_its_share_of_the_cores(tmp_path, monkeypatch, capsys):
@@ -409,13 +464,21 @@ def test_a_sweep_with_jobs_runs_its_shares_at_once_each_on_its_share_of_the_core
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(sweep_module.subprocess, "Popen", StartedPart)
     StartedPart.started = []
-    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({
-        "base": str(REPO / "configs" / "quickstart.yaml"), "output_dir": str(tmp_path / "runs"),
-        "algorithms": ["fedavg"], "seeds": [0, 1],
-        "overrides": {**TINY, "federation.rounds": 1, "logger.wandb": False}}))
+    (tmp_path / "sweep.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "base": str(REPO / "configs" / "quickstart.yaml"),
+                "output_dir": str(tmp_path / "runs"),
+                "algorithms": ["fedavg"],
+                "seeds": [0, 1],
+                "overrides": {**TINY, "federation.rounds": 1, "logger.wandb": False},
+            }
+        )
+    )
     assert main(["sweep", "--config", str(tmp_path / "sweep.yaml"), "--jobs", "2"]) == 0
     assert [p.command[2:] for p in StartedPart.started] == [
-        ["fedlight", "sweep", "--config", str(tmp_path / "sweep.yaml"), "--part", f"{i}/2"] for i in (0, 1)]
+        ["fedlight", "sweep", "--config", str(tmp_path / "sweep.yaml"), "--part", f"{i}/2"] for i in (0, 1)
+    ]
     assert all(p.env["FEDLIGHT_PARALLEL_RUNS"] == "2" for p in StartedPart.started)
     for seed in (0, 1):
         plan = summary(tmp_path / "runs" / f"fedavg-s{seed}")["plan"]
@@ -442,5 +505,7 @@ def test_the_ranking_says_which_neighbours_the_seeds_resolve(tmp_path):
             fake_run(tmp_path / f"lr{lr}" / f"s{seed}", seed, acc, lr=lr)
     groups = report.group_runs([report.load_run(p) for p in report.find_runs([tmp_path])])
     text = report.ranking_text(groups, "test", "acc")
-    assert text.endswith(" Resolved by the seeds (paired 95 % interval): FedAvg (lr=0.1) over FedAvg (lr=0.2). "
-                         "Not resolved: FedAvg (lr=0.2) and FedAvg (lr=0.3).")
+    assert text.endswith(
+        " Resolved by the seeds (paired 95 % interval): FedAvg (lr=0.1) over FedAvg (lr=0.2). "
+        "Not resolved: FedAvg (lr=0.2) and FedAvg (lr=0.3)."
+    )

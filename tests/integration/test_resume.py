@@ -1,4 +1,5 @@
 """A run that crashes after some rounds and is resumed ends with exactly the numbers of an uninterrupted run."""
+
 import json
 
 import pytest
@@ -8,15 +9,27 @@ from fedlight.run.cli import main
 from helpers.resume import crash_and_resume, rows
 
 
-@pytest.mark.parametrize("algorithm", [
-    ["--algorithm", "fedprox", "--algorithm.init_args.mu", "0.1", "--algorithm.init_args.participation", "0.5"],
-    ["--algorithm", "local"],
-    ["--algorithm", "ocfl", "--algorithm.init_args.strict", "false"],
-    ["--algorithm", "flis_dc", "--algorithm.init_args.participation", "0.5", "--data.public_size", "60"],
-    ["--algorithm", "ifca", "--algorithm.init_args.num_clusters", "2", "--data.holdout_clients", "2",
-     "--federation.finetune_epochs", "1"],
-    ["--algorithm", "ditto", "--federation.clients_per_round", "2"],
-], ids=["fedprox", "local", "ocfl", "flis_dc", "ifca with held-out clients", "ditto with 2 clients a round"])
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        ["--algorithm", "fedprox", "--algorithm.init_args.mu", "0.1", "--algorithm.init_args.participation", "0.5"],
+        ["--algorithm", "local"],
+        ["--algorithm", "ocfl", "--algorithm.init_args.strict", "false"],
+        ["--algorithm", "flis_dc", "--algorithm.init_args.participation", "0.5", "--data.public_size", "60"],
+        [
+            "--algorithm",
+            "ifca",
+            "--algorithm.init_args.num_clusters",
+            "2",
+            "--data.holdout_clients",
+            "2",
+            "--federation.finetune_epochs",
+            "1",
+        ],
+        ["--algorithm", "ditto", "--federation.clients_per_round", "2"],
+    ],
+    ids=["fedprox", "local", "ocfl", "flis_dc", "ifca with held-out clients", "ditto with 2 clients a round"],
+)
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, tiny_run_args, monkeypatch, algorithm):
     args = tiny_run_args + algorithm + ["--federation.rounds", "4"]
     assert main(args + ["--run_name", "whole"]) == 0

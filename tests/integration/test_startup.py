@@ -2,6 +2,7 @@
 --help`, `sweep --help`, an unknown algorithm and typos outside the class sections import none of torch, Lightning,
 scikit-learn, SciPy, W&B or Optuna (checked in a fresh interpreter), and `list` read from the source files names
 exactly the classes that importing the packages finds."""
+
 from __future__ import annotations
 
 import importlib
@@ -32,15 +33,27 @@ def test_list_help_and_typos_outside_class_sections_load_nothing_heavy(tmp_path)
     """Every command a user types before a run, one after another in one fresh interpreter: none imports torch (nor
     Lightning, scikit-learn, ...), and each answers as it should (0, or 2 for a refused typo)."""
     config, typo = tmp_path / "run.yaml", tmp_path / "typo.yaml"
-    config.write_text("data:\n  class_path: fedlight.datamodules.DigitsFederated\n"
-                      "model:\n  class_path: fedlight.models.Classifier\n")
+    config.write_text(
+        "data:\n  class_path: fedlight.datamodules.DigitsFederated\nmodel:\n  class_path: fedlight.models.Classifier\n"
+    )
     typo.write_text("federation:\n  roundz: 2\n")
-    commands = [["list"], ["--help"], ["fit", "--help"],
-                ["fit", "--federaton.rounds", "3", "--config", str(config)],
-                ["fit", "--config", str(config), "--config", str(typo)], ["fit", "--algorithm", "fedprxo"],
-                ["tune", "--help"], ["sweep", "--help"]]
-    done = subprocess.run([sys.executable, "-c", PROBE.format(commands=commands)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    commands = [
+        ["list"],
+        ["--help"],
+        ["fit", "--help"],
+        ["fit", "--federaton.rounds", "3", "--config", str(config)],
+        ["fit", "--config", str(config), "--config", str(typo)],
+        ["fit", "--algorithm", "fedprxo"],
+        ["tune", "--help"],
+        ["sweep", "--help"],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(commands=commands)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     marker, *codes = done.stdout.strip().splitlines()[-1].split()
     assert marker == "NOTHING_HEAVY", done.stdout + done.stderr
     assert [int(c) for c in codes] == [0, 0, 0, 2, 2, 2, 0, 0], done.stdout + done.stderr
@@ -87,15 +100,19 @@ def test_the_catalog_read_from_source_matches_importing_the_packages():
     listed = catalog.components()
     modules = imported_classes("fedlight.models", L.LightningModule)
     assert listed["models"] == modules
-    assert listed["networks"] == {k: v for k, v in imported_classes("fedlight.models", nn.Module).items()
-                                  if k not in modules}
+    assert listed["networks"] == {
+        k: v for k, v in imported_classes("fedlight.models", nn.Module).items() if k not in modules
+    }
     assert listed["data modules"] == imported_classes("fedlight.datamodules", FederatedDataModule)
     assert listed["partition schemes"] == imported_classes("fedlight.datamodules", PartitionScheme)
     for found in listed.values():
         for path in found.values():
             module, _, name = path.rpartition(".")
-            own = inspect.getdoc(getattr(importlib.import_module(module), name)) if \
-                getattr(importlib.import_module(module), name).__doc__ else None
+            own = (
+                inspect.getdoc(getattr(importlib.import_module(module), name))
+                if getattr(importlib.import_module(module), name).__doc__
+                else None
+            )
             shown = catalog.describe(path)
             assert (shown == "") == (own is None), path
             if own:
@@ -109,12 +126,19 @@ def test_abstract_classes_and_bases_are_left_out():
 
 
 # -- early checks --------------------------------------------------------------------------------------------
-OPTIONS = ["--config", "--seed", "--federation", "--federation.rounds", "--logger.wandb", "--data", "--model",
-           "--algorithm"]
+OPTIONS = [
+    "--config",
+    "--seed",
+    "--federation",
+    "--federation.rounds",
+    "--logger.wandb",
+    "--data",
+    "--model",
+    "--algorithm",
+]
 
 
-def test_a_plugin_hidden_by_a_folder_of_its_name_in_the_current_directory_is_named_with_the_fix(tmp_path,
-                                                                                                 monkeypatch):
+def test_a_plugin_hidden_by_a_folder_of_its_name_in_the_current_directory_is_named_with_the_fix(tmp_path, monkeypatch):
     """`pip install -e ./mypkg`, then `python -m fedlight list` beside `mypkg/`: Python finds the project folder (a
     namespace package) before the installed package, and the class cannot be read. The line says which folder hid
     it; a class missing from a package found elsewhere gets no such guess."""
@@ -136,8 +160,21 @@ def test_an_unknown_option_outside_the_class_sections_is_refused_with_the_one_me
 
 
 def test_options_of_the_class_sections_are_left_to_the_parser():
-    check_fit_arguments(["--data.init_args.anything", "1", "--model.whatever", "2", "--algorithm.init_args.x", "3",
-                         "--seed", "4", "--", "--not-an-option"], OPTIONS)
+    check_fit_arguments(
+        [
+            "--data.init_args.anything",
+            "1",
+            "--model.whatever",
+            "2",
+            "--algorithm.init_args.x",
+            "3",
+            "--seed",
+            "4",
+            "--",
+            "--not-an-option",
+        ],
+        OPTIONS,
+    )
 
 
 def test_config_file_keys_are_checked_top_level_and_in_plain_sections(tmp_path):

@@ -1,6 +1,7 @@
 """Runs that cannot go on or are told to stop: a round whose server model is not finite or whose clients were all
 left out stops the run in one line and keeps the last good checkpoint; SIGTERM stops a run as Ctrl-C does (exit
 143); a run that fails before its first checkpoint leaves no folder, a later failure says how to go on."""
+
 from __future__ import annotations
 
 import csv
@@ -62,8 +63,9 @@ def test_a_server_model_that_is_not_finite_stops_the_run_in_its_round():
     with pytest.raises(RoundDiverged) as stop:
         fed.run_round(2)
     assert stop.value.round == 2 and fed.round == 1  # the round is not counted as done
-    assert str(stop.value).startswith("round 2: the server model is not finite after aggregation, likely a "
-                                      "learning rate too high")
+    assert str(stop.value).startswith(
+        "round 2: the server model is not finite after aggregation, likely a learning rate too high"
+    )
 
 
 def test_a_round_whose_clients_were_all_left_out_stops_the_run_and_one_left_out_does_not(monkeypatch):
@@ -110,12 +112,15 @@ def test_a_hook_that_fails_on_a_held_round_without_updates_is_reported_as_the_ro
         fed.run_round(1)
 
 
-@pytest.mark.parametrize("models, finite", [
-    (torch.zeros(2, 3), True),
-    (torch.tensor([[0.0, float("inf"), 0.0]]), False),
-    (torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), False),
-    (torch.zeros(0, 3), True),  # no cluster model yet
-])
+@pytest.mark.parametrize(
+    "models, finite",
+    [
+        (torch.zeros(2, 3), True),
+        (torch.tensor([[0.0, float("inf"), 0.0]]), False),
+        (torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), False),
+        (torch.zeros(0, 3), True),  # no cluster model yet
+    ],
+)
 def test_the_server_model_is_its_cluster_models(models, finite):
     """The cluster models are checked; the personal rows need not be: only finite updates write them (below)."""
     algorithm = Algorithm()
@@ -139,14 +144,16 @@ def test_a_client_with_a_non_finite_personal_part_is_left_out_and_its_row_not_wr
 
 def test_the_likely_cause_names_round_extensions_under_the_plain_mean_and_else_the_learning_rate():
     notes = ["attack sign_flip by 4 clients"]
-    assert likely_cause(notes, plain_mean=True).startswith("likely attack sign_flip by 4 clients averaged by the "
-                                                           "plain mean: configure a robust aggregator.rule")
+    assert likely_cause(notes, plain_mean=True).startswith(
+        "likely attack sign_flip by 4 clients averaged by the plain mean: configure a robust aggregator.rule"
+    )
     for cause in (likely_cause(notes, plain_mean=False), likely_cause([], plain_mean=True)):
         assert cause.startswith("likely a learning rate too high")
 
 
-def test_a_diverged_run_says_so_in_one_line_and_keeps_the_last_good_checkpoint(tmp_path, tiny_run_args, monkeypatch,
-                                                                               capsys):
+def test_a_diverged_run_says_so_in_one_line_and_keeps_the_last_good_checkpoint(
+    tmp_path, tiny_run_args, monkeypatch, capsys
+):
     real_aggregate = Algorithm.aggregate
 
     def nan_in_round_3(self, round, updates):
@@ -160,17 +167,22 @@ def test_a_diverged_run_says_so_in_one_line_and_keeps_the_last_good_checkpoint(t
     err = capsys.readouterr().err
     run = tmp_path / "run"
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert err.startswith("fedlight: error: round 3: the server model is not finite after aggregation, likely "
-                          "attack sign_flip by 2 clients averaged by the plain mean")
-    assert err.strip().endswith(f"; the run stopped; rounds 1-2 are saved in {run} with the checkpoint of round 2, "
-                                "the last good one, and a resume would repeat round 3: start a new run with the fix")
+    assert err.startswith(
+        "fedlight: error: round 3: the server model is not finite after aggregation, likely "
+        "attack sign_flip by 2 clients averaged by the plain mean"
+    )
+    assert err.strip().endswith(
+        f"; the run stopped; rounds 1-2 are saved in {run} with the checkpoint of round 2, "
+        "the last good one, and a resume would repeat round 3: start a new run with the fix"
+    )
     assert saved_round(run) == 2 and saved_round(run, checkpoint.PREVIOUS) == 1  # round 3 wrote over neither
     assert [r["round"] for r in rows(run / "metrics.csv")] == ["1", "2"]
     assert not (run / "summary.json").exists()
 
 
-def test_a_run_whose_clients_are_all_left_out_in_round_1_stops_and_leaves_no_folder(tmp_path, tiny_run_args,
-                                                                                   monkeypatch, capsys):
+def test_a_run_whose_clients_are_all_left_out_in_round_1_stops_and_leaves_no_folder(
+    tmp_path, tiny_run_args, monkeypatch, capsys
+):
     monkeypatch.setattr(ClientExecution, "train", every_client_nan_in(1))
     assert main(tiny_run_args + ["--run_name", "run"]) == 1
     err = capsys.readouterr().err.strip()
@@ -191,8 +203,9 @@ def fail_in(round_to_fail: int, error: Exception):
     return run_round
 
 
-def test_a_run_that_fails_in_round_1_leaves_no_folder_and_the_same_command_runs_again(tmp_path, tiny_run_args,
-                                                                                      monkeypatch):
+def test_a_run_that_fails_in_round_1_leaves_no_folder_and_the_same_command_runs_again(
+    tmp_path, tiny_run_args, monkeypatch
+):
     from fedlight.models import Classifier
 
     def broken(self, batch, batch_idx):
@@ -207,27 +220,31 @@ def test_a_run_that_fails_in_round_1_leaves_no_folder_and_the_same_command_runs_
     assert main(args) == 0  # the name is free: not refused as taken, nor resumed into the same error
 
 
-def test_a_later_failure_says_how_to_resume_or_start_over_after_the_traceback(tmp_path, tiny_run_args,
-                                                                              monkeypatch):
+def test_a_later_failure_says_how_to_resume_or_start_over_after_the_traceback(tmp_path, tiny_run_args, monkeypatch):
     monkeypatch.setattr(Federation, "run_round", fail_in(3, RuntimeError("a bug in round 3")))
     with pytest.raises(RuntimeError, match="a bug in round 3") as failure:
         main(tiny_run_args + ["--run_name", "run"])
     run = tmp_path / "run"
-    assert failure.value.__notes__ == [f"fedlight: rounds 1-2 are saved in {run}: once the cause is fixed, continue "
-                                       f"with: python -m fedlight fit --resume {run}; or start over with another "
-                                       "--run_name"]
+    assert failure.value.__notes__ == [
+        f"fedlight: rounds 1-2 are saved in {run}: once the cause is fixed, continue "
+        f"with: python -m fedlight fit --resume {run}; or start over with another "
+        "--run_name"
+    ]
     monkeypatch.undo()
     assert main(["fit", "--resume", str(run)]) == 0 and len(rows(run / "metrics.csv")) == 3
 
 
-def test_a_later_one_line_error_is_followed_by_one_line_saying_how_to_go_on(tmp_path, tiny_run_args, monkeypatch,
-                                                                             capsys):
+def test_a_later_one_line_error_is_followed_by_one_line_saying_how_to_go_on(
+    tmp_path, tiny_run_args, monkeypatch, capsys
+):
     monkeypatch.setattr(Federation, "run_round", fail_in(2, ValueError("a setting the module refuses")))
     assert main(tiny_run_args + ["--run_name", "run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["fedlight: error: a setting the module refuses",
-                   f"fedlight: rounds 1-1 are saved in {tmp_path / 'run'}: once the cause is fixed, continue with: "
-                   f"python -m fedlight fit --resume {tmp_path / 'run'}; or start over with another --run_name"]
+    assert err == [
+        "fedlight: error: a setting the module refuses",
+        f"fedlight: rounds 1-1 are saved in {tmp_path / 'run'}: once the cause is fixed, continue with: "
+        f"python -m fedlight fit --resume {tmp_path / 'run'}; or start over with another --run_name",
+    ]
 
 
 # -- SIGTERM -------------------------------------------------------------------------------------------------
@@ -243,14 +260,16 @@ def terminate_in(round_to_stop: int):
     return run_round
 
 
-def test_sigterm_stops_a_run_as_ctrl_c_does_with_the_resume_command_and_exit_143(tmp_path, tiny_run_args,
-                                                                                 monkeypatch, capsys):
+def test_sigterm_stops_a_run_as_ctrl_c_does_with_the_resume_command_and_exit_143(
+    tmp_path, tiny_run_args, monkeypatch, capsys
+):
     before = signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(Federation, "run_round", terminate_in(3))
     assert main(tiny_run_args + ["--federation.rounds", "4", "--run_name", "run"]) == 143
     run = tmp_path / "run"
-    assert capsys.readouterr().err.strip() == (f"fedlight: terminated (SIGTERM); rounds 1-2 are saved. Continue "
-                                               f"with: python -m fedlight fit --resume {run}")
+    assert capsys.readouterr().err.strip() == (
+        f"fedlight: terminated (SIGTERM); rounds 1-2 are saved. Continue with: python -m fedlight fit --resume {run}"
+    )
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is the run's alone
     assert saved_round(run) == 2
     monkeypatch.undo()

@@ -1,6 +1,7 @@
 """Runs with a `system:` section: without one a run draws and trains exactly as before (a neutral section changes
 no number), a round's virtual time is its slowest client's, a client cut short trains exactly its share of the
 steps, dropped clients are left out untrained, and a resumed run ends as an uninterrupted one."""
+
 import copy
 
 import numpy as np
@@ -13,15 +14,29 @@ from fedlight.system.config import SpeedDistribution, SystemConfig
 
 from helpers.federations import small_federation
 
-SLOW_AND_FLAKY = SystemConfig(compute=SpeedDistribution(100.0, "slow_share", slow_share=0.5, slow_factor=4.0),
-                              availability="periods", online_s=3.0, offline_s=1.0, deadline_s=5.0,
-                              partial_work=True, dropout=0.34, selection="power_of_choice")
+SLOW_AND_FLAKY = SystemConfig(
+    compute=SpeedDistribution(100.0, "slow_share", slow_share=0.5, slow_factor=4.0),
+    availability="periods",
+    online_s=3.0,
+    offline_s=1.0,
+    deadline_s=5.0,
+    partial_work=True,
+    dropout=0.34,
+    selection="power_of_choice",
+)
 
 
 def federation(system: SystemConfig | None, rounds: int, local_epochs: int = 2):
     """6 digits clients, 3 a round, FedAvg, evaluated after the last round."""
-    return small_federation(FedAvg(), num_clients=6, rounds=rounds, clients_per_round=3, local_epochs=local_epochs,
-                            eval_every=rounds, system=system)
+    return small_federation(
+        FedAvg(),
+        num_clients=6,
+        rounds=rounds,
+        clients_per_round=3,
+        local_epochs=local_epochs,
+        eval_every=rounds,
+        system=system,
+    )
 
 
 def run(system: SystemConfig | None, rounds: int):
@@ -80,8 +95,13 @@ def test_dropped_clients_are_left_out_untrained_and_a_resumed_run_ends_as_an_uni
     for result in rounds:
         s = result.scalars
         assert set(result.dropped) <= set(result.left_out) and len(result.left_out) == len(result.dropped)
-        assert len(result.dropped) == s["system/dropped_offline"] + s["system/dropped_out"] + \
-            s["system/dropped_deadline"] + s["system/went_offline"]
+        assert (
+            len(result.dropped)
+            == s["system/dropped_offline"]
+            + s["system/dropped_out"]
+            + s["system/dropped_deadline"]
+            + s["system/went_offline"]
+        )
     assert np.isnan(rounds[-1].per_client["train/loss"][rounds[-1].dropped]).all()
     assert sum(len(r.dropped) for r in rounds) > 0 and sum(r.scalars["system/partial"] for r in rounds) > 0
     resumed = federation(SLOW_AND_FLAKY, 3, local_epochs=1)  # a fresh run of the same seed, from the checkpoint

@@ -3,6 +3,7 @@ another and vectorized: `OneCycleLR(total_steps=self.trainer.estimated_stepping_
 `self.current_epoch` and `self.global_step` in `training_step`, `self.trainer.num_devices`; each value is checked
 against the number worked out by hand from the clients' sizes, and an attribute with no meaning in a federated run
 stops it with one line naming it."""
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,13 @@ class ScalesByDevices(OrdinaryModule):
     """The linear scaling rule: the learning rate times the devices, read with the ranks and the logger."""
 
     def configure_optimizers(self):
-        self.read = (self.trainer.num_devices, self.global_rank, self.local_rank, self.trainer.is_global_zero,
-                     self.logger)
+        self.read = (
+            self.trainer.num_devices,
+            self.global_rank,
+            self.local_rank,
+            self.trainer.is_global_zero,
+            self.logger,
+        )
         return torch.optim.SGD(self.parameters(), lr=self.lr * self.trainer.num_devices)
 
 
@@ -92,13 +98,13 @@ class ReadsMaxSteps(OrdinaryModule):
         return super().training_step(batch, batch_idx)
 
 
-def federation(module_type: type[OrdinaryModule], vectorize: int, rounds: int = 2,
-               local_epochs: int = 2) -> Federation:
+def federation(module_type: type[OrdinaryModule], vectorize: int, rounds: int = 2, local_epochs: int = 2) -> Federation:
     """4 digits clients of different sizes training a module of `module_type` (no BatchNorm) with FedAvg."""
     torch.manual_seed(0)
     module = module_type(batch_norm=False)
-    config = FederationConfig(rounds=rounds, local_epochs=local_epochs, batch_size=BATCH, accelerator="cpu",
-                              vectorize=vectorize)
+    config = FederationConfig(
+        rounds=rounds, local_epochs=local_epochs, batch_size=BATCH, accelerator="cpu", vectorize=vectorize
+    )
     data = DigitsFederated(num_clients=4, partition=QuantitySkew(alpha=0.5, min_size=40))
     return Federation(data, module, FedAvg(), config)
 
@@ -127,8 +133,11 @@ def test_lightnings_one_cycle_example_stepping_once_per_round_is_refused_at_set_
     probe = federation(OrdinaryModule, 0, rounds=1, local_epochs=1)
     steps = batches(max(probe.data.train.sizes()))
     federation(OneCycleEveryEpoch, 0, rounds=steps + 1, local_epochs=1)  # steps once per round
-    with pytest.raises(ValueError, match=rf"OneCycleLR \(interval 'epoch'\) cannot step again in round {steps + 1}.*"
-                                         rf"build it for {steps + 1} rounds.*'interval': 'step'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"OneCycleLR \(interval 'epoch'\) cannot step again in round {steps + 1}.*"
+        rf"build it for {steps + 1} rounds.*'interval': 'step'",
+    ):
         federation(OneCycleEveryEpoch, 0, rounds=steps + 2, local_epochs=1)
 
 
@@ -175,8 +184,10 @@ def test_a_custom_group_loop_sees_the_place_of_each_step_it_draws():
     fed = federation(StepCounter, 0, rounds=3, local_epochs=2)
     per_epoch = batches(max(fed.data.train.sizes()))
     for step in fed.server.clients.group_batches(3, [0, 1], epochs=2):
-        assert (fed.module.current_epoch, fed.module.global_step) == \
-            (step.epoch, 2 * (2 * per_epoch) + step.epoch * per_epoch + step.step)
+        assert (fed.module.current_epoch, fed.module.global_step) == (
+            step.epoch,
+            2 * (2 * per_epoch) + step.epoch * per_epoch + step.step,
+        )
     for epoch, step, _ in fed.server.clients.batches(2, 3):
         assert fed.module.global_step == 2 * per_epoch + epoch * per_epoch + step
 
@@ -211,8 +222,11 @@ def test_num_devices_are_the_processes_of_one_node_and_global_step_the_runs_cloc
 
 # -- what has no meaning here ---------------------------------------------------------------------------------
 def test_an_attribute_with_no_meaning_is_one_error_naming_it_and_getattr_keeps_its_default():
-    with pytest.raises(TrainerAttributeError, match=r"^self\.trainer\.datamodule has no meaning in a federated run: "
-                                                    r"the clients' data are tensors") as error:
+    with pytest.raises(
+        TrainerAttributeError,
+        match=r"^self\.trainer\.datamodule has no meaning in a federated run: "
+        r"the clients' data are tensors",
+    ) as error:
         federation(ReadsDatamodule, 0)
     assert "\n" not in str(error.value) and "estimated_stepping_batches" in str(error.value)
     assert getattr(TrainerStandIn(1, 1), "datamodule", None) is None
@@ -226,10 +240,27 @@ def test_an_attribute_with_no_meaning_read_under_vmap_stops_the_run_instead_of_f
 
 
 def test_the_command_line_prints_an_attribute_with_no_meaning_in_one_line(tmp_path, capsys):
-    args = ["fit", "--data", "fedlight.datamodules.DigitsFederated", "--data.num_clients", "3",
-            "--model", "test_trainer_idioms.ReadsDatamodule", "--algorithm", "fedavg", "--federation.rounds", "1",
-            "--federation.accelerator", "cpu", "--logger.wandb", "false", "--output_dir", str(tmp_path),
-            "--run_name", "run"]
+    args = [
+        "fit",
+        "--data",
+        "fedlight.datamodules.DigitsFederated",
+        "--data.num_clients",
+        "3",
+        "--model",
+        "test_trainer_idioms.ReadsDatamodule",
+        "--algorithm",
+        "fedavg",
+        "--federation.rounds",
+        "1",
+        "--federation.accelerator",
+        "cpu",
+        "--logger.wandb",
+        "false",
+        "--output_dir",
+        str(tmp_path),
+        "--run_name",
+        "run",
+    ]
     assert main(args) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and error.startswith("fedlight: error: self.trainer.datamodule has no meaning")

@@ -1,6 +1,7 @@
 """`fedlight tune`: a study on validation data with real Optuna (SQLite in tmp_path) and small runs. Studies grow
 and resume, the validation-best trial is chosen, the pruner stops a trial at chance, failures and Ctrl-C leave a
 study that goes on, and bad spaces or a test metric are refused in one line before any trial."""
+
 from __future__ import annotations
 
 import ast
@@ -31,8 +32,19 @@ def write_space(folder: Path, space: dict, name: str = "space.yaml") -> Path:
 
 def tune_args(tiny_run_args: list[str], space: Path, trials: int, *extra: str) -> list[str]:
     """A tune command over the tiny digits run of conftest (3 rounds unless `extra` says otherwise)."""
-    return ["tune", *tiny_run_args[1:], "--space", str(space), "--trials", str(trials), "--study", "s",
-            "--sampler_seed", "0", *extra]
+    return [
+        "tune",
+        *tiny_run_args[1:],
+        "--space",
+        str(space),
+        "--trials",
+        str(trials),
+        "--study",
+        "s",
+        "--sampler_seed",
+        "0",
+        *extra,
+    ]
 
 
 def load(tmp_path: Path, study: str = "s") -> optuna.Study:
@@ -55,8 +67,10 @@ def test_a_3_trial_study_writes_its_database_and_rerunning_it_with_5_continues_t
     assert f"best trial {best.number}: val/acc_mean {best.value:.4f}" in first
     assert f"model.init_args.lr: {best.params['model.init_args.lr']}" in first
 
-    assert cli.main([*args[: args.index("--trials") + 1], "5", *args[args.index("--trials") + 2:],
-                     "--final_seeds", "1"]) == 0
+    assert (
+        cli.main([*args[: args.index("--trials") + 1], "5", *args[args.index("--trials") + 2 :], "--final_seeds", "1"])
+        == 0
+    )
     study = load(tmp_path)
     assert states(study) == ["COMPLETE"] * 5 and [t.number for t in study.trials] == [0, 1, 2, 3, 4]
     for trial in study.trials:  # each trial an ordinary run folder, on validation data, in the study's W&B group
@@ -83,10 +97,25 @@ def test_the_pruner_stops_a_trial_whose_validation_accuracy_stays_at_chance(tmp_
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     for lr in (0.2, 0.2, 1e-7):  # two that learn, then one whose weights barely move: chance accuracy throughout
         study.enqueue_trial({"model.init_args.lr": lr})
-    space = write_space(tmp_path, {"params": {"model.init_args.lr": {"type": "float", "low": 1e-7, "high": 0.2,
-                                                                     "log": True}}})
-    assert cli.main(tune_args(tiny_run_args, space, 3, "--storage", storage, "--federation.rounds", "4",
-                              "--pruner_startup_trials", "2")) == 0
+    space = write_space(
+        tmp_path, {"params": {"model.init_args.lr": {"type": "float", "low": 1e-7, "high": 0.2, "log": True}}}
+    )
+    assert (
+        cli.main(
+            tune_args(
+                tiny_run_args,
+                space,
+                3,
+                "--storage",
+                storage,
+                "--federation.rounds",
+                "4",
+                "--pruner_startup_trials",
+                "2",
+            )
+        )
+        == 0
+    )
     trials = sorted(optuna.load_study(study_name="s", storage=storage).trials, key=lambda t: t.number)
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "PRUNED"]
     stalled = trials[2]
@@ -102,8 +131,13 @@ class FakeRuns:
     """Stands in for `cli.run_fit`: each round reports val and test accuracies that depend on the learning rate
     (`table[lr] = (val, test)`), so that which trial is best on which split is known in advance."""
 
-    def __init__(self, table: dict[float, tuple[float, float]], interrupt_at: int | None = None,
-                 fail: float | None = None, interrupt: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        table: dict[float, tuple[float, float]],
+        interrupt_at: int | None = None,
+        fail: float | None = None,
+        interrupt: BaseException | None = None,
+    ) -> None:
         self.table, self.interrupt_at, self.fail = table, interrupt_at, fail
         self.interrupt = interrupt or KeyboardInterrupt()  # what stops the run `interrupt_at` (Ctrl-C by default)
         self.calls: list[SimpleNamespace] = []
@@ -134,9 +168,25 @@ def fake_tune(tmp_path: Path, runs: FakeRuns, lrs: list[float], trials: int, enq
         study.enqueue_trial({"model.init_args.lr": lr})
     space = write_space(tmp_path, {"params": {"model.init_args.lr": {"type": "categorical", "choices": lrs}}})
     parser = cli.build_parser()
-    cfg = parser.parse_args(["tune", "--config", str(REPO / "configs" / "quickstart.yaml"), "--space", str(space),
-                             "--trials", str(trials), "--storage", storage, "--study", "f",
-                             "--output_dir", str(tmp_path), "--pruner", "none"])
+    cfg = parser.parse_args(
+        [
+            "tune",
+            "--config",
+            str(REPO / "configs" / "quickstart.yaml"),
+            "--space",
+            str(space),
+            "--trials",
+            str(trials),
+            "--storage",
+            storage,
+            "--study",
+            "f",
+            "--output_dir",
+            str(tmp_path),
+            "--pruner",
+            "none",
+        ]
+    )
     return tune.run(cfg.tune, parser.fit_parser, runs, cli.make_console(quiet=True))
 
 
@@ -170,7 +220,8 @@ def test_ctrl_c_leaves_a_study_whose_interrupted_trial_runs_again_when_the_comma
     study = optuna.load_study(study_name="f", storage=f"sqlite:///{tmp_path / 'f.db'}")
     assert states(study) == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # 3 counted: the interrupted one is not
     assert study.trials[3].params == study.trials[1].params and study.trials[3].user_attrs["run_dir"].endswith(
-        "trial-0001")  # the retry continues the interrupted trial's run folder
+        "trial-0001"
+    )  # the retry continues the interrupted trial's run folder
     assert len(runs.calls) == 2
 
 
@@ -203,18 +254,34 @@ def test_the_objective_is_the_mean_over_the_last_evaluated_rounds_and_survives_a
 
 
 # -- refusals ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("space, expected", [
-    ({"params": {"algorithm.init_args.muu": {"type": "float", "low": 0.1, "high": 1}}}, "has no option 'muu'"),
-    ({"params": {"federaton.rounds": {"type": "int", "low": 1, "high": 3}}}, "did you mean --federation.rounds"),
-    ({"params": {"model.init_args.lr": {"type": "float", "low": 0.5, "high": 0.1}}}, "invalid distribution"),
-    ({"params": {"model.init_args.lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}},
-     "invalid distribution"),
-    ({"params": {"model.init_args.lr": {"type": "normal", "low": 0.0, "high": 0.1}}}, "type float, int or categorical"),
-    ({"params": {"model.init_args.lr": {"type": "float", "low": 0.01, "hihg": 0.1}}}, "no field 'hihg'"),
-    ({"params": {"federation.eval_split": {"type": "categorical", "choices": ["val", "test"]}}}, "cannot be searched"),
-    ({"fixed": {"algorithm": "fedavg"}, "params": {"algorithm.init_args.mu": {"type": "float", "low": 0.1, "high": 1}}},
-     "FedAvg has no option 'mu'"),
-])
+@pytest.mark.parametrize(
+    "space, expected",
+    [
+        ({"params": {"algorithm.init_args.muu": {"type": "float", "low": 0.1, "high": 1}}}, "has no option 'muu'"),
+        ({"params": {"federaton.rounds": {"type": "int", "low": 1, "high": 3}}}, "did you mean --federation.rounds"),
+        ({"params": {"model.init_args.lr": {"type": "float", "low": 0.5, "high": 0.1}}}, "invalid distribution"),
+        (
+            {"params": {"model.init_args.lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}},
+            "invalid distribution",
+        ),
+        (
+            {"params": {"model.init_args.lr": {"type": "normal", "low": 0.0, "high": 0.1}}},
+            "type float, int or categorical",
+        ),
+        ({"params": {"model.init_args.lr": {"type": "float", "low": 0.01, "hihg": 0.1}}}, "no field 'hihg'"),
+        (
+            {"params": {"federation.eval_split": {"type": "categorical", "choices": ["val", "test"]}}},
+            "cannot be searched",
+        ),
+        (
+            {
+                "fixed": {"algorithm": "fedavg"},
+                "params": {"algorithm.init_args.mu": {"type": "float", "low": 0.1, "high": 1}},
+            },
+            "FedAvg has no option 'mu'",
+        ),
+    ],
+)
 def test_a_bad_space_is_one_line_before_any_trial(tmp_path, tiny_run_args, capsys, space, expected):
     path = write_space(tmp_path, {"fixed": {"algorithm": "fedprox"}, **space})
     assert cli.main(tune_args(tiny_run_args, path, 2)) == 2
@@ -231,8 +298,10 @@ def test_selecting_on_the_test_split_is_refused_in_one_line(tmp_path, tiny_run_a
     assert not (tmp_path / "tune-s").exists()
 
 
-@pytest.mark.parametrize("storage, expected", [("nodb://where", "cannot open it"),
-                                               ("postgresql://user@localhost/optuna", "driver is not installed")])
+@pytest.mark.parametrize(
+    "storage, expected",
+    [("nodb://where", "cannot open it"), ("postgresql://user@localhost/optuna", "driver is not installed")],
+)
 def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, tiny_run_args, capsys, storage, expected):
     assert cli.main(tune_args(tiny_run_args, write_space(tmp_path, LR_SPACE), 2, "--storage", storage)) == 2
     err = capsys.readouterr().err.strip()
@@ -249,17 +318,22 @@ def test_a_study_made_for_another_metric_is_refused_rather_than_mixed(tmp_path, 
 
 def test_a_searched_key_that_only_some_categorical_choices_have_needs_when(tmp_path, tiny_run_args, capsys):
     mu = {"type": "float", "low": 0.001, "high": 1.0, "log": True}
-    space = {"params": {"algorithm": {"type": "categorical", "choices": ["fedavg", "fedprox"]},
-                        "algorithm.init_args.mu": mu}}
+    space = {
+        "params": {"algorithm": {"type": "categorical", "choices": ["fedavg", "fedprox"]}, "algorithm.init_args.mu": mu}
+    }
     assert cli.main(tune_args(tiny_run_args, write_space(tmp_path, space), 2)) == 2
     assert "with algorithm=fedavg" in capsys.readouterr().err
     space["params"]["algorithm.init_args.mu"] = {**mu, "when": {"algorithm": "fedprox"}}
     loaded = tune_space.load(write_space(tmp_path, space))
     parser = cli.fit_parser()
-    tune_space.check_keys(loaded, lambda a: parser.parse_args(["--config", str(REPO / "configs/quickstart.yaml"), *a]),
-                          lambda e: explain(str(e), parser._option_string_actions))
-    assert [sorted(c) for c in loaded.combinations()] == [["algorithm"]] * 2 + [["algorithm",
-                                                                                 "algorithm.init_args.mu"]] * 2
+    tune_space.check_keys(
+        loaded,
+        lambda a: parser.parse_args(["--config", str(REPO / "configs/quickstart.yaml"), *a]),
+        lambda e: explain(str(e), parser._option_string_actions),
+    )
+    assert [sorted(c) for c in loaded.combinations()] == [["algorithm"]] * 2 + [
+        ["algorithm", "algorithm.init_args.mu"]
+    ] * 2
 
 
 # -- shipped spaces and start-up -----------------------------------------------------------------------------
@@ -268,8 +342,11 @@ def test_every_shipped_space_is_valid_against_its_base_config_and_names_its_pape
     space = tune_space.load(path)
     assert space.base is not None and space.base.is_file()
     parser = cli.fit_parser()
-    tune_space.check_keys(space, lambda args: parser.parse_args(["--config", str(space.base), *args]),
-                          lambda error: explain(str(error), parser._option_string_actions))
+    tune_space.check_keys(
+        space,
+        lambda args: parser.parse_args(["--config", str(space.base), *args]),
+        lambda error: explain(str(error), parser._option_string_actions),
+    )
     comments = " ".join(line for line in path.read_text().splitlines() if line.startswith("#"))
     assert comments.count('"') >= 2 and "section" in comments  # a paper's title in quotes, and where in it
 
@@ -306,7 +383,7 @@ class StartedSearcher:
         StartedSearcher.started.append(self)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr("os.environ", env)
-            self.code = cli.main(command[command.index("tune"):])
+            self.code = cli.main(command[command.index("tune") :])
 
     def wait(self) -> int:
         return self.code
@@ -321,8 +398,21 @@ def test_jobs_start_other_searchers_on_the_study_that_share_the_cores(tmp_path, 
     monkeypatch.setattr(tune.subprocess, "Popen", StartedSearcher)
     StartedSearcher.started = []
     space = write_space(tmp_path, LR_SPACE)
-    args = tune_args(tiny_run_args, space, 2, "--federation.rounds", "1", "--last_rounds", "1", "--pruner", "none",
-                     "--jobs", "2", "--final_seeds", "1")
+    args = tune_args(
+        tiny_run_args,
+        space,
+        2,
+        "--federation.rounds",
+        "1",
+        "--last_rounds",
+        "1",
+        "--pruner",
+        "none",
+        "--jobs",
+        "2",
+        "--final_seeds",
+        "1",
+    )
     assert cli.main(args) == 0
     (other,) = StartedSearcher.started
     assert other.command[other.command.index("--sampler_seed") + 1] == "1"  # this one's seed is 0
@@ -338,6 +428,15 @@ def test_jobs_start_other_searchers_on_the_study_that_share_the_cores(tmp_path, 
 
 def test_each_other_searcher_runs_one_job_with_its_own_sampler_seed():
     argv = ["tune", "--config", "c.yaml", "--jobs", "3", "--sampler_seed", "7", "--trials", "9"]
-    assert tune.searcher_arguments(argv, 2) == ["tune", "--config", "c.yaml", "--sampler_seed", "9", "--trials", "9",
-                                                "--jobs", "1"]
+    assert tune.searcher_arguments(argv, 2) == [
+        "tune",
+        "--config",
+        "c.yaml",
+        "--sampler_seed",
+        "9",
+        "--trials",
+        "9",
+        "--jobs",
+        "1",
+    ]
     assert tune.searcher_arguments(["tune", "--jobs=2", "--sampler_seed=null"], 1) == ["tune", "--jobs", "1"]

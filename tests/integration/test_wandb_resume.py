@@ -1,4 +1,5 @@
 """W&B across resumes (offline): every resume continues the same W&B run, and the closing line uploads all of it."""
+
 from __future__ import annotations
 
 import re
@@ -6,8 +7,7 @@ import re
 from fedlight.run.cli import main
 
 
-def test_a_resumed_runs_offline_folders_share_one_id_and_the_sync_line_names_them_all(tmp_path, tiny_run_args,
-                                                                                      capsys):
+def test_a_resumed_runs_offline_folders_share_one_id_and_the_sync_line_names_them_all(tmp_path, tiny_run_args, capsys):
     args = [a if a != "false" else "true" for a in tiny_run_args]  # W&B on (offline in tests)
     run = tmp_path / "run"
     assert main(args + ["--run_name", "run", "--federation.rounds", "1"]) == 0

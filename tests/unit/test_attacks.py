@@ -1,6 +1,7 @@
 """Attackers: the same seeded clients every round, what each kind does to data or updates (checked against the
 clean run), the reports (backdoor success, ARI with the attackers as a cluster, clients.csv), and a tiny problem on
 which 20 % sign-flip attackers break the mean and not the median."""
+
 from __future__ import annotations
 
 import csv
@@ -21,16 +22,18 @@ from fedlight.run.cli import main
 from helpers.federations import aggregator_section
 
 
-def federation(attack: AttackConfig | None = None, num_clients: int = 10, rounds: int = 4, partition=None,
-               algorithm=None, **config) -> Federation:
+def federation(
+    attack: AttackConfig | None = None, num_clients: int = 10, rounds: int = 4, partition=None, algorithm=None, **config
+) -> Federation:
     """Digits, a narrow CNN that learns in a few rounds (about 0.9 test accuracy after 4 with 10 IID clients)."""
     torch.manual_seed(0)
     model = Classifier(SmallCNN(1, 10, 8, width=8), lr=0.1, momentum=0.9)
     data = DigitsFederated(num_clients=num_clients, partition=partition or IID())
     aggregator = aggregator_section(config)
     settings = {"rounds": rounds, "local_epochs": 2, "batch_size": 16, "accelerator": "cpu", "vectorize": 0, **config}
-    return Federation(data, model, algorithm or FedAvg(), FederationConfig(**settings), seed=0, attack=attack,
-                      aggregator=aggregator)
+    return Federation(
+        data, model, algorithm or FedAvg(), FederationConfig(**settings), seed=0, attack=attack, aggregator=aggregator
+    )
 
 
 def test_the_attackers_are_a_seeded_share_of_the_clients():
@@ -137,8 +140,24 @@ def test_twenty_percent_sign_flippers_break_the_mean_and_not_the_median():
 
 
 def test_a_clustered_run_logs_the_ari_with_attackers_and_clients_csv_marks_them(tmp_path, tiny_run_args):
-    assert main(tiny_run_args + ["--run_name", "attacked", "--algorithm", "ocfl", "--federation.rounds", "2",
-                                 "--attack.kind", "sign_flip", "--attack.fraction", "0.34"]) == 0
+    assert (
+        main(
+            tiny_run_args
+            + [
+                "--run_name",
+                "attacked",
+                "--algorithm",
+                "ocfl",
+                "--federation.rounds",
+                "2",
+                "--attack.kind",
+                "sign_flip",
+                "--attack.fraction",
+                "0.34",
+            ]
+        )
+        == 0
+    )
     folder = tmp_path / "attacked"
     rows = list(csv.DictReader((folder / "clients.csv").open()))
     assert sorted({row["malicious"] for row in rows}) == ["0.0", "1.0"]

@@ -1,6 +1,7 @@
 """Instruction tuning of a causal language model through its adapters: samples labelled on their response tokens
 only, the loss and metrics checked against Hugging Face's own loss, data from jsonl and `datasets` folders, and the
 methods that cannot read a language model's outputs refused in one line."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,14 @@ def root(tmp_path_factory):
 
 
 def instruction_data(root, path=None, **options) -> InstructionFederated:
-    settings = {"input_column": "text", "group_column": "category", "max_length": 32, "num_clients": 4,
-                "partition": Groups(), **options}
+    settings = {
+        "input_column": "text",
+        "group_column": "category",
+        "max_length": 32,
+        "num_clients": 4,
+        "partition": Groups(),
+        **options,
+    }
     return InstructionFederated(str(path or root / "planted.jsonl"), str(root / "lm"), **settings)
 
 
@@ -70,7 +77,7 @@ def test_the_loss_is_hugging_faces_loss_on_the_response_tokens(root):
     ids, labels = ids[:6], labels[:6]
     reference = model.network(input_ids=ids, attention_mask=(ids != model.pad_id).long(), labels=labels).loss
     assert torch.allclose(model.training_step((ids, labels), 0), reference, atol=1e-5)
-    alone = torch.stack([model.network(input_ids=ids[i:i + 1], labels=labels[i:i + 1]).loss for i in range(6)])
+    alone = torch.stack([model.network(input_ids=ids[i : i + 1], labels=labels[i : i + 1]).loss for i in range(6)])
     with torch.no_grad():
         assert torch.allclose(model.sample_loss(model(ids), labels), alone, atol=1e-5)
 
@@ -98,12 +105,15 @@ def test_a_datasets_folder_reads_as_the_same_rows(root, tmp_path):
     rows = [json.loads(line) for line in (root / "planted.jsonl").read_text().splitlines()]
     folder = tmp_path / "planted"
     Dataset.from_list(rows).save_to_disk(str(folder))
-    for made in (lambda path: instruction_data(root, path),
-                 lambda path: TextFederated(str(path), str(root / "lm"), max_length=16, num_clients=4)):
+    for made in (
+        lambda path: instruction_data(root, path),
+        lambda path: TextFederated(str(path), str(root / "lm"), max_length=16, num_clients=4),
+    ):
         from_file, from_folder = made(root / "planted.jsonl").load_pool(), made(folder).load_pool()
         assert all(torch.equal(a, b) for a, b in zip(from_file, from_folder))
-    DatasetDict({"train": Dataset.from_list(rows[:10]), "test": Dataset.from_list(rows[10:20])}) \
-        .save_to_disk(str(tmp_path / "dict"))
+    DatasetDict({"train": Dataset.from_list(rows[:10]), "test": Dataset.from_list(rows[10:20])}).save_to_disk(
+        str(tmp_path / "dict")
+    )
     with pytest.raises(ValueError, match=r"splits \['test', 'train'\] of a DatasetDict: give one split's folder"):
         instruction_data(root, tmp_path / "dict").load_pool()
 
@@ -123,8 +133,9 @@ def federation(root, algorithm: str = "fedit", vectorize: int = 0, rounds: int =
     torch.manual_seed(0)
     model = PretrainedCausalLM(str(root / "lm"), lora=LoRA(rank=4, target_modules=["c_attn", "c_fc"]), lr=0.02)
     config = FederationConfig(rounds=rounds, local_epochs=1, batch_size=16, accelerator="cpu", vectorize=vectorize)
-    return Federation(instruction_data(root, **data), model, getattr(importlib.import_module(module), cls)(),
-                      config, seed=0)
+    return Federation(
+        instruction_data(root, **data), model, getattr(importlib.import_module(module), cls)(), config, seed=0
+    )
 
 
 def test_vectorized_clients_train_as_one_after_another(root):
@@ -148,7 +159,7 @@ def test_a_clients_loss_is_the_mean_of_its_samples_losses(root):
     for client in range(2):
         x, y = run.server.clients.split("train").client(client)
         with torch.no_grad():
-            alone = [network(input_ids=x[i:i + 1], labels=y[i:i + 1]).loss for i in range(len(x))]
+            alone = [network(input_ids=x[i : i + 1], labels=y[i : i + 1]).loss for i in range(len(x))]
         assert losses[client].item() == pytest.approx(torch.stack(alone).mean().item(), abs=1e-5)
 
 

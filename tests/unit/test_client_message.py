@@ -4,6 +4,7 @@ DP refuses a summed statistic or a per-client value (FedRC's label counts); FedB
 the algorithm gives (StoCFL's global copy, FedEM's copies) and refuses a round that needs every client (SR-FCA)
 unless the buffer takes every client, where it is the synchronous run bit for bit; an update attack tampers with
 every model entry an algorithm says the origin of."""
+
 import re
 
 import pytest
@@ -75,8 +76,13 @@ def test_every_extension_reads_the_declared_entries_and_the_rounds_that_need_eve
     from fedlight.models import Classifier, SmallCNN
     from fedlight import FederationConfig
 
-    Federation(DigitsFederated(num_clients=6, partition=Rotations(2)), Classifier(SmallCNN(1, 10, 8, width=8)),
-               SRFCA(), FederationConfig(rounds=1, accelerator="cpu", vectorize=0), extensions=[listens])
+    Federation(
+        DigitsFederated(num_clients=6, partition=Rotations(2)),
+        Classifier(SmallCNN(1, 10, 8, width=8)),
+        SRFCA(),
+        FederationConfig(rounds=1, accelerator="cpu", vectorize=0),
+        extensions=[listens],
+    )
     assert listens.seen == ("SRFCA", {}, ["in its one-shot round (round 1), whose local models it clusters"])
     fed.run_round(1)  # declared: it runs
 
@@ -84,11 +90,18 @@ def test_every_extension_reads_the_declared_entries_and_the_rounds_that_need_eve
 @pytest.mark.parametrize("kind, refused", [(SUMMED, True), (MODEL, False)])
 def test_privacy_refuses_a_summed_statistic_and_takes_a_model_entry(kind, refused):
     def make():
-        return small_federation(SendsCounts(declare=kind), rounds=1,
-                                privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))
+        return small_federation(
+            SendsCounts(declare=kind), rounds=1, privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0)
+        )
+
     if refused:
-        with pytest.raises(ValueError, match=re.escape("privacy: SendsCounts's clients send 'label_counts' (a "
-                                                       "statistic summed over clients) beside their models")):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "privacy: SendsCounts's clients send 'label_counts' (a "
+                "statistic summed over clients) beside their models"
+            ),
+        ):
             make()
     else:
         make()
@@ -103,17 +116,22 @@ def test_fedrc_under_privacy_is_refused_as_its_label_counts_go_in_the_clear():
 
 
 def test_an_unknown_kind_is_refused_with_the_nearest():
-    with pytest.raises(ValueError, match=r"must be one of model, summed, per_client, routing, got 'sumed' \(did you "
-                                         r"mean 'summed'\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"must be one of model, summed, per_client, routing, got 'sumed' \(did you "
+        r"mean 'summed'\?\)",
+    ):
         MessageSchema({}).sends("x", "sumed")
 
 
 def test_srfca_under_a_smaller_buffer_is_refused_in_one_line():
     with pytest.raises(ValueError) as refused:
         small_federation(SRFCA(), num_clients=6, rounds=1, system=SystemConfig(buffer_size=2))
-    assert str(refused.value) == ("system.buffer_size: SRFCA needs every client's update in its one-shot round (round "
-                                  "1), whose local models it clusters, but FedBuff aggregates the first 2 arrivals of "
-                                  "6 clients: leave buffer_size out for SRFCA")
+    assert str(refused.value) == (
+        "system.buffer_size: SRFCA needs every client's update in its one-shot round (round "
+        "1), whose local models it clusters, but FedBuff aggregates the first 2 arrivals of "
+        "6 clients: leave buffer_size out for SRFCA"
+    )
 
 
 def test_srfca_under_a_buffer_of_every_client_is_the_synchronous_run_bit_for_bit():
@@ -127,10 +145,13 @@ def test_srfca_under_a_buffer_of_every_client_is_the_synchronous_run_bit_for_bit
     assert [r.evaluation for r in sync_rounds] == [r.evaluation for r in buffered_rounds]
 
 
-@pytest.mark.parametrize("make, entry", [
-    (StoCFL, "global_copy"),
-    (lambda: FedEM(num_components=2), "copies"),
-])
+@pytest.mark.parametrize(
+    "make, entry",
+    [
+        (StoCFL, "global_copy"),
+        (lambda: FedEM(num_components=2), "copies"),
+    ],
+)
 def test_an_update_attack_tampers_with_every_model_entry_against_the_model_it_was_trained_from(make, entry):
     """sign_flip with scale 10: an attacker's rows of a model entry become start - 10 (trained - start), its start the
     server model the entry was trained from (StoCFL's omega, FedEM's components); honest rows are as trained."""
@@ -167,15 +188,47 @@ def test_a_stale_model_entry_is_re_based_on_the_models_it_would_be_trained_from_
 
     omega = {"now": torch.tensor([5.0, 1.0])}
     trained_from = {"global_copy": lambda clients: omega["now"].expand(len(clients), -1)}
-    waiting = InFlight(np.array([0]), np.array([0]), np.array([2.0]), torch.tensor([[3.0, -3.0]]),
-                       torch.tensor([[1.0, 1.0]]), torch.tensor([0.5]), {},
-                       {"global_copy": torch.tensor([[3.0, -3.0]])},
-                       {"global_copy": torch.tensor([[1.0, 1.0]])})
-    arrived, _ = take_arrivals(waiting, None, np.zeros(0), 3, 1, "polynomial", lambda c: torch.tensor([1.0, 1.0]),
-                               torch.tensor([4.0]), trained_from)
+    waiting = InFlight(
+        np.array([0]),
+        np.array([0]),
+        np.array([2.0]),
+        torch.tensor([[3.0, -3.0]]),
+        torch.tensor([[1.0, 1.0]]),
+        torch.tensor([0.5]),
+        {},
+        {"global_copy": torch.tensor([[3.0, -3.0]])},
+        {"global_copy": torch.tensor([[1.0, 1.0]])},
+    )
+    arrived, _ = take_arrivals(
+        waiting,
+        None,
+        np.zeros(0),
+        3,
+        1,
+        "polynomial",
+        lambda c: torch.tensor([1.0, 1.0]),
+        torch.tensor([4.0]),
+        trained_from,
+    )
     assert arrived.updates.state["global_copy"].tolist() == [[6.0, -3.0]]
-    fresh = Updates(torch.tensor([1]), torch.tensor([[2.0, 2.0]]), torch.tensor([[5.0, 1.0]]), torch.tensor([9.0]),
-                    torch.tensor([0.7]), {}, {"global_copy": torch.tensor([[4.0, 0.0]])})
-    arrived, left = take_arrivals(InFlight.empty(torch.zeros(2)), fresh, np.array([1.0]), 3, 1, "polynomial",
-                                  lambda c: torch.tensor([5.0, 1.0]), torch.tensor([4.0, 9.0]), trained_from)
+    fresh = Updates(
+        torch.tensor([1]),
+        torch.tensor([[2.0, 2.0]]),
+        torch.tensor([[5.0, 1.0]]),
+        torch.tensor([9.0]),
+        torch.tensor([0.7]),
+        {},
+        {"global_copy": torch.tensor([[4.0, 0.0]])},
+    )
+    arrived, left = take_arrivals(
+        InFlight.empty(torch.zeros(2)),
+        fresh,
+        np.array([1.0]),
+        3,
+        1,
+        "polynomial",
+        lambda c: torch.tensor([5.0, 1.0]),
+        torch.tensor([4.0, 9.0]),
+        trained_from,
+    )
     assert arrived.updates.state["global_copy"].tolist() == [[4.0, 0.0]]  # fresh: as trained

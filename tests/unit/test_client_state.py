@@ -1,6 +1,7 @@
 """Per-client state the engine keeps (`fedlight.engine.client_states`): rows read back as written whether in memory
 or spilled to the file, untouched clients cost nothing, the engine stores what clients return and leaves out what is
 not finite, and checkpoints (in memory, and a run resumed after a crash) give back exactly the rows they saved."""
+
 import copy
 import csv
 import json
@@ -76,7 +77,7 @@ def test_rows_beyond_the_budget_spill_to_the_file_and_read_back_exactly(tmp_path
 def test_every_dtype_and_row_shape_survives_the_file(tmp_path):
     states = ClientStates(CPU, 0)
     states.use_folder(tmp_path)
-    alpha = states.declare("alpha", 3, torch.tensor(0.5))          # one number a client (APFL's alpha)
+    alpha = states.declare("alpha", 3, torch.tensor(0.5))  # one number a client (APFL's alpha)
     counts = states.declare("counts", 3, torch.zeros(2, 2, dtype=torch.long))
     half = states.declare("half", 3, torch.zeros(3, dtype=torch.bfloat16))
     alpha.write([2], torch.tensor([0.25]))
@@ -187,8 +188,9 @@ def test_finite_checks_every_returned_row_whatever_its_shape():
     state = {"alpha": torch.tensor([0.5, math.inf, 0.5]), "rows": torch.zeros(3, 2, 2)}
     state["rows"][0, 1, 0] = math.nan
     left_out: list[int] = []
-    kept = finite(Updates(torch.tensor([4, 5, 6]), params, params, torch.ones(3), torch.zeros(3), state=state),
-                  left_out)
+    kept = finite(
+        Updates(torch.tensor([4, 5, 6]), params, params, torch.ones(3), torch.zeros(3), state=state), left_out
+    )
     assert left_out == [4, 5] and kept.clients.tolist() == [6] and kept.state["alpha"].tolist() == [0.5]
 
 
@@ -198,9 +200,9 @@ def test_finite_rows_tells_huge_finite_entries_from_nan_and_infinity(dtype):
 
     big = torch.finfo(dtype).max
     rows = torch.zeros(5, 4, dtype=dtype)
-    rows[1, :] = big          # finite entries whose sum overflows: still finite
+    rows[1, :] = big  # finite entries whose sum overflows: still finite
     rows[2, 3] = math.nan
-    rows[3, 0], rows[3, 1] = math.inf, -math.inf   # a sum of NaN
+    rows[3, 0], rows[3, 1] = math.inf, -math.inf  # a sum of NaN
     rows[4, 2] = -math.inf
     assert finite_rows(rows).tolist() == [True, True, False, False, False]
     assert finite_rows(rows[[0, 1]]).tolist() == [True, True]
@@ -234,14 +236,26 @@ def drop_last_checkpoint(run_dir):
     (run_dir / "checkpoints" / checkpoint.LAST).unlink()  # a crash between renaming the two: previous is read
 
 
-@pytest.mark.parametrize("algorithm, store", [(["--algorithm", "ditto"], "personal"),
-                                              (["--algorithm", "scaffold"], "client_controls")])
+@pytest.mark.parametrize(
+    "algorithm, store", [(["--algorithm", "ditto"], "personal"), (["--algorithm", "scaffold"], "client_controls")]
+)
 @pytest.mark.parametrize("before_resuming", [None, drop_last_checkpoint], ids=["from last", "from previous"])
 def test_a_run_that_spills_and_crashes_after_writing_resumes_to_the_uninterrupted_numbers(
-        tmp_path, tiny_run_args, monkeypatch, algorithm, store, before_resuming):
+    tmp_path, tiny_run_args, monkeypatch, algorithm, store, before_resuming
+):
     row_bytes = 4 * sum(t.numel() for t in SmallCNN(1, 10, 8, width=8).state_dict().values())
-    args = tiny_run_args + algorithm + ["--algorithm.init_args.participation", "0.5", "--federation.rounds", "5",
-                                        "--federation.client_state_memory", str(3.5 * row_bytes / 1e9)]
+    args = (
+        tiny_run_args
+        + algorithm
+        + [
+            "--algorithm.init_args.participation",
+            "0.5",
+            "--federation.rounds",
+            "5",
+            "--federation.client_state_memory",
+            str(3.5 * row_bytes / 1e9),
+        ]
+    )
     assert main(args + ["--run_name", "whole"]) == 0  # the budget holds one round's 3 rows (a smaller one is refused)
     saved = checkpoint.read(tmp_path / "whole" / "checkpoints" / checkpoint.LAST)["federation"]["client_state"][store]
     assert len(saved["memory_clients"]) == 3 and len(saved["file_clients"]) >= 2  # rows in memory and in the file
@@ -251,5 +265,6 @@ def test_a_run_that_spills_and_crashes_after_writing_resumes_to_the_uninterrupte
     for table in ("metrics.csv", "clients.csv"):
         assert rows(crashed / table) == rows(whole / table), table
     a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, crashed))
-    assert {k: v for k, v in a.items() if k not in ("wall_time_s", "run")} == \
-        {k: v for k, v in b.items() if k not in ("wall_time_s", "run")}
+    assert {k: v for k, v in a.items() if k not in ("wall_time_s", "run")} == {
+        k: v for k, v in b.items() if k not in ("wall_time_s", "run")
+    }

@@ -2,6 +2,7 @@
 one round's rows and a disk too small for the rows a run may spill are refused in one line with the numbers; a disk
 that fills up while the spill file grows stops the run in one line with its last checkpoint intact, and the resumed
 run ends with the numbers of an uninterrupted one."""
+
 import csv
 import math
 import errno
@@ -34,7 +35,7 @@ SMALL_CNN_ROW = row_bytes_of(SmallCNN(1, 10, 8, width=8))  # a client's model in
 
 def test_a_budget_must_hold_one_rounds_rows_over_every_store():
     states = ClientStates(CPU, 60)
-    states.declare("local", 100, torch.zeros(4))   # 16 bytes a client
+    states.declare("local", 100, torch.zeros(4))  # 16 bytes a client
     states.declare("alpha", 100, torch.tensor(0.5))  # 4 bytes a client
     check_round_fits(states, 3)  # 3 x 20 = 60 bytes: exactly the budget
     with pytest.raises(ValueError) as refused:
@@ -52,8 +53,10 @@ def test_a_budget_must_hold_one_rounds_rows_over_every_store():
 def test_a_federation_whose_budget_is_below_a_rounds_rows_is_refused_at_set_up():
     with pytest.raises(ValueError) as refused:  # a share: half of 6 clients is 3 a round
         small_federation(Ditto(participation=0.5), num_clients=6, client_state_memory=2.5 * SMALL_CNN_ROW / 1e9)
-    assert (f"{SMALL_CNN_ROW:,} bytes a client (personal {SMALL_CNN_ROW:,}) x 3 clients a round = "
-            f"{3 * SMALL_CNN_ROW:,} bytes") in str(refused.value)
+    assert (
+        f"{SMALL_CNN_ROW:,} bytes a client (personal {SMALL_CNN_ROW:,}) x 3 clients a round = "
+        f"{3 * SMALL_CNN_ROW:,} bytes"
+    ) in str(refused.value)
     fed = small_federation(Ditto(), num_clients=6, clients_per_round=2, client_state_memory=2.5 * SMALL_CNN_ROW / 1e9)
     assert fed.client_states.budget.limit >= 2 * SMALL_CNN_ROW
 
@@ -70,8 +73,9 @@ class EveryClientInRound2(Algorithm):
 
 
 def test_a_round_that_selects_more_clients_than_the_budget_holds_is_refused_before_it_trains():
-    fed = small_federation(EveryClientInRound2(participation=0.5), num_clients=6, rounds=3,
-                           client_state_memory=3.5 * 4000 / 1e9)  # 3 rows of 4,000 bytes
+    fed = small_federation(
+        EveryClientInRound2(participation=0.5), num_clients=6, rounds=3, client_state_memory=3.5 * 4000 / 1e9
+    )  # 3 rows of 4,000 bytes
     fed.run_round(1)
     models = fed.algorithm.models.clone()
     with pytest.raises(ValueError, match="4,000 bytes a client \\(notes 4,000\\) x round 2's 6 clients = 24,000"):
@@ -97,8 +101,10 @@ def test_the_rows_a_run_may_spill_must_fit_on_the_disk_of_their_folder(tmp_path,
     free["bytes"] = need - 1
     message = disk_shortfall(states, 1000, 10, 3)
     assert "\n" not in message and str(folder) in message
-    assert (f"({need:,} bytes: 16 bytes a client (v 16) x 30 clients (10 a round x 3 rounds, of 1,000) less "
-            "federation.client_state_memory's 32)") in message
+    assert (
+        f"({need:,} bytes: 16 bytes a client (v 16) x 30 clients (10 a round x 3 rounds, of 1,000) less "
+        "federation.client_state_memory's 32)"
+    ) in message
     assert "free 0.001 GB there" in message
     free["bytes"] = 2 * need - 1  # each of two processes keeps a file of its own
     assert "x 2 processes" in disk_shortfall(states, 1000, 10, 3, processes=2)
@@ -110,12 +116,24 @@ def test_the_rows_a_run_may_spill_must_fit_on_the_disk_of_their_folder(tmp_path,
     assert disk_shortfall(states, 1000, 10, 3) is None
 
 
-def test_a_run_whose_spilled_rows_cannot_fit_on_the_disk_is_refused_at_set_up(tmp_path, tiny_run_args,
-                                                                               monkeypatch, capsys):
+def test_a_run_whose_spilled_rows_cannot_fit_on_the_disk_is_refused_at_set_up(
+    tmp_path, tiny_run_args, monkeypatch, capsys
+):
     monkeypatch.setattr(state_limits, "free_bytes", lambda folder: 1000)
     budget = 50_000  # 5e-5 GB: 3 rows in memory; 2 clients a round x 3 rounds = all 6 clients may spill the rest
-    code = main(tiny_run_args + ["--algorithm", "ditto", "--federation.clients_per_round", "2",
-                                 "--federation.client_state_memory", "5e-5", "--run_name", "full"])
+    code = main(
+        tiny_run_args
+        + [
+            "--algorithm",
+            "ditto",
+            "--federation.clients_per_round",
+            "2",
+            "--federation.client_state_memory",
+            "5e-5",
+            "--run_name",
+            "full",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
     assert f"({6 * SMALL_CNN_ROW - budget:,} bytes: " in err and str(tmp_path / "full" / "client_state") in err
@@ -150,7 +168,8 @@ def metrics(run_dir):
 
 
 def test_a_full_disk_in_a_round_stops_the_run_in_one_line_and_the_resume_gives_the_uninterrupted_numbers(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     args = ditto_run_args(tmp_path, clients=200, per_round=2, rounds=5, memory_rows=2.5)
     assert main(args + ["--run_name", "whole"]) == 0
     real_fallocate, real_run_round = os.posix_fallocate, Federation.run_round
@@ -195,8 +214,10 @@ def test_a_held_round_larger_than_the_free_memory_is_refused_at_set_up_and_a_str
     monkeypatch.setattr(federation_module, "available_memory", lambda device: need - 1)
     with pytest.raises(ValueError) as refused:
         small_federation(OCFL(), num_clients=6)
-    assert str(refused.value).startswith(f"OCFL holds every update of a round: 2 x 6 clients x {d:,} parameters x 4 "
-                                         f"bytes = {math.ceil(need / 1e6) / 1e3:g} GB, more than the ")
+    assert str(refused.value).startswith(
+        f"OCFL holds every update of a round: 2 x 6 clients x {d:,} parameters x 4 "
+        f"bytes = {math.ceil(need / 1e6) / 1e3:g} GB, more than the "
+    )
     assert "federation.clients_per_round" in str(refused.value)
     small_federation(FedAvg(), num_clients=6)
     monkeypatch.setattr(federation_module, "available_memory", lambda device: need)

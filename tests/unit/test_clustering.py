@@ -1,4 +1,5 @@
 """Clustering components on precomputed matrices: block recovery, kind conversion, noise policies, validation."""
+
 import numpy as np
 import pytest
 import torch
@@ -97,6 +98,7 @@ def test_similarity_passed_as_distance_is_refused():
 
 # ----------------------------------------------------------------------------- noise policies
 
+
 def outlier_case() -> np.ndarray:
     """Blocks A = 0..4 and B = 5..9 (within 0.1, across 0.9) and an outlier 10 that DBSCAN(eps=0.3) calls
     noise: its closest point is client 0 (in A, 0.5), but its mean distance is lowest to B (0.6 vs ~0.9)."""
@@ -110,8 +112,10 @@ def outlier_case() -> np.ndarray:
     return D
 
 
-@pytest.mark.parametrize("policy, expected_outlier", [("own_cluster", 2), ("singletons", 2), ("nearest", 0),
-                                                      ("nearest_mean", 1), ("keep", -1)])
+@pytest.mark.parametrize(
+    "policy, expected_outlier",
+    [("own_cluster", 2), ("singletons", 2), ("nearest", 0), ("nearest_mean", 1), ("keep", -1)],
+)
 def test_noise_policies_with_an_outlier(policy, expected_outlier):
     labels = DBSCAN(eps=0.3, min_samples=2, noise=policy).fit_predict(outlier_case())
     assert list(labels[:10]) == [0] * 5 + [1] * 5
@@ -136,6 +140,7 @@ def test_relabel_first_appearance():
 
 # ----------------------------------------------------------------------------- details and validation
 
+
 def test_hdbscan_fractional_min_cluster_size():
     assert HDBSCAN(min_cluster_size=0.2).resolved_min_cluster_size(15) == 3
     assert HDBSCAN(min_cluster_size=0.2).resolved_min_cluster_size(30) == 6
@@ -156,28 +161,34 @@ def test_classical_mds_recovers_euclidean_distances():
     np.testing.assert_allclose(np.linalg.norm(Y[:, None] - Y[None], axis=-1), D, atol=1e-8)
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda: Agglomerative(n_clusters=3, linkage="ward"), "ward"),
-    (lambda: Agglomerative(n_clusters=3, distance_threshold=0.5), "exactly one"),
-    (lambda: Agglomerative(), "exactly one"),
-    (lambda: HDBSCAN(min_cluster_size=1.5), r"\(0, 1\)"),
-    (lambda: HDBSCAN(min_cluster_size=1), ">= 2"),
-    (lambda: DBSCAN(eps=0), "eps"),
-    (lambda: KMeans(n_clusters=3, embedding="tsne"), "embedding"),
-    (lambda: DBSCAN(noise="drop"), "noise"),
-    (lambda: make_clusterer("optics"), "unknown clustering algorithm"),
-])
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: Agglomerative(n_clusters=3, linkage="ward"), "ward"),
+        (lambda: Agglomerative(n_clusters=3, distance_threshold=0.5), "exactly one"),
+        (lambda: Agglomerative(), "exactly one"),
+        (lambda: HDBSCAN(min_cluster_size=1.5), r"\(0, 1\)"),
+        (lambda: HDBSCAN(min_cluster_size=1), ">= 2"),
+        (lambda: DBSCAN(eps=0), "eps"),
+        (lambda: KMeans(n_clusters=3, embedding="tsne"), "embedding"),
+        (lambda: DBSCAN(noise="drop"), "noise"),
+        (lambda: make_clusterer("optics"), "unknown clustering algorithm"),
+    ],
+)
 def test_argument_validation(build, message):
     with pytest.raises((ValueError, TypeError), match=message):
         build()
 
 
-@pytest.mark.parametrize("matrix, message", [
-    (np.zeros((3, 2)), "square"),
-    (np.array([[0.0, 1.0], [0.5, 0.0]]), "symmetric"),
-    (np.array([[0.0, np.nan], [np.nan, 0.0]]), "NaN"),
-    (np.array([[0.0, -1.0], [-1.0, 0.0]]), "non-negative"),
-])
+@pytest.mark.parametrize(
+    "matrix, message",
+    [
+        (np.zeros((3, 2)), "square"),
+        (np.array([[0.0, 1.0], [0.5, 0.0]]), "symmetric"),
+        (np.array([[0.0, np.nan], [np.nan, 0.0]]), "NaN"),
+        (np.array([[0.0, -1.0], [-1.0, 0.0]]), "non-negative"),
+    ],
+)
 def test_matrix_validation(matrix, message):
     with pytest.raises(ValueError, match=message):
         DBSCAN().fit_predict(matrix)
@@ -237,6 +248,10 @@ def test_the_two_hdbscan_backends_cluster_alike(seed):
     sizes = list(rng.integers(3, 8, size=int(rng.integers(2, 5))))
     D, _ = planted(sizes, seed, within=0.2, across=0.6)
     for min_cluster_size, min_samples in ((0.2, None), (3, None), (3, 2)):
-        a, b = (HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, backend=backend)
-                .fit_predict(D, kind="distance") for backend in ("hdbscan", "sklearn"))
+        a, b = (
+            HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, backend=backend).fit_predict(
+                D, kind="distance"
+            )
+            for backend in ("hdbscan", "sklearn")
+        )
         assert adjusted_rand_score(a, b) == 1.0, (sizes, min_cluster_size, min_samples)

@@ -1,5 +1,6 @@
 """The clients of a round: an exact count (`federation.clients_per_round`) honoured by every algorithm, reproducible
 per seed and across a resume, its bad inputs refused in one line; and a share that float rounding never enlarges."""
+
 import pytest
 import torch
 
@@ -18,8 +19,7 @@ from fedlight.run.cli import main
 from helpers.federations import every_row, small_federation
 
 CLIENTS, COUNT = 12, 3
-MAKERS = {"fedavg": FedAvg, "ifca": lambda: IFCA(num_clusters=2), "ditto": lambda: Ditto(lam=0.5),
-          "local": Local}
+MAKERS = {"fedavg": FedAvg, "ifca": lambda: IFCA(num_clusters=2), "ditto": lambda: Ditto(lam=0.5), "local": Local}
 
 
 def recorded_cohorts(federation, rounds: range) -> list[list[int]]:
@@ -45,14 +45,18 @@ def counted(make, seed: int = 0, rounds: int = 3):
 
 # ----------------------------------------------------------------------------- a share's count
 
-@pytest.mark.parametrize("share, clients, expected", [
-    (10 / 3400, 3400, 10),   # 10 of LEAF's 3,400 writers as a share
-    (0.00294, 3400, 10),     # rounded down as a decimal: 9.996 -> 10
-    (0.07, 100, 7),          # the float product is 7.000000000000001: its plain ceiling was 8
-    (0.14, 100, 14),         # 14.000000000000002
-    (0.105, 100, 11),        # 10.5: a real fraction still rounds up
-    (0.001, 100, 1),         # at least one
-])
+
+@pytest.mark.parametrize(
+    "share, clients, expected",
+    [
+        (10 / 3400, 3400, 10),  # 10 of LEAF's 3,400 writers as a share
+        (0.00294, 3400, 10),  # rounded down as a decimal: 9.996 -> 10
+        (0.07, 100, 7),  # the float product is 7.000000000000001: its plain ceiling was 8
+        (0.14, 100, 14),  # 14.000000000000002
+        (0.105, 100, 11),  # 10.5: a real fraction still rounds up
+        (0.001, 100, 1),  # at least one
+    ],
+)
 def test_a_share_selects_the_ceiling_of_the_exact_product(share, clients, expected):
     assert share_count(share, clients) == expected
 
@@ -63,6 +67,7 @@ def test_the_share_m_over_n_selects_exactly_m_clients():
 
 
 # ----------------------------------------------------------------------------- the count every round
+
 
 @pytest.mark.parametrize("name", list(MAKERS))
 def test_every_round_trains_exactly_the_count(name):
@@ -89,19 +94,22 @@ def test_a_resumed_run_draws_the_same_cohort_and_ends_the_same(name, kept):
     resumed.load_state_dict(state)
     assert recorded_cohorts(resumed, range(3, 4)) == recorded_cohorts(whole, range(3, 4))
     for attribute in ("models", *kept):
-        assert torch.equal(every_row(getattr(whole.algorithm, attribute)),
-                           every_row(getattr(resumed.algorithm, attribute))), attribute
+        assert torch.equal(
+            every_row(getattr(whole.algorithm, attribute)), every_row(getattr(resumed.algorithm, attribute))
+        ), attribute
 
 
 def test_the_count_sets_the_privacy_sample_rate_and_the_robust_rules_clients():
-    fed = small_federation(FedAvg(), num_clients=CLIENTS, clients_per_round=COUNT,
-                           privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0))
+    fed = small_federation(
+        FedAvg(), num_clients=CLIENTS, clients_per_round=COUNT, privacy=PrivacyConfig(noise_multiplier=1.0, clip=1.0)
+    )
     assert fed.extension(PrivacyMechanism).sample_rate == COUNT / CLIENTS
     with pytest.raises(ValueError, match="for krum with 3 clients a round"):  # Krum needs 2f + 3 = 5
         small_federation(FedAvg(), num_clients=CLIENTS, clients_per_round=COUNT, aggregator="krum", aggregator_f=1)
 
 
 # ----------------------------------------------------------------------------- refused in one line
+
 
 def one_line(error: pytest.ExceptionInfo) -> str:
     text = str(error.value)
@@ -121,9 +129,14 @@ def test_bad_counts_are_one_line_naming_the_setting():
     assert "give one of the two" in one_line(error)
 
 
-@pytest.mark.parametrize("make, when", [(lambda: FLHC(cluster_round=2, num_clusters=2), "clustering round"),
-                                        (lambda: FeSEM(num_clusters=2), "seeding round"),
-                                        (lambda: FlisHC(), "phase 0")])
+@pytest.mark.parametrize(
+    "make, when",
+    [
+        (lambda: FLHC(cluster_round=2, num_clusters=2), "clustering round"),
+        (lambda: FeSEM(num_clusters=2), "seeding round"),
+        (lambda: FlisHC(), "phase 0"),
+    ],
+)
 def test_a_method_that_trains_every_client_in_a_round_refuses_a_smaller_count(make, when):
     with pytest.raises(ValueError) as error:
         small_federation(make(), num_clients=CLIENTS, clients_per_round=COUNT, public_size=60)
@@ -143,12 +156,16 @@ def test_an_override_that_breaks_the_count_stops_the_round_in_one_line():
 
 # ----------------------------------------------------------------------------- the command line
 
+
 def test_the_start_line_says_the_count_and_bad_input_leaves_no_run_folder(tmp_path, tiny_run_args, capsys):
     fedavg = tiny_run_args + ["--algorithm", "fedavg"]
     assert main(fedavg + ["--run_name", "two", "--federation.rounds", "1", "--federation.clients_per_round", "2"]) == 0
     assert any(line.startswith("FedAvg, 2 of 6 clients a round: ") for line in capsys.readouterr().out.splitlines())
-    for given in (["--federation.clients_per_round", "7"], ["--federation.clients_per_round", "0"],
-                  ["--federation.clients_per_round", "2", "--algorithm.init_args.participation", "0.5"]):
+    for given in (
+        ["--federation.clients_per_round", "7"],
+        ["--federation.clients_per_round", "0"],
+        ["--federation.clients_per_round", "2", "--algorithm.init_args.participation", "0.5"],
+    ):
         assert main(fedavg + given + ["--run_name", "refused"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "clients_per_round" in err, err

@@ -1,6 +1,7 @@
 """A round's work grows with its clients, not with all clients: IFCA's and FLIS-DC's choice of a model by loss is made
 by the round's clients (every client only in evaluated rounds), a subset's losses are those of the whole matrix, and
 what a method must still do on every client is said in its plan line."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,9 +54,9 @@ def test_a_subset_of_clients_has_the_losses_of_the_whole_matrix_by_hand():
     for j, client in enumerate(some):
         x, y = fed.data.train.client(client)
         for k in range(2):
-            assert float(losses[k, j]) == pytest.approx(float(F.cross_entropy(fed.server.model.predict(models[k], x),
-                                                                              y)),
-                                                        rel=1e-5)
+            assert float(losses[k, j]) == pytest.approx(
+                float(F.cross_entropy(fed.server.model.predict(models[k], x), y)), rel=1e-5
+            )
     assert torch.allclose(losses, fed.server.clients.losses(models, "train")[:, some])
 
 
@@ -108,8 +109,17 @@ def test_ifca_recovers_the_rotations_with_a_cohort_a_round():
     round 8 on; the run has 10)."""
     from sklearn.metrics import adjusted_rand_score
 
-    fed = small_federation(IFCA(num_clusters=2), num_clients=20, rounds=10, eval_every=10, clients_per_round=10,
-                           lr=0.05, momentum=0.9, local_epochs=2, batch_size=16)
+    fed = small_federation(
+        IFCA(num_clusters=2),
+        num_clients=20,
+        rounds=10,
+        eval_every=10,
+        clients_per_round=10,
+        lr=0.05,
+        momentum=0.9,
+        local_epochs=2,
+        batch_size=16,
+    )
     for round in range(1, 11):
         result = fed.run_round(round)
     assert adjusted_rand_score(fed.data.cluster_labels, result.per_client["cluster"]) == 1.0
@@ -123,8 +133,9 @@ def test_flis_dc_picks_pool_models_only_for_the_rounds_clients_until_it_evaluate
     not trained yet ("local", whose trained clients are evaluated with their own models). One loss pass for each
     distinct pool model: participants with the same similar peers share one."""
     n = 40
-    fed = small_federation(FlisDC(evaluate=evaluate), num_clients=n, rounds=4, eval_every=4, clients_per_round=4,
-                           public_size=60)
+    fed = small_federation(
+        FlisDC(evaluate=evaluate), num_clients=n, rounds=4, eval_every=4, clients_per_round=4, public_size=60
+    )
     alg, sizes = fed.algorithm, fed.data.val.sizes()
     rows, chosen = counting_loss_rows(fed), selections(fed)
     fed.run_round(1)
@@ -168,16 +179,21 @@ def test_flis_dc_makes_one_loss_pass_for_each_distinct_pool_model_and_picks_the_
 
 def test_the_plan_line_names_the_work_on_every_client():
     ifca = small_federation(IFCA(num_clusters=2), num_clients=6, clients_per_round=2)
-    assert ifca.execution.plan.every_client == ["every client picks its cluster by loss in each evaluated round "
-                                                "(federation.eval_every)"]
-    assert ifca.execution.plan.describe().endswith("; on every client: every client picks its cluster by loss in "
-                                                   "each evaluated round (federation.eval_every)")
-    assert ("every client that has not trained yet"
-            in small_federation(FlisDC(), public_size=30).execution.plan.describe())
-    for method, said in [(FLHC(cluster_round=2, num_clusters=2), "trains every client in its clustering round"),
-                         (FeSEM(num_clusters=2), "trains every client in its seeding round"),
-                         (FlisHC(), "trains every client in its phase 0"),
-                         (PACFL(num_clusters=2), "every client sends its data subspace once")]:
+    assert ifca.execution.plan.every_client == [
+        "every client picks its cluster by loss in each evaluated round (federation.eval_every)"
+    ]
+    assert ifca.execution.plan.describe().endswith(
+        "; on every client: every client picks its cluster by loss in each evaluated round (federation.eval_every)"
+    )
+    assert (
+        "every client that has not trained yet" in small_federation(FlisDC(), public_size=30).execution.plan.describe()
+    )
+    for method, said in [
+        (FLHC(cluster_round=2, num_clusters=2), "trains every client in its clustering round"),
+        (FeSEM(num_clusters=2), "trains every client in its seeding round"),
+        (FlisHC(), "trains every client in its phase 0"),
+        (PACFL(num_clusters=2), "every client sends its data subspace once"),
+    ]:
         plan = small_federation(method, public_size=30).execution.plan
         assert len(plan.every_client) == 1 and plan.every_client[0].startswith(said), plan.every_client
     assert small_federation(FedAvg()).execution.plan.every_client == []

@@ -1,6 +1,7 @@
 """ConceptShift (FedRC's split): every sample once, every concept its clients, labels mapped by exactly the concept's
 permutation, label mixes that differ inside a concept, corruptions on the stated share, ARI against the concepts, and
 newcomers with their concepts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,7 @@ from fedlight.plugin.data import SPLITS, FederatedData
 
 K, PER_CLASS = 10, 300
 REVERSED = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]  # FedRC's concept 1: y -> K - 1 - y, written out
-SHIFTED = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]   # FedRC's concept 2: y -> (y + 1) mod K
+SHIFTED = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]  # FedRC's concept 2: y -> (y + 1) mod K
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +64,14 @@ def test_every_sample_goes_to_one_client_and_sizes_differ_by_at_most_one(num_cli
     assert {len(p) for p in parts} <= {n // num_clients, n // num_clients + 1}
 
 
-@pytest.mark.parametrize("shares, num_clients, expected", [
-    ([0.5, 0.25, 0.25], 20, [0] * 10 + [1] * 5 + [2] * 5),   # FedRC's 50 / 25 / 25
-    (None, 10, [0] * 4 + [1] * 3 + [2] * 3),                  # 3.33 each: the one left over goes to the first
-    ([0.5, 0.25, 0.25], 6, [0] * 3 + [1] * 2 + [2] * 1),     # 3, 1.5, 1.5: the tie goes to the first
-])
+@pytest.mark.parametrize(
+    "shares, num_clients, expected",
+    [
+        ([0.5, 0.25, 0.25], 20, [0] * 10 + [1] * 5 + [2] * 5),  # FedRC's 50 / 25 / 25
+        (None, 10, [0] * 4 + [1] * 3 + [2] * 3),  # 3.33 each: the one left over goes to the first
+        ([0.5, 0.25, 0.25], 6, [0] * 3 + [1] * 2 + [2] * 1),  # 3, 1.5, 1.5: the tie goes to the first
+    ],
+)
 def test_every_concept_has_its_clients(shares, num_clients: int, expected: list[int]) -> None:
     assert ConceptShift(3, concept_shares=shares).cluster_labels(num_clients).tolist() == expected
 
@@ -101,8 +105,12 @@ def test_label_mixes_differ_inside_a_concept_and_tend_to_the_pool_as_alpha_grows
         parts = scheme.assign(labels, 20, np.random.default_rng(1))
         concepts = scheme.cluster_labels(20)
         mixes = np.stack([np.bincount(labels[p], minlength=K) / len(p) for p in parts])
-        inside = [0.5 * np.abs(mixes[i] - mixes[j]).sum() for i in range(20) for j in range(i + 1, 20)
-                  if concepts[i] == concepts[j]]
+        inside = [
+            0.5 * np.abs(mixes[i] - mixes[j]).sum()
+            for i in range(20)
+            for j in range(i + 1, 20)
+            if concepts[i] == concepts[j]
+        ]
         return np.asarray(inside)
 
     skewed, near_iid = distances(1.0), distances(1000.0)
@@ -134,7 +142,7 @@ def test_corruptions_by_hand() -> None:
     dot = torch.zeros(1, 1, 8, 8)
     dot[0, 0, 4, 4] = 1
     moved = corrupt(dot, "translate", 5, seed=0)[0, 0]  # 5 of 28 pixels scaled to 8: one pixel each way
-    (r, c), = moved.nonzero().tolist()
+    ((r, c),) = moved.nonzero().tolist()
     assert abs(r - 4) == 1 and abs(c - 4) == 1 and moved.sum() == 1
     bright = torch.full((2, 1, 4, 4), 200, dtype=torch.uint8)
     assert corrupt(bright, "brightness", 5, seed=0).eq(255).all()  # 200 / 255 + 0.5 clipped to 1
@@ -168,17 +176,20 @@ def test_newcomers_carry_their_concepts(labels) -> None:
 
 
 # -- bad input --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("make, classes, num_clients, option", [
-    (lambda: ConceptShift(0), K, 10, "num_concepts"),
-    (lambda: ConceptShift(4), K, 10, "label_maps='random'"),                         # FedRC has 3 maps
-    (lambda: ConceptShift(3), 2, 10, "label_maps='random'"),                         # 2 classes: y -> 1 - y twice
-    (lambda: ConceptShift(3, label_maps="random"), 2, 10, "num_concepts"),           # 2! = 2 permutations
-    (lambda: ConceptShift(3, concept_shares=[0.8, 0.1, 0.1]), K, 5, "concept_shares"),  # 4, 1, 0 clients
-    (lambda: ConceptShift(3), K, 2, "concept_shares"),                               # fewer clients than concepts
-    (lambda: ConceptShift(2, concept_shares=[1.0]), K, 10, "concept_shares"),
-    (lambda: ConceptShift(2, feature_shift=[0.5]), K, 10, "feature_shift"),
-    (lambda: ConceptShift(2, corruptions=["fog"]), K, 10, "corruptions"),
-])
+@pytest.mark.parametrize(
+    "make, classes, num_clients, option",
+    [
+        (lambda: ConceptShift(0), K, 10, "num_concepts"),
+        (lambda: ConceptShift(4), K, 10, "label_maps='random'"),  # FedRC has 3 maps
+        (lambda: ConceptShift(3), 2, 10, "label_maps='random'"),  # 2 classes: y -> 1 - y twice
+        (lambda: ConceptShift(3, label_maps="random"), 2, 10, "num_concepts"),  # 2! = 2 permutations
+        (lambda: ConceptShift(3, concept_shares=[0.8, 0.1, 0.1]), K, 5, "concept_shares"),  # 4, 1, 0 clients
+        (lambda: ConceptShift(3), K, 2, "concept_shares"),  # fewer clients than concepts
+        (lambda: ConceptShift(2, concept_shares=[1.0]), K, 10, "concept_shares"),
+        (lambda: ConceptShift(2, feature_shift=[0.5]), K, 10, "feature_shift"),
+        (lambda: ConceptShift(2, corruptions=["fog"]), K, 10, "corruptions"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_option(make, classes: int, num_clients: int, option: str) -> None:
     with pytest.raises(ValueError) as caught:
         make().assign(np.repeat(np.arange(classes), 5), num_clients, np.random.default_rng(0))

@@ -1,5 +1,6 @@
 """FEMNIST data module on small LEAF JSON files (train/ and test/ folders, or all_data/), and the cache of its
 parsed writers (fedlight.datamodules.femnist_cache)."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,14 @@ def test_any_partition_and_public_data(tmp_path) -> None:
     write_leaf(tmp_path)
     dm = FEMNISTFederated(str(tmp_path), num_clients=3, partition=IID(), public_size=6)
     data = dm.build()
-    check_federated(data, num_clients=3, num_classes=62, sample_shape=(1, 28, 28), dtype=torch.uint8,
-                    total=sum(a + b for a, b in WRITERS.values()))
+    check_federated(
+        data,
+        num_clients=3,
+        num_classes=62,
+        sample_shape=(1, 28, 28),
+        dtype=torch.uint8,
+        total=sum(a + b for a, b in WRITERS.values()),
+    )
     picked = FEMNISTFederated(str(tmp_path), num_clients=2, partition=Natural(shuffle=True)).build()
     assert picked.num_clients == 2
 
@@ -73,8 +80,14 @@ def test_all_data_layout(tmp_path) -> None:
     write_leaf(tmp_path, folders=("all_data",))
     dm = FEMNISTFederated(str(tmp_path), test_fraction=0.2, val_fraction=0.0)
     data = dm.build()
-    check_federated(data, num_clients=5, num_classes=62, sample_shape=(1, 28, 28), dtype=torch.uint8,
-                    total=sum(a + b for a, b in WRITERS.values()))
+    check_federated(
+        data,
+        num_clients=5,
+        num_classes=62,
+        sample_shape=(1, 28, 28),
+        dtype=torch.uint8,
+        total=sum(a + b for a, b in WRITERS.values()),
+    )
     assert not data.info["official_splits"]  # all_data/ has no official split: re-split by fractions
     assert [data.test.size(k) for k in range(5)] == [round(0.2 * sum(WRITERS[w])) for w in sorted(WRITERS)]
 
@@ -142,6 +155,7 @@ def pool_from_json(root, folders, writers) -> tuple:
 def json_load_fails(monkeypatch) -> None:
     def no_parsing(*args, **kwargs):
         raise AssertionError("the JSON was parsed")
+
     monkeypatch.setattr(json, "load", no_parsing)
 
 

@@ -1,4 +1,5 @@
 """MedMNIST data module on small `.npz` files in the official layout (train/val/test images and (N, 1) labels)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,14 @@ def split_of(ids: torch.Tensor) -> set[int]:
 
 def test_pathmnist_official_splits_public_and_batches(tmp_path) -> None:
     write_medmnist(tmp_path, "pathmnist", num_classes=9, channels=3)
-    dm = MedMNISTFederated(str(tmp_path), flag="pathmnist", num_clients=4, partition=Dirichlet(1.0, min_size=5),
-                           public_size=10, split_seed=0)
+    dm = MedMNISTFederated(
+        str(tmp_path),
+        flag="pathmnist",
+        num_clients=4,
+        partition=Dirichlet(1.0, min_size=5),
+        public_size=10,
+        split_seed=0,
+    )
     data = dm.build()
     total = sum(SIZES.values())
     check_federated(data, num_clients=4, num_classes=9, sample_shape=(3, 28, 28), dtype=torch.uint8, total=total)
@@ -58,11 +65,13 @@ def test_pathmnist_official_splits_public_and_batches(tmp_path) -> None:
 
 def test_bloodmnist_ocfl_clusters(tmp_path) -> None:
     write_medmnist(tmp_path, "bloodmnist", num_classes=8, channels=3)
-    dm = MedMNISTFederated(str(tmp_path), flag="bloodmnist", num_clients=6, partition=MissingClasses(3),
-                           normalize=False)
+    dm = MedMNISTFederated(
+        str(tmp_path), flag="bloodmnist", num_clients=6, partition=MissingClasses(3), normalize=False
+    )
     data = dm.build()
-    check_federated(data, num_clients=6, num_classes=8, sample_shape=(3, 28, 28), dtype=torch.uint8,
-                    total=sum(SIZES.values()))
+    check_federated(
+        data, num_clients=6, num_classes=8, sample_shape=(3, 28, 28), dtype=torch.uint8, total=sum(SIZES.values())
+    )
     kept = MissingClasses(3).kept_classes(8)
     for k in range(6):
         classes = {int(c) for split in (data.train, data.test) for c in split.client(k)[1]}
@@ -74,8 +83,17 @@ def test_bloodmnist_ocfl_clusters(tmp_path) -> None:
 def test_grayscale_size64_as_rgb_and_pooled_splits(tmp_path) -> None:
     sizes = {"train": 20, "val": 5, "test": 5}
     write_medmnist(tmp_path, "octmnist", num_classes=4, channels=1, size=64, sizes=sizes)
-    dm = MedMNISTFederated(str(tmp_path), flag="octmnist", size=64, as_rgb=True, official_splits=False,
-                           num_clients=3, partition=IID(), val_fraction=0.2, test_fraction=0.2)
+    dm = MedMNISTFederated(
+        str(tmp_path),
+        flag="octmnist",
+        size=64,
+        as_rgb=True,
+        official_splits=False,
+        num_clients=3,
+        partition=IID(),
+        val_fraction=0.2,
+        test_fraction=0.2,
+    )
     data = dm.build()
     check_federated(data, num_clients=3, num_classes=4, sample_shape=(1, 64, 64), dtype=torch.uint8, total=30)
     assert not data.info["official_splits"]

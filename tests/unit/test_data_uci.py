@@ -1,4 +1,5 @@
 """UCI table data modules (Adult, Bank marketing, Diabetes) on small CSV files in the real formats."""
+
 from __future__ import annotations
 
 import zipfile
@@ -7,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlight.datamodules import (IID, AdultFederated, BankMarketingFederated, ClassesPerClient,
-                                  DiabetesFederated)
+from fedlight.datamodules import IID, AdultFederated, BankMarketingFederated, ClassesPerClient, DiabetesFederated
 from fedlight.datamodules.support import CorruptFileError
 
 from helpers.data_checks import check_federated, file_url, leftovers
@@ -21,7 +21,8 @@ DIABETES_HEADER = (
     "A1Cresult,metformin,repaglinide,nateglinide,chlorpropamide,glimepiride,acetohexamide,glipizide,glyburide,"
     "tolbutamide,pioglitazone,rosiglitazone,acarbose,miglitol,troglitazone,tolazamide,examide,citoglipton,insulin,"
     "glyburide-metformin,glipizide-metformin,glimepiride-pioglitazone,metformin-rosiglitazone,"
-    "metformin-pioglitazone,change,diabetesMed,readmitted")
+    "metformin-pioglitazone,change,diabetesMed,readmitted"
+)
 
 
 def write_diabetes(root, n: int = N) -> np.ndarray:
@@ -31,8 +32,10 @@ def write_diabetes(root, n: int = N) -> np.ndarray:
         age, days = i % 10, 1 + i // 10
         readmitted = ("NO", "<30", ">30")[i % 3]
         drugs = ",".join(["No"] * 23)
-        rows.append(f"{2278392 + i},{8222157 + i},Caucasian,Female,[{10 * age}-{10 * age + 10}),?,6,25,1,{days},?,"
-                    f"Pediatrics-Endocrinology,41,0,1,0,0,0,250.83,?,?,1,None,None,{drugs},No,No,{readmitted}")
+        rows.append(
+            f"{2278392 + i},{8222157 + i},Caucasian,Female,[{10 * age}-{10 * age + 10}),?,6,25,1,{days},?,"
+            f"Pediatrics-Endocrinology,41,0,1,0,0,0,250.83,?,?,1,None,None,{drugs},No,No,{readmitted}"
+        )
         values.append([age, days])
     root.mkdir(parents=True, exist_ok=True)
     (root / "diabetic_data.csv").write_text("\n".join(rows) + "\n")
@@ -45,15 +48,18 @@ def standardized(a: np.ndarray) -> torch.Tensor:
 
 def test_adult_columns_labels_and_clients(tmp_path) -> None:
     raw = write_adult(tmp_path)
-    dm = AdultFederated(str(tmp_path), num_clusters=4, num_clients=5, partition=ClassesPerClient(2),
-                        val_fraction=0.0, test_fraction=0.0)
+    dm = AdultFederated(
+        str(tmp_path), num_clusters=4, num_clients=5, partition=ClassesPerClient(2), val_fraction=0.0, test_fraction=0.0
+    )
     data = dm.build()
-    check_federated(data, num_clients=5, num_classes=4, sample_shape=(5,), dtype=torch.float32,
-                    pool_x=standardized(raw))
+    check_federated(
+        data, num_clients=5, num_classes=4, sample_shape=(5,), dtype=torch.float32, pool_x=standardized(raw)
+    )
     assert dm.feature_names == ["age", "fnlwgt", "education-num", "capital-gain", "hours-per-week"]
     assert len(data.val.y) == len(data.test.y) == 0  # p-FClus scores on the data it fits
-    again = AdultFederated(str(tmp_path), num_clusters=4, num_clients=5, partition=ClassesPerClient(2),
-                           val_fraction=0.0, test_fraction=0.0).build()
+    again = AdultFederated(
+        str(tmp_path), num_clusters=4, num_clients=5, partition=ClassesPerClient(2), val_fraction=0.0, test_fraction=0.0
+    ).build()
     assert torch.equal(data.train.y, again.train.y)  # k-means labels are reproducible
     x, y = AdultFederated(str(tmp_path), labels="target").load_pool()
     assert torch.equal(y, torch.tensor([int(i % 3 == 0) for i in range(N)]))  # >50K = 1
@@ -70,24 +76,31 @@ def test_bank_marketing(tmp_path) -> None:
     assert data.public_x.shape == (6, 6)
     x, y = BankMarketingFederated(str(tmp_path), labels="target").load_pool()
     assert x.shape == (N, 6) and torch.equal(y, torch.tensor([int(i % 4 == 0) for i in range(N)]))
-    assert torch.allclose(x.mean(0), torch.zeros(6), atol=1e-5) and torch.allclose(x.std(0, unbiased=False),
-                                                                                   torch.ones(6), atol=1e-4)
+    assert torch.allclose(x.mean(0), torch.zeros(6), atol=1e-5) and torch.allclose(
+        x.std(0, unbiased=False), torch.ones(6), atol=1e-4
+    )
 
 
 def test_diabetes_age_brackets(tmp_path) -> None:
     raw = write_diabetes(tmp_path)
     dm = DiabetesFederated(str(tmp_path), num_clients=3, partition=IID(), test_fraction=0.2)
     data = dm.build()
-    check_federated(data, num_clients=3, num_classes=10, sample_shape=(2,), dtype=torch.float32,
-                    pool_x=standardized(raw))
+    check_federated(
+        data, num_clients=3, num_classes=10, sample_shape=(2,), dtype=torch.float32, pool_x=standardized(raw)
+    )
     unscaled, y = DiabetesFederated(str(tmp_path), standardize=False, labels="target").load_pool()
     assert torch.equal(unscaled, torch.from_numpy(raw.astype(np.float32)))  # "[30-40)" -> 3
     assert torch.equal(y, torch.arange(N) % 3) and dm.num_classes == 10
 
 
-@pytest.mark.parametrize("cls, name", [(AdultFederated, "adult.data"),
-                                       (BankMarketingFederated, "bank-additional-full.csv"),
-                                       (DiabetesFederated, "diabetic_data.csv")])
+@pytest.mark.parametrize(
+    "cls, name",
+    [
+        (AdultFederated, "adult.data"),
+        (BankMarketingFederated, "bank-additional-full.csv"),
+        (DiabetesFederated, "diabetic_data.csv"),
+    ],
+)
 def test_missing_file_names_path_and_source(tmp_path, cls, name) -> None:
     with pytest.raises(FileNotFoundError) as err:
         cls(str(tmp_path / "uci")).build()

@@ -1,6 +1,7 @@
 """torchvision data modules on small files in the on-disk formats torchvision's own classes read: MNIST-style
 idx files, CIFAR's pickled batches, SVHN's .mat files. (CIFAR and SVHN check the MD5 of the real files; the
 small stand-ins cannot match it, so those tests let torchvision's integrity check test existence only.)"""
+
 from __future__ import annotations
 
 import os
@@ -10,9 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from fedlight.datamodules import (IID, CIFAR10Federated, CIFAR100Federated, ClassesPerClient, Dirichlet,
-                                  EMNISTFederated, FashionMNISTFederated, LabelPermutations, MNISTFederated,
-                                  SVHNFederated)
+from fedlight.datamodules import (
+    IID,
+    CIFAR10Federated,
+    CIFAR100Federated,
+    ClassesPerClient,
+    Dirichlet,
+    EMNISTFederated,
+    FashionMNISTFederated,
+    LabelPermutations,
+    MNISTFederated,
+    SVHNFederated,
+)
 from fedlight.datamodules.base import SPLITS
 from fedlight.datamodules.support import CorruptFileError
 
@@ -36,8 +46,14 @@ def skip_md5(monkeypatch):
 
 
 def check_official(data, channels: int, side: int, num_classes: int, public: int = 0) -> None:
-    check_federated(data, num_clients=data.num_clients, num_classes=num_classes, sample_shape=(channels, side, side),
-                    dtype=torch.uint8, total=N_TRAIN + N_TEST)
+    check_federated(
+        data,
+        num_clients=data.num_clients,
+        num_classes=num_classes,
+        sample_shape=(channels, side, side),
+        dtype=torch.uint8,
+        total=N_TRAIN + N_TEST,
+    )
     assert bool((ids_of(data.test.x) >= N_TRAIN).all()) and len(data.test.y) == N_TEST  # official test only
     assert bool((ids_of(data.train.x) < N_TRAIN).all()) and bool((ids_of(data.val.x) < N_TRAIN).all())
     if public:
@@ -63,8 +79,13 @@ def test_mnist_and_fashion(tmp_path) -> None:
 
 
 def test_emnist_is_turned_upright(tmp_path) -> None:
-    written = write_mnist_like(tmp_path, "EMNIST", num_classes=47, transpose=True,
-                               prefix=lambda s: f"emnist-balanced-{'train' if s == 'train' else 'test'}")
+    written = write_mnist_like(
+        tmp_path,
+        "EMNIST",
+        num_classes=47,
+        transpose=True,
+        prefix=lambda s: f"emnist-balanced-{'train' if s == 'train' else 'test'}",
+    )
     dm = EMNISTFederated(str(tmp_path), split="balanced", num_clients=3, partition=IID())
     data = dm.build()
     check_official(data, 1, 28, 47)
@@ -89,8 +110,9 @@ def test_cifar10_cifar100(tmp_path, skip_md5) -> None:
     assert torch.allclose(x, (data.train.x[:2].float() / 255 - mean) / std)
     write_cifar(tmp_path, hundred=True)
     hundred = CIFAR100Federated(str(tmp_path), num_clients=2, official_splits=False, test_fraction=0.25).build()
-    check_federated(hundred, num_clients=2, num_classes=100, sample_shape=(3, 32, 32), dtype=torch.uint8,
-                    total=N_TRAIN + N_TEST)
+    check_federated(
+        hundred, num_clients=2, num_classes=100, sample_shape=(3, 32, 32), dtype=torch.uint8, total=N_TRAIN + N_TEST
+    )
     assert len(hundred.test.y) == 2 * round(0.25 * 26)  # re-split by fractions per client
 
 
@@ -106,14 +128,17 @@ def test_svhn(tmp_path, skip_md5) -> None:
         SVHNFederated(str(tmp_path), use_extra=True).build()
 
 
-@pytest.mark.parametrize("cls, expected", [
-    (MNISTFederated, "MNIST/raw/train-images-idx3-ubyte"),
-    (FashionMNISTFederated, "FashionMNIST/raw/train-images-idx3-ubyte"),
-    (EMNISTFederated, "EMNIST/raw/emnist-balanced-train-images-idx3-ubyte"),
-    (CIFAR10Federated, "cifar-10-batches-py/data_batch_1"),
-    (CIFAR100Federated, "cifar-100-python/train"),
-    (SVHNFederated, "train_32x32.mat"),
-])
+@pytest.mark.parametrize(
+    "cls, expected",
+    [
+        (MNISTFederated, "MNIST/raw/train-images-idx3-ubyte"),
+        (FashionMNISTFederated, "FashionMNIST/raw/train-images-idx3-ubyte"),
+        (EMNISTFederated, "EMNIST/raw/emnist-balanced-train-images-idx3-ubyte"),
+        (CIFAR10Federated, "cifar-10-batches-py/data_batch_1"),
+        (CIFAR100Federated, "cifar-100-python/train"),
+        (SVHNFederated, "train_32x32.mat"),
+    ],
+)
 def test_missing_files_name_the_path(tmp_path, cls, expected) -> None:
     with pytest.raises(FileNotFoundError) as err:
         cls(str(tmp_path / "vision")).build()
@@ -159,7 +184,13 @@ def test_listed() -> None:
     from fedlight.run.catalog import components
 
     listed = components()["data modules"]
-    for name in ("MNISTFederated", "FashionMNISTFederated", "EMNISTFederated", "CIFAR10Federated",
-                 "CIFAR100Federated", "SVHNFederated"):
+    for name in (
+        "MNISTFederated",
+        "FashionMNISTFederated",
+        "EMNISTFederated",
+        "CIFAR10Federated",
+        "CIFAR100Federated",
+        "SVHNFederated",
+    ):
         assert listed[name] == f"fedlight.datamodules.vision.{name}"
     assert "TorchvisionFederated" not in listed  # the abstract base

@@ -1,4 +1,5 @@
 """WISDM data module on a small raw file in the real format, malformed lines included."""
+
 from __future__ import annotations
 
 import io
@@ -37,14 +38,14 @@ def test_parser_counts_what_it_skips(tmp_path) -> None:
 
 def test_windows_one_client_per_user(tmp_path, caplog) -> None:
     write_wisdm(tmp_path)
-    dm = WISDMFederated(str(tmp_path), window=WINDOW, step=STEP, standardize=False, val_fraction=0.2,
-                        test_fraction=0.2)
+    dm = WISDMFederated(str(tmp_path), window=WINDOW, step=STEP, standardize=False, val_fraction=0.2, test_fraction=0.2)
     with caplog.at_level(logging.WARNING, logger="fedlight.datamodules.wisdm"):
         data = dm.build()
     assert f"{len(MALFORMED)} malformed skipped" in caplog.text
     assert data.info["wisdm_skipped"] == len(MALFORMED) and dm.parse_report.skipped == len(MALFORMED)
-    check_federated(data, num_clients=4, num_classes=6, sample_shape=(3, WINDOW), dtype=torch.float32,
-                    total=expected_windows())
+    check_federated(
+        data, num_clients=4, num_classes=6, sample_shape=(3, WINDOW), dtype=torch.float32, total=expected_windows()
+    )
     np.testing.assert_array_equal(dm.users, [1, 2, 3, 5])
     for split in (data.train, data.val, data.test):
         for k, user in enumerate(dm.users):
@@ -60,13 +61,14 @@ def test_windows_one_client_per_user(tmp_path, caplog) -> None:
 def test_features_and_raw_rows(tmp_path) -> None:
     write_wisdm(tmp_path)
     total = sum(n for _, _, n in RUNS)
-    features = WISDMFederated(str(tmp_path), mode="features", window=WINDOW, step=STEP, val_fraction=0,
-                              test_fraction=0).build()
-    check_federated(features, num_clients=4, num_classes=6, sample_shape=(14,), dtype=torch.float32,
-                    total=expected_windows())
+    features = WISDMFederated(
+        str(tmp_path), mode="features", window=WINDOW, step=STEP, val_fraction=0, test_fraction=0
+    ).build()
+    check_federated(
+        features, num_clients=4, num_classes=6, sample_shape=(14,), dtype=torch.float32, total=expected_windows()
+    )
     assert torch.allclose(features.train.x.mean(0), torch.zeros(14), atol=1e-4)  # standardized columns
-    raw = WISDMFederated(str(tmp_path), mode="raw", include_timestamp=True, standardize=False,
-                         public_size=20).build()
+    raw = WISDMFederated(str(tmp_path), mode="raw", include_timestamp=True, standardize=False, public_size=20).build()
     check_federated(raw, num_clients=4, num_classes=6, sample_shape=(4,), dtype=torch.float32, total=total)
     assert raw.public_x.shape == (20, 4)  # unlabelled: rows only
     assert float(raw.train.x[:, 0].min()) > 4.9e13  # raw nanosecond timestamps, un-normalized

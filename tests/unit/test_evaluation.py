@@ -1,4 +1,5 @@
 """Per-client metrics computed for all clients at once agree with torchmetrics client by client."""
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,6 @@ def test_summary_by_hand():
     assert out["test/loss_worst"] == 3.0
 
 
-
 def test_an_empty_evaluation_split_is_refused_before_training_with_the_fix():
     import pytest
 
@@ -43,5 +43,9 @@ def test_an_empty_evaluation_split_is_refused_before_training_with_the_fix():
 
     data = DigitsFederated(num_clients=4, val_fraction=0.0)
     with pytest.raises(ValueError, match="eval_split='val'.*no client has a sample.*val_fraction"):
-        Federation(data, Classifier(SmallCNN(1, 10, 8, width=8)), None,
-                   FederationConfig(rounds=1, accelerator="cpu", eval_split="val", vectorize=0))
+        Federation(
+            data,
+            Classifier(SmallCNN(1, 10, 8, width=8)),
+            None,
+            FederationConfig(rounds=1, accelerator="cpu", eval_split="val", vectorize=0),
+        )

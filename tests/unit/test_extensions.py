@@ -1,6 +1,7 @@
 """Round extensions: the documented example runs as printed, every hook is called at its point of the set-up and
 of the round with what it answers landing in the round's record and the checkpoint, and two extensions of one
 checkpoint name are refused."""
+
 from __future__ import annotations
 
 import re
@@ -105,8 +106,14 @@ def test_every_hook_is_called_at_its_point_and_its_answers_land_in_the_round_res
     initial = fed.algorithm.models.clone()
     first = fed.run_round(1)
     # FedAvg streams its 4 clients as one group: one tamper call, between begin_round and end_round
-    assert recorder.calls[3:] == ["begin_round 1", "tamper 1 [0, 1, 2, 3]", "end_round 1", "cluster_scores",
-                                  "client_columns", "evaluate"]
+    assert recorder.calls[3:] == [
+        "begin_round 1",
+        "tamper 1 [0, 1, 2, 3]",
+        "end_round 1",
+        "cluster_scores",
+        "client_columns",
+        "evaluate",
+    ]
     assert torch.equal(fed.algorithm.models, initial)  # every client sent its start: the mean of equal rows is it
     assert first.logged["recorder/selected"] == 4.0 and first.clustering == {"cluster/recorded": 1.0}
     assert first.evaluation["recorder/groups"] == 1.0  # FedAvg evaluates every client with its one model

@@ -1,5 +1,6 @@
 """`federation.finetune_epochs`: every client's evaluation model fine-tuned on its own training split before a second
 evaluation, logged beside the plain one, without touching the server's state."""
+
 from __future__ import annotations
 
 import pytest

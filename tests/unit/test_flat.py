@@ -1,4 +1,5 @@
 """The flat-vector binding: module state and gradients are views of one vector each."""
+
 import torch
 from torch import nn
 
@@ -54,7 +55,7 @@ def test_batchnorm_statistics_update_in_the_flat_vector():
     module.train()
     module(torch.randn(8, 3) + 5)
     mean_slice = next(e for e in flat.entries if e.name == "1.running_mean")
-    assert not torch.equal(before[mean_slice.start:mean_slice.stop], flat.vector[mean_slice.start:mean_slice.stop])
+    assert not torch.equal(before[mean_slice.start : mean_slice.stop], flat.vector[mean_slice.start : mean_slice.stop])
 
 
 def test_layer_mask_selects_named_layers():

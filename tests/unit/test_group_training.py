@@ -1,6 +1,7 @@
 """Group training (`ServerContext.clients.train_many`, `group_batches`, `group_loss_and_grad`) against independent
 computations: each client trained alone by the sequential trainer, each client's batches drawn alone, and the
 personalized methods' group work vectorized against the same work one client at a time."""
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -36,13 +37,18 @@ def test_clients_are_unequal_so_groups_have_short_and_missing_batches():
 def test_train_many_one_client_after_another_is_train_for_each_client_bit_for_bit():
     fed = mlp_federation(vectorize=0)
     starts, clients = noisy_starts(fed, 4), [3, 0, 4, 1]
-    weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c))
-               for c in clients]
-    got = fed.server.clients.train_many(2, clients, starts, epochs=1, lr_scale=0.5, sample_weights=weights,
-                                        purpose="other").params
-    expected = torch.stack([fed.server.clients.train(2, c, s, epochs=1, lr_scale=0.5, purpose="other",
-                                                     sample_weights=w).params
-                            for c, s, w in zip(clients, starts, weights)])
+    weights = [
+        torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c)) for c in clients
+    ]
+    got = fed.server.clients.train_many(
+        2, clients, starts, epochs=1, lr_scale=0.5, sample_weights=weights, purpose="other"
+    ).params
+    expected = torch.stack(
+        [
+            fed.server.clients.train(2, c, s, epochs=1, lr_scale=0.5, purpose="other", sample_weights=w).params
+            for c, s, w in zip(clients, starts, weights)
+        ]
+    )
     assert torch.equal(got, expected)
 
 
@@ -50,13 +56,21 @@ def test_train_many_one_client_after_another_is_train_for_each_client_bit_for_bi
 def test_train_many_vectorized_matches_each_client_alone(weighted):
     fed = mlp_federation(vectorize=3)  # groups of 3 and 2
     starts, clients = noisy_starts(fed, 5), [0, 1, 2, 3, 4]
-    weights = [torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c))
-               for c in clients] \
-        if weighted else None
+    weights = (
+        [
+            torch.rand(int(fed.server.clients.train_sizes[c]), generator=torch.Generator().manual_seed(c))
+            for c in clients
+        ]
+        if weighted
+        else None
+    )
     got = fed.server.clients.train_many(1, clients, starts, sample_weights=weights)
-    expected = torch.stack([fed.server.clients.train(1, c, s,
-                                                     sample_weights=None if weights is None else weights[i]).params
-                            for i, (c, s) in enumerate(zip(clients, starts))])
+    expected = torch.stack(
+        [
+            fed.server.clients.train(1, c, s, sample_weights=None if weights is None else weights[i]).params
+            for i, (c, s) in enumerate(zip(clients, starts))
+        ]
+    )
     assert fed.execution.plan.trainer == "vectorized"
     assert torch.allclose(got.params, expected, atol=1e-6)
 
@@ -66,8 +80,9 @@ def test_a_group_hook_sees_each_clients_rows_and_positions(buffers):
     """A proximal pull towards a per-client anchor, written once for the group, equals the per-client hook; the
     vectorized trainer hands the hook its parameter rows directly, or full-length rows when the flat rows hold
     buffers too."""
-    bn = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
-                             torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    bn = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    )
     fed = mlp_federation(vectorize=2, batch_size=20, network=bn if buffers else None)
     starts, anchors, clients = noisy_starts(fed, 4), noisy_starts(fed, 4).flip(0), [4, 2, 1, 0]
     seen = set()
@@ -77,9 +92,12 @@ def test_a_group_hook_sees_each_clients_rows_and_positions(buffers):
         grad.add_(params - anchors[rows], alpha=0.3)
 
     got = fed.server.clients.train_many(1, clients, starts, gradient_hook=group_hook).params
-    expected = torch.stack([fed.server.clients.train(1, c, s,
-                                                     gradient_hook=lambda p, g, b, a=a: g.add_(p - a, alpha=0.3)).params
-                            for c, s, a in zip(clients, starts, anchors)])
+    expected = torch.stack(
+        [
+            fed.server.clients.train(1, c, s, gradient_hook=lambda p, g, b, a=a: g.add_(p - a, alpha=0.3)).params
+            for c, s, a in zip(clients, starts, anchors)
+        ]
+    )
     assert seen == {0, 1, 2, 3}
     assert torch.allclose(got, expected, atol=1e-6)
 
@@ -94,8 +112,7 @@ def test_trainable_entries_train_and_the_rest_keep_their_start_exactly(vectorize
     starts = noisy_starts(fed, 5)
     got = fed.server.clients.train_many(1, list(range(5)), starts, trainable=last).params
     assert torch.equal(got[:, ~last], starts[:, ~last]) and not torch.equal(got[:, last], starts[:, last])
-    still = alone(fed, 1, list(range(5)), starts,
-                  gradient_hook=lambda p, g, b: g.copy_(torch.where(last, g, -wd * p)))
+    still = alone(fed, 1, list(range(5)), starts, gradient_hook=lambda p, g, b: g.copy_(torch.where(last, g, -wd * p)))
     assert torch.allclose(still[:, ~last], starts[:, ~last], atol=1e-7)  # the reference's body did hold still
     assert torch.allclose(got[:, last], still[:, last], atol=1e-6)
 
@@ -125,8 +142,9 @@ def test_a_frozen_body_costs_no_backward_pass(vectorize):
     with MatrixProducts() as frozen:
         got = fed.server.clients.train_many(1, clients, starts, trainable=last).params
     with MatrixProducts() as masked:
-        expected = fed.server.clients.train_many(1, clients, starts,
-                                                 gradient_hook=lambda rows, p, g, s: g.masked_fill_(~last, 0)).params
+        expected = fed.server.clients.train_many(
+            1, clients, starts, gradient_hook=lambda rows, p, g, s: g.masked_fill_(~last, 0)
+        ).params
     assert frozen.count * 5 == masked.count * 3
     assert torch.equal(got[:, last], expected[:, last])
 
@@ -160,13 +178,17 @@ def test_group_loss_and_grad_is_each_models_loss_and_grad():
         assert torch.allclose(losses[i], loss, atol=1e-6) and torch.allclose(grads[i], grad, atol=1e-6)
 
 
-METHODS = {"ditto": lambda: Ditto(lam=0.5), "fedrep": lambda: FedRep(head_epochs=2),
-           "fedem": lambda: FedEM(num_components=2), "apfl": lambda: APFL(alpha=0.3),
-           "pfedme": lambda: PFedMe(lam=5.0, K=2, personal_lr=0.05),
-           "perfedavg": lambda: PerFedAvg(alpha=0.01, beta=0.01, variant="fo"),
-           "perfedavg_hf": lambda: PerFedAvg(alpha=0.01, beta=0.01, variant="hf", delta=0.05),
-           "fedfomo": lambda: FedFomo(M=2),
-           "fedala": lambda: FedALA(rand_percent=25, num_pre_loss=1, threshold=1e9)}  # first W learning: 2 passes
+METHODS = {
+    "ditto": lambda: Ditto(lam=0.5),
+    "fedrep": lambda: FedRep(head_epochs=2),
+    "fedem": lambda: FedEM(num_components=2),
+    "apfl": lambda: APFL(alpha=0.3),
+    "pfedme": lambda: PFedMe(lam=5.0, K=2, personal_lr=0.05),
+    "perfedavg": lambda: PerFedAvg(alpha=0.01, beta=0.01, variant="fo"),
+    "perfedavg_hf": lambda: PerFedAvg(alpha=0.01, beta=0.01, variant="hf", delta=0.05),
+    "fedfomo": lambda: FedFomo(M=2),
+    "fedala": lambda: FedALA(rand_percent=25, num_pre_loss=1, threshold=1e9),
+}  # first W learning: 2 passes
 #: HF's Hessian-vector product is a difference of two gradients divided by 2 delta: it multiplies the gradients'
 #: float rounding, which differs between the batched and the single-model kernels and between thread counts, by
 #: 1 / (2 delta) (250 at the default delta, up to 9e-4 apart in two rounds here), so the test takes delta = 0.05

@@ -1,5 +1,6 @@
 """Aggregation by running sums: a round's updates handed over a group of clients at a time must give the same
 models as all at once, and no group may hold more clients than the group size."""
+
 import pytest
 import torch
 
@@ -71,8 +72,9 @@ def test_grouped_fedper_keeps_the_same_personal_parts_as_whole_rounds():
     whole = small_federation(FedPerAllAtOnce(personal_layers=1), num_clients=5, vectorize=2)
     for r in (1, 2):
         grouped.run_round(r), whole.run_round(r)
-    torch.testing.assert_close(every_row(grouped.algorithm.personal), every_row(whole.algorithm.personal), rtol=1e-5,
-                               atol=1e-6)
+    torch.testing.assert_close(
+        every_row(grouped.algorithm.personal), every_row(whole.algorithm.personal), rtol=1e-5, atol=1e-6
+    )
     torch.testing.assert_close(grouped.algorithm.models, whole.algorithm.models, rtol=1e-5, atol=1e-6)
 
 
@@ -133,8 +135,9 @@ def test_a_client_step_keeps_its_activations_measured_by_hand():
     narrow, wide = measured(MLP(64, [32], 10)), measured(MLP(64, [64], 10))
     assert wide - narrow == 10 * 32 * 4
     assert narrow >= 10 * (64 + 32 + 10) * 4  # at least the input, the hidden layer and the log-probabilities
-    normed = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
-                                 torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    normed = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    )
     assert measured(normed) > narrow  # BatchNorm's input is kept besides; the buffer check ran inside
 
 

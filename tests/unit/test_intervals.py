@@ -1,4 +1,5 @@
 """Intervals over seeds (`fedlight.reports.intervals`), against the Student-t formula worked by hand."""
+
 import math
 
 import pytest
@@ -49,8 +50,9 @@ def test_the_benchmark_table_pairs_each_configuration_with_the_reference_by_seed
             run.mkdir()
             (run / "metrics.csv").write_text(f"round,test/acc_mean\n1,0.1\n2,{value}\n")
             (run / "summary.json").write_text(json.dumps({"run": run.name, "algorithm": "FedAvg", "seed": seed}))
-            (run / "config.yaml").write_text(f"seed: {seed}\nalgorithm: fedavg\n"
-                                             f"server_optimizer: {name == 'fedadam'}\n")
+            (run / "config.yaml").write_text(
+                f"seed: {seed}\nalgorithm: fedavg\nserver_optimizer: {name == 'fedadam'}\n"
+            )
     assert seed_intervals.main([str(tmp_path), "--metrics", "test/acc_mean", "--against", "fedavg"]) == 0
     rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
     half = T_975_2 * math.sqrt(1 / 3) * 0.01 / math.sqrt(3)  # the differences' sample sd: 0.01 / sqrt(3)

@@ -1,4 +1,5 @@
 """The (k, l)-clustering toolkit against hand computations, scikit-learn, brute force and known properties."""
+
 import itertools
 
 import numpy as np
@@ -34,7 +35,7 @@ def test_distances_are_the_l_norms_worked_by_hand():
     assert torch.allclose(kcenters.distances(x, c, 3), torch.tensor([[(27 + 64) ** (1 / 3)], [16 ** (1 / 3)]]))
     # cost with power l and with power 1: squared and plain distances to the nearest center
     centers = torch.tensor([[3.0, 4.0], [1.0, 1.0]])
-    assert float(kcenters.cost(x, centers, 2)) == pytest.approx(2.0 + 1.0)          # |(0,0)-(1,1)|^2 + |(1,2)-(1,1)|^2
+    assert float(kcenters.cost(x, centers, 2)) == pytest.approx(2.0 + 1.0)  # |(0,0)-(1,1)|^2 + |(1,2)-(1,1)|^2
     assert float(kcenters.cost(x, centers, 2, p=1)) == pytest.approx(np.sqrt(2) + 1.0)
 
 
@@ -105,9 +106,12 @@ def test_general_l_centers_minimize_the_coordinate_costs():
     for ell in (1.0, 1.5, 3.0):
         got = kcenters.ell_centers(torch.tensor(pts), member, ell, torch.zeros(1, 1, 2))[0, 0].numpy()
         for j in range(2):
-            best = minimize_scalar(lambda c: (w * np.abs(pts[:, j] - c) ** ell).sum(),
-                                   bounds=(pts[:, j].min(), pts[:, j].max()), method="bounded",
-                                   options={"xatol": 1e-10}).x
+            best = minimize_scalar(
+                lambda c: (w * np.abs(pts[:, j] - c) ** ell).sum(),
+                bounds=(pts[:, j].min(), pts[:, j].max()),
+                method="bounded",
+                options={"xatol": 1e-10},
+            ).x
             value = lambda c: (w * np.abs(pts[:, j] - c) ** ell).sum()  # noqa: E731
             assert value(got[j]) <= value(best) + 1e-7
     # l = 2 is the weighted mean
@@ -119,6 +123,7 @@ def test_lloyd_with_general_l_separates_blobs():
     x, truth = blobs([[0, 0], [10, 0], [0, 10]], n=20, scale=0.5, seed=9)
     fit = kcenters.fit(x, 3, ell=3.0, generator=gen())
     from sklearn.metrics import adjusted_rand_score
+
     assert adjusted_rand_score(truth, fit.labels.numpy()) == 1.0
 
 

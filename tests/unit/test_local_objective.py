@@ -1,6 +1,7 @@
 """A method's own local objective (`LocalWork.objective`), the features at the network's head (`head_inputs`,
 `server.model.features`), flat models' tensors by name (`server.model.named_tensors`) and modules a method adds to the
 model (`Algorithm.extend_model`), against hand computations."""
+
 import warnings
 
 import pytest
@@ -30,7 +31,7 @@ def test_an_objective_with_client_inputs_moves_exactly_what_its_hand_gradient_sa
     for row, client in enumerate(clients):
         steps = fed.server.clients.local_steps(client)
         # momentum buffer after t steps of a constant gradient g: g (1 + 0.9 + ... + 0.9^(t-1))
-        travelled = 0.05 * sum(sum(0.9 ** j for j in range(t)) for t in range(1, steps + 1))
+        travelled = 0.05 * sum(sum(0.9**j for j in range(t)) for t in range(1, steps + 1))
         expected = starts[row].clone()
         expected[bias] -= travelled * float(c[row, 0])
         assert torch.allclose(trained[row], expected, atol=1e-5), client
@@ -53,8 +54,9 @@ def test_head_inputs_are_the_hidden_activations_and_server_features_evaluate_the
     x = torch.randn(5, 4)
     hidden = torch.relu(x @ network.hidden[0].weight.T + network.hidden[0].bias)
     features, outputs = head_inputs(network, network.out, x)
-    assert torch.allclose(features, hidden) and torch.allclose(outputs, hidden @ network.out.weight.T +
-                                                                network.out.bias)
+    assert torch.allclose(features, hidden) and torch.allclose(
+        outputs, hidden @ network.out.weight.T + network.out.bias
+    )
     fed = mlp_federation()
     params = noisy_starts(fed, 1)[0]
     x = fed.data.train.client(0)[0][:7]
@@ -79,8 +81,9 @@ def test_named_tensors_are_views_of_flat_models_under_the_modules_names():
         assert torch.equal(named[name][1], tensor), name
     x = fed.data.test.client(0)[0][:5]
     with torch.no_grad():
-        outputs = torch.func.functional_call(fed.module, {n: t[0] for n, t in named.items()},
-                                             (fed.server.data.inputs(x),))
+        outputs = torch.func.functional_call(
+            fed.module, {n: t[0] for n, t in named.items()}, (fed.server.data.inputs(x),)
+        )
     assert torch.allclose(outputs, fed.server.model.predict(rows[0], x), atol=1e-6)
 
 

@@ -50,39 +50,84 @@ CASES = [
     # On FMNIST (flatten 256): 156 + 2,416 + 30,840 + 10,164 + 850 = 44,426 parameters.
     ("lenet5-28", lambda: LeNet5(1, 10, 28), (1, 28, 28), 10, 44_426),
     # OCFL's MNIST/FMNIST CNN (section 4.2), about 25.4 M; exact count from the layer shapes.
-    ("ocflcnn", lambda: OCFLCNN(1, 10, 28), (1, 28, 28), 10,
-     conv(1, 16, 5) + conv(16, 32, 5) + conv(32, 32, 5)
-     + fc(32 * 28 * 28, 1000) + fc(1000, 250) + fc(250, 100) + fc(100, 10)),  # = 25,404,240
+    (
+        "ocflcnn",
+        lambda: OCFLCNN(1, 10, 28),
+        (1, 28, 28),
+        10,
+        conv(1, 16, 5)
+        + conv(16, 32, 5)
+        + conv(32, 32, 5)
+        + fc(32 * 28 * 28, 1000)
+        + fc(1000, 250)
+        + fc(250, 100)
+        + fc(100, 10),
+    ),  # = 25,404,240
     # FedTSDP's CNN (section 4.1.2), about 6.45 M; exact count from the layer shapes.
-    ("fedtsdpcnn", lambda: FedTSDPCNN(3, 10, 32), (3, 32, 32), 10,
-     conv(3, 32, 3) + conv(32, 64, 3) + fc(64 * 14 * 14, 512) + fc(512, 10)),  # = 6,447,562
-    ("fedtsdpcnn-100", lambda: FedTSDPCNN(3, 100, 32), (3, 32, 32), 100,
-     conv(3, 32, 3) + conv(32, 64, 3) + fc(64 * 14 * 14, 512) + fc(512, 100)),
+    (
+        "fedtsdpcnn",
+        lambda: FedTSDPCNN(3, 10, 32),
+        (3, 32, 32),
+        10,
+        conv(3, 32, 3) + conv(32, 64, 3) + fc(64 * 14 * 14, 512) + fc(512, 10),
+    ),  # = 6,447,562
+    (
+        "fedtsdpcnn-100",
+        lambda: FedTSDPCNN(3, 100, 32),
+        (3, 32, 32),
+        100,
+        conv(3, 32, 3) + conv(32, 64, 3) + fc(64 * 14 * 14, 512) + fc(512, 100),
+    ),
     # FLIS's ResNet-9 (section 3.1), about 6.62 M; FLIS's code keeps the conv biases; GroupNorm has 2*C.
-    ("resnet9", lambda: ResNet9(3, 100), (3, 32, 32), 100,
-     conv(3, 64, 3) + 2 * 64 + conv(64, 128, 3) + 2 * 128 + 2 * (conv(128, 128, 3) + 2 * 128)
-     + conv(128, 256, 3) + 2 * 256 + conv(256, 512, 3) + 2 * 512
-     + 2 * (conv(512, 512, 3) + 2 * 512) + fc(512, 100)),  # = 6,621,540
+    (
+        "resnet9",
+        lambda: ResNet9(3, 100),
+        (3, 32, 32),
+        100,
+        conv(3, 64, 3)
+        + 2 * 64
+        + conv(64, 128, 3)
+        + 2 * 128
+        + 2 * (conv(128, 128, 3) + 2 * 128)
+        + conv(128, 256, 3)
+        + 2 * 256
+        + conv(256, 512, 3)
+        + 2 * 512
+        + 2 * (conv(512, 512, 3) + 2 * 512)
+        + fc(512, 100),
+    ),  # = 6,621,540
     # CIFAR ResNet-18/34: the well-known 11,173,962 and 21,282,122 for 10 classes.
     ("resnet18", lambda: ResNet18(3, 10), (3, 32, 32), 10, cifar_resnet([2, 2, 2, 2], 10)),
-    ("resnet18-group", lambda: ResNet18(3, 10, norm="group"), (3, 32, 32), 10,
-     cifar_resnet([2, 2, 2, 2], 10)),
+    ("resnet18-group", lambda: ResNet18(3, 10, norm="group"), (3, 32, 32), 10, cifar_resnet([2, 2, 2, 2], 10)),
     ("resnet34", lambda: ResNet34(3, 10), (3, 32, 32), 10, cifar_resnet([3, 4, 6, 3], 10)),
-    ("mlp", lambda: MLP(64, [128, 64], 10, dropout=0.1), (1, 8, 8), 10,
-     fc(64, 128) + fc(128, 64) + fc(64, 10)),
+    ("mlp", lambda: MLP(64, [128, 64], 10, dropout=0.1), (1, 8, 8), 10, fc(64, 128) + fc(128, 64) + fc(64, 10)),
     ("mlp-linear", lambda: MLP(14, [], 2), (14,), 2, fc(14, 2)),
     # FedAvg's CNN without padding (PFLlib, FL-bench): 28 -> 24 -> 12 -> 8 -> 4, so fc1 sees 64*4*4 = 1,024 inputs.
-    ("fedavgcnn", lambda: FedAvgCNN(), (1, 28, 28), 10,
-     conv(1, 32, 5) + conv(32, 64, 5) + fc(64 * 4 * 4, 512) + fc(512, 10)),  # = 582,026
+    (
+        "fedavgcnn",
+        lambda: FedAvgCNN(),
+        (1, 28, 28),
+        10,
+        conv(1, 32, 5) + conv(32, 64, 5) + fc(64 * 4 * 4, 512) + fc(512, 10),
+    ),  # = 582,026
     # LEAF's FEMNIST CNN: 5x5 'same' convs keep 28x28, two 2x2 pools leave 7x7x64 = 3,136 inputs to the dense layer:
     # (25*1*32 + 32) + (25*32*64 + 64) + (3,136*2,048 + 2,048) + (2,048*62 + 62)
     # = 832 + 51,264 + 6,424,576 + 127,038 = 6,603,710 (the count usually cited for it).
-    ("leafcnn", lambda: LeafCNN(), (1, 28, 28), 62,
-     conv(1, 32, 5) + conv(32, 64, 5) + fc(64 * 7 * 7, 2048) + fc(2048, 62)),
-    ("smallcnn", lambda: SmallCNN(), (1, 8, 8), 10,
-     conv(1, 32, 3) + conv(32, 64, 3) + fc(64 * 4 * 4, 10)),  # = 29,066
-    ("conv1dnet", lambda: Conv1DNet(), (3, 200), 6,
-     5 * 3 * 32 + 32 + 5 * 32 * 64 + 64 + fc(64 * 50, 100) + fc(100, 6)),  # = 331,522
+    (
+        "leafcnn",
+        lambda: LeafCNN(),
+        (1, 28, 28),
+        62,
+        conv(1, 32, 5) + conv(32, 64, 5) + fc(64 * 7 * 7, 2048) + fc(2048, 62),
+    ),
+    ("smallcnn", lambda: SmallCNN(), (1, 8, 8), 10, conv(1, 32, 3) + conv(32, 64, 3) + fc(64 * 4 * 4, 10)),  # = 29,066
+    (
+        "conv1dnet",
+        lambda: Conv1DNet(),
+        (3, 200),
+        6,
+        5 * 3 * 32 + 32 + 5 * 32 * 64 + 64 + fc(64 * 50, 100) + fc(100, 6),
+    ),  # = 331,522
 ]
 
 
@@ -129,10 +174,7 @@ def test_layer_names_in_forward_order(case) -> None:
     model, shape, _, _ = case
     names = model.layer_names()
     seen: list[str] = []
-    hooks = [
-        model.get_submodule(n).register_forward_pre_hook(lambda m, a, n=n: seen.append(n))
-        for n in names
-    ]
+    hooks = [model.get_submodule(n).register_forward_pre_hook(lambda m, a, n=n: seen.append(n)) for n in names]
     model.eval()
     with torch.no_grad():
         model(torch.randn(1, *shape))
@@ -154,9 +196,7 @@ def test_specific_layer_names() -> None:
 
 
 def test_default_layer_names_lists_parameter_owning_modules() -> None:
-    net = nn.Sequential(
-        nn.Conv2d(1, 2, 3), nn.ReLU(), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2, 1)
-    )
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2, 1))
     assert default_layer_names(net) == ["0", "2", "4"]
 
 
@@ -175,7 +215,8 @@ def test_layer_halves_follow_fedtsdp_half_layers() -> None:
     # A leaf BatchNorm: weight | bias, statistics with the weight.
     bn = nn.Sequential(nn.BatchNorm2d(3))
     assert layer_halves(bn, "0") == (
-        ["0.weight", "0.running_mean", "0.running_var", "0.num_batches_tracked"], ["0.bias"]
+        ["0.weight", "0.running_mean", "0.running_var", "0.num_batches_tracked"],
+        ["0.bias"],
     )
 
 

@@ -1,4 +1,5 @@
 """Partition schemes: every sample lands with exactly one client, and each scheme keeps its promise."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +7,17 @@ import pytest
 import torch
 
 from fedlight.datamodules.partition import (
-    IID, OCFL_CLASS_SETS, ClassesPerClient, Dirichlet, LabelPermutations, MissingClasses, Natural,
-    PartitionScheme, QuantitySkew, Rotations, Shards,
+    IID,
+    OCFL_CLASS_SETS,
+    ClassesPerClient,
+    Dirichlet,
+    LabelPermutations,
+    MissingClasses,
+    Natural,
+    PartitionScheme,
+    QuantitySkew,
+    Rotations,
+    Shards,
 )
 
 K, PER_CLASS = 10, 500
@@ -19,8 +29,9 @@ def labels() -> np.ndarray:
     return np.random.default_rng(123).permutation(np.repeat(np.arange(K), PER_CLASS))
 
 
-def split(scheme: PartitionScheme, labels: np.ndarray, num_clients: int = 10, seed: int = 0,
-          owners: np.ndarray | None = None) -> list[np.ndarray]:
+def split(
+    scheme: PartitionScheme, labels: np.ndarray, num_clients: int = 10, seed: int = 0, owners: np.ndarray | None = None
+) -> list[np.ndarray]:
     return scheme.assign(labels, num_clients, np.random.default_rng(seed), owners)
 
 
@@ -89,10 +100,17 @@ def test_dirichlet_min_size_and_errors(labels: np.ndarray) -> None:
 
 
 # -- classes per client ------------------------------------------------------------------------------
-@pytest.mark.parametrize("num_clients,scheme,s", [
-    (10, ClassesPerClient(2), 2), (25, ClassesPerClient(3), 3), (4, ClassesPerClient(3), 3),
-    (5, ClassesPerClient(2), 2), (20, ClassesPerClient(fraction=0.2), 2), (20, ClassesPerClient(fraction=0.3), 3),
-])
+@pytest.mark.parametrize(
+    "num_clients,scheme,s",
+    [
+        (10, ClassesPerClient(2), 2),
+        (25, ClassesPerClient(3), 3),
+        (4, ClassesPerClient(3), 3),
+        (5, ClassesPerClient(2), 2),
+        (20, ClassesPerClient(fraction=0.2), 2),
+        (20, ClassesPerClient(fraction=0.3), 3),
+    ],
+)
 def test_classes_per_client_is_exact(num_clients: int, scheme: ClassesPerClient, s: int, labels: np.ndarray) -> None:
     parts = split(scheme, labels, num_clients)
     check_exact_cover(parts, len(labels), num_clients)
@@ -244,14 +262,20 @@ def test_missing_classes_default_sets_follow_ocfl() -> None:
     assert MissingClasses(3).kept_classes(9) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert MissingClasses(3).kept_classes(8) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     sets = [set(s) for s in MissingClasses(3, overlap=True).kept_classes(9)]
-    assert all(len(a & b) == 3 for i, a in enumerate(sets) for b in sets[i + 1:])  # pairwise overlap
+    assert all(len(a & b) == 3 for i, a in enumerate(sets) for b in sets[i + 1 :])  # pairwise overlap
     assert not set.intersection(*sets) and set.union(*sets) == set(range(9))
 
 
-@pytest.mark.parametrize("scheme", [
-    MissingClasses(3), MissingClasses(3, overlap=True), MissingClasses(3, class_sets=OCFL_CLASS_SETS["O"]),
-    MissingClasses(2, base=Dirichlet(0.5)), MissingClasses(3, cluster_sizes=[3, 7, 5]),
-])
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        MissingClasses(3),
+        MissingClasses(3, overlap=True),
+        MissingClasses(3, class_sets=OCFL_CLASS_SETS["O"]),
+        MissingClasses(2, base=Dirichlet(0.5)),
+        MissingClasses(3, cluster_sizes=[3, 7, 5]),
+    ],
+)
 def test_missing_class_clients_never_hold_missing_classes(scheme: MissingClasses, labels: np.ndarray) -> None:
     parts = split(scheme, labels, 15)
     check_exact_cover(parts, len(labels), 15)
@@ -269,8 +293,9 @@ def test_missing_class_clients_never_hold_missing_classes(scheme: MissingClasses
 
 def test_missing_classes_cluster_blocks_and_errors(labels: np.ndarray) -> None:
     np.testing.assert_array_equal(MissingClasses(3).cluster_labels(15), np.repeat([0, 1, 2], 5))
-    np.testing.assert_array_equal(MissingClasses(3, cluster_sizes=[3, 7, 5]).cluster_labels(15),
-                                  np.repeat([0, 1, 2], [3, 7, 5]))
+    np.testing.assert_array_equal(
+        MissingClasses(3, cluster_sizes=[3, 7, 5]).cluster_labels(15), np.repeat([0, 1, 2], [3, 7, 5])
+    )
     with pytest.raises(ValueError, match="kept by no cluster"):
         split(MissingClasses(2, class_sets=[[0, 1], [2, 3]]), labels, 4)
     with pytest.raises(ValueError, match="add up"):
@@ -280,14 +305,26 @@ def test_missing_classes_cluster_blocks_and_errors(labels: np.ndarray) -> None:
 
 
 # -- argument checks ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("make", [
-    lambda: Dirichlet(alpha=0), lambda: Dirichlet(alpha=-1), lambda: Dirichlet(min_size=-1),
-    lambda: QuantitySkew(alpha=0), lambda: ClassesPerClient(0), lambda: ClassesPerClient(fraction=0),
-    lambda: ClassesPerClient(fraction=1.5), lambda: Shards(0), lambda: Rotations(0),
-    lambda: Rotations(3, angles=[0, 90]), lambda: LabelPermutations(num_classes=1),
-    lambda: MissingClasses(2, class_sets=[[0, 1]]), lambda: MissingClasses(2, class_sets=[[0], []]),
-    lambda: MissingClasses(3, cluster_sizes=[5, 5]), lambda: MissingClasses(2, cluster_sizes=[0, 5]),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Dirichlet(alpha=0),
+        lambda: Dirichlet(alpha=-1),
+        lambda: Dirichlet(min_size=-1),
+        lambda: QuantitySkew(alpha=0),
+        lambda: ClassesPerClient(0),
+        lambda: ClassesPerClient(fraction=0),
+        lambda: ClassesPerClient(fraction=1.5),
+        lambda: Shards(0),
+        lambda: Rotations(0),
+        lambda: Rotations(3, angles=[0, 90]),
+        lambda: LabelPermutations(num_classes=1),
+        lambda: MissingClasses(2, class_sets=[[0, 1]]),
+        lambda: MissingClasses(2, class_sets=[[0], []]),
+        lambda: MissingClasses(3, cluster_sizes=[5, 5]),
+        lambda: MissingClasses(2, cluster_sizes=[0, 5]),
+    ],
+)
 def test_bad_arguments_raise(make) -> None:
     with pytest.raises(ValueError):
         make()
@@ -306,8 +343,11 @@ def test_digits_rotations_end_to_end() -> None:
     for s in splits:
         assert s.bounds[0] == 0 and s.bounds[-1] == len(s.x) == len(s.y) and np.all(s.sizes() >= 0)
     # undo each client's rotation: together with the public data, that is the pool, each image once
-    unrotated = [torch.rot90(s.client(k)[0], -int(data.cluster_labels[k]), dims=(-2, -1))
-                 for s in splits for k in range(data.num_clients)]
+    unrotated = [
+        torch.rot90(s.client(k)[0], -int(data.cluster_labels[k]), dims=(-2, -1))
+        for s in splits
+        for k in range(data.num_clients)
+    ]
     seen = torch.cat(unrotated + [data.public_x]).flatten(1)
     key = lambda t: sorted(map(tuple, (t * 16).round().int().tolist()))  # noqa: E731
     assert key(seen) == key(pool_x.flatten(1))

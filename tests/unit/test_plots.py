@@ -1,5 +1,6 @@
 """Figures: fixed colour scales for matrices (by kind, or the first matrix of a name), cluster colours matched to
 the true clusters, and the W&B recorder's per-round heatmap range."""
+
 import math
 
 import numpy as np
@@ -10,10 +11,15 @@ from fedlight.run.recorder import client_rows, matrix_file
 from fedlight.run.wandb_logger import LoggerConfig, WandbLogger
 
 
-@pytest.mark.parametrize("name, expected", [("update_cosine_distance", (0.0, 2.0)),
-                                            ("cosine_similarity", (-1.0, 1.0)),
-                                            ("js_divergence", (0.0, math.log(2))),
-                                            ("inference_similarity", (0.0, 1.0))])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("update_cosine_distance", (0.0, 2.0)),
+        ("cosine_similarity", (-1.0, 1.0)),
+        ("js_divergence", (0.0, math.log(2))),
+        ("inference_similarity", (0.0, 1.0)),
+    ],
+)
 def test_a_known_kind_of_matrix_has_its_kinds_range(name, expected):
     assert plots.matrix_range(name, np.full((3, 3), 0.4)) == pytest.approx(expected)
 
@@ -54,11 +60,17 @@ def test_clusters_without_truth_are_numbered_in_order_of_the_last_round():
 
 
 def test_client_rows_lead_with_the_clusters_and_end_with_the_training_size():
-    per_client = {"acc": np.array([0.5, 0.25], dtype=np.float32), "samples": np.array([10, 12]),
-                  "cluster": np.array([1, 0]), "true_cluster": np.array([0, 0])}
+    per_client = {
+        "acc": np.array([0.5, 0.25], dtype=np.float32),
+        "samples": np.array([10, 12]),
+        "cluster": np.array([1, 0]),
+        "true_cluster": np.array([0, 0]),
+    }
     rows = client_rows(4, per_client)
-    assert rows == [{"round": 4, "client": 0, "true_cluster": 0, "cluster": 1, "acc": 0.5, "samples": 10},
-                    {"round": 4, "client": 1, "true_cluster": 0, "cluster": 0, "acc": 0.25, "samples": 12}]
+    assert rows == [
+        {"round": 4, "client": 0, "true_cluster": 0, "cluster": 1, "acc": 0.5, "samples": 10},
+        {"round": 4, "client": 1, "true_cluster": 0, "cluster": 0, "acc": 0.25, "samples": 12},
+    ]
     assert all(type(r["samples"]) is int for r in rows)
 
 

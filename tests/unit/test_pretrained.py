@@ -4,6 +4,7 @@
 Checked against independent computations: the flat vector's size and the bytes a client sends against LoRA's shapes
 worked by hand, the model's 4-D attention mask against the model's own mask from a 2-D padding mask, a partition's
 coverage of every sample, the frozen base bit for bit before and after training."""
+
 from __future__ import annotations
 
 import io
@@ -91,7 +92,8 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_trains_clients_one_
         torch.testing.assert_close(recomputed, plain)
     federation = text_federation(root, FedIT(), rounds=1, num_clients=4, vectorize=4)
     federation.module.network.base_model.model.gradient_checkpointing_enable(
-        gradient_checkpointing_kwargs={"use_reentrant": False})
+        gradient_checkpointing_kwargs={"use_reentrant": False}
+    )
     with pytest.warns(UserWarning, match="vectorized training is off"):
         federation.run_round(1)
 
@@ -128,8 +130,9 @@ def test_a_federation_trains_the_adapters_and_never_touches_the_base(root):
         assert federation.state_dict()["frozen_base"]["tensors"] == len(base)
         entries = adapter_entries_by_hand("gpt2")
         frozen = sum(t.numel() for t in base.values())
-        assert federation.describe_frozen_base() == (f"; {entries:,} entries federated ({entries * 4 / 1e3:,.1f} kB), "
-                                                     f"a frozen base of {frozen:,} held once")
+        assert federation.describe_frozen_base() == (
+            f"; {entries:,} entries federated ({entries * 4 / 1e3:,.1f} kB), a frozen base of {frozen:,} held once"
+        )
 
 
 def test_a_resume_over_another_base_is_refused(root, tmp_path):
@@ -156,8 +159,11 @@ def test_a_fresh_initialization_redraws_the_adapters_not_the_base(root):
 
 # -- text data --------------------------------------------------------------------------------------------------------
 def test_text_rows_are_tokenized_once_and_read_back_from_the_cache(root, tmp_path, monkeypatch):
-    rows = [{"text": "w1 t0_1 w2", "label": "sport"}, {"text": "t1_2 w3", "label": "art"},
-            {"text": "w4 w4 w4", "label": "sport"}]
+    rows = [
+        {"text": "w1 t0_1 w2", "label": "sport"},
+        {"text": "t1_2 w3", "label": "art"},
+        {"text": "w4 w4 w4", "label": "sport"},
+    ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = TextFederated(str(path), str(root / "gpt2"), max_length=6, num_clients=1)
@@ -169,8 +175,11 @@ def test_text_rows_are_tokenized_once_and_read_back_from_the_cache(root, tmp_pat
 
     import transformers
 
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
-                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("tokenized again")))
+    monkeypatch.setattr(
+        transformers.AutoTokenizer,
+        "from_pretrained",
+        lambda *a, **k: (_ for _ in ()).throw(AssertionError("tokenized again")),
+    )
     again, _ = TextFederated(str(path), str(root / "gpt2"), max_length=6, num_clients=1).load_pool()
     assert torch.equal(again, x)
     csv = tmp_path / "rows.csv"
@@ -204,8 +213,14 @@ def test_groups_make_each_group_a_cluster_and_cover_every_sample_once():
 
 
 def test_planted_text_partitioned_by_category_has_two_true_clusters(root):
-    data = TextFederated(str(root / "planted.jsonl"), str(root / "gpt2"), group_column="category", max_length=16,
-                         num_clients=20, partition=Groups())
+    data = TextFederated(
+        str(root / "planted.jsonl"),
+        str(root / "gpt2"),
+        group_column="category",
+        max_length=16,
+        num_clients=20,
+        partition=Groups(),
+    )
     data.setup()
     clusters = data.federated.cluster_labels
     assert sorted(set(clusters.tolist())) == [0, 1] and 8 <= int((clusters == 0).sum()) <= 12

@@ -1,6 +1,7 @@
 """Client-level DP: clipping (a client's rows together, when it sends one to each of several clusters), the noise's
 standard deviation, adaptive clipping's step, the accountant against closed forms (FedEM's components too), target
 epsilon (sigma up front, or a stop), resume with the same epsilon, and the refusals."""
+
 from __future__ import annotations
 
 import csv
@@ -27,14 +28,20 @@ DELTA = 1e-5
 
 
 def mechanism(z: float = 1.0, clip: float = 1.0, **config) -> PrivacyMechanism:
-    found = PrivacyMechanism(PrivacyConfig(noise_multiplier=z, clip=clip, **config), rounds=10, clients_per_round=4,
-                             num_clients=8, seed_parts=[0, 1])
+    found = PrivacyMechanism(
+        PrivacyConfig(noise_multiplier=z, clip=clip, **config),
+        rounds=10,
+        clients_per_round=4,
+        num_clients=8,
+        seed_parts=[0, 1],
+    )
     found.begin_round(1)
     return found
 
 
-def aggregate(found: PrivacyMechanism, clusters: list[int], updates: torch.Tensor, start: torch.Tensor,
-              rows_per_client: int = 1):
+def aggregate(
+    found: PrivacyMechanism, clusters: list[int], updates: torch.Tensor, start: torch.Tensor, rows_per_client: int = 1
+):
     rows = found.aggregator(3, updates.shape[1], torch.float64, torch.device("cpu"), None, rows_per_client)
     starts = start.expand(len(updates), -1)
     rows.add(torch.tensor(clusters), torch.ones(len(updates)), starts + updates, starts)
@@ -61,8 +68,10 @@ def test_a_client_with_a_row_in_each_of_two_clusters_is_clipped_as_a_whole():
     updates = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 1.0], [-6.0, 8.0]])
     active, models = aggregate(found, [0, 1, 0, 1], updates, torch.tensor([1.0, 1.0]), rows_per_client=2)
     r = math.sqrt(2)
-    expected = torch.tensor([[1 + 0.6 * r / 2, 1 + (0.8 * r + 1) / 2],
-                             [1 + (0.3 - 0.6 * r) / 2, 1 + (0.4 + 0.8 * r) / 2]], dtype=torch.float64)
+    expected = torch.tensor(
+        [[1 + 0.6 * r / 2, 1 + (0.8 * r + 1) / 2], [1 + (0.3 - 0.6 * r) / 2, 1 + (0.4 + 0.8 * r) / 2]],
+        dtype=torch.float64,
+    )
     assert active.tolist() == [0, 1] and torch.allclose(models, expected, atol=1e-6)
     assert found.within_clip == (1.0, 2.0)  # 2 rows of 4 within: 1 client's worth of 2
 
@@ -78,21 +87,27 @@ def test_the_noise_is_sigma_times_the_clients_clip_however_many_rows_it_sends(ro
 def test_fedem_under_dp_clips_each_clients_copies_together():
     """Two clients, two components, clip C = 2, next to no noise: each copy's update is clipped to C / sqrt(2) (so a
     client's two copies together stay within C) and each component moves by the mean of its two clipped rows."""
-    fed = small_federation(FedEM(num_components=2), num_clients=2, rounds=1,
-                           privacy=PrivacyConfig(noise_multiplier=1e-9, clip=2.0))
+    fed = small_federation(
+        FedEM(num_components=2), num_clients=2, rounds=1, privacy=PrivacyConfig(noise_multiplier=1e-9, clip=2.0)
+    )
     alg, r = fed.algorithm, math.sqrt(2)
     fed.extension(PrivacyMechanism).begin_round(1)
     start = alg.models.clone()
     moves = torch.zeros(2, 2, start.shape[1])  # (client, component, d): updates on the first three entries
     moves[0, 0, :2] = torch.tensor([3.0, 4.0])  # norm 5: clipped to sqrt(2) (0.6, 0.8)
-    moves[0, 1, 2] = 0.1                        # within
-    moves[1, 0, 0] = 6.0                        # clipped to sqrt(2) (1, 0)
-    moves[1, 1, 1] = 8.0                        # clipped to sqrt(2) (0, 1)
+    moves[0, 1, 2] = 0.1  # within
+    moves[1, 0, 0] = 6.0  # clipped to sqrt(2) (1, 0)
+    moves[1, 1, 1] = 8.0  # clipped to sqrt(2) (0, 1)
     copies = start + moves
     component = alg.assignment[:2]  # each client sends its copy of the component it started from
-    updates = Updates(torch.tensor([0, 1]), copies[[0, 1], component], start[component], fed.server.clients.train_sizes,
-                      torch.zeros(2), state={"copies": copies, "component": component,
-                                             "mixture": alg.mixture.read([0, 1])})
+    updates = Updates(
+        torch.tensor([0, 1]),
+        copies[[0, 1], component],
+        start[component],
+        fed.server.clients.train_sizes,
+        torch.zeros(2),
+        state={"copies": copies, "component": component, "mixture": alg.mixture.read([0, 1])},
+    )
     alg.aggregate(1, RoundUpdates.of(updates))
     expected = start.clone()
     expected[0, :2] += torch.tensor([0.6 * r + r, 0.8 * r]) / 2
@@ -103,8 +118,9 @@ def test_fedem_under_dp_clips_each_clients_copies_together():
 def test_fedem_under_dp_steps_the_accountant_once_a_round_for_its_clients():
     """The privacy unit is the client: one round of all 4 clients (sample rate 1) at z spends exactly one Gaussian
     mechanism's RDP epsilon (not one per component, nor one at z / sqrt(2))."""
-    fed = small_federation(FedEM(num_components=2), num_clients=4, rounds=1,
-                           privacy=PrivacyConfig(noise_multiplier=1.5, clip=1.0))
+    fed = small_federation(
+        FedEM(num_components=2), num_clients=4, rounds=1, privacy=PrivacyConfig(noise_multiplier=1.5, clip=1.0)
+    )
     result = fed.run_round(1)
     assert result.scalars["privacy/epsilon"] == pytest.approx(rdp_epsilon(1.5, 1, DELTA), rel=1e-9)
     assert result.scalars["privacy/epsilon"] > 0
@@ -184,8 +200,9 @@ def test_epsilon_of_opacus_published_configuration():
     """Opacus's own accountant tests publish: z = 1.5, sample rate 0.04, 90 epochs (2,250 steps), delta 1e-5 ->
     RDP epsilon 7.32911117143. The mechanism's accountant, stepped as a run of 2,250 rounds with one client of 25
     a round, reports it: 2,249 rounds restored from a checkpoint's history, then the last one run."""
-    found = PrivacyMechanism(PrivacyConfig(noise_multiplier=1.5, clip=1.0), rounds=2250, clients_per_round=1,
-                             num_clients=25, seed_parts=[0])
+    found = PrivacyMechanism(
+        PrivacyConfig(noise_multiplier=1.5, clip=1.0), rounds=2250, clients_per_round=1, num_clients=25, seed_parts=[0]
+    )
     found.load_state_dict({"history": [[1.5, 0.04, 2249]], "clip": 1.0, "noise_multiplier": 1.5})
     found.begin_round(2250)
     found.released_sums(1.0, 1.0)  # what an aggregator reports when it releases its noised sums
@@ -204,8 +221,9 @@ def test_sampling_amplifies_privacy_and_rdp_bounds_prv():
 
 
 def test_target_epsilon_sets_the_noise_for_the_configured_rounds():
-    found = PrivacyMechanism(PrivacyConfig(clip=1.0, target_epsilon=4.0), rounds=10, clients_per_round=5,
-                             num_clients=20, seed_parts=[0])
+    found = PrivacyMechanism(
+        PrivacyConfig(clip=1.0, target_epsilon=4.0), rounds=10, clients_per_round=5, num_clients=20, seed_parts=[0]
+    )
     accountant = make_accountant("rdp")
     for _ in range(10):
         accountant.step(noise_multiplier=found.noise_multiplier, sample_rate=0.25)
@@ -218,8 +236,18 @@ def rows(path, drop=("time/round_s",)):
 
 
 def test_the_run_stops_before_the_target_epsilon_is_exceeded(tmp_path, tiny_run_args):
-    args = tiny_run_args + ["--run_name", "budget", "--federation.rounds", "10", "--privacy.noise_multiplier", "2",
-                            "--privacy.clip", "1", "--privacy.target_epsilon", "8"]
+    args = tiny_run_args + [
+        "--run_name",
+        "budget",
+        "--federation.rounds",
+        "10",
+        "--privacy.noise_multiplier",
+        "2",
+        "--privacy.clip",
+        "1",
+        "--privacy.target_epsilon",
+        "8",
+    ]
     assert main(args) == 0
     metrics = rows(tmp_path / "budget" / "metrics.csv")
     epsilons = [float(r["privacy/epsilon"]) for r in metrics]
@@ -232,9 +260,20 @@ def test_the_run_stops_before_the_target_epsilon_is_exceeded(tmp_path, tiny_run_
 
 
 def test_resume_gives_the_same_epsilon_and_numbers(tmp_path, tiny_run_args, monkeypatch):
-    args = tiny_run_args + ["--federation.rounds", "4", "--privacy.noise_multiplier", "1.5", "--privacy.clip", "0.5",
-                            "--privacy.adaptive", "true", "--privacy.count_noise", "1", "--algorithm.init_args."
-                            "participation", "0.5"]
+    args = tiny_run_args + [
+        "--federation.rounds",
+        "4",
+        "--privacy.noise_multiplier",
+        "1.5",
+        "--privacy.clip",
+        "0.5",
+        "--privacy.adaptive",
+        "true",
+        "--privacy.count_noise",
+        "1",
+        "--algorithm.init_args.participation",
+        "0.5",
+    ]
     assert main(args + ["--run_name", "whole"]) == 0
     crashed = tmp_path / "crashed"
     crash_and_resume(args, crashed, monkeypatch)
@@ -258,19 +297,29 @@ def test_a_checkpoint_that_kept_dp_under_aggregation_resumes_with_its_accountant
     assert without["federation"] == {"round": 1}
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--privacy.noise_multiplier", "1"], "privacy.clip must be given"),
-    (["--privacy.clip", "1"], "privacy needs privacy.noise_multiplier or privacy.target_epsilon"),
-    (["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--aggregator.rule", "median"],
-     "needs aggregator.rule mean"),
-    (["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--algorithm", "local"],
-     "Local combined its clients' updates in round 1 without the engine's cluster aggregator, so the privacy section "
-     "could not apply"),
-    (["--privacy.noise_multiplier", "3", "--privacy.clip", "1", "--privacy.adaptive", "true"],
-     "raise privacy.count_noise above 1.5"),
-])
-def test_bad_privacy_settings_are_refused_in_one_line_without_a_run_folder(tmp_path, tiny_run_args, capsys, extra,
-                                                                           message):
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--privacy.noise_multiplier", "1"], "privacy.clip must be given"),
+        (["--privacy.clip", "1"], "privacy needs privacy.noise_multiplier or privacy.target_epsilon"),
+        (
+            ["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--aggregator.rule", "median"],
+            "needs aggregator.rule mean",
+        ),
+        (
+            ["--privacy.noise_multiplier", "1", "--privacy.clip", "1", "--algorithm", "local"],
+            "Local combined its clients' updates in round 1 without the engine's cluster aggregator, so the privacy "
+            "section could not apply",
+        ),
+        (
+            ["--privacy.noise_multiplier", "3", "--privacy.clip", "1", "--privacy.adaptive", "true"],
+            "raise privacy.count_noise above 1.5",
+        ),
+    ],
+)
+def test_bad_privacy_settings_are_refused_in_one_line_without_a_run_folder(
+    tmp_path, tiny_run_args, capsys, extra, message
+):
     assert main(tiny_run_args + ["--run_name", "bad", *extra]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and message in error, error

@@ -3,6 +3,7 @@ independent of the clients' data. A loss-driven selection (power-of-choice, Oort
 non-uniform selection is accounted per client, its epsilon the composition worked by hand and larger than the uniform
 run's; an algorithm whose round's clients are not the run's draw is accounted per client in that round only; the
 start line and summary.json say which accounting ran, and a resumed run keeps it."""
+
 import copy
 
 import numpy as np
@@ -28,7 +29,7 @@ def worst_client_epsilon(z: float, sampled: list[float], releases: int) -> float
     """Each sampled round at its rate (Mironov et al.'s sampled Gaussian RDP), then `releases` unsampled Gaussian
     mechanisms (RDP alpha / (2 z^2) each), composed by adding RDP."""
     rdp = sum((compute_rdp(q=q, noise_multiplier=z, steps=1, orders=ORDERS) for q in sampled), np.zeros(len(ORDERS)))
-    return epsilon_from_rdp(rdp + releases * ORDERS / (2 * z ** 2))
+    return epsilon_from_rdp(rdp + releases * ORDERS / (2 * z**2))
 
 
 class FirstClientsInRoundTwo(FedAvg):
@@ -39,8 +40,15 @@ class FirstClientsInRoundTwo(FedAvg):
 
 
 def private_run(algorithm, rounds: int, system: SystemConfig | None = None, z: float = 2.0):
-    return small_federation(algorithm, num_clients=6, rounds=rounds, clients_per_round=3, eval_every=rounds,
-                            system=system, privacy=PrivacyConfig(noise_multiplier=z, clip=1.0))
+    return small_federation(
+        algorithm,
+        num_clients=6,
+        rounds=rounds,
+        clients_per_round=3,
+        eval_every=rounds,
+        system=system,
+        privacy=PrivacyConfig(noise_multiplier=z, clip=1.0),
+    )
 
 
 @pytest.mark.parametrize("selection", ["power_of_choice", "oort"])
@@ -100,7 +108,8 @@ def test_a_resumed_run_keeps_its_per_client_rounds():
 def test_a_checkpoint_of_per_client_accounting_before_the_sampled_history_is_read_as_its_releases():
     """Before, a run accounted per client saved its most released client's steps as the history beside the releases."""
     mechanism = PrivacyMechanism(PrivacyConfig(noise_multiplier=2.0, clip=1.0), 4, 3, 6, [0])
-    mechanism.load_state_dict({"history": [[2.0, 1.0, 2]], "clip": 1.0, "noise_multiplier": 2.0,
-                               "releases": [2, 1, 0, 0, 1, 0]})
+    mechanism.load_state_dict(
+        {"history": [[2.0, 1.0, 2]], "clip": 1.0, "noise_multiplier": 2.0, "releases": [2, 1, 0, 0, 1, 0]}
+    )
     assert mechanism.accountant.history == []
     assert mechanism.summary()["privacy"]["epsilon"] == pytest.approx(worst_client_epsilon(2.0, [], 2), rel=1e-9)

@@ -1,6 +1,7 @@
 """`federation.vectorize: -1` times both trainers on round 1's own training (part of the first group one client at a
 time, the rest vectorized) and keeps the faster one, never a trainer that gives other models; nothing is trained
 twice; the choice is recorded, remembered on the machine and survives a resume."""
+
 from __future__ import annotations
 
 import math
@@ -181,8 +182,9 @@ def test_the_same_config_on_the_same_machine_takes_the_remembered_choice_and_giv
         other_batch.execution.train(1, list(range(5)))
     remembered = again.execution.probe_result
     assert remembered.remembered and remembered.choice == "vectorized"  # ... but the machine remembers
-    assert {k: v for k, v in remembered.as_dict().items() if k != "remembered"} == \
-        {k: v for k, v in first.execution.probe_result.as_dict().items() if k != "remembered"}
+    assert {k: v for k, v in remembered.as_dict().items() if k != "remembered"} == {
+        k: v for k, v in first.execution.probe_result.as_dict().items() if k != "remembered"
+    }
     assert torch.equal(measured.params, recalled.params)  # the same clients trained each way: the same numbers
     assert not other_batch.execution.probe_result.remembered  # another batch size is measured anew
     assert other_batch.execution.probe_result.choice == "sequential"
@@ -192,8 +194,9 @@ def test_a_model_with_dropout_is_compared_like_with_like_and_vectorizes_when_fas
     """The two trainers draw other dropout masks; the check switches dropout off, so their models agree and the
     faster trainer is kept (before, every model with dropout trained sequentially, blamed on 'other models')."""
     slowed(ClientTrainer, "fit", monkeypatch)
-    network = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
-                                  torch.nn.Linear(32, 10))
+    network = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(32, 10)
+    )
     fed = federation(network=network)
     fed.execution.train(1, list(range(5)))
     result = fed.execution.probe_result

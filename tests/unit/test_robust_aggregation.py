@@ -1,6 +1,7 @@
 """Robust aggregation rules against hand-worked cases, the engine's cluster aggregator on updates (FedEM's
 components too), and the bad settings refused in one line, at set-up or, for an algorithm that combined its
 updates without the aggregator, after round 1."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,17 @@ from fedlight.cluster.differences import Differences
 from fedlight.aggregators.cluster_aggregator import RobustClusterAggregate
 from fedlight.aggregators.config import AggregatorConfig
 from fedlight.aggregators.privacy import PrivacyConfig
-from fedlight.aggregators.robust import (apply_rule, bulyan, clip_rows, coordinate_median, geometric_median, krum,
-                                         krum_scores, multikrum, trimmed_mean)
+from fedlight.aggregators.robust import (
+    apply_rule,
+    bulyan,
+    clip_rows,
+    coordinate_median,
+    geometric_median,
+    krum,
+    krum_scores,
+    multikrum,
+    trimmed_mean,
+)
 
 from helpers.federations import small_federation
 
@@ -47,7 +57,7 @@ def test_krum_picks_the_point_with_the_closest_neighbours():
     x = column(0.0, 1.0, 2.5, 3.0, 50.0)
     # f = 1, m = 5: each row sums its m - f - 2 = 2 smallest squared distances
     # 0: 1 + 6.25; 1: 1 + 2.25; 2.5: 0.25 + 2.25; 3: 0.25 + 4; 50: 47^2 + 47.5^2
-    assert krum_scores(x, 1).tolist() == [7.25, 3.25, 2.5, 4.25, 47.0 ** 2 + 47.5 ** 2]
+    assert krum_scores(x, 1).tolist() == [7.25, 3.25, 2.5, 4.25, 47.0**2 + 47.5**2]
     assert krum(x, 1).item() == 2.5
     # Multi-Krum keeps m - f = 4 lowest scores: every point but 50
     assert multikrum(x, 1).item() == pytest.approx((0 + 1 + 2.5 + 3) / 4)
@@ -108,8 +118,9 @@ def test_the_cluster_aggregator_applies_the_rule_to_updates_within_each_cluster(
     assert active.tolist() == [0, 2]
     assert models.tolist() == [[12.0, 10.0], [-4.0, 1.0]]  # start + the median update of each cluster
     # the clipped mean clips updates (not models): norms 1, 2, 90 clipped to 1.5 -> (1 + 1.5 + 1.5) / 3
-    clipped = RobustClusterAggregate(AggregatorConfig("clipped_mean", clip=1.5), 3, 2, torch.float32,
-                                     torch.device("cpu"))
+    clipped = RobustClusterAggregate(
+        AggregatorConfig("clipped_mean", clip=1.5), 3, 2, torch.float32, torch.device("cpu")
+    )
     clipped.add(clusters[:3], torch.ones(3), starts[:3] + updates[:3], starts[:3])
     assert clipped.means()[1][0].tolist() == pytest.approx([10.0 + 4.0 / 3, 10.0])
 
@@ -124,8 +135,9 @@ def test_updates_read_lazily_combine_as_the_built_updates(rule):
     clusters, weights = torch.tensor([0, 1, 0, 1, 0, 1, 0]), torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
     found = []
     for values in (params - starts, Differences(params, starts)):
-        aggregate = RobustClusterAggregate(AggregatorConfig(rule, f=0, clip=1.0), 2, 5, torch.float32,
-                                           torch.device("cpu"))
+        aggregate = RobustClusterAggregate(
+            AggregatorConfig(rule, f=0, clip=1.0), 2, 5, torch.float32, torch.device("cpu")
+        )
         aggregate.add(clusters, weights, values)
         found.append(aggregate.means())
     assert torch.equal(found[0][0], found[1][0]) and torch.equal(found[0][1], found[1][1])
@@ -135,8 +147,14 @@ def test_personal_entries_count_in_no_distance():
     """Krum on models with a personal entry: the personal values (huge, different per client) must not decide."""
     starts = torch.zeros(5, 2)
     trained = torch.tensor([[0.0, 1e3], [1.0, -1e3], [2.5, 5e3], [3.0, 0.0], [50.0, 0.0]])
-    aggregate = RobustClusterAggregate(AggregatorConfig("krum", f=1), 1, 2, torch.float32, torch.device("cpu"),
-                                       personal_mask=torch.tensor([False, True]))
+    aggregate = RobustClusterAggregate(
+        AggregatorConfig("krum", f=1),
+        1,
+        2,
+        torch.float32,
+        torch.device("cpu"),
+        personal_mask=torch.tensor([False, True]),
+    )
     aggregate.add(torch.zeros(5, dtype=torch.long), torch.ones(5), trained, starts)
     assert aggregate.means()[1][0, 0].item() == 2.5
 
@@ -162,13 +180,16 @@ def test_median_of_one_cluster_run_equals_the_median_of_the_trained_models():
     assert torch.allclose(held.algorithm.models[0], expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"aggregator": "krum", "aggregator_f": 2}, "aggregator.f 2 is too large for krum with 6 clients"),
-    ({"aggregator": "bulyan", "aggregator_f": 1}, "lower aggregator.f to 0"),
-    ({"aggregator": "trimmed_mean", "aggregator_beta": 0.5}, "aggregator.beta must be in [0, 0.5)"),
-    ({"aggregator": "mode"}, "aggregator.rule must be one of"),
-    ({"aggregator": "krumm"}, "got 'krumm' (did you mean 'krum'?)"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"aggregator": "krum", "aggregator_f": 2}, "aggregator.f 2 is too large for krum with 6 clients"),
+        ({"aggregator": "bulyan", "aggregator_f": 1}, "lower aggregator.f to 0"),
+        ({"aggregator": "trimmed_mean", "aggregator_beta": 0.5}, "aggregator.beta must be in [0, 0.5)"),
+        ({"aggregator": "mode"}, "aggregator.rule must be one of"),
+        ({"aggregator": "krumm"}, "got 'krumm' (did you mean 'krum'?)"),
+    ],
+)
 def test_bad_settings_are_refused(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         small_federation(FedAvg(), num_clients=6, rounds=1, **settings)
@@ -176,13 +197,27 @@ def test_bad_settings_are_refused(settings, message):
 
 def test_an_algorithm_with_its_own_aggregation_refuses_a_robust_rule_after_round_1():
     fed = small_federation(Local(), num_clients=4, rounds=1, aggregator="median")
-    with pytest.raises(ValueError, match="Local combined its clients' updates in round 1 without the engine's cluster "
-                                         "aggregator, so aggregator.rule: median could not apply"):
+    with pytest.raises(
+        ValueError,
+        match="Local combined its clients' updates in round 1 without the engine's cluster "
+        "aggregator, so aggregator.rule: median could not apply",
+    ):
         fed.run_round(1)
 
 
-@pytest.mark.parametrize("former", [{}, {"aggregator": "median", "aggregator_f": 1, "aggregator_beta": 0.1,
-                                            "aggregator_clip": 1.0, "aggregator_keep": None}])
+@pytest.mark.parametrize(
+    "former",
+    [
+        {},
+        {
+            "aggregator": "median",
+            "aggregator_f": 1,
+            "aggregator_beta": 0.1,
+            "aggregator_clip": 1.0,
+            "aggregator_keep": None,
+        },
+    ],
+)
 def test_a_run_folder_written_before_the_aggregator_section_resumes_with_its_settings(tmp_path, tiny_run_args, former):
     """Its config.yaml has no `aggregator:` section: none of the settings (older still: the mean is what it ran with),
     or the five `federation.aggregator*` keys they were (it ran with the median, and resumes with it)."""
@@ -201,8 +236,9 @@ def test_a_run_folder_written_before_the_aggregator_section_resumes_with_its_set
     assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "2"]) == 0
     assert yaml.safe_load(config.read_text())["aggregator"]["rule"] == rule  # rewritten in the current format
     other = "trimmed_mean" if rule == "median" else "median"
-    assert main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "3", "--aggregator.rule",
-                 other]) == 2  # a setting it did not run with is still refused
+    assert (
+        main(["fit", "--resume", str(tmp_path / "old"), "--federation.rounds", "3", "--aggregator.rule", other]) == 2
+    )  # a setting it did not run with is still refused
 
 
 def test_a_former_aggregator_key_is_told_its_new_name(tmp_path, tiny_run_args, capsys):
@@ -213,8 +249,10 @@ def test_a_former_aggregator_key_is_told_its_new_name(tmp_path, tiny_run_args, c
     config = tmp_path / "old.yaml"
     config.write_text("federation:\n  aggregator_f: 2\n")
     assert main(tiny_run_args + ["--config", str(config)]) == 2
-    assert f"config key federation.aggregator_f is now aggregator.f (the aggregator: section): move it there in " \
-           f"{config}" in capsys.readouterr().err
+    assert (
+        f"config key federation.aggregator_f is now aggregator.f (the aggregator: section): move it there in "
+        f"{config}" in capsys.readouterr().err
+    )
 
 
 def test_fedem_median_is_each_components_coordinate_median_of_the_clients_copies():
@@ -246,18 +284,23 @@ class OwnMean(Algorithm):
         self.models[0] = sums / total
 
 
-@pytest.mark.parametrize("setting, named", [
-    ({"aggregator": "median"}, "aggregator.rule: median"),
-    ({"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)}, "the privacy section"),
-])
+@pytest.mark.parametrize(
+    "setting, named",
+    [
+        ({"aggregator": "median"}, "aggregator.rule: median"),
+        ({"privacy": PrivacyConfig(noise_multiplier=1.0, clip=1.0)}, "the privacy section"),
+    ],
+)
 def test_an_algorithm_that_bypasses_the_aggregator_is_stopped_after_round_1(setting, named):
     fed = small_federation(OwnMean(), num_clients=4, rounds=2, **setting)
     with pytest.raises(ValueError) as error:
         fed.run_round(1)
     message = str(error.value)
     assert "\n" not in message
-    assert message.startswith(f"OwnMean combined its clients' updates in round 1 without the engine's cluster "
-                              f"aggregator, so {named} could not apply: run OwnMean with aggregator.rule: mean")
+    assert message.startswith(
+        f"OwnMean combined its clients' updates in round 1 without the engine's cluster "
+        f"aggregator, so {named} could not apply: run OwnMean with aggregator.rule: mean"
+    )
     assert "cluster_means" in message and "server.aggregation.new" in message
 
 
@@ -299,8 +342,10 @@ def test_an_algorithm_that_aggregates_part_of_the_model_its_own_way_is_stopped_a
     d = fed.flat.numel
     with pytest.raises(ValueError) as error:
         fed.run_round(1)
-    assert str(error.value).startswith(f"AveragesHalf combined {d - d // 2:,} of the {d:,} shared entries of its "
-                                       "clients' models in round 1 without the engine's cluster aggregator")
+    assert str(error.value).startswith(
+        f"AveragesHalf combined {d - d // 2:,} of the {d:,} shared entries of its "
+        "clients' models in round 1 without the engine's cluster aggregator"
+    )
     plain = small_federation(AveragesHalf(), num_clients=4, rounds=2)
     plain.run_round(1)  # the mean: nothing to apply
 

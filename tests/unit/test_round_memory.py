@@ -1,6 +1,7 @@
 """What a round allocates, measured with torch's profiler (every tensor allocation and free, in order): FedEM's and
 APFL's rounds hold a few model copies per client of the round, and no more when the federation has more clients,
 so a cross-device run (10 of 3,400 writers) stays within its memory."""
+
 import pytest
 import torch
 from torch import nn
@@ -22,8 +23,15 @@ def wide_federation(algorithm, num_clients: int) -> Federation:
     torch.manual_seed(0)
     model = Classifier(nn.Sequential(nn.Flatten(), nn.Linear(64, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 10)), lr=0.1)
     data = DigitsFederated(num_clients=num_clients, partition=Rotations(2))
-    config = FederationConfig(rounds=3, local_epochs=1, batch_size=32, accelerator="cpu", vectorize=COHORT,
-                              clients_per_round=COHORT, eval_every=100)
+    config = FederationConfig(
+        rounds=3,
+        local_epochs=1,
+        batch_size=32,
+        accelerator="cpu",
+        vectorize=COHORT,
+        clients_per_round=COHORT,
+        eval_every=100,
+    )
     return Federation(data, model, algorithm, config, seed=0)
 
 

@@ -1,5 +1,6 @@
 """The round's plan and its updates value: declared at set-up, streamed or held, left-out clients handed to the
 hooks, FedAvg's own aggregate run by the engine, and what hooks log landing in the round's result only."""
+
 from __future__ import annotations
 
 import json
@@ -19,22 +20,30 @@ from helpers.federations import small_federation
 
 def test_a_hook_that_runs_only_when_declared_is_refused_without_its_declaration():
     with pytest.raises(TypeError, match=r"write plan = Plan\(own_training=True\)"):
+
         class OwnWork(Algorithm):  # noqa: F841
             def train_client(self, round, client, start):
                 return start, torch.zeros(())
+
     with pytest.raises(TypeError, match=r"write plan = Plan\(corrects_gradient=True\)"):
+
         class Corrects(Algorithm):  # noqa: F841
             def local_gradient(self, client, params, grad, start):
                 grad.zero_()
+
     with pytest.raises(TypeError, match=r"sets `holds_updates = True`.*write plan = Plan\(holds_updates=True\)"):
+
         class Old(Algorithm):  # noqa: F841
             holds_updates = True
+
     with pytest.raises(TypeError, match="overrides train_group but its plan declares own_training"):
+
         class Both(Algorithm):  # noqa: F841
             plan = Plan(own_training=True)
 
             def train_group(self, round, clients, starts):
                 return super().train_group(round, clients, starts)
+
     assert FedAvg.plan == Plan() and OCFL.plan == Plan(holds_updates=True)
 
     class Declared(Algorithm):
@@ -145,8 +154,9 @@ def test_held_round_of_given_updates_runs_the_hooks_directly():
     fed.algorithm.aggregate(1, updates)
     sizes = fed.server.clients.train_sizes[:2].double()
     expected = (sizes[0] * 1.0 + sizes[1] * 3.0) / sizes.sum()
-    assert torch.allclose(fed.algorithm.models[0].double(), torch.full((d,), float(expected), dtype=torch.float64),
-                          atol=1e-6)
+    assert torch.allclose(
+        fed.algorithm.models[0].double(), torch.full((d,), float(expected), dtype=torch.float64), atol=1e-6
+    )
 
 
 def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path, tiny_run_args, capsys):
@@ -159,8 +169,15 @@ def test_the_plan_is_printed_at_the_start_and_recorded_in_summary_json(tmp_path,
     held = json.loads((tmp_path / "held" / "summary.json").read_text())
     threads = streamed["plan"].pop("threads")
     assert threads == torch.get_num_threads() and streamed["plan"].pop("threads_from")
-    assert streamed["plan"] == {"updates": "stream", "trainer": "vectorized", "reason": None, "gradient_hook": False,
-                                "processes": 1, "hold_reason": None, "every_client": []}
+    assert streamed["plan"] == {
+        "updates": "stream",
+        "trainer": "vectorized",
+        "reason": None,
+        "gradient_hook": False,
+        "processes": 1,
+        "hold_reason": None,
+        "every_client": [],
+    }
     assert held["plan"]["updates"] == "hold" and streamed["vectorized"] is True
 
 

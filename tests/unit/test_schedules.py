@@ -1,6 +1,7 @@
 """Learning-rate schedules on the federation's clock: a round's cost does not grow with its number, a scheduler with a
 fixed length built for one round's local steps runs a whole federation, `train/lr` is what clients trained at, and a
 scheduler that is too short is named with its fix."""
+
 from __future__ import annotations
 
 import math
@@ -57,8 +58,8 @@ def test_a_step_schedules_round_costs_the_same_in_round_30_as_in_round_2():
     for round in range(1, 31):
         before = calls[0]
         rates.round_rate(round, 20)  # what the engine asks first ...
-        rates.rates(round, 20)       # ... and what the trainers ask
-        rates.rates(round, 7)        # a smaller client
+        rates.rates(round, 20)  # ... and what the trainers ask
+        rates.rates(round, 7)  # a smaller client
         per_round.append(calls[0] - before)
     assert per_round[1] == per_round[-1] == 19  # 20 recorded rates need 19 steps, every round
 
@@ -67,7 +68,7 @@ def test_an_epoch_schedule_steps_once_per_finished_round_and_no_more():
     rates, calls = counted_rates("epoch")
     rates.rates(30, 50)
     assert calls[0] == 29
-    assert rates.rates(30, 3) == [[pytest.approx(0.99 ** 29)]] * 3
+    assert rates.rates(30, 3) == [[pytest.approx(0.99**29)]] * 3
 
 
 @pytest.mark.parametrize("vectorize", [0, 4], ids=["sequential", "vectorized"])
@@ -86,6 +87,9 @@ def test_one_cycle_built_for_one_rounds_local_steps_runs_every_round(vectorize):
 def test_a_scheduler_too_short_for_a_round_is_named_with_the_steps_it_needs():
     probe = federation(OneCycle(), rounds=1)
     steps = max(math.ceil(probe.data.train.size(c) / 32) for c in range(4))
-    with pytest.raises(ValueError, match=rf"OneCycleLR \(interval 'step'\) cannot step again in round 1.*"
-                                         rf"total_steps={steps}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"OneCycleLR \(interval 'step'\) cannot step again in round 1.*"
+        rf"total_steps={steps}",
+    ):
         federation(OneCycle(total_steps=steps - 2), rounds=1)  # refused at set-up, before any training

@@ -1,4 +1,5 @@
 """Clustering scores on known cases, and the Hopkins statistic against a numpy/scipy computation and data."""
+
 import numpy as np
 import pytest
 import torch
@@ -38,6 +39,7 @@ def test_scores_validation():
 
 # ----------------------------------------------------------------------------- Hopkins
 
+
 def test_hopkins_formula_against_numpy():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(12, 4))
@@ -45,8 +47,8 @@ def test_hopkins_formula_against_numpy():
     U = rng.uniform(X.min(0), X.max(0), size=(3, 4))
     D = cdist(X, X)
     np.fill_diagonal(D, np.inf)
-    v = D[idx].min(1)                 # real sample -> nearest *other* real point
-    z = cdist(U, X).min(1)            # uniform point -> nearest real point
+    v = D[idx].min(1)  # real sample -> nearest *other* real point
+    z = cdist(U, X).min(1)  # uniform point -> nearest real point
     expected = z.sum() / (z.sum() + v.sum())
     got = hopkins_from_samples(torch.as_tensor(X), torch.as_tensor(idx), torch.as_tensor(U))
     assert got == pytest.approx(expected, rel=1e-12)

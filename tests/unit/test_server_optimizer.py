@@ -1,6 +1,7 @@
 """The server optimizer (`fedlight.aggregators.server_optimizer`): Reddi et al.'s Algorithm 2 worked by hand on
 numbers, then in runs against the plain run's aggregate: FedAvg (one state), IFCA (one per cluster), FedPer (the
 shared part only), DP (the noised aggregate, epsilon unchanged), Local refused, and a resumed run's numbers."""
+
 from __future__ import annotations
 
 import math
@@ -61,7 +62,7 @@ def test_fedadams_first_round_is_the_plain_aggregate_stepped_by_hand():
     _, start, plain = one_round(FedAvg())
     fed, _, stepped = one_round(FedAvg(), config)
     delta = plain.double() - start.double()
-    m, v = 0.1 * delta, 0.99 * 1e-4 + 0.01 * delta ** 2
+    m, v = 0.1 * delta, 0.99 * 1e-4 + 0.01 * delta**2
     assert torch.allclose(stepped.double(), start.double() + 0.05 * m / (v.sqrt() + 1e-2), atol=1e-6)
     assert list(fed.extension(ServerOptimizer).states) == ["1.0"]  # one model: one state
 
@@ -94,8 +95,11 @@ def test_under_privacy_it_steps_the_noised_aggregate_and_epsilon_is_unchanged():
 
 def test_local_keeps_no_server_model_and_is_refused_after_round_1():
     fed = small_federation(Local(), num_clients=4, rounds=1, server_optimizer=ServerOptimizerConfig("adam"))
-    with pytest.raises(ValueError, match="Local combined its clients' updates in round 1 without the engine's "
-                                         "cluster aggregator, so the server_optimizer section could not apply"):
+    with pytest.raises(
+        ValueError,
+        match="Local combined its clients' updates in round 1 without the engine's "
+        "cluster aggregator, so the server_optimizer section could not apply",
+    ):
         fed.run_round(1)
 
 

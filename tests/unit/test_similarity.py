@@ -1,4 +1,5 @@
 """Pairwise matrices against hand-worked examples, scikit-learn and scipy (independent computations)."""
+
 import math
 
 import numpy as np
@@ -101,6 +102,7 @@ def test_input_validation():
 
 # ----------------------------------------------------------------------------- Jensen-Shannon
 
+
 def test_js_hand_computation():
     # JS([1,0],[0,1]) = ln 2.  JS([.5,.5],[1,0]): M = [.75,.25],
     # KL(p||M) = .5 ln(.5/.75) + .5 ln(.5/.25) = .5 ln(4/3), KL(q||M) = ln(4/3)  ->  JS = .75 ln(4/3).
@@ -119,8 +121,9 @@ def test_js_matches_scipy_squared_and_averages_over_samples():
     P[0, 0] = torch.tensor([1.0, 0, 0, 0, 0], dtype=torch.float64)  # zeros are handled (0 log 0 = 0)
     J = js_divergence_matrix(P.float(), block_size=4).numpy()
     Pn = P.numpy()
-    expected = np.array([[np.mean([jensenshannon(Pn[i, s], Pn[j, s]) ** 2 for s in range(8)])
-                          for j in range(6)] for i in range(6)])
+    expected = np.array(
+        [[np.mean([jensenshannon(Pn[i, s], Pn[j, s]) ** 2 for s in range(8)]) for j in range(6)] for i in range(6)]
+    )
     np.testing.assert_allclose(J, expected, atol=1e-6)
     assert np.array_equal(J, J.T) and (np.diag(J) == 0).all()
     assert J.max() <= math.log(2.0)
@@ -136,6 +139,7 @@ def test_js_identical_is_zero_and_rejects_logits():
 
 
 # ----------------------------------------------------------------------------- agreement (inference similarity)
+
 
 def test_agreement_constructed_example():
     preds = torch.tensor([[0, 1, 2, 3], [0, 1, 0, 0], [1, 1, 2, 3]])
@@ -196,8 +200,9 @@ def test_cosine_of_differences_in_blocks_smaller_than_a_row_matches_a_dense_floa
     assert rows.shape == (6, len(columns))
     for chunk_size in (1, 5, 13, None):
         torch.testing.assert_close(cosine_similarity_matrix(rows, chunk_size).double(), reference, atol=1e-6, rtol=0)
-        torch.testing.assert_close(cosine_distance_matrix(rows, chunk_size).double(), (1 - reference).fill_diagonal_(0),
-                                   atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            cosine_distance_matrix(rows, chunk_size).double(), (1 - reference).fill_diagonal_(0), atol=1e-6, rtol=0
+        )
     # rows and column blocks are built with float32's subtraction, exactly as the dense matrix would hold them
     dense = (params - starts)[:, columns]
     assert torch.equal(rows[:], dense) and torch.equal(rows[2], dense[2]) and torch.equal(rows[-1], dense[-1])

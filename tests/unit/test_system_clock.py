@@ -1,5 +1,6 @@
 """The virtual clock of a synchronous round, worked by hand: each client's compute and transfer time, the round's
 length, who a deadline drops or cuts short, dropouts, and a round that would end empty."""
+
 import numpy as np
 import pytest
 
@@ -56,8 +57,12 @@ def test_a_percentile_deadline_is_that_percentile_of_the_selected_clients_times(
     steps, compute, transfer = four_clients()
     deadline = round_deadline(compute + transfer, None, 50)
     assert deadline == 3.0  # halfway between 2.5 and 3.5
-    assert run_round(steps, compute, transfer, NOBODY_OUT, deadline, partial=False).kept.tolist() == \
-        [True, True, False, False]
+    assert run_round(steps, compute, transfer, NOBODY_OUT, deadline, partial=False).kept.tolist() == [
+        True,
+        True,
+        False,
+        False,
+    ]
     assert round_deadline(compute + transfer, 2.0, None) == 2.0 and round_deadline(compute, None, None) is None
 
 
@@ -77,7 +82,10 @@ def test_a_slow_share_makes_exactly_that_share_of_clients_that_many_times_slower
     assert (draw_speeds(slow, 20, 0, "compute") == speeds).all()
     assert not (draw_speeds(slow, 20, 1, "compute") == speeds).all()
     # a client's speed does not depend on how many clients there are
-    assert (draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 30, 0, "link")[:10] ==
-            draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 10, 0, "link")).all()
-    assert np.median(draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 401, 0, "link")) == \
-        pytest.approx(2.0, rel=0.1)
+    assert (
+        draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 30, 0, "link")[:10]
+        == draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 10, 0, "link")
+    ).all()
+    assert np.median(draw_speeds(SpeedDistribution(2.0, "lognormal", sigma=0.5), 401, 0, "link")) == pytest.approx(
+        2.0, rel=0.1
+    )

@@ -1,6 +1,7 @@
 """FedBuff (`system.buffer_size`): with K = C = the cohort it is synchronous FedAvg bit for bit; a stale update is
 weighted 1 / sqrt(1 + tau) and re-based on the current model, worked by hand; clients arrive in the order their
 hand-set times say; and a resumed run ends as an uninterrupted one."""
+
 import copy
 import re
 
@@ -20,8 +21,9 @@ from helpers.system_times import hand_set_times
 
 def federation(system: SystemConfig, rounds: int, num_clients: int = 6, per_round: int = 3):
     """FedAvg on digits clients, `per_round` a round, evaluated after the last round."""
-    return small_federation(FedAvg(), num_clients=num_clients, rounds=rounds,
-                            clients_per_round=per_round, eval_every=rounds, system=system)
+    return small_federation(
+        FedAvg(), num_clients=num_clients, rounds=rounds, clients_per_round=per_round, eval_every=rounds, system=system
+    )
 
 
 def test_a_buffer_of_the_whole_cohort_is_synchronous_fedavg_bit_for_bit():
@@ -38,22 +40,32 @@ def test_a_buffer_of_the_whole_cohort_is_synchronous_fedavg_bit_for_bit():
 
 
 def test_staleness_weights_are_one_over_the_root_of_one_plus_tau():
-    assert staleness_weight(np.array([0, 1, 3, 8]), "polynomial").tolist() == pytest.approx([1, 2 ** -0.5, 0.5, 1 / 3])
+    assert staleness_weight(np.array([0, 1, 3, 8]), "polynomial").tolist() == pytest.approx([1, 2**-0.5, 0.5, 1 / 3])
     assert staleness_weight(np.array([0, 5]), "constant").tolist() == [1.0, 1.0]
 
 
 def test_the_earliest_arrivals_come_re_based_on_the_current_model_a_fresh_one_exactly_as_trained():
     current = {0: torch.tensor([10.0, 20.0]), 1: torch.tensor([10.0, 20.0]), 2: torch.tensor([3.0, 3.0])}
-    waiting = InFlight(np.array([0, 1]), np.array([0, 2]), np.array([5.0, 1.0]),  # changes [2, -4] and [1, 1]
-                       torch.tensor([[3.0, -3.0], [1.0, 1.0]]), torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
-                       torch.tensor([0.5, 0.25]))
-    fresh = Updates(torch.tensor([2]), torch.tensor([[7.1, 8.3]]), torch.tensor([[3.0, 3.0]]), torch.tensor([9.0]),
-                    torch.tensor([0.75]))
+    waiting = InFlight(
+        np.array([0, 1]),
+        np.array([0, 2]),
+        np.array([5.0, 1.0]),  # changes [2, -4] and [1, 1]
+        torch.tensor([[3.0, -3.0], [1.0, 1.0]]),
+        torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
+        torch.tensor([0.5, 0.25]),
+    )
+    fresh = Updates(
+        torch.tensor([2]),
+        torch.tensor([[7.1, 8.3]]),
+        torch.tensor([[3.0, 3.0]]),
+        torch.tensor([9.0]),
+        torch.tensor([0.75]),
+    )
     sizes = torch.tensor([4.0, 5.0, 9.0])
     arrived, left = take_arrivals(waiting, fresh, np.array([0.5]), 3, 2, "polynomial", current.__getitem__, sizes)
     got = arrived.updates  # client 2 at 0.5 s (fresh, tau 0) and client 1 at 1 s (version 2 of 3: tau 1)
     assert got.clients.tolist() == [1, 2] and arrived.staleness.tolist() == [1, 0] and arrived.last_s == 1.0
-    assert torch.allclose(got.params[0], torch.tensor([10.0, 20.0]) + 2 ** -0.5, rtol=0, atol=1e-6)
+    assert torch.allclose(got.params[0], torch.tensor([10.0, 20.0]) + 2**-0.5, rtol=0, atol=1e-6)
     assert torch.equal(got.params[1], torch.tensor([7.1, 8.3]))  # exactly as trained, no 0 x ... term
     assert torch.equal(got.starts, torch.tensor([[10.0, 20.0], [3.0, 3.0]]))
     assert got.num_samples.tolist() == [5.0, 9.0] and got.train_loss.tolist() == [0.25, 0.75]
@@ -93,11 +105,14 @@ def test_a_resumed_buffered_run_ends_as_an_uninterrupted_one():
     assert torch.equal(resumed.algorithm.models, whole.algorithm.models)
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"buffer_size": 4, "concurrency": 3}, "above system.concurrency"),
-    ({"buffer_size": 2, "concurrency": 7}, "the run has 6 clients"),
-    ({"buffer_size": 2, "deadline_s": 3.0}, "system.deadline_s shapes a synchronous round"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"buffer_size": 4, "concurrency": 3}, "above system.concurrency"),
+        ({"buffer_size": 2, "concurrency": 7}, "the run has 6 clients"),
+        ({"buffer_size": 2, "deadline_s": 3.0}, "system.deadline_s shapes a synchronous round"),
+    ],
+)
 def test_bad_buffers_are_refused_in_one_line(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         small_federation(FedAvg(), rounds=1, clients_per_round=3, system=SystemConfig(**settings)).run_round(1)

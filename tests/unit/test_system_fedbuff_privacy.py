@@ -1,6 +1,7 @@
 """DP under FedBuff: each client's releases are accounted, with no amplification by sampling (who arrives follows
 the devices, not a uniform draw), worked by hand on hand-set arrival times; a buffer of the whole cohort adds the
 synchronous run's noise; a resumed run reports the same epsilon."""
+
 import copy
 
 import numpy as np
@@ -21,21 +22,34 @@ ORDERS = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))  
 def unsampled_gaussian_epsilon(z: float, releases: int, delta: float = 1e-5) -> float:
     """epsilon of `releases` Gaussian mechanisms of noise z composed, no sampling: RDP alpha x releases / (2 z^2) at
     each order alpha, converted to (epsilon, delta) as Balle et al. 2020 (the conversion Opacus uses)."""
-    rdp = ORDERS * releases / (2 * z ** 2)
+    rdp = ORDERS * releases / (2 * z**2)
     return float(np.min(rdp + np.log1p(-1 / ORDERS) - (np.log(delta) + np.log(ORDERS)) / (ORDERS - 1)))
 
 
-def federation(system: SystemConfig | None, rounds: int, privacy: PrivacyConfig, num_clients: int = 6,
-               per_round: int = 3):
-    return small_federation(FedAvg(), num_clients=num_clients, rounds=rounds, clients_per_round=per_round,
-                            eval_every=rounds, system=system, privacy=privacy)
+def federation(
+    system: SystemConfig | None, rounds: int, privacy: PrivacyConfig, num_clients: int = 6, per_round: int = 3
+):
+    return small_federation(
+        FedAvg(),
+        num_clients=num_clients,
+        rounds=rounds,
+        clients_per_round=per_round,
+        eval_every=rounds,
+        system=system,
+        privacy=privacy,
+    )
 
 
 def test_the_client_released_most_often_sets_epsilon_hand_set_arrivals():
     """Three clients, 3 s, 1 s and 2 s a round, one arrival an update (as test_system_fedbuff's hand-set times):
     clients 1, 2, 1, 0 arrive, so the most released client has 1, 1, 2, 2 releases after each round."""
-    fed = federation(SystemConfig(buffer_size=1, concurrency=3), 4, PrivacyConfig(noise_multiplier=2.0, clip=1.0),
-                     num_clients=3, per_round=3)
+    fed = federation(
+        SystemConfig(buffer_size=1, concurrency=3),
+        4,
+        PrivacyConfig(noise_multiplier=2.0, clip=1.0),
+        num_clients=3,
+        per_round=3,
+    )
     model = fed.extension(SystemModel)
     hand_set_times(model, np.array([3.0, 1.0, 2.0]), np.zeros(3))
     scalars = [fed.run_round(t).scalars for t in range(1, 5)]
@@ -85,7 +99,11 @@ def test_adaptive_clipping_takes_the_share_of_the_arrivals(monkeypatch):
 
     shares_of = []
     monkeypatch.setattr(PrivacyMechanism, "_adapt_clip", lambda self, clients: shares_of.append(clients))
-    fed = federation(SystemConfig(buffer_size=1, concurrency=3), 2,
-                     PrivacyConfig(noise_multiplier=1.0, clip=1.0, adaptive=True, count_noise=1.0), num_clients=3)
+    fed = federation(
+        SystemConfig(buffer_size=1, concurrency=3),
+        2,
+        PrivacyConfig(noise_multiplier=1.0, clip=1.0, adaptive=True, count_noise=1.0),
+        num_clients=3,
+    )
     fed.run_round(1)
     assert shares_of == [1]

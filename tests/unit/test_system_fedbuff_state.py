@@ -4,6 +4,7 @@ then what it trained (compared with a synchronous round that trained it from the
 personal entries (`Algorithm.personal_mask`) arrive exactly as trained while its shared ones are re-based and
 weighted by staleness, worked by hand; a method for which asynchronous rounds are wrong is refused in one line naming
 it and why; and a run resumed with state in flight ends as an uninterrupted one."""
+
 import copy
 import re
 
@@ -28,8 +29,13 @@ from fedlight.system.system_model import SystemModel
 from helpers.federations import every_row, small_federation
 from helpers.system_times import hand_set_times
 
-STORE = {Ditto: "personal", Local: "local_models", FedSoft: "local_models", SCAFFOLD: "client_controls",
-         "KeepsRows": "kept"}
+STORE = {
+    Ditto: "personal",
+    Local: "local_models",
+    FedSoft: "local_models",
+    SCAFFOLD: "client_controls",
+    "KeepsRows": "kept",
+}
 
 
 def store_name(federation) -> str:
@@ -57,14 +63,17 @@ class KeepsRows(Algorithm):
         return trained
 
 
-@pytest.mark.parametrize("make, per_round", [
-    (lambda: Ditto(lam=0.5), 3),
-    (lambda: FedSoft(num_clusters=2, selection_size=2), None),  # its own draws: the union of each center's two
-    (FedPer, 3),
-    (lambda: FedRep(head_epochs=1), 3),  # its own two-phase train_group
-    (SCAFFOLD, 3),  # its clients' control variates, returned and summed into c
-    (KeepsRows, 3),  # a plugin's per-client state, with nothing declared
-])
+@pytest.mark.parametrize(
+    "make, per_round",
+    [
+        (lambda: Ditto(lam=0.5), 3),
+        (lambda: FedSoft(num_clusters=2, selection_size=2), None),  # its own draws: the union of each center's two
+        (FedPer, 3),
+        (lambda: FedRep(head_epochs=1), 3),  # its own two-phase train_group
+        (SCAFFOLD, 3),  # its clients' control variates, returned and summed into c
+        (KeepsRows, 3),  # a plugin's per-client state, with nothing declared
+    ],
+)
 def test_a_buffer_of_the_whole_cohort_is_the_synchronous_run_bit_for_bit(make, per_round):
     runs = []
     for system in (SystemConfig(), SystemConfig(buffer_size=6 if per_round is None else per_round)):
@@ -89,8 +98,14 @@ def test_a_slow_clients_state_changes_only_at_its_arrival_and_is_then_what_it_tr
     reference.run_round(1)
     name = store_name(reference)
     trained = rows(reference, name)
-    fed = small_federation(make(), num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
-                           system=SystemConfig(buffer_size=1, concurrency=3))
+    fed = small_federation(
+        make(),
+        num_clients=3,
+        rounds=4,
+        clients_per_round=3,
+        eval_every=4,
+        system=SystemConfig(buffer_size=1, concurrency=3),
+    )
     model = fed.extension(SystemModel)
     hand_set_times(model, np.array([3.0, 1.0, 2.0]), np.zeros(3))
     initial = rows(fed, name)[0].clone()  # every client's row before it trains: the initial model
@@ -111,27 +126,46 @@ def test_an_entry_that_did_not_move_while_in_flight_arrives_as_trained_one_that_
     its own arrival writes). Entry 0: 10 + 1/2 x (3 - 1) = 11; entry 1: -3, as trained (not 1 + 1/2 x (-3 - 1) = -1).
     Client 1, fresh (tau 0), arrives exactly as trained. Nothing says which entry is personal."""
     current = {0: torch.tensor([10.0, 1.0]), 1: torch.tensor([10.0, 5.0])}
-    waiting = InFlight(np.array([0]), np.array([0]), np.array([2.0]), torch.tensor([[3.0, -3.0]]),
-                       torch.tensor([[1.0, 1.0]]), torch.tensor([0.5]))
-    fresh = Updates(torch.tensor([1]), torch.tensor([[7.1, 8.3]]), torch.tensor([[10.0, 5.0]]), torch.tensor([9.0]),
-                    torch.tensor([0.75]))
-    arrived, left = take_arrivals(waiting, fresh, np.array([1.0]), 3, 2, "polynomial", current.__getitem__,
-                                  torch.tensor([4.0, 9.0]))
+    waiting = InFlight(
+        np.array([0]),
+        np.array([0]),
+        np.array([2.0]),
+        torch.tensor([[3.0, -3.0]]),
+        torch.tensor([[1.0, 1.0]]),
+        torch.tensor([0.5]),
+    )
+    fresh = Updates(
+        torch.tensor([1]),
+        torch.tensor([[7.1, 8.3]]),
+        torch.tensor([[10.0, 5.0]]),
+        torch.tensor([9.0]),
+        torch.tensor([0.75]),
+    )
+    arrived, left = take_arrivals(
+        waiting, fresh, np.array([1.0]), 3, 2, "polynomial", current.__getitem__, torch.tensor([4.0, 9.0])
+    )
     assert arrived.updates.clients.tolist() == [0, 1] and arrived.staleness.tolist() == [3, 0] and len(left) == 0
     assert arrived.updates.params[0].tolist() == [11.0, -3.0]
     assert torch.equal(arrived.updates.params[1], torch.tensor([7.1, 8.3]))  # fresh: exactly as trained
     assert torch.equal(arrived.updates.starts, torch.tensor([[10.0, 1.0], [10.0, 5.0]]))
     moved = {0: torch.tensor([10.0, 7.0]), 1: current[1]}  # had entry 1 moved, it would be re-based too
-    arrived, _ = take_arrivals(waiting, fresh, np.array([1.0]), 3, 2, "polynomial", moved.__getitem__,
-                               torch.tensor([4.0, 9.0]))
+    arrived, _ = take_arrivals(
+        waiting, fresh, np.array([1.0]), 3, 2, "polynomial", moved.__getitem__, torch.tensor([4.0, 9.0])
+    )
     assert arrived.updates.params[0].tolist() == [11.0, 5.0]
 
 
 def client_0_sent_out_in_round_1(algorithm):
     """A federation of three clients, 3 s, 1 s and 2 s a round, one arrival an update, after round 1: (it, what
     client 0 trained in round 1, the model it trained from); client 0 arrives in round 4, 3 versions stale."""
-    fed = small_federation(algorithm, num_clients=3, rounds=4, clients_per_round=3, eval_every=4,
-                           system=SystemConfig(buffer_size=1, concurrency=3))
+    fed = small_federation(
+        algorithm,
+        num_clients=3,
+        rounds=4,
+        clients_per_round=3,
+        eval_every=4,
+        system=SystemConfig(buffer_size=1, concurrency=3),
+    )
     model = fed.extension(SystemModel)
     hand_set_times(model, np.array([3.0, 1.0, 2.0]), np.zeros(3))
     fed.run_round(1)
@@ -162,8 +196,13 @@ def test_a_fedsoft_center_averages_the_arrived_local_models_it_drew_when_they_we
     so each round's draws can be recomputed. A center becomes the arrived local model when it drew that client in the
     round the client was sent out in, and is unchanged otherwise; in some round that differs from the arrival round's
     draws."""
-    fed = small_federation(FedSoft(num_clusters=2, selection_size=2, estimation_interval=100), num_clients=4,
-                           rounds=6, eval_every=6, system=SystemConfig(buffer_size=1))
+    fed = small_federation(
+        FedSoft(num_clusters=2, selection_size=2, estimation_interval=100),
+        num_clients=4,
+        rounds=6,
+        eval_every=6,
+        system=SystemConfig(buffer_size=1),
+    )
     model, soft = fed.extension(SystemModel), fed.algorithm
     hand_set_times(model, np.array([3.0, 1.0, 2.0, 1.5]), np.zeros(4))
     differs = False
@@ -180,14 +219,16 @@ def test_a_fedsoft_center_averages_the_arrived_local_models_it_drew_when_they_we
     assert differs
 
 
-@pytest.mark.parametrize("algorithm, message", [
-    (CFLGP, "CFLGP's clients send 'criterion_update' (a value the server reads client by client) beside the model"),
-    (FedPAC, "FedPAC's clients send 'fedpac_bias' (a value the server reads client by client) beside the model"),
-])
+@pytest.mark.parametrize(
+    "algorithm, message",
+    [
+        (CFLGP, "CFLGP's clients send 'criterion_update' (a value the server reads client by client) beside the model"),
+        (FedPAC, "FedPAC's clients send 'fedpac_bias' (a value the server reads client by client) beside the model"),
+    ],
+)
 def test_a_method_asynchronous_rounds_are_wrong_for_is_refused_in_one_line_naming_it_and_why(algorithm, message):
     with pytest.raises(ValueError, match=re.escape(f"system.buffer_size: {message}")) as error:
-        small_federation(algorithm(), rounds=1, clients_per_round=3,
-                         system=SystemConfig(buffer_size=2)).run_round(1)
+        small_federation(algorithm(), rounds=1, clients_per_round=3, system=SystemConfig(buffer_size=2)).run_round(1)
     assert "\n" not in str(error.value)
 
 

@@ -2,6 +2,7 @@
 as a deadline drop is (or with partial work sends the steps that fit before it leaves), worked by hand for three
 clients; each availability pattern says how long a client stays online; and a run with every client always online
 is unchanged."""
+
 import json
 
 import numpy as np
@@ -67,8 +68,13 @@ def test_each_pattern_says_how_long_its_clients_stay_online(tmp_path):
 def test_in_a_run_the_leaving_client_is_left_out_untrained_and_counted():
     """Three clients online 10 s of every 30: client 1 is 8 s into its window at the round's start and its round
     takes 4 s, so it leaves; the others stay, and the round lasts until client 0's 3.5 s."""
-    fed = small_federation(num_clients=3, rounds=1, clients_per_round=3, eval_every=1,
-                           system=SystemConfig(availability="periods", online_s=10.0, offline_s=20.0))
+    fed = small_federation(
+        num_clients=3,
+        rounds=1,
+        clients_per_round=3,
+        eval_every=1,
+        system=SystemConfig(availability="periods", online_s=10.0, offline_s=20.0),
+    )
     model = fed.extension(SystemModel)
     model.availability.phase_s = np.array([0.0, 8.0, 1.0])
     hand_set_times(model, np.array([3.0, 3.5, 2.0]), np.full(3, 0.5))
@@ -82,8 +88,13 @@ def test_in_a_run_the_leaving_client_is_left_out_untrained_and_counted():
 def test_under_fedbuff_a_dispatched_client_going_offline_never_flies():
     """The same three clients sent out at once, one arrival an update: client 1 leaves, client 2 (2.5 s) arrives,
     client 0 stays in flight."""
-    fed = small_federation(num_clients=3, rounds=1, clients_per_round=3, eval_every=1,
-                           system=SystemConfig(availability="periods", online_s=10.0, offline_s=20.0, buffer_size=1))
+    fed = small_federation(
+        num_clients=3,
+        rounds=1,
+        clients_per_round=3,
+        eval_every=1,
+        system=SystemConfig(availability="periods", online_s=10.0, offline_s=20.0, buffer_size=1),
+    )
     model = fed.extension(SystemModel)
     model.availability.phase_s = np.array([0.0, 8.0, 1.0])
     hand_set_times(model, np.array([3.0, 3.5, 2.0]), np.full(3, 0.5))
@@ -94,6 +105,11 @@ def test_under_fedbuff_a_dispatched_client_going_offline_never_flies():
 
 @pytest.mark.parametrize("availability", ["always", "share"])
 def test_patterns_online_all_round_never_take_anyone_offline_mid_round(availability):
-    fed = small_federation(num_clients=4, rounds=1, clients_per_round=2, eval_every=1,
-                           system=SystemConfig(availability=availability, online_share=0.5))
+    fed = small_federation(
+        num_clients=4,
+        rounds=1,
+        clients_per_round=2,
+        eval_every=1,
+        system=SystemConfig(availability=availability, online_share=0.5),
+    )
     assert fed.run_round(1).scalars["system/went_offline"] == 0

@@ -1,6 +1,7 @@
 """Client selection as a plug-in choice: each selector against a hand-built case (power-of-choice's highest-loss
 candidates, Oort's utility, each cluster's share by largest remainder), data-size selection's frequencies, and the
 uniform selector drawing what a run without a `system:` section draws."""
+
 import numpy as np
 import pytest
 
@@ -21,10 +22,13 @@ def context(losses=(), sizes=None, times=None, clusters=None, asked=None) -> Sel
         return table[clients], 2 * table[clients]
 
     n = len(table) if len(table) else len(sizes if sizes is not None else clusters)
-    return SelectionContext(lambda round, purpose: np.random.default_rng(stream_seed(0, round, purpose)),
-                            np.ones(n) if sizes is None else np.asarray(sizes, dtype=float),
-                            np.ones(n) if times is None else np.asarray(times, dtype=float), measured,
-                            lambda: np.asarray(clusters))
+    return SelectionContext(
+        lambda round, purpose: np.random.default_rng(stream_seed(0, round, purpose)),
+        np.ones(n) if sizes is None else np.asarray(sizes, dtype=float),
+        np.ones(n) if times is None else np.asarray(times, dtype=float),
+        measured,
+        lambda: np.asarray(clusters),
+    )
 
 
 def test_power_of_choice_picks_the_highest_loss_candidates_and_measures_the_candidates_alone():

@@ -1,5 +1,6 @@
 """The virtual clock charges what a method's clients actually ran (`fedlight.system.work_cost`): every round time
 below is worked by hand from the clients' sizes, the batch size and the devices' speeds, never read from the code."""
+
 import math
 
 import numpy as np
@@ -58,8 +59,13 @@ def test_scaffold_sends_its_control_variate_beside_the_model():
 def test_power_of_choices_candidates_loss_passes_are_a_phase_before_the_round():
     """d = 4 candidates of 6 each receive the model and pass their training samples forward once; the round then
     trains the 2 of highest loss. The round lasts the slowest candidate's pass, then the slowest trained client."""
-    fed = small_federation(FedAvg(), num_clients=6, rounds=1, clients_per_round=2,
-                           system=devices(selection="power_of_choice", candidates=4))
+    fed = small_federation(
+        FedAvg(),
+        num_clients=6,
+        rounds=1,
+        clients_per_round=2,
+        system=devices(selection="power_of_choice", candidates=4),
+    )
     sizes, steps, bits = by_hand(fed)
     result = fed.run_round(1)
     model = fed.extension(SystemModel)
@@ -82,8 +88,9 @@ def test_a_deadline_the_nominal_work_meets_is_judged_on_the_measured_work_from_t
     counted = (steps * BATCH + k * sizes / 3) / SPEED + (k + 1) * bits / (LINK * 1e6)
     deadline = float(nominal.max()) + 1e-3
     assert (counted > deadline).all()
-    fed = small_federation(IFCA(num_clusters=k), num_clients=4, rounds=2, eval_every=2,
-                           system=devices(deadline_s=deadline))
+    fed = small_federation(
+        IFCA(num_clusters=k), num_clients=4, rounds=2, eval_every=2, system=devices(deadline_s=deadline)
+    )
     first = fed.run_round(1).scalars
     assert first["system/late"] == 4 and first["system/dropped_deadline"] == 0
     assert first["system/round_virtual_s"] == pytest.approx(counted.max(), rel=1e-12)

@@ -1,5 +1,6 @@
 """Torch's thread count comes from the cores a process may use (affinity, cgroup quota), shared among the run's
 processes and the runs beside it; cgroup files are written here in the kernel's formats."""
+
 from __future__ import annotations
 
 import os
@@ -73,6 +74,7 @@ def test_a_bad_parallel_runs_value_names_the_variable(monkeypatch):
 
 def test_federation_threads_below_one_is_refused():
     from fedlight.engine.config import FederationConfig
+
     with pytest.raises(ValueError, match="federation.threads"):
         FederationConfig(threads=0)
 
@@ -89,8 +91,9 @@ def test_importing_fedlight_makes_idle_openmp_threads_sleep_unless_the_user_chos
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if given:
         env["OMP_WAIT_POLICY"] = given
-    out = subprocess.run([sys.executable, "-c", WAIT_POLICY_PROBE], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", WAIT_POLICY_PROBE], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert " ".join(out) == expected
 
 
@@ -99,8 +102,13 @@ def test_a_program_that_loaded_torch_first_is_told_fedlight_did_not_choose_its_p
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", "import torch; " + WAIT_POLICY_PROBE], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; " + WAIT_POLICY_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out == ["PASSIVE", "False"]  # its own threads keep torch's policy; the processes it starts get passive
 
 

@@ -1,14 +1,19 @@
 """The tuning report's search history: the best-so-far curve over completed trials, worked by hand, and a page
 that lists every trial with its state."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from fedlight.reports.tune_report import TrialRecord, best_so_far, write
 
-RECORDS = [TrialRecord(0, "complete", 0.2, {"lr": 0.1}), TrialRecord(1, "pruned", 0.5, {"lr": 0.3}, last_round=2),
-           TrialRecord(2, "complete", 0.1, {"lr": 0.01}), TrialRecord(3, "complete", 0.4, {"lr": 0.05}),
-           TrialRecord(4, "fail", None, {"lr": 0.9})]
+RECORDS = [
+    TrialRecord(0, "complete", 0.2, {"lr": 0.1}),
+    TrialRecord(1, "pruned", 0.5, {"lr": 0.3}, last_round=2),
+    TrialRecord(2, "complete", 0.1, {"lr": 0.01}),
+    TrialRecord(3, "complete", 0.4, {"lr": 0.05}),
+    TrialRecord(4, "fail", None, {"lr": 0.9}),
+]
 
 
 def test_best_so_far_follows_only_the_completed_trials_in_the_studys_direction():

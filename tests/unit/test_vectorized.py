@@ -1,4 +1,5 @@
 """Vectorized client training gives the parameters sequential training gives, with the same seeds."""
+
 import pytest
 import torch
 from torch import nn
@@ -14,8 +15,17 @@ from fedlight.models import MLP, Classifier
 from helpers.federations import small_federation
 
 
-def mlp_federation(algorithm, vectorize=8, optimizer="sgd", momentum=0.9, lr=0.05, num_clients=5, partition=None,
-                   batch_size=32, weight_decay=0.0):
+def mlp_federation(
+    algorithm,
+    vectorize=8,
+    optimizer="sgd",
+    momentum=0.9,
+    lr=0.05,
+    num_clients=5,
+    partition=None,
+    batch_size=32,
+    weight_decay=0.0,
+):
     """An MLP on digits: no max-pool ties, whose tie-breaking (a valid subgradient either way) can differ
     between the batched and the single-model kernels and would blur an exact comparison."""
     torch.manual_seed(0)
@@ -30,8 +40,9 @@ class LastLayerPersonal(Algorithm):
         self.set_personal_mask(server.model.layer_mask(server.model.layers()[-1:]))
 
 
-@pytest.mark.parametrize("make_algorithm", [FedAvg, lambda: FedProx(mu=0.5), LastLayerPersonal],
-                         ids=["fedavg", "fedprox", "personal"])
+@pytest.mark.parametrize(
+    "make_algorithm", [FedAvg, lambda: FedProx(mu=0.5), LastLayerPersonal], ids=["fedavg", "fedprox", "personal"]
+)
 def test_each_round_matches_sequential_training_from_the_same_server_state(make_algorithm):
     """Both trainers start every round from the same server state (training at lr 0.1 with momentum 0.9
     amplifies float rounding, so runs that drift apart for rounds are not compared)."""
@@ -61,8 +72,9 @@ def test_adam_matches(optimizer):
 
 
 def test_unequal_clients_take_their_own_number_of_steps_in_groups():
-    fed = mlp_federation(FedAvg(), vectorize=4, num_clients=6, partition=QuantitySkew(alpha=0.5, min_size=20),
-                         batch_size=16)  # groups of 4 and 2 clients
+    fed = mlp_federation(
+        FedAvg(), vectorize=4, num_clients=6, partition=QuantitySkew(alpha=0.5, min_size=20), batch_size=16
+    )  # groups of 4 and 2 clients
     sizes = fed.data.train.sizes()
     assert len(set(sizes.tolist())) > 3 and len(set((sizes % 16).tolist())) > 1
     vectorized = fed.execution.train(1, list(range(6)))
@@ -80,12 +92,19 @@ def test_a_cnn_matches_up_to_max_pool_tie_breaking():
     assert (vectorized.params - sequential).abs().mean() < 1e-6
 
 
-@pytest.mark.parametrize("net, optimizer, reason", [
-    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.ReLU(), nn.Flatten(),
-                   nn.Linear(4 * 36, 10)),
-     "sgd", "cumulative average"),
-    (MLP(64, [16], 10), torch.optim.Rprop, "no vectorized form"),
-])
+@pytest.mark.parametrize(
+    "net, optimizer, reason",
+    [
+        (
+            nn.Sequential(
+                nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 10)
+            ),
+            "sgd",
+            "cumulative average",
+        ),
+        (MLP(64, [16], 10), torch.optim.Rprop, "no vectorized form"),
+    ],
+)
 def test_what_cannot_be_vectorized_falls_back_to_sequential_training_and_says_why(net, optimizer, reason):
     torch.manual_seed(0)
     model = Classifier(net)
@@ -118,13 +137,16 @@ def test_a_training_step_that_fails_under_vmap_falls_back_and_still_trains():
     assert not torch.equal(fed.algorithm.models[0], fed.server.model.initial_params)
 
 
-@pytest.mark.parametrize("kind, settings", [
-    ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.2, "weight_decay": 0.01}),
-    ("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
-    ("SGD", {"lr": 0.1}),
-    ("Adam", {"lr": 0.01, "weight_decay": 0.01}),
-    ("AdamW", {"lr": 0.01, "weight_decay": 0.1}),
-])
+@pytest.mark.parametrize(
+    "kind, settings",
+    [
+        ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.2, "weight_decay": 0.01}),
+        ("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+        ("SGD", {"lr": 0.1}),
+        ("Adam", {"lr": 0.01, "weight_decay": 0.01}),
+        ("AdamW", {"lr": 0.01, "weight_decay": 0.1}),
+    ],
+)
 def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(kind, settings):
     """Rows 0-2 step first (a range), then rows 1-3 (row 3's first step, the others' second), then all, the
     parameters split into two tensors: each row must follow what torch.optim does to a single tensor given the
@@ -151,7 +173,7 @@ def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(ki
         rows = range(rows[0], rows[-1] + 1)
 
         def views(matrix, rows=rows):  # two "parameter tensors": entries 0-1 and 2-4 of every row
-            return [matrix[rows.start: rows.stop, :2], matrix[rows.start: rows.stop, 2:]]
+            return [matrix[rows.start : rows.stop, :2], matrix[rows.start : rows.stop, 2:]]
 
         grad = grad.clone()
         functional.step(views(params), [grad[:, :2], grad[:, 2:]], state, views, rows, functional.h["lr"])
