@@ -30,13 +30,16 @@ from `server.clients.group_batches` (stream "ala"), every batch's gradients of t
 still learning, so a client that has settled, or has had its one later pass, leaves it. `train/ala_passes` and
 `train/ala_weight_mean` report each client's passes and mean W of the round.
 
-Evaluation: every client is evaluated with the ALA aggregation of the current global model and its stored theta_i
-with its stored W_i, lower layers global (`personalized_model`), computed as (1 - W) theta + W Theta, which is Theta
-exactly where W = 1. That is the model it would start from in its next round before that round's W pass. The
-authors' code (and PFLlib) evaluate after the ALA step of a round, which learns W once more, on every client; doing
-so here would cost a pass over every client's data at every evaluation, so the evaluated W is the one of the client's
-last participation. A client never selected has W = 1: it is evaluated with the global model, exactly. A newcomer
-(a held-out client) gets the global model too (the inherited `newcomer_models`).
+Evaluation, by default (`evaluate_after_ala: false`, what the shipped configs and the README's tables use): every
+client is evaluated with the ALA aggregation of the current global model and its stored theta_i with its stored W_i,
+lower layers global (`personalized_model`), computed as (1 - W) theta + W Theta, which is Theta exactly where W = 1.
+That is the model it would start from in its next round before that round's W pass; a client never selected has
+W = 1 and is evaluated with the global model, exactly. The authors' code (and PFLlib) evaluate after the ALA step of a
+round, which learns W afresh on every client from the current global model; `evaluate_after_ala: true` does that
+(`relearned_model`: an ALA step from the stored W, one pass for a client whose W was learned before, the converging
+first step otherwise, on a sample drawn from a stream of its own so training is unchanged), at the cost of a pass
+over every client's sample at every evaluation. Nothing it learns is kept: the next round's ALA starts from the
+stored W, as without it. A newcomer (a held-out client) gets the global model (the inherited `newcomer_models`).
 
 Defaults: eta = 1.0 (the paper's setting and PFLlib's default), rand_percent s = 80 (the paper's and PFLlib's),
 layers p = 1 (the paper's setting; PFLlib's default layer_idx = 2 counts parameter tensors, the last layer's weight
@@ -101,6 +104,8 @@ class FedALA(Algorithm):
             pass losses is below this (>= 0).
         num_pre_loss: how many of the last pass losses that standard deviation covers (>= 1).
         max_start_passes: the most passes of the first ALA step (>= 1).
+        evaluate_after_ala: evaluate each client after an ALA step learned afresh from the current global model
+            (the authors' and PFLlib's evaluation); False: with its W of its last participation (see above).
         participation: share of clients selected each round.
     """
 
@@ -112,6 +117,7 @@ class FedALA(Algorithm):
         threshold: float = 0.1,
         num_pre_loss: int = 10,
         max_start_passes: int = 100,
+        evaluate_after_ala: bool = False,
         participation: float = 1.0,
     ) -> None:
         super().__init__(participation)
@@ -134,6 +140,8 @@ class FedALA(Algorithm):
             raise ValueError(f"max_start_passes must be an integer >= 1, got {max_start_passes}")
         self.eta, self.rand_percent, self.layers, self.threshold = eta, rand_percent, layers, threshold
         self.num_pre_loss, self.max_start_passes = int(num_pre_loss), int(max_start_passes)
+        self.evaluate_after_ala = evaluate_after_ala
+        self.round = 0  # the round last begun: an evaluation's ALA step draws its sample from that round's stream
 
     def setup(self, server: ServerContext) -> None:
         super().setup(server)
@@ -147,6 +155,9 @@ class FedALA(Algorithm):
         self.local = server.state.declare("local", initial=initial)  # theta_i^0 = Theta^0
         self.weights = server.state.declare("weights", initial=torch.ones_like(initial))
         self.weights_learned = server.state.declare("weights_learned", initial=initial.new_zeros(()))
+
+    def begin_round(self, round: int) -> None:
+        self.round = round
 
     def train_group(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """ALA for the group (W learned by `learn_weights` where theta_i differs from Theta), then the module's SGD
@@ -172,15 +183,22 @@ class FedALA(Algorithm):
         return trained
 
     def learn_weights(
-        self, round: int, clients: list[int], starts: Tensor, local: Tensor, weights: Tensor, learned: Tensor
+        self,
+        round: int,
+        clients: list[int],
+        starts: Tensor,
+        local: Tensor,
+        weights: Tensor,
+        learned: Tensor,
+        purpose: str = "ala",
     ) -> tuple[Tensor, Tensor]:
         """W of each client after its ALA step: passes over its s % sample (`sample_batches`), one for a client
-        whose W has been learned before (`learned`), else until its pass losses settle or `max_start_passes`.
-        Returns (W, passes of each client)."""
+        whose W has been learned before (`learned`), else until its pass losses settle or `max_start_passes`;
+        `purpose` names the sample's stream. Returns (W, passes of each client)."""
         server, mixed = self.server, self.mixed
         difference = starts[:, mixed] - local  # Theta - theta
         weights = weights.clone()
-        sample = self.sample_batches(round, clients)
+        sample = self.sample_batches(round, clients, purpose)
         going = sorted({row for rows, _, _ in sample for row in rows})  # a client with no sample keeps its W
         history: list[Tensor] = []  # each pass's last-batch loss of every client (NaN: not in that pass)
         passes = starts.new_zeros(len(clients))
@@ -214,7 +232,9 @@ class FedALA(Algorithm):
         unsettled = (~learned) & ~(spread < self.threshold) & (passes < self.max_start_passes)
         return [row for row in going if bool(unsettled[row])]
 
-    def sample_batches(self, round: int, clients: list[int]) -> list[tuple[list[int], tuple[Tensor, Tensor], int]]:
+    def sample_batches(
+        self, round: int, clients: list[int], purpose: str = "ala"
+    ) -> list[tuple[list[int], tuple[Tensor, Tensor], int]]:
         """Each client's s % sample as batches, in the order of its "ala" stream of the round (`group_batches`): of
         the first int(s / 100 * n) samples of a random order of its n training samples, the whole batches at the
         federation's batch size (the short last one dropped, where PFLlib's loader keeps it: see the module
@@ -223,7 +243,7 @@ class FedALA(Algorithm):
         left = [int(self.rand_percent / 100 * n) for n in self.server.clients.train_sizes[clients].tolist()]
         started = [False] * len(clients)
         batches = []
-        for group in self.server.clients.group_batches(round, clients, epochs=1, purpose="ala"):
+        for group in self.server.clients.group_batches(round, clients, epochs=1, purpose=purpose):
             if not any(left):
                 break
             x, y = group.batch
@@ -247,6 +267,24 @@ class FedALA(Algorithm):
         model[self.mixed] = mix(self.local[client], model[self.mixed], self.weights[client])
         return model
 
+    def relearned_model(self, client: int) -> Tensor:
+        """PFLlib's evaluated model: the global model with ALA's aggregation on the mixed entries after an ALA step
+        learned now from the current global model (from the stored W; stream "ala-eval" of the round last begun),
+        nothing stored. The global model for a client whose theta_i equals it (never selected)."""
+        received = self.models[0]
+        local = self.local[client]
+        if not bool((local != received[self.mixed]).any()):
+            return received.clone()
+        learned = self.weights_learned[client][None] > 0
+        weights, _ = self.learn_weights(
+            self.round, [client], received[None], local[None], self.weights[client][None], learned, "ala-eval"
+        )
+        model = received.clone()
+        model[self.mixed] = mix(local, received[self.mixed], weights[0])
+        return model
+
     def evaluation_models(self) -> tuple[ClientModels, Tensor]:
+        """Every client its own model (`relearned_model` with `evaluate_after_ala`, else `personalized_model`)."""
         n = self.server.num_clients
-        return ClientModels(self.personalized_model, n), torch.arange(n, device=self.server.device)
+        model = self.relearned_model if self.evaluate_after_ala else self.personalized_model
+        return ClientModels(model, n), torch.arange(n, device=self.server.device)

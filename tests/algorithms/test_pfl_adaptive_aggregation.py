@@ -34,6 +34,23 @@ def test_one_w_step_is_minus_eta_times_the_gradient_times_global_minus_local_cli
     assert (expected == 0).any() and (expected == 1).any() and inside.any()  # both clips and a free step
 
 
+def test_evaluating_after_ala_learns_w_afresh_from_the_current_global_model_and_keeps_nothing():
+    """PFLlib's evaluation (`evaluate_after_ala`): after round 2, client 1 (W learned before: one pass, its whole data
+    one batch) is evaluated with theta + (Theta - theta) W', W' = clip(W - eta * grad * (Theta - theta)) at the new
+    global model Theta, the gradient worked out for softmax regression; its stored W stays the round's."""
+    fed = linear_federation(FedALA(eta=50.0, rand_percent=100, evaluate_after_ala=True), num_clients=3, batch_size=4096)
+    fed.run_round(1), fed.run_round(2)
+    alg = fed.algorithm
+    received, local, stored = alg.models[0].double(), alg.local[1].double(), alg.weights[1].clone()
+    mixed = local + (received - local) * stored.double()
+    grad = linear_gradient(mixed, *client_data(fed, 1))
+    relearned = (stored.double() - 50.0 * grad * (received - local)).clamp(0, 1)
+    models, _ = alg.evaluation_models()
+    assert torch.allclose(models[1].double(), local + (received - local) * relearned, rtol=0, atol=1e-5)
+    assert not torch.allclose(relearned, stored.double(), atol=1e-3)  # W moved: the global model changed
+    assert torch.equal(alg.weights[1], stored)  # nothing learned at evaluation is kept
+
+
 @pytest.fixture(scope="module")
 def two_rounds():
     """A 2-round run, half the clients a round: (the federation, round 2's clients, their theta_i and the global model
