@@ -268,7 +268,13 @@ class ClientExecution:
                     )
         ids = torch.tensor(clients, device=self.device)
         return Updates(
-            ids, trained.params, starts, self.server.clients.train_sizes[ids], trained.loss, trained.logs, trained.state
+            ids,
+            trained.params,
+            starts,
+            self.server.clients.aggregation_weights[ids],
+            trained.loss,
+            trained.logs,
+            trained.state,
         )
 
     def train_many(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:

@@ -40,6 +40,7 @@ class ClientPopulation:
     Attributes:
         count: how many clients there are.
         train_sizes: (count,) their training-set sizes, on the data's device.
+        aggregation_weights: (count,) what each one's update weighs in aggregation (`Updates.num_samples`).
         work: what each client's work ran (`fedlight.plugin.client_work`), which the virtual clock charges.
     """
 
@@ -56,6 +57,9 @@ class ClientPopulation:
         self._train_group = train_group
         self.count = data.num_clients
         self.train_sizes = torch.as_tensor(data.train.sizes(), device=data.train.x.device)
+        #: what each client's update weighs in the engine's aggregation (`Updates.num_samples`): its training-set
+        #: size, or 1 where clients are already sampled by size (`system.selection: data_size`)
+        self.aggregation_weights = self.train_sizes
         self._rows = {name: data.split(name).client_of_row() for name in SPLITS}
         self.work = ClientWork(self.count)
 

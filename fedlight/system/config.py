@@ -87,6 +87,10 @@ class SystemConfig:
         selection: how the server picks a round's clients among the available ones: "uniform", "data_size"
             (proportional to training-set size), "power_of_choice" (Cho et al.), "oort" (Lai et al.'s utility),
             "cluster_stratified" (each cluster of the algorithm's assignment its share of the cohort).
+        size_weighted_mean: with "data_size" selection, keep weighting the selected clients' updates by their
+            training-set sizes. False (the default): they are averaged plainly, as Li et al.'s analysis of FedProx
+            (scheme I) and Cho et al. average after sampling by size: sampling by size and weighting by size again
+            would count a large client twice (its expected weight grows with the square of its size).
         candidates: d, the candidates "power_of_choice" and "oort" score (None: twice the cohort).
         oort_alpha: alpha, the exponent of Oort's penalty (T / t)^alpha on a client slower than T.
         preferred_round_s: Oort's T, the preferred round duration (None: `deadline_s`, else the candidates' median
@@ -114,6 +118,7 @@ class SystemConfig:
     partial_work: bool = False
     dropout: float = 0.0
     selection: str = "uniform"
+    size_weighted_mean: bool = False
     candidates: int | None = None
     oort_alpha: float = 2.0
     preferred_round_s: float | None = None

@@ -110,6 +110,8 @@ class SystemModel(RoundExtension):
             lambda: algorithm.assignment.cpu().numpy(),
         )
         self.selector = make_selector(config, selection)
+        if config.selection == "data_size" and not config.size_weighted_mean:  # sampled by size: averaged plainly
+            server.clients.aggregation_weights = torch.ones_like(server.clients.train_sizes)
         if config.buffer_size is not None:
             self.setup_buffer(context)
 
@@ -130,7 +132,7 @@ class SystemModel(RoundExtension):
                 "run on one device (or leave buffer_size out)"
             )
         self.algorithm = context.algorithm
-        self.sizes, self.like = context.server.clients.train_sizes, context.model
+        self.sizes, self.like = context.server.clients.aggregation_weights, context.model
         self.in_flight = (
             InFlight.empty(self.like)
             if self._in_flight_state is None
@@ -218,7 +220,8 @@ class SystemModel(RoundExtension):
             f"availability {c.availability}",
             c.deadline,
             f"dropout {c.dropout:.0%}" if c.dropout else None,
-            f"selection {c.selection}",
+            f"selection {c.selection}"
+            + (", averaged plainly" if c.selection == "data_size" and not c.size_weighted_mean else ""),
             f"FedBuff: {c.buffer_size} arrivals an update, {c.concurrency or 'the cohort'} in flight, "
             f"{c.staleness} staleness weight"
             if c.buffer_size is not None

@@ -82,3 +82,37 @@ def test_uniform_selection_of_every_client_available_draws_what_the_base_class_d
     for round in (1, 2, 7):
         base = sorted(np.random.default_rng(stream_seed(0, round, "select")).choice(20, size=5, replace=False).tolist())
         assert chooser.select(round, np.arange(20), 5) == base
+
+
+@pytest.mark.parametrize("size_weighted", [False, True])
+def test_clients_sampled_by_size_are_averaged_plainly_unless_asked(size_weighted):
+    """Sampling by size and weighting by size again counts a large client twice: after a FedAvg round with
+    `selection: data_size` the global model is the plain mean of the trained models (Li et al.'s scheme I), or their
+    size-weighted mean with `size_weighted_mean: true`; computed here from the round's trained rows."""
+    import torch
+
+    from fedlight import Plan, RoundUpdates
+    from fedlight.algorithms.fedavg import FedAvg
+    from fedlight.datamodules import QuantitySkew
+    from fedlight.system.config import SystemConfig
+    from helpers.federations import small_federation
+
+    class Recording(FedAvg):
+        plan = Plan(holds_updates=True)
+
+        def aggregate(self, round: int, updates: RoundUpdates) -> None:
+            self.trained = [(g.params.double().clone(), g.clients.clone()) for g in updates.groups()]
+            super().aggregate(round, updates)
+
+    system = SystemConfig(selection="data_size", size_weighted_mean=size_weighted)
+    fed = small_federation(
+        Recording(), num_clients=6, rounds=1, system=system, clients_per_round=3, partition=QuantitySkew(min_size=40)
+    )
+    fed.run_round(1)
+    rows = torch.cat([params for params, _ in fed.algorithm.trained])
+    clients = torch.cat([ids for _, ids in fed.algorithm.trained])
+    sizes = fed.server.clients.train_sizes[clients].double()
+    assert len(set(sizes.tolist())) > 1  # clients of different sizes: the two means differ
+    weights = sizes if size_weighted else torch.ones_like(sizes)
+    expected = (weights[:, None] * rows).sum(dim=0) / weights.sum()
+    assert torch.allclose(fed.algorithm.models[0].double(), expected, atol=1e-6)
