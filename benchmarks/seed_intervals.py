@@ -5,7 +5,7 @@ a difference whose interval excludes 0 is marked, one that spans 0 is not resolv
     python benchmarks/seed_intervals.py runs/sweep-baselines-skew [--metrics test/acc_mean test/acc_worst]
                                         [--against FedAvg] [--level 0.95]
 
-The groups are the report's (`fedlight.reports.report.group_runs`: one per configuration); a configuration is named by
+The groups are the report's (`fedlight.reports.runs.group_runs`: one per configuration); a configuration is named by
 its runs' folder name without the seed (a sweep entry's `name`), else by the report's label; `--against` names the
 reference (default: the first).
 """
@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from fedlight.reports.intervals import mean_interval, paired_difference
-from fedlight.reports.report import Group, find_runs, group_runs, load_run, values_by_seed
+from fedlight.reports.runs import Group, find_runs, group_runs, load_run
+from fedlight.reports.tables import values_by_seed
 
 
 def name_of(group: Group) -> str:

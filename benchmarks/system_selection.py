@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlight.reports import plots
-from fedlight.reports.report import VIRTUAL_TIME, Run, find_runs, group_runs, load_run
+from fedlight.reports.runs import VIRTUAL_TIME, Run, find_runs, group_runs, load_run
 from system_stragglers import cell, last, selection_of, time_to_target
 
 

@@ -18,6 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedlight.reports import plots, report
+from fedlight.reports.figures import figures
+from fedlight.reports.runs import group_runs, load_run, plural, primary_metric
 
 STATE_MARKERS = {"complete": ("o", "#1f77b4"), "pruned": ("x", "#7f7f7f"), "fail": ("v", "#d62728")}
 
@@ -107,7 +109,7 @@ def _short(value: Any) -> str:
 def search_section(records: Sequence[TrialRecord], importances: dict[str, float], metric: str, direction: str) -> str:
     """The search history as HTML: two figures and the table of trials."""
     maximize = direction == "maximize"
-    figures = [
+    drawn = [
         (
             "history",
             "Search history",
@@ -118,7 +120,7 @@ def search_section(records: Sequence[TrialRecord], importances: dict[str, float]
         )
     ]
     if importances:
-        figures.append(
+        drawn.append(
             (
                 "importance",
                 "Parameter importance",
@@ -130,11 +132,11 @@ def search_section(records: Sequence[TrialRecord], importances: dict[str, float]
     body = "".join(
         f"<figure id='fig-{key}'>{plots.to_svg(fig, salt=key)}<figcaption><strong>{html.escape(title)}."
         f"</strong> {html.escape(caption)}</figcaption></figure>"
-        for key, title, caption, fig in figures
+        for key, title, caption, fig in drawn
     )
     note = "" if importances else "<p class='note'>Parameter importance needs two completed trials that differ.</p>"
     return (
-        f"<h2>Search</h2><p class='note'>{report.plural(len(records), 'trial')} on the validation split, "
+        f"<h2>Search</h2><p class='note'>{plural(len(records), 'trial')} on the validation split, "
         f"objective {html.escape(metric)} ({direction}).</p><div class='figures'>{body}</div>{note}"
         f"{trials_table(records)}"
     )
@@ -143,12 +145,12 @@ def search_section(records: Sequence[TrialRecord], importances: dict[str, float]
 def final_page(title: str, folders: Sequence[Path], search: str) -> str:
     """`fedlight report`'s page of the final runs, configurations labelled tuned and default, with the search
     section after the comparison table."""
-    runs = [report.load_run(path) for path in folders]
-    groups = report.group_runs(runs)
+    runs = [load_run(path) for path in folders]
+    groups = group_runs(runs)
     for group in groups:
         group.label = f"{'tuned' if group.first.path.name.startswith('best-') else 'default'}: {group.label}"
-    split, metric = runs[0].split, report.primary_metric(runs[0])
-    text = report.page(title, groups, split, metric, report.figures(groups, split, metric))
+    split, metric = runs[0].split, primary_metric(runs[0])
+    text = report.page(title, groups, split, metric, figures(groups, split, metric))
     return text.replace("<h2>Figures</h2>", f"{search}<h2>Figures</h2>", 1)
 
 

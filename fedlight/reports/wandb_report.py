@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedlight.reports.report import Group
+    from fedlight.reports.runs import Group
 
 EXTRA = "pip install 'fedlight[wandb-report]'"
 

@@ -486,14 +486,15 @@ def run_sweep(config: str, console: Console, errors: Console, jobs: int = 1, par
 def run_report(cfg: Namespace, console: Console) -> None:
     """Write the HTML report (and the W&B Report when asked), saying where it went."""
     from fedlight.reports import report, wandb_report
+    from fedlight.reports.runs import plural
+    from fedlight.reports.tables import console_table
 
     started = time.perf_counter()
     output, groups = report.write(cfg.runs, cfg.output, cfg.title, overwrite=cfg.overwrite)
-    runs = report.plural(sum(len(g.runs) for g in groups), "run")
-    console.print(report.console_table(groups))
+    runs = plural(sum(len(g.runs) for g in groups), "run")
+    console.print(console_table(groups))
     console.print(
-        f"report of {runs} in {report.plural(len(groups), 'configuration')}: {output} "
-        f"({time.perf_counter() - started:.1f} s)"
+        f"report of {runs} in {plural(len(groups), 'configuration')}: {output} ({time.perf_counter() - started:.1f} s)"
     )
     if cfg.wandb:
         console.print(wandb_report.build(cfg.wandb, groups, cfg.title), soft_wrap=True, highlight=False)

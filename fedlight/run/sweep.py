@@ -39,6 +39,7 @@ from rich.console import Console
 
 from fedlight.engine.threads import sharing_environment
 from fedlight.reports import report
+from fedlight.reports.tables import console_table
 from fedlight.run import registry
 from fedlight.run.termination import INTERRUPTED_EXIT, TERMINATED_EXIT
 from fedlight.plugin.algorithm import Algorithm
@@ -243,7 +244,7 @@ def run(
         _run_each(numbered, len(grid), config, base, path, fit, console)
     output = Path(config.output_dir) / config.report
     _, groups = report.write([Path(config.output_dir) / c.name for c in grid], output, config.title)
-    console.print(report.console_table(groups))
+    console.print(console_table(groups))
     console.print(f"report: {output}")
     return output
 

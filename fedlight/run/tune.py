@@ -366,7 +366,7 @@ class Tuner:
         """Tuned against default settings on the test split: the mean ± std over the final seeds."""
         import json
 
-        from fedlight.reports.report import plural  # the reports' figures load matplotlib: only when printed
+        from fedlight.reports.runs import plural  # the reports load matplotlib: only when printed
 
         metric = "test/" + self.cfg.metric.split("/", 1)[1]
         for label in ("best", "default"):

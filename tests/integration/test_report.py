@@ -16,7 +16,7 @@ import yaml
 from fedlight.run.cli import main
 from fedlight.datamodules import DigitsFederated, Rotations
 from fedlight.reports.run_groups import config_group
-from fedlight.reports.report import read_rows
+from fedlight.reports.runs import read_rows
 
 from helpers.reports import fake_run, table
 
@@ -406,9 +406,10 @@ def test_the_wandb_report_selects_the_groups_of_the_runs(sweep):
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces.expr import expr_to_filters
 
-    from fedlight.reports import report, wandb_report
+    from fedlight.reports import wandb_report
+    from fedlight.reports.runs import find_runs, group_runs, load_run
 
-    groups = report.group_runs([report.load_run(p) for p in report.find_runs([sweep])])
+    groups = group_runs([load_run(p) for p in find_runs([sweep])])
     built = wandb_report.report_blocks(wr, "team", "project", groups, "Two algorithms")
     runset = built.blocks[1].runsets[0]
     assert expr_to_filters(runset.filters).value == [g.key for g in groups]
@@ -497,14 +498,15 @@ def test_a_sweep_part_must_name_one_of_its_shares(tmp_path, capsys):
 def test_the_ranking_says_which_neighbours_the_seeds_resolve(tmp_path):
     """Three configurations over seeds 0-2: lr 0.1 beats lr 0.2 by 0.10, 0.11, 0.12 (paired differences' interval
     0.11 ± 0.025, excluding 0); lr 0.2 and lr 0.3 differ by +0.05, -0.04, +0.01 (an interval spanning 0)."""
-    from fedlight.reports import report
+    from fedlight.reports.runs import find_runs, group_runs, load_run
+    from fedlight.reports.tables import ranking_text
 
     accs = {0.1: [0.80, 0.71, 0.62], 0.2: [0.70, 0.60, 0.50], 0.3: [0.65, 0.64, 0.49]}
     for lr, values in accs.items():
         for seed, acc in enumerate(values):
             fake_run(tmp_path / f"lr{lr}" / f"s{seed}", seed, acc, lr=lr)
-    groups = report.group_runs([report.load_run(p) for p in report.find_runs([tmp_path])])
-    text = report.ranking_text(groups, "test", "acc")
+    groups = group_runs([load_run(p) for p in find_runs([tmp_path])])
+    text = ranking_text(groups, "test", "acc")
     assert text.endswith(
         " Resolved by the seeds (paired 95 % interval): FedAvg (lr=0.1) over FedAvg (lr=0.2). "
         "Not resolved: FedAvg (lr=0.2) and FedAvg (lr=0.3)."

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from fedlight.reports.report import load_run
+from fedlight.reports.runs import load_run
 from fedlight.run.sweep import combinations, load
 from fedlight.system.clock import DeviceProfiles
 from fedlight.system.config import SpeedDistribution, SystemConfig

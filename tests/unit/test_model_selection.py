@@ -16,7 +16,9 @@ from fedlight.datamodules import DigitsFederated
 from fedlight.engine.federation import Federation, FederationConfig
 from fedlight.models import Classifier, SmallCNN
 from fedlight.plugin.aggregation import ClientModels
-from fedlight.reports import report, selection
+from fedlight.reports import selection
+from fedlight.reports.runs import find_runs, group_runs, load_run
+from fedlight.reports.tables import comparison_table, ranking_text, table_columns
 from fedlight.run import checkpoint
 from fedlight.run.console import summary_table
 from fedlight.run.runner import Totals
@@ -219,9 +221,9 @@ def test_table_1_adds_the_val_selected_and_test_selected_columns_and_ranks_by_va
     with_rows(fake_run(tmp_path / "a" / "s0", 0, 0.6, lr=0.1), ROWS)
     with_rows(fake_run(tmp_path / "a" / "s1", 1, 0.6, lr=0.1), [(1, 0.5, 0.7, 0.3), (2, 0.4, 0.8, 0.2)])
     with_rows(fake_run(tmp_path / "b" / "s0", 0, 0.6, lr=0.2), [(1, 0.9, 0.3, 0.1)])
-    groups = report.group_runs([report.load_run(p) for p in report.find_runs([tmp_path])])
-    columns = report.table_columns("test", "acc")
-    got = table(report.comparison_table(groups, columns))
+    groups = group_runs([load_run(p) for p in find_runs([tmp_path])])
+    columns = table_columns("test", "acc")
+    got = table(comparison_table(groups, columns))
     a, b = got["FedAvg (lr=0.1)"], got["FedAvg (lr=0.2)"]
     assert [c.header for c in columns][:7] == [
         "mean acc",
@@ -238,7 +240,7 @@ def test_table_1_adds_the_val_selected_and_test_selected_columns_and_ranks_by_va
     assert a["test-selected acc"] == (pytest.approx(0.85), pytest.approx(0.05), 2)
     assert a["test-selected worst-client acc"] == (pytest.approx(0.25), pytest.approx(0.05), 2)
     assert b["val-selected acc"] == (0.3, 0.0, 1) and b["test-selected acc"] == (0.3, 0.0, 1)
-    assert report.ranking_text(groups, "test", "acc") == (
+    assert ranking_text(groups, "test", "acc") == (
         "Ranked by val-selected acc (every run chose its round on "
         "validation data): 1. FedAvg (lr=0.1) 0.600; 2. FedAvg "
         "(lr=0.2) 0.300."
@@ -248,12 +250,12 @@ def test_table_1_adds_the_val_selected_and_test_selected_columns_and_ranks_by_va
 def test_table_1_says_no_validation_split_and_ranks_by_the_last_round_then(tmp_path):
     with_rows(fake_run(tmp_path / "a" / "s0", 0, 0.6, lr=0.1), ROWS)
     with_rows(fake_run(tmp_path / "b" / "s0", 0, 0.7, lr=0.2), [(1, 0.9, 0.3, 0.1), (2, 0.9, 0.2, 0.1)], False)
-    groups = report.group_runs([report.load_run(p) for p in report.find_runs([tmp_path])])
-    page = report.comparison_table(groups, report.table_columns("test", "acc"))
+    groups = group_runs([load_run(p) for p in find_runs([tmp_path])])
+    page = comparison_table(groups, table_columns("test", "acc"))
     cells = dict(re.findall(r"<th scope='row'><span[^>]*></span>(.*?)</th>(.*?)</tr>", page))
     assert cells["FedAvg (lr=0.2)"].count("<td class='num'>no validation split</td>") == 2
     assert table(page)["FedAvg (lr=0.2)"]["test-selected acc"] == (0.3, 0.0, 1)
-    assert report.ranking_text(groups, "test", "acc") == (
+    assert ranking_text(groups, "test", "acc") == (
         "Ranked by mean acc (the last round: 1 run (s0) has no validation-selected round): "
         "1. FedAvg (lr=0.2) 0.700; 2. FedAvg (lr=0.1) 0.600."
     )

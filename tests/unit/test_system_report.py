@@ -6,7 +6,8 @@ import json
 import yaml
 
 from fedlight.reports import plots
-from fedlight.reports.report import VIRTUAL_TIME, figures, group_runs, load_run
+from fedlight.reports.figures import figures
+from fedlight.reports.runs import VIRTUAL_TIME, group_runs, load_run
 
 
 def timed_run(folder, seed: int, times: list[float], accuracies: list[float]):
