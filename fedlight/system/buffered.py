@@ -2,7 +2,15 @@
 Aggregation", AISTATS 2022, Algorithm 1), on the virtual clock.
 
 C clients (`system.concurrency`) train at once; the server updates its models every K arrivals (`system.buffer_size`;
-a fedlight round is one update) and then dispatches as many new clients as arrived, so C stay in flight. A
+a fedlight round is one update) and then dispatches as many new clients as arrived, so C stay in flight.
+
+Where this differs from Algorithm 1, stated rather than built: the paper's server samples a replacement as each
+client arrives, so the K - 1 slots an update's earlier arrivals free start again at once, from the model of that
+moment (the one before the update); here all K replacements start at the update, from the updated model, and those
+slots idle in between. Refilling at each arrival would need each client's start model as it was before the update,
+which a clustered or personalized method's `client_model` cannot give for a client it has not yet selected. The
+wall-clock cost shows on the virtual clock (`system/round_virtual_s`); the paper's server learning rate eta_g is
+`server_optimizer: {kind: sgd, lr: eta_g}` beside the buffer (tests/unit/test_system_fedbuff.py checks the step). A
 dispatched client trains at once from the model it receives (training is deterministic, so training it then equals
 training it later); its change (trained minus the model it received) waits here, C rows at most, until its arrival
 on the virtual clock: its dispatch time plus its local work and transfers (`fedlight.system.clock`).

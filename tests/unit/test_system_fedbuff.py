@@ -117,3 +117,25 @@ def test_bad_buffers_are_refused_in_one_line(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         small_federation(FedAvg(), rounds=1, clients_per_round=3, system=SystemConfig(**settings)).run_round(1)
     assert "\n" not in str(error.value)
+
+
+def test_fedbuffs_server_learning_rate_is_the_server_optimizers_sgd_step():
+    """FedBuff's Algorithm 1 ends each update with w <- w - eta_g x the buffer's mean change: `server_optimizer: {kind:
+    sgd, lr: eta_g}` beside `system.buffer_size`. At eta_g = 0.5 the model moves half as far as FedBuff's plain update
+    from the same state (C = 4 in flight, K = 2: stale arrivals in round 2)."""
+    from fedlight.aggregators.server_optimizer import ServerOptimizerConfig
+
+    system = SystemConfig(buffer_size=2, concurrency=4)
+    plain = small_federation(FedAvg(), num_clients=6, rounds=2, clients_per_round=4, eval_every=2, system=system)
+    stepped = small_federation(
+        FedAvg(),
+        num_clients=6,
+        rounds=2,
+        clients_per_round=4,
+        eval_every=2,
+        system=system,
+        server_optimizer=ServerOptimizerConfig(kind="sgd", lr=0.5),
+    )
+    before = plain.algorithm.models.clone()
+    plain.run_round(1), stepped.run_round(1)
+    assert torch.allclose(stepped.algorithm.models, before + 0.5 * (plain.algorithm.models - before), atol=1e-6)
