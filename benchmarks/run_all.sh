@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every speed benchmark, writing a markdown table and JSON per benchmark into OUTDIR.
-#   bash benchmarks/run_all.sh cpu  results/cpu     # the 2-core CPU settings of RESULTS.md
+#   bash benchmarks/run_all.sh cpu  results/cpu     # the 2-core CPU settings of docs/results.md
 #   bash benchmarks/run_all.sh cuda results/gpu     # the GPU settings (100-1000 clients, AMP on and off)
 set -euo pipefail
 device=${1:?usage: run_all.sh cpu|cuda OUTDIR}

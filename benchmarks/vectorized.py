@@ -9,7 +9,7 @@ BatchNorm, FedAvg's CNN as PFLlib and FL-bench build it (582,026 parameters) and
 setting runs one warm-up round (the automatic choice's probe included), then `--repeats` rounds in which the four
 take turns; the median of each is reported.
 
-    python benchmarks/vectorized.py                                  # the CPU table of RESULTS.md (~40 min)
+    python benchmarks/vectorized.py                                  # the CPU table of docs/results.md (~40 min)
     python benchmarks/vectorized.py --networks lenet5 --pool 12000   # a quick look
     python benchmarks/vectorized.py --clients 100 --accelerator cuda --precision bf16-mixed
 """

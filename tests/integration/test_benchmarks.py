@@ -1,5 +1,5 @@
 """The benchmark scripts run end to end at tiny sizes and their equivalence checks hold (timings are not
-checked here: speed is measured by running the benchmarks, see benchmarks/RESULTS.md)."""
+checked here: speed is measured by running the benchmarks, see docs/results.md)."""
 
 import argparse
 import json

@@ -1,6 +1,6 @@
 """The engine on a CUDA GPU: the same rounds as on the CPU (to float rounding), vectorized groups equal to one
 client at a time, bf16 mixed precision that still learns, and per-client state kept on the GPU within its budget.
-These run only where PyTorch sees a GPU (the device checks in benchmarks/RESULTS.md); CI's machine has none."""
+These run only where PyTorch sees a GPU (the device checks in docs/results.md, "On a GPU"); CI's machine has none."""
 
 import pytest
 import torch
