@@ -33,6 +33,16 @@ Deviations and limits (none in the update rules themselves):
   round (`interval: "step"`) makes it approximate;
 - control variates exist for parameters only: buffers (BatchNorm statistics) have no gradient, so their entries
   of c and c_i stay zero, and their new value is the plain mean of the clients' (eta_g does not extrapolate them).
+
+Early rounds on a CNN: on the digits label-skew config (2 classes a client, momentum 0 as option II wants) SCAFFOLD
+trails FedAvg at the same optimizer early (mean test accuracy 0.359 against 0.502 at round 10, 0.626 against 0.735
+at round 20) and leads it later (0.865 against 0.835 at round 40, 0.913 against 0.898 at round 60; seed 0,
+`python -m fedlight fit --config configs/digits/skew/scaffold.yaml` and `fedavg.yaml --model.init_args.momentum 0`).
+The control variates of the first rounds are estimated along the nonconvex early trajectory and correct towards
+stale directions; FedAvg's momentum 0.5 in the family's other configs doubles its effective step, which accounts for
+the rest of the gap at 20 rounds. On a convex problem the variance reduction shows from the start:
+tests/algorithms/test_pfl_drift_and_mixing.py checks that under label skew SCAFFOLD reaches a lower global training
+loss than FedAvg in 10 rounds of softmax regression.
 """
 
 from __future__ import annotations

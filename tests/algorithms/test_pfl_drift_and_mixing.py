@@ -12,7 +12,7 @@ from fedlight import RoundUpdates
 from fedlight.algorithms.apfl import APFL
 from fedlight.algorithms.fedavg import FedAvg
 from fedlight.algorithms.scaffold import SCAFFOLD
-from fedlight.datamodules import QuantitySkew
+from fedlight.datamodules import ClassesPerClient, QuantitySkew
 from fedlight.run.cli import main
 
 from helpers.federations import every_row, small_federation
@@ -170,3 +170,15 @@ def test_a_short_run_through_the_command_line(tmp_path, tiny_run_args, class_pat
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["rounds"] == 2 and 0 <= summary["test/acc_mean"] <= 1
+
+
+def test_scaffold_corrects_client_drift_under_label_skew_where_fedavg_does_not():
+    """SCAFFOLD's reason to exist: with 2 classes a client and 2 local epochs, plain SGD for both, its control
+    variates take softmax regression (convex) to a lower loss of the global objective than FedAvg's in 10 rounds."""
+    losses = {}
+    for algorithm in (FedAvg(), SCAFFOLD()):
+        fed = linear_federation(algorithm, num_clients=10, batch_size=16, partition=ClassesPerClient(2), local_epochs=2)
+        for round in range(1, 11):
+            fed.run_round(round)
+        losses[type(algorithm).__name__] = fed.evaluate("train")[0]["train/loss_mean"]
+    assert losses["SCAFFOLD"] < 0.8 * losses["FedAvg"], losses
