@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -197,6 +198,42 @@ def _add_scaled(params: list[Tensor], direction: list[Tensor], lr: float | Tenso
     else:
         for p, d in zip(params, direction):
             p.add_(d * _per_row(sign * lr, p))
+
+
+@dataclass
+class _SortedGroup:
+    """The clients of one `fit_many` call, sorted by size, largest first (sorted row i is the client given at
+    `order[i]`), so that the clients still training at a step are the first rows: their starts, data and number of
+    steps per epoch, the rows being trained (parameters, buffers, the optimizer's state) and the sums of the epoch's
+    losses and logged values."""
+
+    order: list[int]
+    starts: Tensor  # the sorted starts (those given when every row is one expanded model)
+    hook: GroupHook | None
+    weights: Tensor | None  # every client's per-sample weights, concatenated as `x`
+    inputs: Tensor | None  # each client's row of the objective's inputs
+    params: Tensor  # (clients, parameters), contiguous: the rows the steps update through views
+    buffers: dict[str, Tensor]
+    state: dict[str, Any]
+    sizes: list[int]
+    steps: list[int]
+    generators: list[torch.Generator]
+    x: Tensor  # every client's samples, concatenated in row order
+    y: Tensor
+    offsets: Tensor  # each client's first sample in `x` and `y`
+    loss_sum: Tensor
+    logs: LogSums
+    orders: list[Tensor] = field(default_factory=list)  # this epoch's batch order of each client
+
+    @property
+    def clients(self) -> int:
+        """The number of clients (rows)."""
+        return len(self.order)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the rows are trained."""
+        return self.starts.device
 
 
 class VectorizedTrainer:
@@ -423,89 +460,134 @@ class VectorizedTrainer:
         The clients are trained largest first (rows sorted by size), so at every step the clients still training
         are the first rows, and those with a short last batch come last: each step works on contiguous ranges of
         rows, through views, instead of gathering and scattering rows."""
-        device = starts.device
         epochs = self.local_epochs if epochs is None else epochs
-        seed_random_layers(int(np.random.SeedSequence(seeds).generate_state(1)[0]), device)
+        seed_random_layers(int(np.random.SeedSequence(seeds).generate_state(1)[0]), starts.device)
+        group = self._sorted_group(starts, data, seeds, hook, sample_weights, client_inputs)
+        rates = [r[0] * lr_scale for r in self.learning_rates.rates(round, epochs * max(group.steps))]
+        self.step_module.train()
+        with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module):
+            self.step_module.logs = step_logs
+            for epoch in range(epochs):
+                self._train_epoch(group, rates, round, epoch)
+            self.step_module.logs = None
+        return self._results_in_given_order(group)
+
+    def _sorted_group(
+        self,
+        starts: Tensor,
+        data: list[tuple[Tensor, Tensor]],
+        seeds: list[int],
+        hook: GroupHook | None,
+        sample_weights: list[Tensor] | None,
+        client_inputs: Tensor | None,
+    ) -> _SortedGroup:
+        """`fit_many`'s clients sorted by size, largest first, ready to train: their data concatenated, their
+        parameters as one contiguous matrix, their buffers and the optimizer's state."""
+        device = starts.device
         clients = len(starts)
         order = sorted(range(clients), key=lambda r: -len(data[r][1]))  # stable: ties keep their order
         # every row one model (expanded, stride 0) needs no sorting and no copy, unless a hook is handed the starts
         sorted_starts = starts if hook is None and starts.stride(0) == 0 else starts[order]
         data, seeds = [data[r] for r in order], [seeds[r] for r in order]
-        w_all = None if sample_weights is None else torch.cat([sample_weights[r] for r in order])
-        inputs_sorted = None if client_inputs is None else client_inputs[order]
-        every_entry = not self.buffer_entries
         params = (
             sorted_starts.clone(memory_format=torch.contiguous_format)
-            if every_entry
+            if not self.buffer_entries
             else sorted_starts[:, self.param_mask]
         )  # (boolean indexing copies)
-        buffers = self._buffers(sorted_starts)
-        state = self.optimizer.init_state(params)
-        b = self.batch_size
         sizes = [len(y) for _, y in data]
-        steps = [math.ceil(n / b) for n in sizes]
-        rates = [r[0] * lr_scale for r in self.learning_rates.rates(round, epochs * max(steps))]
-        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        x_all = torch.cat([x for x, _ in data])
-        y_all = torch.cat([y for _, y in data])
-        offsets = torch.tensor([0] + sizes[:-1], device=device).cumsum(0)
-        loss_sum = torch.zeros(clients, device=device)
-        logs = LogSums(clients, device)
-        self.step_module.train()
-        with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module):
-            self.step_module.logs = step_logs
-            for epoch in range(epochs):
-                orders = [sample_order(n, g, device) for n, g in zip(sizes, generators)]
-                loss_sum.zero_()
-                logs.clear()
-                for step in range(max(steps)):
-                    self.stand_in.at(round, epoch, step)
-                    for rows, count in self._ranges(step, sizes, steps):
-                        index = torch.stack([orders[r][step * b : step * b + count] for r in rows])
-                        index = index + offsets[rows.start : rows.stop, None]
-                        x, y = self._transform(x_all[index], y_all[index])
-                        whole = len(rows) == clients  # BatchNorm's in-place update reaches whole tensors only
-                        group_buffers = (
-                            buffers if whole else {k: v[rows.start : rows.stop].clone() for k, v in buffers.items()}
-                        )
-                        param_views = self._tensor_views(params, rows)
-                        weights = None if w_all is None else w_all[index]
-                        inputs = None if inputs_sorted is None else inputs_sorted[rows.start : rows.stop]
-                        with self.fabric.autocast():
-                            grads, losses, logged = self._grads(param_views, group_buffers, x, y, step, weights, inputs)
-                        if not whole:
-                            for name, value in group_buffers.items():
-                                buffers[name][rows.start : rows.stop] = value
-                        grads = [g.to(params.dtype) for g in grads]
-                        if hook is not None:
-                            grads = self._apply_hook(hook, order, rows, params, grads, sorted_starts)
-                        lr = self._rate(rates, rows, steps, epoch, step, device)
-                        self.optimizer.step(
-                            self._stepped(param_views),
-                            self._stepped(grads),
-                            state,
-                            lambda m: self._stepped(self._tensor_views(m, rows)),
-                            rows,
-                            lr,
-                        )
-                        loss_sum[rows.start : rows.stop] += losses.detach().float()
-                        logs.add(logged, slice(rows.start, rows.stop), count)
-            self.step_module.logs = None
-        del state  # the optimizer's rows go before the trained models are put together
-        if every_entry:
-            trained = params
+        return _SortedGroup(
+            order=order,
+            starts=sorted_starts,
+            hook=hook,
+            weights=None if sample_weights is None else torch.cat([sample_weights[r] for r in order]),
+            inputs=None if client_inputs is None else client_inputs[order],
+            params=params,
+            buffers=self._buffers(sorted_starts),
+            state=self.optimizer.init_state(params),
+            sizes=sizes,
+            steps=[math.ceil(n / self.batch_size) for n in sizes],
+            generators=[torch.Generator().manual_seed(seed) for seed in seeds],
+            x=torch.cat([x for x, _ in data]),
+            y=torch.cat([y for _, y in data]),
+            offsets=torch.tensor([0] + sizes[:-1], device=device).cumsum(0),
+            loss_sum=torch.zeros(clients, device=device),
+            logs=LogSums(clients, device),
+        )
+
+    def _train_epoch(self, group: _SortedGroup, rates: list[float], round: int, epoch: int) -> None:
+        """One local epoch of every client of `group`: each client's batch order drawn from its own generator, then
+        step by step the ranges of rows still training. The loss and log sums start again from zero (the values
+        kept are the last epoch's)."""
+        group.orders = [sample_order(n, g, group.device) for n, g in zip(group.sizes, group.generators)]
+        group.loss_sum.zero_()
+        group.logs.clear()
+        for step in range(max(group.steps)):
+            self.stand_in.at(round, epoch, step)
+            for rows, count in self._ranges(step, group.sizes, group.steps):
+                self._train_rows(group, rates, epoch, step, rows, count)
+
+    def _train_rows(
+        self, group: _SortedGroup, rates: list[float], epoch: int, step: int, rows: range, count: int
+    ) -> None:
+        """One step of the rows `rows`, each on its next `count` samples: their gradients (`_row_gradients`), the
+        hook's correction, the optimizer's step on their parameters, and their losses and logged values summed."""
+        param_views, grads, losses, logged = self._row_gradients(group, step, rows, count)
+        if group.hook is not None:
+            grads = self._apply_hook(group.hook, group.order, rows, group.params, grads, group.starts)
+        lr = self._rate(rates, rows, group.steps, epoch, step, group.device)
+        self.optimizer.step(
+            self._stepped(param_views),
+            self._stepped(grads),
+            group.state,
+            lambda m: self._stepped(self._tensor_views(m, rows)),
+            rows,
+            lr,
+        )
+        group.loss_sum[rows.start : rows.stop] += losses.detach().float()
+        group.logs.add(logged, slice(rows.start, rows.stop), count)
+
+    def _row_gradients(
+        self, group: _SortedGroup, step: int, rows: range, count: int
+    ) -> tuple[list[Tensor], list[Tensor], Tensor, dict[str, Tensor]]:
+        """(views of the rows' parameter tensors, their gradients in the parameters' dtype, losses, logged values)
+        of the rows `rows` on their batches of this step; their buffers in `group` are updated."""
+        b = self.batch_size
+        index = torch.stack([group.orders[r][step * b : step * b + count] for r in rows])
+        index = index + group.offsets[rows.start : rows.stop, None]
+        x, y = self._transform(group.x[index], group.y[index])
+        whole = len(rows) == group.clients  # BatchNorm's in-place update reaches whole tensors only
+        buffers = group.buffers if whole else {k: v[rows.start : rows.stop].clone() for k, v in group.buffers.items()}
+        param_views = self._tensor_views(group.params, rows)
+        weights = None if group.weights is None else group.weights[index]
+        inputs = None if group.inputs is None else group.inputs[rows.start : rows.stop]
+        with self.fabric.autocast():
+            grads, losses, logged = self._grads(param_views, buffers, x, y, step, weights, inputs)
+        if not whole:
+            for name, value in buffers.items():
+                group.buffers[name][rows.start : rows.stop] = value
+        return param_views, [g.to(group.params.dtype) for g in grads], losses, logged
+
+    def _results_in_given_order(self, group: _SortedGroup) -> Trained:
+        """The trained flat models (the parameters, and the buffers written into copies of the starts), each
+        client's mean loss over its last epoch's steps and its logged values, in the clients' order as given to
+        `fit_many`. It spends `group`: the optimizer's rows go before the trained models are put together, the
+        trained rows once they are."""
+        clients, device = group.clients, group.device
+        del group.state  # the optimizer's rows go before the trained models are put together
+        if not self.buffer_entries:
+            trained = group.params
         else:
-            trained = sorted_starts.clone()
-            trained[:, self.param_mask] = params
+            trained = group.starts.clone()
+            trained[:, self.param_mask] = group.params
             for e in self.buffer_entries:
-                trained[:, e.start : e.stop] = buffers[f"inner.{e.name}"].reshape(clients, -1)
-        del params, buffers
-        back = torch.tensor(order, device=device).argsort()  # the clients' order as given
-        in_order = order == list(range(clients))
+                trained[:, e.start : e.stop] = group.buffers[f"inner.{e.name}"].reshape(clients, -1)
+        del group.params, group.buffers
+        back = torch.tensor(group.order, device=device).argsort()  # the clients' order as given
+        in_order = group.order == list(range(clients))
         return Trained(
             trained if in_order else trained[back],
-            (loss_sum / torch.tensor(steps, device=device))[back],
-            {name: values[back] for name, values in logs.means().items()},
+            (group.loss_sum / torch.tensor(group.steps, device=device))[back],
+            {name: values[back] for name, values in group.logs.means().items()},
         )
 
     def _rate(
