@@ -13,7 +13,7 @@ import numpy as np
 
 from fedlight.plugin.evaluation import UNSEEN, higher_is_better
 from fedlight.reports import selection
-from fedlight.reports.intervals import mean_interval, paired_difference
+from fedlight.reports.intervals import client_bootstrap, mean_interval, paired_difference
 from fedlight.reports.runs import Group, Run, plural, primary_metric
 
 
@@ -134,31 +134,65 @@ def ranking_text(groups: Sequence[Group], split: str, metric: str) -> str:
         f"{rank}. {g.label} {value:.{column.digits}f}" if value is not None else f"{g.label} –"
         for rank, g, value in ranked
     )
-    return (
-        f"Ranked by {column.header} ({why}): {places}.{resolution([g for _, g, v in ranked if v is not None], column)}"
-    )
+    settled = resolution([g for _, g, v in ranked if v is not None], column, metric)
+    return f"Ranked by {column.header} ({why}): {places}.{settled}"
 
 
-def resolution(ranked: Sequence[Group], column: Column) -> str:
-    """' Resolved by the seeds: A over B. Not resolved: B and C.' for each pair of neighbours in `ranked` that share
-    two or more seeds: resolved when the 95 % interval of their paired difference over those seeds excludes 0
-    (`fedlight.reports.intervals.paired_difference`); '' when no pair shares two seeds."""
-    resolved: list[tuple[str, str]] = []
-    unresolved: list[tuple[str, str]] = []
+def resolution(ranked: Sequence[Group], column: Column, metric: str = "acc") -> str:
+    """' Resolved by the seeds: A over B. Not resolved by the seeds: B and C.' for each pair of neighbours in `ranked`:
+    over the seeds when they share two or more (the 95 % interval of their paired difference over those seeds excludes
+    0, `fedlight.reports.intervals.paired_difference`), else over the clients of the one seed they share (the bootstrap
+    interval of the clients' paired differences at each run's compared round, read from clients.csv,
+    `client_differences`); '' when no pair shares a seed."""
+    verdicts: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {"seeds": ([], []), "clients": ([], [])}
     for upper, lower in zip(ranked, ranked[1:]):
         mine, theirs = values_by_seed(upper, column.value), values_by_seed(lower, column.value)
-        if len(set(mine) & set(theirs)) < 2:
-            continue
         pair = (upper.label, lower.label)
-        (resolved if paired_difference(mine, theirs).excludes_zero() else unresolved).append(pair)
+        if len(set(mine) & set(theirs)) >= 2:
+            interval, by = paired_difference(mine, theirs), "seeds"
+        else:
+            differences = client_differences(upper, lower, column, metric)
+            if differences is None:
+                continue
+            interval, by = client_bootstrap(differences), "clients"
+        resolved, unresolved = verdicts[by]
+        (resolved if interval.excludes_zero() else unresolved).append(pair)
     text = ""
-    if resolved:
-        text += (
-            " Resolved by the seeds (paired 95 % interval): " + ", ".join(f"{a} over {b}" for a, b in resolved) + "."
-        )
-    if unresolved:
-        text += " Not resolved: " + ", ".join(f"{a} and {b}" for a, b in unresolved) + "."
+    for by, how in (("seeds", "paired 95 % interval"), ("clients", "one seed: paired bootstrap over its clients")):
+        resolved, unresolved = verdicts[by]
+        if resolved:
+            text += f" Resolved by the {by} ({how}): " + ", ".join(f"{a} over {b}" for a, b in resolved) + "."
+        if unresolved:
+            text += f" Not resolved by the {by}: " + ", ".join(f"{a} and {b}" for a, b in unresolved) + "."
     return text
+
+
+def compared_round(run: Run, column: Column) -> int | None:
+    """The round `column`'s value of `run` comes from: its validation-selected round for a selected column, else
+    its last evaluated round."""
+    if column.header.startswith(selection.VAL_SELECTED.replace("_", "-")):
+        found = run.selected.get(f"{selection.VAL_SELECTED}/round")
+        return int(found) if found is not None else None
+    return run.last_eval_round
+
+
+def client_differences(upper: Group, lower: Group, column: Column, metric: str) -> list[float] | None:
+    """Each client's `metric` in `upper`'s run minus in `lower`'s, both of the one seed they share (or their only
+    runs, when neither has a seed), at each run's compared round (`compared_round`); None when there is no such
+    pair of runs or no client with the metric in both."""
+    shared = sorted({r.seed for r in upper.runs} & {r.seed for r in lower.runs}, key=lambda s: (s is None, s))
+    if not shared:
+        return None
+    a = next(r for r in upper.runs if r.seed == shared[0])
+    b = next(r for r in lower.runs if r.seed == shared[0])
+    round_a, round_b = compared_round(a, column), compared_round(b, column)
+    if round_a is None or round_b is None:
+        return None
+    mine = {int(r["client"]): r[metric] for r in a.clients_at(round_a) if metric in r}
+    theirs = {int(r["client"]): r[metric] for r in b.clients_at(round_b) if metric in r}
+    clients = sorted(set(mine) & set(theirs))
+    values = [mine[c] - theirs[c] for c in clients if np.isfinite(mine[c]) and np.isfinite(theirs[c])]
+    return values or None
 
 
 def values_by_seed(group: Group, value: Callable[[Run], float | None]) -> dict[int, float]:

@@ -509,5 +509,30 @@ def test_the_ranking_says_which_neighbours_the_seeds_resolve(tmp_path):
     text = ranking_text(groups, "test", "acc")
     assert text.endswith(
         " Resolved by the seeds (paired 95 % interval): FedAvg (lr=0.1) over FedAvg (lr=0.2). "
-        "Not resolved: FedAvg (lr=0.2) and FedAvg (lr=0.3)."
+        "Not resolved by the seeds: FedAvg (lr=0.2) and FedAvg (lr=0.3)."
     )
+
+
+def test_one_seeds_neighbours_are_compared_over_their_clients(tmp_path):
+    """One seed a configuration: lr 0.1 beats lr 0.2 by 0.1 on each of 12 clients (a paired bootstrap interval far
+    from 0), lr 0.2 and lr 0.3 differ by +0.05 and -0.05 on alternate clients (an interval spanning 0); each
+    client's accuracy read from clients.csv at the compared round (the last evaluated)."""
+    from fedlight.reports.runs import find_runs, group_runs, load_run
+    from fedlight.reports.tables import ranking_text
+
+    base = [0.5 + 0.03 * c for c in range(12)]
+    per_client = {
+        0.1: [a + 0.1 for a in base],
+        0.2: base,
+        0.3: [a + (0.05 if c % 2 else -0.05) for c, a in enumerate(base)],
+    }
+    for lr, accs in per_client.items():
+        folder = fake_run(tmp_path / f"lr{lr}", 0, sum(accs) / len(accs) - (0.001 if lr == 0.3 else 0), lr=lr)
+        rows = "".join(f"2,{c},{a}\n" for c, a in enumerate(accs))
+        (folder / "clients.csv").write_text("round,client,acc\n" + rows)
+    groups = group_runs([load_run(p) for p in find_runs([tmp_path])])
+    text = ranking_text(groups, "test", "acc")
+    assert text.endswith(
+        " Resolved by the clients (one seed: paired bootstrap over its clients): FedAvg (lr=0.1) over FedAvg "
+        "(lr=0.2). Not resolved by the clients: FedAvg (lr=0.2) and FedAvg (lr=0.3)."
+    ), text
