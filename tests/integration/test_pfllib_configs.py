@@ -56,7 +56,8 @@ PFLLIB_ARGS = {
     "fedpac": {"lam": 1.0, "head_epochs": 1, "body_epochs": 1},
     "fedcp": {"lam": 1.0},
     "gpfl": {"lam": 1.0, "mu": 0.0},
-    "fedala": {"eta": 1.0, "rand_percent": 80, "layers": 1},  # PFLlib's -et 1.0, -s 80, -p 2 (fc's two tensors)
+    # PFLlib's -et 1.0, -s 80, -p 2 (fc's two tensors), and its evaluation after an ALA step learned afresh
+    "fedala": {"eta": 1.0, "rand_percent": 80, "layers": 1, "evaluate_after_ala": True},
     # not PFLlib's defaults, which would turn the method off or weigh another term (the configs say why)
     "moon": {"mu": 1.0, "temperature": 0.5},
     "feddyn": {"alpha": 0.01},
