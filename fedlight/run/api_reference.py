@@ -67,14 +67,16 @@ def undocumented() -> list[str]:
     return missing
 
 
-def build(out: Path) -> Path:
-    """Write the reference's HTML pages into `out`; returns the index page."""
+def build(out: Path, packages: tuple[str, ...] | None = None) -> Path:
+    """Write the reference's HTML pages into `out` (of `packages` and their modules, default every one of
+    `PACKAGES`); returns the index page."""
     import pdoc
 
+    names = [m.__name__ for m in modules() if packages is None or m.__name__.startswith(tuple(packages))]
     pdoc.render.configure(docformat="google", show_source=False, search=True)
     with warnings.catch_warnings():  # every module is named (a package's `__all__` hides its submodules from
         warnings.filterwarnings("ignore", message=".*has already been added")  # pdoc), so pdoc meets some twice
-        pdoc.pdoc(*(module.__name__ for module in modules()), output_directory=out)
+        pdoc.pdoc(*names, output_directory=out)
     return out / "index.html"
 
 
