@@ -26,6 +26,7 @@ from fedlight.training.local_work import LocalWork
 from fedlight.training.probe import (
     AGREEMENT,
     CHECK_CLIENTS,
+    COMPUTE_BOUND_S,
     ProbeResult,
     agreement,
     decide,
@@ -355,6 +356,14 @@ class GroupTraining:
             parts.append(one)
             seconds.append(spent)
         rest, rest_starts = clients[first : len(group)], starts[first : len(group)]
+        sequential_s = step_seconds(seconds, [self.local_steps(c, work.epochs) for c in clients[:first]])
+        compute_bound = remembered is None and bool(rest) and self.device.type == "cpu"
+        if compute_bound and self.collective.broadcast(sequential_s >= COMPUTE_BOUND_S):
+            parts.append(self._one_by_one(round, rest, rest_starts, work, first))
+            result = self.collective.broadcast(
+                ProbeResult(first, 0, sequential_s, math.nan, math.nan, "sequential", compute_bound=True)
+            )
+            return self._keep_and_finish(key, result, round, clients, starts, work, parts, len(group))
         difference = (
             remembered.difference
             if remembered
@@ -369,19 +378,34 @@ class GroupTraining:
         else:
             trained, vectorized_s = self._one_by_one(round, rest, rest_starts, work, first), math.nan
         parts.append(trained)
-        sequential_s = step_seconds(seconds, [self.local_steps(c, work.epochs) for c in clients[:first]])
         result = remembered or self.collective.broadcast(
             decide(first, len(rest) if vectorizes else 0, sequential_s, vectorized_s, difference)
         )
+        return self._keep_and_finish(key, result, round, clients, starts, work, parts, len(group), remembered)
+
+    def _keep_and_finish(
+        self,
+        key: str,
+        result: ProbeResult,
+        round: int,
+        clients: list[int],
+        starts: Tensor,
+        work: LocalWork,
+        parts: list[Trained],
+        grouped: int,
+        remembered: ProbeResult | None = None,
+    ) -> Trained:
+        """Take the probe's `result` (remembered on this machine unless it was recalled), train the clients beyond
+        the first group (`grouped` of them trained) with the chosen trainer, and join every part in order."""
         if remembered is None and self.collective.rank == 0:
             remember(key, result)
         self.keep_probe(result)
-        if len(clients) > len(group):
-            later, later_starts = clients[len(group) :], starts[len(group) :]
+        if len(clients) > grouped:
+            later, later_starts = clients[grouped:], starts[grouped:]
             parts.append(
-                self._vectorized(round, later, later_starts, work, len(group))
+                self._vectorized(round, later, later_starts, work, grouped)
                 if self.vectorized is not None
-                else self._one_by_one(round, later, later_starts, work, len(group))
+                else self._one_by_one(round, later, later_starts, work, grouped)
             )
         return Trained.cat(parts)
 

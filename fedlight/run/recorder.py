@@ -114,5 +114,16 @@ class CsvRecorder(Callback):
 
 
 def strict_json(summary: dict[str, Any]) -> dict[str, Any]:
-    """The summary with every non-finite float replaced by None."""
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()}
+    """The summary with every non-finite float replaced by None, in nested dicts too (the plan's probe result)."""
+    return {k: _finite(v) for k, v in summary.items()}
+
+
+def _finite(value: Any) -> Any:
+    """`value` with non-finite floats as None, dicts and lists walked."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -44,6 +44,11 @@ from torch.nn.modules.dropout import _DropoutNd
 
 AGREEMENT = 0.05  # mean |vectorized - sequential| at most this share of the mean |update|
 CHECK_CLIENTS = 2  # clients the agreement check also trains sequentially (one local step each)
+#: on the CPU, a client step at least this long one client at a time is compute-bound: vectorizing removes per-step
+#: Python and dispatch overhead (about a millisecond for a small network), a few percent of such a step at most, and
+#: its copies cost more, so auto trains the rest one after another without trying the vectorized trainer (whose
+#: warm-up and check on a large network cost a 1-round run a third of its time)
+COMPUTE_BOUND_S = 0.05
 
 T = TypeVar("T")
 
@@ -59,12 +64,19 @@ class ProbeResult:
     difference: float  # the check: mean |vectorized - sequential| over mean |update|
     choice: str  # "vectorized" or "sequential"
     remembered: bool = False  # taken from an earlier run's probe on this machine (`recall`)
+    compute_bound: bool = False  # sequential without trying vectorized: a CPU step of COMPUTE_BOUND_S or more
 
     @property
     def reason(self) -> str | None:
         """Why clients train one after another, or None when they train vectorized."""
         if self.choice == "vectorized":
             return None
+        if self.compute_bound:
+            return (
+                f"auto: a client step took {_duration(self.sequential_step_s)} one client at a time on the CPU "
+                f"(compute-bound: {_duration(COMPUTE_BOUND_S)} or more), where vectorizing gains nothing; not tried "
+                "(federation.vectorize: a group size forces it)"
+            )
         if not self.difference <= AGREEMENT:
             return (
                 f"auto: vectorized training gave other models than sequential training in the check (mean "

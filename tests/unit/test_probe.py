@@ -104,6 +104,22 @@ def test_auto_trains_one_client_at_a_time_when_that_is_faster(monkeypatch):
     assert torch.equal(later.params, one_by_one(fed, 2, later.starts))  # the next round trains sequentially
 
 
+def test_a_compute_bound_cpu_step_trains_one_client_at_a_time_without_trying_vectorized(monkeypatch):
+    """A client step of 0.1 s one client at a time (at least COMPUTE_BOUND_S) on the CPU: the rest of round 1 and
+    every later round train sequentially, the vectorized trainer never runs (no check, no warm-up), and the start
+    line's reason says why; the models are sequential training's."""
+    slowed(ClientTrainer, "fit", monkeypatch, seconds=0.1)
+    calls: list[int] = []
+    real = VectorizedTrainer.fit_many
+    monkeypatch.setattr(VectorizedTrainer, "fit_many", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    fed = federation()
+    updates = fed.execution.train(1, list(range(5)))
+    probe = fed.execution.probe_result
+    assert probe.choice == "sequential" and probe.compute_bound and probe.vectorized_clients == 0 and not calls
+    assert "compute-bound" in fed.execution.plan.reason and probe.sequential_step_s == pytest.approx(0.1)
+    assert torch.equal(updates.params, one_by_one(fed, 1, updates.starts))
+
+
 def test_auto_never_trains_with_a_vectorized_trainer_that_gives_other_models(monkeypatch):
     slowed(ClientTrainer, "fit", monkeypatch)  # vectorized would be faster ...
     real = VectorizedTrainer.fit_many
@@ -261,3 +277,23 @@ def test_a_group_loop_takes_the_remembered_choice_on_the_same_machine(monkeypatc
         again = group_loop_round(-1)
     assert again.execution.probe_result.remembered and again.execution.probe_result.choice == "vectorized"
     assert torch.equal(first.algorithm.models, again.algorithm.models)
+
+
+def test_a_compute_bound_choice_is_written_to_the_summary(tmp_path, tiny_run_args, monkeypatch):
+    """The probe result of a run whose steps count as compute-bound has no vectorized time and no check (NaN):
+    summary.json writes them as null and says why the clients trained one after another."""
+    import json
+
+    from fedlight.run.cli import main
+
+    monkeypatch.setattr(probe_module, "COMPUTE_BOUND_S", 0.0)
+    monkeypatch.setattr("fedlight.engine.group_training.COMPUTE_BOUND_S", 0.0)
+    monkeypatch.setenv("FEDLIGHT_CACHE_DIR", str(tmp_path / "cache"))
+    args = list(tiny_run_args)
+    position = args.index("--federation.vectorize")
+    args[position + 1] = "-1"
+    assert main(args + ["--run_name", "bound"]) == 0
+    summary = json.loads((tmp_path / "bound" / "summary.json").read_text())
+    assert summary["plan"]["trainer"] == "sequential" and "compute-bound" in summary["plan"]["reason"]
+    probe = summary["vectorize_probe"]
+    assert probe["vectorized_step_s"] is None and probe["difference"] is None and probe["compute_bound"] is True
