@@ -20,33 +20,13 @@ import torch
 import fedlight as fedlight_package
 from fedlight.engine.processes import Collective
 
+from helpers.cli_runs import DIGITS_RUN
 from helpers.federations import small_federation
 from helpers.prestarted import Prestarted, ranks_env
 
 pytestmark = pytest.mark.slow  # real processes: skipped by `pytest -m "not slow"`
 
-RUN = [
-    "fit",
-    "--data",
-    "fedlight.datamodules.DigitsFederated",
-    "--data.num_clients",
-    "6",
-    "--data.partition",
-    "fedlight.datamodules.Rotations",
-    "--data.partition.init_args.num_clusters",
-    "2",
-    "--model",
-    "fedlight.models.Classifier",
-    "--model.network",
-    "fedlight.models.SmallCNN",
-    "--model.network.init_args.width",
-    "8",
-    "--model.lr",
-    "0.1",
-    "--federation.batch_size",
-    "32",
-    "--federation.accelerator",
-    "cpu",
+RUN = DIGITS_RUN + [
     "--logger.wandb",
     "false",
     "--output_dir",

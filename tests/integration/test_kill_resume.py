@@ -16,34 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cli_runs import DIGITS_RUN
 from helpers.prestarted import Prestarted
 
 
 pytestmark = pytest.mark.slow  # real processes: skipped by `pytest -m "not slow"`
 
 ROUNDS = 8
-RUN = [
-    "fit",
-    "--data",
-    "fedlight.datamodules.DigitsFederated",
-    "--data.num_clients",
-    "6",
-    "--data.partition",
-    "fedlight.datamodules.Rotations",
-    "--data.partition.init_args.num_clusters",
-    "2",
-    "--model",
-    "fedlight.models.Classifier",
-    "--model.network",
-    "fedlight.models.SmallCNN",
-    "--model.network.init_args.width",
-    "8",
-    "--model.lr",
-    "0.1",
-    "--federation.batch_size",
-    "32",
-    "--federation.accelerator",
-    "cpu",
+RUN = DIGITS_RUN + [
     "--federation.rounds",
     str(ROUNDS),
     "--algorithm",
