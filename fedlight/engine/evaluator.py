@@ -14,6 +14,7 @@ import torch
 from fedlight.cluster.scores import clustering_scores
 from fedlight.plugin.aggregation import ClientModels
 from fedlight.plugin.data import ClientSplit, FederatedData
+from fedlight.plugin.shared_body import SharedBodyModels, client_spans
 from fedlight.plugin.evaluation import per_client_classification, summarize
 from fedlight.engine.processes import Collective
 
@@ -76,6 +77,10 @@ class Evaluator:
         a group at a time: its model is taken once (a model built on demand is built once) and runs one batched
         pass on its clients' rows of each split."""
         models, group_of_client = models_and_groups
+        if isinstance(models, SharedBodyModels):
+            shared = self.outputs_by_shared_body(models, parts)
+            if shared is not None:
+                return shared
         orders, counts = [], []
         for _, _, client_of_row in parts:
             group_of_row = group_of_client[client_of_row]
@@ -98,6 +103,43 @@ class Evaluator:
                     begins[i] += count[group]
         return [
             self.outputs(models[0], x[:0]) if out is None else out  # no row to evaluate on this process
+            for out, (x, _, _) in zip(outputs, parts)
+        ]
+
+    def outputs_by_shared_body(
+        self, models: SharedBodyModels, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> list[torch.Tensor] | None:
+        """`outputs_by_group` for clients that differ from their cluster's model only in the head: each cluster's
+        body runs once over its clients' rows of every split, then each client's head (its cluster's head with its
+        personal entries written in) on its rows' features. None when the network's outputs are not its head's
+        (something follows the head, which the cluster's own head on the same features shows, or the head reads no
+        feature row a sample): then every client runs its whole model."""
+        view = self.server.model
+        outputs: list[torch.Tensor | None] = [None] * len(parts)
+        for cluster in range(len(models.bodies)):
+            body = models.bodies[cluster]
+            rows = [(models.group[client_of_row] == cluster).nonzero().flatten() for _, _, client_of_row in parts]
+            features: dict[int, torch.Tensor] = {}
+            for i, ((x, _, _), mine) in enumerate(zip(parts, rows)):
+                if len(mine):
+                    try:
+                        features[i], out = view.features(body, x[mine])
+                    except ValueError:  # a head applied to every position, pooled after it (GPT-2): no feature rows
+                        return None
+                    if not torch.allclose(view.head_outputs(body, features[i]), out, rtol=1e-4, atol=1e-5):
+                        return None
+                    if outputs[i] is None:
+                        outputs[i] = out.new_empty((len(x), *out.shape[1:]))
+            spans = {i: client_spans(parts[i][2][rows[i]]) for i in features}
+            head = body.clone()  # the cluster's model, its personal entries rewritten for one client at a time
+            for client in sorted({c for these in spans.values() for c in these}):
+                head[models.personal_index] = models.personal_row(client)
+                for i, these in spans.items():
+                    if client in these:
+                        at = these[client]  # positions among the cluster's rows of split i
+                        outputs[i][rows[i][at]] = view.head_outputs(head, features[i][at])  # type: ignore[index]
+        return [
+            view.outputs(models.bodies[0], x[:0]) if out is None else out  # no row to evaluate on this process
             for out, (x, _, _) in zip(outputs, parts)
         ]
 

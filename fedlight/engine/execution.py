@@ -245,9 +245,7 @@ class ClientExecution:
         if alg.plan.own_training:
             trained = self._train_own(round, clients, starts)
         elif self.training.choice == "sequential":  # a group of one: a custom loop draws what it drew alone
-            trained = Trained.cat(
-                [alg.train_group(round, clients[i : i + 1], starts[i : i + 1]) for i in range(len(clients))]
-            )
+            trained = self._one_group_each(round, clients, starts)
         else:
             trained = alg.train_group(round, clients, starts)
         message = self.server.message
@@ -280,6 +278,18 @@ class ClientExecution:
     def train_many(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained:
         """`ServerContext.clients.train_many`: the group training of the plan."""
         return self.training.fit(round, clients, starts, work)
+
+    def _one_group_each(self, round: int, clients: list[int], starts: Tensor) -> Trained:
+        """The algorithm's `train_group` on a group of one client at a time, each trained model written in place
+        into one (clients, d) tensor as it arrives, so the models are never held twice nor copied again."""
+        params = torch.empty_like(starts)
+        parts = []
+        for row in range(len(clients)):
+            part = self.algorithm.train_group(round, clients[row : row + 1], starts[row : row + 1])
+            params[row] = part.params[0]
+            part.params = params[row : row + 1]  # the part's own copy is freed
+            parts.append(part)
+        return Trained.cat(parts, params)
 
     def _train_own(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The algorithm's own `train_client`, one client after another, written in place (the trained models are

@@ -133,7 +133,7 @@ class Federation:
             seed,
             self.config.rounds,
             self.config.eval_split,
-            self.config.eval_batch_size,
+            self.config.eval_rows(self.device.type),
             self.client_states,
             self.aggregation,
             self.config.clients_per_round,

@@ -259,7 +259,8 @@ class GroupTraining:
     ) -> Trained:
         """Written in place, so the trained models are never held twice. `offset`: the position of `clients[0]` in
         the call's clients (what the gradient hook is told); `limits`: each client's most steps (None: all)."""
-        params, losses = torch.empty_like(starts), torch.empty(len(clients), device=self.device)
+        params = torch.empty_like(starts) if len(clients) != 1 else None  # a group of one keeps its trained copy
+        losses = torch.empty(len(clients), device=self.device)
         logs: dict[str, Tensor] = {}
         hook, seeds = work.hook(self._unstepped(work)), self._seeds(round, clients, work)
         for row, (client, start) in enumerate(zip(clients, starts)):
@@ -279,9 +280,14 @@ class GroupTraining:
                 inputs=None if inputs is None else inputs[0],
                 max_steps=None if limits is None else limits[row],
             )
-            params[row], losses[row] = one.params, one.loss
+            if params is None:
+                params = one.params.unsqueeze(0)  # `fit` returns a copy of its own: no second one
+            else:
+                params[row] = one.params
+            losses[row] = one.loss
             for name, value in one.logs.items():
                 logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value
+        assert params is not None  # set for a group of one by its client
         return Trained(params, losses, logs)
 
     def _try_vectorized(self, round: int, clients: list[int], starts: Tensor, work: LocalWork) -> Trained | None:

@@ -13,6 +13,8 @@
 | `client_state` | `ClientState`: what an algorithm sees of a per-client tensor the engine keeps for it (`read`, `write`, `touched`; the stores are `fedlight.engine.client_states`) |
 | `personal_part` | the base class's personal part as a client state: clients never written read `PersonalStart` rows; re-slicing at a mask change |
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
+| `shared_body` | `SharedBodyModels`: per-client models that differ from their cluster's only in the head, which evaluation runs as one body pass a cluster and a head a client |
+| `channels_last` | evaluation's convolutions in channels-last layout on a CPU, on copies of the weights for one forward pass |
 | `client_work` | `ClientWork`: what each client's local work ran (training steps, forward passes, models used, bytes sent), counted where it runs, which the virtual clock charges |
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction`, `nearest_direction`, `best_fitting` |
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 _WHERE = {
     "ClientModels": "fedlight.plugin.aggregation",
     "ClusterAverage": "fedlight.plugin.aggregation",
+    "SharedBodyModels": "fedlight.plugin.shared_body",
     "Algorithm": "fedlight.plugin.algorithm",
     "GroupModels": "fedlight.plugin.algorithm",
     "Plan": "fedlight.plugin.algorithm",

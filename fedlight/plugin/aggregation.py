@@ -22,9 +22,12 @@ class ClusterAverage:
     w * x is then exact and the additions err far below float32's resolution, so the means do not depend on the
     order the rows arrive in (groups of any size, or shards added over processes) but for a rare last-bit tie."""
 
-    CHUNK_BYTES = 1 << 28  # float64 rows converted at a time (256 MiB), so a large group is never copied whole
-    #: whether `add` reads the rows' starts: a mean does not, so a caller may skip building them (None)
-    reads_starts = False
+    #: rows of `Differences` built at a time (their float64 size, 256 MiB), so a large group is never built whole
+    CHUNK_BYTES = 1 << 28
+    #: float64 entries converted at a time (2 MiB: rows x a block of columns), so that the converted block and the
+    #: sums' columns it adds into stay in the cache while every row is added: 4x faster than a row at a time for 10
+    #: rows of 6.6 M entries (memory traffic of one pass over the sums instead of one a row), the same sums
+    CACHE_BYTES = 1 << 21
 
     def __init__(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype = dtype
@@ -35,14 +38,20 @@ class ClusterAverage:
         self, clusters: Tensor, weights: Tensor, values: Tensor | Differences, starts: Tensor | None = None
     ) -> None:
         """Add row i of `values` with weight `weights[i]` to cluster `clusters[i]`: a weighted membership matrix
-        times the rows, a chunk of rows at a time (`Differences`, e.g. the updates, are built a chunk at a time, so
-        they are never held whole). `starts` (the models the rows were trained from) is not needed:
+        times the rows, a block of columns at a time (`Differences`, e.g. the updates, are built a chunk of rows at a
+        time, so they are never held whole). `starts` (the models the rows were trained from) is not needed:
         a mean commutes with shifting every row; other cluster aggregators take it (`cluster_aggregator`)."""
         member = torch.zeros(len(self.sums), len(values), dtype=torch.float64, device=values.device)
         member[clusters, torch.arange(len(values), device=values.device)] = weights.to(torch.float64)
-        step = max(1, self.CHUNK_BYTES // (8 * max(1, values.shape[1])))
-        for begin in range(0, len(values), step):
-            self.sums.addmm_(member[:, begin : begin + step], values[begin : begin + step].to(torch.float64))
+        width = max(1, values.shape[1])
+        at_once = max(1, len(values) if isinstance(values, Tensor) else self.CHUNK_BYTES // (8 * width))
+        for begin in range(0, len(values), at_once):
+            rows = values[begin : begin + at_once]  # a tensor's rows are a view; `Differences` builds them here
+            weight = member[:, begin : begin + len(rows)]
+            block = max(1, self.CACHE_BYTES // (8 * max(1, len(rows)))) if rows.device.type == "cpu" else width
+            for column in range(0, width, block):
+                part = rows[:, column : column + block].to(torch.float64)
+                self.sums[:, column : column + block].addmm_(weight, part)
         self.totals += member.sum(dim=1)
 
     def reduce(self, updates: "RoundUpdates") -> None:

@@ -55,6 +55,7 @@ from torch import Tensor
 from fedlight.plugin.aggregation import ClientModels
 from fedlight.plugin.client_state import ClientState
 from fedlight.plugin.cohort import Cohort
+from fedlight.plugin.shared_body import SharedBodyModels, personal_heads
 from fedlight.plugin.personal_part import PersonalStart, leaving_means, reslice, store_name
 from fedlight.plugin.updates import Updates
 from fedlight.training.sequential import Trained
@@ -254,11 +255,22 @@ class Algorithm:
         once over its clients' data. With personal parts, every client is its own group and its model is built
         when asked for (`client_model`: one row of the personal store read at a time, never every client's at once).
         A model may also be a callable predictor of the algorithm's own (raw inputs -> logits or log-probabilities),
-        for predictions no single flat model gives (a mixture of components)."""
+        for predictions no single flat model gives (a mixture of components). When the personal entries all lie in
+        the head, the models say so (`SharedBodyModels`): the engine runs each cluster's body once over its
+        clients' rows and each client's head on their features."""
         if self.personal_mask is None:
             return self.models, self.assignment
-        n = self.server.num_clients
-        return ClientModels(self.client_model, n), torch.arange(n, device=self.server.device)
+        n, mask = self.server.num_clients, self.personal_mask
+        clients = torch.arange(n, device=self.server.device)
+        head = self.server.model.last_layer_mask()
+        if not bool(head.any()) or not personal_heads(mask, head):
+            return ClientModels(self.client_model, n), clients
+        assert self.personal is not None  # set with the mask
+        personal = self.personal
+        models = SharedBodyModels(
+            self.client_model, n, self.models, self.assignment, mask.nonzero().flatten(), lambda c: personal[c]
+        )
+        return models, clients
 
     def newcomer_models(self, newcomers: "Newcomers") -> tuple[GroupModels, Tensor, Tensor | None]:
         """(models, model of each newcomer, cluster of each newcomer or None) for clients held out of training

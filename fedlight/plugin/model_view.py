@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight.plugin import model_parts
+from fedlight.plugin.channels_last import channels_last_on_cpu
 from fedlight.training.flat import FlatModel
 from fedlight.training.layer_masks import layer_count_mask
 from fedlight.training.sequential import ClientTrainer, sample_loss
@@ -91,6 +92,22 @@ class ModelView:
         assert features is not None
         return features, outputs
 
+    @torch.no_grad()
+    def head_outputs(self, params: Tensor, features: Tensor) -> Tensor:
+        """The head of the flat model `params` on `features` (the head's inputs, as `features` gives them), as
+        float32 in evaluation mode: the outputs of a model that ends with its head, without running its body."""
+        prefix = f"{self._head_name}."
+        head_tensors = {
+            name[len(prefix) :]: tensor for name, tensor in self._flat.views(params).items() if name.startswith(prefix)
+        }
+        self.module.eval()
+        outputs = []
+        with self._fabric.autocast():
+            for begin in range(0, max(len(features), 1), self._eval_batch_size):
+                batch = features[begin : begin + self._eval_batch_size]
+                outputs.append(torch.func.functional_call(self.head, head_tensors, (batch,)).float())
+        return torch.cat(outputs)
+
     def named_tensors(self, params: Tensor) -> dict[str, Tensor]:
         """The module's parameters and buffers by qualified name (`named_parameters()`' names) as views of the flat
         model `params` ((d,), or (..., d) rows): another model's weights for `torch.func.functional_call` inside an
@@ -103,15 +120,16 @@ class ModelView:
         self.module.eval()
         size = self._eval_batch_size
         inputs, outputs = [], []
-        for begin in range(0, max(len(x), 1), size):  # an empty x still gives a (0, ...) output
-            batch = self._inputs(x[begin : begin + size])
-            with self._fabric.autocast():
-                if features:
-                    feature, output = model_parts.head_inputs(self.module, self.head, batch)
-                    inputs.append(feature.float())
-                else:
-                    output = self.module(batch)
-                outputs.append(output.float())
+        with channels_last_on_cpu(self.module):
+            for begin in range(0, max(len(x), 1), size):  # an empty x still gives a (0, ...) output
+                batch = self._inputs(x[begin : begin + size])
+                with self._fabric.autocast():
+                    if features:
+                        feature, output = model_parts.head_inputs(self.module, self.head, batch)
+                        inputs.append(feature.float())
+                    else:
+                        output = self.module(batch)
+                    outputs.append(output.float())
         return (torch.cat(inputs) if features else None), torch.cat(outputs)
 
     def loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
@@ -187,6 +205,12 @@ class ModelView:
                 "federated parameters)"
             )
         return self._flat.tensors_mask(names)
+
+    def last_layer_mask(self) -> Tensor:
+        """True on the head's tensors (the network's last layer, `head`): what `head_outputs` reads; all False for a
+        network without a layer of parameters."""
+        prefix = f"{self._head_name}."
+        return self._flat.mask(lambda e: self._head_name is not None and e.name.startswith(prefix))
 
     def module_mask(self, kinds: tuple[type[nn.Module], ...]) -> Tensor:
         """True on the parameters and buffers of every submodule of one of the given types (e.g. all BatchNorm

@@ -42,9 +42,10 @@ class Trained:
     state: dict[str, Tensor] = field(default_factory=dict)  # what an algorithm's own local work sends beside
 
     @staticmethod
-    def cat(parts: "list[Trained]") -> "Trained":
+    def cat(parts: "list[Trained]", params: Tensor | None = None) -> "Trained":
         """The parts' clients in order, as one; a log that a part lacks is NaN for its clients (every part sends the
-        same state)."""
+        same state). `params`: the parts' models already gathered in one (clients, d) tensor (their rows written in
+        place as they arrived), used as they are instead of concatenated again."""
 
         def column(part: Trained, name: str) -> Tensor:
             value = part.logs.get(name)
@@ -54,7 +55,7 @@ class Trained:
             return parts[0]
         names = dict.fromkeys(name for part in parts for name in part.logs)
         return Trained(
-            torch.cat([p.params for p in parts]),
+            torch.cat([p.params for p in parts]) if params is None else params,
             torch.cat([p.loss for p in parts]),
             {name: torch.cat([column(p, name) for p in parts]) for name in names},
             {name: torch.cat([p.state[name] for p in parts]) for name in parts[0].state},

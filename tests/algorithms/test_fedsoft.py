@@ -105,3 +105,56 @@ def test_bad_options_are_refused_in_one_line(options, message):
 def test_a_cohort_count_is_refused():
     with pytest.raises(ValueError, match="FedSoft draws its own clients .* leave federation.clients_per_round out"):
         small_federation(FedSoft(), num_clients=6, clients_per_round=3)
+
+
+def hand_gradient(fed, params: torch.Tensor, client: int) -> torch.Tensor:
+    """The flat gradient of the mean cross-entropy on client `client`'s whole training split at `params`, from a copy
+    of the network run by hand (one full-batch step: no sample order involved)."""
+    import copy
+
+    network = copy.deepcopy(fed.module.network).train()
+    named = dict(network.named_parameters())
+    tensors = named | dict(network.named_buffers())
+    with torch.no_grad():
+        for name, value in fed.flat.views(params).items():
+            tensors[name.removeprefix("network.")].copy_(value)
+    x, y = fed.transform(fed.data.train.client(client), 0)
+    loss = torch.nn.functional.cross_entropy(network(x), y)
+    grads = dict(zip(named, torch.autograd.grad(loss, list(named.values()))))
+    return torch.cat(
+        [
+            grads[e.name.removeprefix("network.")].flatten() if e.is_parameter else torch.zeros(e.numel)
+            for e in fed.flat.entries
+        ]
+    )
+
+
+def test_a_local_step_is_sgd_on_the_loss_plus_the_importance_weighted_pull_by_hand():
+    """One full-batch SGD step from the initial model:
+    w_1 = w_0 - lr (grad f_k(w_0) + lambda sum_s u_ks (w_0 - c_s))."""
+    lam, lr = 0.5, 0.1
+    fed = small_federation(
+        FedSoft(num_clusters=2, selection_size=None, reg_weight=lam), num_clients=4, batch_size=10_000, lr=lr
+    )
+    centers, start = fed.algorithm.models.clone(), fed.server.model.initial_params.clone()
+    fed.run_round(1)
+    u = fed.algorithm.fractions.float()  # estimated at round 1's start, before training (tau = 2)
+    parameters = fed.flat.parameter_mask()
+    for client in range(4):
+        pull = lam * sum(u[client, s] * (start - centers[s]) for s in range(2))
+        expected = start - lr * (hand_gradient(fed, start, client) + pull)
+        trained = fed.algorithm.local_models[client]
+        assert torch.allclose(trained[parameters], expected[parameters], atol=1e-6)
+
+
+def test_without_selection_each_center_is_the_importance_weighted_sum_of_every_local_model_by_hand():
+    """c_s = sum_k v_sk w_k with v_sk = u_ks n_k / sum_j u_js n_j, written out over the clients."""
+    fed = small_federation(FedSoft(num_clusters=2, selection_size=None, reg_weight=0.1), num_clients=5)
+    fed.run_round(1)
+    alg = fed.algorithm
+    u = alg.fractions.cpu().numpy()
+    n = alg.server.clients.train_sizes.cpu().numpy()
+    for s in range(2):
+        total = sum(u[j, s] * n[j] for j in range(5))
+        expected = sum(float(u[k, s] * n[k] / total) * alg.local_models[k] for k in range(5))
+        assert torch.allclose(alg.models[s], expected, atol=1e-6)
