@@ -28,6 +28,8 @@ class ClusterAverage:
     #: sums' columns it adds into stay in the cache while every row is added: 4x faster than a row at a time for 10
     #: rows of 6.6 M entries (memory traffic of one pass over the sums instead of one a row), the same sums
     CACHE_BYTES = 1 << 21
+    #: whether `add` reads the rows' starts: a mean does not, so a caller may skip building them (None)
+    reads_starts = False
 
     def __init__(self, clusters: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype = dtype

@@ -44,6 +44,13 @@ class ModelView:
         self.module = module
         self._flat, self._trainer, self._fabric, self._inputs = flat, trainer, fabric, inputs
         self._head_name = head_name if head_name is not None else model_parts.head_name(module)
+        prefix = f"{self._head_name}."
+        #: the head's tensors in the flat vector, by their names inside the head (none without a head)
+        self._head_entries = [
+            (e.name[len(prefix) :], e)
+            for e in flat.entries
+            if self._head_name is not None and e.name.startswith(prefix)
+        ]
         self._eval_batch_size = eval_batch_size
         self.num_params = flat.numel
         self.initial_params = flat.read()
@@ -96,10 +103,7 @@ class ModelView:
     def head_outputs(self, params: Tensor, features: Tensor) -> Tensor:
         """The head of the flat model `params` on `features` (the head's inputs, as `features` gives them), as
         float32 in evaluation mode: the outputs of a model that ends with its head, without running its body."""
-        prefix = f"{self._head_name}."
-        head_tensors = {
-            name[len(prefix) :]: tensor for name, tensor in self._flat.views(params).items() if name.startswith(prefix)
-        }
+        head_tensors = {name: params[e.start : e.stop].view(e.shape) for name, e in self._head_entries}
         self.module.eval()
         outputs = []
         with self._fabric.autocast():
@@ -209,8 +213,7 @@ class ModelView:
     def last_layer_mask(self) -> Tensor:
         """True on the head's tensors (the network's last layer, `head`): what `head_outputs` reads; all False for a
         network without a layer of parameters."""
-        prefix = f"{self._head_name}."
-        return self._flat.mask(lambda e: self._head_name is not None and e.name.startswith(prefix))
+        return self._flat.tensors_mask([e.name for _, e in self._head_entries])
 
     def module_mask(self, kinds: tuple[type[nn.Module], ...]) -> Tensor:
         """True on the parameters and buffers of every submodule of one of the given types (e.g. all BatchNorm

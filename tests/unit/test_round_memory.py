@@ -50,13 +50,11 @@ def allocation_peak(work) -> int:
 
 def round_peak_in_models(algorithm, num_clients: int, monkeypatch) -> float:
     """Round 2's allocation peak (round 1 sets the trainers up), in model copies per client of the round. The
-    aggregator builds rows two at a time, as it builds LeafCNN's (5 of 6.6 million entries in its 256 MiB), and
-    converts blocks to float64 of a twelfth of a model, as its 2 MiB are of LeafCNN's 26 MB: a tiny model's rows
-    would all fit in one block, which would then dwarf the round's models."""
+    aggregator builds rows two at a time, as it builds LeafCNN's (5 of 6.6 million entries in its 256 MiB): a tiny
+    model's rows would all fit in one chunk, which would then dwarf the round's models."""
     fed = wide_federation(algorithm, num_clients)
     model_bytes = fed.flat.numel * 4
     monkeypatch.setattr(ClusterAverage, "CHUNK_BYTES", 2 * fed.flat.numel * 8)
-    monkeypatch.setattr(ClusterAverage, "CACHE_BYTES", model_bytes // 12)
     fed.run_round(1)
     return allocation_peak(lambda: fed.run_round(2)) / (COHORT * model_bytes)
 
