@@ -29,6 +29,13 @@ def name_of(group: Group) -> str:
     return names.pop() if len(names) == 1 else group.label
 
 
+def load_groups(paths: list[str]) -> list[Group]:
+    """The report's configurations of the finished runs under `paths` (run folders, or folders holding them): a run
+    still going (no summary.json yet) is left out."""
+    finished = [path for path in find_runs([Path(p) for p in paths]) if (Path(path) / "summary.json").is_file()]
+    return group_runs([load_run(path) for path in finished])
+
+
 def finals(group: Group, metric: str) -> dict[int, float]:
     """seed -> the run's final value of `metric`."""
     return values_by_seed(group, lambda run: run.final(metric))
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", default=None, help="the reference configuration's label (default: the first)")
     parser.add_argument("--level", type=float, default=0.95)
     args = parser.parse_args(argv)
-    groups = group_runs([load_run(path) for path in find_runs([Path(p) for p in args.paths])])
+    groups = load_groups(args.paths)
     if not groups:
         print("no runs found", file=sys.stderr)
         return 1

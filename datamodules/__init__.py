@@ -30,6 +30,7 @@ from fedlight.datamodules.vision import (
 )
 from fedlight.datamodules.wisdm import WISDMFederated
 from fedlight.datamodules.synthetic import SyntheticGaussians
+from fedlight.datamodules.synthetic_mixture import SyntheticMixture
 from fedlight.datamodules.heterogeneity import Heterogeneity
 from fedlight.datamodules.concept_shift import ConceptShift
 from fedlight.datamodules.text import TextFederated

@@ -371,3 +371,19 @@ def test_a_run_warns_when_its_attack_outnumbers_the_rule():
 
     with pytest.warns(UserWarning, match=r"about 1 of the 6 updates .*trimmed_mean withstands as set \(0\)"):
         small_federation(FedAvg(), attack=AttackConfig(kind="sign_flip", fraction=0.2), aggregator="trimmed_mean")
+
+
+def test_sign_flippers_shift_the_median_by_the_normal_quantile_and_multikrum_drops_them():
+    """Why coordinate-wise rules lose accuracy on IID data under sign flips while Multi-Krum does not: with a share
+    a of the rows far below the honest ones (mean mu, spread sigma), the median lands where the honest share below it
+    is (1/2 - a) / (1 - a), at mu + sigma Phi^-1(0.375) = mu - 0.319 sigma for a = 0.2 (Phi^-1(0.375) = -0.3186, a
+    normal table); every coordinate whose mean is smaller than that is pushed to the other sign. Multi-Krum's scores
+    put the far rows last, so with f = the attackers it averages the honest rows only."""
+    generator = torch.Generator().manual_seed(0)
+    honest = 1.0 + 2.0 * torch.randn(4000, 3, generator=generator, dtype=torch.float64)  # mu 1, sigma 2
+    flipped = -10.0 * (1.0 + 2.0 * torch.randn(1000, 3, generator=generator, dtype=torch.float64)).abs()
+    rows = torch.cat([honest, flipped])
+    assert torch.allclose(coordinate_median(rows), torch.full((3,), 1.0 - 0.3186 * 2.0, dtype=torch.float64), atol=0.1)
+    assert torch.allclose(coordinate_median(honest), torch.ones(3, dtype=torch.float64), atol=0.1)
+    small = torch.cat([honest[:16], flipped[:4]])  # a round of 20 clients, 4 attackers
+    assert torch.allclose(multikrum(small, f=4), honest[:16].mean(dim=0))
