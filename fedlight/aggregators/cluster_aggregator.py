@@ -30,7 +30,7 @@ from torch import Tensor
 
 from fedlight.aggregators.config import AggregatorConfig
 from fedlight.aggregators.config import RULES
-from fedlight.aggregators.robust import apply_rule, clip_rows
+from fedlight.aggregators.robust import apply_rule, bucket_means, clip_rows
 from fedlight.plugin.aggregation import ClusterAverage
 
 if TYPE_CHECKING:
@@ -87,8 +87,10 @@ class RobustClusterAggregate:
         dtype: torch.dtype,
         device: torch.device,
         personal_mask: Tensor | None = None,
+        round: int = 0,
     ) -> None:
         self.settings, self.dtype, self.personal_mask = settings, dtype, personal_mask
+        self.round = round  # seeds the buckets (`aggregator.bucket`): the same on a resumed run
         self.base = ClusterAverage(clusters, dim, dtype, device)  # mean start of each cluster's members
         self.clipped = ClusterAverage(clusters, dim, dtype, device)  # clipped_mean: its running sums
         self.rows: list[tuple[Tensor, Tensor, Tensor]] = []  # held rules: (clusters, weights, updates)
@@ -123,11 +125,26 @@ class RobustClusterAggregate:
         s = self.settings
         combined = torch.stack(
             [
-                apply_rule(s.rule, updates[clusters == k], weights[clusters == k], s.f, s.beta, s.clip, s.keep).double()
+                apply_rule(
+                    s.rule,
+                    *self.bucketed(updates[clusters == k], weights[clusters == k], k),
+                    s.f,
+                    s.beta,
+                    s.clip,
+                    s.keep,
+                ).double()
                 for k in active.tolist()
             ]
         )
         return active, (base + combined).to(self.dtype)
+
+    def bucketed(self, updates: Tensor, weights: Tensor, cluster: int) -> tuple[Tensor, Tensor]:
+        """A cluster's rows as the rule sees them: the means of random buckets of `aggregator.bucket` rows (a stream
+        seeded by the round and the cluster), or the rows themselves when bucketing is off."""
+        if self.settings.bucket <= 1:
+            return updates, weights
+        generator = torch.Generator().manual_seed(self.round * 1_000_003 + cluster)
+        return bucket_means(updates, weights, self.settings.bucket, generator)
 
 
 class CountedAggregator:
@@ -168,6 +185,7 @@ class ClusterAggregation:
         self.settings, self.privacy = settings, privacy
         self.server_optimizer: Any = None  # the `server_optimizer:` section's extension puts itself here
         self.combined = 0  # the most entries of a model an aggregator handed out this round took a mean over
+        self.round = 0  # the round under way (`begin_round`), which seeds a robust rule's buckets
 
     @property
     def default(self) -> bool:
@@ -192,7 +210,7 @@ class ClusterAggregation:
 
     def begin_round(self, round: int) -> None:
         """Reset `combined`: `check_applied` reads what the round's aggregators combined."""
-        self.combined = 0
+        self.combined, self.round = 0, round
 
     def new(
         self,
@@ -210,7 +228,7 @@ class ClusterAggregation:
         elif self.settings.rule == "mean":
             inner = ClusterAverage(clusters, dim, dtype, device)
         else:
-            inner = RobustClusterAggregate(self.settings, clusters, dim, dtype, device, personal_mask)
+            inner = RobustClusterAggregate(self.settings, clusters, dim, dtype, device, personal_mask, self.round)
         if self.server_optimizer is not None:  # the combined rows stepped by the server optimizer
             inner = self.server_optimizer.wrap(inner, clusters, dim, dtype, device, personal_mask)
         personal = 0 if personal_mask is None else int(personal_mask.sum())
@@ -255,11 +273,12 @@ def check_aggregation(aggregation: ClusterAggregation, algorithm: Any, per_round
             f"privacy noises the clipped sum of the updates (DP-FedAvg), so it needs aggregator.rule "
             f"mean, got {settings.rule}: drop one of the two"
         )
+    rows = settings.buckets(per_round)  # what the rule sees: the round's updates, or their buckets
     need = RULES[settings.rule].min_members(settings.f)
-    if need > per_round:
-        most = largest_f(settings.rule, per_round)
+    if need > rows:
+        most = largest_f(settings.rule, rows)
         fix = f"lower aggregator.f to {most}" if most >= 0 else "use more clients a round or another aggregator.rule"
+        seen = f"{per_round} clients a round" + (f" in {rows} buckets" if rows != per_round else "")
         raise ValueError(
-            f"aggregator.f {settings.f} is too large for {settings.rule} with {per_round} "
-            f"clients a round (it needs {need}): {fix}"
+            f"aggregator.f {settings.f} is too large for {settings.rule} with {seen} (it needs {need}): {fix}"
         )

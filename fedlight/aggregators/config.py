@@ -62,20 +62,21 @@ def attackers_beyond_rule(settings: "AggregatorConfig", fraction: float, cohort:
     is set to withstand (None when they do not, or the rule gives no count): the rule's guarantee then does not hold,
     so a run that shows it failing shows its settings, not the rule."""
     rule = RULES[settings.rule]
-    attackers = round(fraction * cohort)
-    tolerated = None if rule.tolerated is None else rule.tolerated(settings, cohort)
+    rows = settings.buckets(cohort)  # each attacker can spoil one bucket
+    attackers = min(round(fraction * cohort), rows)
+    tolerated = None if rule.tolerated is None else rule.tolerated(settings, rows)
     if tolerated is None or attackers <= tolerated:
         return None
     fix = {
-        "trimmed_mean": f"aggregator.beta at least {attackers / cohort:g}",
+        "trimmed_mean": f"aggregator.beta at least {attackers / rows:g}",
         "krum": f"aggregator.f {attackers}",
         "multikrum": f"aggregator.f {attackers}",
         "bulyan": f"aggregator.f {attackers}",
     }.get(settings.rule, "a robust aggregator.rule")
     return (
-        f"about {attackers} of the {cohort} updates a round are an attacker's (attack.fraction {fraction:g}), "
-        f"more than aggregator.rule {settings.rule} withstands as set ({tolerated}): its "
-        f"guarantee does not hold; set {fix} to test the rule itself"
+        f"about {attackers} of the {rows} {'updates' if rows == cohort else 'buckets'} a round are an attacker's "
+        f"(attack.fraction {fraction:g}), more than aggregator.rule {settings.rule} withstands as set "
+        f"({tolerated}): its guarantee does not hold; set {fix} to test the rule itself"
     )
 
 
@@ -93,6 +94,10 @@ class AggregatorConfig:
         beta: share of values trimmed at each end of every coordinate by "trimmed_mean", in [0, 0.5).
         clip: norm each update is clipped to by "clipped_mean".
         keep: updates Multi-Krum averages (None: the clients of the cluster minus f).
+        bucket: s of bucketing ("Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing", Karimireddy,
+            He, Jaggi, ICLR 2022, Algorithm 1): a held rule is applied to the means of random buckets of s updates
+            (drawn afresh each round), which brings heterogeneous clients' updates closer together, so the rule
+            discards less honest work; f and beta then count buckets. 1: off.
     """
 
     rule: str = "mean"
@@ -100,6 +105,7 @@ class AggregatorConfig:
     beta: float = 0.1
     clip: float = 1.0
     keep: int | None = None
+    bucket: int = 1
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -112,6 +118,17 @@ class AggregatorConfig:
             raise ValueError(f"aggregator.clip must be above 0, got {self.clip}")
         if self.keep is not None and self.keep < 1:
             raise ValueError(f"aggregator.keep must be at least 1 or None, got {self.keep}")
+        if self.bucket < 1:
+            raise ValueError(f"aggregator.bucket must be at least 1, got {self.bucket}")
+        if self.bucket > 1 and not self.holds:
+            raise ValueError(
+                f"aggregator.bucket {self.bucket} needs a rule that holds the round's updates (median, "
+                f"trimmed_mean, krum, multikrum, bulyan, geomed); {self.rule} would not change: set bucket 1"
+            )
+
+    def buckets(self, updates: int) -> int:
+        """How many updates the rule sees when `updates` are bucketed: ceil(updates / bucket)."""
+        return -(-updates // self.bucket)
 
     @property
     def holds(self) -> bool:

@@ -130,6 +130,16 @@ def clipped_mean(x: Tensor, weights: Tensor, bound: float) -> Tensor:
     return weighted_mean(clip_rows(x, bound), weights)
 
 
+def bucket_means(x: Tensor, weights: Tensor, size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Bucketing (Karimireddy, He, Jaggi, ICLR 2022, Algorithm 1): the rows in a random order (`generator`), cut into
+    buckets of `size` (the last one smaller when `size` does not divide m); each bucket's weighted mean and its total
+    weight."""
+    order = torch.randperm(len(x), generator=generator).to(x.device)
+    groups = order.split(size)
+    means = torch.stack([weighted_mean(x[g], weights[g]) for g in groups])
+    return means, torch.stack([weights[g].sum() for g in groups])
+
+
 def apply_rule(
     name: str, x: Tensor, weights: Tensor, f: int = 0, beta: float = 0.1, clip: float = 1.0, keep: int | None = None
 ) -> Tensor:

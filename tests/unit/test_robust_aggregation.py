@@ -387,3 +387,49 @@ def test_sign_flippers_shift_the_median_by_the_normal_quantile_and_multikrum_dro
     assert torch.allclose(coordinate_median(honest), torch.ones(3, dtype=torch.float64), atol=0.1)
     small = torch.cat([honest[:16], flipped[:4]])  # a round of 20 clients, 4 attackers
     assert torch.allclose(multikrum(small, f=4), honest[:16].mean(dim=0))
+
+
+def test_buckets_partition_the_rows_and_keep_the_weighted_mean():
+    """Bucketing (Karimireddy, He, Jaggi, ICLR 2022): every row lands in exactly one bucket of `size` (the last one
+    smaller), each bucket is its rows' weighted mean, and the buckets' weighted mean is the rows' weighted mean."""
+    from fedlight.aggregators.robust import bucket_means
+
+    x = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0]], dtype=torch.float64)  # row i holds 2^i
+    means, counts = bucket_means(x, torch.ones(5, dtype=torch.float64), 2, torch.Generator().manual_seed(3))
+    # a bucket's sum of powers of two names its rows: its binary digits
+    buckets = [{i for i in range(5) if round(float(m * n)) >> i & 1} for m, n in zip(means[:, 0], counts)]
+    assert sorted(len(b) for b in buckets) == [1, 2, 2] and set().union(*buckets) == set(range(5))
+    assert [len(b) for b in buckets] == counts.tolist()
+    w = torch.tensor([1.0, 1.0, 2.0, 1.0, 3.0], dtype=torch.float64)
+    means, weights = bucket_means(x, w, 2, torch.Generator().manual_seed(3))
+    assert float((weights @ means[:, 0]) / weights.sum()) == pytest.approx(67.0 / 8.0)  # sum w_i x_i / sum w_i
+    one, total = bucket_means(x, w, 5, torch.Generator().manual_seed(0))
+    assert one.tolist() == [[67.0 / 8.0]] and total.tolist() == [8.0]  # one bucket: the weighted mean
+
+
+def test_a_median_over_buckets_of_every_row_is_the_weighted_mean_update():
+    starts = torch.tensor([[10.0, 10.0]] * 4)
+    updates = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [90.0, 4.0]])
+    aggregate = RobustClusterAggregate(
+        AggregatorConfig("median", bucket=4), 1, 2, torch.float64, torch.device("cpu"), round=7
+    )
+    aggregate.add(torch.zeros(4, dtype=torch.long), torch.tensor([1.0, 1.0, 1.0, 1.0]), starts + updates, starts)
+    assert aggregate.means()[1].tolist() == [[10.0 + 96.0 / 4, 11.0]]  # one bucket: start + the mean update
+
+
+def test_bucketing_counts_attackers_in_buckets_and_is_refused_where_it_changes_nothing():
+    """20 updates, 4 attackers: buckets of 2 give 10 rows of which at most 4 are spoiled, a minority for the median;
+    buckets of 3 give 7 rows, 4 spoiled, a majority. Krum with f 4 needs 11 rows: 10 buckets are too few."""
+    from fedlight.aggregators.cluster_aggregator import ClusterAggregation, check_aggregation
+    from fedlight.aggregators.config import attackers_beyond_rule
+
+    assert attackers_beyond_rule(AggregatorConfig(rule="median", bucket=2), 0.2, 20) is None
+    line = attackers_beyond_rule(AggregatorConfig(rule="median", bucket=3), 0.2, 20)
+    assert line is not None and "about 4 of the 7 buckets" in line and "withstands as set (3)" in line
+    with pytest.raises(ValueError, match="20 clients a round in 10 buckets"):
+        check_aggregation(ClusterAggregation(AggregatorConfig(rule="krum", f=4, bucket=2)), FedAvg(), 20)
+    for rule in ("mean", "clipped_mean"):
+        with pytest.raises(ValueError, match="aggregator.bucket 2 needs a rule that holds"):
+            AggregatorConfig(rule=rule, bucket=2)
+    with pytest.raises(ValueError, match="aggregator.bucket must be at least 1"):
+        AggregatorConfig(rule="median", bucket=0)
