@@ -174,12 +174,7 @@ def run_grid(
 
 def final(folder: Path, name: str, key: str) -> list[float]:
     """`key` of every seed's summary.json of one grid entry (the last evaluated round)."""
-    values = []
-    for summary in sorted(folder.glob(f"{name}-s*/summary.json")):
-        value = json.loads(summary.read_text()).get(key)
-        if value is not None:
-            values.append(float(value))
-    return values
+    return list(seeds_of(folder, name, key).values())
 
 
 def cell(values: list[float]) -> str:
