@@ -38,7 +38,7 @@ step gpu_tests 120 "$python" -m pytest -q -p no:cacheprovider "$root/tests/integ
 # FLUTE's FEMNIST run (1,500 rounds, 10 of 3,400 writers, evaluation every 50) on made data of LEAF's size:
 # its wall time goes beside FLUTE's 8 min 22 s. Stopped at its limit, metrics.csv still says how far it got.
 step flute_femnist 330 bash -o pipefail -c "cd '$root' && TIMEFORMAT='flute_femnist: %R s wall' && time \
-  (PYTHONPATH=benchmarks WANDB_MODE=offline '$python' -m fedlight fit --config configs/cross_device/femnist/fedavg.yaml \
+  (PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} WANDB_MODE=offline '$python' -m fedlight fit --config configs/cross_device/femnist/fedavg.yaml \
   --data made_femnist.MadeFemnist --federation.accelerator cuda --federation.precision 32-true --logger.wandb false \
   --output_dir '$out/flute' 2>&1 | grep -v '^round' | tail -15)"
 for f in metrics.csv summary.json; do cp "$out"/flute/*/"$f" "$out/flute_$f" 2>/dev/null; done
