@@ -281,15 +281,25 @@ class ClientExecution:
 
     def _one_group_each(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The algorithm's `train_group` on a group of one client at a time, each trained model written in place
-        into one (clients, d) tensor as it arrives, so the models are never held twice nor copied again."""
+        into one (clients, d) tensor as it arrives, so the models are never held twice nor copied again: a client's
+        first training call writes straight into its row (`writing_into`), and a model returned from elsewhere is
+        copied in. When the row holds a model the algorithm trained but did not return (a `train_group` of several
+        calls, which may keep that model), the row is left alone and the returned models are gathered anew."""
         params = torch.empty_like(starts)
-        parts = []
+        parts, rows_kept_elsewhere = [], False
         for row in range(len(clients)):
-            part = self.algorithm.train_group(round, clients[row : row + 1], starts[row : row + 1])
-            params[row] = part.params[0]
-            part.params = params[row : row + 1]  # the part's own copy is freed
+            mine = params[row : row + 1]
+            with self.training.writing_into(mine) as lent:
+                part = self.algorithm.train_group(round, clients[row : row + 1], starts[row : row + 1])
+            if part.params.data_ptr() == mine.data_ptr():
+                part.params = mine
+            elif lent.taken:
+                rows_kept_elsewhere = True
+            else:
+                mine.copy_(part.params)
+                part.params = mine  # the part's own copy is freed
             parts.append(part)
-        return Trained.cat(parts, params)
+        return Trained.cat(parts, None if rows_kept_elsewhere else params)
 
     def _train_own(self, round: int, clients: list[int], starts: Tensor) -> Trained:
         """The algorithm's own `train_client`, one client after another, written in place (the trained models are

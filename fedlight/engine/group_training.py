@@ -14,6 +14,7 @@ import contextlib
 import copy
 import math
 import warnings
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,15 @@ def client_hook(hook: GroupHook | None, row: int) -> GradientHook | None:
     return lambda params, grad, start: hook([row], params[None], grad[None], start[None])
 
 
+@dataclass
+class LentRow:
+    """A (1, d) row of a round's trained models lent to the next group of one (`GroupTraining.writing_into`);
+    `taken` once a training call wrote its model into it."""
+
+    row: Tensor
+    taken: bool = False
+
+
 class GroupTraining:
     """Both trainers, the choice between them (kept in `choice`: "vectorized", "sequential" or "auto" until the
     probe decides, with `reason` when sequential), and group sizes by memory.
@@ -90,6 +100,7 @@ class GroupTraining:
         self.vectorized: VectorizedTrainer | None = None
         self.probe_result: ProbeResult | None = None  # what `vectorize: -1` measured and chose
         self._activation_bytes: int | None = None  # measured once, when a group size first needs it
+        self._lent: LentRow | None = None  # where the next group of one trained alone is written
         self.choice, self.reason = self._choose(forced_reason)
 
     def _choose(self, forced_reason: str | None) -> tuple[str, str | None]:
@@ -245,6 +256,17 @@ class GroupTraining:
                 remember(key, result)
         self.keep_probe(result)
 
+    @contextlib.contextmanager
+    def writing_into(self, row: Tensor) -> Iterator[LentRow]:
+        """Within: the first group of one client trained one after another (`_one_by_one`) writes its model into
+        `row` ((1, d)) and returns it, instead of a new tensor the caller would copy into `row` again; later calls
+        get copies of their own. Yields the `LentRow`, whose `taken` says whether a call wrote into it."""
+        self._lent = lent = LentRow(row)
+        try:
+            yield lent
+        finally:
+            self._lent = None
+
     def _seeds(self, round: int, clients: list[int], work: LocalWork) -> list[int]:
         return [self.seed_of(round, c, work.purpose) for c in clients]
 
@@ -258,8 +280,16 @@ class GroupTraining:
         limits: list[int | None] | None = None,
     ) -> Trained:
         """Written in place, so the trained models are never held twice. `offset`: the position of `clients[0]` in
-        the call's clients (what the gradient hook is told); `limits`: each client's most steps (None: all)."""
-        params = torch.empty_like(starts) if len(clients) != 1 else None  # a group of one keeps its trained copy
+        the call's clients (what the gradient hook is told); `limits`: each client's most steps (None: all). A group
+        of one is written into the rows `writing_into` lent, if any (taken by this call alone)."""
+        lent = self._lent if len(clients) == 1 else None
+        if lent is not None:
+            self._lent, lent.taken = None, True
+        params: Tensor | None = None  # a group of one keeps its trained copy, unless a row was lent
+        if len(clients) != 1:
+            params = torch.empty_like(starts)
+        elif lent is not None:
+            params = lent.row
         losses = torch.empty(len(clients), device=self.device)
         logs: dict[str, Tensor] = {}
         hook, seeds = work.hook(self._unstepped(work)), self._seeds(round, clients, work)
@@ -279,11 +309,10 @@ class GroupTraining:
                 sample_weights=weights,
                 inputs=None if inputs is None else inputs[0],
                 max_steps=None if limits is None else limits[row],
+                out=None if params is None else params[row],  # written in place: no copy of its own
             )
             if params is None:
                 params = one.params.unsqueeze(0)  # `fit` returns a copy of its own: no second one
-            else:
-                params[row] = one.params
             losses[row] = one.loss
             for name, value in one.logs.items():
                 logs.setdefault(name, torch.full((len(clients),), float("nan"), device=self.device))[row] = value

@@ -63,7 +63,15 @@ class ClusterAverage:
     def means(self) -> tuple[Tensor, Tensor]:
         """(clusters that received weight, their weighted means in the rows' dtype)."""
         active = (self.totals > 0).nonzero().flatten()
-        return active, (self.sums[active] / self.totals[active, None]).to(self.dtype)
+        sums = self.sums if len(active) == len(self.sums) else self.sums[active]
+        totals = self.totals[active, None]
+        means = torch.empty(sums.shape, dtype=self.dtype, device=sums.device)
+        # a block of columns at a time (`CACHE_BYTES`): no float64 copy of the sums, as `add`
+        width = max(1, sums.shape[1])
+        block = max(1, self.CACHE_BYTES // (8 * max(1, len(sums)))) if sums.device.type == "cpu" else width
+        for column in range(0, width, block):
+            means[:, column : column + block] = sums[:, column : column + block] / totals
+        return active, means
 
 
 M = TypeVar("M")  # a client's model: a flat model (a tensor), or a predictor of the algorithm's own

@@ -192,16 +192,20 @@ class ClientTrainer:
         sample_weights: Tensor | None = None,
         inputs: Tensor | None = None,
         max_steps: int | None = None,
+        out: Tensor | None = None,
     ) -> Trained:
         """Train from `start` on (x, y) for `epochs` (default: the configured local epochs) at the learning rates
         of round `round` times `lr_scale`: the trained flat model, the mean loss of the last epoch and the values
         `training_step` logged. All randomness (batch order, dropout) derives from `seed`. With `sample_weights`
         (one per row of x), each step's loss is `weighted_loss` instead of `training_step`; with an `objective` set,
         it is the objective's, handed `inputs` (`step_loss`). `max_steps`: stop after that many steps (partial work,
-        `fedlight.training.work_shares`); the loss is then the mean of the steps of the last epoch begun."""
+        `fedlight.training.work_shares`); the loss is then the mean of the steps of the last epoch begun. `out`: a
+        (d,) tensor the trained model is written into and returned as (one copy, no new tensor: a caller gathering
+        a round's models in one (clients, d) tensor saves a copy of each, and fresh memory's page faults)."""
         module, flat = self.module, self.flat
         flat.load(start)
-        flat.zero_grad()
+        if gradient_hook is not None:  # `fresh_gradients` starts from None gradients and leaves `flat.grad` zeroed
+            flat.zero_grad()
         self.reset_optimizer()
         module.train()
         n, b = len(y), self.batch_size
@@ -243,7 +247,8 @@ class ClientTrainer:
                 loss_sum += loss.detach().float()
                 taken, last_epoch_steps = taken + 1, step + 1
         counted = steps if max_steps is None else last_epoch_steps
-        return Trained(flat.read(), loss_sum / counted, {name: value[0] for name, value in logs.means().items()})
+        trained = flat.read() if out is None else out.copy_(flat.vector)
+        return Trained(trained, loss_sum / counted, {name: value[0] for name, value in logs.means().items()})
 
     def batch_rows(
         self, n: int, seed: int, epochs: int | None, device: torch.device

@@ -248,3 +248,59 @@ def test_newcomers_train_as_a_group_what_each_trains_alone(vectorize):
         assert torch.allclose(group, each, atol=1e-6) and not torch.equal(group, starts)
     else:
         assert torch.equal(group, each)
+
+
+class Copies(TorchDispatchMode):
+    """Counts the copies of `size` entries or more the dispatcher runs (clones and in-place copies)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size, self.count = size, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.copy_, torch.ops.aten.clone) and args[0].numel() >= self.size:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_client_after_another_writes_each_model_once_into_the_rounds_rows():
+    """The base class's `train_group`, one client at a time: each trained model is the client's training alone, and
+    it costs two full-length copies a client (its start loaded into the module, its trained model written into the
+    round's rows), not three (a copy of its own first, then into the rows); and one for the round: the shared
+    starting model, copied once (`stacked_starts`)."""
+    fed = mlp_federation(vectorize=0)
+    clients = [4, 1, 3]
+    starts = torch.stack([fed.algorithm.client_model(c) for c in clients])
+    with Copies(fed.flat.numel) as copies:
+        got = fed.execution.train(1, clients).params
+    assert torch.equal(got, alone(fed, 1, clients, starts))
+    assert copies.count == 2 * len(clients) + 1
+
+
+class TrainsTwice(Algorithm):
+    """A `train_group` of two training calls: one call's models kept (a stand-in for per-client state), the other's
+    sent; `keep_first` says which is kept."""
+
+    kept: list[torch.Tensor] = []
+    keep_first = True
+
+    def train_group(self, round, clients, starts):
+        first = self.server.clients.train_many(round, clients, starts, purpose="first")
+        second = self.server.clients.train_many(round, clients, starts, purpose="second")
+        self.kept.append(first.params if self.keep_first else second.params)
+        return second if self.keep_first else first
+
+
+@pytest.mark.parametrize("keep_first", [True, False])
+def test_an_override_training_twice_keeps_both_models_one_client_after_another(keep_first):
+    """A client's first training call writes into the round's rows; when the algorithm keeps that model and sends
+    another, the kept one is not overwritten by the sent one."""
+    fed = mlp_federation(TrainsTwice(), vectorize=0)
+    clients = [2, 0, 3]
+    starts = torch.stack([fed.algorithm.client_model(c) for c in clients])
+    TrainsTwice.kept, TrainsTwice.keep_first = [], keep_first
+    sent = fed.execution.train(1, clients).params.clone()
+    first, second = (alone(fed, 1, clients, starts, purpose=p) for p in ("first", "second"))
+    assert torch.equal(sent, second if keep_first else first)
+    assert torch.equal(torch.cat(TrainsTwice.kept), first if keep_first else second)
+    assert not torch.equal(first, second)

@@ -1,6 +1,7 @@
 """Aggregation by running sums: a round's updates handed over a group of clients at a time must give the same
 models as all at once, and no group may hold more clients than the group size."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,6 +26,21 @@ def test_cluster_average_over_groups_is_the_weighted_mean_by_hand():
     active, means = average.means()
     assert active.tolist() == [0, 1]
     assert means[:, 0].tolist() == pytest.approx([(1 * 2 + 2 * 5 + 1 * 8) / 4, 10.0])
+
+
+def test_cluster_average_over_many_column_blocks_is_the_weighted_mean_of_numpy(monkeypatch):
+    """Sums and means taken a block of columns at a time (here 3 columns, 7 blocks and a short one) are the weighted
+    means of every column, in the rows' dtype, with a cluster left out."""
+    monkeypatch.setattr(ClusterAverage, "CACHE_BYTES", 8 * 3 * 4)  # 3 columns of 4 rows a block
+    rows = torch.randn(4, 22, generator=torch.Generator().manual_seed(0))
+    clusters, weights = torch.tensor([0, 2, 0, 2]), torch.tensor([1.0, 2.0, 3.0, 0.5])
+    average = ClusterAverage(3, 22, torch.float32, torch.device("cpu"))
+    average.add(clusters, weights, rows)
+    active, means = average.means()
+    x, w = rows.double().numpy(), weights.double().numpy()
+    expected = [(w[[0, 2], None] * x[[0, 2]]).sum(0) / 4.0, (w[[1, 3], None] * x[[1, 3]]).sum(0) / 2.5]
+    assert active.tolist() == [0, 2] and means.dtype == torch.float32
+    assert torch.allclose(means, torch.tensor(np.stack(expected), dtype=torch.float32), atol=1e-6, rtol=0)
 
 
 def test_cluster_average_leaves_out_clusters_without_weight():
