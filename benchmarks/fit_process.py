@@ -11,6 +11,10 @@ it writes nothing. Compared: the median over rounds 2 to R-1 (round 1 holds fedl
 evaluation of every writer).
 
     cd benchmarks && python fit_process.py [--rounds 10] [--repeats 3] [--json out.json]
+    git worktree add /tmp/before COMMIT && python fit_process.py --before /tmp/before   # a change's effect, A/B
+
+`--before TREE` adds a third arm taking turns with the two: the same command run by the fedlight of another checkout
+(its folder first on PYTHONPATH), so a change's effect is measured beside the noise of the day.
 
 Target (the evidence issue): fedlight's round at most 1.1x the plain loop's.
 """
@@ -52,15 +56,17 @@ def cycle_seconds(clock_file: Path) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
-def fedlight_process(rounds: int, folder: Path) -> dict:
-    """One `fedlight fit` process; its round cycles from `RoundClock` and its `time/round_s` from metrics.csv."""
+def fedlight_process(rounds: int, folder: Path, tree: Path | None = None) -> dict:
+    """One `fedlight fit` process (the fedlight of checkout `tree`, default this one); its round cycles from
+    `RoundClock` and its `time/round_s` from metrics.csv."""
     import csv
 
     clock = folder / "clock.txt"
     callbacks = json.dumps([{"class_path": "fit_process.RoundClock", "init_args": {"path": str(clock)}}])
     line = [sys.executable, "-m", "fedlight", "fit", "--config", str(CONFIG), "--data", "made_femnist.MadeFemnist"]
     line += ["--federation.rounds", str(rounds), "--output_dir", str(folder), "--callbacks", callbacks]
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    first = [str(tree)] if tree is not None else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, str(HERE), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("WANDB_MODE", "offline")
     began = time.perf_counter()
     done = subprocess.run(line, cwd=HERE, env=env, capture_output=True, text=True)
@@ -115,26 +121,24 @@ def run_plain(rounds: int) -> dict:
 
 
 def summarize(passes: list[dict]) -> list[str]:
-    """One line a pass and the medians over all passes of rounds 2 to R-1."""
+    """One line a pass and the medians over all passes of rounds 2 to R-1, each fedlight arm against the plain
+    loop."""
+
+    def rounds(p: dict, side: str) -> list[float]:
+        if side == "plain":
+            return p["plain"]["round_s"][1:-1]
+        return p[side]["cycle_s"][:-1]  # cycles ending at rounds 2..R-1
+
+    sides = [side for side in ("fedlight", "before") if side in passes[0]]
     lines = []
-    ours_all, reported_all, theirs_all = [], [], []
-    for number, p in enumerate(passes, 1):
-        ours = p["fedlight"]["cycle_s"][:-1]  # cycles ending at rounds 2..R-1
-        reported = p["fedlight"]["time_round_s"][1:-1]
-        theirs = p["plain"]["round_s"][1:-1]
-        ours_all += ours
-        reported_all += reported
-        theirs_all += theirs
-        lines.append(
-            f"pass {number}: fedlight {statistics.median(ours):.2f} s a round (time/round_s "
-            f"{statistics.median(reported):.2f}), plain loop {statistics.median(theirs):.2f}: "
-            f"{statistics.median(ours) / statistics.median(theirs):.2f}x; fit process {p['fedlight']['wall_s']:.0f} s"
-        )
-    ratio = statistics.median(ours_all) / statistics.median(theirs_all)
-    lines.append(
-        f"all passes: fedlight {statistics.median(ours_all):.2f} s a round (time/round_s "
-        f"{statistics.median(reported_all):.2f}), plain loop {statistics.median(theirs_all):.2f}: {ratio:.2f}x"
-    )
+    for label, chosen in [*((f"pass {n}", [p]) for n, p in enumerate(passes, 1)), ("all passes", passes)]:
+        plain = statistics.median([s for p in chosen for s in rounds(p, "plain")])
+        parts = []
+        for side in sides:
+            ours = statistics.median([s for p in chosen for s in rounds(p, side)])
+            reported = statistics.median([s for p in chosen for s in p[side]["time_round_s"][1:-1]])
+            parts.append(f"{side} {ours:.2f} s a round (time/round_s {reported:.2f}): {ours / plain:.2f}x")
+        lines.append(f"{label}: plain loop {plain:.2f} s a round; " + "; ".join(parts))
     return lines
 
 
@@ -143,19 +147,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--before", type=Path, default=None, help="another checkout's fedlight as a third arm")
     parser.add_argument("--plain_one", type=int, default=None, help=argparse.SUPPRESS)  # a worker
     args = parser.parse_args()
     if args.plain_one is not None:
         print(json.dumps(run_plain(args.plain_one)))
         return
     passes = []
-    for repeat in range(args.repeats):  # the two take turns; which goes first alternates
-        with tempfile.TemporaryDirectory() as folder:
-            order = ("fedlight", "plain") if repeat % 2 == 0 else ("plain", "fedlight")
-            result = {
-                side: fedlight_process(args.rounds, Path(folder)) if side == "fedlight" else plain_process(args.rounds)
-                for side in order
-            }
+    sides = ["fedlight", "plain", *(["before"] if args.before else [])]
+    for repeat in range(args.repeats):  # the arms take turns; which goes first rotates
+        order = sides[repeat % len(sides) :] + sides[: repeat % len(sides)]
+        result = {}
+        for side in order:
+            with tempfile.TemporaryDirectory() as folder:
+                if side == "plain":
+                    result[side] = plain_process(args.rounds)
+                else:
+                    result[side] = fedlight_process(
+                        args.rounds, Path(folder), args.before if side == "before" else None
+                    )
         passes.append(result)
         print(summarize([result])[0], file=sys.stderr, flush=True)
     print("\n".join(summarize(passes)))
