@@ -3,6 +3,7 @@
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedlight import RoundUpdates
 from fedlight.plugin.algorithm import Algorithm
@@ -178,3 +179,32 @@ def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(ki
         grad = grad.clone()
         functional.step(views(params), [grad[:, :2], grad[:, 2:]], state, views, rows, functional.h["lr"])
     torch.testing.assert_close(params, torch.stack(reference), rtol=1e-5, atol=1e-6)
+
+
+class ConvolutionWeights(TorchDispatchMode):
+    """Records whether each convolution the dispatcher runs (under vmap: the clients' grouped one) has a
+    channels-last weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.channels_last: list[bool] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.convolution:
+            self.channels_last.append(args[1].is_contiguous(memory_format=torch.channels_last))
+        return func(*args, **(kwargs or {}))
+
+
+def test_clients_convolutions_run_channels_last_on_a_cpu_and_train_as_sequentially():
+    """The vectorized step hands its grouped convolution channels-last weights (oneDNN's faster path on a CPU, a
+    layout only): the trained models are sequential training's to float rounding."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(96, 10))
+    model = Classifier(net, lr=0.05, momentum=0.9)
+    config = FederationConfig(rounds=1, local_epochs=1, batch_size=16, accelerator="cpu", vectorize=4)
+    fed = Federation(DigitsFederated(num_clients=4), model, FedAvg(), config)
+    with ConvolutionWeights() as weights:
+        vectorized = fed.execution.train(1, [0, 1, 2, 3])
+    assert weights.channels_last and all(weights.channels_last)
+    sequential = torch.stack([fed.algorithm.train_client(1, c, vectorized.starts[c])[0] for c in range(4)])
+    assert torch.allclose(vectorized.params, sequential, atol=1e-5)
