@@ -291,13 +291,12 @@ class ClientExecution:
             mine = params[row : row + 1]
             with self.training.writing_into(mine) as lent:
                 part = self.algorithm.train_group(round, clients[row : row + 1], starts[row : row + 1])
-            if part.params.data_ptr() == mine.data_ptr():
-                part.params = mine
-            elif lent.taken:
-                rows_kept_elsewhere = True
-            else:
-                mine.copy_(part.params)
-                part.params = mine  # the part's own copy is freed
+            if part.params.data_ptr() != mine.data_ptr():  # not written into its row
+                if lent.taken:
+                    rows_kept_elsewhere = True
+                else:
+                    mine.copy_(part.params)
+                    part.params = mine  # the part's own copy is freed
             parts.append(part)
         return Trained.cat(parts, None if rows_kept_elsewhere else params)
 

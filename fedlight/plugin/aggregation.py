@@ -50,11 +50,16 @@ class ClusterAverage:
         for begin in range(0, len(values), at_once):
             rows = values[begin : begin + at_once]  # a tensor's rows are a view; `Differences` builds them here
             weight = member[:, begin : begin + len(rows)]
-            block = max(1, self.CACHE_BYTES // (8 * max(1, len(rows)))) if rows.device.type == "cpu" else width
+            block = self.column_block(rows, width)
             for column in range(0, width, block):
                 part = rows[:, column : column + block].to(torch.float64)
                 self.sums[:, column : column + block].addmm_(weight, part)
         self.totals += member.sum(dim=1)
+
+    def column_block(self, rows: Tensor, width: int) -> int:
+        """Columns of `rows` worked on at a time: `CACHE_BYTES` of float64 entries over all the rows on a CPU (they
+        stay in the cache), every column elsewhere."""
+        return max(1, self.CACHE_BYTES // (8 * max(1, len(rows)))) if rows.device.type == "cpu" else width
 
     def reduce(self, updates: "RoundUpdates") -> None:
         """Add the sums over the processes (streamed rounds; a held round has every row on every process)."""
@@ -66,9 +71,8 @@ class ClusterAverage:
         sums = self.sums if len(active) == len(self.sums) else self.sums[active]
         totals = self.totals[active, None]
         means = torch.empty(sums.shape, dtype=self.dtype, device=sums.device)
-        # a block of columns at a time (`CACHE_BYTES`): no float64 copy of the sums, as `add`
         width = max(1, sums.shape[1])
-        block = max(1, self.CACHE_BYTES // (8 * max(1, len(sums)))) if sums.device.type == "cpu" else width
+        block = self.column_block(sums, width)  # no float64 copy of the sums
         for column in range(0, width, block):
             means[:, column : column + block] = sums[:, column : column + block] / totals
         return active, means
