@@ -7,7 +7,8 @@ Data: `--pool` random 1x28x28 uint8 images (MNIST's size and storage) with 10 la
 by Dirichlet(0.5) label skew; one local epoch of SGD (momentum 0.5) per round. Networks: LeNet-5, LeNet-5 with
 BatchNorm, FedAvg's CNN as PFLlib and FL-bench build it (582,026 parameters) and a 2-layer MLP (784-200-10). Every
 setting runs one warm-up round (the automatic choice's probe included), then `--repeats` rounds in which the four
-take turns; the median of each is reported.
+take turns; the median of each is reported. Auto's choice is not remembered between runs (an empty
+`FEDLIGHT_CACHE_DIR` each run), so it probes every time, as on a new machine.
 
     python benchmarks/vectorized.py                                  # the CPU table of docs/results.md (~40 min)
     python benchmarks/vectorized.py --networks lenet5 --pool 12000   # a quick look
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 from typing import Callable
 
 import torch
@@ -121,6 +124,7 @@ def main() -> None:
     parser.add_argument("--precision", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    os.environ["FEDLIGHT_CACHE_DIR"] = tempfile.mkdtemp()  # auto probes every time, as on a new machine
     rows = []
     for network in args.networks:
         for batch_size in args.batch_sizes:

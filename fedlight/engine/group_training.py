@@ -32,6 +32,7 @@ from fedlight.training.probe import (
     agreement,
     decide,
     device_name,
+    faster_layout,
     probe_key,
     recall,
     remember,
@@ -399,13 +400,15 @@ class GroupTraining:
                 ProbeResult(first, 0, sequential_s, math.nan, math.nan, "sequential", compute_bound=True)
             )
             return self._keep_and_finish(key, result, round, clients, starts, work, parts, len(group))
-        difference = (
-            remembered.difference
+        difference, channels_last = (
+            (remembered.difference, remembered.channels_last_inputs)
             if remembered
             else self.collective.broadcast(
-                self._check_agreement(round, rest, rest_starts, work, first) if rest else 0.0
+                self._check_agreement(round, rest, rest_starts, work, first) if rest else (0.0, False)
             )
         )
+        assert self.vectorized is not None  # probed while clients may train vectorized
+        self.vectorized.channels_last_inputs = channels_last
         vectorizes = bool(rest) and difference <= AGREEMENT
         if vectorizes:
             trained, vectorized_s = timed(self.device, lambda: self._vectorized(round, rest, rest_starts, work, first))
@@ -414,7 +417,7 @@ class GroupTraining:
             trained, vectorized_s = self._one_by_one(round, rest, rest_starts, work, first), math.nan
         parts.append(trained)
         result = remembered or self.collective.broadcast(
-            decide(first, len(rest) if vectorizes else 0, sequential_s, vectorized_s, difference)
+            decide(first, len(rest) if vectorizes else 0, sequential_s, vectorized_s, difference, channels_last)
         )
         return self._keep_and_finish(key, result, round, clients, starts, work, parts, len(group), remembered)
 
@@ -462,10 +465,14 @@ class GroupTraining:
         remembered = recall(key) if self.collective.rank == 0 else None
         return self.collective.broadcast(remembered) if self.collective.broadcast(remembered is not None) else None
 
-    def _check_agreement(self, round: int, clients: list[int], starts: Tensor, work: LocalWork, offset: int) -> float:
+    def _check_agreement(
+        self, round: int, clients: list[int], starts: Tensor, work: LocalWork, offset: int
+    ) -> tuple[float, bool]:
         """One local step on each client's first batch, dropout off: `clients` vectorized (the warm-up of the
         trainer at the group size it is then timed at: a first call costs 20-30 % more per step) and the first
-        `CHECK_CLIENTS` of them sequentially; how far the vectorized models are from the sequential ones."""
+        `CHECK_CLIENTS` of them sequentially; how far the vectorized models are from the sequential ones, and
+        whether the vectorized trainer takes its image batches channels-last from now on: where the layout matters (a
+        CPU, a convolution) the vectorized step is timed in both (`faster_layout`) and the faster kept."""
         seeds = self._seeds(round, clients, work)
         batch = self.config.batch_size
         data = [(x[:batch], y[:batch]) for x, y in (self.train_split.client(c) for c in clients)]
@@ -479,8 +486,10 @@ class GroupTraining:
         inputs = self._inputs(work, offset, offset + len(clients))
         trainer = self.vectorized
         assert trainer is not None  # checked while clients train vectorized
-        with without_dropout(self.trainer.module):
-            vectorized = trainer.fit_many(
+
+        def one_step(channels_last: bool) -> Tensor:
+            trainer.channels_last_inputs = channels_last
+            return trainer.fit_many(
                 starts,
                 data,
                 seeds,
@@ -491,6 +500,11 @@ class GroupTraining:
                 sample_weights=weights,
                 client_inputs=inputs,
             ).params[:CHECK_CLIENTS]
+
+        with without_dropout(self.trainer.module):
+            channels_last, vectorized = (
+                faster_layout(self.device, one_step) if trainer.layouts_differ else (False, one_step(False))
+            )
             sequential = torch.stack(
                 [
                     self.trainer.fit(
@@ -507,7 +521,7 @@ class GroupTraining:
                     for i in range(min(CHECK_CLIENTS, len(clients)))
                 ]
             )
-        return agreement(sequential, vectorized, starts[: len(sequential)])
+        return agreement(sequential, vectorized, starts[: len(sequential)]), channels_last
 
     def _precision_name(self) -> str:
         plugin = self.trainer.fabric.strategy.precision
@@ -516,6 +530,8 @@ class GroupTraining:
     def keep_probe(self, result: ProbeResult) -> None:
         """Take the probe's choice: one client after another from now on (with its reason), or vectorized."""
         self.probe_result = result
+        if self.vectorized is not None:
+            self.vectorized.channels_last_inputs = result.channels_last_inputs
         if result.reason is not None:  # sequential: the probe says why
             self._sequential_from_now(result.reason)
         else:

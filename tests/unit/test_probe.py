@@ -297,3 +297,57 @@ def test_a_compute_bound_choice_is_written_to_the_summary(tmp_path, tiny_run_arg
     assert summary["plan"]["trainer"] == "sequential" and "compute-bound" in summary["plan"]["reason"]
     probe = summary["vectorize_probe"]
     assert probe["vectorized_step_s"] is None and probe["difference"] is None and probe["compute_bound"] is True
+
+
+def small_cnn() -> torch.nn.Module:
+    """A convolution on the digits' 1x8x8 images (the layout question arises on a CPU)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 10))
+
+
+@pytest.mark.parametrize("slow_channels_last", [True, False])
+def test_a_convolutional_network_is_timed_in_both_input_layouts_and_keeps_the_faster(monkeypatch, slow_channels_last):
+    """The check step runs in both layouts of the image batches, taking turns; the faster is recorded, trains every
+    later vectorized step, is remembered on the machine and restored by a resume."""
+    real = VectorizedTrainer.fit_many
+    layouts: list[bool] = []
+
+    def fit_many(self, *args, **kwargs):
+        layouts.append(self.channels_last_inputs)
+        if self.channels_last_inputs == slow_channels_last:
+            probe_module.time.now += 1.0
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(VectorizedTrainer, "fit_many", fit_many)
+    slowed(ClientTrainer, "fit", monkeypatch)  # vectorized is chosen
+    fed = federation(network=small_cnn())
+    fed.execution.train(1, list(range(5)))
+    kept = not slow_channels_last
+    probe = fed.execution.probe_result
+    assert probe.choice == "vectorized" and probe.channels_last_inputs is kept
+    checks = 2 * probe_module.LAYOUT_TRIES
+    assert layouts[:checks] == [False, True] * probe_module.LAYOUT_TRIES and set(layouts[checks:]) == {kept}
+    layouts.clear()
+    fed.execution.train(2, list(range(5)))
+    assert layouts and set(layouts) == {kept}
+    again = federation(network=small_cnn())
+    again.execution.train(1, list(range(5)))
+    assert again.execution.probe_result.remembered and again.execution.probe_result.channels_last_inputs is kept
+    resumed = federation(network=small_cnn(), vectorize=-1)
+    resumed.load_state_dict(fed.state_dict())
+    assert resumed.execution.training.vectorized.channels_last_inputs is kept
+
+
+def test_a_network_without_convolutions_is_not_timed_in_two_layouts(monkeypatch):
+    real = VectorizedTrainer.fit_many
+    layouts: list[bool] = []
+
+    def fit_many(self, *args, **kwargs):
+        layouts.append(self.channels_last_inputs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(VectorizedTrainer, "fit_many", fit_many)
+    fed = federation()
+    fed.execution.train(1, list(range(5)))
+    assert not fed.execution.training.vectorized.layouts_differ and layouts and not any(layouts)
+    assert fed.execution.probe_result.channels_last_inputs is False

@@ -181,30 +181,37 @@ def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(ki
     torch.testing.assert_close(params, torch.stack(reference), rtol=1e-5, atol=1e-6)
 
 
-class ConvolutionWeights(TorchDispatchMode):
+class ConvolutionLayouts(TorchDispatchMode):
     """Records whether each convolution the dispatcher runs (under vmap: the clients' grouped one) has a
-    channels-last weight."""
+    channels-last weight, and whether each grouped one (more than one client) has a channels-last input (a range of
+    one client's 1-channel images is laid out both ways, and PyTorch calls it contiguous)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.channels_last: list[bool] = []
+        self.inputs_channels_last: list[bool] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket is torch.ops.aten.convolution:
             self.channels_last.append(args[1].is_contiguous(memory_format=torch.channels_last))
+            if args[8] > 1:  # groups: more than one client
+                self.inputs_channels_last.append(args[0].is_contiguous(memory_format=torch.channels_last))
         return func(*args, **(kwargs or {}))
 
 
 def test_clients_convolutions_run_channels_last_on_a_cpu_and_train_as_sequentially():
-    """The vectorized step hands its grouped convolution channels-last weights (oneDNN's faster path on a CPU, a
-    layout only): the trained models are sequential training's to float rounding."""
+    """The vectorized step hands its grouped convolutions channels-last weights, and with `channels_last_inputs` (the
+    probe's choice when faster) channels-last inputs, the first one's (the data's) included (oneDNN's faster path
+    on a CPU, a layout only): the trained models are sequential training's to float rounding."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(96, 10))
     model = Classifier(net, lr=0.05, momentum=0.9)
     config = FederationConfig(rounds=1, local_epochs=1, batch_size=16, accelerator="cpu", vectorize=4)
     fed = Federation(DigitsFederated(num_clients=4), model, FedAvg(), config)
-    with ConvolutionWeights() as weights:
+    fed.execution.training.vectorized.channels_last_inputs = True
+    with ConvolutionLayouts() as layouts:
         vectorized = fed.execution.train(1, [0, 1, 2, 3])
-    assert weights.channels_last and all(weights.channels_last)
+    assert layouts.channels_last and all(layouts.channels_last)
+    assert layouts.inputs_channels_last and all(layouts.inputs_channels_last)
     sequential = torch.stack([fed.algorithm.train_client(1, c, vectorized.starts[c])[0] for c in range(4)])
     assert torch.allclose(vectorized.params, sequential, atol=1e-5)
