@@ -489,17 +489,21 @@ class GroupTraining:
 
         def one_step(channels_last: bool) -> Tensor:
             trainer.channels_last_inputs = channels_last
-            return trainer.fit_many(
-                starts,
-                data,
-                seeds,
-                shifted,
-                work.lr_scale,
-                max(round, 1),
-                epochs=1,
-                sample_weights=weights,
-                client_inputs=inputs,
-            ).params[:CHECK_CLIENTS]
+            return (
+                trainer.fit_many(
+                    starts,
+                    data,
+                    seeds,
+                    shifted,
+                    work.lr_scale,
+                    max(round, 1),
+                    epochs=1,
+                    sample_weights=weights,
+                    client_inputs=inputs,
+                )
+                .params[:CHECK_CLIENTS]
+                .clone()
+            )  # the rows compared, not the whole group's models in each layout
 
         with without_dropout(self.trainer.module):
             channels_last, vectorized = (
