@@ -204,7 +204,7 @@ def device_name(device: torch.device) -> str:
 
 
 def probe_key(**facts: Any) -> str:
-    """A short stable key of what a decision depends on (threads and torch's version are added here)."""
+    """A short stable key of what a decision depends on (threads, torch's version and the probe's are added here)."""
     facts = {**facts, "threads": torch.get_num_threads(), "torch": torch.__version__, "probe": PROBE_VERSION}
     return hashlib.sha1(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

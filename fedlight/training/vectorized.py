@@ -208,10 +208,11 @@ def _batches_channels_last(x: Tensor) -> Tensor:
     channels of one grouped convolution's input ((batch, rows * channels, h, w), a view), that input is channels-last:
     the memory order (batch, h, w, rows, channels). On a CPU, oneDNN then runs the first convolution's forward and
     backward on its channels-last path, as it does the later ones (`_per_row_channels_last`): LeNet-5's first
-    convolution over 20 clients at batch 10 took 2.5x less time forward and backward. Whether the whole step gains
-    depends on the network (measured: LeNet-5 17-29 % less CPU time, LeNet-5 with BatchNorm and FedAvg's CNN 9-18 %
-    more, the activations' later layout changes costing more than the convolution saves), so auto's probe times both
-    (`VectorizedTrainer.channels_last_inputs`). Same values, another memory order; other tensors as they are."""
+    convolution over 20 clients at batch 10 took 2.5x less time forward and backward. Whether the whole round gains
+    depends on the network (measured, wall time, the layouts taking turns: LeNet-5 1.08x faster, LeNet-5 with
+    BatchNorm 0.97x, FedAvg's CNN 0.89x: the activations' later layout changes can cost more than the convolution
+    saves), so auto's probe times both (`VectorizedTrainer.channels_last_inputs`). Same values, another memory order;
+    other tensors as they are."""
     if x.dim() != 5 or x.device.type != "cpu" or not x.is_floating_point():
         return x
     return x.permute(1, 3, 4, 0, 2).contiguous().permute(3, 0, 4, 1, 2)
