@@ -305,20 +305,27 @@ def small_cnn() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 10))
 
 
-@pytest.mark.parametrize("slow_channels_last", [True, False])
-def test_a_convolutional_network_is_timed_in_both_input_layouts_and_keeps_the_faster(monkeypatch, slow_channels_last):
-    """The check step runs in both layouts of the image batches, taking turns; the faster is recorded, trains every
-    later vectorized step, is remembered on the machine and restored by a resume."""
+def recorded_layouts(monkeypatch, slow: bool | None = None) -> list[bool]:
+    """The input layout (`channels_last_inputs`) of every vectorized call, in order; a call in the `slow` layout moves
+    the probe's clock by a second."""
     real = VectorizedTrainer.fit_many
     layouts: list[bool] = []
 
     def fit_many(self, *args, **kwargs):
         layouts.append(self.channels_last_inputs)
-        if self.channels_last_inputs == slow_channels_last:
+        if self.channels_last_inputs == slow:
             probe_module.time.now += 1.0
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(VectorizedTrainer, "fit_many", fit_many)
+    return layouts
+
+
+@pytest.mark.parametrize("slow_channels_last", [True, False])
+def test_a_convolutional_network_is_timed_in_both_input_layouts_and_keeps_the_faster(monkeypatch, slow_channels_last):
+    """The check step runs in both layouts of the image batches, taking turns; the faster is recorded, trains every
+    later vectorized step, is remembered on the machine and restored by a resume."""
+    layouts = recorded_layouts(monkeypatch, slow=slow_channels_last)
     slowed(ClientTrainer, "fit", monkeypatch)  # vectorized is chosen
     fed = federation(network=small_cnn())
     fed.execution.train(1, list(range(5)))
@@ -339,14 +346,7 @@ def test_a_convolutional_network_is_timed_in_both_input_layouts_and_keeps_the_fa
 
 
 def test_a_network_without_convolutions_is_not_timed_in_two_layouts(monkeypatch):
-    real = VectorizedTrainer.fit_many
-    layouts: list[bool] = []
-
-    def fit_many(self, *args, **kwargs):
-        layouts.append(self.channels_last_inputs)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(VectorizedTrainer, "fit_many", fit_many)
+    layouts = recorded_layouts(monkeypatch)
     fed = federation()
     fed.execution.train(1, list(range(5)))
     assert not fed.execution.training.vectorized.layouts_differ and layouts and not any(layouts)

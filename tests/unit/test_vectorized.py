@@ -184,7 +184,7 @@ def test_functional_optimizer_matches_torch_optim_on_every_row_and_on_subsets(ki
 class ConvolutionLayouts(TorchDispatchMode):
     """Records whether each convolution the dispatcher runs (under vmap: the clients' grouped one) has a
     channels-last weight, and whether each grouped one (more than one client) has a channels-last input (a range of
-    one client's 1-channel images is laid out both ways, and PyTorch calls it contiguous)."""
+    one client's 1-channel images is laid out both ways, and PyTorch does not call it channels-last)."""
 
     def __init__(self) -> None:
         super().__init__()
