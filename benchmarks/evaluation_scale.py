@@ -3,12 +3,13 @@ shipped cross-device configs), LeafCNN, 10 writers a round (cross_device.py's wo
 
 Per method: the median seconds of --rounds training rounds, then the evaluation of every writer's model on its test
 split three ways, interleaved over --repeats passes in one process: `before` (4,096 rows a forward pass in NCHW
-layout, every personalized writer's whole model run on its rows: the engine before evaluation at scale), `layout`
-(the CPU's default of 512 rows a pass, convolutions in channels-last layout: `fedlight.plugin.channels_last`; whole
-models), and `now` (that, and writers that share a body with their cluster run it once:
-`fedlight.plugin.shared_body`). Each row gives the best seconds and their ratio to a training round; the per-writer
-accuracies of the three ways are compared (the last column counts writers whose accuracy differs: float rounding
-can move a near-tie's argmax).
+layout, every personalized writer's whole model run on its rows: the engine before evaluation at scale), `previous`
+(512 rows a pass, weights made channels-last with `.contiguous`, which leaves a one-channel first convolution NCHW,
+writers sharing a body run it once: the engine before eval_rows.py) and `now` (the CPU default of 256 rows, every
+convolution channels-last: `fedlight.plugin.channels_last`; writers whose personal part lies in the head share their
+cluster's body: `fedlight.plugin.shared_body`). Each row gives the best seconds and their ratio to a training round;
+the per-writer accuracies of the three ways are compared (the last column counts writers whose accuracy differs: float
+rounding can move a near-tie's argmax).
 
     python benchmarks/evaluation_scale.py --root DIR [--methods fedavg fedper] [--rounds 3] [--repeats 2]
 
@@ -48,6 +49,27 @@ def federation(method: str, root: Path, per_round: int):
     return Federation(data, model, algorithm_class(method)(**shipped_algorithm_args(method)), config, seed=0)
 
 
+@contextlib.contextmanager
+def contiguous_channels_last(module: torch.nn.Module):
+    """The previous engine's layout: each 4-D weight `.contiguous(memory_format=channels_last)`, which returns a
+    (32, 1, 5, 5) weight as it is, so the first convolution's outputs stay NCHW."""
+    swapped = [(p, p.data) for p in module.parameters() if p.dim() == 4]
+    for parameter, own in swapped:
+        parameter.data = own.contiguous(memory_format=torch.channels_last)
+    try:
+        yield
+    finally:
+        for parameter, own in swapped:
+            parameter.data = own
+
+
+WAYS = {  # way: (rows a pass, the layout's context, whether writers that share a body run it once)
+    "before": (4096, lambda module: contextlib.nullcontext(), False),
+    "previous": (512, contiguous_channels_last, True),
+    "now": (None, None, True),
+}
+
+
 def evaluate(fed, way: str) -> tuple[float, np.ndarray]:
     """(seconds, each writer's test accuracy) of evaluating every writer `way`."""
     from fedlight.plugin.aggregation import ClientModels
@@ -55,19 +77,20 @@ def evaluate(fed, way: str) -> tuple[float, np.ndarray]:
 
     import fedlight.plugin.model_view as model_view
 
+    rows, layout, shared_bodies = WAYS[way]
     models, groups = fed.algorithm.evaluation_models()
-    if way != "now" and isinstance(models, SharedBodyModels):
+    if not shared_bodies and isinstance(models, SharedBodyModels):
         models = ClientModels(models.model_of, len(models))
     view = fed.server.model
-    saved, layout = view._eval_batch_size, model_view.channels_last_on_cpu
-    if way == "before":
-        view._eval_batch_size, model_view.channels_last_on_cpu = 4096, lambda module: contextlib.nullcontext()
+    saved = view._eval_batch_size, model_view.channels_last_on_cpu
+    view._eval_batch_size = rows or view._eval_batch_size
+    model_view.channels_last_on_cpu = layout or model_view.channels_last_on_cpu
     try:
         began = time.perf_counter()
         _, values = fed.evaluator.evaluate((models, groups), "test")
         seconds = time.perf_counter() - began
     finally:
-        view._eval_batch_size, model_view.channels_last_on_cpu = saved, layout
+        view._eval_batch_size, model_view.channels_last_on_cpu = saved
     return seconds, values["acc"]
 
 
@@ -79,7 +102,7 @@ def main() -> None:
     parser.add_argument("--per_round", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    ways = ["before", "layout", "now"]
+    ways = list(WAYS)
     print(
         "| method | s/round | "
         + " | ".join(f"eval {w} s (x round)" for w in ways)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import default_layer_names
+from .layers import default_layer_names, relu_max_pool
 
 
 class OCFLCNN(nn.Module):
@@ -78,7 +78,7 @@ class FedTSDPCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv1(x))
-        x = self.pool(F.relu(self.conv2(x)))
+        x = relu_max_pool(self.pool, self.conv2(x))
         x = torch.flatten(self.dropout1(x), 1)
         x = self.dropout2(F.relu(self.fc1(x)))
         return self.fc2(x)
@@ -104,8 +104,8 @@ class ConvPoolCNN(nn.Module):
         self.fc = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(F.relu(self.conv1(x)))
-        x = self.pool(F.relu(self.conv2(x)))
+        x = relu_max_pool(self.pool, self.conv1(x))
+        x = relu_max_pool(self.pool, self.conv2(x))
         return self.fc(F.relu(self.fc1(torch.flatten(x, 1))))
 
     def layer_names(self) -> list[str]:
@@ -147,7 +147,7 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv1(x))
-        x = self.pool(F.relu(self.conv2(x)))
+        x = relu_max_pool(self.pool, self.conv2(x))
         return self.fc(torch.flatten(x, 1))
 
     def layer_names(self) -> list[str]:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import default_layer_names
+from .layers import default_layer_names, relu_max_pool
 
 
 class Conv1DNet(nn.Module):
@@ -28,8 +28,8 @@ class Conv1DNet(nn.Module):
         self.fc2 = nn.Linear(100, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(F.relu(self.conv1(x)))
-        x = self.pool(F.relu(self.conv2(x)))
+        x = relu_max_pool(self.pool, self.conv1(x))
+        x = relu_max_pool(self.pool, self.conv2(x))
         x = self.dropout(F.relu(self.fc1(torch.flatten(x, 1))))
         return self.fc2(x)
 

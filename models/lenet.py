@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import default_layer_names
+from .layers import default_layer_names, relu_max_pool
 
 
 class LeNet5(nn.Module):
@@ -36,8 +36,8 @@ class LeNet5(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(F.relu(self.bn1(self.conv1(x))))
-        x = self.pool(F.relu(self.bn2(self.conv2(x))))
+        x = relu_max_pool(self.pool, self.bn1(self.conv1(x)))
+        x = relu_max_pool(self.pool, self.bn2(self.conv2(x)))
         x = torch.flatten(x, 1)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))

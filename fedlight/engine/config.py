@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: evaluation's rows per forward pass by default: on a CPU larger batches run slower (cache-bound convolutions)
-CPU_EVAL_BATCH = 512
+#: evaluation's rows per forward pass by default: on a CPU larger batches run slower (an activation over glibc's 32 MB
+#: ceiling for reusing freed memory is mapped afresh, page by page, at every pass; benchmarks/eval_rows.py)
+CPU_EVAL_BATCH = 256
 ACCELERATOR_EVAL_BATCH = 4096
 
 
@@ -25,9 +26,9 @@ class FederationConfig:
         eval_every: evaluate every client's model every this many rounds (and always after the last).
         eval_split: the per-client split evaluated ("test", "val", or "train" for methods such as data
             clustering that are scored on the data they fit).
-        eval_batch_size: rows per forward pass during evaluation and inference; None: 512 on a CPU, where larger
-            batches run slower (LeafCNN 1.4x, LeNet-5 and SmallCNN 1.6x slower at 4,096: docs/results.md), and
-            4,096 on an accelerator.
+        eval_batch_size: rows per forward pass during evaluation and inference; None: 256 on a CPU, where larger
+            batches run slower (LeafCNN and FedAvgCNN 1.35-1.4x slower at 512: docs/results.md, "eval_rows.py"),
+            and 4,096 on an accelerator.
         vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: groups
             of as many as half the free memory holds, on a CPU at most 256; round 1 trains part of the first group
             each way, timed, and the faster is kept, see `fedlight.training.probe`). Give 0 or a group size

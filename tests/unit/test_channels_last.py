@@ -33,3 +33,22 @@ def test_the_module_tensors_come_back_after_a_failed_pass():
     with pytest.raises(RuntimeError), torch.no_grad(), channels_last_on_cpu(network):
         network(torch.rand(2, 3, 28, 28))  # three channels where the network reads one
     assert network.conv1.weight.data.data_ptr() == own.data_ptr() and network.conv1.weight.is_contiguous()
+
+
+def test_a_one_channel_first_convolution_gives_channels_last_outputs():
+    """A grayscale network's first weight (32, 1, 5, 5) passes for channels-last as it is; the copy must still get
+    channels-last strides, or its outputs come out NCHW and the max-pooling after it runs on the slow layout."""
+    network = LeafCNN(num_classes=62).eval()
+    strides: dict[str, tuple[int, ...]] = {}
+
+    def record(name: str):
+        def hook(module, args, output) -> None:
+            strides.setdefault(name, output.stride())
+
+        return hook
+
+    for name in ("conv1", "pool"):
+        getattr(network, name).register_forward_hook(record(name))
+    with torch.no_grad(), channels_last_on_cpu(network):
+        network(torch.rand(4, 1, 28, 28))
+    assert strides["conv1"][1] == 1 and strides["pool"][1] == 1  # the channels are the innermost dimension

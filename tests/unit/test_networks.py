@@ -258,3 +258,54 @@ def test_smallcnn_learns_digits() -> None:
     with torch.no_grad():
         acc = (model(x[test]).argmax(1) == y[test]).float().mean().item()
     assert acc > 0.9
+
+
+def papers_order(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The networks' forward written in the papers' order, ReLU before max-pooling (the reference for the models'
+    pool-then-ReLU), from their own layers."""
+    relu_pool = lambda t: net.pool(torch.relu(t))  # noqa: E731
+    if isinstance(net, (LeafCNN, FedAvgCNN)):
+        x = relu_pool(net.conv2(relu_pool(net.conv1(x))))
+        return net.fc(torch.relu(net.fc1(torch.flatten(x, 1))))
+    if isinstance(net, LeNet5):
+        x = relu_pool(net.bn2(net.conv2(relu_pool(net.bn1(net.conv1(x))))))
+        x = torch.relu(net.fc2(torch.relu(net.fc1(torch.flatten(x, 1)))))
+        return net.fc3(x)
+    if isinstance(net, SmallCNN):
+        return net.fc(torch.flatten(relu_pool(net.conv2(torch.relu(net.conv1(x)))), 1))
+    if isinstance(net, FedTSDPCNN):
+        x = torch.flatten(relu_pool(net.conv2(torch.relu(net.conv1(x)))), 1)
+        return net.fc2(torch.relu(net.fc1(x)))
+    assert isinstance(net, Conv1DNet)
+    x = relu_pool(net.conv2(relu_pool(net.conv1(x))))
+    return net.fc2(torch.relu(net.fc1(torch.flatten(x, 1))))
+
+
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (lambda: LeafCNN(), (6, 1, 28, 28)),
+        (lambda: FedAvgCNN(), (6, 1, 28, 28)),
+        (lambda: LeNet5(), (6, 3, 32, 32)),
+        (lambda: LeNet5(batch_norm=True), (6, 3, 32, 32)),
+        (lambda: SmallCNN(), (6, 1, 8, 8)),
+        (lambda: FedTSDPCNN(), (6, 3, 32, 32)),
+        (lambda: Conv1DNet(window=40), (6, 3, 40)),
+    ],
+)
+def test_pooling_before_relu_changes_no_bit(make, shape) -> None:
+    """The models max-pool before ReLU (a quarter of the ReLUs); outputs and every gradient equal the papers' order
+    bit for bit. The inputs are shifted down so that some pooling windows hold no positive value (no gradient in
+    either order)."""
+    torch.manual_seed(0)
+    net = make().eval()  # eval: dropout off, so both passes see the same network
+    x = torch.randn(shape) - 0.5
+    grads = []
+    for forward in (net, lambda t: papers_order(net, t)):
+        net.zero_grad()
+        out = forward(x)
+        out.square().sum().backward()
+        grads.append((out.detach(), [p.grad.clone() for p in net.parameters()]))
+    (ours, our_grads), (papers, papers_grads) = grads
+    assert torch.equal(ours, papers)
+    assert all(torch.equal(a, b) for a, b in zip(our_grads, papers_grads))
