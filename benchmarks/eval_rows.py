@@ -6,7 +6,7 @@ row counts taking turns in one process (the order reversed every other pass); me
 
 On a CPU a pass whose activation is larger than glibc's 32 MB ceiling for reusing freed memory gets fresh pages from
 the kernel at every pass, and pays their faults: LEAF's CNN holds 100 KB a row after its first convolution, 51 MB at
-512 rows. The CPU default (`fedlight.engine.config.CPU_EVAL_BATCH`) comes from this table.
+512 rows. The CPU's rows, fitted to each network's activations (`fedlight.plugin.eval_rows`), come from this table.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fedlight.models import FedAvgCNN, LeafCNN, LeNet5, SmallCNN
+from fedlight.models import FedAvgCNN, FedTSDPCNN, LeafCNN, LeNet5, OCFLCNN, SmallCNN
 from fedlight.plugin.channels_last import channels_last_on_cpu
 
 NETWORKS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
@@ -27,6 +27,8 @@ NETWORKS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "fedavg_cnn": (lambda: FedAvgCNN(), (1, 28, 28)),
     "lenet5": (lambda: LeNet5(), (3, 32, 32)),
     "small_cnn": (lambda: SmallCNN(), (1, 8, 8)),
+    "fedtsdp_cnn": (lambda: FedTSDPCNN(), (3, 32, 32)),
+    "ocfl_cnn": (lambda: OCFLCNN(), (1, 28, 28)),
 }
 
 

@@ -5,11 +5,11 @@ Per method: the median seconds of --rounds training rounds, then the evaluation 
 split three ways, interleaved over --repeats passes in one process: `before` (4,096 rows a forward pass in NCHW
 layout, every personalized writer's whole model run on its rows: the engine before evaluation at scale), `previous`
 (512 rows a pass, weights made channels-last with `.contiguous`, which leaves a one-channel first convolution NCHW,
-writers sharing a body run it once: the engine before eval_rows.py) and `now` (the CPU default of 256 rows, every
-convolution channels-last: `fedlight.plugin.channels_last`; writers whose personal part lies in the head share their
-cluster's body: `fedlight.plugin.shared_body`). Each row gives the best seconds and their ratio to a training round;
-the per-writer accuracies of the three ways are compared (the last column counts writers whose accuracy differs: float
-rounding can move a near-tie's argmax).
+writers sharing a body run it once: the engine before eval_rows.py) and `now` (the CPU's rows fitted to the network,
+256 for LeafCNN: `fedlight.plugin.eval_rows`; every convolution channels-last: `fedlight.plugin.channels_last`;
+writers whose personal part lies in the head share their cluster's body: `fedlight.plugin.shared_body`). Each row
+gives the best seconds and their ratio to a training round; the per-writer accuracies of the three ways are compared
+(the last column counts writers whose accuracy differs: float rounding can move a near-tie's argmax).
 
     python benchmarks/evaluation_scale.py --root DIR [--methods fedavg fedper] [--rounds 3] [--repeats 2]
 

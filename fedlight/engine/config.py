@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: evaluation's rows per forward pass by default: on a CPU larger batches run slower (an activation over glibc's 32 MB
-#: ceiling for reusing freed memory is mapped afresh, page by page, at every pass; benchmarks/eval_rows.py)
-CPU_EVAL_BATCH = 256
+#: evaluation's rows per forward pass on an accelerator by default (a CPU's are fitted to the network:
+#: `fedlight.plugin.eval_rows`)
 ACCELERATOR_EVAL_BATCH = 4096
 
 
@@ -26,9 +25,9 @@ class FederationConfig:
         eval_every: evaluate every client's model every this many rounds (and always after the last).
         eval_split: the per-client split evaluated ("test", "val", or "train" for methods such as data
             clustering that are scored on the data they fit).
-        eval_batch_size: rows per forward pass during evaluation and inference; None: 256 on a CPU, where larger
-            batches run slower (LeafCNN and FedAvgCNN 1.35-1.4x slower at 512: docs/results.md, "eval_rows.py"),
-            and 4,096 on an accelerator.
+        eval_batch_size: rows per forward pass during evaluation and inference; None: 4,096 on an accelerator, and
+            on a CPU the most (up to 512) whose largest activation stays under 32 MiB, which glibc's allocator
+            reuses instead of mapping afresh (`fedlight.plugin.eval_rows`: LeafCNN 256, LeNet-5 512).
         vectorize: train this many clients at once through torch.func (0 = one after another; -1 = auto: groups
             of as many as half the free memory holds, on a CPU at most 256; round 1 trains part of the first group
             each way, timed, and the faster is kept, see `fedlight.training.probe`). Give 0 or a group size
@@ -71,13 +70,14 @@ class FederationConfig:
     threads: int | None = None
     client_state_memory: float | None = None
 
-    def eval_rows(self, device_type: str) -> int:
+    def eval_rows(self, device_type: str) -> int | None:
         """Rows per forward pass of evaluation on a device of type `device_type` ("cpu", "cuda"): `eval_batch_size`,
-        or that device's default. (A type name, not a torch.device: the command line reads this file without torch,
-        and jsonargparse evaluates even a type-checking import.)"""
+        the accelerator's default, or None on a CPU, where the rows are fitted to the network's activations. (A type
+        name, not a torch.device: the command line reads this file without torch, and jsonargparse evaluates even a
+        type-checking import.)"""
         if self.eval_batch_size is not None:
             return self.eval_batch_size
-        return CPU_EVAL_BATCH if device_type == "cpu" else ACCELERATOR_EVAL_BATCH
+        return None if device_type == "cpu" else ACCELERATOR_EVAL_BATCH
 
     def __post_init__(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every", "eval_batch_size"):

@@ -15,6 +15,7 @@
 | `aggregation` | `ClusterAverage` (cluster-wise weighted averages as running sums), `ClientModels` (per-client models built on demand) |
 | `shared_body` | `SharedBodyModels`: per-client models that differ from their cluster's only in the head, which evaluation runs as one body pass a cluster and a head a client |
 | `channels_last` | evaluation's convolutions in channels-last layout on a CPU, on copies of the weights for one forward pass |
+| `eval_rows` | evaluation's rows a forward pass on a CPU: the most whose largest activation stays under 32 MiB, which glibc reuses instead of mapping afresh |
 | `client_work` | `ClientWork`: what each client's local work ran (training steps, forward passes, models used, bytes sent), counted where it runs, which the virtual clock charges |
 | `population` | `ClientPopulation`: a set of clients and their data (sizes, splits, losses, per-sample losses, local training), the training clients' (`ServerContext.clients`) and the newcomers' |
 | `newcomers` | `Newcomers`: clients held out of training, as an algorithm sees them when it gives each a model; `nearest_update_direction`, `nearest_direction`, `best_fitting` |

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from fedlight.plugin import model_parts
 from fedlight.plugin.channels_last import channels_last_on_cpu
+from fedlight.plugin.eval_rows import CPU_MOST_ROWS, cpu_eval_rows
 from fedlight.training.flat import FlatModel
 from fedlight.training.layer_masks import layer_count_mask
 from fedlight.training.sequential import ClientTrainer, sample_loss
@@ -38,7 +39,7 @@ class ModelView:
         trainer: ClientTrainer,
         fabric: L.Fabric,
         inputs: Callable[[Tensor], Tensor],
-        eval_batch_size: int,
+        eval_batch_size: int | None,
         head_name: str | None = None,
     ) -> None:
         self.module = module
@@ -52,6 +53,7 @@ class ModelView:
             if self._head_name is not None and e.name.startswith(prefix)
         ]
         self._eval_batch_size = eval_batch_size
+        self._cpu_rows: dict[tuple[int, ...], int] = {}  # rows a pass by input shape, where eval_batch_size is None
         self.num_params = flat.numel
         self.initial_params = flat.read()
         self._group_gradients: GroupGradients = lambda params, x, y, step: None
@@ -107,8 +109,9 @@ class ModelView:
         self.module.eval()
         outputs = []
         with self._fabric.autocast():
-            for begin in range(0, max(len(features), 1), self._eval_batch_size):
-                batch = features[begin : begin + self._eval_batch_size]
+            size = self._eval_batch_size or CPU_MOST_ROWS  # features: a vector a row
+            for begin in range(0, max(len(features), 1), size):
+                batch = features[begin : begin + size]
                 outputs.append(torch.func.functional_call(self.head, head_tensors, (batch,)).float())
         return torch.cat(outputs)
 
@@ -122,9 +125,9 @@ class ModelView:
     def _evaluate(self, params: Tensor, x: Tensor, features: bool = False) -> tuple[Tensor | None, Tensor]:
         self._flat.load(params)
         self.module.eval()
-        size = self._eval_batch_size
         inputs, outputs = [], []
         with channels_last_on_cpu(self.module):
+            size = self._rows(x)
             for begin in range(0, max(len(x), 1), size):  # an empty x still gives a (0, ...) output
                 batch = self._inputs(x[begin : begin + size])
                 with self._fabric.autocast():
@@ -135,6 +138,19 @@ class ModelView:
                         output = self.module(batch)
                     outputs.append(output.float())
         return (torch.cat(inputs) if features else None), torch.cat(outputs)
+
+    def _rows(self, x: Tensor) -> int:
+        """Rows a forward pass: `federation.eval_batch_size` (or the accelerator's default), else, on a CPU, the most
+        whose largest activation stays under 32 MiB, read once per input shape (`fedlight.plugin.eval_rows`)."""
+        if self._eval_batch_size is not None:
+            return self._eval_batch_size
+        if len(x) == 0:
+            return CPU_MOST_ROWS
+        shape = tuple(x.shape[1:])
+        if shape not in self._cpu_rows:
+            with self._fabric.autocast():
+                self._cpu_rows[shape] = cpu_eval_rows(self.module, self._inputs(x[:1]))
+        return self._cpu_rows[shape]
 
     def loss_and_grad(self, params: Tensor, batch: Any, step: int = 0) -> tuple[Tensor, Tensor]:
         """(loss, flat gradient) of the module's `training_step` on `batch` at the flat model `params`."""

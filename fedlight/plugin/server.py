@@ -177,7 +177,7 @@ class ServerContext:
         seed: int,
         rounds: int,
         eval_split: str,
-        eval_batch_size: int,
+        eval_batch_size: int | None,
         client_states: ClientStateStores,
         aggregation: "ClusterAggregation",
         clients_per_round: int | None = None,
