@@ -43,9 +43,15 @@ NETWORKS: dict[str, Callable[[], nn.Module]] = {
 LR, MOMENTUM = 0.01, 0.5
 
 
-def build(args: argparse.Namespace, network: str, batch_size: int, vectorize: int) -> Federation:
+def build(
+    args: argparse.Namespace,
+    network: str,
+    batch_size: int,
+    vectorize: int,
+    networks: dict[str, Callable[[], nn.Module]] = NETWORKS,
+) -> Federation:
     torch.manual_seed(0)
-    model = Classifier(NETWORKS[network](), lr=LR, momentum=MOMENTUM)
+    model = Classifier(networks[network](), lr=LR, momentum=MOMENTUM)
     config = FederationConfig(
         rounds=10**6,
         local_epochs=1,

@@ -6,6 +6,7 @@
 | `layer_masks` | layer-count masks (half layers included) for personalization layers |
 | `sequential` | `ClientTrainer`: one client at a time with the module's own training_step and optimizer |
 | `vectorized` | `VectorizedTrainer`: many clients at once through torch.func.vmap, functional optimizer |
+| `client_pooling` | vmap's max-pooling of many clients as one pooling over their channels (no copies, on a CPU) |
 | `local_work` | `LocalWork`: what one group call of local training does (epochs, hook, trainable entries, weights) |
 | `work_shares` | `WorkShares`: the share of its local steps each client a deadline cuts short finishes (partial work) |
 | `group_batches` | a group's batches step by step, each client's exactly as alone, for custom group loops |

@@ -15,9 +15,10 @@ the first 2 of them one after another, dropout switched off (`without_dropout`: 
 design, one stream per client against one per group, so the check compares like with like). The check is also the
 vectorized trainer's warm-up at the group size it is then timed at (a first call costs 20-30 % more per step), so
 first-call costs stay out of the timing; the first sequential client is left out of its timing for the same reason.
-Where the layout of the image batches matters (a convolution on a CPU), the check's vectorized step runs in both
-layouts, taking turns, and the faster is kept (`faster_layout`, `VectorizedTrainer.channels_last_inputs`):
-channels-last inputs made LeNet-5's vectorized round 8 % faster and FedAvg's CNN's 11 % slower on this CPU.
+Where the layout matters (a convolution on a CPU), the check's vectorized step runs in both layouts, taking turns,
+and the faster is kept (`faster_layout`, `VectorizedTrainer.channels_last_inputs`): channels-last image batches with
+the clients max-pooled in their channels made every network we ship 1.07-1.73x faster a vectorized round on this CPU
+(docs/results.md, "client_pooling.py"), but a network of the user's own may differ.
 
 Timings are noisy (another process on the same cores can flip them), so a decision is also remembered on the machine,
 keyed by what it depends on (the model, its size, the batch size, the group's clients, the precision, the device,
@@ -53,9 +54,9 @@ CHECK_CLIENTS = 2  # clients the agreement check also trains sequentially (one l
 #: warm-up and check on a large network cost a 1-round run a third of its time)
 COMPUTE_BOUND_S = 0.05
 LAYOUT_TRIES = 3  # timed check calls per input layout (`faster_layout`)
-#: part of the memory's key: a decision remembered by an older probe (which did not time the input layouts) is
-#: measured again
-PROBE_VERSION = 2
+#: part of the memory's key: a decision remembered by an older probe is measured again (1 did not time the layouts;
+#: 2 timed channels-last inputs with vmap's own pooling, slower than the channels-last layout is now)
+PROBE_VERSION = 3
 
 T = TypeVar("T")
 

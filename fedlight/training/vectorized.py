@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from fedlight.training.client_pooling import clients_in_channels
 from fedlight.training.flat import FlatModel
 from fedlight.training.schedules import LearningRates
 from fedlight.training.step_logs import LogSums, StepLogs
@@ -208,11 +209,11 @@ def _batches_channels_last(x: Tensor) -> Tensor:
     channels of one grouped convolution's input ((batch, rows * channels, h, w), a view), that input is channels-last:
     the memory order (batch, h, w, rows, channels). On a CPU, oneDNN then runs the first convolution's forward and
     backward on its channels-last path, as it does the later ones (`_per_row_channels_last`): LeNet-5's first
-    convolution over 20 clients at batch 10 took 2.5x less time forward and backward. Whether the whole round gains
-    depends on the network (measured, wall time, the layouts taking turns: LeNet-5 1.08x faster, LeNet-5 with
-    BatchNorm 0.97x, FedAvg's CNN 0.89x: the activations' later layout changes can cost more than the convolution
-    saves), so auto's probe times both (`VectorizedTrainer.channels_last_inputs`). Same values, another memory order;
-    other tensors as they are."""
+    convolution over 20 clients at batch 10 took 2.5x less time forward and backward. Alone it did not speed up
+    every network (a round of LeNet-5 1.08x faster, LeNet-5 with BatchNorm 0.97x, FedAvg's CNN 0.89x): vmap's rule
+    for max-pooling copied the channels-last activations into NCHW. With the clients pooled in their channels
+    (`fedlight.training.client_pooling`) it is faster for each of them (`VectorizedTrainer.channels_last_inputs`).
+    Same values, another memory order; other tensors as they are."""
     if x.dim() != 5 or x.device.type != "cpu" or not x.is_floating_point():
         return x
     return x.permute(1, 3, 4, 0, 2).contiguous().permute(3, 0, 4, 1, 2)
@@ -285,9 +286,13 @@ class VectorizedTrainer:
         self.optimizer = FunctionalOptimizer(optimizer)
         self.learning_rates = learning_rates
         self.step_module = _TrainingStep(module)
-        #: the layout question arises (a CPU, a 2-d convolution); `channels_last_inputs` is its answer, set by the probe
+        #: the layout question arises (a CPU, a 2-d convolution); `channels_last_inputs` is its answer
         self.layouts_differ = fabric.device.type == "cpu" and any(isinstance(m, nn.Conv2d) for m in module.modules())
-        self.channels_last_inputs = False  # image batches handed over as `_batches_channels_last` lays them out
+        #: the channels-last layout: image batches handed over as `_batches_channels_last` lays them out, and the
+        #: clients max-pooled as one pooling over their channels (`fedlight.training.client_pooling`). The default
+        #: where the question arises: it trained every convolutional network we ship faster on this CPU, 1.07-1.73x
+        #: a round (docs/results.md, "client_pooling.py"); auto's probe still times both (`faster_layout`)
+        self.channels_last_inputs = self.layouts_differ
         self.param_mask = flat.parameter_mask()
         self.param_entries = [e for e in flat.entries if e.is_parameter]
         self.buffer_entries = [e for e in flat.entries if not e.is_parameter]
@@ -457,7 +462,12 @@ class VectorizedTrainer:
         # a fresh copy of the rows, even of parameters alone: BLAS's results may depend on where the rows start
         views = self._tensor_views(params[:, self.param_mask].contiguous(), range(0, k))
         self.step_module.train()
-        with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module), self.fabric.autocast():
+        with (
+            StepLogs(self.module) as step_logs,
+            batch_norm_in_its_own_dtype(self.module),
+            self._pooling(),
+            self.fabric.autocast(),
+        ):
             self.step_module.logs = step_logs
             grads, losses, _ = self._grads(views, self._buffers(params), x, y, step)
             self.step_module.logs = None
@@ -497,12 +507,18 @@ class VectorizedTrainer:
         group = self._sorted_group(starts, data, seeds, hook, sample_weights, client_inputs)
         rates = [r[0] * lr_scale for r in self.learning_rates.rates(round, epochs * max(group.steps))]
         self.step_module.train()
-        with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module):
+        with StepLogs(self.module) as step_logs, batch_norm_in_its_own_dtype(self.module), self._pooling():
             self.step_module.logs = step_logs
             for epoch in range(epochs):
                 self._train_epoch(group, rates, round, epoch)
             self.step_module.logs = None
         return self._results_in_given_order(group)
+
+    def _pooling(self) -> AbstractContextManager:
+        """In the channels-last layout, the clients' max-pooling as one pooling over their channels: the grouped
+        convolutions' outputs are (batch, clients x channels, h, w) channels-last, which vmap's own rule for pooling
+        copies into (clients x batch, ...) NCHW, slow to pool (`fedlight.training.client_pooling`)."""
+        return clients_in_channels() if self.channels_last_inputs else nullcontext()
 
     def _sorted_group(
         self,

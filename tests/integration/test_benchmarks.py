@@ -60,8 +60,11 @@ def test_vectorized_benchmark_trains_every_way_like_the_plain_loop(monkeypatch, 
         "10",
     )
     assert [r["network"] for r in rows] == ["lenet5_bn", "mlp"]
-    for row in rows:  # the same training four ways; the averages round differently
-        assert all(d < 1e-5 for d in row["max_difference_vs_plain"].values()), row
+    # the same training four ways, to float rounding: the averages round differently, and the vectorized trainer's
+    # channels-last convolutions round differently from one client's NCHW ones (a step's gradients by 8e-7 of 0.2
+    # here), which LeNet-5's BatchNorm grows over the two rounds (1.4e-5 with one thread)
+    for row in rows:
+        assert all(d < 1e-4 for d in row["max_difference_vs_plain"].values()), row
         assert row["auto_choice"] in ("vectorized", "sequential") and row["probe"]["sequential_clients"] == 2  # of 3
         assert all(row[f"{name}_s"] > 0 for name in ("plain", "sequential", "vectorized", "auto"))
 
